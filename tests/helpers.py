@@ -1,0 +1,28 @@
+"""Shared helpers for the tests."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+# Prepended to code run by `run_without_package`: any attempt to import the package fails, as in a
+# process on a machine where it was never installed.
+_BLOCK_PACKAGE = """
+import sys
+sys.modules["vanilla_transformer"] = None  # `import vanilla_transformer` now raises ImportError
+"""
+
+
+def run_without_package(code: str, cwd, timeout: int = 300) -> str:
+    """Run `code` in a fresh Python where `vanilla_transformer` cannot be imported; return stdout.
+
+    Raises AssertionError with the child's stderr when it fails.
+    """
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["HF_HUB_OFFLINE"] = "1"
+    result = subprocess.run(
+        [sys.executable, "-c", _BLOCK_PACKAGE + textwrap.dedent(code)],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+    )
+    assert result.returncode == 0, f"subprocess failed:\n{result.stderr[-4000:]}"
+    return result.stdout

@@ -1,0 +1,204 @@
+"""Configuration of the Transformer of "Attention Is All You Need" (Vaswani et al., 2017).
+
+Field names follow Marian/BART in transformers (``d_model``, ``encoder_layers``, ...) so that the
+library's generic code (cache sizing, ``get_text_config``) understands the model; the fields that
+only the paper's variants need (``head_dim``, ``position_embedding_type``, ``normalize_before``,
+``share_encoder_decoder_embeddings``) are documented below. Presets are data, not code.
+"""
+
+from __future__ import annotations
+
+import copy
+
+from huggingface_hub.dataclasses import strict
+from transformers import PretrainedConfig
+from transformers.activations import ACT2FN
+
+# Table 3 of the paper. "base" and "big" are the two published models; "tiny" is for tests and demos.
+# The big model used dropout 0.3 for en-de and 0.1 for en-fr (§6.1); the preset carries 0.3.
+PRESETS: dict[str, dict] = {
+    "base": dict(
+        vocab_size=37000, d_model=512, encoder_layers=6, decoder_layers=6,
+        encoder_attention_heads=8, decoder_attention_heads=8,
+        encoder_ffn_dim=2048, decoder_ffn_dim=2048, dropout=0.1,
+    ),
+    "big": dict(
+        vocab_size=37000, d_model=1024, encoder_layers=6, decoder_layers=6,
+        encoder_attention_heads=16, decoder_attention_heads=16,
+        encoder_ffn_dim=4096, decoder_ffn_dim=4096, dropout=0.3,
+    ),
+    "tiny": dict(
+        vocab_size=1000, d_model=64, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4,
+        encoder_ffn_dim=128, decoder_ffn_dim=128, dropout=0.1, max_position_embeddings=256,
+    ),
+}
+
+POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
+
+# Written into every saved config.json so that a Hub folder loads with trust_remote_code=True
+# in a process where this package is not installed.
+AUTO_MAP = {
+    "AutoConfig": "configuration_vanilla_transformer.VanillaTransformerConfig",
+    "AutoModel": "modeling_vanilla_transformer.VanillaTransformerModel",
+    "AutoModelForSeq2SeqLM": "modeling_vanilla_transformer.VanillaTransformerForConditionalGeneration",
+}
+
+
+@strict
+class VanillaTransformerConfig(PretrainedConfig):
+    r"""Configuration of [`VanillaTransformerModel`] and [`VanillaTransformerForConditionalGeneration`].
+
+    The defaults are the paper's base model (Table 3): post-LN, 6+6 layers, d_model 512, 8 heads,
+    d_ff 2048, ReLU, dropout 0.1, sinusoidal positions, embeddings scaled by sqrt(d_model), one
+    matrix shared by source embedding, target embedding and pre-softmax projection (§3.4).
+
+    Args:
+        vocab_size: size of the (joint) vocabulary; the source vocabulary when not shared.
+        decoder_vocab_size: size of the target vocabulary; defaults to ``vocab_size``. May differ
+            only when ``share_encoder_decoder_embeddings=False``.
+        d_model: width of the residual stream.
+        encoder_layers, decoder_layers: N of §3.1 for each stack.
+        encoder_attention_heads, decoder_attention_heads: h of §3.2.2.
+        head_dim: d_k = d_v of §3.2.2. ``None`` means ``d_model // heads``; set it to vary d_k
+            independently of d_model (Table 3, rows B).
+        encoder_ffn_dim, decoder_ffn_dim: d_ff of §3.3.
+        activation_function: the FFN's non-linearity (paper: ``"relu"``).
+        dropout: P_drop of §5.4, on embeddings + positions and on every sub-layer output.
+        attention_dropout: dropout on attention probabilities (not in the paper; 0 by default).
+        activation_dropout: dropout after the FFN activation (not in the paper; 0 by default).
+        max_position_embeddings: the longest sequence either stack accepts.
+        position_embedding_type: ``"sinusoidal"`` (§3.5) or ``"learned"`` (Table 3, row E).
+        scale_embedding: multiply token embeddings by sqrt(d_model) (§3.4).
+        normalize_before: pre-norm ``x + Dropout(Sublayer(LN(x)))`` with a final LayerNorm after each
+            stack, instead of the paper's post-norm ``LN(x + Dropout(Sublayer(x)))``.
+        share_encoder_decoder_embeddings: one embedding matrix for source and target (needs a
+            joint vocabulary).
+        tie_word_embeddings: the pre-softmax projection reuses the target embedding matrix.
+        init_std: standard deviation of the token (and learned position) embeddings at
+            initialisation; ``None`` means ``d_model ** -0.5``, so that the scaled embedding has unit
+            variance per component.
+        layer_norm_eps: epsilon of every LayerNorm.
+        pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id: special ids; they match
+            the order in which `train_tokenizer` creates ``<pad> <unk> <s> </s>``.
+    """
+
+    model_type = "vanilla_transformer"
+    keys_to_ignore_at_inference = ["past_key_values"]
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "encoder_attention_heads",
+        "num_hidden_layers": "encoder_layers",
+    }
+
+    vocab_size: int = 37000
+    decoder_vocab_size: int | None = None
+    d_model: int = 512
+    encoder_layers: int = 6
+    decoder_layers: int = 6
+    encoder_attention_heads: int = 8
+    decoder_attention_heads: int = 8
+    head_dim: int | None = None
+    encoder_ffn_dim: int = 2048
+    decoder_ffn_dim: int = 2048
+    activation_function: str = "relu"
+    dropout: float | int = 0.1
+    attention_dropout: float | int = 0.0
+    activation_dropout: float | int = 0.0
+    max_position_embeddings: int = 1024
+    position_embedding_type: str = "sinusoidal"
+    scale_embedding: bool = True
+    normalize_before: bool = False
+    share_encoder_decoder_embeddings: bool = True
+    tie_word_embeddings: bool = True
+    init_std: float | None = None
+    layer_norm_eps: float = 1e-5
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 2
+    eos_token_id: int | None = 3
+    decoder_start_token_id: int | None = 2
+    use_cache: bool = True
+    is_encoder_decoder: bool = True
+    is_decoder: bool = False
+
+    def __post_init__(self, **kwargs):
+        if self.decoder_vocab_size is None:
+            self.decoder_vocab_size = self.vocab_size
+        kwargs.setdefault("auto_map", copy.deepcopy(AUTO_MAP))
+        super().__post_init__(**kwargs)
+
+    @classmethod
+    def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":
+        """A config from the paper's Table 3 (``"base"``, ``"big"``) or ``"tiny"``, with overrides."""
+        if name not in PRESETS:
+            raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")
+        return cls(**{**PRESETS[name], **overrides})
+
+    # Called by `@strict` validation (at construction and before saving): one place for every check.
+    def validate_vanilla_transformer(self):
+        """Reject configurations the model cannot build or would build wrongly."""
+        sizes = ["vocab_size", "decoder_vocab_size", "d_model", "encoder_layers", "decoder_layers",
+                 "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim",
+                 "decoder_ffn_dim", "max_position_embeddings"]
+        for name in sizes + (["head_dim"] if self.head_dim is not None else []):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if self.head_dim is None:
+            for name in ("encoder_attention_heads", "decoder_attention_heads"):
+                heads = getattr(self, name)
+                if self.d_model % heads:
+                    raise ValueError(
+                        f"d_model={self.d_model} is not divisible by {name}={heads}: pick a head count "
+                        f"that divides d_model, or set head_dim explicitly (Table 3, rows B)."
+                    )
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, name)
+            if not 0 <= value < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {value!r}.")
+        if self.activation_function not in ACT2FN:
+            raise ValueError(
+                f"Unknown activation_function {self.activation_function!r}; the paper uses 'relu', "
+                f"others available: {', '.join(sorted(ACT2FN))}."
+            )
+        if self.position_embedding_type not in POSITION_EMBEDDING_TYPES:
+            raise ValueError(
+                f"Unknown position_embedding_type {self.position_embedding_type!r}; choose one of "
+                f"{POSITION_EMBEDDING_TYPES}."
+            )
+        if self.position_embedding_type == "sinusoidal" and self.d_model % 2:
+            raise ValueError(f"Sinusoidal positions (§3.5) pair sin and cos, so d_model must be even, got {self.d_model}.")
+        if not self.layer_norm_eps > 0:
+            raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}.")
+        if self.init_std is not None and not self.init_std > 0:
+            raise ValueError(f"init_std must be positive or None, got {self.init_std!r}.")
+        if self.share_encoder_decoder_embeddings and self.decoder_vocab_size != self.vocab_size:
+            raise ValueError(
+                f"share_encoder_decoder_embeddings=True needs one joint vocabulary, but vocab_size="
+                f"{self.vocab_size} and decoder_vocab_size={self.decoder_vocab_size}. Use a joint "
+                f"vocabulary, or set share_encoder_decoder_embeddings=False."
+            )
+        self._validate_special_token_ids()
+
+    def _validate_special_token_ids(self):
+        # pad and eos end or fill both sides; bos and decoder start are target-side only.
+        vocabularies = {
+            "pad_token_id": ("source", "target"), "eos_token_id": ("source", "target"),
+            "bos_token_id": ("target",), "decoder_start_token_id": ("target",),
+        }
+        sizes = {"source": self.vocab_size, "target": self.decoder_vocab_size}
+        for name, sides in vocabularies.items():
+            value = getattr(self, name)
+            if value is None:
+                continue
+            for side in sides:
+                if not 0 <= value < sizes[side]:
+                    raise ValueError(
+                        f"{name}={value} is outside the {side} vocabulary of size {sizes[side]}: use the ids "
+                        f"of the tokenizer the model is trained with."
+                    )
+        if self.decoder_start_token_id is None:
+            raise ValueError("decoder_start_token_id must be set: the decoder needs a first input token.")
+
+
+__all__ = ["VanillaTransformerConfig", "PRESETS"]

@@ -1,0 +1,679 @@
+"""The Transformer of "Attention Is All You Need" (Vaswani et al., 2017) as a transformers 5.x model.
+
+Read top to bottom, the file follows the paper: positional encoding (§3.5), embeddings (§3.4),
+multi-head attention (§3.2), position-wise feed-forward network (§3.3), the residual connection
+around every sub-layer (§3.1, §5.4), encoder and decoder layers and stacks (§3.1), then the
+`PreTrainedModel` classes that plug it into the library (Auto classes, `generate()`, Trainer).
+
+One flag changes the architecture's shape: ``config.normalize_before`` switches every residual
+connection from the paper's post-norm ``LayerNorm(x + Dropout(Sublayer(x)))`` to pre-norm
+``x + Dropout(Sublayer(LayerNorm(x)))`` and adds a final LayerNorm after each stack. It is read in
+one place, `ResidualConnection`, and in the stacks' constructors.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers import initialization as init
+from transformers.activations import ACT2FN
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    BaseModelOutputWithPastAndCrossAttentions,
+    Seq2SeqLMOutput,
+    Seq2SeqModelOutput,
+)
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.output_capturing import OutputRecorder, capture_outputs
+
+from .configuration_vanilla_transformer import VanillaTransformerConfig
+
+# ---------------------------------------------------------------------------------------------
+# §3.5 Positional encoding
+# ---------------------------------------------------------------------------------------------
+
+
+def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
+    """PE(pos, 2i) = sin(pos / 10000^(2i/d)), PE(pos, 2i+1) = cos(pos / 10000^(2i/d)), interleaved (§3.5)."""
+    position = torch.arange(num_positions, dtype=torch.float64).unsqueeze(1)  # (P, 1)
+    frequency = torch.pow(10000.0, -torch.arange(0, dim, 2, dtype=torch.float64) / dim)  # (d/2,)
+    table = torch.empty(num_positions, dim, dtype=torch.float64)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency)
+    return table.float()
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """The fixed table of §3.5, kept as a buffer that is recomputed, never saved."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__()
+        self.register_buffer(
+            "table", sinusoidal_positions(config.max_position_embeddings, config.d_model), persistent=False
+        )
+
+    def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
+        return self.table[position_ids]
+
+
+class LearnedPositionalEncoding(nn.Embedding):
+    """Learned positional embeddings, the alternative of Table 3, row E."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config.max_position_embeddings, config.d_model)
+
+
+POSITIONAL_ENCODINGS = {"sinusoidal": SinusoidalPositionalEncoding, "learned": LearnedPositionalEncoding}
+
+
+# ---------------------------------------------------------------------------------------------
+# §3.4 Embeddings: token embedding * sqrt(d_model) + positional encoding, then dropout (§5.4)
+# ---------------------------------------------------------------------------------------------
+
+
+class TransformerEmbedding(nn.Module):
+    """Input of a stack: ``Dropout(embedding(x) * sqrt(d_model) + PE)`` (§3.4, §3.5, §5.4)."""
+
+    def __init__(self, config: VanillaTransformerConfig, token_embedding: nn.Embedding):
+        super().__init__()
+        self.token_embedding = token_embedding
+        self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
+        self.positional_encoding = POSITIONAL_ENCODINGS[config.position_embedding_type](config)
+        self.max_positions = config.max_position_embeddings
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int = 0
+    ) -> torch.Tensor:
+        """``inputs_embeds`` stands for unscaled token embeddings; positions start at ``past_length``."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+        if inputs_embeds is None:
+            inputs_embeds = self.token_embedding(input_ids)
+        length = inputs_embeds.shape[1]
+        if past_length + length > self.max_positions:
+            raise ValueError(
+                f"A sequence of {past_length + length} tokens is longer than max_position_embeddings="
+                f"{self.max_positions}. Shorten the input (or generation's max_length), or raise "
+                f"max_position_embeddings in the config (sinusoidal positions need no retraining)."
+            )
+        position_ids = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
+        return self.dropout(inputs_embeds * self.scale + self.positional_encoding(position_ids))
+
+
+# ---------------------------------------------------------------------------------------------
+# §3.2 Attention
+# ---------------------------------------------------------------------------------------------
+
+
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k)) V (§3.2.1, Eq. 1); the mask is additive."""
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling  # (B, H, T_q, T_k)
+    if attention_mask is not None:
+        scores = scores + attention_mask
+    weights = nn.functional.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = nn.functional.dropout(weights, p=dropout, training=module.training)
+    output = torch.matmul(weights, value).transpose(1, 2).contiguous()  # (B, T_q, H, D)
+    return output, weights
+
+
+class VanillaTransformerAttention(nn.Module):
+    """Multi-head attention (§3.2.2): h heads of width d_k, concatenated and projected back.
+
+    One class serves the three uses of §3.2.3: encoder self-attention, masked decoder
+    self-attention (``is_causal``) and encoder-decoder ("cross") attention. In the decoder it
+    reads and writes the key/value cache: self-attention appends this step's keys and values;
+    cross-attention projects the encoder output once and reuses it at every later step.
+    """
+
+    def __init__(
+        self, config: VanillaTransformerConfig, num_heads: int, is_causal: bool = False,
+        is_cross_attention: bool = False, layer_idx: int | None = None,
+    ):
+        super().__init__()
+        self.config = config
+        self.num_heads = num_heads
+        self.head_dim = config.head_dim or config.d_model // num_heads
+        self.scaling = self.head_dim**-0.5  # the 1/sqrt(d_k) of Eq. 1
+        self.attention_dropout = config.attention_dropout
+        self.is_causal = is_causal  # read by sdpa when no mask is given
+        self.is_cross_attention = is_cross_attention
+        self.layer_idx = layer_idx
+        inner_dim = num_heads * self.head_dim
+        self.q_proj = nn.Linear(config.d_model, inner_dim)
+        self.k_proj = nn.Linear(config.d_model, inner_dim)
+        self.v_proj = nn.Linear(config.d_model, inner_dim)
+        self.out_proj = nn.Linear(inner_dim, config.d_model)
+
+    def _split_heads(self, states: torch.Tensor) -> torch.Tensor:
+        return states.view(*states.shape[:-1], -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+
+    def _keys_and_values(
+        self, states: torch.Tensor, past_key_values: Cache | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Project keys and values, going through the cache when there is one."""
+        if past_key_values is None:
+            return self._split_heads(self.k_proj(states)), self._split_heads(self.v_proj(states))
+        if self.is_cross_attention:
+            cache = past_key_values.cross_attention_cache
+            if past_key_values.is_updated.get(self.layer_idx):  # encoder output already projected
+                return cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
+            past_key_values.is_updated[self.layer_idx] = True
+        else:
+            cache = past_key_values.self_attention_cache
+        keys, values = self._split_heads(self.k_proj(states)), self._split_heads(self.v_proj(states))
+        return cache.update(keys, values, self.layer_idx)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden_states (B, T, d_model) -> (output (B, T, d_model), weights (B, H, T, S) or None)."""
+        query = self._split_heads(self.q_proj(hidden_states))  # (B, H, T, D)
+        source = encoder_hidden_states if self.is_cross_attention else hidden_states
+        key, value = self._keys_and_values(source, past_key_values)  # (B, H, S, D) each
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        output, weights = attention(
+            self, query, key, value, attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
+        )
+        output = output.reshape(*hidden_states.shape[:-1], -1)  # (B, T, H * D)
+        return self.out_proj(output), weights
+
+
+# ---------------------------------------------------------------------------------------------
+# §3.3 Position-wise feed-forward network
+# ---------------------------------------------------------------------------------------------
+
+
+class FeedForward(nn.Module):
+    """FFN(x) = max(0, x W1 + b1) W2 + b2 (§3.3, Eq. 2), with a configurable activation."""
+
+    def __init__(self, config: VanillaTransformerConfig, ffn_dim: int):
+        super().__init__()
+        self.fc1 = nn.Linear(config.d_model, ffn_dim)
+        self.activation = ACT2FN[config.activation_function]
+        self.activation_dropout = nn.Dropout(config.activation_dropout)
+        self.fc2 = nn.Linear(ffn_dim, config.d_model)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.activation_dropout(self.activation(self.fc1(hidden_states))))
+
+
+# ---------------------------------------------------------------------------------------------
+# §3.1 + §5.4 The residual connection around every sub-layer
+# ---------------------------------------------------------------------------------------------
+
+
+class ResidualConnection(nn.Module):
+    """LayerNorm(x + Dropout(Sublayer(x))) (§3.1, §5.4); pre-norm: x + Dropout(Sublayer(LayerNorm(x)))."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__()
+        self.normalize_before = config.normalize_before
+        self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def forward(self, hidden_states: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
+        if self.normalize_before:
+            return hidden_states + self.dropout(sublayer(self.layer_norm(hidden_states)))
+        return self.layer_norm(hidden_states + self.dropout(sublayer(hidden_states)))
+
+
+# ---------------------------------------------------------------------------------------------
+# §3.1 Encoder and decoder layers
+# ---------------------------------------------------------------------------------------------
+
+
+class VanillaTransformerEncoderLayer(GradientCheckpointingLayer):
+    """Self-attention, then the feed-forward network, each inside a residual connection (§3.1)."""
+
+    def __init__(self, config: VanillaTransformerConfig, layer_idx: int):
+        super().__init__()
+        self.self_attention = VanillaTransformerAttention(config, config.encoder_attention_heads, layer_idx=layer_idx)
+        self.self_attention_residual = ResidualConnection(config)
+        self.feed_forward = FeedForward(config, config.encoder_ffn_dim)
+        self.feed_forward_residual = ResidualConnection(config)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, **kwargs) -> torch.Tensor:
+        hidden_states = self.self_attention_residual(
+            hidden_states, lambda x: self.self_attention(x, attention_mask, **kwargs)[0]
+        )
+        return self.feed_forward_residual(hidden_states, self.feed_forward)
+
+
+class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
+    """Masked self-attention, attention over the encoder output, then the FFN (§3.1)."""
+
+    def __init__(self, config: VanillaTransformerConfig, layer_idx: int):
+        super().__init__()
+        heads = config.decoder_attention_heads
+        self.self_attention = VanillaTransformerAttention(config, heads, is_causal=True, layer_idx=layer_idx)
+        self.self_attention_residual = ResidualConnection(config)
+        self.cross_attention = VanillaTransformerAttention(config, heads, is_cross_attention=True, layer_idx=layer_idx)
+        self.cross_attention_residual = ResidualConnection(config)
+        self.feed_forward = FeedForward(config, config.decoder_ffn_dim)
+        self.feed_forward_residual = ResidualConnection(config)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        encoder_hidden_states: torch.Tensor,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        hidden_states = self.self_attention_residual(
+            hidden_states,
+            lambda x: self.self_attention(x, attention_mask, past_key_values=past_key_values, **kwargs)[0],
+        )
+        hidden_states = self.cross_attention_residual(
+            hidden_states,
+            lambda x: self.cross_attention(
+                x, encoder_attention_mask, encoder_hidden_states, past_key_values=past_key_values, **kwargs
+            )[0],
+        )
+        return self.feed_forward_residual(hidden_states, self.feed_forward)
+
+
+# ---------------------------------------------------------------------------------------------
+# PreTrainedModel base: initialisation and the library's contracts
+# ---------------------------------------------------------------------------------------------
+
+
+class VanillaTransformerPreTrainedModel(PreTrainedModel):
+    """Weight initialisation and the library-facing class attributes shared by every model class.
+
+    Initialisation (the paper does not give one; this is fairseq's, proven for post-LN training
+    from scratch): every linear weight Xavier-uniform with zero bias, token embeddings (and learned
+    positions) normal with std ``init_std`` = d_model^-0.5 so that ``embedding * sqrt(d_model)``
+    has unit variance, the padding row zero, LayerNorm weight 1 and bias 0.
+    """
+
+    config_class = VanillaTransformerConfig
+    base_model_prefix = "model"
+    main_input_name = "input_ids"
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["VanillaTransformerEncoderLayer", "VanillaTransformerDecoderLayer"]
+    _supports_sdpa = True
+    _supports_flex_attn = True
+    _supports_flash_attn = True
+    _can_compile_fullgraph = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module):
+        std = self.config.init_std or self.config.d_model**-0.5
+        if isinstance(module, nn.Linear):
+            init.xavier_uniform_(module.weight)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.padding_idx is not None and not getattr(module.weight, "_is_hf_initialized", False):
+                init.zeros_(module.weight[module.padding_idx])
+        elif isinstance(module, nn.LayerNorm):
+            init.ones_(module.weight)
+            init.zeros_(module.bias)
+        elif isinstance(module, SinusoidalPositionalEncoding):
+            init.copy_(module.table, sinusoidal_positions(*module.table.shape))
+
+
+# ---------------------------------------------------------------------------------------------
+# §3.1 The encoder and decoder stacks
+# ---------------------------------------------------------------------------------------------
+
+
+def final_layer_norm(config: VanillaTransformerConfig) -> nn.Module:
+    """Pre-norm leaves the residual stream unnormalised, so each stack ends with a LayerNorm."""
+    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else nn.Identity()
+
+
+class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
+    """N identical layers over the embedded source (§3.1); attention sees every source position."""
+
+    _can_record_outputs = {
+        "hidden_states": VanillaTransformerEncoderLayer,
+        "attentions": VanillaTransformerAttention,
+    }
+
+    def __init__(self, config: VanillaTransformerConfig, token_embedding: nn.Embedding):
+        super().__init__(config)
+        self.embedding = TransformerEmbedding(config, token_embedding)
+        self.layers = nn.ModuleList(
+            [VanillaTransformerEncoderLayer(config, layer_idx=i) for i in range(config.encoder_layers)]
+        )
+        self.layer_norm = final_layer_norm(config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embedding.token_embedding
+
+    def set_input_embeddings(self, value: nn.Embedding):
+        self.embedding.token_embedding = value
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> BaseModelOutput:
+        hidden_states = self.embedding(input_ids, inputs_embeds)  # (B, S, d_model)
+        mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask)
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, mask, **kwargs)
+        return BaseModelOutput(last_hidden_state=self.layer_norm(hidden_states))
+
+
+class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
+    """N identical layers over the embedded target prefix, attending to the encoder output (§3.1)."""
+
+    _can_record_outputs = {
+        "hidden_states": VanillaTransformerDecoderLayer,
+        "attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="self_attention"),
+        "cross_attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="cross_attention"),
+    }
+
+    def __init__(self, config: VanillaTransformerConfig, token_embedding: nn.Embedding):
+        super().__init__(config)
+        self.embedding = TransformerEmbedding(config, token_embedding)
+        self.layers = nn.ModuleList(
+            [VanillaTransformerDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)]
+        )
+        self.layer_norm = final_layer_norm(config)
+        self.gradient_checkpointing = False
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.embedding.token_embedding
+
+    def set_input_embeddings(self, value: nn.Embedding):
+        self.embedding.token_embedding = value
+
+    @merge_with_config_defaults
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        encoder_hidden_states: torch.Tensor | None = None,
+        encoder_attention_mask: torch.Tensor | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPastAndCrossAttentions:
+        if encoder_hidden_states is None:
+            raise ValueError("The decoder attends to the encoder output: pass encoder_hidden_states.")
+        if use_cache and past_key_values is None:
+            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        hidden_states = self.embedding(input_ids, inputs_embeds, past_length)  # (B, T, d_model)
+        self_attention_mask = create_causal_mask(
+            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask,
+            past_key_values=past_key_values.self_attention_cache if past_key_values is not None else None,
+        )
+        cross_attention_mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=hidden_states, attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
+        )
+        for layer in self.layers:
+            hidden_states = layer(
+                hidden_states, self_attention_mask, encoder_hidden_states,  # positional for checkpointing
+                encoder_attention_mask=cross_attention_mask, past_key_values=past_key_values, **kwargs,
+            )
+        return BaseModelOutputWithPastAndCrossAttentions(
+            last_hidden_state=self.layer_norm(hidden_states), past_key_values=past_key_values
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The models users load: encoder-decoder, and encoder-decoder with the pre-softmax projection
+# ---------------------------------------------------------------------------------------------
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder input for teacher forcing: the start token, then the labels without their last token."""
+    decoder_input_ids = labels.new_full(labels.shape, pad_token_id)
+    decoder_input_ids[:, 0] = decoder_start_token_id
+    decoder_input_ids[:, 1:] = labels[:, :-1]
+    return decoder_input_ids.masked_fill(decoder_input_ids == -100, pad_token_id)
+
+
+class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
+    """Encoder and decoder with their embeddings; returns the decoder's last hidden states."""
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config)
+        self.shared = nn.Embedding(config.vocab_size, config.d_model, config.pad_token_id)
+        if config.share_encoder_decoder_embeddings:  # §3.4: one matrix for both embedding layers
+            target_embedding = self.shared
+            self._tied_weights_keys = {
+                "encoder.embedding.token_embedding.weight": "shared.weight",
+                "decoder.embedding.token_embedding.weight": "shared.weight",
+            }
+        else:
+            self._tied_weights_keys = {"encoder.embedding.token_embedding.weight": "shared.weight"}
+            target_embedding = nn.Embedding(config.decoder_vocab_size, config.d_model, config.pad_token_id)
+        self.encoder = VanillaTransformerEncoder(config, self.shared)
+        self.decoder = VanillaTransformerDecoder(config, target_embedding)
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.shared
+
+    def set_input_embeddings(self, value: nn.Embedding):
+        self.shared = value
+        self.encoder.set_input_embeddings(value)
+        if self.config.share_encoder_decoder_embeddings:
+            self.decoder.set_input_embeddings(value)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> Seq2SeqModelOutput:
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids=input_ids, attention_mask=attention_mask, inputs_embeds=inputs_embeds, **kwargs
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        decoder_outputs = self.decoder(
+            input_ids=decoder_input_ids,
+            attention_mask=decoder_attention_mask,
+            encoder_hidden_states=encoder_outputs.last_hidden_state,
+            encoder_attention_mask=attention_mask,
+            past_key_values=past_key_values,
+            inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        return Seq2SeqModelOutput(
+            last_hidden_state=decoder_outputs.last_hidden_state,
+            past_key_values=decoder_outputs.past_key_values,
+            decoder_hidden_states=decoder_outputs.hidden_states,
+            decoder_attentions=decoder_outputs.attentions,
+            cross_attentions=decoder_outputs.cross_attentions,
+            encoder_last_hidden_state=encoder_outputs.last_hidden_state,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+            encoder_attentions=encoder_outputs.attentions,
+        )
+
+
+# §6.1: "We set the maximum output length during inference to input length + 50".
+MAX_EXTRA_OUTPUT_TOKENS = 50
+
+
+def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
+    """Decoding as in §6.1: beam size 4, length penalty alpha = 0.6, stop when 4 hypotheses end.
+
+    No max_length: `generate()` then applies the paper's input length + 50.
+    """
+    return GenerationConfig(
+        num_beams=4,
+        length_penalty=0.6,
+        early_stopping=True,
+        decoder_start_token_id=config.decoder_start_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
+
+
+class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
+    """The full model: encoder-decoder + linear pre-softmax projection (§3.4), with a loss and `generate()`.
+
+    The loss is the token-level cross-entropy over labels that are not -100. Under gradient
+    accumulation the Trainer passes ``num_items_in_batch`` (the number of target tokens in the
+    whole accumulated batch): the loss is then a sum divided by it, so that N accumulated
+    micro-batches give the gradient of one batch N times as large.
+    """
+
+    def __init__(self, config: VanillaTransformerConfig):
+        super().__init__(config)
+        self.model = VanillaTransformerModel(config)
+        self.lm_head = nn.Linear(config.d_model, config.decoder_vocab_size, bias=False)
+        self._tied_weights_keys = {
+            f"model.{target}": f"model.{source}" for target, source in self.model._tied_weights_keys.items()
+        }
+        if config.tie_word_embeddings:  # §3.4: the pre-softmax projection is the target embedding
+            target_embedding = "model.shared.weight" if config.share_encoder_decoder_embeddings else (
+                "model.decoder.embedding.token_embedding.weight"
+            )
+            self._tied_weights_keys["lm_head.weight"] = target_embedding
+        self.post_init()
+        self.generation_config = paper_generation_config(config)
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.model.get_input_embeddings()
+
+    def set_input_embeddings(self, value: nn.Embedding):
+        self.model.set_input_embeddings(value)
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear):
+        self.lm_head = value
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
+        encoder_outputs: BaseModelOutput | tuple | None = None,
+        past_key_values: EncoderDecoderCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> Seq2SeqLMOutput:
+        if labels is not None:
+            use_cache = False  # teacher forcing sees the whole target at once
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        outputs = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids,
+            decoder_attention_mask=decoder_attention_mask,
+            encoder_outputs=encoder_outputs,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            decoder_inputs_embeds=decoder_inputs_embeds,
+            use_cache=use_cache,
+            **kwargs,
+        )
+        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        loss = None if labels is None else self.token_cross_entropy(logits, labels, num_items_in_batch)
+        return Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=outputs.past_key_values,
+            decoder_hidden_states=outputs.decoder_hidden_states,
+            decoder_attentions=outputs.decoder_attentions,
+            cross_attentions=outputs.cross_attentions,
+            encoder_last_hidden_state=outputs.encoder_last_hidden_state,
+            encoder_hidden_states=outputs.encoder_hidden_states,
+            encoder_attentions=outputs.encoder_attentions,
+        )
+
+    def generate(self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs):
+        """`GenerationMixin.generate` whose default length limit is the paper's (§6.1).
+
+        When no ``max_length`` or ``max_new_tokens`` is given (in the call, the ``generation_config``
+        passed, or the model's), at most (longest source in the batch) + 50 tokens are generated,
+        capped by ``max_position_embeddings``.
+        """
+        configs = [c for c in (generation_config, self.generation_config) if c is not None]
+        length_given = any(kwargs.get(k) is not None for k in ("max_length", "max_new_tokens")) or any(
+            c.max_length is not None or c.max_new_tokens is not None for c in configs
+        )
+        source = inputs if inputs is not None else kwargs.get("input_ids")
+        if not length_given and source is not None:
+            kwargs["max_new_tokens"] = min(
+                source.shape[-1] + MAX_EXTRA_OUTPUT_TOKENS, self.config.max_position_embeddings - 1
+            )
+        return super().generate(inputs, generation_config, **kwargs)
+
+    @staticmethod
+    def token_cross_entropy(
+        logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Mean cross-entropy per target token, or the sum over ``num_items_in_batch`` when given."""
+        labels = labels.to(logits.device)
+        total = nn.functional.cross_entropy(
+            logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum"
+        )
+        count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
+        if torch.is_tensor(count):
+            count = count.to(total.device)
+        return total / count
+
+
+__all__ = [
+    "VanillaTransformerForConditionalGeneration",
+    "VanillaTransformerModel",
+    "VanillaTransformerPreTrainedModel",
+    "sinusoidal_positions",
+]
