@@ -1,0 +1,456 @@
+"""The model against the paper and against independent implementations.
+
+References used here: the formulas of §3.5 and §3.4, PyTorch's own `nn.TransformerEncoderLayer` /
+`nn.TransformerDecoderLayer` (post-LN and pre-LN), the full forward pass (for the cache), one-by-one
+generation (for batching), a plain cross-entropy (for the loss), and one large batch (for gradient
+accumulation through the real Trainer).
+"""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+VOCAB = 60
+
+
+def tiny_config(**overrides) -> VanillaTransformerConfig:
+    defaults = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=3,
+                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
+                    decoder_ffn_dim=48, max_position_embeddings=128, dropout=0.0)
+    return VanillaTransformerConfig(**{**defaults, **overrides})
+
+
+def tiny_model(seed: int = 0, **overrides) -> VanillaTransformerForConditionalGeneration:
+    torch.manual_seed(seed)
+    return VanillaTransformerForConditionalGeneration(tiny_config(**overrides)).eval()
+
+
+def source_batch(seed: int = 1):
+    """Two sources, the second padded on the right: ids avoid the special ids 0-3."""
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, VOCAB, (2, 9), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    input_ids[1, 6:] = 0
+    attention_mask[1, 6:] = 0
+    return input_ids, attention_mask
+
+
+# --- §3.5 positions and §3.4 embeddings ---------------------------------------------------------
+
+
+def test_sinusoidal_table_equals_the_formula_of_section_3_5():
+    model = tiny_model()
+    table = model.model.encoder.embedding.positional_encoding.table
+    d = model.config.d_model
+    for pos in (0, 1, 7, 50, 127):
+        for i in (0, 1, 5, d // 2 - 1):
+            angle = pos / 10000 ** (2 * i / d)
+            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_stack_input_is_token_embedding_times_sqrt_d_model_plus_position():
+    model = tiny_model()
+    input_ids, _ = source_batch()
+    embedded = model.model.encoder.embedding(input_ids, None)
+    weight = model.model.shared.weight
+    d = model.config.d_model
+    for pos in (0, 3, 8):
+        angles = pos / 10000 ** (torch.arange(0, d, 2, dtype=torch.float64) / d)
+        pe = torch.stack([angles.sin(), angles.cos()], dim=-1).flatten().float()  # interleaved sin, cos
+        expected = weight[input_ids[0, pos]] * math.sqrt(d) + pe
+        torch.testing.assert_close(embedded[0, pos], expected)
+
+
+def test_padding_row_of_the_shared_embedding_starts_at_zero():
+    model = tiny_model()
+    assert torch.count_nonzero(model.model.shared.weight[model.config.pad_token_id]) == 0
+
+
+# --- the whole forward pass against PyTorch's own Transformer layers ----------------------------
+
+
+def torch_reference_logits(model, input_ids, attention_mask, decoder_input_ids, normalize_before):
+    """The same weights run through `nn.TransformerEncoderLayer` / `nn.TransformerDecoderLayer`."""
+    config = model.config
+
+    def copy_attention(torch_attention, ours):
+        torch_attention.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        torch_attention.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        torch_attention.out_proj.load_state_dict(ours.out_proj.state_dict())
+
+    def copy_ffn(torch_layer, ours):
+        torch_layer.linear1.load_state_dict(ours.fc1.state_dict())
+        torch_layer.linear2.load_state_dict(ours.fc2.state_dict())
+
+    def embed(stack, ids):
+        return stack.embedding(ids, None)  # checked against the formula above
+
+    with torch.no_grad():
+        memory = embed(model.model.encoder, input_ids)
+        for ours in model.model.encoder.layers:
+            layer = nn.TransformerEncoderLayer(
+                config.d_model, config.encoder_attention_heads, config.encoder_ffn_dim, dropout=0.0,
+                batch_first=True, norm_first=normalize_before,
+            ).eval()
+            copy_attention(layer.self_attn, ours.self_attention)
+            copy_ffn(layer, ours.feed_forward)
+            layer.norm1.load_state_dict(ours.self_attention_residual.layer_norm.state_dict())
+            layer.norm2.load_state_dict(ours.feed_forward_residual.layer_norm.state_dict())
+            memory = layer(memory, src_key_padding_mask=attention_mask == 0)
+        if normalize_before:
+            memory = model.model.encoder.layer_norm(memory)
+
+        target = embed(model.model.decoder, decoder_input_ids)
+        causal = nn.Transformer.generate_square_subsequent_mask(decoder_input_ids.shape[1])
+        for ours in model.model.decoder.layers:
+            layer = nn.TransformerDecoderLayer(
+                config.d_model, config.decoder_attention_heads, config.decoder_ffn_dim, dropout=0.0,
+                batch_first=True, norm_first=normalize_before,
+            ).eval()
+            copy_attention(layer.self_attn, ours.self_attention)
+            copy_attention(layer.multihead_attn, ours.cross_attention)
+            copy_ffn(layer, ours.feed_forward)
+            layer.norm1.load_state_dict(ours.self_attention_residual.layer_norm.state_dict())
+            layer.norm2.load_state_dict(ours.cross_attention_residual.layer_norm.state_dict())
+            layer.norm3.load_state_dict(ours.feed_forward_residual.layer_norm.state_dict())
+            target = layer(target, memory, tgt_mask=causal, memory_key_padding_mask=attention_mask == 0)
+        if normalize_before:
+            target = model.model.decoder.layer_norm(target)
+        return target @ model.model.shared.weight.T  # §3.4: the projection is the shared embedding
+
+
+@pytest.mark.parametrize("normalize_before", [False, True], ids=["post-LN", "pre-LN"])
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_logits_equal_pytorch_transformer_layers_with_the_same_weights(normalize_before, attn_implementation):
+    model = tiny_model(normalize_before=normalize_before)
+    model.set_attn_implementation(attn_implementation)
+    input_ids, attention_mask = source_batch()
+    decoder_input_ids = torch.randint(4, VOCAB, (2, 6))
+    ours = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+    reference = torch_reference_logits(model, input_ids, attention_mask, decoder_input_ids, normalize_before)
+    torch.testing.assert_close(ours, reference, atol=1e-5, rtol=1e-5)
+
+
+def test_post_ln_stacks_have_no_final_layer_norm_and_pre_ln_stacks_do():
+    assert isinstance(tiny_model().model.encoder.layer_norm, nn.Identity)
+    pre = tiny_model(normalize_before=True).model
+    assert isinstance(pre.encoder.layer_norm, nn.LayerNorm) and isinstance(pre.decoder.layer_norm, nn.LayerNorm)
+
+
+def test_dropout_is_active_in_training_and_off_in_eval():
+    model = tiny_model(dropout=0.3)
+    input_ids, attention_mask = source_batch()
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :4])
+    eval_a, eval_b = model(**inputs).logits, model(**inputs).logits
+    assert torch.equal(eval_a, eval_b)
+    model.train()
+    assert not torch.allclose(model(**inputs).logits, model(**inputs).logits)
+
+
+# --- §3.2.3 masking -----------------------------------------------------------------------------
+
+
+def test_decoder_is_causal_a_later_target_token_never_changes_earlier_logits():
+    model = tiny_model()
+    input_ids, attention_mask = source_batch()
+    decoder_input_ids = torch.randint(4, VOCAB, (2, 7))
+    changed = decoder_input_ids.clone()
+    changed[:, 4] = (changed[:, 4] + 1 - 4) % (VOCAB - 4) + 4
+    before = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+    after = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=changed).logits
+    torch.testing.assert_close(before[:, :4], after[:, :4], atol=0, rtol=0)
+    assert (before[:, 4:] - after[:, 4:]).abs().amax(dim=-1).min() > 0  # every later position sees it
+
+
+def test_encoder_is_bidirectional_a_source_token_changes_every_position():
+    model = tiny_model()
+    input_ids = torch.randint(4, VOCAB, (1, 8))
+    changed = input_ids.clone()
+    changed[0, 5] = (changed[0, 5] + 1 - 4) % (VOCAB - 4) + 4
+    before = model.model.encoder(input_ids=input_ids).last_hidden_state
+    after = model.model.encoder(input_ids=changed).last_hidden_state
+    assert (before - after).abs().amax(dim=-1).min() > 1e-6  # positions before and after 5 alike
+
+
+def test_padding_in_the_source_does_not_change_the_result():
+    model = tiny_model()
+    input_ids, attention_mask = source_batch()
+    decoder_input_ids = torch.randint(4, VOCAB, (1, 5))
+    padded = model(input_ids=input_ids[1:], attention_mask=attention_mask[1:], decoder_input_ids=decoder_input_ids)
+    unpadded = model(input_ids=input_ids[1:, :6], decoder_input_ids=decoder_input_ids)
+    torch.testing.assert_close(padded.logits, unpadded.logits, atol=1e-5, rtol=1e-5)
+
+
+# --- attention backends ---------------------------------------------------------------------------
+
+
+@torch.no_grad()  # flex attention has no backward on CPU
+def flex_attention_runs() -> bool:
+    try:
+        model = tiny_model()
+        model.set_attn_implementation("flex_attention")
+        input_ids, attention_mask = source_batch()
+        model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :3])
+        return True
+    except Exception:  # flex needs a torch build/compiler it can use; skip where it cannot run
+        return False
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "flex_attention"])
+@torch.no_grad()
+def test_attention_backends_agree_with_eager_on_padded_batches(implementation):
+    if implementation == "flex_attention" and not flex_attention_runs():
+        pytest.skip("flex attention does not run on this machine")
+    input_ids, attention_mask = source_batch()
+    inputs = dict(input_ids=input_ids, attention_mask=attention_mask,
+                  decoder_input_ids=torch.randint(4, VOCAB, (2, 6)),
+                  decoder_attention_mask=torch.tensor([[1] * 6, [1] * 4 + [0] * 2]))
+    model = tiny_model()
+    model.set_attn_implementation("eager")
+    eager = model(**inputs).logits
+    model.set_attn_implementation(implementation)
+    assert model.config._attn_implementation == implementation
+    other = model(**inputs).logits
+    # compare where the decoder is not padded
+    torch.testing.assert_close(other[0], eager[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(other[1, :4], eager[1, :4], atol=1e-5, rtol=1e-5)
+
+
+def test_attn_implementation_is_selectable_when_building():
+    config = tiny_config()
+    model = VanillaTransformerForConditionalGeneration._from_config(config, attn_implementation="eager")
+    assert model.config._attn_implementation == "eager"
+
+
+# --- output_attentions / output_hidden_states -----------------------------------------------------
+
+
+def test_attention_outputs_are_distributions_that_ignore_source_padding():
+    model = tiny_model()
+    model.set_attn_implementation("eager")
+    input_ids, attention_mask = source_batch()
+    out = model(input_ids=input_ids, attention_mask=attention_mask,
+                decoder_input_ids=torch.randint(4, VOCAB, (2, 5)), output_attentions=True)
+    config = model.config
+    assert len(out.encoder_attentions) == config.encoder_layers
+    assert len(out.decoder_attentions) == len(out.cross_attentions) == config.decoder_layers
+    assert out.encoder_attentions[0].shape == (2, 4, 9, 9)
+    assert out.decoder_attentions[0].shape == (2, 4, 5, 5)
+    assert out.cross_attentions[0].shape == (2, 4, 5, 9)
+    for weights in (*out.encoder_attentions, *out.decoder_attentions, *out.cross_attentions):
+        torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+    for weights in out.cross_attentions:
+        assert torch.all(weights[1, :, :, 6:] == 0)  # padded source positions get no attention
+    for weights in out.decoder_attentions:
+        assert torch.all(weights.triu(diagonal=1) == 0)  # no attention to the future
+
+
+def test_hidden_states_has_one_entry_per_layer_plus_embeddings():
+    model = tiny_model()
+    input_ids, attention_mask = source_batch()
+    out = model(input_ids=input_ids, attention_mask=attention_mask,
+                decoder_input_ids=input_ids[:, :4], output_hidden_states=True)
+    assert len(out.encoder_hidden_states) == model.config.encoder_layers + 1
+    assert len(out.decoder_hidden_states) == model.config.decoder_layers + 1
+    torch.testing.assert_close(out.encoder_hidden_states[0], model.model.encoder.embedding(input_ids, None))
+    torch.testing.assert_close(out.encoder_hidden_states[-1], out.encoder_last_hidden_state)
+
+
+# --- the key/value cache --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("normalize_before", [False, True], ids=["post-LN", "pre-LN"])
+def test_incremental_decoding_with_the_cache_equals_the_full_forward_step_by_step(normalize_before):
+    model = tiny_model(normalize_before=normalize_before)
+    input_ids, attention_mask = source_batch()
+    decoder_input_ids = torch.randint(4, VOCAB, (2, 7))
+    full = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=decoder_input_ids).logits
+    encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
+    past = None
+    for step in range(decoder_input_ids.shape[1]):
+        out = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask, past_key_values=past,
+                    decoder_input_ids=decoder_input_ids[:, step:step + 1], use_cache=True)
+        past = out.past_key_values
+        torch.testing.assert_close(out.logits[:, 0], full[:, step], atol=1e-5, rtol=1e-5)
+    assert past.get_seq_length() == decoder_input_ids.shape[1]
+    # cross-attention keys/values were projected once, at the first step, from the whole source
+    assert past.cross_attention_cache.layers[0].keys.shape[2] == input_ids.shape[1]
+
+
+GENERATION_CASES = {
+    "greedy": dict(num_beams=1, do_sample=False, max_new_tokens=12),
+    "beam4": dict(num_beams=4, num_return_sequences=3, max_new_tokens=12),
+}
+
+
+@pytest.mark.parametrize("case", GENERATION_CASES)
+def test_generation_is_identical_with_dynamic_cache_static_cache_and_no_cache(case):
+    model = tiny_model()
+    input_ids, attention_mask = source_batch()
+    settings = dict(input_ids=input_ids, attention_mask=attention_mask, **GENERATION_CASES[case])
+    without = model.generate(**settings, use_cache=False)
+    dynamic = model.generate(**settings, use_cache=True)
+    static = model.generate(**settings, cache_implementation="static")
+    assert torch.equal(without, dynamic)
+    assert torch.equal(without, static)
+
+
+@pytest.mark.parametrize("case", GENERATION_CASES)
+def test_batched_generation_with_padding_equals_one_by_one(case):
+    model = tiny_model()
+    input_ids, attention_mask = source_batch()
+    settings = GENERATION_CASES[case]
+    batched = model.generate(input_ids=input_ids, attention_mask=attention_mask, **settings)
+    per_row = batched.shape[0] // 2
+    for row, length in ((0, 9), (1, 6)):
+        alone = model.generate(input_ids=input_ids[row:row + 1, :length], **settings)
+        expected = batched[row * per_row:(row + 1) * per_row]
+        pad = model.config.pad_token_id
+        trimmed = expected[:, : alone.shape[1]]
+        assert torch.equal(trimmed, alone)
+        assert torch.all(expected[:, alone.shape[1]:] == pad)
+
+
+def test_beam_search_defaults_are_the_papers():
+    generation_config = tiny_model().generation_config
+    assert generation_config.num_beams == 4
+    assert generation_config.length_penalty == 0.6
+    assert generation_config.early_stopping is True
+
+
+def test_default_maximum_output_length_is_input_length_plus_50():
+    model = tiny_model(seed=3)
+    # make </s> impossible so that decoding runs to its limit
+    model.lm_head.register_forward_hook(lambda m, i, o: o.index_fill(-1, torch.tensor([3]), -1e9))
+    input_ids = torch.randint(4, VOCAB, (1, 7))
+    out = model.generate(input_ids=input_ids, num_beams=1)
+    assert out.shape[1] == 1 + 7 + 50  # start token + (input length + 50)
+    limited = model.generate(input_ids=input_ids, num_beams=1, max_new_tokens=5)
+    assert limited.shape[1] == 1 + 5
+
+
+# --- loss and training ---------------------------------------------------------------------------
+
+
+def test_loss_is_mean_token_cross_entropy_ignoring_minus_100():
+    model = tiny_model()
+    input_ids, attention_mask = source_batch()
+    labels = torch.randint(4, VOCAB, (2, 6))
+    labels[1, 4:] = -100
+    out = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels)
+    log_probs = out.logits.log_softmax(-1)
+    picked = [-log_probs[b, t, labels[b, t]] for b in range(2) for t in range(6) if labels[b, t] != -100]
+    torch.testing.assert_close(out.loss, torch.stack(picked).mean())
+
+
+def test_decoder_inputs_from_labels_are_start_token_then_labels_shifted_right():
+    model = tiny_model()
+    labels = torch.tensor([[11, 12, 13, 3], [21, 3, -100, -100]])
+    expected = torch.tensor([[2, 11, 12, 13], [2, 21, 3, 0]])
+    assert torch.equal(model.prepare_decoder_input_ids_from_labels(labels), expected)
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    input_ids, attention_mask = source_batch()
+    labels = torch.randint(4, VOCAB, (2, 5))
+    gradients = []
+    for checkpointing in (False, True):
+        model = tiny_model().train()
+        if checkpointing:
+            model.activation_checkpointing_enable()
+        model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
+        gradients.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name in gradients[0]:
+        torch.testing.assert_close(gradients[0][name], gradients[1][name], atol=1e-6, rtol=1e-5)
+
+
+def trainer_parameters_after_one_update(tmp_path, examples, batch_size, accumulation):
+    """Run one optimiser step of the real Seq2SeqTrainer with SGD(lr=1) and return the parameters."""
+    from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    model = tiny_model().train()
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path / f"run-{batch_size}-{accumulation}"), per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=accumulation, max_steps=1, learning_rate=1.0, optim="sgd",
+        lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0, report_to=[], save_strategy="no",
+        train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True, logging_strategy="no",
+    )
+
+    def collate(batch):
+        width = max(len(e["labels"]) for e in batch)
+        labels = torch.tensor([e["labels"] + [-100] * (width - len(e["labels"])) for e in batch])
+        return {"input_ids": torch.stack([e["input_ids"] for e in batch]), "labels": labels}
+
+    Seq2SeqTrainer(model=model, args=args, train_dataset=examples, data_collator=collate).train()
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def test_gradient_accumulation_of_two_steps_equals_one_double_batch_in_the_trainer(tmp_path):
+    generator = torch.Generator().manual_seed(5)
+    # target lengths differ between the micro-batches: a per-micro-batch mean would weight them wrongly
+    lengths = [2, 2, 7, 7]
+    examples = [
+        {"input_ids": torch.randint(4, VOCAB, (6,), generator=generator),
+         "labels": torch.randint(4, VOCAB, (n,), generator=generator).tolist()}
+        for n in lengths
+    ]
+    accumulated = trainer_parameters_after_one_update(tmp_path, examples, batch_size=2, accumulation=2)
+    one_batch = trainer_parameters_after_one_update(tmp_path, examples, batch_size=4, accumulation=1)
+    initial = {n: p.detach() for n, p in tiny_model().named_parameters()}
+    assert not torch.equal(one_batch["model.shared.weight"], initial["model.shared.weight"])  # an update happened
+    for name, value in one_batch.items():
+        torch.testing.assert_close(accumulated[name], value, atol=1e-5, rtol=1e-4)
+
+
+# --- variants of the paper ---------------------------------------------------------------------
+
+
+def test_separate_vocabularies_give_target_sized_logits_and_untied_source_embedding():
+    model = tiny_model(share_encoder_decoder_embeddings=False, decoder_vocab_size=40)
+    input_ids, attention_mask = source_batch()
+    logits = model(input_ids=input_ids, attention_mask=attention_mask,
+                   decoder_input_ids=torch.randint(4, 40, (2, 3))).logits
+    assert logits.shape[-1] == 40
+    assert model.model.decoder.embedding.token_embedding is not model.model.shared
+    assert model.lm_head.weight is model.model.decoder.embedding.token_embedding.weight
+
+
+def test_head_dim_can_differ_from_d_model_over_heads():
+    model = tiny_model(head_dim=4)  # 4 heads x 4 = 16 != d_model 32 (Table 3, rows B)
+    attention = model.model.encoder.layers[0].self_attention
+    assert attention.q_proj.weight.shape == (16, 32) and attention.out_proj.weight.shape == (32, 16)
+    input_ids, attention_mask = source_batch()
+    model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=3)
+
+
+def test_learned_positions_are_parameters_of_table_3_row_e():
+    model = tiny_model(position_embedding_type="learned")
+    names = [n for n, _ in model.named_parameters() if "positional_encoding" in n]
+    assert len(names) == 2  # one table per stack
+
+
+# --- bad input -------------------------------------------------------------------------------------
+
+
+def test_sequence_longer_than_max_positions_is_an_error_not_a_truncation():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="longer than max_position_embeddings=128"):
+        model(input_ids=torch.full((1, 129), 5), decoder_input_ids=torch.full((1, 2), 5))
+
+
+def test_decoder_without_encoder_output_is_an_error():
+    model = tiny_model()
+    with pytest.raises(ValueError, match="encoder_hidden_states"):
+        model.model.decoder(input_ids=torch.full((1, 2), 5))
+
+
+def test_input_ids_and_inputs_embeds_together_is_an_error():
+    model = tiny_model()
+    ids = torch.full((1, 3), 5)
+    with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
+        model.model.encoder(input_ids=ids, inputs_embeds=model.model.shared(ids))
