@@ -339,6 +339,13 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, SinusoidalPositionalEncoding):
             init.copy_(module.table, sinusoidal_positions(*module.table.shape))
 
+    def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
+        """Resize the (source or joint) vocabulary; a joint one keeps decoder_vocab_size in step."""
+        embeddings = super().resize_token_embeddings(*args, **kwargs)
+        if self.config.share_encoder_decoder_embeddings:
+            self.config.decoder_vocab_size = self.config.vocab_size
+        return embeddings
+
 
 # ---------------------------------------------------------------------------------------------
 # §3.1 The encoder and decoder stacks
