@@ -1,0 +1,279 @@
+"""The joint BPE tokenizer of the Transformer, and a function and command line to train one.
+
+§5.1 of the paper: "Sentences were encoded using byte-pair encoding, which has a shared
+source-target vocabulary of about 37000 tokens." `train_tokenizer` learns such a vocabulary over
+source and target text together, and `VanillaTransformerTokenizer` wraps it as a fast transformers
+tokenizer (``tokenizer.json`` + ``tokenizer_config.json``).
+
+Why byte-level BPE: its base alphabet is the 256 byte values, so every Unicode string has an
+encoding (``<unk>`` never appears, whatever the script or emoji) and the ByteLevel decoder inverts
+it exactly, spaces, tabs and newlines included. BPE with ``byte_fallback`` also avoids ``<unk>``,
+but needs the Metaspace pre-tokenizer, whose decoder drops a leading space, so that round trip is
+not exact. The only change made to text is NFKC normalisation (e.g. "ﬁ" -> "fi").
+
+Special tokens get fixed ids, the defaults of `VanillaTransformerConfig`: ``<pad>`` 0, ``<unk>`` 1,
+``<s>`` 2 (the decoder's start token) and ``</s>`` 3, which is appended to every sequence, source
+and target alike. Written as text, ``<s>`` and ``</s>`` are plain characters (an HTML ``<s>`` tag
+must not become a start token), so ``split_special_tokens`` is on. That setting is saved in
+``tokenizer_config.json``, not ``tokenizer.json``: users of the bare ``tokenizers`` library set
+``encode_special_tokens = True`` to get the same ids.
+
+This file is also copied next to saved weights and loaded as Hub remote code
+(``trust_remote_code=True``) where the package is not installed, so it imports only the standard
+library, ``tokenizers`` and ``transformers``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import importlib
+import os
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
+from transformers import TokenizersBackend
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+PAD_TOKEN, UNK_TOKEN, BOS_TOKEN, EOS_TOKEN = "<pad>", "<unk>", "<s>", "</s>"
+# The trainer gives special tokens the first ids in this order; VanillaTransformerConfig's defaults
+# (pad_token_id=0, bos_token_id=decoder_start_token_id=2, eos_token_id=3) rely on it.
+SPECIAL_TOKENS = [PAD_TOKEN, UNK_TOKEN, BOS_TOKEN, EOS_TOKEN]
+BYTE_ALPHABET = pre_tokenizers.ByteLevel.alphabet()
+MIN_VOCAB_SIZE = len(BYTE_ALPHABET) + len(SPECIAL_TOKENS)
+DEFAULT_VOCAB_SIZE = 37000  # §5.1, WMT 2014 English-German
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+class VanillaTransformerTokenizer(TokenizersBackend):
+    """Fast byte-level BPE tokenizer with a joint source-target vocabulary (§5.1).
+
+    Create one with `train_tokenizer` and reload it with ``AutoTokenizer.from_pretrained``.
+    ``tokenizer(source, text_target=target)`` returns ``input_ids`` and ``labels``, both ending in
+    ``</s>``; pad batches of labels with `transformers.DataCollatorForSeq2Seq` (-100).
+
+    Class attributes only, no ``__init__``: a subclass with its own ``__init__`` is rebuilt by
+    ``from_pretrained`` from vocab and merges, and can lose the pre-tokenizer without a word; without
+    one, ``tokenizer.json`` loads exactly as saved. Its post-processor appends ``</s>``; the
+    ``add_eos_token`` property does not show that (transformers 5 does not save it next to a
+    ``tokenizer.json``) and setting ``add_bos_token`` or ``add_eos_token`` replaces that
+    post-processor.
+    """
+
+    padding_side = "right"
+    model_input_names = ["input_ids", "attention_mask"]
+
+
+def train_tokenizer(
+    texts_or_files: Iterable[str] | list[str | os.PathLike],
+    vocab_size: int = DEFAULT_VOCAB_SIZE,
+    min_frequency: int = 2,
+    show_progress: bool = False,
+) -> VanillaTransformerTokenizer:
+    """Learn one BPE vocabulary over all the given text (source and target together).
+
+    Args:
+        texts_or_files: training sentences (any iterable of ``str``, read once), or a list of paths
+            of UTF-8 text files with one sentence per line, plain or gzip-compressed. A list or
+            tuple is read as files when any item is a ``pathlib.Path`` or names an existing file;
+            pass texts as an iterator (``iter(texts)``) to rule that out.
+        vocab_size: the most tokens the vocabulary gets, special tokens included; at least
+            `MIN_VOCAB_SIZE` (256 bytes + 4 special tokens). Training stops earlier when no pair
+            of symbols occurs ``min_frequency`` times any more; size the model with
+            ``len(tokenizer)``.
+        min_frequency: a pair of symbols must occur this often to be merged.
+        show_progress: show the trainer's progress bar.
+    """
+    _check_training_sizes(vocab_size, min_frequency)
+    texts = _TextStream(_training_texts(texts_or_files))
+    backend = _untrained_backend()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=BYTE_ALPHABET,  # all 256 bytes, seen in training or not: no <unk>, ever
+        show_progress=show_progress,
+    )
+    backend.train_from_iterator(texts, trainer=trainer)
+    if not texts.has_text:
+        raise ValueError(
+            "texts_or_files contains no text (no items, or only empty or whitespace lines); "
+            "pass at least one non-empty sentence or a file that has one."
+        )
+    backend.post_processor = _eos_template(backend)
+    if backend.get_vocab_size() < vocab_size:
+        logger.warning(
+            f"The trained vocabulary has {backend.get_vocab_size()} tokens, fewer than vocab_size="
+            f"{vocab_size}: no pair of symbols is frequent enough (min_frequency={min_frequency}) for "
+            "another merge. Give the model vocab_size=len(tokenizer)."
+        )
+    return VanillaTransformerTokenizer(
+        tokenizer_object=backend,
+        pad_token=PAD_TOKEN,
+        unk_token=UNK_TOKEN,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        clean_up_tokenization_spaces=False,  # it deletes spaces before punctuation: not a round trip
+        split_special_tokens=True,
+    )
+
+
+def _check_training_sizes(vocab_size, min_frequency) -> None:
+    for name, value in (("vocab_size", vocab_size), ("min_frequency", min_frequency)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__} ({value!r}).")
+    if vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(
+            f"vocab_size={vocab_size} cannot hold the {len(BYTE_ALPHABET)} byte-level symbols plus the "
+            f"{len(SPECIAL_TOKENS)} special tokens {SPECIAL_TOKENS}; use vocab_size >= {MIN_VOCAB_SIZE} "
+            f"(the paper used {DEFAULT_VOCAB_SIZE})."
+        )
+    if min_frequency < 1:
+        raise ValueError(f"min_frequency must be at least 1, got {min_frequency}.")
+
+
+def _untrained_backend() -> Tokenizer:
+    backend = Tokenizer(models.BPE(unk_token=UNK_TOKEN))
+    backend.normalizer = normalizers.NFKC()
+    # add_prefix_space=False: a prefix space would come back from decode, breaking the round trip.
+    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    backend.decoder = decoders.ByteLevel()
+    return backend
+
+
+def _eos_template(backend: Tokenizer) -> processors.TemplateProcessing:
+    """Append </s> to every sequence; no <s> on the source (the decoder gets it as its start token)."""
+    return processors.TemplateProcessing(
+        single=f"$A:0 {EOS_TOKEN}:0",
+        pair=f"$A:0 {EOS_TOKEN}:0 $B:1 {EOS_TOKEN}:1",
+        special_tokens=[(EOS_TOKEN, backend.token_to_id(EOS_TOKEN))],
+    )
+
+
+class _TextStream:
+    """Passes texts through to the trainer and records whether any of them had content."""
+
+    def __init__(self, texts: Iterator[str]):
+        self._texts = texts
+        self.has_text = False
+
+    def __iter__(self) -> Iterator[str]:
+        for text in self._texts:
+            self.has_text = self.has_text or bool(text.strip())
+            yield text
+
+
+def _training_texts(texts_or_files) -> Iterator[str]:
+    """Training sentences from either form of `train_tokenizer`'s first argument."""
+    if isinstance(texts_or_files, (str, bytes, os.PathLike)):
+        raise TypeError(
+            f"texts_or_files must be a list of texts or of file paths, not a single "
+            f"{type(texts_or_files).__name__}; wrap it in a list: [{texts_or_files!r}]."
+        )
+    if not isinstance(texts_or_files, Iterable):
+        raise TypeError(
+            f"texts_or_files must be an iterable of str or a list of file paths, "
+            f"got {type(texts_or_files).__name__}."
+        )
+    if isinstance(texts_or_files, (list, tuple)) and _names_files(texts_or_files):
+        return _lines_of_files(_checked_paths(texts_or_files))
+    return _checked_texts(texts_or_files)
+
+
+def _names_files(items: list | tuple) -> bool:
+    return any(isinstance(item, os.PathLike) or isinstance(item, str) and os.path.isfile(item) for item in items)
+
+
+def _checked_texts(texts: Iterable) -> Iterator[str]:
+    for index, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise TypeError(
+                f"item {index} of texts_or_files is a {type(text).__name__}, not a str; pass decoded "
+                "text (e.g. line.decode('utf-8')) or a list of file paths."
+            )
+        yield text
+
+
+def _checked_paths(items: list | tuple) -> list[Path]:
+    """Check every training file before training starts, so that a bad path fails fast."""
+    paths = []
+    for index, item in enumerate(items):
+        if not isinstance(item, (str, os.PathLike)):
+            raise TypeError(
+                f"item {index} of texts_or_files is a {type(item).__name__}; a list of training files "
+                "may hold only str or pathlib.Path paths."
+            )
+        path = Path(item)
+        where = f"training file {str(path)!r} (item {index} of texts_or_files)"
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{where} does not exist; fix the path. (A list is read as files when any item is a "
+                "pathlib.Path or names an existing file; to train on texts, pass iter(texts).)"
+            )
+        if path.is_dir():
+            raise IsADirectoryError(
+                f"{where} is a directory; pass the text files in it, e.g. sorted(Path({str(path)!r}).glob('*.gz'))."
+            )
+        if not os.access(path, os.R_OK):
+            raise PermissionError(f"{where} is not readable; give the current user read permission.")
+        paths.append(path)
+    return paths
+
+
+def _lines_of_files(paths: list[Path]) -> Iterator[str]:
+    for path in paths:
+        try:
+            with _open_text(path) as lines:
+                for line in lines:
+                    yield line.rstrip("\n")  # the newline ends the sentence; it is not part of it
+        except (UnicodeDecodeError, OSError, EOFError) as error:
+            raise ValueError(
+                f"cannot read training file {str(path)!r}: {error}. Training files hold UTF-8 text, one "
+                "sentence per line, plain or gzip-compressed."
+            ) from error
+
+
+def _open_text(path: Path):
+    """Open a plain or gzip-compressed UTF-8 file for reading, told apart by content, not suffix."""
+    with open(path, "rb") as file:
+        is_gzip = file.read(len(GZIP_MAGIC)) == GZIP_MAGIC
+    return gzip.open(path, "rt", encoding="utf-8") if is_gzip else open(path, encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Command line: train a tokenizer on text files and save it with ``save_pretrained``."""
+    parser = argparse.ArgumentParser(
+        prog="vanilla-transformer-train-tokenizer",
+        description="Train the joint source-target byte-level BPE vocabulary of the Transformer (§5.1).",
+    )
+    parser.add_argument(
+        "files", nargs="+", type=Path,
+        help="text files, one sentence per line, plain or .gz; give source and target files together",
+    )
+    parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="most tokens (default: %(default)s)")
+    parser.add_argument(
+        "--min-frequency", type=int, default=2, help="fewest occurrences of a merged pair (default: %(default)s)"
+    )
+    parser.add_argument("--output-dir", type=Path, required=True, help="folder to save the tokenizer in")
+    args = parser.parse_args(argv)
+    try:
+        tokenizer = train_tokenizer(
+            args.files, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
+            show_progress=sys.stderr.isatty(),
+        )
+    except (TypeError, ValueError, OSError) as error:
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
+    tokenizer.save_pretrained(args.output_dir)
+    print(f"Saved a tokenizer with {len(tokenizer)} tokens to {args.output_dir}")
+
+
+if __name__ == "__main__":
+    # `python -m` runs this file as `__main__`, a second copy of the module whose class is not the
+    # one the package registered for AutoTokenizer; the package's copy saves the `auto_map` and this
+    # file along with the tokenizer. (importlib, not `import`: transformers scans this file's import
+    # statements for packages that remote code needs.)
+    importlib.import_module("vanilla_transformer.tokenization_vanilla_transformer").main()
