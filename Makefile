@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 demo: setup
-	$(PY) examples/demo.py
+	$(PY) training/demo.py
 
 test: setup
 	$(PY) -m pytest -q
