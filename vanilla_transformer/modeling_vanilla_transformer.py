@@ -352,26 +352,19 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
 # ---------------------------------------------------------------------------------------------
 
 
-def final_layer_norm(config: VanillaTransformerConfig) -> nn.Module:
-    """Pre-norm leaves the residual stream unnormalised, so each stack ends with a LayerNorm."""
-    return nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else nn.Identity()
+class VanillaTransformerStack(VanillaTransformerPreTrainedModel):
+    """What encoder and decoder share (§3.1): the embedded input, N identical layers, and for pre-norm
+    a final LayerNorm (pre-norm leaves the residual stream unnormalised)."""
 
+    layer_class: type[nn.Module]
 
-class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
-    """N identical layers over the embedded source (§3.1); attention sees every source position."""
-
-    _can_record_outputs = {
-        "hidden_states": VanillaTransformerEncoderLayer,
-        "attentions": VanillaTransformerAttention,
-    }
-
-    def __init__(self, config: VanillaTransformerConfig, token_embedding: nn.Embedding):
+    def __init__(self, config: VanillaTransformerConfig, token_embedding: nn.Embedding, num_layers: int):
         super().__init__(config)
         self.embedding = TransformerEmbedding(config, token_embedding)
-        self.layers = nn.ModuleList(
-            [VanillaTransformerEncoderLayer(config, layer_idx=i) for i in range(config.encoder_layers)]
+        self.layers = nn.ModuleList([self.layer_class(config, layer_idx=i) for i in range(num_layers)])
+        self.layer_norm = (
+            nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else nn.Identity()
         )
-        self.layer_norm = final_layer_norm(config)
         self.gradient_checkpointing = False
         self.post_init()
 
@@ -380,6 +373,19 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
 
     def set_input_embeddings(self, value: nn.Embedding):
         self.embedding.token_embedding = value
+
+
+class VanillaTransformerEncoder(VanillaTransformerStack):
+    """N identical layers over the embedded source (§3.1); attention sees every source position."""
+
+    layer_class = VanillaTransformerEncoderLayer
+    _can_record_outputs = {
+        "hidden_states": VanillaTransformerEncoderLayer,
+        "attentions": VanillaTransformerAttention,
+    }
+
+    def __init__(self, config: VanillaTransformerConfig, token_embedding: nn.Embedding):
+        super().__init__(config, token_embedding, config.encoder_layers)
 
     @merge_with_config_defaults
     @capture_outputs
@@ -397,9 +403,10 @@ class VanillaTransformerEncoder(VanillaTransformerPreTrainedModel):
         return BaseModelOutput(last_hidden_state=self.layer_norm(hidden_states))
 
 
-class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
+class VanillaTransformerDecoder(VanillaTransformerStack):
     """N identical layers over the embedded target prefix, attending to the encoder output (§3.1)."""
 
+    layer_class = VanillaTransformerDecoderLayer
     _can_record_outputs = {
         "hidden_states": VanillaTransformerDecoderLayer,
         "attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="self_attention"),
@@ -407,20 +414,7 @@ class VanillaTransformerDecoder(VanillaTransformerPreTrainedModel):
     }
 
     def __init__(self, config: VanillaTransformerConfig, token_embedding: nn.Embedding):
-        super().__init__(config)
-        self.embedding = TransformerEmbedding(config, token_embedding)
-        self.layers = nn.ModuleList(
-            [VanillaTransformerDecoderLayer(config, layer_idx=i) for i in range(config.decoder_layers)]
-        )
-        self.layer_norm = final_layer_norm(config)
-        self.gradient_checkpointing = False
-        self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.embedding.token_embedding
-
-    def set_input_embeddings(self, value: nn.Embedding):
-        self.embedding.token_embedding = value
+        super().__init__(config, token_embedding, config.decoder_layers)
 
     @merge_with_config_defaults
     @capture_outputs
