@@ -1,0 +1,290 @@
+"""Checkpoint averaging (§6.1: "a single model obtained by averaging the last 5 checkpoints").
+
+References: the mean of the tiny models' tensors computed here with ``torch.stack(...).mean(0)``,
+a model whose state dict is set to that mean, and the files of the input checkpoints.
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+from average_checkpoints import average_checkpoints, average_tensors, last_checkpoints, main  # noqa: E402
+
+SOURCE = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
+SOURCE_MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])
+TARGET_PREFIX = torch.tensor([[2, 11, 12], [2, 13, 14]])
+
+
+def tiny_model(seed: int, **overrides) -> VanillaTransformerForConditionalGeneration:
+    torch.manual_seed(seed)
+    return VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", **overrides)).eval()
+
+
+def save(model, folder: Path) -> Path:
+    model.save_pretrained(folder)
+    return folder
+
+
+@torch.no_grad()
+def logits_of(model) -> torch.Tensor:
+    return model(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=TARGET_PREFIX).logits
+
+
+def mean_state_dict(models) -> dict[str, torch.Tensor]:
+    """The reference: every tensor's mean over the models, in float64, cast back to its dtype."""
+    states = [model.state_dict() for model in models]
+    return {
+        name: torch.stack([state[name].double() for state in states]).mean(0).to(tensor.dtype)
+        for name, tensor in states[0].items()
+    }
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    """Three tiny models with different seeds, each saved; returns (models, folders)."""
+    models = [tiny_model(seed) for seed in (1, 2, 3)]
+    folders = [save(model, tmp_path_factory.mktemp(f"seed{seed}")) for seed, model in zip((1, 2, 3), models)]
+    return models, folders
+
+
+def stored(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+# ---------------------------------------------------------------------------------------------
+# The average
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("count", [2, 3])
+def test_every_stored_tensor_is_the_mean_of_the_checkpoints(checkpoints, tmp_path, count):
+    models, folders = checkpoints
+    average_checkpoints(folders[:count], tmp_path / "avg")
+    expected = mean_state_dict(models[:count])
+    result = stored(tmp_path / "avg")
+    assert set(result) == set(stored(folders[0]))
+    for name, tensor in result.items():
+        assert torch.equal(tensor, expected[name]), name
+        # and the plain float32 mean, up to rounding
+        plain = torch.stack([model.state_dict()[name] for model in models[:count]]).mean(0)
+        torch.testing.assert_close(tensor, plain, rtol=1e-6, atol=1e-7)
+
+
+def test_averaged_folder_loads_and_gives_the_logits_of_the_mean_model(checkpoints, tmp_path):
+    models, folders = checkpoints
+    average_checkpoints(folders, tmp_path / "avg")
+    reloaded, info = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg", output_loading_info=True)
+    assert type(reloaded) is VanillaTransformerForConditionalGeneration
+    assert not info["missing_keys"] and not info["unexpected_keys"] and not info["mismatched_keys"]
+    reference = tiny_model(0)
+    reference.load_state_dict(mean_state_dict(models), strict=True)
+    assert torch.equal(logits_of(reloaded.eval()), logits_of(reference))
+    assert not torch.equal(logits_of(reloaded), logits_of(models[0]))
+
+
+def test_tied_weights_stay_tied_after_reload(checkpoints, tmp_path):
+    _, folders = checkpoints
+    average_checkpoints(folders[:2], tmp_path / "avg")
+    model = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg")
+    shared = model.model.shared.weight
+    assert model.lm_head.weight is shared
+    assert model.model.encoder.embedding.token_embedding.weight is shared
+    assert model.model.decoder.embedding.token_embedding.weight is shared
+    assert sum(t.shape == shared.shape for t in stored(tmp_path / "avg").values()) == 1  # stored once
+
+
+def test_untied_projection_is_averaged_on_its_own(tmp_path):
+    models = [tiny_model(seed, tie_word_embeddings=False) for seed in (1, 2)]
+    folders = [save(model, tmp_path / f"c{i}") for i, model in enumerate(models)]
+    average_checkpoints(folders, tmp_path / "avg")
+    reloaded = AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg")
+    expected = mean_state_dict(models)
+    assert torch.equal(reloaded.lm_head.weight, expected["lm_head.weight"])
+    assert reloaded.lm_head.weight is not reloaded.model.shared.weight
+
+
+def test_one_checkpoint_is_reproduced_exactly(checkpoints, tmp_path):
+    models, folders = checkpoints
+    average_checkpoints(folders[:1], tmp_path / "avg")
+    original, result = stored(folders[0]), stored(tmp_path / "avg")
+    assert set(result) == set(original)
+    assert all(torch.equal(result[name], original[name]) for name in original)
+    assert torch.equal(logits_of(AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg")), logits_of(models[0]))
+
+
+def test_stored_dtype_is_kept(tmp_path):
+    models = [tiny_model(seed).to(torch.bfloat16) for seed in (1, 2)]
+    folders = [save(model, tmp_path / f"c{i}") for i, model in enumerate(models)]
+    average_checkpoints(folders, tmp_path / "avg")
+    expected = mean_state_dict(models)
+    for name, tensor in stored(tmp_path / "avg").items():
+        assert tensor.dtype == torch.bfloat16 and torch.equal(tensor, expected[name]), name
+
+
+def test_integer_tensors_are_kept_when_equal_and_refused_when_not(tmp_path):
+    for i, (weight, steps) in enumerate([(1.0, 7), (3.0, 7), (5.0, 8)]):
+        (tmp_path / f"c{i}").mkdir()
+        tensors = {"w": torch.full((2,), weight), "steps": torch.tensor([steps])}
+        save_file(tensors, tmp_path / f"c{i}" / "model.safetensors")
+    averaged = average_tensors([tmp_path / "c0", tmp_path / "c1"])
+    assert torch.equal(averaged["w"], torch.full((2,), 2.0)) and torch.equal(averaged["steps"], torch.tensor([7]))
+    with pytest.raises(ValueError, match=r"Integer/bool tensor 'steps' differs between checkpoint .*c2"):
+        average_tensors([tmp_path / "c0", tmp_path / "c2"])
+
+
+# ---------------------------------------------------------------------------------------------
+# The folder
+# ---------------------------------------------------------------------------------------------
+
+
+def test_tokenizer_and_generation_config_come_from_the_last_checkpoint(checkpoints, tmp_path):
+    _, folders = checkpoints
+    last = shutil.copytree(folders[1], tmp_path / "last")
+    tokenizer = train_tokenizer(iter(["one two three", "eins zwei drei"] * 20), vocab_size=270)
+    tokenizer.save_pretrained(last)
+    generation = json.loads((last / "generation_config.json").read_text())
+    (last / "generation_config.json").write_text(json.dumps({**generation, "num_beams": 5}))
+    average_checkpoints([folders[0], last], tmp_path / "avg")
+    for name in ("tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert (tmp_path / "avg" / name).read_bytes() == (last / name).read_bytes(), name
+    assert AutoTokenizer.from_pretrained(tmp_path / "avg")("one two").input_ids == tokenizer("one two").input_ids
+    assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg").generation_config.num_beams == 5
+    for name in ("modeling_vanilla_transformer.py", "configuration_vanilla_transformer.py"):
+        assert (tmp_path / "avg" / name).is_file()  # still loads with trust_remote_code
+
+
+# ---------------------------------------------------------------------------------------------
+# --checkpoint-root / --last and the command line
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def trainer_dir(tmp_path):
+    """A Trainer output dir whose lexical order differs from its step order; returns (root, models by step)."""
+    root = tmp_path / "run"
+    models = {step: tiny_model(step) for step in (100, 900, 1000)}
+    for step, model in models.items():
+        save(model, root / f"checkpoint-{step}")
+    (root / "runs").mkdir()  # TensorBoard logs and other files are ignored
+    (root / "checkpoint-final-notes").mkdir()
+    return root, models
+
+
+def test_last_picks_the_highest_steps_numerically(trainer_dir, tmp_path):
+    root, models = trainer_dir
+    assert [p.name for p in last_checkpoints(root, 2)] == ["checkpoint-900", "checkpoint-1000"]
+    main(["--checkpoint-root", str(root), "--last", "2", "--output-dir", str(tmp_path / "avg")])
+    expected = mean_state_dict([models[900], models[1000]])
+    assert all(torch.equal(t, expected[name]) for name, t in stored(tmp_path / "avg").items())
+
+
+def test_cli_with_explicit_inputs(checkpoints, tmp_path, capsys):
+    models, folders = checkpoints
+    output = main(["--inputs", *map(str, folders[:2]), "--output-dir", str(tmp_path / "avg")])
+    assert output == tmp_path / "avg"
+    assert "averaged 2 checkpoint(s)" in capsys.readouterr().out
+    expected = mean_state_dict(models[:2])
+    assert all(torch.equal(t, expected[name]) for name, t in stored(output).items())
+
+
+@pytest.mark.parametrize("argv", [
+    ["--checkpoint-root", "x", "--output-dir", "o"],
+    ["--last", "5", "--inputs", "a", "--output-dir", "o"],
+    ["--inputs", "a", "--checkpoint-root", "x", "--last", "1", "--output-dir", "o"],
+    ["--inputs", "a"],
+])
+def test_cli_rejects_inconsistent_arguments(argv):
+    with pytest.raises(SystemExit):
+        main(argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# Refusals
+# ---------------------------------------------------------------------------------------------
+
+
+def test_refuses_no_checkpoints(tmp_path):
+    with pytest.raises(ValueError, match="at least one checkpoint"):
+        average_checkpoints([], tmp_path / "avg")
+
+
+def test_refuses_last_larger_than_available(trainer_dir, tmp_path):
+    root, _ = trainer_dir
+    with pytest.raises(ValueError, match=r"--last 5 .* it has 3 checkpoint-<step> folder\(s\)"):
+        main(["--checkpoint-root", str(root), "--last", "5", "--output-dir", str(tmp_path / "avg")])
+    with pytest.raises(ValueError, match="at least 1"):
+        last_checkpoints(root, 0)
+
+
+def test_refuses_folder_without_weights(checkpoints, tmp_path):
+    _, folders = checkpoints
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(ValueError, match=f"Checkpoint {empty} has no model.safetensors"):
+        average_checkpoints([folders[0], empty], tmp_path / "avg")
+
+
+def test_refuses_output_dir_among_inputs(checkpoints):
+    _, folders = checkpoints
+    with pytest.raises(ValueError, match="is one of the inputs"):
+        average_checkpoints(folders[:2], folders[1])
+
+
+FC1_BIAS = "model.encoder.layers.0.feed_forward.fc1.bias"
+
+
+def rewrite_weights(folder: Path, tmp_path: Path, change) -> Path:
+    """A copy of `folder` whose stored tensors were changed by `change(tensors)`."""
+    copy = shutil.copytree(folder, tmp_path / "changed")
+    tensors = load_file(copy / "model.safetensors")
+    change(tensors)
+    save_file(tensors, copy / "model.safetensors", metadata={"format": "pt"})
+    return copy
+
+
+@pytest.mark.parametrize("change, difference", [
+    (lambda t: t.pop(FC1_BIAS), rf"lacks \['{FC1_BIAS}'\]"),
+    (lambda t: t.update({"lm_head.weight": t["model.shared.weight"].clone()}), r"has extra \['lm_head.weight'\]"),
+])
+def test_refuses_different_tensor_names(checkpoints, tmp_path, change, difference):
+    _, folders = checkpoints
+    changed = rewrite_weights(folders[1], tmp_path, change)
+    message = rf"Checkpoint .*changed has different tensors from .*seed1.*: it {difference}"
+    with pytest.raises(ValueError, match=message):
+        average_checkpoints([folders[0], changed], tmp_path / "avg")
+
+
+def test_refuses_different_shapes(checkpoints, tmp_path):
+    _, folders = checkpoints
+    changed = rewrite_weights(folders[1], tmp_path, lambda t: t.update({FC1_BIAS: torch.zeros(64)}))
+    message = rf"Tensor '{FC1_BIAS}' has shape \(64,\) in checkpoint .*changed but \(128,\) in .*seed1"
+    with pytest.raises(ValueError, match=message):
+        average_checkpoints([folders[0], changed], tmp_path / "avg")
+
+
+@pytest.mark.parametrize("overrides, field", [
+    (dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64), "d_model: 64 vs 32"),
+    (dict(encoder_attention_heads=2), "encoder_attention_heads: 4 vs 2"),  # same shapes, other model
+])
+def test_refuses_different_architectures(checkpoints, tmp_path, overrides, field):
+    _, folders = checkpoints
+    other = save(tiny_model(5, **overrides), tmp_path / "other")
+    with pytest.raises(ValueError, match=f"Checkpoint {other} has a different model architecture .*{field}"):
+        average_checkpoints([folders[0], other], tmp_path / "avg")
+
+
+def test_dropout_may_differ(checkpoints, tmp_path):
+    # A training-only setting, not the architecture.
+    models, folders = checkpoints
+    other = save(tiny_model(5, dropout=0.3), tmp_path / "other")
+    average_checkpoints([folders[0], other], tmp_path / "avg")
+    assert (tmp_path / "avg" / "model.safetensors").is_file()
