@@ -12,7 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	# The CPU wheel of torch (pinned here only: the package's own range stays open for users).
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[train,dev]'
+	$(PY) -m pip install -q -e '.[train,plot,ctranslate2,dev]'
 	touch $@
 
 setup: $(VENV)/.installed
