@@ -116,7 +116,9 @@ def compute_attentions(
         else:
             decoder_input_ids = _teacher_forced_input(model, tokenizer, target)
         with _eager_attention(model):
-            outputs = model(input_ids=input_ids, decoder_input_ids=decoder_input_ids, output_attentions=True)
+            outputs = model(
+                input_ids=input_ids, decoder_input_ids=decoder_input_ids, output_attentions=True, use_cache=False
+            )
     return AttentionMaps(
         source_tokens=readable_tokens(tokenizer, input_ids[0]),
         target_tokens=readable_tokens(tokenizer, decoder_input_ids[0]),
