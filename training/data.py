@@ -42,7 +42,7 @@ PathLike = str | os.PathLike
 # ---------------------------------------------------------------------------------------------
 
 
-def _open_text(path: PathLike):
+def open_text(path: PathLike):
     """Open a plain or gzip UTF-8 file, told apart by its first bytes (a suffix can lie)."""
     path = Path(path)
     if not path.is_file():
@@ -55,10 +55,10 @@ def _open_text(path: PathLike):
     return opener(path, "rt", encoding="utf-8-sig", newline="\n")
 
 
-def _read_lines(path: PathLike) -> list[str]:
+def read_lines(path: PathLike) -> list[str]:
     """All lines of a text file without their line ending ("\\n" or "\\r\\n"); nothing else stripped."""
     try:
-        with _open_text(path) as file:
+        with open_text(path) as file:
             return [line.removesuffix("\n").removesuffix("\r") for line in file]
     except UnicodeDecodeError as error:
         raise ValueError(f"{str(path)!r} is not valid UTF-8: {error}") from error
@@ -70,7 +70,7 @@ def read_parallel(source_path: PathLike, target_path: PathLike) -> list[tuple[st
     Either file may be plain or gzip-compressed. Files with different numbers of lines are an error,
     never truncated: one missing line shifts every later pair onto the wrong translation.
     """
-    sources, targets = _read_lines(source_path), _read_lines(target_path)
+    sources, targets = read_lines(source_path), read_lines(target_path)
     if len(sources) != len(targets):
         raise ValueError(
             f"Parallel files are not aligned: {str(source_path)!r} has {len(sources)} lines but "
@@ -90,7 +90,7 @@ def read_tsv(path: PathLike, source_column: int = 0, target_column: int = 1) -> 
         raise ValueError(f"Columns are 0-based and non-negative, got {source_column} and {target_column}.")
     needed = max(source_column, target_column) + 1
     pairs = []
-    for number, line in enumerate(_read_lines(path), start=1):
+    for number, line in enumerate(read_lines(path), start=1):
         fields = line.split("\t")
         if len(fields) < needed:
             raise ValueError(
@@ -102,7 +102,7 @@ def read_tsv(path: PathLike, source_column: int = 0, target_column: int = 1) -> 
     return pairs
 
 
-def _json_field(record: dict, key: str, where: str) -> str:
+def json_field(record: dict, key: str, where: str) -> str:
     """``record[key]``; a dotted key such as ``"translation.en"`` reaches into nested objects."""
     value = record
     for part in ([key] if key in record else key.split(".")):
@@ -122,7 +122,7 @@ def read_jsonl(path: PathLike, source_key: str, target_key: str) -> list[tuple[s
     of the WMT datasets on the Hub (``{"translation": {"de": ..., "en": ...}}``).
     """
     pairs = []
-    for number, line in enumerate(_read_lines(path), start=1):
+    for number, line in enumerate(read_lines(path), start=1):
         if not line.strip():
             continue
         where = f"{str(path)!r}, line {number}"
@@ -132,7 +132,7 @@ def read_jsonl(path: PathLike, source_key: str, target_key: str) -> list[tuple[s
             raise ValueError(f"{where}: invalid JSON ({error}).") from error
         if not isinstance(record, dict):
             raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}.")
-        pairs.append((_json_field(record, source_key, where), _json_field(record, target_key, where)))
+        pairs.append((json_field(record, source_key, where), json_field(record, target_key, where)))
     return pairs
 
 
@@ -328,6 +328,16 @@ class TokenBatchSampler(Sampler[list[int]]):
     def set_epoch(self, epoch: int) -> None:
         """Set the epoch, which (with the seed) decides the order of the batches."""
         self.epoch = epoch
+
+    @property
+    def sampler(self) -> "TokenBatchSampler":
+        """Itself, so that accelerate reaches `set_epoch` after wrapping this sampler for data parallelism.
+
+        ``DataLoaderShard.set_epoch`` looks for ``set_epoch`` on the batch sampler, then on
+        ``.batch_sampler.sampler``; its ``BatchSamplerShard`` wrapper has none, so without this the
+        batch order would be the same every epoch on every process.
+        """
+        return self
 
     def _epoch_order(self) -> list[int]:
         """Batch indices in this epoch's order, identical on every rank."""

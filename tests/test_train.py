@@ -1,0 +1,359 @@
+"""training/train.py: the paper's recipe on Seq2SeqTrainer, checked against the paper's formulas,
+a second code path (one process with accumulation vs two processes), and a task the model must solve."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "training"))
+
+import train  # noqa: E402
+from accelerate.data_loader import prepare_data_loader  # noqa: E402
+
+LETTERS = "a b c d e f g h i j".split()
+
+
+def reverse_pairs(count: int, seed: int, lengths=(2, 5)) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(count):
+        words = [rng.choice(LETTERS) for _ in range(rng.randint(*lengths))]
+        pairs.append((" ".join(words), " ".join(reversed(words))))
+    return pairs
+
+
+def write_pairs(folder: Path, name: str, pairs) -> tuple[str, str]:
+    folder.mkdir(parents=True, exist_ok=True)
+    source, target = folder / f"{name}.src", folder / f"{name}.tgt"
+    source.write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    target.write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    return str(source), str(target)
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("reverse")
+    write_pairs(folder, "train", reverse_pairs(1500, seed=1))
+    write_pairs(folder, "valid", reverse_pairs(60, seed=2))
+    return folder
+
+
+def tiny_args(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--train_source_file", str(data_dir / "train.src"), "--train_target_file", str(data_dir / "train.tgt"),
+        "--preset", "tiny", "--tokenizer_vocab_size", "280", "--output_dir", str(output_dir),
+        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--save_strategy", "no",
+        "--eval_strategy", "no", "--logging_steps", "1", *extra,
+    ]
+
+
+def build(data_dir: Path, output_dir: Path, *extra: str):
+    return train.build_trainer(*train.parse_arguments(tiny_args(data_dir, output_dir, *extra)))
+
+
+# ---------------------------------------------------------------------------------------------
+# §5.3 learning rate
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0])
+def test_schedule_equals_the_papers_formula(data_dir, tmp_path, scale):
+    warmup, d_model = 50, 64
+    trainer, *_ = build(data_dir, tmp_path, "--warmup_steps", str(warmup), "--lr_scale", str(scale))
+    trainer.create_optimizer_and_scheduler(num_training_steps=400)
+    rates = []
+    for _ in range(400):
+        rates.append(trainer.lr_scheduler.get_last_lr()[0])
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    for step, rate in enumerate(rates):  # step = updates done so far, the paper's step_num
+        expected = 0.0 if step == 0 else scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+        assert rate == pytest.approx(expected, rel=1e-9, abs=1e-15), step
+    assert max(rates) == pytest.approx(scale * d_model**-0.5 * warmup**-0.5)  # the peak, at step = warmup
+
+
+def test_adam_hyperparameters_default_to_the_papers(data_dir, tmp_path):
+    trainer, *_ = build(data_dir, tmp_path)
+    trainer.create_optimizer()
+    group = trainer.optimizer.param_groups[0]
+    assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9
+    assert trainer.args.label_smoothing_factor == 0.1 and trainer.args.warmup_steps == 4000
+
+
+def test_explicit_peak_learning_rate_is_used_as_given(data_dir, tmp_path):
+    trainer, *_ = build(data_dir, tmp_path, "--learning_rate", "0.002", "--warmup_steps", "10")
+    assert trainer.args.learning_rate == 0.002
+
+
+def test_peak_and_scale_together_is_an_error(data_dir, tmp_path):
+    with pytest.raises(ValueError, match="not both"):
+        build(data_dir, tmp_path, "--learning_rate", "0.002", "--lr_scale", "2")
+
+
+# ---------------------------------------------------------------------------------------------
+# §5.4 label smoothing, normalised per target token over the accumulated batch
+# ---------------------------------------------------------------------------------------------
+
+
+def test_label_smoothed_loss_matches_the_definition():
+    torch.manual_seed(0)
+    logits = torch.randn(2, 5, 11)
+    labels = torch.randint(0, 11, (2, 5))
+    labels[1, 3:] = -100
+    eps = 0.1
+    log_probs = logits.log_softmax(-1)
+    total, count = 0.0, 0
+    for b in range(2):
+        for t in range(5):
+            if labels[b, t] == -100:
+                continue
+            nll = -log_probs[b, t, labels[b, t]]
+            uniform = -log_probs[b, t].mean()  # cross-entropy with the uniform distribution over the vocabulary
+            total += (1 - eps) * nll + eps * uniform
+            count += 1
+    assert train.label_smoothed_loss(logits, labels, smoothing=eps).item() == pytest.approx(total.item() / count, rel=1e-6)
+    assert train.label_smoothed_loss(logits, labels, 20, smoothing=eps).item() == pytest.approx(total.item() / 20, rel=1e-6)
+
+
+def test_micro_batch_losses_add_up_to_the_whole_batch_loss(data_dir, tmp_path):
+    """Two micro-batches of unequal target lengths, each normalised by the tokens of both, sum to the
+    loss of one batch holding all of them: every token weighs the same under accumulation."""
+    trainer, tokenizer, examples, _ = build(data_dir, tmp_path, "--config_overrides", "dropout=0.0")
+    model = trainer.model.eval()
+    first, second = examples[:3], [e for e in examples if len(e["labels"]) > 5][:2]
+    collate = trainer.data_collator
+    batches = [collate([dict(e) for e in part]) for part in (first, second, first + second)]
+    tokens = sum((b["labels"] != -100).sum() for b in batches[:2])
+    model.train()  # smoothing applies in training; dropout is 0
+    parts = [trainer.compute_loss(model, b, num_items_in_batch=tokens) for b in batches[:2]]
+    whole = trainer.compute_loss(model, batches[2])
+    assert (parts[0] + parts[1]).item() == pytest.approx(whole.item(), rel=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------
+# Token-count batches in the Trainer, one process and two
+# ---------------------------------------------------------------------------------------------
+
+
+def padded_tokens(batch) -> int:
+    return max(batch["input_ids"].numel(), batch["labels"].numel())
+
+
+def test_trainer_batches_respect_max_tokens_and_cover_every_example_once(data_dir, tmp_path):
+    trainer, _, examples, _ = build(data_dir, tmp_path, "--max_tokens", "120")
+    loader = trainer.get_train_dataloader()
+    seen = []
+    for batch in loader:
+        assert padded_tokens(batch) <= 120
+        seen += batch["input_ids"].tolist()
+    assert len(seen) == len(examples)
+    as_tuples = sorted(tuple(t for t in row if t != trainer.processing_class.pad_token_id) for row in seen)
+    assert as_tuples == sorted(tuple(e["input_ids"]) for e in examples)
+
+
+def test_two_processes_get_disjoint_batches_and_reshuffle_each_epoch(data_dir, tmp_path):
+    """accelerate deals the sampler's batches out to the processes, as it does under DDP."""
+    trainer, _, examples, _ = build(data_dir, tmp_path, "--max_tokens", "120")
+    sampler = train.data_utils.TokenBatchSampler(
+        [(len(e["input_ids"]), len(e["labels"])) for e in examples], 120, seed=0
+    )
+    loader = torch.utils.data.DataLoader(list(range(len(examples))), batch_sampler=sampler)
+    shards = [prepare_data_loader(loader, num_processes=2, process_index=rank, put_on_device=False) for rank in (0, 1)]
+    orders = []
+    for epoch in (0, 1):
+        per_rank, batch_counts = [], []
+        for shard in shards:
+            shard.set_epoch(epoch)
+            batches = [batch.tolist() for batch in shard]
+            batch_counts.append(len(batches))
+            per_rank.append([index for batch in batches for index in batch])
+        assert batch_counts[0] == batch_counts[1] == math.ceil(len(sampler.batches) / 2)  # same number of steps
+        overlap = set(per_rank[0]) & set(per_rank[1])
+        repeated_at_end = len(sampler.batches) % 2  # even_batches: one batch may be dealt again to balance
+        assert len(overlap) <= repeated_at_end * max(len(b) for b in sampler.batches)
+        assert set(per_rank[0]) | set(per_rank[1]) == set(range(len(examples)))
+        orders.append(per_rank[0])
+    assert orders[0] != orders[1], "set_epoch must reach the sampler through accelerate's wrapper"
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end
+# ---------------------------------------------------------------------------------------------
+
+
+def test_model_learns_to_reverse_and_the_saved_folder_loads(data_dir, tmp_path):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from translate import translate
+
+    output = tmp_path / "run"
+    metrics = train.main(tiny_args(
+        data_dir, output, "--max_steps", "500", "--learning_rate", "0.003", "--warmup_steps", "100",
+        "--max_tokens", "600", "--validation_source_file", str(data_dir / "valid.src"),
+        "--validation_target_file", str(data_dir / "valid.tgt"), "--generation_num_beams", "1",
+    ))
+    losses = [entry["loss"] for entry in json.loads((output / "trainer_state.json").read_text())["log_history"] if "loss" in entry]
+    assert sum(losses[-20:]) / 20 < 0.5 * sum(losses[:20]) / 20
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json"} <= {p.name for p in output.iterdir()}
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(output), AutoTokenizer.from_pretrained(output)
+    held_out = reverse_pairs(50, seed=3)
+    hypotheses = translate(model, tokenizer, [s for s, _ in held_out])
+    exact = sum(h == t for h, (_, t) in zip(hypotheses, held_out)) / len(held_out)
+    assert exact >= 0.9, list(zip(hypotheses, held_out))[:5]
+    assert metrics["eval_bleu"] > 80 and metrics["eval_perplexity"] == pytest.approx(math.exp(metrics["eval_loss"]))
+
+
+def test_resume_continues_from_the_saved_step(data_dir, tmp_path):
+    """10 steps, save, resume to 20 == 20 steps straight (same data order, optimizer and RNG state)."""
+    common = ("--max_steps", "20", "--save_strategy", "steps", "--save_steps", "10", "--max_tokens", "200",
+              "--learning_rate", "0.003", "--warmup_steps", "5")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train.main(tiny_args(data_dir, straight, *common))
+    resumed.mkdir()
+    shutil.copytree(straight / "checkpoint-10", resumed / "checkpoint-10")
+    shutil.copytree(straight / "tokenizer", resumed / "tokenizer")
+    train.main(tiny_args(data_dir, resumed, *common, "--resume_from_checkpoint", "last",
+                         "--tokenizer_name_or_path", str(straight / "tokenizer")))
+    state = json.loads((resumed / "trainer_state.json").read_text())
+    assert state["global_step"] == 20
+    assert [e["step"] for e in state["log_history"] if "loss" in e] == list(range(1, 21))
+    assert logged_losses(resumed) == pytest.approx(logged_losses(straight), rel=1e-5)
+    a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_average_checkpoints_flag_saves_the_mean_of_the_last_ones(data_dir, tmp_path):
+    output = tmp_path / "run"
+    train.main(tiny_args(data_dir, output, "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "2",
+                         "--average_checkpoints", "2", "--max_tokens", "200"))
+    last_two = [load_file(output / f"checkpoint-{step}" / "model.safetensors") for step in (4, 6)]
+    final = load_file(output / "model.safetensors")
+    for name, tensor in final.items():
+        torch.testing.assert_close(tensor, (last_two[0][name].double() + last_two[1][name].double()).div(2).float())
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs: files, argument files, and errors
+# ---------------------------------------------------------------------------------------------
+
+
+def test_yaml_argument_file_with_command_line_override(data_dir, tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text(
+        f"train_source_file: {data_dir / 'train.src'}\ntrain_target_file: {data_dir / 'train.tgt'}\n"
+        f"output_dir: {tmp_path / 'out'}\npreset: tiny\nwarmup_steps: 123\nmax_tokens: 512\n"
+    )
+    model_args, data_args, training_args = train.parse_arguments([str(config), "--max_tokens", "256"])
+    assert model_args.preset == "tiny" and training_args.warmup_steps == 123 and training_args.max_tokens == 256
+    assert data_args.train_source_file == str(data_dir / "train.src")
+
+
+def test_tsv_and_jsonl_training_files(tmp_path):
+    pairs = reverse_pairs(5, seed=4)
+    tsv, jsonl = tmp_path / "p.tsv", tmp_path / "p.jsonl"
+    tsv.write_text("".join(f"x\t{s}\t{t}\n" for s, t in pairs))
+    jsonl.write_text("".join(json.dumps({"translation": {"en": s, "de": t}}) + "\n" for s, t in pairs))
+    for path, extra in ((tsv, ["--source_column", "1", "--target_column", "2"]), (jsonl, [])):
+        _, data_args, _ = train.parse_arguments(["--train_file", str(path), "--output_dir", str(tmp_path), *extra])
+        assert train.load_pairs(data_args, seed=0)[0] == pairs
+
+
+def test_validation_size_holds_out_pairs_disjointly(data_dir, tmp_path):
+    _, data_args, _ = train.parse_arguments([
+        "--train_source_file", str(data_dir / "train.src"), "--train_target_file", str(data_dir / "train.tgt"),
+        "--validation_size", "100", "--output_dir", str(tmp_path),
+    ])
+    training, validation = train.load_pairs(data_args, seed=0)
+    assert len(validation) == 100 and len(training) == 1400
+    assert sorted(training + validation) == sorted(reverse_pairs(1500, seed=1))
+
+
+def test_misaligned_files_are_an_error(tmp_path):
+    source, target = write_pairs(tmp_path, "bad", reverse_pairs(10, seed=5))
+    Path(target).write_text("".join(line + "\n" for line in Path(target).read_text().splitlines()[:9]))
+    with pytest.raises(ValueError, match="10 lines.*9"):
+        train.main(["--train_source_file", source, "--train_target_file", target, "--output_dir", str(tmp_path / "o")])
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        ([], "Give training data"),
+        (["--train_source_file", "a.txt"], "both --train_source_file and --train_target_file"),
+        (["--train_file", "x.csv"], "use a .tsv or .jsonl"),
+        (["--train_file", "x.tsv", "--train_source_file", "a", "--train_target_file", "b"], "not both"),
+    ],
+)
+def test_bad_data_arguments_say_what_to_give(tmp_path, arguments, message):
+    _, data_args, _ = train.parse_arguments([*arguments, "--output_dir", str(tmp_path)])
+    with pytest.raises(ValueError, match=message):
+        train.load_pairs(data_args, seed=0)
+
+
+def test_malformed_config_override_is_an_error():
+    assert train.parse_overrides("d_model=256, dropout=0.3,activation_function=gelu") == {
+        "d_model": 256, "dropout": 0.3, "activation_function": "gelu"}
+    with pytest.raises(ValueError, match="not key=value"):
+        train.parse_overrides("d_model")
+
+
+def test_tokenizer_larger_than_the_checkpoint_vocabulary_is_an_error(data_dir, tmp_path):
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+    small = tmp_path / "small"
+    VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=100)).save_pretrained(small)
+    trainer, tokenizer, *_ = build(data_dir, tmp_path / "a")
+    tokenizer.save_pretrained(tmp_path / "tok")
+    with pytest.raises(ValueError, match="tokenizer has .* tokens but the model's vocabulary has 100"):
+        build(data_dir, tmp_path / "b", "--model_name_or_path", str(small), "--tokenizer_name_or_path", str(tmp_path / "tok"))
+
+
+# ---------------------------------------------------------------------------------------------
+# Two processes (gloo on CPU) through accelerate launch and the shipped DDP config
+# ---------------------------------------------------------------------------------------------
+
+
+def logged_losses(output_dir: Path) -> list[float]:
+    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    return [entry["loss"] for entry in history if "loss" in entry]
+
+
+def test_two_processes_follow_one_process_with_twice_the_batch(data_dir, tmp_path):
+    """2 processes x max_tokens B == 1 process x B x 2 accumulation steps: the same batches make up
+    each update (dealt to two processes instead of taken one after the other) and the loss is
+    normalised by all target tokens, so the loss curves agree."""
+    common = ("--max_steps", "8", "--max_tokens", "150", "--learning_rate", "0.003", "--warmup_steps", "4",
+              "--config_overrides", "dropout=0.0", "--tokenizer_name_or_path")
+    tokenizer_dir = tmp_path / "tokenizer"
+    build(data_dir, tmp_path / "t")[1].save_pretrained(tokenizer_dir)
+
+    one = tmp_path / "one"
+    train.main(tiny_args(data_dir, one, *common, str(tokenizer_dir), "--gradient_accumulation_steps", "2"))
+
+    two = tmp_path / "two"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "training/accelerate/ddp.yaml"),
+        "--num_processes", "2", "--main_process_port", "29561", str(REPO / "training/train.py"),
+        *tiny_args(data_dir, two, *common, str(tokenizer_dir)),
+    ]
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert "process 1 of 2" in completed.stderr
+    assert (two / "model.safetensors").is_file() and not list(two.glob("model*.safetensors"))[1:]
+    losses_one, losses_two = logged_losses(one), logged_losses(two)
+    assert len(losses_one) == len(losses_two) == 8
+    assert losses_two == pytest.approx(losses_one, rel=1e-3)

@@ -1,0 +1,123 @@
+"""training/translate.py: batched beam search in input order, paper defaults, scoring, pictures."""
+
+from __future__ import annotations
+
+import io
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "training"))
+
+import translate  # noqa: E402
+
+import vanilla_transformer  # noqa: E402
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
+
+SENTENCES = [
+    "a long sentence with many words in it to make it the longest",
+    "short",
+    "a medium sentence here",
+    "x",
+    "another medium one",
+]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("model")
+    tokenizer = vanilla_transformer.train_tokenizer(iter(SENTENCES * 3), vocab_size=300)
+    torch.manual_seed(0)
+    config = VanillaTransformerConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id, decoder_start_token_id=tokenizer.bos_token_id,
+    )
+    model = VanillaTransformerForConditionalGeneration(config)
+    model.generation_config.max_new_tokens = 8  # an untrained model never stops by itself
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def loaded(model_dir):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    return AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
+
+
+def one_by_one(model, tokenizer, sentences):
+    outputs = []
+    for sentence in sentences:
+        with torch.no_grad():
+            generated = model.generate(**tokenizer([sentence], return_tensors="pt"))
+        outputs.append(tokenizer.decode(generated[0], skip_special_tokens=True))
+    return outputs
+
+
+def test_batched_hypotheses_come_back_in_input_order(loaded):
+    model, tokenizer = loaded
+    assert translate.translate(model, tokenizer, SENTENCES, batch_size=2) == one_by_one(model, tokenizer, SENTENCES)
+
+
+def test_command_line_reads_a_file_and_writes_hypotheses_in_order(model_dir, loaded, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("".join(s + "\n" for s in SENTENCES))
+    output = tmp_path / "out.txt"
+    translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(output), "--batch-size", "2"])
+    assert output.read_text().splitlines() == one_by_one(*loaded, SENTENCES)
+
+
+def test_stdin_to_stdout(model_dir, loaded, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "stdin", io.StringIO("short\nx\n"))
+    translate.main(["--model", str(model_dir)])
+    assert capsys.readouterr().out.splitlines() == one_by_one(*loaded, ["short", "x"])
+
+
+def test_scores_equal_sacrebleu_on_the_written_hypotheses(model_dir, tmp_path):
+    source, references = tmp_path / "in.txt", tmp_path / "ref.txt"
+    source.write_text("".join(s + "\n" for s in SENTENCES))
+    references.write_text("".join(s.upper() + "\n" for s in SENTENCES))
+    output, metrics = tmp_path / "out.txt", tmp_path / "m.json"
+    result = translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(output),
+                             "--references", str(references), "--metrics-json", str(metrics)])
+    hypotheses = output.read_text().splitlines()
+    reference_lines = references.read_text().splitlines()
+    assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [reference_lines]).score)
+    assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [reference_lines]).score)
+    assert result["bleu_signature"].startswith("nrefs:1|") and json.loads(metrics.read_text())["sentences"] == 5
+
+
+def test_paper_decoding_defaults_come_from_the_generation_config(loaded):
+    model, _ = loaded
+    assert model.generation_config.num_beams == 4 and model.generation_config.length_penalty == 0.6
+
+
+def test_misaligned_references_are_an_error(model_dir, tmp_path):
+    source, references = tmp_path / "in.txt", tmp_path / "ref.txt"
+    source.write_text("a\nb\nc\n")
+    references.write_text("a\nb\n")
+    with pytest.raises(ValueError, match="3 lines but --references has 2"):
+        translate.main(["--model", str(model_dir), "--input", str(source), "--references", str(references)])
+
+
+def test_bad_batch_size_is_an_error(loaded):
+    with pytest.raises(ValueError, match="batch_size must be at least 1"):
+        translate.translate(*loaded, SENTENCES, batch_size=0)
+
+
+def test_attention_pictures_for_the_first_inputs(model_dir, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("".join(s + "\n" for s in SENTENCES))
+    result = translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "o"),
+                             "--attention-png", str(tmp_path / "pictures"), "--attention-count", "2",
+                             "--num-beams", "1"])
+    folders = sorted(p.name for p in (tmp_path / "pictures").iterdir())
+    assert folders == ["0000", "0001"]
+    assert result["attention_pictures"] and all(Path(p).stat().st_size > 0 for p in result["attention_pictures"])
+    assert all(Path(p).read_bytes().startswith(b"\x89PNG") for p in result["attention_pictures"])
