@@ -18,7 +18,7 @@ $(VENV)/.installed: pyproject.toml
 setup: $(VENV)/.installed
 
 demo: setup
-	$(PY) training/demo.py
+	$(PY) training/demo.py $(ARGS)
 
 test: setup
 	$(PY) -m pytest -q
