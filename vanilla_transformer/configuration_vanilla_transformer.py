@@ -14,6 +14,8 @@ from huggingface_hub.dataclasses import strict
 from transformers import PretrainedConfig
 from transformers.activations import ACT2FN
 
+from .pipeline_vanilla_transformer import CUSTOM_PIPELINES
+
 # Table 3 of the paper. "base" and "big" are the two published models; "tiny" is for tests and demos.
 # The big model used dropout 0.3 for en-de and 0.1 for en-fr (§6.1); the preset carries 0.3.
 PRESETS: dict[str, dict] = {
@@ -125,7 +127,21 @@ class VanillaTransformerConfig(PretrainedConfig):
         if self.decoder_vocab_size is None:
             self.decoder_vocab_size = self.vocab_size
         kwargs.setdefault("auto_map", copy.deepcopy(AUTO_MAP))
+        # Like auto_map: pipeline("translation", model=folder, trust_remote_code=True) finds the pipeline.
+        kwargs.setdefault("custom_pipelines", copy.deepcopy(CUSTOM_PIPELINES))
         super().__post_init__(**kwargs)
+
+    @classmethod
+    def from_dict(cls, config_dict: dict, **kwargs) -> "VanillaTransformerConfig":
+        """`PretrainedConfig.from_dict`, refusing the config of another model (transformers only warns)."""
+        model_type = config_dict.get("model_type", cls.model_type)
+        if model_type != cls.model_type:
+            raise ValueError(
+                f"This config.json describes a {model_type!r} model, not a {cls.model_type!r} one: the folder or "
+                f"repo holds another model's checkpoint. Point to a vanilla-transformer checkpoint, or load this one "
+                f"with the Auto classes (e.g. AutoModel.from_pretrained), which pick the class its model_type names."
+            )
+        return super().from_dict(config_dict, **kwargs)
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":

@@ -17,6 +17,7 @@ import math
 from collections.abc import Callable
 
 import torch
+from safetensors import SafetensorError
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
@@ -345,6 +346,18 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         if self.config.share_encoder_decoder_embeddings:
             self.config.decoder_vocab_size = self.config.vocab_size
         return embeddings
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """`PreTrainedModel.from_pretrained`, saying which weights are unreadable and what to do about it."""
+        try:
+            return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        except SafetensorError as error:  # its own message names neither the checkpoint nor a remedy
+            raise OSError(
+                f"The weights of {pretrained_model_name_or_path} cannot be read ({error}): a .safetensors file is "
+                "truncated or corrupt, e.g. by an interrupted save, copy or download. Save the model again, or "
+                "download it again with from_pretrained(..., force_download=True)."
+            ) from error
 
 
 # ---------------------------------------------------------------------------------------------
