@@ -20,13 +20,12 @@ import sys
 import time
 from pathlib import Path
 
-import sacrebleu
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import train  # noqa: E402
 from number_words import make_splits  # noqa: E402
-from translate import translate  # noqa: E402
+from translate import score, translate  # noqa: E402
 
 # A 3+3-layer d=128 model on ~1k-token batches learns the task in ~1000 updates on 2 CPU cores. The
 # paper's peak rate (d^-0.5 * 4000^-0.5) is tuned for 25k-token batches; for small batches a peak
@@ -77,13 +76,14 @@ def report(model, tokenizer, pairs, exact_match: bool) -> None:
     """BLEU (and exact match for the generated task) of beam-search translations of held-out pairs."""
     sources, references = [list(side) for side in zip(*pairs)]
     hypotheses = translate(model, tokenizer, sources)
-    bleu = sacrebleu.corpus_bleu(hypotheses, [references], tokenize="char" if exact_match else None)
+    scores = score(hypotheses, references, tokenize="char" if exact_match else None)
     if exact_match:
         exact = sum(h == r for h, r in zip(hypotheses, references)) / len(references)
         print(f"held-out exact match: {exact:.1%} on {len(references)} numbers never seen in training")
-        print(f"held-out character BLEU: {bleu.score:.1f}  ({bleu.format(signature=True).split('|', 1)[-1]})")
+        print(f"held-out character BLEU: {scores['bleu']:.1f}  ({scores['bleu_signature']})")
     else:
-        print(f"held-out BLEU: {bleu.score:.2f}  ({bleu.format(signature=True).split('|', 1)[-1]})")
+        print(f"held-out BLEU: {scores['bleu']:.2f}  ({scores['bleu_signature']})")
+    print(f"held-out chrF: {scores['chrf']:.1f}")
     print("beam-search translations of held-out sentences:")
     for source, reference, hypothesis in list(zip(sources, references, hypotheses))[:8]:
         mark = "ok" if hypothesis == reference else f"expected {reference}"

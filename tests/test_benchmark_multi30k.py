@@ -1,0 +1,66 @@
+"""benchmarks/multi30k.py: skips cleanly without the data; end to end on a tiny stand-in corpus (slow)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import multi30k  # noqa: E402
+
+
+def test_missing_data_folder_is_reported_not_an_error(tmp_path, capsys):
+    assert multi30k.main(["--data-dir", str(tmp_path / "absent"), "--output-dir", str(tmp_path / "out")]) is None
+    assert "Multi30k not found" in capsys.readouterr().out
+    assert not (tmp_path / "out").exists()
+
+
+def test_ratios_compare_ours_with_marian():
+    systems = {
+        "ours": {"decode": {"bleu": 30.0, "sentences_per_second": 20.0}, "target_tokens_per_second": 1300.0},
+        "marian": {"decode": {"bleu": 27.5, "sentences_per_second": 8.0}, "target_tokens_per_second": 1000.0},
+    }
+    assert multi30k.ratios(systems) == pytest.approx(
+        {"BLEU difference": 2.5, "training tokens/s": 1.3, "decoding sentences/s": 2.5}
+    )
+
+
+def write_corpus(folder: Path, sizes: dict[str, int]) -> None:
+    rng = random.Random(0)
+    words = "a dog runs man woman sits on the bench two children play in park".split()
+    for split, size in sizes.items():
+        sentences = [" ".join(rng.choice(words) for _ in range(rng.randint(3, 8))) for _ in range(size)]
+        for lang, transform in (("en", str), ("de", str.upper)):
+            with gzip.open(folder / f"{split}.{lang}.gz", "wt", encoding="utf-8") as file:
+                file.write("".join(transform(s) + "\n" for s in sentences))
+
+
+def test_benchmark_runs_both_systems_and_writes_the_table(tmp_path):
+    data = tmp_path / "multi30k"
+    data.mkdir()
+    write_corpus(data, {"train": 300, "val": 20, "test_2016_flickr": 12})
+    output = tmp_path / "out"
+    results = multi30k.main([
+        "--data-dir", str(data), "--output-dir", str(output), "--budget-minutes", "0.1",
+        "--checkpoint-minutes", "0.02", "--average", "2", "--vocab-size", "300", "--d-model", "32", "--ffn", "64",
+        "--layers", "1", "--heads", "2", "--max-tokens", "256", "--warmup-steps", "5",
+    ])
+    assert set(results["systems"]) == {"ours", "marian"}
+    for name, system in results["systems"].items():
+        assert system["steps"] > 0 and system["target_tokens_per_second"] > 0, name
+        assert 0 <= system["decode"]["bleu"] <= 100 and system["decode"]["bleu_signature"].startswith("nrefs:1")
+    assert "ctranslate2_int8" in results["systems"]["ours"]
+    assert results["systems"]["ours"]["final_weights"]["kind"] in {"last", "mean of last 2 checkpoints"}
+    card = (output / "ours" / "README.md").read_text()
+    assert "model-index" in card and "test_2016_flickr" in card
+    saved = json.loads((output / "results.json").read_text())
+    assert saved["ratios"] == pytest.approx(results["ratios"])
+    table = (output / "results.md").read_text()
+    assert "| sacreBLEU (test_2016_flickr) |" in table and "ours" in table and "marian" in table
