@@ -213,6 +213,12 @@ def test_model_learns_to_reverse_and_the_saved_folder_loads(data_dir, tmp_path):
     exact = sum(h == t for h, (_, t) in zip(hypotheses, held_out)) / len(held_out)
     assert exact >= 0.9, list(zip(hypotheses, held_out))[:5]
     assert metrics["eval_bleu"] > 80 and metrics["eval_perplexity"] == pytest.approx(math.exp(metrics["eval_loss"]))
+    # the model card carries the measured validation scores in Hub metadata
+    from huggingface_hub import ModelCard
+
+    card = ModelCard.load(output / "README.md")
+    results = {result.metric_type: result.metric_value for result in card.data.eval_results}
+    assert results == {"bleu": round(metrics["eval_bleu"], 2), "chrf": round(metrics["eval_chrf"], 2)}
 
 
 def test_resume_continues_from_the_saved_step(data_dir, tmp_path):
@@ -223,9 +229,11 @@ def test_resume_continues_from_the_saved_step(data_dir, tmp_path):
     train.main(tiny_args(data_dir, straight, *common))
     resumed.mkdir()
     shutil.copytree(straight / "checkpoint-10", resumed / "checkpoint-10")
-    shutil.copytree(straight / "tokenizer", resumed / "tokenizer")
-    train.main(tiny_args(data_dir, resumed, *common, "--resume_from_checkpoint", "last",
-                         "--tokenizer_name_or_path", str(straight / "tokenizer")))
+    shutil.copytree(straight / "tokenizer", resumed / "tokenizer")  # resuming reuses it, never retrains it
+    tokenizer_file = resumed / "tokenizer" / "tokenizer.json"
+    before = tokenizer_file.stat().st_mtime_ns
+    train.main(tiny_args(data_dir, resumed, *common, "--resume_from_checkpoint", "last"))
+    assert tokenizer_file.stat().st_mtime_ns == before
     state = json.loads((resumed / "trainer_state.json").read_text())
     assert state["global_step"] == 20
     assert [e["step"] for e in state["log_history"] if "loss" in e] == list(range(1, 21))
@@ -236,13 +244,45 @@ def test_resume_continues_from_the_saved_step(data_dir, tmp_path):
 
 
 def test_average_checkpoints_flag_saves_the_mean_of_the_last_ones(data_dir, tmp_path):
+    """5 steps, a checkpoint every 2: the final step is saved too, so the mean is of steps 4 and 5."""
     output = tmp_path / "run"
-    train.main(tiny_args(data_dir, output, "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "2",
+    train.main(tiny_args(data_dir, output, "--max_steps", "5", "--save_strategy", "steps", "--save_steps", "2",
                          "--average_checkpoints", "2", "--max_tokens", "200"))
-    last_two = [load_file(output / f"checkpoint-{step}" / "model.safetensors") for step in (4, 6)]
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-5"]
+    last_two = [load_file(output / f"checkpoint-{step}" / "model.safetensors") for step in (4, 5)]
     final = load_file(output / "model.safetensors")
     for name, tensor in final.items():
         torch.testing.assert_close(tensor, (last_two[0][name].double() + last_two[1][name].double()).div(2).float())
+
+
+def test_evaluation_decodes_past_20_tokens_and_reports_the_unsmoothed_loss(tmp_path):
+    """Seq2SeqTrainer's fallback max_length=20 must not leak into the model (the paper: source + 50),
+    and eval_loss is the plain per-token NLL (so exp(eval_loss) is the perplexity)."""
+    data = tmp_path / "data"
+    write_pairs(data, "train", reverse_pairs(40, seed=6, lengths=(22, 26)))
+    write_pairs(data, "valid", reverse_pairs(4, seed=7, lengths=(22, 26)))
+    trainer, tokenizer, _, validation = train.build_trainer(*train.parse_arguments(tiny_args(
+        data, tmp_path / "out", "--validation_source_file", str(data / "valid.src"),
+        "--validation_target_file", str(data / "valid.tgt"), "--generation_num_beams", "1",
+        "--per_device_eval_batch_size", "4", "--tokenizer_vocab_size", "260",
+    )))
+    assert min(len(e["labels"]) for e in validation) > 20
+    for _ in range(2):  # the second evaluation would be cut if the first changed the generation config
+        predictions = trainer.predict(validation).predictions
+        assert predictions.shape[1] > 21
+    assert trainer.model.generation_config.max_length is None
+    batch = trainer.data_collator([dict(e) for e in validation])
+    model = trainer.model.eval()
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                       decoder_input_ids=batch["decoder_input_ids"]).logits
+    nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
+    assert trainer.evaluate()["eval_loss"] == pytest.approx(nll.item(), rel=1e-5)
+
+
+def test_attention_implementation_flag_reaches_a_new_model(data_dir, tmp_path):
+    trainer, *_ = build(data_dir, tmp_path, "--attn_implementation", "eager")
+    assert trainer.model.config._attn_implementation == "eager"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -259,6 +299,26 @@ def test_yaml_argument_file_with_command_line_override(data_dir, tmp_path):
     model_args, data_args, training_args = train.parse_arguments([str(config), "--max_tokens", "256"])
     assert model_args.preset == "tiny" and training_args.warmup_steps == 123 and training_args.max_tokens == 256
     assert data_args.train_source_file == str(data_dir / "train.src")
+
+
+def test_unknown_key_in_an_argument_file_is_named(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("output_dir: out\nwarmup_step: 100\n")
+    with pytest.raises(ValueError, match=r"unknown argument\(s\) \['warmup_step'\]"):
+        train.parse_arguments([str(config)])
+
+
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--per_device_train_batch_size", "64"], "batches by token count"),
+        (["--average_checkpoints", "5"], "needs checkpoints"),
+        (["--average_checkpoints", "5", "--save_strategy", "steps", "--save_total_limit", "3"], "raise the limit"),
+    ],
+)
+def test_flags_that_would_have_no_effect_are_refused(data_dir, tmp_path, arguments, message):
+    with pytest.raises(ValueError, match=message):
+        build(data_dir, tmp_path, *arguments)
 
 
 def test_tsv_and_jsonl_training_files(tmp_path):
@@ -317,7 +377,7 @@ def test_tokenizer_larger_than_the_checkpoint_vocabulary_is_an_error(data_dir, t
     VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=100)).save_pretrained(small)
     trainer, tokenizer, *_ = build(data_dir, tmp_path / "a")
     tokenizer.save_pretrained(tmp_path / "tok")
-    with pytest.raises(ValueError, match="tokenizer has .* tokens but the model's vocabulary has 100"):
+    with pytest.raises(ValueError, match="more than the model's vocab_size=100"):
         build(data_dir, tmp_path / "b", "--model_name_or_path", str(small), "--tokenizer_name_or_path", str(tmp_path / "tok"))
 
 

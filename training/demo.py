@@ -36,7 +36,8 @@ USER_DATA_FLAGS = ("--train_source_file", "--train_file", "--dataset_name")
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output-dir", default="runs/demo", help="where the trained model is saved")
+    parser.add_argument("--output-dir", "--output_dir", dest="output_dir", default="runs/demo",
+                        help="where the trained model is saved")
     parser.add_argument("--train-size", type=int, default=6000, help="generated training pairs")
     parser.add_argument("--test-size", type=int, default=200, help="generated held-out pairs")
     parser.add_argument("--max-steps", type=int, default=1000)

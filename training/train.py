@@ -29,6 +29,8 @@ negative log-likelihood, so ``exp(eval_loss)`` is the perplexity.
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import logging
 import math
@@ -47,6 +49,7 @@ from transformers import (
     HfArgumentParser,
     Seq2SeqTrainer,
     Seq2SeqTrainingArguments,
+    TrainerCallback,
     set_seed,
 )
 from transformers.trainer_utils import get_last_checkpoint
@@ -87,7 +90,7 @@ class DataArguments:
     dataset_name: str | None = field(default=None, metadata={"help": "a Hub dataset (downloaded only when given)"})
     dataset_config_name: str | None = field(default=None, metadata={"help": "e.g. de-en for wmt14"})
     train_split: str = field(default="train")
-    validation_split: str | None = field(default="validation", metadata={"help": "Hub split for validation"})
+    validation_split: str | None = field(default=None, metadata={"help": "Hub split for validation, e.g. validation"})
     validation_size: int = field(
         default=0, metadata={"help": "hold out this many training pairs for validation when no validation data is given"}
     )
@@ -148,7 +151,12 @@ def parse_arguments(argv: list[str] | None = None):
     parser = HfArgumentParser((ModelArguments, DataArguments, TransformerTrainingArguments))
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and Path(argv[0]).suffix in {".yaml", ".yml", ".json"}:
-        parser.set_defaults(**_read_argument_file(Path(argv.pop(0))))
+        path = Path(argv.pop(0))
+        values = _read_argument_file(path)
+        known = {action.dest for action in parser._actions}
+        if unknown := sorted(set(values) - known):
+            raise ValueError(f"{str(path)!r} has unknown argument(s) {unknown}; see `train.py --help` for the names.")
+        parser.set_defaults(**values)
     return parser.parse_args_into_dataclasses(args=argv)
 
 
@@ -221,11 +229,18 @@ def load_pairs(args: DataArguments, seed: int) -> tuple[list[tuple[str, str]], l
             "Give training data: --train_source_file/--train_target_file, --train_file (.tsv/.jsonl), "
             "or --dataset_name (a Hub dataset) — exactly one of them."
         )
-    train = local_train if local_train is not None else read_hub_pairs(args, args.train_split)
+    if local_train is not None:
+        train = local_train
+    else:  # read only what is asked for
+        train = read_hub_pairs(args, args.train_split + (f"[:{args.max_train_samples}]" if args.max_train_samples else ""))
     validation = read_local_pairs(
         args.validation_source_file, args.validation_target_file, args.validation_file, args, "validation"
     )
+    if validation is not None and args.validation_size:
+        raise ValueError("Give validation data or --validation_size (held out from training), not both.")
     if validation is None and args.dataset_name and args.validation_split:
+        if args.validation_size:
+            raise ValueError("Give --validation_split or --validation_size (held out from training), not both.")
         validation = read_hub_pairs(args, args.validation_split)
     if args.max_train_samples is not None:
         train = train[: args.max_train_samples]
@@ -266,6 +281,9 @@ def build_tokenizer(model_args: ModelArguments, train_pairs, training_args, outp
     if name:
         return AutoTokenizer.from_pretrained(name)
     tokenizer_dir = output_dir / "tokenizer"
+    if training_args.resume_from_checkpoint and (tokenizer_dir / "tokenizer.json").is_file():
+        logger.info(f"resuming: using the tokenizer trained before, {tokenizer_dir}")
+        return AutoTokenizer.from_pretrained(tokenizer_dir)
     # Train once (main process), the other processes load the result.
     with training_args.main_process_first(desc="training the tokenizer"):
         if training_args.process_index == 0:
@@ -302,7 +320,7 @@ def build_model(model_args: ModelArguments, tokenizer) -> VanillaTransformerForC
         if model_args.config_overrides:
             raise ValueError("--config_overrides applies to a new model; a checkpoint keeps its architecture.")
         model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **extra)
-        _check_vocabulary(tokenizer, model.config)
+        vanilla_transformer.check_tokenizer_matches_model(tokenizer, model.config)
         return model
     overrides = parse_overrides(model_args.config_overrides)
     special = {
@@ -313,16 +331,8 @@ def build_model(model_args: ModelArguments, tokenizer) -> VanillaTransformerForC
         "decoder_start_token_id": tokenizer.bos_token_id,
     }
     config = VanillaTransformerConfig.from_preset(model_args.preset, **{**special, **overrides})
-    _check_vocabulary(tokenizer, config)
-    return VanillaTransformerForConditionalGeneration(config, **extra)
-
-
-def _check_vocabulary(tokenizer, config) -> None:
-    if len(tokenizer) > config.vocab_size:
-        raise ValueError(
-            f"The tokenizer has {len(tokenizer)} tokens but the model's vocabulary has {config.vocab_size}: "
-            "ids past the end would fail. Use the model's own tokenizer, or a new model sized to this one."
-        )
+    vanilla_transformer.check_tokenizer_matches_model(tokenizer, config)
+    return VanillaTransformerForConditionalGeneration._from_config(config, **extra)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,6 +360,28 @@ class TransformerTrainer(Seq2SeqTrainer):
     """Seq2SeqTrainer with fairseq-style token batches and per-token label smoothing."""
 
     loss_is_scaled_for_ga = True  # compute_loss divides by the tokens of the whole accumulated batch
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # compute_loss smooths itself; Seq2SeqTrainer's evaluation would otherwise report a smoothed
+        # eval_loss through the Trainer's LabelSmoother.
+        self.label_smoother = None
+        # Always count the target tokens of each accumulated batch: compute_loss normalises by them.
+        self.model_accepts_loss_kwargs = True
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        """Seq2SeqTrainer's, without its side effect on the model's generation config.
+
+        Seq2SeqTrainer writes its fallback ``max_length=20`` into ``model.generation_config``; that
+        would cut every later translation (and the saved generation_config.json) at 20 tokens
+        instead of the paper's source length + 50.
+        """
+        unwrapped = self.accelerator.unwrap_model(model)
+        saved = copy.deepcopy(unwrapped.generation_config)
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        finally:
+            unwrapped.generation_config = saved
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs = dict(inputs)
@@ -381,20 +413,24 @@ class TransformerTrainer(Seq2SeqTrainer):
         return self.accelerator.prepare(loader)
 
 
-def make_compute_metrics(tokenizer, sacrebleu_tokenize: str | None):
-    """BLEU and chrF with sacrebleu itself (offline; `evaluate.load("sacrebleu")` needs the Hub)."""
+class TranslationMetrics:
+    """compute_metrics for the Trainer: sacreBLEU and chrF with sacrebleu itself (offline, unlike
+    ``evaluate.load("sacrebleu")``); keeps the signatures of the last evaluation for the model card."""
 
-    def compute_metrics(prediction):
-        predictions, labels = prediction.predictions, prediction.label_ids
-        predictions = [[t for t in row if t >= 0] for row in predictions.tolist()]
-        labels = [[t for t in row if t != -100] for row in labels.tolist()]
-        hypotheses = tokenizer.batch_decode(predictions, skip_special_tokens=True)
-        references = tokenizer.batch_decode(labels, skip_special_tokens=True)
-        bleu = sacrebleu.corpus_bleu(hypotheses, [references], tokenize=sacrebleu_tokenize)
-        chrf = sacrebleu.corpus_chrf(hypotheses, [references])
-        return {"bleu": bleu.score, "chrf": chrf.score}
+    def __init__(self, tokenizer, sacrebleu_tokenize: str | None = None):
+        self.tokenizer, self.sacrebleu_tokenize = tokenizer, sacrebleu_tokenize
+        self.signatures: dict[str, str] = {}
 
-    return compute_metrics
+    def __call__(self, prediction) -> dict:
+        predictions = [[t for t in row if t >= 0] for row in prediction.predictions.tolist()]
+        labels = [[t for t in row if t != -100] for row in prediction.label_ids.tolist()]
+        hypotheses = self.tokenizer.batch_decode(predictions, skip_special_tokens=True)
+        references = self.tokenizer.batch_decode(labels, skip_special_tokens=True)
+        bleu, chrf = sacrebleu.metrics.BLEU(tokenize=self.sacrebleu_tokenize), sacrebleu.metrics.CHRF()
+        scores = {"bleu": bleu.corpus_score(hypotheses, [references]).score,
+                  "chrf": chrf.corpus_score(hypotheses, [references]).score}
+        self.signatures = {"bleu": str(bleu.get_signature()), "chrf": str(chrf.get_signature())}
+        return scores
 
 
 def set_learning_rate(training_args: TransformerTrainingArguments, d_model: int) -> None:
@@ -424,8 +460,39 @@ def noam_learning_rate(step: int, d_model: int, warmup_steps: int, scale: float 
 # ---------------------------------------------------------------------------------------------
 
 
+def check_training_arguments(training_args: TransformerTrainingArguments) -> None:
+    """Refuse combinations where a flag would be accepted and then have no effect."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TransformerTrainingArguments)}
+    if training_args.max_tokens:
+        for name in ("per_device_train_batch_size", "train_sampling_strategy", "dataloader_drop_last"):
+            if getattr(training_args, name) != defaults[name]:
+                raise ValueError(
+                    f"--{name} applies to batches of sentences, but --max_tokens {training_args.max_tokens} makes "
+                    "batches by token count; drop it, or pass --max_tokens 0 for sentence batches."
+                )
+    if training_args.average_checkpoints:
+        if training_args.save_strategy == "no":
+            raise ValueError("--average_checkpoints needs checkpoints: set --save_strategy steps and --save_steps.")
+        limit = training_args.save_total_limit
+        if limit is not None and limit < training_args.average_checkpoints:
+            raise ValueError(
+                f"--save_total_limit {limit} keeps fewer checkpoints than --average_checkpoints "
+                f"{training_args.average_checkpoints} averages; raise the limit."
+            )
+
+
+class SaveLastStep(TrainerCallback):
+    """Save a checkpoint at the last step, so that averaging the last N includes the final weights."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:
+            control.should_save = True
+        return control
+
+
 def build_trainer(model_args, data_args, training_args):
     """Everything up to a ready Trainer: (trainer, tokenizer, train examples, validation examples)."""
+    check_training_arguments(training_args)
     set_seed(training_args.seed)
     output_dir = Path(training_args.output_dir)
     train_pairs, validation_pairs = load_pairs(data_args, training_args.seed)
@@ -444,7 +511,8 @@ def build_trainer(model_args, data_args, training_args):
         eval_dataset=validation_examples,
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         processing_class=tokenizer,
-        compute_metrics=make_compute_metrics(tokenizer, data_args.sacrebleu_tokenize) if validation_examples else None,
+        compute_metrics=TranslationMetrics(tokenizer, data_args.sacrebleu_tokenize) if validation_examples else None,
+        callbacks=[SaveLastStep()] if training_args.average_checkpoints else None,
     )
     return trainer, tokenizer, train_examples, validation_examples
 
@@ -480,6 +548,37 @@ def save_final_model(trainer, tokenizer, training_args) -> Path:
     return output_dir
 
 
+def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) -> Path:
+    """README.md of the saved model: Hub metadata with the validation scores, the recipe, how to load it."""
+    from vanilla_transformer.model_card import write_model_card
+
+    training_args = trainer.args
+    # The Hub's base_model names a repo; a local folder is no such reference.
+    checkpoint = model_args.model_name_or_path
+    base_model = checkpoint if checkpoint and not Path(checkpoint).exists() else None
+    signatures = trainer.compute_metrics.signatures if trainer.compute_metrics else {}
+    dataset = data_args.dataset_name or "custom"
+    scores = [
+        {"name": name, "type": kind, "value": round(metrics[f"eval_{kind}"], 2), "dataset": dataset,
+         "split": "validation", "signature": signatures.get(kind)}
+        for name, kind in (("sacreBLEU", "bleu"), ("chrF", "chrf"))
+        if f"eval_{kind}" in metrics
+    ]
+    return write_model_card(
+        output_dir, model=trainer.model, languages=(data_args.source_lang, data_args.target_lang),
+        datasets=[data_args.dataset_name] if data_args.dataset_name else [], metrics=scores,
+        base_model=base_model, training_hyperparameters={
+            "steps": trainer.state.global_step,
+            "tokens per batch (max, padded)": training_args.max_tokens or "sentence batches",
+            "gradient accumulation": training_args.gradient_accumulation_steps,
+            "peak learning rate": training_args.learning_rate, "warm-up steps": training_args.warmup_steps,
+            "schedule": training_args.lr_scheduler_type, "label smoothing": training_args.label_smoothing_factor,
+            "Adam": f"({training_args.adam_beta1}, {training_args.adam_beta2}, {training_args.adam_epsilon})",
+            "checkpoints averaged": training_args.average_checkpoints or "none",
+        },
+    )
+
+
 def main(argv: list[str] | None = None) -> dict:
     model_args, data_args, training_args = parse_arguments(argv)
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
@@ -500,6 +599,7 @@ def main(argv: list[str] | None = None) -> dict:
         metrics.update(evaluation)
     trainer.save_metrics("all", metrics)
     if trainer.is_world_process_zero():
+        write_card(output_dir, trainer, model_args, data_args, metrics)
         logger.info(f"saved the model, tokenizer and generation config to {output_dir}")
         logger.info("metrics: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
     return metrics
