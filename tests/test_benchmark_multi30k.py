@@ -68,3 +68,30 @@ def test_benchmark_runs_both_systems_and_writes_the_table(tmp_path):
     assert saved["ratios"] == pytest.approx(results["ratios"])
     table = (output / "results.md").read_text()
     assert "| sacreBLEU (test_2016_flickr) |" in table and "ours" in table and "marian" in table
+    assert "as a transformers user gets it" in table
+
+
+def test_paper_setup_gives_marian_the_papers_model_and_optimizer(tmp_path, monkeypatch):
+    """--marian-setup paper: ReLU, scaled embeddings and Adam (0.9, 0.98, 1e-9) reach MarianMT and its Trainer."""
+    import transformers
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def capture(self, *args, **kwargs):
+        seen["config"], seen["args"] = kwargs["model"].config, kwargs["args"]
+        raise Stop
+
+    monkeypatch.setattr(transformers.Seq2SeqTrainer, "__init__", capture)
+    import vanilla_transformer
+
+    tokenizer = vanilla_transformer.train_tokenizer(iter(["a b c", "d e f"] * 5), vocab_size=260)
+    tokenizer.save_pretrained(tmp_path / "tok")
+    args = multi30k.parse_args(["--marian-setup", "paper", "--d-model", "32", "--ffn", "64", "--layers", "1"])
+    with pytest.raises(Stop):
+        multi30k.train_marian(args, tmp_path / "tok", [("a b", "c d")] * 4, tmp_path / "run")
+    config, training_args = seen["config"], seen["args"]
+    assert config.activation_function == "relu" and config.scale_embedding is True
+    assert (training_args.adam_beta1, training_args.adam_beta2, training_args.adam_epsilon) == (0.9, 0.98, 1e-9)
