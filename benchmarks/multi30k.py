@@ -269,84 +269,90 @@ def train_marian(args, tokenizer_dir: Path, train_pairs, run_dir: Path, validati
 # ---------------------------------------------------------------------------------------------
 
 
-def score(hypotheses, references) -> dict:
-    from translate import score as sacrebleu_score
+def timed_and_scored(translate_all, test_pairs) -> dict:
+    """Time ``translate_all(sources) -> hypotheses`` over the test set and score it with sacreBLEU/chrF."""
+    from translate import score
 
-    return sacrebleu_score(hypotheses, references)
+    sources, references = [list(side) for side in zip(*test_pairs)]
+    started = time.perf_counter()
+    hypotheses = translate_all(sources)
+    seconds = time.perf_counter() - started
+    return {**score(hypotheses, references), "decode_seconds": seconds, "sentences_per_second": len(sources) / seconds,
+            "examples": hypotheses[:5]}
+
+
+def paper_decoding(tokenizer, sources) -> dict:
+    """generate() settings of our generation config, spelled out for a model that lacks it (MarianMT)."""
+    longest = max(len(ids) for ids in tokenizer(sources)["input_ids"])
+    return {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True, "max_new_tokens": longest + 50}
+
+
+def load_marian(model_dir: str):
+    from transformers import AutoTokenizer, MarianMTModel
+
+    import vanilla_transformer  # noqa: F401  (the shared tokenizer's class)
+
+    return MarianMTModel.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
 
 
 def decode_ours(model_dir: str, test_pairs, batch_size: int) -> dict:
+    """Our model through training/translate.py with its own generation config."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     import vanilla_transformer  # noqa: F401
     from translate import translate
 
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
-    sources, references = [list(side) for side in zip(*test_pairs)]
-    started = time.perf_counter()
-    hypotheses = translate(model, tokenizer, sources, batch_size=batch_size)
-    seconds = time.perf_counter() - started
-    return {**score(hypotheses, references), "decode_seconds": seconds, "sentences_per_second": len(sources) / seconds,
-            "examples": hypotheses[:5]}
+    return timed_and_scored(lambda sources: translate(model, tokenizer, sources, batch_size=batch_size), test_pairs)
 
 
 def decode_marian(model_dir: str, test_pairs, batch_size: int) -> dict:
+    """MarianMT as a user decodes a test set: batches in input order, beam 4, lp 0.6, source + 50."""
     import torch
-    from transformers import AutoTokenizer, MarianMTModel
 
-    import vanilla_transformer  # noqa: F401  (the shared tokenizer's class)
+    model, tokenizer = load_marian(model_dir)
 
-    model, tokenizer = MarianMTModel.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
-    sources, references = [list(side) for side in zip(*test_pairs)]
-    hypotheses = []
-    started = time.perf_counter()
-    for start in range(0, len(sources), batch_size):
-        batch = tokenizer(sources[start:start + batch_size], return_tensors="pt", padding=True)
-        with torch.inference_mode():
-            generated = model.generate(
-                **batch, num_beams=4, length_penalty=0.6, max_new_tokens=batch["input_ids"].shape[1] + 50
-            )
-        hypotheses += tokenizer.batch_decode(generated, skip_special_tokens=True)
-    seconds = time.perf_counter() - started
-    return {**score(hypotheses, references), "decode_seconds": seconds, "sentences_per_second": len(sources) / seconds,
-            "examples": hypotheses[:5]}
+    def in_input_order(sources):
+        hypotheses = []
+        for start in range(0, len(sources), batch_size):
+            batch = tokenizer(sources[start:start + batch_size], return_tensors="pt", padding=True)
+            with torch.inference_mode():
+                generated = model.generate(
+                    **batch, num_beams=4, length_penalty=0.6, max_new_tokens=batch["input_ids"].shape[1] + 50
+                )
+            hypotheses += tokenizer.batch_decode(generated, skip_special_tokens=True)
+        return hypotheses
+
+    return timed_and_scored(in_input_order, test_pairs)
 
 
 def decode_marian_sorted(model_dir: str, test_pairs, batch_size: int) -> dict:
-    """MarianMT through training/translate.py: sorted batches, early stopping, source + 50 per batch."""
-    from transformers import AutoTokenizer, MarianMTModel
-
-    import vanilla_transformer  # noqa: F401  (the shared tokenizer's class)
+    """MarianMT through training/translate.py: sorted batches, early stopping, source + 50."""
     from translate import translate
 
-    model, tokenizer = MarianMTModel.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
-    sources, references = [list(side) for side in zip(*test_pairs)]
-    started = time.perf_counter()
-    hypotheses = translate(model, tokenizer, sources, batch_size=batch_size, num_beams=4, length_penalty=0.6,
-                           early_stopping=True, max_new_tokens=max(len(ids) for ids in tokenizer(sources)["input_ids"]) + 50)
-    seconds = time.perf_counter() - started
-    return {**score(hypotheses, references), "decode_seconds": seconds, "sentences_per_second": len(sources) / seconds}
+    model, tokenizer = load_marian(model_dir)
+    return timed_and_scored(
+        lambda sources: translate(model, tokenizer, sources, batch_size, **paper_decoding(tokenizer, sources)),
+        test_pairs,
+    )
 
 
 def decode_same_weights(marian_dir: str, test_pairs, batch_size: int) -> dict:
     """The trained MarianMT weights imported into our model (vanilla_transformer.convert.from_marian) and
     decoded by both implementations the same way: any speed difference is the implementation's."""
-    from transformers import AutoTokenizer, MarianMTModel
-
-    import vanilla_transformer  # noqa: F401
     from translate import translate
     from vanilla_transformer.convert import from_marian
 
-    tokenizer = AutoTokenizer.from_pretrained(marian_dir)
-    sources = [source for source, _ in test_pairs]
-    result = {}
-    for name, model in (("marian", MarianMTModel.from_pretrained(marian_dir).eval()), ("ours", None)):
-        model = model if model is not None else from_marian(marian_dir)
-        started = time.perf_counter()
-        hypotheses = translate(model, tokenizer, sources, batch_size=batch_size, num_beams=4, length_penalty=0.6,
-                               early_stopping=True, max_new_tokens=max(map(len, tokenizer(sources)["input_ids"])) + 50)
-        result[name] = {"sentences_per_second": len(sources) / (time.perf_counter() - started), "hypotheses": hypotheses}
-    result["identical_output"] = result["ours"].pop("hypotheses") == result["marian"].pop("hypotheses")
+    marian, tokenizer = load_marian(marian_dir)
+    result, outputs = {}, {}
+    for name, model in (("marian", marian), ("ours", from_marian(marian_dir))):
+
+        def translate_all(sources, model=model, name=name):
+            outputs[name] = translate(model, tokenizer, sources, batch_size, **paper_decoding(tokenizer, sources))
+            return outputs[name]
+
+        result[name] = timed_and_scored(translate_all, test_pairs)
+    result["identical_output"] = outputs["ours"] == outputs["marian"]
     return result
 
 
@@ -361,19 +367,17 @@ def decode_ctranslate2(model_dir: str, test_pairs, batch_size: int, quantization
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     translator = ctranslate2.Translator(str(export_dir), device="cpu", compute_type=quantization or "float32",
                                         inter_threads=1, intra_threads=os.cpu_count() or 1)
-    sources, references = [list(side) for side in zip(*test_pairs)]
-    started = time.perf_counter()
-    tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(sources)["input_ids"]]
-    results = translator.translate_batch(
-        tokens, max_batch_size=batch_size, beam_size=4, length_penalty=0.6, return_end_token=True,
-        min_decoding_length=0, max_decoding_length=max(map(len, tokens)) + 50,
-    )
-    hypotheses = [
-        tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0]), skip_special_tokens=True) for r in results
-    ]
-    seconds = time.perf_counter() - started
-    return {**score(hypotheses, references), "decode_seconds": seconds, "sentences_per_second": len(sources) / seconds,
-            "examples": hypotheses[:5]}
+
+    def translate_all(sources):
+        tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in tokenizer(sources)["input_ids"]]
+        results = translator.translate_batch(
+            tokens, max_batch_size=batch_size, beam_size=4, length_penalty=0.6, return_end_token=True,
+            min_decoding_length=0, max_decoding_length=max(map(len, tokens)) + 50,
+        )
+        return [tokenizer.decode(tokenizer.convert_tokens_to_ids(r.hypotheses[0]), skip_special_tokens=True)
+                for r in results]
+
+    return timed_and_scored(translate_all, test_pairs)
 
 
 # ---------------------------------------------------------------------------------------------

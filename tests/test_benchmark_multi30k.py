@@ -57,6 +57,7 @@ def test_benchmark_runs_both_systems_and_writes_the_table(tmp_path):
         assert system["steps"] > 0 and system["target_tokens_per_second"] > 0, name
         assert 0 <= system["decode"]["bleu"] <= 100 and system["decode"]["bleu_signature"].startswith("nrefs:1")
     assert "ctranslate2_int8" in results["systems"]["ours"] and "decode_sorted" in results["systems"]["marian"]
+    assert results["systems"]["marian"]["same_weights"]["identical_output"]  # imported weights decode alike
     # same dimensions and tokenizer: the parameter counts differ only by Marian's two sinusoidal tables
     # (frozen parameters of 1024 positions x d_model in each stack; a non-persistent buffer in ours)
     ours, marian = (results["systems"][name]["parameters"] for name in ("ours", "marian"))
