@@ -96,3 +96,11 @@ def test_paper_setup_gives_marian_the_papers_model_and_optimizer(tmp_path, monke
     config, training_args = seen["config"], seen["args"]
     assert config.activation_function == "relu" and config.scale_embedding is True
     assert (training_args.adam_beta1, training_args.adam_beta2, training_args.adam_epsilon) == (0.9, 0.98, 1e-9)
+
+
+def test_step_profiler_skips_without_data(tmp_path, capsys):
+    import profile_training_step
+
+    assert profile_training_step.main(["--system", "ours", "--tokenizer", str(tmp_path),
+                                       "--data-dir", str(tmp_path / "absent")]) is None
+    assert "Multi30k not found" in capsys.readouterr().out
