@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+
 import io
 import json
 import sys
@@ -117,7 +119,20 @@ def test_attention_pictures_for_the_first_inputs(model_dir, tmp_path):
     result = translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "o"),
                              "--attention-png", str(tmp_path / "pictures"), "--attention-count", "2",
                              "--num-beams", "1"])
-    folders = sorted(p.name for p in (tmp_path / "pictures").iterdir())
-    assert folders == ["0000", "0001"]
-    assert result["attention_pictures"] and all(Path(p).stat().st_size > 0 for p in result["attention_pictures"])
+    hypotheses = (tmp_path / "o").read_text().splitlines()
+    drawn = [f"{i:04d}" for i in range(2) if hypotheses[i].strip()]
+    folders = sorted(p.name for p in (tmp_path / "pictures").iterdir()) if (tmp_path / "pictures").exists() else []
+    assert folders == drawn
+    assert result["attention_skipped"] == [i for i in range(2) if not hypotheses[i].strip()]
+    assert all(Path(p).stat().st_size > 0 for p in result["attention_pictures"])
     assert all(Path(p).read_bytes().startswith(b"\x89PNG") for p in result["attention_pictures"])
+
+
+def test_an_empty_translation_gets_no_pictures_and_is_named_on_stderr(loaded, tmp_path, capsys):
+    model, tokenizer = loaded
+    args = argparse.Namespace(attention_png=str(tmp_path / "pictures"), attention_count=3)
+    paths, skipped = translate.write_pictures(model, tokenizer, SENTENCES[:3], ["", SENTENCES[1], " "], args)
+    assert skipped == [0, 2]
+    assert sorted(p.name for p in (tmp_path / "pictures").iterdir()) == ["0001"]
+    assert paths and all(Path(p).read_bytes().startswith(b"\x89PNG") for p in paths)
+    assert "input(s) 0, 2: their translation is empty" in capsys.readouterr().err

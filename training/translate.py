@@ -121,22 +121,33 @@ def main(argv=None) -> dict:
         print(f"BLEU {result['bleu']:.2f}  ({result['bleu_signature']})", file=sys.stderr)
         print(f"chrF {result['chrf']:.2f}  ({result['chrf_signature']})", file=sys.stderr)
     if args.attention_png:
-        pictures = write_pictures(model, tokenizer, sources, hypotheses, args)
+        pictures, skipped = write_pictures(model, tokenizer, sources, hypotheses, args)
         result["attention_pictures"] = [str(p) for p in pictures]
+        result["attention_skipped"] = skipped
     if args.metrics_json:
         Path(args.metrics_json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
 
 
-def write_pictures(model, tokenizer, sources: Sequence[str], hypotheses: Sequence[str], args) -> list[Path]:
-    """Attention pictures (Figures 3-5 of the paper) of the first inputs with their translations, a folder each."""
+def write_pictures(model, tokenizer, sources: Sequence[str], hypotheses: Sequence[str], args) -> tuple[list[Path], list[int]]:
+    """Attention pictures (Figures 3-5 of the paper) of the first inputs with their translations, a folder each.
+
+    An empty translation has no target side to draw: its input is skipped, said on stderr, and its
+    index returned in the second list, so the translations themselves are never held back.
+    """
     from vanilla_transformer.visualization import write_attention_pictures
 
-    paths = []
+    paths, skipped = [], []
     for index, (source, hypothesis) in enumerate(zip(sources[: args.attention_count], hypotheses)):
+        if not hypothesis.strip():
+            skipped.append(index)
+            continue
         folder = Path(args.attention_png) / f"{index:04d}"
         paths += write_attention_pictures(model, tokenizer, source, folder, target=hypothesis)
-    return paths
+    if skipped:
+        print(f"No attention pictures for input(s) {', '.join(map(str, skipped))}: their translation is empty.",
+              file=sys.stderr)
+    return paths, skipped
 
 
 if __name__ == "__main__":
