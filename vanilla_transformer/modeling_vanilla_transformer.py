@@ -304,13 +304,19 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
 # ---------------------------------------------------------------------------------------------
 
 
+def linear_init_std(config) -> float:
+    """The std of normal-initialised linear weights: linear_init_std, else sqrt(2 / (5 d_model))."""
+    return config.linear_init_std or math.sqrt(2 / (5 * config.d_model))
+
+
 class VanillaTransformerPreTrainedModel(PreTrainedModel):
     """Weight initialisation and the library-facing class attributes shared by every model class.
 
-    Initialisation (the paper does not give one; this is fairseq's, proven for post-LN training
-    from scratch): every linear weight Xavier-uniform with zero bias, token embeddings (and learned
-    positions) normal with std ``init_std`` = d_model^-0.5 so that ``embedding * sqrt(d_model)``
-    has unit variance, the padding row zero, LayerNorm weight 1 and bias 0.
+    Initialisation (the paper gives none): every linear weight N(0, sqrt(2 / (5 d_model))), the
+    "small init" of Nguyen & Salazar (2019), or per ``linear_init`` / ``linear_init_std``, with zero
+    bias; token embeddings (and learned positions) normal with std ``init_std`` = d_model^-0.5 so
+    that ``embedding * sqrt(d_model)`` has unit variance, as in fairseq; the padding row zero,
+    LayerNorm weight 1 and bias 0. The tied pre-softmax projection is the embedding (§3.4).
     """
 
     config_class = VanillaTransformerConfig
@@ -327,7 +333,10 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module: nn.Module):
         std = self.config.init_std or self.config.d_model**-0.5
         if isinstance(module, nn.Linear):
-            init.xavier_uniform_(module.weight)
+            if self.config.linear_init == "xavier_uniform":
+                init.xavier_uniform_(module.weight)
+            else:
+                init.normal_(module.weight, mean=0.0, std=linear_init_std(self.config))
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
