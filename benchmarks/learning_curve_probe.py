@@ -155,7 +155,12 @@ def main(argv=None) -> dict | None:
                                 seed=args.seed)
     # Any of the models only supplies the decoder start token to the collator: pad, for both systems.
     collate = DataCollatorForSeq2Seq(tokenizer, model=build("ours", tokenizer, 0))
-    batches = [collate([examples[i] for i in indices]) for _, indices in zip(range(args.updates), sampler)]
+    batches = []
+    for epoch in range(args.updates):  # as many epochs as --updates needs, each reshuffled
+        sampler.set_epoch(epoch)
+        batches += [collate([examples[i] for i in indices]) for indices in sampler][: args.updates - len(batches)]
+        if len(batches) == args.updates:
+            break
     results = {variant: run(variant, batches, args) for variant in args.variant}
     if args.output:
         Path(args.output).write_text(json.dumps(results, indent=1))
