@@ -6,8 +6,10 @@
 Isolates the model and its initialisation from everything else the benchmark varies (Trainer,
 batching, sampling order): every variant sees the same Multi30k token batches in the same order,
 the same label-smoothed loss (0.1), the same Adam (0.9, 0.98, 1e-9) and the same schedule (linear
-warm-up to --peak-lr, then inverse square root), without gradient clipping. MarianMT is configured
-as in `multi30k.py --marian-setup paper` (ReLU, embeddings scaled by sqrt(d_model)).
+warm-up to --peak-lr, then inverse square root), without gradient clipping, and training starts
+from the same random state, so the variants of one system draw identical dropout masks (the two
+systems call dropout in a different order). MarianMT is configured as in `multi30k.py
+--marian-setup paper` (ReLU, embeddings scaled by sqrt(d_model), <pad> as decoder start token).
 
 Initialisations (the part after ':'; biases always zero, the tied pre-softmax projection is the
 embedding; d = d_model):
@@ -25,6 +27,7 @@ Prints the mean training loss of every 50 updates and writes them as JSON with -
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import sys
@@ -36,6 +39,7 @@ from torch import nn
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianConfig, MarianMTModel
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.modeling_vanilla_transformer import shift_tokens_right
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "training"))
@@ -85,7 +89,9 @@ def build(variant: str, tokenizer, seed: int) -> nn.Module:
     torch.manual_seed(seed)
     if system == "ours":
         model = VanillaTransformerForConditionalGeneration(
-            VanillaTransformerConfig.from_preset("base", vocab_size=len(tokenizer), **DIMENSIONS))
+            VanillaTransformerConfig.from_preset(
+                "base", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
+                bos_token_id=tokenizer.bos_token_id, decoder_start_token_id=tokenizer.bos_token_id, **DIMENSIONS))
     elif system == "marian":
         model = MarianMTModel(MarianConfig(
             vocab_size=len(tokenizer), decoder_vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
@@ -108,14 +114,17 @@ def learning_rate(update: int, peak: float, warmup: int) -> float:
 def run(variant: str, batches, args) -> list[float]:
     model = build(variant, args.tokenizer_object, args.seed).train()
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0, betas=(0.9, 0.98), eps=1e-9)
-    torch.manual_seed(args.seed)  # the same dropout masks' stream for every variant
+    torch.manual_seed(args.seed)  # the same random stream for dropout whatever the initialisation drew
     means, window = [], []
     started = time.perf_counter()
     for update, batch in enumerate(batches[: args.updates], start=1):
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(update, args.peak_lr, args.warmup)
+        # each system's own start token, as in multi30k.py: <s> for ours, <pad> for MarianMT
+        decoder_input_ids = shift_tokens_right(batch["labels"], model.config.pad_token_id,
+                                               model.config.decoder_start_token_id)
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       decoder_input_ids=batch["decoder_input_ids"]).logits
+                       decoder_input_ids=decoder_input_ids).logits
         loss = label_smoothed_loss(logits, batch["labels"], smoothing=0.1)
         loss.backward()
         optimizer.step()
@@ -153,12 +162,12 @@ def main(argv=None) -> dict | None:
     examples = [{"input_ids": i, "labels": l} for i, l in zip(encoded["input_ids"], encoded["labels"])]
     sampler = TokenBatchSampler([(len(e["input_ids"]), len(e["labels"])) for e in examples], args.max_tokens,
                                 seed=args.seed)
-    # Any of the models only supplies the decoder start token to the collator: pad, for both systems.
-    collate = DataCollatorForSeq2Seq(tokenizer, model=build("ours", tokenizer, 0))
+    collate = DataCollatorForSeq2Seq(tokenizer)  # pads; run() builds each system's decoder inputs
     batches = []
     for epoch in range(args.updates):  # as many epochs as --updates needs, each reshuffled
         sampler.set_epoch(epoch)
-        batches += [collate([examples[i] for i in indices]) for indices in sampler][: args.updates - len(batches)]
+        batches += [collate([examples[i] for i in indices])
+                    for indices in itertools.islice(sampler, args.updates - len(batches))]
         if len(batches) == args.updates:
             break
     results = {variant: run(variant, batches, args) for variant in args.variant}

@@ -327,8 +327,7 @@ def comparable(config) -> dict:
         dict(share_encoder_decoder_embeddings=False, decoder_vocab_size=900, tie_word_embeddings=False,
              position_embedding_type="learned", normalize_before=True, head_dim=8, decoder_layers=3,
              decoder_attention_heads=2, activation_function="gelu", scale_embedding=False, init_std=0.02,
-             attention_dropout=0.1, activation_dropout=0.2, layer_norm_eps=1e-6, linear_init="xavier_uniform",
-             linear_init_std=0.05),
+             attention_dropout=0.1, activation_dropout=0.2, layer_norm_eps=1e-6, linear_init="xavier_uniform"),
     ],
     ids=["paper", "every-variant"],
 )

@@ -85,19 +85,28 @@ def test_missing_data_folder_is_reported_not_an_error(tmp_path, capsys):
     assert "Multi30k not found" in capsys.readouterr().out
 
 
-def test_a_tiny_run_repeats_exactly_and_tells_initialisations_apart(tmp_path, tokenizer):
-    """Each variant gets the same batches and dropout stream whatever ran before it: a variant run
-    alone repeats its curve exactly; another initialisation gives another curve. 120 short pairs
-    make fewer batches than 60 updates, so the batches run over into a second epoch."""
+def test_a_tiny_run_repeats_exactly_and_tells_initialisations_apart(tmp_path, tokenizer, monkeypatch):
+    """Each variant starts training from the same random state whatever its initialisation drew (so
+    one system's variants share dropout masks), and a variant run alone repeats its curve exactly;
+    another initialisation gives another curve. 120 short pairs make fewer batches than 100
+    updates, so the batches run over into further epochs."""
     rng = random.Random(1)
     english = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 7))) for _ in range(120)]
     for lang, lines in (("en", english), ("de", [s.upper() for s in english])):
         with gzip.open(tmp_path / f"train.{lang}.gz", "wt", encoding="utf-8") as handle:
             handle.write("".join(line + "\n" for line in lines))
     tokenizer.save_pretrained(tmp_path / "tokenizer")
+    states, loss = [], probe.label_smoothed_loss
+
+    def recording_loss(*args, **kwargs):
+        states.append(torch.get_rng_state())  # after the first forward's dropout
+        return loss(*args, **kwargs)
+
+    monkeypatch.setattr(probe, "label_smoothed_loss", recording_loss)
     common = ["--tokenizer", str(tmp_path / "tokenizer"), "--data-dir", str(tmp_path), "--updates", "100",
               "--max-tokens", "64", "--threads", "1"]
     both = probe.main(common + ["--variant", "ours:xavier", "--variant", "ours", "--output", str(tmp_path / "c.json")])
+    assert torch.equal(states[0], states[100])  # ours:xavier's first update vs ours' first update
     alone = probe.main(common + ["--variant", "ours"])
     assert alone["ours"] == both["ours"]
     assert all(len(curve) == 2 and 0 < curve[1] < curve[0] < 20 for curve in both.values())

@@ -6,6 +6,7 @@ generation (for batching), a plain cross-entropy (for the loss), and one large b
 accumulation through the real Trainer).
 """
 
+import json
 import math
 
 import pytest
@@ -146,6 +147,28 @@ def test_default_small_init_learns_a_copy_task_faster_than_xavier_and_a_fixed_0_
 def test_non_positive_linear_init_std_is_an_error(value):
     with pytest.raises(Exception, match="linear_init_std must be positive or None"):
         tiny_config(linear_init_std=value)
+
+
+def test_linear_init_std_with_xavier_uniform_is_an_error_not_ignored():
+    with pytest.raises(Exception, match="linear_init_std=0.02 has no effect with linear_init='xavier_uniform'"):
+        tiny_config(linear_init="xavier_uniform", linear_init_std=0.02)
+
+
+def test_an_untied_output_projection_starts_like_every_other_linear():
+    model = tiny_model(d_model=64, vocab_size=4000, tie_word_embeddings=False)
+    assert model.lm_head.weight is not model.model.shared.weight
+    assert model.lm_head.weight.std().item() == pytest.approx(math.sqrt(2 / (5 * 64)), rel=0.02)
+    assert model.model.shared.weight[1:].std().item() == pytest.approx(64**-0.5, rel=0.03)
+
+
+def test_a_config_saved_before_the_init_fields_existed_loads_with_small_init(tmp_path):
+    tiny_config().save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    for key in ("linear_init", "linear_init_std"):
+        del saved[key]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    config = VanillaTransformerConfig.from_pretrained(tmp_path)
+    assert (config.linear_init, config.linear_init_std) == ("normal", None)
 
 
 def test_unknown_linear_init_is_an_error_naming_the_choices():

@@ -87,7 +87,9 @@ class VanillaTransformerConfig(PretrainedConfig):
         linear_init_std: the std of ``"normal"``. ``None`` means sqrt(2 / (5 d_model)), the "small
             init" of Nguyen & Salazar (2019, "Transformers without Tears"); 0.02 is BART's and
             MarianMT's. Measured on Multi30k (d_model 256) and on a d_model 32 copy task, small
-            init learns faster per update than Xavier-uniform; see `benchmarks/learning_curve_probe.py`.
+            init learns faster per update than Xavier-uniform (README, "Multi30k";
+            `benchmarks/learning_curve_probe.py`). An untied pre-softmax projection is a linear
+            too and starts the same way.
         layer_norm_eps: epsilon of every LayerNorm.
         pad_token_id, bos_token_id, eos_token_id, decoder_start_token_id: special ids; they match
             the order in which `train_tokenizer` creates ``<pad> <unk> <s> </s>``.
@@ -123,7 +125,7 @@ class VanillaTransformerConfig(PretrainedConfig):
     tie_word_embeddings: bool = True
     init_std: float | None = None
     linear_init: str = "normal"
-    linear_init_std: float | None = None
+    linear_init_std: float | int | None = None
     layer_norm_eps: float = 1e-5
     pad_token_id: int | None = 0
     bos_token_id: int | None = 2
@@ -198,6 +200,11 @@ class VanillaTransformerConfig(PretrainedConfig):
             raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}.")
         if self.linear_init not in LINEAR_INITS:
             raise ValueError(f"Unknown linear_init {self.linear_init!r}; choose one of {LINEAR_INITS}.")
+        if self.linear_init == "xavier_uniform" and self.linear_init_std is not None:
+            raise ValueError(
+                f"linear_init_std={self.linear_init_std!r} has no effect with linear_init='xavier_uniform', whose "
+                "scale follows from each layer's shape. Drop linear_init_std, or use linear_init='normal'."
+            )
         for name in ("init_std", "linear_init_std"):
             value = getattr(self, name)
             if value is not None and not value > 0:
