@@ -44,7 +44,7 @@ from vanilla_transformer.modeling_vanilla_transformer import shift_tokens_right
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "training"))
 from data import TokenBatchSampler, read_parallel  # noqa: E402
-from train import label_smoothed_loss  # noqa: E402
+from train import label_smoothed_loss, noam_learning_rate  # noqa: E402
 
 DIMENSIONS = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
                   encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.3)
@@ -107,8 +107,9 @@ def build(variant: str, tokenizer, seed: int) -> nn.Module:
 
 
 def learning_rate(update: int, peak: float, warmup: int) -> float:
-    """Linear warm-up to `peak`, then peak * sqrt(warmup / update) (eq. 3 up to its scale)."""
-    return peak * min(update / warmup, math.sqrt(warmup / update))
+    """Eq. (3) (train.py's `noam_learning_rate`) rescaled so that it peaks at `peak` after `warmup` updates."""
+    d_model = DIMENSIONS["d_model"]
+    return noam_learning_rate(update, d_model, warmup, scale=peak * (d_model * warmup) ** 0.5)
 
 
 def run(variant: str, batches, args) -> list[float]:

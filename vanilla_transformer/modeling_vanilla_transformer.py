@@ -304,11 +304,6 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
 # ---------------------------------------------------------------------------------------------
 
 
-def linear_init_std(config) -> float:
-    """The std of normal-initialised linear weights: linear_init_std, else sqrt(2 / (5 d_model))."""
-    return config.linear_init_std or math.sqrt(2 / (5 * config.d_model))
-
-
 class VanillaTransformerPreTrainedModel(PreTrainedModel):
     """Weight initialisation and the library-facing class attributes shared by every model class.
 
@@ -336,7 +331,8 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             if self.config.linear_init == "xavier_uniform":
                 init.xavier_uniform_(module.weight)
             else:
-                init.normal_(module.weight, mean=0.0, std=linear_init_std(self.config))
+                linear_std = self.config.linear_init_std or math.sqrt(2 / (5 * self.config.d_model))
+                init.normal_(module.weight, mean=0.0, std=linear_std)
             if module.bias is not None:
                 init.zeros_(module.bias)
         elif isinstance(module, nn.Embedding):
