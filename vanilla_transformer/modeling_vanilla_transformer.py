@@ -13,6 +13,7 @@ one place, `ResidualConnection`, and in the stacks' constructors.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 
@@ -32,7 +33,7 @@ from transformers.modeling_outputs import (
     Seq2SeqModelOutput,
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.utils.generic import merge_with_config_defaults
+from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
@@ -53,13 +54,16 @@ def sinusoidal_positions(num_positions: int, dim: int) -> torch.Tensor:
 
 
 class SinusoidalPositionalEncoding(nn.Module):
-    """The fixed table of §3.5, kept as a buffer that is recomputed, never saved."""
+    """The fixed table of §3.5, kept as a buffer that is recomputed, never saved.
+
+    It is created in the default dtype, which ``from_pretrained(..., dtype=...)`` sets while it builds
+    the model, so that the table follows the weights (bfloat16 weights get a bfloat16 table).
+    """
 
     def __init__(self, config: VanillaTransformerConfig):
         super().__init__()
-        self.register_buffer(
-            "table", sinusoidal_positions(config.max_position_embeddings, config.d_model), persistent=False
-        )
+        table = sinusoidal_positions(config.max_position_embeddings, config.d_model).to(torch.get_default_dtype())
+        self.register_buffer("table", table, persistent=False)
 
     def forward(self, position_ids: torch.Tensor) -> torch.Tensor:
         return self.table[position_ids]
@@ -92,21 +96,28 @@ class TransformerEmbedding(nn.Module):
         self.dropout = nn.Dropout(config.dropout)
 
     def forward(
-        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int = 0
+        self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int | torch.Tensor = 0
     ) -> torch.Tensor:
-        """``inputs_embeds`` stands for unscaled token embeddings; positions start at ``past_length``."""
+        """``inputs_embeds`` stands for unscaled token embeddings; positions start at ``past_length``
+        (an int, or a 0-d tensor from a static cache)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
         if inputs_embeds is None:
             inputs_embeds = self.token_embedding(input_ids)
         length = inputs_embeds.shape[1]
-        if past_length + length > self.max_positions:
+        if length == 0:
             raise ValueError(
-                f"A sequence of {past_length + length} tokens is longer than max_position_embeddings="
+                f"Got an empty sequence (shape {tuple(inputs_embeds.shape[:2])}): every input needs at least one "
+                "token, e.g. the </s> that the tokenizer appends to every sentence."
+            )
+        # Compiled code cannot branch on a static cache's length; generate() checks the limit up front.
+        if not torch.compiler.is_compiling() and int(past_length) + length > self.max_positions:
+            raise ValueError(
+                f"A sequence of {int(past_length) + length} tokens is longer than max_position_embeddings="
                 f"{self.max_positions}. Shorten the input (or generation's max_length), or raise "
                 f"max_position_embeddings in the config (sinusoidal positions need no retraining)."
             )
-        position_ids = torch.arange(past_length, past_length + length, device=inputs_embeds.device)
+        position_ids = torch.arange(length, device=inputs_embeds.device) + past_length
         return self.dropout(inputs_embeds * self.scale + self.positional_encoding(position_ids))
 
 
@@ -512,6 +523,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         if self.config.share_encoder_decoder_embeddings:
             self.decoder.set_input_embeddings(value)
 
+    @can_return_tuple  # return_dict=False gives a tuple, as in every transformers model
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -553,15 +565,15 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         )
 
 
-# §6.1: "We set the maximum output length during inference to input length + 50".
+# §6.1: "We set the maximum output length during inference to input length + 50". Kept in the
+# generation config under this name, so that it is saved, visible and can be changed or switched off.
+MAX_NEW_TOKENS_BEYOND_INPUT = "max_new_tokens_beyond_input"
 MAX_EXTRA_OUTPUT_TOKENS = 50
 
 
 def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
-    """Decoding as in §6.1: beam size 4, length penalty alpha = 0.6, stop when 4 hypotheses end.
-
-    No max_length: `generate()` then applies the paper's input length + 50.
-    """
+    """Decoding as in §6.1: beam size 4, length penalty alpha = 0.6, stop when 4 hypotheses end, and
+    at most input length + 50 new tokens (``max_new_tokens_beyond_input``, applied by `generate()`)."""
     return GenerationConfig(
         num_beams=4,
         length_penalty=0.6,
@@ -570,7 +582,43 @@ def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfi
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
+        **{MAX_NEW_TOKENS_BEYOND_INPUT: MAX_EXTRA_OUTPUT_TOKENS},
     )
+
+
+def label_smoothed_cross_entropy(
+    logits: torch.Tensor,
+    labels: torch.Tensor,
+    num_items_in_batch: int | torch.Tensor | None = None,
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
+    """Per-token cross-entropy with label smoothing (§5.4), summed and divided by the number of tokens.
+
+    ``(1 - eps) * -log p(y) + eps * mean over the vocabulary of -log p`` (Szegedy et al., 2016; the
+    same as fairseq's and ``cross_entropy(label_smoothing=eps)``); labels of -100 are ignored. The
+    sum is divided by ``num_items_in_batch`` when given (the Trainer's count of target tokens in the
+    whole accumulated batch, over all processes), else by this batch's tokens: every token weighs
+    the same however the tokens fall into micro-batches. With ``label_smoothing=0`` it is the
+    negative log-likelihood per token, whose exp is the perplexity.
+    """
+    labels = labels.to(logits.device)
+    total = nn.functional.cross_entropy(
+        logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum",
+        label_smoothing=label_smoothing,
+    )
+    count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
+    return total / (count.to(total.device) if torch.is_tensor(count) else count)
+
+
+def pad_after_end_of_sequence(sequences: torch.Tensor, eos_token_id: int, pad_token_id: int) -> torch.Tensor:
+    """Every token after a row's first ``</s>`` becomes ``<pad>``.
+
+    Beam search in transformers fills finished rows with ``pad_token_id or eos_token_id``, so a pad
+    id of 0 (falsy) fills them with ``</s>``, and whoever counts non-pad tokens (the Trainer's
+    ``gen_len``) counts the filler too.
+    """
+    ended_before = (sequences == eos_token_id).long().cumsum(dim=-1) - (sequences == eos_token_id).long()
+    return sequences.masked_fill(ended_before > 0, pad_token_id)
 
 
 class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
@@ -612,6 +660,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    @can_return_tuple  # return_dict=False gives a tuple, as in every transformers model
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -644,7 +693,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             **kwargs,
         )
         logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
-        loss = None if labels is None else self.token_cross_entropy(logits, labels, num_items_in_batch)
+        loss = None if labels is None else label_smoothed_cross_entropy(logits, labels, num_items_in_batch)
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
@@ -658,41 +707,86 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         )
 
     def generate(self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs):
-        """`GenerationMixin.generate` whose default length limit is the paper's (§6.1).
+        """`GenerationMixin.generate` with the paper's length limit (§6.1) and outputs padded with ``<pad>``.
 
-        When no ``max_length`` or ``max_new_tokens`` is given (in the call, the ``generation_config``
-        passed, or the model's), at most (longest source in the batch) + 50 tokens are generated,
-        capped by ``max_position_embeddings``.
+        Length: a ``max_length`` or ``max_new_tokens`` given in the call (or in the ``generation_config``
+        passed) is used as given. Otherwise, when the generation config has
+        ``max_new_tokens_beyond_input`` (50, the paper's), at most (longest source in the batch) + that
+        many tokens are generated, capped by ``max_position_embeddings`` -- whatever ``max_length`` the
+        model's stored config has (``Seq2SeqTrainer`` writes transformers' default of 20 into it). A
+        config saved before that field existed gets + 50 when it sets no length of its own.
         """
-        configs = [c for c in (generation_config, self.generation_config) if c is not None]
-        length_given = any(kwargs.get(k) is not None for k in ("max_length", "max_new_tokens")) or any(
-            c.max_length is not None or c.max_new_tokens is not None for c in configs
-        )
-        source = inputs if inputs is not None else kwargs.get("input_ids")
-        if not length_given and source is not None:
-            kwargs["max_new_tokens"] = min(
-                source.shape[-1] + MAX_EXTRA_OUTPUT_TOKENS, self.config.max_position_embeddings - 1
-            )
-        return super().generate(inputs, generation_config, **kwargs)
+        limit = self._new_tokens_limit(inputs, generation_config, kwargs)
+        if limit is not None:
+            generation_config = copy.deepcopy(generation_config or self.generation_config)
+            generation_config.max_length, generation_config.max_new_tokens = None, limit
+        self._check_length_fits(generation_config or self.generation_config, kwargs)
+        output = super().generate(inputs, generation_config, **kwargs)
+        eos, pad = (self._setting(generation_config, name) for name in ("eos_token_id", "pad_token_id"))
+        eos = eos[0] if isinstance(eos, list) and len(eos) == 1 else eos
+        if isinstance(eos, int) and pad is not None:  # pad what follows </s> (beam search may not: see above)
+            if torch.is_tensor(output):
+                return pad_after_end_of_sequence(output, eos, pad)
+            output.sequences = pad_after_end_of_sequence(output.sequences, eos, pad)
+        return output
 
-    @staticmethod
-    def token_cross_entropy(
-        logits: torch.Tensor, labels: torch.Tensor, num_items_in_batch: int | torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """Mean cross-entropy per target token, or the sum over ``num_items_in_batch`` when given."""
-        labels = labels.to(logits.device)
-        total = nn.functional.cross_entropy(
-            logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum"
+    def _setting(self, generation_config: GenerationConfig | None, name: str):
+        """A generation setting: the passed config's, else the model's (as `generate()` merges them)."""
+        value = getattr(generation_config, name, None) if generation_config is not None else None
+        return value if value is not None else getattr(self.generation_config, name, None)
+
+    def _new_tokens_limit(self, inputs, generation_config: GenerationConfig | None, kwargs: dict) -> int | None:
+        """max_new_tokens under the paper's rule, or None when a length was given or the rule is off."""
+        if any(kwargs.get(k) is not None for k in ("max_length", "max_new_tokens")):
+            return None
+        if generation_config is not None and (generation_config.max_length or generation_config.max_new_tokens):
+            return None
+        holder = next(
+            (c for c in (generation_config, self.generation_config) if hasattr(c, MAX_NEW_TOKENS_BEYOND_INPUT)), None
         )
-        count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
-        if torch.is_tensor(count):
-            count = count.to(total.device)
-        return total / count
+        if holder is not None:
+            extra = getattr(holder, MAX_NEW_TOKENS_BEYOND_INPUT)
+        elif self.generation_config.max_length is None and self.generation_config.max_new_tokens is None:
+            extra = MAX_EXTRA_OUTPUT_TOKENS  # a generation config saved before the field existed
+        else:
+            extra = None
+        source_length = _source_length(inputs, kwargs)
+        if extra is None or source_length is None:
+            return None
+        return min(source_length + extra, self.config.max_position_embeddings - 1)
+
+    def _check_length_fits(self, generation_config: GenerationConfig, kwargs: dict) -> None:
+        """Refuse, before decoding, a length the positional encoding cannot reach (the decoder's first
+        position holds the start token)."""
+        new_tokens = kwargs.get("max_new_tokens", generation_config.max_new_tokens)
+        limit = self.config.max_position_embeddings - 1
+        if new_tokens is not None and new_tokens > limit:
+            raise ValueError(
+                f"max_new_tokens={new_tokens} is more than this model can generate: max_position_embeddings="
+                f"{self.config.max_position_embeddings} positions, one of them for the start token. Use at most "
+                f"{limit}, or raise max_position_embeddings in the config (sinusoidal positions need no retraining)."
+            )
+
+
+def _source_length(inputs: torch.Tensor | None, kwargs: dict) -> int | None:
+    """Length of the (padded) source batch, from whichever form the source was given in."""
+    if inputs is not None:
+        return inputs.shape[1]
+    for name in ("input_ids", "inputs_embeds"):
+        if kwargs.get(name) is not None:
+            return kwargs[name].shape[1]
+    encoder_outputs = kwargs.get("encoder_outputs")
+    if encoder_outputs is not None:
+        return encoder_outputs[0].shape[1]
+    return None
 
 
 __all__ = [
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerModel",
     "VanillaTransformerPreTrainedModel",
+    "label_smoothed_cross_entropy",
+    "pad_after_end_of_sequence",
+    "paper_generation_config",
     "sinusoidal_positions",
 ]
