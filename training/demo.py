@@ -16,16 +16,13 @@ translations of sentences it never saw. Any flag the demo does not know goes to 
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 from pathlib import Path
 
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import train  # noqa: E402
-from number_words import make_splits  # noqa: E402
-from translate import score, translate  # noqa: E402
+from vanilla_transformer.training import run, score, translate
+from vanilla_transformer.training.number_words import make_splits
 
 # A 3+3-layer d=128 model on ~1k-token batches learns the task in ~1000 updates on 2 CPU cores. The
 # paper's peak rate (d^-0.5 * 4000^-0.5) is tuned for 25k-token batches; for small batches a peak
@@ -101,14 +98,15 @@ def main(argv=None) -> None:
         train_file, test_file, test_pairs = write_number_words(Path(args.output_dir) / "data", args)
         data_flags = ["--train_file", str(train_file)]
     argv_train = train_arguments(args, extra, data_flags)
-    train.main(argv_train)
+    run.main(argv_train)
 
     output_dir = Path(args.output_dir)
     print(f"saved to {output_dir} ({', '.join(sorted(p.name for p in output_dir.iterdir() if p.is_file()))})")
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(output_dir), AutoTokenizer.from_pretrained(output_dir)
     print(f"reloaded with the Auto classes: {type(model).__name__}, {type(tokenizer).__name__}")
     if test_pairs is None:  # the user's data: their validation set, if they gave one
-        test_pairs = train.load_pairs(train.parse_arguments(argv_train)[1], seed=args.seed)[1]
+        validation = run.load_text_datasets(run.parse_arguments(argv_train)[1], seed=args.seed)["validation"]
+        test_pairs = None if validation is None else list(zip(validation["source"], validation["target"]))
     if test_pairs:
         report(model, tokenizer, test_pairs, exact_match=not user_data)
     else:

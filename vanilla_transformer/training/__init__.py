@@ -1,0 +1,54 @@
+"""The paper's training recipe as a library (needs the ``train`` extra: datasets, accelerate, evaluate, sacrebleu).
+
+Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
+
+- `data`: text files or Hub datasets into Arrow, tokenised with ``datasets.map`` and cached; the length
+  filter that counts what it drops (`parallel_text_dataset`, `tokenize_dataset`, `drop_unusable`, ...).
+- `batching`: `TokenBatchSampler`, batches of at most ``max_tokens`` padded tokens (§5.1, fairseq's --max-tokens).
+- `trainer`: `TransformerTrainer` and `TransformerTrainingArguments`: token batches, per-token label
+  smoothing over the accumulated batch (§5.4), eq. (3) as the learning-rate schedule (§5.3).
+- `averaging`: `average_checkpoints` (§6.1).
+- `metrics`: sacreBLEU and chrF through `evaluate`, offline (`load_translation_metric`, `score`,
+  `TranslationMetrics` for ``compute_metrics``).
+- `translation`: `translate`, batched beam search in input order.
+- `run`: a whole training run from flags (what ``training/train.py`` runs): `build_trainer`, `main`.
+"""
+
+from .averaging import average_checkpoints
+from .batching import TokenBatchSampler
+from .data import (
+    drop_unusable,
+    example_lengths,
+    hub_dataset,
+    jsonl_dataset,
+    parallel_text_dataset,
+    read_lines,
+    read_parallel,
+    tokenize_dataset,
+    tsv_dataset,
+)
+from .metrics import TranslationMetrics, load_translation_metric, score
+from .trainer import TransformerTrainer, TransformerTrainingArguments, noam_learning_rate, noam_schedule
+from .translation import translate
+
+__all__ = [
+    "TokenBatchSampler",
+    "TransformerTrainer",
+    "TransformerTrainingArguments",
+    "TranslationMetrics",
+    "average_checkpoints",
+    "drop_unusable",
+    "example_lengths",
+    "hub_dataset",
+    "jsonl_dataset",
+    "load_translation_metric",
+    "noam_learning_rate",
+    "noam_schedule",
+    "parallel_text_dataset",
+    "read_lines",
+    "read_parallel",
+    "score",
+    "tokenize_dataset",
+    "translate",
+    "tsv_dataset",
+]

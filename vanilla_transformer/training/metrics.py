@@ -1,0 +1,57 @@
+"""Translation scores, offline, through `evaluate`: the one scorer of the package.
+
+`load_translation_metric()` is ``evaluate.load`` on the metric module shipped with the package
+(`bleu_chrf.py`: sacreBLEU + chrF with signatures); `score` calls it on two lists of strings;
+`TranslationMetrics` is a ``compute_metrics`` for `Seq2SeqTrainer` that decodes the predictions
+and reports BLEU, chrF and the mean generation length (non-pad tokens, as transformers' example
+scripts count it). train.py, translate.py, the benchmarks and the README's own-script example all
+score through it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+METRIC_PATH = Path(__file__).with_name("bleu_chrf.py")
+
+
+def load_translation_metric():
+    """The sacreBLEU + chrF metric as an `evaluate.EvaluationModule`, loaded from this package (no network)."""
+    import evaluate
+
+    return evaluate.load(str(METRIC_PATH))
+
+
+def score(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], **options) -> dict:
+    """sacreBLEU and chrF of ``hypotheses`` against ``references`` (one or a list per hypothesis), with
+    signatures; ``options`` go to the metric (``tokenize``, ``compound_split_bleu``, ``language``, ...)."""
+    if len(hypotheses) != len(references):
+        raise ValueError(f"{len(hypotheses)} hypotheses but {len(references)} references: they must align.")
+    options = {key: value for key, value in options.items() if value is not None}
+    return load_translation_metric().compute(predictions=list(hypotheses), references=list(references), **options)
+
+
+class TranslationMetrics:
+    """``compute_metrics`` for the Trainer: sacreBLEU, chrF and ``gen_len`` of decoded predictions.
+
+    Keeps the signatures of the last evaluation (``self.signatures``) for the model card.
+    """
+
+    def __init__(self, tokenizer, **options):
+        self.tokenizer, self.options = tokenizer, options
+        self.signatures: dict[str, str] = {}
+
+    def __call__(self, prediction) -> dict:
+        pad = self.tokenizer.pad_token_id
+        predictions = np.where(prediction.predictions < 0, pad, prediction.predictions)
+        labels = np.where(prediction.label_ids < 0, pad, prediction.label_ids)
+        hypotheses = self.tokenizer.batch_decode(predictions, skip_special_tokens=True)
+        references = self.tokenizer.batch_decode(labels, skip_special_tokens=True)
+        result = score(hypotheses, references, **self.options)
+        self.signatures = {kind: result.pop(f"{kind}_signature") for kind in ("bleu", "chrf")}
+        # Generated tokens per sentence, counted as run_translation.py does: everything but padding.
+        result["gen_len"] = float(np.mean(np.count_nonzero(predictions != pad, axis=1)))
+        return result

@@ -1,0 +1,566 @@
+"""A training run with the paper's recipe, from arguments to a Hub folder: what ``training/train.py`` runs.
+
+Arguments -> data (Arrow) -> tokenizer -> model -> `TransformerTrainer` -> Hub folder, one step a
+function, each usable from a script of your own (`build_trainer`, `save_final_model`, ...). The flags
+follow transformers' ``run_translation.py`` where they mean the same (``--source_lang``,
+``--train_file``, ``--do_train/--do_eval/--do_predict``, ``--test_file``, ``--max_source_length``,
+``--preprocessing_num_workers``, ``--predict_with_generate``, every `Seq2SeqTrainingArguments` flag);
+those of its flags that mean something else here are refused with the flag to use instead.
+
+Which steps run: ``--do_train``, ``--do_eval`` (validation set), ``--do_predict`` (test set: the
+hypotheses in input order in ``generated_predictions.txt``, scores in ``predict_results.json``).
+Without any of them: train, then evaluate when there is validation data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, HfArgumentParser, TrainerCallback, set_seed
+from transformers.trainer_utils import get_last_checkpoint
+
+from .. import PRESETS, VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, check_tokenizer_matches_model, train_tokenizer
+from . import data
+from .averaging import average_checkpoints
+from .metrics import TranslationMetrics, score
+from .trainer import TransformerTrainer, TransformerTrainingArguments
+from .translation import translate
+
+logger = logging.getLogger("vanilla_transformer.train")
+
+ROLES = ("train", "validation", "test")
+PREDICTIONS_FILE = "generated_predictions.txt"  # run_translation.py's name
+# Fine-tuning (--model_name_or_path) without --learning_rate / --warmup_steps: the paper's 4000
+# warm-up steps would leave a short fine-tune inside the warm-up, and its peak (7e-4 for the base
+# model) is for training from scratch. Continued training usually runs at about a tenth of that.
+FINE_TUNING_LEARNING_RATE = 1e-4
+FINE_TUNING_WARMUP_RATIO = 0.1
+
+# run_translation.py flags that have no meaning here, and what to do instead.
+RUN_TRANSLATION_FLAGS = {
+    "num_beams": "decoding follows the model's generation config (the paper's 4 beams); to evaluate with another "
+                 "beam size use --generation_num_beams",
+    "source_prefix": "a T5-style task prefix has no meaning for a model trained on one translation direction; drop it",
+    "forced_bos_token": "this model has no language tokens to force; drop it",
+    "overwrite_output_dir": "transformers 5 removed it; use a new --output_dir, or --resume_from_checkpoint last",
+    "pad_to_max_length": "batches are padded to their longest sentence; drop it",
+    "ignore_pad_token_for_loss": "padding never counts in the loss; drop it",
+    "val_max_target_length": "decoding stops at the paper's source length + 50; give --generation_max_length for a "
+                             "fixed limit",
+    "tokenizer_name": "use --tokenizer_name_or_path",
+    "config_name": "a new model comes from --preset and --config_overrides",
+    "use_fast_tokenizer": "the tokenizer is always the fast one; drop it",
+    "overwrite_cache": "the data cache is keyed by the files' size and time and by the tokenizer; to rebuild it "
+                       "anyway, give a new --cache_dir",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DataArguments:
+    """Where the parallel text comes from: local files, or a Hub dataset (only when named)."""
+
+    source_lang: str = field(default="en", metadata={"help": "source language code, e.g. en"})
+    target_lang: str = field(default="de", metadata={"help": "target language code, e.g. de"})
+    train_source_file: str | None = field(default=None, metadata={"help": "source side, one sentence a line (.gz ok)"})
+    train_target_file: str | None = field(default=None, metadata={"help": "target side, aligned with the source"})
+    train_file: str | None = field(default=None, metadata={"help": "pairs in one .tsv or .jsonl file (.gz ok)"})
+    validation_source_file: str | None = field(default=None)
+    validation_target_file: str | None = field(default=None)
+    validation_file: str | None = field(default=None, metadata={"help": ".tsv or .jsonl validation pairs"})
+    test_source_file: str | None = field(default=None, metadata={"help": "--do_predict: sources to translate"})
+    test_target_file: str | None = field(default=None, metadata={"help": "--do_predict: their references"})
+    test_file: str | None = field(default=None, metadata={"help": "--do_predict: .tsv or .jsonl test pairs"})
+    source_column: str | None = field(
+        default=None,
+        metadata={"help": "TSV: 0-based column (default 0); JSONL/Hub: key, dotted for nesting "
+                  "(default: the language code, or translation.<lang> when records have 'translation')"},
+    )
+    target_column: str | None = field(default=None, metadata={"help": "as --source_column (TSV default 1)"})
+    dataset_name: str | None = field(default=None, metadata={"help": "a Hub dataset (downloaded only when given)"})
+    dataset_config_name: str | None = field(default=None, metadata={"help": "e.g. de-en for wmt14"})
+    train_split: str = field(default="train")
+    validation_split: str | None = field(default=None, metadata={"help": "Hub split for validation, e.g. validation"})
+    test_split: str | None = field(default=None, metadata={"help": "Hub split for --do_predict, e.g. test"})
+    validation_size: int = field(
+        default=0, metadata={"help": "hold out this many training pairs for validation when no validation data is given"}
+    )
+    max_source_length: int | None = field(
+        default=None, metadata={"help": "drop (and count) longer pairs; default: the model's max_position_embeddings"}
+    )
+    max_target_length: int | None = field(default=None, metadata={"help": "as --max_source_length, target side"})
+    max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training pairs"})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "evaluate on the first N validation pairs"})
+    max_predict_samples: int | None = field(default=None, metadata={"help": "predict only the first N test pairs"})
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "processes for tokenising (default: every CPU, fewer for small data)"}
+    )
+    cache_dir: str | None = field(
+        default=None, metadata={"help": "where the Arrow caches go (default: the datasets cache, ~/.cache/huggingface)"}
+    )
+    sacrebleu_tokenize: str | None = field(default=None, metadata={"help": "sacreBLEU tokenizer (default: 13a)"})
+
+
+@dataclass
+class ModelArguments:
+    """A new model from a preset, or an existing checkpoint to fine-tune; a tokenizer to load or train."""
+
+    model_name_or_path: str | None = field(default=None, metadata={"help": "checkpoint to fine-tune (folder or Hub id)"})
+    preset: str = field(default="base", metadata={"help": f"new model from a preset: {', '.join(PRESETS)}"})
+    config_overrides: str | None = field(
+        default=None, metadata={"help": "comma-separated config fields for a new model, e.g. d_model=256,encoder_layers=3"}
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "tokenizer to load; default: the checkpoint's, or train a joint BPE on the data"}
+    )
+    tokenizer_vocab_size: int = field(default=37000, metadata={"help": "joint BPE vocabulary size when training one (§5.1)"})
+    tokenizer_min_frequency: int = field(default=2)
+    tokenizer_train_pairs: int = field(
+        default=1_000_000,
+        metadata={"help": "train the tokenizer on at most this many pairs, sampled in blocks (sentencepiece's "
+                          "input_sentence_size)"},
+    )
+    attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flex_attention"})
+
+
+def parse_arguments(argv: list[str] | None = None):
+    """Parse flags into ``(model_args, data_args, training_args)``.
+
+    A first argument ending in .yaml/.yml/.json supplies defaults that later flags override.
+    run_translation.py flags that mean something else here are refused; fine-tuning gets its own
+    learning-rate defaults unless they are given.
+    """
+    parser = HfArgumentParser((ModelArguments, DataArguments, TransformerTrainingArguments))
+    argv = list(sys.argv[1:] if argv is None else argv)
+    known = {action.dest for action in parser._actions}
+    given = {token[2:].split("=", 1)[0].replace("-", "_") for token in argv if token.startswith("--")}
+    if argv and Path(argv[0]).suffix in {".yaml", ".yml", ".json"}:
+        path = Path(argv.pop(0))
+        values = _read_argument_file(path)
+        _refuse_foreign_flags(values, f"{str(path)!r}")
+        if unknown := sorted(set(values) - known):
+            raise ValueError(f"{str(path)!r} has unknown argument(s) {unknown}; see `train.py --help` for the names.")
+        parser.set_defaults(**values)
+        given |= set(values)
+    _refuse_foreign_flags(given, "the command line")
+    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    if model_args.model_name_or_path and not given & {"learning_rate", "lr_scale"}:
+        training_args.learning_rate = FINE_TUNING_LEARNING_RATE
+    if model_args.model_name_or_path and "warmup_steps" not in given:
+        training_args.warmup_steps = FINE_TUNING_WARMUP_RATIO
+    return model_args, data_args, training_args
+
+
+def _refuse_foreign_flags(names, where: str) -> None:
+    for name in sorted(set(names) & set(RUN_TRANSLATION_FLAGS)):
+        raise ValueError(f"--{name} (from {where}) is a run_translation.py flag that does not apply here: "
+                         f"{RUN_TRANSLATION_FLAGS[name]}.")
+
+
+def _read_argument_file(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"Argument file {str(path)!r} does not exist.")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        values = json.loads(text)
+    else:
+        import yaml
+
+        values = yaml.safe_load(text)
+    if not isinstance(values, dict):
+        raise ValueError(f"{str(path)!r} must hold a mapping of argument names to values, got {type(values).__name__}.")
+    return values
+
+
+def check_training_arguments(training_args: TransformerTrainingArguments) -> None:
+    """Refuse combinations where a flag would be accepted and then have no effect."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TransformerTrainingArguments)}
+    if training_args.max_tokens:
+        for name in ("per_device_train_batch_size", "train_sampling_strategy", "dataloader_drop_last"):
+            if getattr(training_args, name) != defaults[name]:
+                raise ValueError(
+                    f"--{name} applies to batches of sentences, but --max_tokens {training_args.max_tokens} makes "
+                    "batches by token count; drop it, or pass --max_tokens 0 for sentence batches."
+                )
+    if training_args.average_checkpoints:
+        if training_args.save_strategy == "no":
+            raise ValueError("--average_checkpoints needs checkpoints: set --save_strategy steps and --save_steps.")
+        limit = training_args.save_total_limit
+        if limit is not None and limit < training_args.average_checkpoints:
+            raise ValueError(
+                f"--save_total_limit {limit} keeps fewer checkpoints than --average_checkpoints "
+                f"{training_args.average_checkpoints} averages; raise the limit."
+            )
+
+
+def steps_to_run(training_args) -> tuple[bool, bool, bool]:
+    """(train, evaluate, predict): the --do_* flags, or train (and evaluate) when none is given."""
+    if training_args.do_train or training_args.do_eval or training_args.do_predict:
+        return training_args.do_train, training_args.do_eval, training_args.do_predict
+    return True, None, False  # None: evaluate when there is validation data
+
+
+# ---------------------------------------------------------------------------------------------
+# Data: text -> Arrow, for each role
+# ---------------------------------------------------------------------------------------------
+
+
+def _local_dataset(args: DataArguments, role: str):
+    """The role's local files as an Arrow dataset of (source, target), or None when none are given."""
+    source_file, target_file = getattr(args, f"{role}_source_file"), getattr(args, f"{role}_target_file")
+    pairs_file = getattr(args, f"{role}_file")
+    if (source_file is None) != (target_file is None):
+        raise ValueError(f"Give both --{role}_source_file and --{role}_target_file, or neither.")
+    if source_file and pairs_file:
+        raise ValueError(f"Give --{role}_source_file/--{role}_target_file or --{role}_file, not both.")
+    if source_file:
+        return data.parallel_text_dataset(source_file, target_file, (f"--{role}_source_file", f"--{role}_target_file"),
+                                          cache_dir=args.cache_dir)
+    if not pairs_file:
+        return None
+    what = f"--{role}_file"
+    suffixes = [s for s in Path(pairs_file).suffixes if s != ".gz"]
+    if suffixes and suffixes[-1] == ".tsv":
+        columns = [_tsv_column(args.source_column, "--source_column", 0), _tsv_column(args.target_column, "--target_column", 1)]
+        return data.tsv_dataset(pairs_file, *columns, what=what, cache_dir=args.cache_dir)
+    if suffixes and suffixes[-1] in {".jsonl", ".json"}:
+        keys = data.first_json_record(pairs_file, what).keys()
+        source_key = args.source_column or data.default_key(args.source_lang, keys)
+        target_key = args.target_column or data.default_key(args.target_lang, keys)
+        return data.jsonl_dataset(pairs_file, source_key, target_key, what=what, cache_dir=args.cache_dir)
+    raise ValueError(f"{what} {pairs_file!r}: use a .tsv or .jsonl file (optionally .gz).")
+
+
+def _tsv_column(value: str | None, flag: str, default: int) -> int:
+    if value is None:
+        return default
+    if not value.isdigit():
+        raise ValueError(f"{flag} {value!r}: a TSV column is a 0-based number (e.g. 0 or 1).")
+    return int(value)
+
+
+def _hub_split(args: DataArguments, split: str):
+    return data.hub_dataset(args.dataset_name, args.dataset_config_name, split, args.source_column,
+                            args.target_column, (args.source_lang, args.target_lang),
+                            args.preprocessing_num_workers, args.cache_dir)
+
+
+def _first(dataset, count: int | None, flag: str):
+    if count is None:
+        return dataset
+    if count < 1:
+        raise ValueError(f"{flag} must be a positive number of pairs, got {count}.")
+    return dataset.select(range(min(count, len(dataset))))
+
+
+def load_text_datasets(args: DataArguments, seed: int) -> dict:
+    """``{"train": ..., "validation": ..., "test": ...}`` Arrow datasets of (source, target); None where absent."""
+    local = {role: _local_dataset(args, role) for role in ROLES}
+    if local["train"] is not None and args.dataset_name:
+        raise ValueError("Give training data as files or as --dataset_name, not both.")
+    datasets = dict(local)
+    if args.dataset_name:
+        train_split = args.train_split + (f"[:{args.max_train_samples}]" if args.max_train_samples else "")
+        datasets["train"] = _hub_split(args, train_split)  # read only what is asked for
+        for role, split in (("validation", args.validation_split), ("test", args.test_split)):
+            if datasets[role] is None and split:
+                datasets[role] = _hub_split(args, split)
+    if args.validation_size < 0:
+        raise ValueError(f"--validation_size must be 0 or a positive number of pairs, got {args.validation_size}.")
+    if args.validation_size:
+        if datasets["validation"] is not None:
+            raise ValueError("Give validation data or --validation_size (held out from training), not both.")
+        if datasets["train"] is None:
+            raise ValueError("--validation_size holds out training pairs, but no training data is given.")
+        if args.validation_size >= len(datasets["train"]):
+            raise ValueError(f"--validation_size {args.validation_size} leaves no training data "
+                             f"({len(datasets['train'])} pairs).")
+        split = datasets["train"].train_test_split(test_size=args.validation_size, shuffle=True, seed=seed)
+        datasets["train"], datasets["validation"] = split["train"], split["test"]
+    for role, count in (("train", args.max_train_samples), ("validation", args.max_eval_samples),
+                        ("test", args.max_predict_samples)):
+        if datasets[role] is not None:
+            datasets[role] = _first(datasets[role], count, {"train": "--max_train_samples",
+                                                            "validation": "--max_eval_samples",
+                                                            "test": "--max_predict_samples"}[role])
+    return datasets
+
+
+def tokenized(dataset, tokenizer, config, args: DataArguments, role: str):
+    """Token ids of one role's pairs, without the empty and too-long ones (counted in the log)."""
+    ids = data.tokenize_dataset(dataset, tokenizer, args.preprocessing_num_workers, desc=f"tokenizing {role}")
+    kept, _ = data.drop_unusable(
+        ids, args.max_source_length or config.max_position_embeddings,
+        args.max_target_length or config.max_position_embeddings, role,
+    )
+    return kept
+
+
+# ---------------------------------------------------------------------------------------------
+# Tokenizer and model
+# ---------------------------------------------------------------------------------------------
+
+
+def build_tokenizer(model_args: ModelArguments, training_args, train_text, seed: int):
+    """Load the given (or the checkpoint's) tokenizer, or train a joint BPE on a sample of the training data."""
+    name = model_args.tokenizer_name_or_path or model_args.model_name_or_path
+    if name:
+        return AutoTokenizer.from_pretrained(name)
+    tokenizer_dir = Path(training_args.output_dir) / "tokenizer"
+    if training_args.resume_from_checkpoint and (tokenizer_dir / "tokenizer.json").is_file():
+        logger.info(f"resuming: using the tokenizer trained before, {tokenizer_dir}")
+        return AutoTokenizer.from_pretrained(tokenizer_dir)
+    if train_text is None:
+        raise ValueError("No tokenizer to load and no training data to train one on: give --tokenizer_name_or_path "
+                         "or --model_name_or_path.")
+    if model_args.tokenizer_train_pairs < 1:
+        raise ValueError(f"--tokenizer_train_pairs must be positive, got {model_args.tokenizer_train_pairs}.")
+    with training_args.main_process_first(desc="training the tokenizer"):  # once; the other processes load it
+        if training_args.process_index == 0:
+            pairs = min(model_args.tokenizer_train_pairs, len(train_text))
+            logger.info(f"training a joint BPE tokenizer on {pairs} of {len(train_text)} training pairs "
+                        "(--tokenizer_train_pairs)")
+            tokenizer = train_tokenizer(
+                data.tokenizer_training_texts(train_text, model_args.tokenizer_train_pairs, seed),
+                vocab_size=model_args.tokenizer_vocab_size, min_frequency=model_args.tokenizer_min_frequency,
+            )
+            tokenizer.save_pretrained(tokenizer_dir)
+            logger.info(f"trained a joint BPE tokenizer of {len(tokenizer)} tokens")
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    return tokenizer
+
+
+def parse_overrides(text: str | None) -> dict:
+    """``"d_model=256,dropout=0.3,activation_function=relu"`` -> typed dict (JSON values, else strings)."""
+    overrides = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--config_overrides item {item!r} is not key=value (e.g. d_model=256).")
+        try:
+            overrides[key.strip()] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key.strip()] = value.strip()
+    return overrides
+
+
+def build_model(model_args: ModelArguments, tokenizer) -> VanillaTransformerForConditionalGeneration:
+    """A new model from a preset sized to the tokenizer, or the checkpoint to fine-tune."""
+    extra = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
+    if model_args.model_name_or_path:
+        if model_args.config_overrides:
+            raise ValueError("--config_overrides applies to a new model; a checkpoint keeps its architecture.")
+        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **extra)
+        check_tokenizer_matches_model(tokenizer, model.config)
+        return model
+    overrides = parse_overrides(model_args.config_overrides)
+    special = {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "decoder_start_token_id": tokenizer.bos_token_id,
+    }
+    config = VanillaTransformerConfig.from_preset(model_args.preset, **{**special, **overrides})
+    check_tokenizer_matches_model(tokenizer, config)
+    return VanillaTransformerForConditionalGeneration._from_config(config, **extra)
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer, and what happens after training
+# ---------------------------------------------------------------------------------------------
+
+
+class SaveLastStep(TrainerCallback):
+    """Save a checkpoint at the last step, so that averaging the last N includes the final weights."""
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step >= state.max_steps:
+            control.should_save = True
+        return control
+
+
+@dataclass
+class Run:
+    """What `build_trainer` prepared: the trainer, the tokenizer and the data of each role."""
+
+    trainer: TransformerTrainer
+    tokenizer: object
+    datasets: dict  # role -> tokenized Arrow dataset (None where absent)
+    text: dict  # role -> Arrow dataset of (source, target) text (None where absent)
+
+
+def build_trainer(model_args, data_args, training_args) -> Run:
+    """Everything up to a ready trainer. In several processes, the first one reads and tokenises the
+    data while the others wait, then they memory-map its cache."""
+    check_training_arguments(training_args)
+    set_seed(training_args.seed)
+    do_train, do_eval, do_predict = steps_to_run(training_args)
+    with training_args.main_process_first(desc="reading the data"):
+        text = load_text_datasets(data_args, training_args.seed)
+    for role, needed, flag in (("train", do_train, "--do_train"), ("validation", do_eval, "--do_eval"),
+                               ("test", do_predict, "--do_predict")):
+        if needed and text[role] is None:
+            raise ValueError(f"{flag} needs {role} data: give --{role}_source_file/--{role}_target_file, "
+                             f"--{role}_file or a Hub split.")
+    if not do_train and not model_args.model_name_or_path:
+        raise ValueError("Without --do_train there is nothing to evaluate: give the model with --model_name_or_path.")
+    if text["train"] is None and not (do_eval or do_predict):
+        raise ValueError(
+            "Give training data: --train_source_file/--train_target_file, --train_file (.tsv/.jsonl), or "
+            "--dataset_name (a Hub dataset)."
+        )
+    tokenizer = build_tokenizer(model_args, training_args, text["train"], training_args.seed)
+    model = build_model(model_args, tokenizer)
+    tokenizer.model_max_length = model.config.max_position_embeddings  # so that truncation=True means something
+    roles = [role for role, wanted in (("train", do_train), ("validation", do_eval is not False)) if wanted]
+    with training_args.main_process_first(desc="tokenizing"):
+        datasets = {role: tokenized(text[role], tokenizer, model.config, data_args, role)
+                    if role in roles and text[role] is not None else None for role in ROLES}
+    metrics = (TranslationMetrics(tokenizer, tokenize=data_args.sacrebleu_tokenize)
+               if datasets["validation"] is not None and training_args.predict_with_generate else None)
+    trainer = TransformerTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=datasets["train"],
+        eval_dataset=datasets["validation"],
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        processing_class=tokenizer,
+        compute_metrics=metrics,
+        callbacks=[SaveLastStep()] if training_args.average_checkpoints else None,
+    )
+    return Run(trainer, tokenizer, datasets, text)
+
+
+def resolve_resume(training_args) -> str | bool | None:
+    """--resume_from_checkpoint PATH, or 'last' / 'true' for the newest checkpoint in output_dir."""
+    value = training_args.resume_from_checkpoint
+    if value is None or str(value).lower() not in {"last", "true"}:
+        return value
+    last = get_last_checkpoint(training_args.output_dir) if Path(training_args.output_dir).is_dir() else None
+    if last is None:
+        raise ValueError(f"--resume_from_checkpoint {value}: no checkpoint-* folder in {training_args.output_dir!r}.")
+    return last
+
+
+def save_final_model(trainer, tokenizer, average: int = 0) -> Path:
+    """The final model (or the mean of the last ``average`` checkpoints, §6.1) + tokenizer + generation
+    config in ``output_dir``, Hub format; the trainer's model then holds what was saved."""
+    output_dir = Path(trainer.args.output_dir)
+    trainer.save_model(str(output_dir))
+    if average and trainer.is_world_process_zero():
+        checkpoints = sorted(output_dir.glob("checkpoint-*"), key=lambda p: int(p.name.rsplit("-", 1)[-1]))
+        chosen = checkpoints[-average:]
+        if len(chosen) < average:
+            logger.warning(f"averaging {len(chosen)} checkpoints: only {len(chosen)} were kept")
+        average_checkpoints(chosen, output_dir)
+        logger.info(f"final model = mean of {', '.join(p.name for p in chosen)}")
+    if trainer.is_world_process_zero():
+        tokenizer.save_pretrained(output_dir)
+    trainer.accelerator.wait_for_everyone()
+    if average:  # evaluate what was saved
+        averaged = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
+        trainer.accelerator.unwrap_model(trainer.model).load_state_dict(averaged.state_dict())
+    return output_dir
+
+
+def predict(run: Run, data_args: DataArguments) -> dict:
+    """Translate the test sources in input order into ``generated_predictions.txt`` and score them."""
+    trainer, test = run.trainer, run.text["test"]
+    output_dir = Path(trainer.args.output_dir)
+    if not trainer.is_world_process_zero():
+        trainer.accelerator.wait_for_everyone()
+        return {}
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    sources, references = test["source"], test["target"]
+    hypotheses = translate(model, run.tokenizer, list(sources), trainer.args.per_device_eval_batch_size,
+                           progress=not trainer.args.disable_tqdm)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / PREDICTIONS_FILE).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    scores = score(hypotheses, list(references), tokenize=data_args.sacrebleu_tokenize)
+    results = {f"predict_{key}": value for key, value in scores.items()}
+    results["predict_samples"] = len(hypotheses)
+    trainer.save_metrics("predict", results)
+    trainer.accelerator.wait_for_everyone()
+    return results
+
+
+def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) -> Path:
+    """README.md of the saved model: Hub metadata with the validation scores, the recipe, how to load it."""
+    from ..model_card import write_model_card
+
+    training_args = trainer.args
+    # The Hub's base_model names a repo; a local folder is no such reference.
+    checkpoint = model_args.model_name_or_path
+    base_model = checkpoint if checkpoint and not Path(checkpoint).exists() else None
+    signatures = trainer.compute_metrics.signatures if trainer.compute_metrics else {}
+    dataset = data_args.dataset_name or "custom"
+    scores = [
+        {"name": name, "type": kind, "value": round(metrics[f"eval_{kind}"], 2), "dataset": dataset,
+         "split": "validation", "signature": signatures.get(kind)}
+        for name, kind in (("sacreBLEU", "bleu"), ("chrF", "chrf"))
+        if f"eval_{kind}" in metrics
+    ]
+    return write_model_card(
+        output_dir, model=trainer.accelerator.unwrap_model(trainer.model),
+        languages=(data_args.source_lang, data_args.target_lang),
+        datasets=[data_args.dataset_name] if data_args.dataset_name else [], metrics=scores,
+        base_model=base_model, training_hyperparameters={
+            "steps": trainer.state.global_step,
+            "tokens per batch (max, padded)": training_args.max_tokens or "sentence batches",
+            "gradient accumulation": training_args.gradient_accumulation_steps,
+            "peak learning rate": training_args.learning_rate, "warm-up steps": training_args.warmup_steps,
+            "schedule": "eq. (3)" if training_args.lr_scheduler_type == "inverse_sqrt" else training_args.lr_scheduler_type,
+            "label smoothing": training_args.label_smoothing_factor,
+            "Adam": f"({training_args.adam_beta1}, {training_args.adam_beta2}, {training_args.adam_epsilon})",
+            "checkpoints averaged": training_args.average_checkpoints or "none",
+        },
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """train.py: train (or fine-tune), evaluate and predict as the flags say; returns the metrics."""
+    model_args, data_args, training_args = parse_arguments(argv)
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    run = build_trainer(model_args, data_args, training_args)
+    trainer, tokenizer = run.trainer, run.tokenizer
+    do_train, do_eval, do_predict = steps_to_run(training_args)
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    logger.info(f"process {training_args.process_index} of {training_args.world_size}")
+    logger.info(
+        f"model: {model.num_parameters():,} parameters; schedule: "
+        f"{'eq. (3)' if training_args.lr_scheduler_type == 'inverse_sqrt' else training_args.lr_scheduler_type}, "
+        f"peak learning rate {training_args.learning_rate:.3g} after {training_args.warmup_steps:g} warm-up "
+        f"{'steps' if training_args.warmup_steps >= 1 else 'of the updates'}"
+        + ("" if run.datasets["train"] is None else f"; {len(run.datasets['train'])} training pairs")
+    )
+    metrics: dict = {}
+    if do_train:
+        result = trainer.train(resume_from_checkpoint=resolve_resume(training_args))
+        metrics.update(result.metrics)
+        trainer.save_state()  # trainer_state.json: the logged loss curve, next to the model
+        save_final_model(trainer, tokenizer, training_args.average_checkpoints)
+    if run.datasets["validation"] is not None and do_eval is not False:
+        evaluation = trainer.evaluate(metric_key_prefix="eval")
+        evaluation["eval_perplexity"] = math.exp(min(evaluation["eval_loss"], 50.0))
+        metrics.update(evaluation)
+    if do_predict:
+        metrics.update(predict(run, data_args))
+    trainer.save_metrics("all", metrics)
+    if do_train and trainer.is_world_process_zero():
+        write_card(Path(training_args.output_dir), trainer, model_args, data_args, metrics)
+        logger.info(f"saved the model, tokenizer and generation config to {training_args.output_dir}")
+    if trainer.is_world_process_zero():
+        logger.info("metrics: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
+    return metrics

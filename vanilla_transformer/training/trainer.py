@@ -1,0 +1,209 @@
+"""The paper's training recipe (§5) on `Seq2SeqTrainer`: the pieces a user's own script needs.
+
+- `TransformerTrainingArguments`: `Seq2SeqTrainingArguments` with the paper's values as defaults
+  (Adam 0.9/0.98/1e-9, 4000 warm-up steps, label smoothing 0.1) plus ``max_tokens`` (token-count
+  batches), ``lr_scale`` and ``average_checkpoints``.
+- `TransformerTrainer`: `Seq2SeqTrainer` that batches by token count (`TokenBatchSampler`), smooths
+  the labels per target token over the whole accumulated batch (the model file's
+  `label_smoothed_cross_entropy`, the package's one loss), and runs eq. (3) itself as the
+  learning-rate schedule.
+
+    args = TransformerTrainingArguments(output_dir="out", max_tokens=4096, max_steps=100_000)
+    trainer = TransformerTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid,
+                                 data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+                                 processing_class=tokenizer)
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from dataclasses import dataclass, field
+from functools import partial
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+from torch.utils.data import DataLoader
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers.trainer_utils import seed_worker
+
+from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
+from .batching import TokenBatchSampler
+from .data import example_lengths
+
+logger = logging.getLogger(__name__)
+
+PAPER_WARMUP_STEPS = 4000
+
+
+# ---------------------------------------------------------------------------------------------
+# §5.3 The learning rate
+# ---------------------------------------------------------------------------------------------
+
+
+def noam_learning_rate(step: int, d_model: int, warmup_steps: int, scale: float = 1.0) -> float:
+    """lrate = d_model^-0.5 * min(step^-0.5, step * warmup_steps^-1.5), equation (3) of §5.3 (times ``scale``).
+
+    ``step`` counts updates from 1: the first update runs at ``step = 1``, never at a rate of 0.
+    """
+    if step < 1:
+        raise ValueError(f"Equation (3) counts updates from 1, got step={step}.")
+    return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
+
+
+def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int) -> LambdaLR:
+    """Equation (3) as a scheduler: update n (from 1) runs at ``peak * noam(n) / noam(warmup_steps)``.
+
+    ``peak`` is the optimizer's learning rate, the rate reached after ``warmup_steps`` updates; with
+    the paper's peak, d_model^-0.5 * warmup_steps^-0.5, this is eq. (3) exactly.
+    """
+    peak = noam_learning_rate(warmup_steps, d_model, warmup_steps)
+    # LambdaLR counts the updates already done (0 before the first): update n = done + 1.
+    return LambdaLR(optimizer, lambda done: noam_learning_rate(done + 1, d_model, warmup_steps) / peak)
+
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class TransformerTrainingArguments(Seq2SeqTrainingArguments):
+    """Seq2SeqTrainingArguments with the paper's values as defaults (§5.3, §5.4) and token-count batches."""
+
+    adam_beta2: float = field(default=0.98, metadata={"help": "Adam beta2 (paper: 0.98)"})
+    adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam epsilon (paper: 1e-9)"})
+    learning_rate: float | None = field(
+        default=None,
+        metadata={"help": "peak learning rate, reached after the warm-up; default lr_scale * d_model^-0.5 * "
+                          "warmup_steps^-0.5, the peak of eq. (3)"},
+    )
+    lr_scale: float = field(default=1.0, metadata={"help": "multiplies the paper's learning-rate formula"})
+    lr_scheduler_type: str = field(
+        default="inverse_sqrt",
+        metadata={"help": "inverse_sqrt: eq. (3), linear warm-up then inverse square root, from the first update on"},
+    )
+    warmup_steps: float = field(default=PAPER_WARMUP_STEPS, metadata={"help": "warm-up steps (paper: 4000)"})
+    label_smoothing_factor: float = field(default=0.1, metadata={"help": "label smoothing (paper: 0.1)"})
+    max_tokens: int | None = field(
+        default=4096, metadata={"help": "padded tokens per batch and side (fairseq --max-tokens); 0: sentence batches"}
+    )
+    average_checkpoints: int = field(
+        default=0, metadata={"help": "save the mean of the last N checkpoints as the final model (paper: 5 base, 20 big)"}
+    )
+    predict_with_generate: bool = field(default=True, metadata={"help": "evaluate BLEU/chrF by decoding"})
+
+
+def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> float:
+    """The peak learning rate: ``--learning_rate`` as given, or eq. (3)'s peak times ``--lr_scale``."""
+    if args.learning_rate is not None:
+        if args.lr_scale != 1.0:
+            raise ValueError("Give --learning_rate (the peak) or --lr_scale (a multiple of the paper's), not both.")
+        return args.learning_rate
+    warmup = args.warmup_steps
+    if args.lr_scheduler_type != "inverse_sqrt" or not float(warmup).is_integer() or warmup < 1:
+        raise ValueError(
+            "The paper's learning rate (eq. 3) needs --lr_scheduler_type inverse_sqrt and an integer --warmup_steps "
+            f">= 1 (got {args.lr_scheduler_type}, {warmup}); with another schedule give --learning_rate."
+        )
+    return noam_learning_rate(int(warmup), d_model, int(warmup), args.lr_scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# The trainer
+# ---------------------------------------------------------------------------------------------
+
+
+class TransformerTrainer(Seq2SeqTrainer):
+    """Seq2SeqTrainer with the paper's recipe: token-count batches, per-token label smoothing, eq. (3).
+
+    Needs `TransformerTrainingArguments` (a `Seq2SeqTrainingArguments` with the paper's defaults).
+    ``lr_scheduler_type="inverse_sqrt"`` runs eq. (3) through `noam_schedule` (transformers' own
+    inverse_sqrt starts at a rate of 0); any other type is the Trainer's.
+    """
+
+    loss_is_scaled_for_ga = True  # compute_loss divides by the tokens of the whole accumulated batch
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not isinstance(self.args, TransformerTrainingArguments):
+            raise TypeError(
+                f"TransformerTrainer needs TransformerTrainingArguments (Seq2SeqTrainingArguments with the paper's "
+                f"defaults and max_tokens), got {type(self.args).__name__}."
+            )
+        self.args.learning_rate = resolve_learning_rate(self.args, self._d_model)
+        # compute_loss smooths itself; Seq2SeqTrainer's evaluation would otherwise report a smoothed
+        # eval_loss through the Trainer's LabelSmoother.
+        self.label_smoother = None
+        # Always count the target tokens of each accumulated batch: compute_loss normalises by them.
+        self.model_accepts_loss_kwargs = True
+
+    @property
+    def _d_model(self) -> int:
+        return self.accelerator.unwrap_model(self.model).config.d_model
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        if self.args.lr_scheduler_type != "inverse_sqrt":
+            return super().create_scheduler(num_training_steps, optimizer)
+        if self.lr_scheduler is None:
+            warmup = self.args.get_warmup_steps(num_training_steps)
+            if warmup < 1:
+                raise ValueError("Eq. (3) needs at least one warm-up step: set --warmup_steps >= 1.")
+            if num_training_steps < warmup:
+                logger.warning(
+                    f"Training stops after {num_training_steps} updates, inside the {warmup}-step warm-up: the "
+                    f"learning rate ends at {num_training_steps / warmup:.0%} of its peak. Lower --warmup_steps."
+                )
+            self.lr_scheduler = noam_schedule(optimizer or self.optimizer, self._d_model, warmup)
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        inputs = dict(inputs)
+        labels = inputs.pop("labels")
+        if "decoder_input_ids" not in inputs:
+            inputs["decoder_input_ids"] = self.accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels(
+                labels
+            )
+        outputs = model(**inputs)
+        smoothing = self.args.label_smoothing_factor if model.training else 0.0  # eval: plain NLL -> perplexity
+        loss = label_smoothed_cross_entropy(outputs.logits, labels, num_items_in_batch, smoothing)
+        if num_items_in_batch is not None and self.args.average_tokens_across_devices:
+            loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
+        return (loss, outputs) if return_outputs else loss
+
+    def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
+        """Seq2SeqTrainer's, without its side effect on the model's generation config (it writes the
+        library's fallback ``max_length=20`` there, which would then be saved with the model)."""
+        unwrapped = self.accelerator.unwrap_model(model)
+        saved = copy.deepcopy(unwrapped.generation_config)
+        try:
+            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+        finally:
+            unwrapped.generation_config = saved
+
+    def get_train_dataloader(self) -> DataLoader:
+        """Token-count batches (§5.1) when ``max_tokens`` is set; accelerate deals them out to the processes."""
+        if not self.args.max_tokens:
+            return super().get_train_dataloader()
+        import datasets
+
+        dataset, collator = self.train_dataset, self.data_collator
+        lengths = example_lengths(dataset)  # before the length columns are removed
+        if isinstance(dataset, datasets.Dataset):
+            dataset = self._remove_unused_columns(dataset, description="training")
+        else:
+            collator = self._get_collator_with_removed_columns(collator, description="training")
+        # One process's view of all batches; accelerate deals them out to the processes (disjoint).
+        sampler = TokenBatchSampler(lengths, self.args.max_tokens, shuffle=True, seed=self.args.seed)
+        loader = DataLoader(
+            dataset,
+            batch_sampler=sampler,
+            collate_fn=collator,
+            num_workers=self.args.dataloader_num_workers,
+            pin_memory=self.args.dataloader_pin_memory,
+            persistent_workers=self.args.dataloader_persistent_workers,
+            prefetch_factor=self.args.dataloader_prefetch_factor,
+            worker_init_fn=partial(seed_worker, num_workers=self.args.dataloader_num_workers, rank=self.args.process_index),
+        )
+        return self.accelerator.prepare(loader)

@@ -1,0 +1,205 @@
+"""Translate many sentences with batched beam search, and the ``translate.py`` command line.
+
+`translate` sorts the sentences by length into batches (less padding, fewer wasted decoding steps)
+and returns the hypotheses in input order. Decoding follows the model's generation config unless
+told otherwise: the paper's 4 beams, length penalty 0.6 and at most (source length + 50) tokens
+(§6.1). Empty and whitespace-only inputs give empty outputs without being decoded. Inputs longer
+than the model accepts are found before anything is decoded: an error naming the lines, or, on
+request, skipped (empty output) or truncated.
+
+    python training/translate.py --model runs/en-de --input test.en [--output hyp.de] [--references test.de]
+    echo "A dog runs." | python training/translate.py --model runs/en-de
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+from .data import read_lines
+
+logger = logging.getLogger(__name__)
+
+LONG_INPUT_POLICIES = ("error", "skip", "truncate")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def source_limit(model, tokenizer) -> int:
+    """The most source tokens the model accepts (its positions, or a smaller tokenizer limit)."""
+    return min(model.config.max_position_embeddings, tokenizer.model_max_length)
+
+
+def translate(
+    model,
+    tokenizer,
+    sentences: Sequence[str],
+    batch_size: int = 64,
+    long_inputs: str = "error",
+    progress: bool = False,
+    **generate_kwargs,
+) -> list[str]:
+    """Translate ``sentences`` in batches of similar length; returns hypotheses in input order.
+
+    Args:
+        long_inputs: what to do with an input longer than the model accepts: ``"error"`` (before
+            decoding anything, naming the 1-based input numbers), ``"skip"`` (empty hypothesis,
+            logged) or ``"truncate"`` (cut to the limit, ``</s>`` kept; logged).
+        progress: show a progress bar (tqdm) with sentences per second.
+        generate_kwargs: passed to ``model.generate`` (e.g. ``num_beams=1``).
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
+    if long_inputs not in LONG_INPUT_POLICIES:
+        raise ValueError(f"long_inputs must be one of {LONG_INPUT_POLICIES}, got {long_inputs!r}.")
+    hypotheses = ["" for _ in sentences]
+    todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]  # blank lines stay blank
+    limit = source_limit(model, tokenizer)
+    lengths = {i: len(ids) for i, ids in zip(todo, tokenizer([sentences[i] for i in todo])["input_ids"])}
+    too_long = [i for i in todo if lengths[i] > limit]
+    if too_long:
+        where = ", ".join(f"{i + 1} ({lengths[i]} tokens)" for i in too_long[:10])
+        if long_inputs == "error":
+            raise ValueError(
+                f"{len(too_long)} input(s) are longer than the {limit} tokens the model accepts: number {where}"
+                f"{' ...' if len(too_long) > 10 else ''}. Shorten them, or choose to skip or truncate them "
+                "(translate.py --skip-long / --truncate)."
+            )
+        logger.warning(f"{'skipping' if long_inputs == 'skip' else 'truncating'} {len(too_long)} input(s) longer "
+                       f"than {limit} tokens: number {where}")
+        if long_inputs == "skip":
+            todo = [i for i in todo if lengths[i] <= limit]
+    order = sorted(todo, key=lambda i: lengths[i])
+    model.eval()
+    bar = _progress_bar(len(order), progress)
+    for start in range(0, len(order), batch_size):
+        indices = order[start:start + batch_size]
+        batch = tokenizer(
+            [sentences[i] for i in indices], return_tensors="pt", padding=True, truncation=True, max_length=limit
+        ).to(model.device)
+        with torch.inference_mode():
+            generated = model.generate(**batch, **generate_kwargs)
+        for index, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True)):
+            hypotheses[index] = text
+        bar.update(len(indices))
+    bar.close()
+    return hypotheses
+
+
+def _progress_bar(total: int, enabled: bool):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, unit="sentence", desc="translating", disable=not enabled, file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="translate.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="model folder or Hub id (with its tokenizer)")
+    parser.add_argument("--tokenizer", help="tokenizer, if not the model's")
+    parser.add_argument("--input", default="-", help="source sentences, one a line (.gz ok); '-' = stdin")
+    parser.add_argument("--output", default="-", help="where hypotheses go, one a line; '-' = stdout")
+    parser.add_argument("--references", help="reference translations, aligned with --input: print BLEU and chrF")
+    parser.add_argument("--metrics-json", help="also write the scores (and timing) to this JSON file")
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    parser.add_argument("--num-beams", type=int, help="default: the model's generation config (paper: 4)")
+    parser.add_argument("--length-penalty", type=float, help="default: the model's generation config (paper: 0.6)")
+    parser.add_argument("--max-new-tokens", type=int, help="default: source length + 50 (§6.1)")
+    long = parser.add_mutually_exclusive_group()
+    long.add_argument("--skip-long", action="store_true", help="inputs longer than the model accepts: empty output")
+    long.add_argument("--truncate", action="store_true", help="inputs longer than the model accepts: cut them")
+    parser.add_argument("--sacrebleu-tokenize", help="sacreBLEU tokenizer (default 13a; 'zh', 'ja-mecab', ...)")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and activations")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    parser.add_argument("--attention-png", metavar="DIR", help="write attention pictures of the first inputs here")
+    parser.add_argument("--attention-count", type=int, default=3, help="how many inputs get pictures")
+    args = parser.parse_args(argv)
+    for name in ("batch_size", "num_beams", "max_new_tokens", "attention_count"):
+        value = getattr(args, name)
+        if value is not None and value < (0 if name == "attention_count" else 1):
+            parser.error(f"--{name.replace('_', '-')} must be {'>= 0' if name == 'attention_count' else 'positive'}, got {value}")
+    return args
+
+
+def read_input(path: str, what: str) -> list[str]:
+    """Lines of a text file (plain or .gz) or of stdin ('-'), without line endings."""
+    if path == "-":
+        return [line.removesuffix("\n").removesuffix("\r") for line in sys.stdin]
+    return read_lines(path, what)
+
+
+def main(argv=None) -> dict:
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    from .metrics import score
+
+    args = parse_args(argv)
+    sources = read_input(args.input, "--input")
+    references = read_input(args.references, "--references") if args.references else None
+    if references is not None and len(references) != len(sources):
+        raise ValueError(f"--input has {len(sources)} lines but --references has {len(references)}; they must align.")
+    if not sources:
+        raise ValueError("--input has no lines: nothing to translate.")
+    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, dtype=DTYPES[args.dtype]).to(args.device)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+    generate_kwargs = {
+        key: value
+        for key, value in {
+            "num_beams": args.num_beams, "length_penalty": args.length_penalty, "max_new_tokens": args.max_new_tokens
+        }.items()
+        if value is not None
+    }
+    long_inputs = "skip" if args.skip_long else "truncate" if args.truncate else "error"
+    started = time.perf_counter()
+    hypotheses = translate(model, tokenizer, sources, args.batch_size, long_inputs=long_inputs,
+                           progress=not args.no_progress, **generate_kwargs)
+    seconds = time.perf_counter() - started
+    text = "".join(h + "\n" for h in hypotheses)
+    if args.output == "-":
+        sys.stdout.write(text)
+    else:
+        Path(args.output).write_text(text, encoding="utf-8")
+    result = {"sentences": len(sources), "seconds": seconds, "sentences_per_second": len(sources) / max(seconds, 1e-9)}
+    if references is not None:
+        result.update(score(hypotheses, references, tokenize=args.sacrebleu_tokenize))
+        print(f"BLEU {result['bleu']:.2f}  ({result['bleu_signature']})", file=sys.stderr)
+        print(f"chrF {result['chrf']:.2f}  ({result['chrf_signature']})", file=sys.stderr)
+    if args.attention_png:
+        pictures, skipped = write_pictures(model, tokenizer, sources, hypotheses, args)
+        result["attention_pictures"] = [str(p) for p in pictures]
+        result["attention_skipped"] = skipped
+    if args.metrics_json:
+        Path(args.metrics_json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    return result
+
+
+def write_pictures(model, tokenizer, sources: Sequence[str], hypotheses: Sequence[str], args) -> tuple[list[Path], list[int]]:
+    """Attention pictures (Figures 3-5 of the paper) of the first inputs with their translations, a folder each.
+
+    An empty translation has no target side to draw: its input is skipped, said on stderr, and its
+    index returned in the second list, so the translations themselves are never held back.
+    """
+    from ..visualization import write_attention_pictures
+
+    paths, skipped = [], []
+    for index, (source, hypothesis) in enumerate(zip(sources[: args.attention_count], hypotheses)):
+        if not hypothesis.strip():
+            skipped.append(index)
+            continue
+        folder = Path(args.attention_png) / f"{index:04d}"
+        paths += write_attention_pictures(model, tokenizer, source, folder, target=hypothesis)
+    if skipped:
+        print(f"No attention pictures for input(s) {', '.join(map(str, skipped))}: their translation is empty.",
+              file=sys.stderr)
+    return paths, skipped
