@@ -30,7 +30,6 @@ import argparse
 import itertools
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
@@ -41,10 +40,10 @@ from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianConfig, Ma
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling_vanilla_transformer import shift_tokens_right
 
+from vanilla_transformer.modeling_vanilla_transformer import label_smoothed_cross_entropy
+from vanilla_transformer.training import TokenBatchSampler, noam_learning_rate, read_parallel
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "training"))
-from data import TokenBatchSampler, read_parallel  # noqa: E402
-from train import label_smoothed_loss, noam_learning_rate  # noqa: E402
 
 DIMENSIONS = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
                   encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.3)
@@ -126,7 +125,7 @@ def run(variant: str, batches, args) -> list[float]:
                                                model.config.decoder_start_token_id)
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                        decoder_input_ids=decoder_input_ids).logits
-        loss = label_smoothed_loss(logits, batch["labels"], smoothing=0.1)
+        loss = label_smoothed_cross_entropy(logits, batch["labels"], label_smoothing=0.1)
         loss.backward()
         optimizer.step()
         optimizer.zero_grad()

@@ -30,12 +30,10 @@ import os
 import platform
 import resource
 import statistics
-import sys
 import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "training"))
 
 PAIRS = {"en-de": ("en", "de"), "de-en": ("de", "en"), "en-fr": ("en", "fr")}
 _MARIAN_COMMON = (
@@ -85,10 +83,14 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ---------------------------------------------------------------------------------------------
 
 
-def read_split(data_dir: Path, split: str, source: str, target: str) -> list[tuple[str, str]]:
-    from data import read_parallel
+def split_files(data_dir: Path, split: str, source: str, target: str) -> tuple[Path, Path]:
+    return data_dir / f"{split}.{source}.gz", data_dir / f"{split}.{target}.gz"
 
-    return read_parallel(data_dir / f"{split}.{source}.gz", data_dir / f"{split}.{target}.gz")
+
+def read_split(data_dir: Path, split: str, source: str, target: str) -> list[tuple[str, str]]:
+    from vanilla_transformer.training import read_parallel
+
+    return read_parallel(*split_files(data_dir, split, source, target))
 
 
 def prepare_tokenizer(train_pairs, output_dir: Path, vocab_size: int) -> Path:
@@ -143,44 +145,48 @@ def peak_memory_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def validation_nll(trainer, examples) -> float:
-    """Per-token negative log-likelihood (no smoothing) on the validation examples."""
-    return trainer.evaluate(eval_dataset=examples, metric_key_prefix="validation")["validation_loss"]
+def validation_nll(trainer, dataset) -> float:
+    """Per-token negative log-likelihood (no smoothing) on the validation set."""
+    return trainer.evaluate(eval_dataset=dataset, metric_key_prefix="validation")["validation_loss"]
 
 
-def choose_final_weights(trainer, tokenizer, training_args, args, validation_pairs, data_args) -> dict:
+def choose_final_weights(prepared, args) -> dict:
     """Save the last weights, then the mean of the last checkpoints (§6.1) if it is better on validation.
 
     After a short budget the model is still improving fast, and a mean over checkpoints minutes apart
     can trail the last weights; the validation set (never the test set) decides.
     """
-    import train as train_script
+    from vanilla_transformer.training.run import save_final_model
 
-    training_args.average_checkpoints = 0
-    train_script.save_final_model(trainer, tokenizer, training_args)
+    trainer, tokenizer, validation = prepared.trainer, prepared.tokenizer, prepared.datasets["validation"]
+    save_final_model(trainer, tokenizer)
     if not args.average:
         return {"kind": "last"}
-    examples = train_script.prepare_examples(validation_pairs, tokenizer, trainer.model.config, data_args, "validation")
-    trainer.args.predict_with_generate = False  # validation loss only: no decoding needed here
-    last_nll = validation_nll(trainer, examples)
+    trainer.args.prediction_loss_only = True  # validation loss only: no decoding needed here
+    last_nll = validation_nll(trainer, validation)
     last_state = {k: v.clone() for k, v in trainer.model.state_dict().items()}
-    training_args.average_checkpoints = args.average
-    train_script.save_final_model(trainer, tokenizer, training_args)  # writes the mean, loads it into the model
-    averaged_nll = validation_nll(trainer, examples)
+    save_final_model(trainer, tokenizer, average=args.average)  # writes the mean, loads it into the model
+    averaged_nll = validation_nll(trainer, validation)
     if averaged_nll <= last_nll:
         return {"kind": f"mean of last {args.average} checkpoints", "validation_nll": averaged_nll, "last_nll": last_nll}
     trainer.model.load_state_dict(last_state)
-    training_args.average_checkpoints = 0
-    train_script.save_final_model(trainer, tokenizer, training_args)
+    save_final_model(trainer, tokenizer)
     return {"kind": "last", "validation_nll": last_nll, "averaged_nll": averaged_nll}
 
 
-def train_ours(args, tokenizer_dir: Path, train_pairs, run_dir: Path, validation_pairs=None) -> dict:
+def train_ours(args, tokenizer_dir: Path, data_dir: Path, run_dir: Path) -> dict:
+    """train.py's run (`vanilla_transformer.training.run`) under the wall-clock budget."""
     import torch
-    import train as train_script
 
+    from vanilla_transformer.training import run
+
+    source, target = PAIRS[args.pair]
+    (train_source, train_target), (valid_source, valid_target) = (
+        split_files(data_dir, split, source, target) for split in ("train", "val"))
     argv = [
         "--output_dir", str(run_dir), "--tokenizer_name_or_path", str(tokenizer_dir), "--preset", "base",
+        "--train_source_file", str(train_source), "--train_target_file", str(train_target),
+        "--validation_source_file", str(valid_source), "--validation_target_file", str(valid_target),
         "--config_overrides",
         f"d_model={args.d_model},encoder_layers={args.layers},decoder_layers={args.layers},"
         f"encoder_attention_heads={args.heads},decoder_attention_heads={args.heads},"
@@ -191,32 +197,26 @@ def train_ours(args, tokenizer_dir: Path, train_pairs, run_dir: Path, validation
         "--save_strategy", "steps", "--save_steps", str(10**9),
         "--save_total_limit", str(max(args.average, 1)), "--logging_steps", "50", "--report_to", "none",
         "--use_cpu", "--seed", str(args.seed), "--disable_tqdm", "true", "--eval_strategy", "no",
+        "--per_device_eval_batch_size", "64",
     ]
-    model_args, data_args, training_args = train_script.parse_arguments(argv)
-    tokenizer = train_script.AutoTokenizer.from_pretrained(tokenizer_dir)
-    model = train_script.build_model(model_args, tokenizer)
-    train_script.set_learning_rate(training_args, model.config.d_model)
-    training_args.per_device_eval_batch_size = 64
-    examples = train_script.prepare_examples(train_pairs, tokenizer, model.config, data_args, "train")
-    counter = TokenCounter(train_script.DataCollatorForSeq2Seq(tokenizer, model=model))
-    trainer = train_script.TransformerTrainer(
-        model=model, args=training_args, train_dataset=examples, data_collator=counter, processing_class=tokenizer,
-        callbacks=[budget_callback(args.budget_minutes * 60, args.checkpoint_minutes * 60)],
-    )
+    prepared = run.build_trainer(*run.parse_arguments(argv))
+    trainer = prepared.trainer
+    counter = trainer.data_collator = TokenCounter(trainer.data_collator)
+    trainer.add_callback(budget_callback(args.budget_minutes * 60, args.checkpoint_minutes * 60))
     torch.manual_seed(args.seed)
     started = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - started
     result = {
         "steps": trainer.state.global_step, "train_seconds": seconds, "target_tokens": counter.target_tokens,
-        "target_tokens_per_second": counter.target_tokens / seconds, "parameters": model.num_parameters(),
+        "target_tokens_per_second": counter.target_tokens / seconds, "parameters": trainer.model.num_parameters(),
         "model_dir": str(run_dir), "train_peak_memory_mib": peak_memory_mib(),
     }  # measured before choose_final_weights' evaluations and averaging
-    result["final_weights"] = choose_final_weights(trainer, tokenizer, training_args, args, validation_pairs, data_args)
+    result["final_weights"] = choose_final_weights(prepared, args)
     return result
 
 
-def train_marian(args, tokenizer_dir: Path, train_pairs, run_dir: Path, validation_pairs=None) -> dict:
+def train_marian(args, tokenizer_dir: Path, data_dir: Path, run_dir: Path) -> dict:
     import torch
     from transformers import (
         AutoTokenizer, DataCollatorForSeq2Seq, MarianConfig, MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments,
@@ -235,6 +235,7 @@ def train_marian(args, tokenizer_dir: Path, train_pairs, run_dir: Path, validati
     )
     torch.manual_seed(args.seed)
     model = MarianMTModel(config)
+    train_pairs = read_split(data_dir, "train", *PAIRS[args.pair])
     encoded = tokenizer([s for s, _ in train_pairs], text_target=[t for _, t in train_pairs])
     examples = [{"input_ids": i, "labels": l} for i, l in zip(encoded["input_ids"], encoded["labels"])]
     mean_length = statistics.mean(max(len(e["input_ids"]), len(e["labels"])) for e in examples)
@@ -271,7 +272,7 @@ def train_marian(args, tokenizer_dir: Path, train_pairs, run_dir: Path, validati
 
 def timed_and_scored(translate_all, test_pairs) -> dict:
     """Time ``translate_all(sources) -> hypotheses`` over the test set and score it with sacreBLEU/chrF."""
-    from translate import score
+    from vanilla_transformer.training import score
 
     sources, references = [list(side) for side in zip(*test_pairs)]
     started = time.perf_counter()
@@ -299,8 +300,7 @@ def decode_ours(model_dir: str, test_pairs, batch_size: int) -> dict:
     """Our model through training/translate.py with its own generation config."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    import vanilla_transformer  # noqa: F401
-    from translate import translate
+    from vanilla_transformer.training import translate
 
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(model_dir), AutoTokenizer.from_pretrained(model_dir)
     return timed_and_scored(lambda sources: translate(model, tokenizer, sources, batch_size=batch_size), test_pairs)
@@ -328,7 +328,7 @@ def decode_marian(model_dir: str, test_pairs, batch_size: int) -> dict:
 
 def decode_marian_sorted(model_dir: str, test_pairs, batch_size: int) -> dict:
     """MarianMT through training/translate.py: sorted batches, early stopping, source + 50."""
-    from translate import translate
+    from vanilla_transformer.training import translate
 
     model, tokenizer = load_marian(model_dir)
     return timed_and_scored(
@@ -340,7 +340,7 @@ def decode_marian_sorted(model_dir: str, test_pairs, batch_size: int) -> dict:
 def decode_same_weights(marian_dir: str, test_pairs, batch_size: int) -> dict:
     """The trained MarianMT weights imported into our model (vanilla_transformer.convert.from_marian) and
     decoded by both implementations the same way: any speed difference is the implementation's."""
-    from translate import translate
+    from vanilla_transformer.training import translate
     from vanilla_transformer.convert import from_marian
 
     marian, tokenizer = load_marian(marian_dir)
@@ -385,14 +385,14 @@ def decode_ctranslate2(model_dir: str, test_pairs, batch_size: int, quantization
 # ---------------------------------------------------------------------------------------------
 
 
-def run_system(name, args, tokenizer_dir: Path, train_pairs, validation_pairs, test_pairs, output_dir: Path) -> dict:
+def run_system(name, args, tokenizer_dir: Path, data_dir: Path, test_pairs, output_dir: Path) -> dict:
     """Train then decode one system; runs in its own process (peak memory = this system's)."""
     import logging
 
     logging.basicConfig(level=logging.WARNING)
     run_dir = output_dir / name
     trainer = {"ours": train_ours, "marian": train_marian}[name]
-    result = trainer(args, tokenizer_dir, train_pairs, run_dir, validation_pairs)
+    result = trainer(args, tokenizer_dir, data_dir, run_dir)
     decoder = {"ours": decode_ours, "marian": decode_marian}[name]
     result["decode"] = decoder(result["model_dir"], test_pairs, args.decode_batch_size)
     result["peak_memory_mib"] = peak_memory_mib()
@@ -542,13 +542,12 @@ def main(argv=None) -> dict | None:
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     train_pairs = read_split(data_dir, "train", source, target)
-    validation_pairs = read_split(data_dir, "val", source, target)
     test_pairs = read_split(data_dir, "test_2016_flickr", source, target)[: args.test_limit]
     tokenizer_dir = prepare_tokenizer(train_pairs, output_dir, args.vocab_size)
     systems = {}
     for name in args.systems.split(","):
         print(f"[{time.strftime('%H:%M:%S')}] {name}: training for {args.budget_minutes:g} min, then decoding", flush=True)
-        systems[name] = run_in_child(name, args, tokenizer_dir, train_pairs, validation_pairs, test_pairs, output_dir)
+        systems[name] = run_in_child(name, args, tokenizer_dir, data_dir, test_pairs, output_dir)
         print(json.dumps(without_examples(systems[name]), indent=1, default=str), flush=True)
     results = {
         "pair": args.pair, "budget_minutes": args.budget_minutes, "vocab_size": args.vocab_size,

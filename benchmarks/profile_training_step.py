@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -21,9 +20,9 @@ from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianConfig, Ma
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # registers the tokenizer
 
+from vanilla_transformer.training import read_parallel
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "training"))
-from data import read_parallel  # noqa: E402
 
 DIMENSIONS = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
                   encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.3)

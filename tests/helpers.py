@@ -1,9 +1,13 @@
 """Shared helpers for the tests."""
 
+import importlib.util
 import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
 
 # Prepended to code run by `run_without_package`: any attempt to import the package fails, as in a
 # process on a machine where it was never installed.
@@ -26,3 +30,12 @@ def run_without_package(code: str, cwd, timeout: int = 300) -> str:
     )
     assert result.returncode == 0, f"subprocess failed:\n{result.stderr[-4000:]}"
     return result.stdout
+
+
+def load_script(relative_path: str):
+    """A script of the repository (benchmarks/*.py, training/*.py) as a module, without touching sys.path."""
+    path = REPO / relative_path
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -16,8 +16,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from average_checkpoints import average_checkpoints, average_tensors, last_checkpoints, main  # noqa: E402
+from vanilla_transformer.training.averaging import average_checkpoints, average_tensors, last_checkpoints, main
 
 SOURCE = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
 SOURCE_MASK = torch.tensor([[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]])

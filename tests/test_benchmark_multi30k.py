@@ -5,15 +5,15 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from helpers import REPO, load_script
 
-import multi30k  # noqa: E402
+multi30k = load_script("benchmarks/multi30k.py")
 
 
 def test_missing_data_folder_is_reported_not_an_error(tmp_path, capsys):
@@ -47,11 +47,14 @@ def test_benchmark_runs_both_systems_and_writes_the_table(tmp_path):
     data.mkdir()
     write_corpus(data, {"train": 300, "val": 20, "test_2016_flickr": 12})
     output = tmp_path / "out"
-    results = multi30k.main([
+    completed = subprocess.run([  # as a user runs it: the systems train in child processes of the script
+        sys.executable, str(REPO / "benchmarks/multi30k.py"),
         "--data-dir", str(data), "--output-dir", str(output), "--budget-minutes", "0.1",
         "--checkpoint-minutes", "0.02", "--average", "2", "--vocab-size", "300", "--d-model", "32", "--ffn", "64",
         "--layers", "1", "--heads", "2", "--max-tokens", "256", "--warmup-steps", "5",
-    ])
+    ], capture_output=True, text=True, timeout=900)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    results = json.loads((output / "results.json").read_text())
     assert set(results["systems"]) == {"ours", "marian"}
     for name, system in results["systems"].items():
         assert system["steps"] > 0 and system["target_tokens_per_second"] > 0, name
@@ -65,8 +68,6 @@ def test_benchmark_runs_both_systems_and_writes_the_table(tmp_path):
     assert results["systems"]["ours"]["final_weights"]["kind"] in {"last", "mean of last 2 checkpoints"}
     card = (output / "ours" / "README.md").read_text()
     assert "model-index" in card and "test_2016_flickr" in card
-    saved = json.loads((output / "results.json").read_text())
-    assert saved["ratios"] == pytest.approx(results["ratios"])
     table = (output / "results.md").read_text()
     assert "| sacreBLEU (test_2016_flickr) |" in table and "ours" in table and "marian" in table
     assert "as a transformers user gets it" in table
@@ -91,16 +92,16 @@ def test_paper_setup_gives_marian_the_papers_model_and_optimizer(tmp_path, monke
     tokenizer = vanilla_transformer.train_tokenizer(iter(["a b c", "d e f"] * 5), vocab_size=260)
     tokenizer.save_pretrained(tmp_path / "tok")
     args = multi30k.parse_args(["--marian-setup", "paper", "--d-model", "32", "--ffn", "64", "--layers", "1"])
+    write_corpus(tmp_path, {"train": 4})
     with pytest.raises(Stop):
-        multi30k.train_marian(args, tmp_path / "tok", [("a b", "c d")] * 4, tmp_path / "run")
+        multi30k.train_marian(args, tmp_path / "tok", tmp_path, tmp_path / "run")
     config, training_args = seen["config"], seen["args"]
     assert config.activation_function == "relu" and config.scale_embedding is True
     assert (training_args.adam_beta1, training_args.adam_beta2, training_args.adam_epsilon) == (0.9, 0.98, 1e-9)
 
 
 def test_step_profiler_skips_without_data(tmp_path, capsys):
-    import profile_training_step
-
+    profile_training_step = load_script("benchmarks/profile_training_step.py")
     assert profile_training_step.main(["--system", "ours", "--tokenizer", str(tmp_path),
                                        "--data-dir", str(tmp_path / "absent")]) is None
     assert "Multi30k not found" in capsys.readouterr().out

@@ -1,25 +1,32 @@
-"""training/data.py: reading parallel text, the length filter and the token-count batch sampler."""
+"""vanilla_transformer.training.data and .batching: reading rules, Arrow datasets, tokenising, the
+length filter and token-count batches, each checked against an independent reference (the bytes
+written, the tokenizer called directly, a brute-force packing)."""
 
+import bz2
 import gzip
 import json
 import logging
+import os
 import random
-import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
 from transformers import DataCollatorForSeq2Seq
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from data import (  # noqa: E402
-    TokenBatchSampler,
-    filter_by_length,
-    read_jsonl,
+from vanilla_transformer import train_tokenizer
+from vanilla_transformer.training import data
+from vanilla_transformer.training.batching import TokenBatchSampler
+from vanilla_transformer.training.data import (
+    drop_unusable,
+    example_lengths,
+    jsonl_dataset,
+    parallel_text_dataset,
     read_parallel,
-    read_tsv,
-    tokenize_pairs,
+    tokenize_dataset,
+    tsv_dataset,
 )
 
 SOURCES = ["A dog runs.", "  leading and trailing spaces  ", "", "Ünïcödé ✓ and a tab\there"]
@@ -27,83 +34,139 @@ TARGETS = ["Ein Hund rennt.", "\tführende Leerzeichen ", "leer links", "Unicode
 
 
 def write(path: Path, lines: list[str], compress: bool = False) -> Path:
-    data = "".join(line + "\n" for line in lines).encode("utf-8")
-    path.write_bytes(gzip.compress(data) if compress else data)
+    content = "".join(line + "\n" for line in lines).encode("utf-8")
+    path.write_bytes(gzip.compress(content) if compress else content)
     return path
 
 
-# --- reading ---------------------------------------------------------------------------------
+def pairs(dataset) -> list[tuple[str, str]]:
+    return list(zip(dataset["source"], dataset["target"]))
+
+
+@pytest.fixture
+def cache(tmp_path) -> str:
+    return str(tmp_path / "cache")
+
+
+# --- reading: every format into Arrow by the same rules -------------------------------------
 
 
 @pytest.mark.parametrize("compress", [False, True])
-def test_read_parallel_plain_and_gzip_keeps_everything_but_the_newline(tmp_path, compress):
+def test_parallel_files_keep_everything_but_the_newline_one_row_per_line(tmp_path, cache, compress):
     # Deliberately no ".gz" suffix: compression is detected from the content.
     src = write(tmp_path / "train.src", SOURCES, compress)
     tgt = write(tmp_path / "train.tgt", TARGETS, compress)
-    assert read_parallel(src, tgt) == list(zip(SOURCES, TARGETS))
+    dataset = parallel_text_dataset(src, tgt, cache_dir=cache)
+    assert dataset.column_names == ["source", "target"] and len(dataset) == len(SOURCES)
+    assert pairs(dataset) == list(zip(SOURCES, TARGETS)) == read_parallel(src, tgt)
 
 
-def test_read_parallel_mixed_compression_crlf_and_lone_carriage_return(tmp_path):
+def test_mixed_compression_crlf_bom_and_lone_carriage_return(tmp_path, cache):
     src = write(tmp_path / "a.gz", ["one", "two"], compress=True)
     tgt = tmp_path / "b.txt"
-    tgt.write_bytes("eins\r\nzwei \r mitten\r\n".encode())  # a lone "\r" is text, not a line break
-    assert read_parallel(src, tgt) == [("one", "eins"), ("two", "zwei \r mitten")]
+    tgt.write_bytes("\ufeffeins\r\nzwei \r mitten\r\n".encode())  # a lone "\r" is text, not a line break
+    assert pairs(parallel_text_dataset(src, tgt, cache_dir=cache)) == [("one", "eins"), ("two", "zwei \r mitten")]
 
 
-def test_read_parallel_last_line_without_newline(tmp_path):
+def test_last_line_without_newline(tmp_path, cache):
     src, tgt = tmp_path / "s", tmp_path / "t"
     src.write_text("a\nb")
     tgt.write_text("x\ny\n")
-    assert read_parallel(src, tgt) == [("a", "x"), ("b", "y")]
+    assert pairs(parallel_text_dataset(src, tgt, cache_dir=cache)) == [("a", "x"), ("b", "y")]
 
 
-def test_read_parallel_misaligned_names_both_files_and_counts(tmp_path):
+def test_misaligned_files_name_both_files_flags_and_counts(tmp_path, cache):
     src = write(tmp_path / "train.en", ["a", "b", "c"])
     tgt = write(tmp_path / "train.de.gz", ["x", "y"], compress=True)
     with pytest.raises(ValueError) as error:
-        read_parallel(src, tgt)
+        parallel_text_dataset(src, tgt, ("--train_source_file", "--train_target_file"), cache_dir=cache)
     message = str(error.value)
-    assert str(src) in message and str(tgt) in message
-    assert "3 lines" in message and "has 2" in message
+    assert str(src) in message and str(tgt) in message and "--train_target_file" in message
+    assert "has 3 lines" in message and "has 2" in message
 
 
-def test_missing_file_is_file_not_found_with_the_path(tmp_path):
+def test_a_changed_file_is_read_again_not_taken_from_the_cache(tmp_path, cache):
+    src, tgt = write(tmp_path / "s", ["a", "b"]), write(tmp_path / "t", ["x", "y"])
+    assert pairs(parallel_text_dataset(src, tgt, cache_dir=cache)) == [("a", "x"), ("b", "y")]
+    again = parallel_text_dataset(src, tgt, cache_dir=cache)
+    assert pairs(again) == [("a", "x"), ("b", "y")]
+    write(tgt, ["x", "changed"])
+    os.utime(tgt, ns=(1, 10**18))  # a different modification time, whatever the clock's resolution
+    assert pairs(parallel_text_dataset(src, tgt, cache_dir=cache)) == [("a", "x"), ("b", "changed")]
+
+
+def test_missing_file_is_file_not_found_with_the_path_and_flag(tmp_path, cache):
     missing = tmp_path / "nope.en"
     other = write(tmp_path / "ok.de", ["x"])
-    for call in (lambda: read_parallel(missing, other), lambda: read_tsv(missing),
-                 lambda: read_jsonl(missing, "en", "de")):
-        with pytest.raises(FileNotFoundError, match="nope.en"):
+    for call in (lambda: parallel_text_dataset(missing, other, ("--train_source_file", "--t"), cache_dir=cache),
+                 lambda: tsv_dataset(missing, what="--train_source_file", cache_dir=cache),
+                 lambda: jsonl_dataset(missing, "en", "de", what="--train_source_file", cache_dir=cache)):
+        with pytest.raises(FileNotFoundError, match="--train_source_file.*nope.en"):
             call()
 
 
-def test_invalid_utf8_names_the_file(tmp_path):
+def test_invalid_utf8_names_the_file_and_the_line(tmp_path, cache):
     bad = tmp_path / "latin1.txt"
-    bad.write_bytes("Grüße\n".encode("latin-1"))
-    with pytest.raises(ValueError, match="latin1.txt.*not valid UTF-8"):
-        read_parallel(bad, bad)
+    bad.write_bytes("fine\nGrüße\n".encode("latin-1"))
+    with pytest.raises(ValueError, match="latin1.txt', line 2: not valid UTF-8"):
+        parallel_text_dataset(bad, bad, cache_dir=cache)
 
 
-def test_read_tsv_columns_and_gzip(tmp_path):
+def test_a_truncated_gzip_file_is_named_not_read_in_part(tmp_path, cache):
+    whole = gzip.compress("".join(f"sentence {i}\n" for i in range(5000)).encode())
+    broken = tmp_path / "broken.gz"
+    broken.write_bytes(whole[: len(whole) // 2])
+    with pytest.raises(ValueError, match="broken.gz.*damaged or truncated gzip"):
+        parallel_text_dataset(broken, broken, cache_dir=cache)
+
+
+def test_other_compressions_empty_files_and_directories_are_refused(tmp_path, cache):
+    ok = write(tmp_path / "ok", ["x"])
+    packed = tmp_path / "data.bz2"
+    packed.write_bytes(bz2.compress(b"a\n"))
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"")
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    for path, expected in ((packed, "bzip2-compressed"), (empty, "is empty"), (tmp_path, "is a directory"),
+                           (fifo, "not a regular file")):
+        with pytest.raises((ValueError, OSError), match=expected):
+            parallel_text_dataset(path, ok, ("--train_source_file", "--train_target_file"), cache_dir=cache)
+
+
+def test_a_gz_suffix_on_plain_text_reads_the_text(tmp_path, cache, caplog):
+    plain = write(tmp_path / "looks.gz", ["a"])
+    with caplog.at_level(logging.WARNING):
+        assert pairs(parallel_text_dataset(plain, plain, cache_dir=cache)) == [("a", "a")]
+    assert "not gzip-compressed" in caplog.text
+
+
+def test_tsv_columns_and_gzip(tmp_path, cache):
     path = write(tmp_path / "pairs.tsv", ["1\tA dog.\tEin Hund.", "2\t\"quoted\"\t'x' "], compress=True)
-    assert read_tsv(path, source_column=1, target_column=2) == [("A dog.", "Ein Hund."), ('"quoted"', "'x' ")]
-    assert read_tsv(path, source_column=2, target_column=0) == [("Ein Hund.", "1"), ("'x' ", "2")]
+    assert pairs(tsv_dataset(path, 1, 2, cache_dir=cache)) == [("A dog.", "Ein Hund."), ('"quoted"', "'x' ")]
+    assert pairs(tsv_dataset(path, 2, 0, cache_dir=cache)) == [("Ein Hund.", "1"), ("'x' ", "2")]
 
 
-def test_read_tsv_too_few_columns_names_the_line(tmp_path):
-    path = write(tmp_path / "pairs.tsv", ["a\tb", "c\td", "only one field"])
-    with pytest.raises(ValueError, match=r"line 3: too few columns, found 1 .* need at least 2"):
-        read_tsv(path)
-    with pytest.raises(ValueError, match="line 1: too few columns"):
-        read_tsv(path, 0, 2)
+def test_tsv_too_few_fields_or_a_tab_inside_a_sentence_names_the_line(tmp_path, cache):
+    short = write(tmp_path / "short.tsv", ["a\tb", "c\td", "only one field"])
+    with pytest.raises(ValueError, match=r"line 3: 1 tab-separated field\(s\), need at least 2"):
+        tsv_dataset(short, cache_dir=cache)
+    with pytest.raises(ValueError, match=r"line 1: 2 tab-separated field\(s\), need at least 3"):
+        tsv_dataset(short, 0, 2, cache_dir=cache)
+    tabbed = write(tmp_path / "tabbed.tsv", ["a\tb", "c\td\te"])
+    with pytest.raises(ValueError, match="line 2: 3 tab-separated.*tab inside a sentence"):
+        tsv_dataset(tabbed, cache_dir=cache)
+    with pytest.raises(ValueError, match="0-based non-negative"):
+        tsv_dataset(short, -1, 1, cache_dir=cache)
 
 
-def test_read_jsonl_flat_nested_and_blank_lines(tmp_path):
+def test_jsonl_flat_nested_and_blank_lines(tmp_path, cache):
     lines = [json.dumps({"en": "A dog.", "de": "Ein Hund.", "id": 1}), "",
              json.dumps({"en": "Ä", "de": "B", "translation": {"en": "x"}})]
     path = write(tmp_path / "pairs.jsonl", lines)
-    assert read_jsonl(path, "en", "de") == [("A dog.", "Ein Hund."), ("Ä", "B")]
+    assert pairs(jsonl_dataset(path, "en", "de", cache_dir=cache)) == [("A dog.", "Ein Hund."), ("Ä", "B")]
     nested = write(tmp_path / "wmt.jsonl.gz", [json.dumps({"translation": {"de": "Hallo", "en": "Hello"}})], True)
-    assert read_jsonl(nested, "translation.en", "translation.de") == [("Hello", "Hallo")]
+    assert pairs(jsonl_dataset(nested, "translation.en", "translation.de", cache_dir=cache)) == [("Hello", "Hallo")]
 
 
 @pytest.mark.parametrize(
@@ -115,50 +178,97 @@ def test_read_jsonl_flat_nested_and_blank_lines(tmp_path):
         ('["a", "b"]', "line 2: expected a JSON object, got list"),
     ],
 )
-def test_read_jsonl_malformed_line_says_where_and_what(tmp_path, bad_line, expected):
+def test_jsonl_malformed_line_says_where_and_what(tmp_path, cache, bad_line, expected):
     path = write(tmp_path / "pairs.jsonl", [json.dumps({"en": "ok", "de": "ok"}), bad_line])
     with pytest.raises(ValueError, match=expected):
-        read_jsonl(path, "en", "de")
+        jsonl_dataset(path, "en", "de", cache_dir=cache)
 
 
-# --- length filter ---------------------------------------------------------------------------
+# --- tokenising and the length filter ---------------------------------------------------------
 
 
-def example(source_length: int, target_length: int, token: int = 7) -> dict:
-    return {"input_ids": [token] * source_length, "labels": [token] * target_length}
+@pytest.fixture(scope="module")
+def tokenizer():
+    words = "the a dog cat runs sleeps over under big small red house tree river".split()
+    return train_tokenizer(iter(words * 20 + ["Hund Katze läuft"] * 20), vocab_size=300)
 
 
-def test_filter_by_length_counts_and_logs_what_it_drops(caplog):
-    examples = [example(3, 3), example(5, 2), example(6, 2), example(2, 5), example(2, 6),
-                example(0, 2), example(2, 0), example(1, 1)]
-    with caplog.at_level(logging.INFO, logger="data"):
-        kept, dropped = filter_by_length(examples, max_source_tokens=5, max_target_tokens=5)
-    assert kept == [examples[i] for i in (0, 1, 3, 7)]  # order kept, limits inclusive
-    assert dropped == 4
-    [record] = caplog.records
-    assert record.levelno == logging.WARNING
-    assert "dropped 4 of 8 examples (2 empty, 2 longer than 5 source / 5 target" in record.getMessage()
+def test_token_ids_are_the_tokenizers_and_stored_as_int32(tmp_path, cache, tokenizer):
+    src = write(tmp_path / "s", ["the dog runs", "", "a big red house under the tree"])
+    tgt = write(tmp_path / "t", ["Hund läuft", "Katze", "  "])
+    ids = tokenize_dataset(parallel_text_dataset(src, tgt, cache_dir=cache), tokenizer)
+    assert ids.features["input_ids"].feature.dtype == "int32"
+    for row, (source, target) in zip(ids, pairs(parallel_text_dataset(src, tgt, cache_dir=cache))):
+        assert row["input_ids"] == tokenizer(source)["input_ids"]
+        assert row["labels"] == tokenizer(text_target=target)["input_ids"]
+        assert (row["source_length"], row["target_length"]) == (len(row["input_ids"]), len(row["labels"]))
+    assert ids["empty"][:] == [False, True, True]  # nothing, or only whitespace, on a side
 
 
-def test_filter_by_length_special_tokens_do_not_count_as_content(caplog):
-    eos, pad = 3, 0
-    examples = [{"input_ids": [eos], "labels": [9, eos]}, {"input_ids": [9, eos], "labels": [pad, eos]},
-                {"input_ids": [9, eos], "labels": [9, eos]}]
-    kept, dropped = filter_by_length(examples, 10, 10, special_token_ids=[pad, eos])
-    assert (kept, dropped) == ([examples[2]], 2)
+def test_tokenising_twice_reuses_the_cache_and_another_tokenizer_does_not(tmp_path, cache, tokenizer):
+    text = parallel_text_dataset(write(tmp_path / "s", ["the dog"] * 3), write(tmp_path / "t", ["Hund"] * 3),
+                                 cache_dir=cache)
+    first, second = tokenize_dataset(text, tokenizer), tokenize_dataset(text, tokenizer)
+    assert first._fingerprint == second._fingerprint and first.cache_files == second.cache_files
+    other = train_tokenizer(iter(["something else entirely"] * 5), vocab_size=270)
+    assert tokenize_dataset(text, other)._fingerprint != first._fingerprint
 
 
-def test_filter_by_length_logs_even_when_nothing_is_dropped(caplog):
-    with caplog.at_level(logging.INFO, logger="data"):
-        assert filter_by_length([example(1, 1)], 4, 4) == ([example(1, 1)], 0)
-    assert "dropped 0 of 1" in caplog.text
+def test_drop_unusable_counts_and_logs_what_it_drops(tmp_path, cache, tokenizer, caplog):
+    rng = random.Random(0)
+    words = "the a dog cat runs big red house tree".split()
+    sources = [" ".join(rng.choices(words, k=rng.randint(0, 12))) for _ in range(300)]
+    targets = [" ".join(rng.choices(words, k=rng.randint(1, 12))) for _ in range(300)]
+    text = parallel_text_dataset(write(tmp_path / "s", sources), write(tmp_path / "t", targets), cache_dir=cache)
+    with caplog.at_level(logging.INFO, logger=data.__name__):
+        kept, counts = drop_unusable(tokenize_dataset(text, tokenizer), 9, 11, role="train")
+    # Reference: the tokenizer called on each pair, the limits applied in plain Python.
+    expected = [i for i, (s, t) in enumerate(zip(sources, targets))
+                if s.strip() and len(tokenizer(s)["input_ids"]) <= 9 and len(tokenizer(t)["input_ids"]) <= 11]
+    assert kept["input_ids"][:] == [tokenizer(sources[i])["input_ids"] for i in expected]  # order kept
+    empty = sum(not s.strip() for s in sources)
+    assert counts == {"kept": len(expected), "empty": empty, "too_long": 300 - len(expected) - empty}
+    assert 0 < empty and 0 < counts["too_long"]
+    assert f"dropped {300 - len(expected)} ({empty} empty" in caplog.text
 
 
-def test_filter_by_length_rejects_untokenized_pairs_and_bad_limits():
-    with pytest.raises(TypeError, match="tokenise first"):
-        filter_by_length([("a dog", "ein Hund")], 5, 5)
+def test_drop_unusable_logs_even_when_nothing_is_dropped_and_refuses_to_leave_nothing(tmp_path, cache, tokenizer, caplog):
+    text = parallel_text_dataset(write(tmp_path / "s", ["the dog"]), write(tmp_path / "t", ["Hund"]), cache_dir=cache)
+    ids = tokenize_dataset(text, tokenizer)
+    with caplog.at_level(logging.INFO, logger=data.__name__):
+        kept, counts = drop_unusable(ids, 50, 50)
+    assert len(kept) == 1 and "dropped 0" in caplog.text
+    with pytest.raises(ValueError, match="No train pairs left"):
+        drop_unusable(ids, 1, 50)
     with pytest.raises(ValueError, match="max_target_tokens must be a positive integer"):
-        filter_by_length([example(1, 1)], 5, 0)
+        drop_unusable(ids, 5, 0)
+
+
+def test_example_lengths_from_columns_from_ids_and_from_lists(tmp_path, cache, tokenizer):
+    from datasets import Dataset
+
+    text = parallel_text_dataset(write(tmp_path / "s", ["the dog", "a", "x y z"]),
+                                 write(tmp_path / "t", ["Hund", "Katze läuft", "b"]), cache_dir=cache)
+    ids = tokenize_dataset(text, tokenizer)
+    expected = [[len(r["input_ids"]), len(r["labels"])] for r in ids]
+    assert example_lengths(ids).tolist() == expected
+    assert example_lengths(ids.select([2, 0])).tolist() == [expected[2], expected[0]]
+    plain = Dataset.from_dict({"input_ids": ids["input_ids"][:], "labels": ids["labels"][:]})
+    assert example_lengths(plain).tolist() == expected
+    assert example_lengths(list(plain)).tolist() == expected
+
+
+def test_tokenizer_sample_takes_whole_blocks_up_to_the_requested_pairs(tmp_path, cache):
+    count = 5000
+    text = parallel_text_dataset(write(tmp_path / "s", [f"s{i}" for i in range(count)]),
+                                 write(tmp_path / "t", [f"t{i}" for i in range(count)]), cache_dir=cache)
+    sample = list(data.tokenizer_training_texts(text, 1500, seed=3, block=500))
+    sources = [int(s[1:]) for s in sample if s.startswith("s")]
+    assert len(sample) == 2 * 1500 and len(set(sources)) == 1500
+    assert all(f"t{i}" in sample for i in sources)  # both sides of each pair
+    assert {i // 500 for i in sources} and all(sources.count(i) == 1 for i in sources[:10])
+    assert len({i // 500 for i in sources}) == 3  # three whole blocks
+    assert len(list(data.tokenizer_training_texts(text, None))) == 2 * count
 
 
 # --- token batch sampler ---------------------------------------------------------------------
@@ -233,7 +343,7 @@ def test_sampler_without_shuffle_goes_shortest_first():
 
 
 def test_sampler_example_longer_than_max_tokens_is_an_error():
-    with pytest.raises(ValueError, match=r"Example 2 has 11 tokens \(source 3, target 11\).*filter_by_length"):
+    with pytest.raises(ValueError, match=r"Example 2 has 11 tokens \(source 3, target 11\).*length filter"):
         TokenBatchSampler([(2, 2), (4, 1), (3, 11)], max_tokens=10)
 
 
@@ -311,37 +421,28 @@ def test_sampler_drop_last_drops_the_remainder_equally():
 def test_sampler_fewer_batches_than_replicas(caplog):
     _, per_rank = ranks([1, 1], max_tokens=2, num_replicas=3)  # one batch, repeated for every rank
     assert per_rank == [[[0, 1]]] * 3
-    with caplog.at_level(logging.WARNING, logger="data"):
+    with caplog.at_level(logging.WARNING, logger="vanilla_transformer.training.batching"):
         _, per_rank = ranks([1, 1], max_tokens=2, num_replicas=3, drop_last=True)
     assert per_rank == [[], [], []] and "every rank gets no batch" in caplog.text
 
 
-# --- end to end: tokenizer -> filter -> sampler -> DataLoader -> collator ---------------------
+# --- end to end: files -> Arrow -> tokens -> filter -> sampler -> DataLoader -> collator -----
 
 
-def test_dataloader_with_collator_stays_within_max_tokens(tmp_path):
-    from vanilla_transformer import train_tokenizer
-
+def test_dataloader_with_collator_stays_within_max_tokens(tmp_path, cache):
     rng = random.Random(0)
     words = "the a dog cat runs sleeps over under big small red house tree river".split()
     sources = [" ".join(rng.choices(words, k=rng.randint(0, 25))) for _ in range(200)]
     targets = [" ".join(rng.choices(words, k=rng.randint(1, 25)))[::-1] for _ in range(200)]
-    src = write(tmp_path / "train.en", sources)
-    tgt = write(tmp_path / "train.de.gz", targets, compress=True)
-    pairs = read_parallel(src, tgt)
+    text = parallel_text_dataset(write(tmp_path / "train.en", sources),
+                                 write(tmp_path / "train.de.gz", targets, compress=True), cache_dir=cache)
     tokenizer = train_tokenizer(iter(sources + targets), vocab_size=300)
-
-    examples = tokenize_pairs(pairs, tokenizer)
-    assert examples[0]["input_ids"] == tokenizer(pairs[0][0])["input_ids"]
-    kept, dropped = filter_by_length(examples, 40, 40, special_token_ids=tokenizer.all_special_ids)
-    too_long_or_empty = [not s or len(tokenizer(s)["input_ids"]) > 40 or len(tokenizer(t)["input_ids"]) > 40
-                         for s, t in pairs]
-    assert dropped == sum(too_long_or_empty) and 0 < sum(not s for s in sources) < dropped < len(pairs)
+    kept, counts = drop_unusable(tokenize_dataset(text, tokenizer), 40, 40)
+    assert 0 < counts["empty"] < 200 - counts["kept"] < 200
     max_tokens = 160
-    lengths = [(len(e["input_ids"]), len(e["labels"])) for e in kept]
-    sampler = TokenBatchSampler(lengths, max_tokens=max_tokens, seed=0)
-    loader = DataLoader(kept, batch_sampler=sampler, collate_fn=DataCollatorForSeq2Seq(tokenizer))
-
+    sampler = TokenBatchSampler(example_lengths(kept), max_tokens=max_tokens, seed=0)
+    features = kept.select_columns(["input_ids", "labels"])
+    loader = DataLoader(features, batch_sampler=sampler, collate_fn=DataCollatorForSeq2Seq(tokenizer))
     seen = 0
     for batch in loader:
         assert batch["input_ids"].numel() <= max_tokens and batch["labels"].numel() <= max_tokens

@@ -1,10 +1,8 @@
 """The README's main command runs end to end (scaled down so that it takes seconds)."""
 
-import sys
-from pathlib import Path
+from helpers import load_script
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-import demo  # noqa: E402
+demo = load_script("training/demo.py")
 
 
 def test_demo_trains_saves_reloads_and_translates(tmp_path, capsys):

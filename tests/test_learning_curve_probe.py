@@ -8,7 +8,6 @@ import gzip
 import json
 import math
 import random
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,11 +15,9 @@ import torch
 from torch import nn
 
 import vanilla_transformer
+from helpers import load_script
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import learning_curve_probe as probe  # noqa: E402
+probe = load_script("benchmarks/learning_curve_probe.py")
 
 D = probe.DIMENSIONS["d_model"]
 SMALL = math.sqrt(2 / (5 * D))
@@ -96,13 +93,13 @@ def test_a_tiny_run_repeats_exactly_and_tells_initialisations_apart(tmp_path, to
         with gzip.open(tmp_path / f"train.{lang}.gz", "wt", encoding="utf-8") as handle:
             handle.write("".join(line + "\n" for line in lines))
     tokenizer.save_pretrained(tmp_path / "tokenizer")
-    states, loss = [], probe.label_smoothed_loss
+    states, loss = [], probe.label_smoothed_cross_entropy
 
     def recording_loss(*args, **kwargs):
         states.append(torch.get_rng_state())  # after the first forward's dropout
         return loss(*args, **kwargs)
 
-    monkeypatch.setattr(probe, "label_smoothed_loss", recording_loss)
+    monkeypatch.setattr(probe, "label_smoothed_cross_entropy", recording_loss)
     common = ["--tokenizer", str(tmp_path / "tokenizer"), "--data-dir", str(tmp_path), "--updates", "100",
               "--max-tokens", "64", "--threads", "1"]
     both = probe.main(common + ["--variant", "ours:xavier", "--variant", "ours", "--output", str(tmp_path / "c.json")])

@@ -5,8 +5,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from number_words import english, german, make_splits  # noqa: E402
+from vanilla_transformer.training.number_words import english, german, make_splits
 
 # Written by hand from German and American English usage, not produced by the code under test.
 KNOWN = {

@@ -1,5 +1,6 @@
-"""training/train.py: the paper's recipe on Seq2SeqTrainer, checked against the paper's formulas,
-a second code path (one process with accumulation vs two processes), and a task the model must solve."""
+"""training/train.py (vanilla_transformer.training.run and .trainer): the paper's recipe on
+Seq2SeqTrainer, checked against the paper's formulas, a second code path (one process with
+accumulation vs two processes), and a task the model must solve."""
 
 from __future__ import annotations
 
@@ -16,11 +17,14 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "training"))
+from accelerate.data_loader import prepare_data_loader
 
-import train  # noqa: E402
-from accelerate.data_loader import prepare_data_loader  # noqa: E402
+from vanilla_transformer.modeling_vanilla_transformer import label_smoothed_cross_entropy
+from vanilla_transformer.training import run as train
+from vanilla_transformer.training.batching import TokenBatchSampler
+from vanilla_transformer.training.translation import translate
+
+REPO = Path(__file__).resolve().parents[1]
 
 LETTERS = "a b c d e f g h i j".split()
 
@@ -59,8 +63,13 @@ def tiny_args(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
     ]
 
 
-def build(data_dir: Path, output_dir: Path, *extra: str):
+def build(data_dir: Path, output_dir: Path, *extra: str) -> train.Run:
     return train.build_trainer(*train.parse_arguments(tiny_args(data_dir, output_dir, *extra)))
+
+
+def features(dataset) -> list[dict]:
+    """The model's columns of tokenized examples, as the collator gets them."""
+    return list(dataset.select_columns(["input_ids", "labels"]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,21 +80,24 @@ def build(data_dir: Path, output_dir: Path, *extra: str):
 @pytest.mark.parametrize("scale", [1.0, 2.0])
 def test_schedule_equals_the_papers_formula(data_dir, tmp_path, scale):
     warmup, d_model = 50, 64
-    trainer, *_ = build(data_dir, tmp_path, "--warmup_steps", str(warmup), "--lr_scale", str(scale))
+    trainer = build(data_dir, tmp_path, "--warmup_steps", str(warmup), "--lr_scale", str(scale)).trainer
     trainer.create_optimizer_and_scheduler(num_training_steps=400)
+    assert isinstance(trainer.lr_scheduler, torch.optim.lr_scheduler.LambdaLR)
     rates = []
     for _ in range(400):
-        rates.append(trainer.lr_scheduler.get_last_lr()[0])
+        rates.append(trainer.optimizer.param_groups[0]["lr"])  # the rate this update runs at
         trainer.optimizer.step()
         trainer.lr_scheduler.step()
-    for step, rate in enumerate(rates):  # step = updates done so far, the paper's step_num
-        expected = 0.0 if step == 0 else scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+    for done, rate in enumerate(rates):  # the paper's step_num counts this update: done + 1
+        step = done + 1
+        expected = scale * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
         assert rate == pytest.approx(expected, rel=1e-9, abs=1e-15), step
-    assert max(rates) == pytest.approx(scale * d_model**-0.5 * warmup**-0.5)  # the peak, at step = warmup
+    assert rates[0] > 0  # the first update learns
+    assert max(rates) == pytest.approx(scale * d_model**-0.5 * warmup**-0.5) == rates[warmup - 1]  # the peak
 
 
 def test_adam_hyperparameters_default_to_the_papers(data_dir, tmp_path):
-    trainer, *_ = build(data_dir, tmp_path)
+    trainer = build(data_dir, tmp_path).trainer
     trainer.create_optimizer()
     group = trainer.optimizer.param_groups[0]
     assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9
@@ -93,7 +105,7 @@ def test_adam_hyperparameters_default_to_the_papers(data_dir, tmp_path):
 
 
 def test_explicit_peak_learning_rate_is_used_as_given(data_dir, tmp_path):
-    trainer, *_ = build(data_dir, tmp_path, "--learning_rate", "0.002", "--warmup_steps", "10")
+    trainer = build(data_dir, tmp_path, "--learning_rate", "0.002", "--warmup_steps", "10").trainer
     assert trainer.args.learning_rate == 0.002
 
 
@@ -123,18 +135,20 @@ def test_label_smoothed_loss_matches_the_definition():
             uniform = -log_probs[b, t].mean()  # cross-entropy with the uniform distribution over the vocabulary
             total += (1 - eps) * nll + eps * uniform
             count += 1
-    assert train.label_smoothed_loss(logits, labels, smoothing=eps).item() == pytest.approx(total.item() / count, rel=1e-6)
-    assert train.label_smoothed_loss(logits, labels, 20, smoothing=eps).item() == pytest.approx(total.item() / 20, rel=1e-6)
+    loss = label_smoothed_cross_entropy(logits, labels, label_smoothing=eps)
+    assert loss.item() == pytest.approx(total.item() / count, rel=1e-6)
+    assert label_smoothed_cross_entropy(logits, labels, 20, eps).item() == pytest.approx(total.item() / 20, rel=1e-6)
 
 
 def test_micro_batch_losses_add_up_to_the_whole_batch_loss(data_dir, tmp_path):
     """Two micro-batches of unequal target lengths, each normalised by the tokens of both, sum to the
     loss of one batch holding all of them: every token weighs the same under accumulation."""
-    trainer, tokenizer, examples, _ = build(data_dir, tmp_path, "--config_overrides", "dropout=0.0")
-    model = trainer.model.eval()
+    prepared = build(data_dir, tmp_path, "--config_overrides", "dropout=0.0")
+    trainer, examples = prepared.trainer, features(prepared.datasets["train"])
     first, second = examples[:3], [e for e in examples if len(e["labels"]) > 5][:2]
     collate = trainer.data_collator
     batches = [collate([dict(e) for e in part]) for part in (first, second, first + second)]
+    model = trainer.model
     tokens = sum((b["labels"] != -100).sum() for b in batches[:2])
     model.train()  # smoothing applies in training; dropout is 0
     parts = [trainer.compute_loss(model, b, num_items_in_batch=tokens) for b in batches[:2]]
@@ -152,7 +166,8 @@ def padded_tokens(batch) -> int:
 
 
 def test_trainer_batches_respect_max_tokens_and_cover_every_example_once(data_dir, tmp_path):
-    trainer, _, examples, _ = build(data_dir, tmp_path, "--max_tokens", "120")
+    prepared = build(data_dir, tmp_path, "--max_tokens", "120")
+    trainer, examples = prepared.trainer, features(prepared.datasets["train"])
     loader = trainer.get_train_dataloader()
     seen = []
     for batch in loader:
@@ -165,8 +180,8 @@ def test_trainer_batches_respect_max_tokens_and_cover_every_example_once(data_di
 
 def test_two_processes_get_disjoint_batches_and_reshuffle_each_epoch(data_dir, tmp_path):
     """accelerate deals the sampler's batches out to the processes, as it does under DDP."""
-    trainer, _, examples, _ = build(data_dir, tmp_path, "--max_tokens", "120")
-    sampler = train.data_utils.TokenBatchSampler(
+    examples = features(build(data_dir, tmp_path, "--max_tokens", "120").datasets["train"])
+    sampler = TokenBatchSampler(
         [(len(e["input_ids"]), len(e["labels"])) for e in examples], 120, seed=0
     )
     loader = torch.utils.data.DataLoader(list(range(len(examples))), batch_sampler=sampler)
@@ -195,8 +210,6 @@ def test_two_processes_get_disjoint_batches_and_reshuffle_each_epoch(data_dir, t
 
 def test_model_learns_to_reverse_and_the_saved_folder_loads(data_dir, tmp_path):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    from translate import translate
 
     output = tmp_path / "run"
     metrics = train.main(tiny_args(
@@ -261,17 +274,18 @@ def test_evaluation_decodes_past_20_tokens_and_reports_the_unsmoothed_loss(tmp_p
     data = tmp_path / "data"
     write_pairs(data, "train", reverse_pairs(40, seed=6, lengths=(22, 26)))
     write_pairs(data, "valid", reverse_pairs(4, seed=7, lengths=(22, 26)))
-    trainer, tokenizer, _, validation = train.build_trainer(*train.parse_arguments(tiny_args(
+    prepared = train.build_trainer(*train.parse_arguments(tiny_args(
         data, tmp_path / "out", "--validation_source_file", str(data / "valid.src"),
         "--validation_target_file", str(data / "valid.tgt"), "--generation_num_beams", "1",
         "--per_device_eval_batch_size", "4", "--tokenizer_vocab_size", "260",
     )))
+    trainer, validation = prepared.trainer, prepared.datasets["validation"]
     assert min(len(e["labels"]) for e in validation) > 20
     for _ in range(2):  # the second evaluation would be cut if the first changed the generation config
         predictions = trainer.predict(validation).predictions
         assert predictions.shape[1] > 21
     assert trainer.model.generation_config.max_length is None
-    batch = trainer.data_collator([dict(e) for e in validation])
+    batch = trainer.data_collator(features(validation))
     model = trainer.model.eval()
     with torch.no_grad():
         logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
@@ -281,7 +295,7 @@ def test_evaluation_decodes_past_20_tokens_and_reports_the_unsmoothed_loss(tmp_p
 
 
 def test_attention_implementation_flag_reaches_a_new_model(data_dir, tmp_path):
-    trainer, *_ = build(data_dir, tmp_path, "--attn_implementation", "eager")
+    trainer = build(data_dir, tmp_path, "--attn_implementation", "eager").trainer
     assert trainer.model.config._attn_implementation == "eager"
 
 
@@ -328,7 +342,8 @@ def test_tsv_and_jsonl_training_files(tmp_path):
     jsonl.write_text("".join(json.dumps({"translation": {"en": s, "de": t}}) + "\n" for s, t in pairs))
     for path, extra in ((tsv, ["--source_column", "1", "--target_column", "2"]), (jsonl, [])):
         _, data_args, _ = train.parse_arguments(["--train_file", str(path), "--output_dir", str(tmp_path), *extra])
-        assert train.load_pairs(data_args, seed=0)[0] == pairs
+        train_text = train.load_text_datasets(data_args, seed=0)["train"]
+        assert list(zip(train_text["source"], train_text["target"])) == pairs
 
 
 def test_validation_size_holds_out_pairs_disjointly(data_dir, tmp_path):
@@ -336,7 +351,8 @@ def test_validation_size_holds_out_pairs_disjointly(data_dir, tmp_path):
         "--train_source_file", str(data_dir / "train.src"), "--train_target_file", str(data_dir / "train.tgt"),
         "--validation_size", "100", "--output_dir", str(tmp_path),
     ])
-    training, validation = train.load_pairs(data_args, seed=0)
+    text = train.load_text_datasets(data_args, seed=0)
+    training, validation = [list(zip(text[role]["source"], text[role]["target"])) for role in ("train", "validation")]
     assert len(validation) == 100 and len(training) == 1400
     assert sorted(training + validation) == sorted(reverse_pairs(1500, seed=1))
 
@@ -351,7 +367,6 @@ def test_misaligned_files_are_an_error(tmp_path):
 @pytest.mark.parametrize(
     "arguments, message",
     [
-        ([], "Give training data"),
         (["--train_source_file", "a.txt"], "both --train_source_file and --train_target_file"),
         (["--train_file", "x.csv"], "use a .tsv or .jsonl"),
         (["--train_file", "x.tsv", "--train_source_file", "a", "--train_target_file", "b"], "not both"),
@@ -360,7 +375,12 @@ def test_misaligned_files_are_an_error(tmp_path):
 def test_bad_data_arguments_say_what_to_give(tmp_path, arguments, message):
     _, data_args, _ = train.parse_arguments([*arguments, "--output_dir", str(tmp_path)])
     with pytest.raises(ValueError, match=message):
-        train.load_pairs(data_args, seed=0)
+        train.load_text_datasets(data_args, seed=0)
+
+
+def test_no_training_data_says_what_to_give(tmp_path):
+    with pytest.raises(ValueError, match="Give training data"):
+        train.build_trainer(*train.parse_arguments(["--output_dir", str(tmp_path)]))
 
 
 def test_malformed_config_override_is_an_error():
@@ -375,8 +395,7 @@ def test_tokenizer_larger_than_the_checkpoint_vocabulary_is_an_error(data_dir, t
 
     small = tmp_path / "small"
     VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=100)).save_pretrained(small)
-    trainer, tokenizer, *_ = build(data_dir, tmp_path / "a")
-    tokenizer.save_pretrained(tmp_path / "tok")
+    build(data_dir, tmp_path / "a").tokenizer.save_pretrained(tmp_path / "tok")
     with pytest.raises(ValueError, match="more than the model's vocab_size=100"):
         build(data_dir, tmp_path / "b", "--model_name_or_path", str(small), "--tokenizer_name_or_path", str(tmp_path / "tok"))
 
@@ -398,7 +417,7 @@ def test_two_processes_follow_one_process_with_twice_the_batch(data_dir, tmp_pat
     common = ("--max_steps", "8", "--max_tokens", "150", "--learning_rate", "0.003", "--warmup_steps", "4",
               "--config_overrides", "dropout=0.0", "--tokenizer_name_or_path")
     tokenizer_dir = tmp_path / "tokenizer"
-    build(data_dir, tmp_path / "t")[1].save_pretrained(tokenizer_dir)
+    build(data_dir, tmp_path / "t").tokenizer.save_pretrained(tokenizer_dir)
 
     one = tmp_path / "one"
     train.main(tiny_args(data_dir, one, *common, str(tokenizer_dir), "--gradient_accumulation_steps", "2"))

@@ -1,4 +1,5 @@
-"""training/translate.py: batched beam search in input order, paper defaults, scoring, pictures."""
+"""training/translate.py (vanilla_transformer.training.translation): batched beam search in input
+order, paper defaults, blank and over-long lines, dtype, scoring, pictures."""
 
 from __future__ import annotations
 
@@ -12,13 +13,9 @@ import pytest
 import sacrebleu
 import torch
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "training"))
-
-import translate  # noqa: E402
-
-import vanilla_transformer  # noqa: E402
-from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration  # noqa: E402
+import vanilla_transformer
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.training import translation as translate
 
 SENTENCES = [
     "a long sentence with many words in it to make it the longest",
@@ -31,12 +28,15 @@ SENTENCES = [
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("model")
+    return save_model(tmp_path_factory.mktemp("model"))
+
+
+def save_model(folder: Path, **overrides) -> Path:
     tokenizer = vanilla_transformer.train_tokenizer(iter(SENTENCES * 3), vocab_size=300)
     torch.manual_seed(0)
     config = VanillaTransformerConfig.from_preset(
         "tiny", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id, decoder_start_token_id=tokenizer.bos_token_id,
+        bos_token_id=tokenizer.bos_token_id, decoder_start_token_id=tokenizer.bos_token_id, **overrides,
     )
     model = VanillaTransformerForConditionalGeneration(config)
     model.generation_config.max_new_tokens = 8  # an untrained model never stops by itself
@@ -135,3 +135,95 @@ def test_an_empty_translation_gets_no_pictures_and_is_named_on_stderr(loaded, tm
     assert sorted(p.name for p in (tmp_path / "pictures").iterdir()) == ["0001"]
     assert paths and all(Path(p).read_bytes().startswith(b"\x89PNG") for p in paths)
     assert "input(s) 0, 2: their translation is empty" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------
+# Blank lines, lines longer than the model accepts, dtype, progress
+# ---------------------------------------------------------------------------------------------
+
+
+def test_blank_lines_give_blank_outputs_and_are_not_decoded(loaded, model_dir, tmp_path):
+    model, tokenizer = loaded
+    lines = ["short", "", "   ", "x", "\t"]
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("".join(line + "\n" for line in lines))
+    translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(output)])
+    assert output.read_text().split("\n")[:-1] == [one_by_one(model, tokenizer, ["short"])[0], "", "", 
+                                                    one_by_one(model, tokenizer, ["x"])[0], ""]
+
+
+@pytest.fixture(scope="module")
+def short_model_dir(tmp_path_factory) -> Path:
+    return save_model(tmp_path_factory.mktemp("short"), max_position_embeddings=12)
+
+
+def test_a_line_too_long_fails_before_decoding_and_is_named(short_model_dir, tmp_path, monkeypatch):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(short_model_dir)
+    long_line = " ".join(["medium sentence"] * 10)
+    assert len(tokenizer(long_line)["input_ids"]) > 12
+    source = tmp_path / "in.txt"
+    source.write_text(f"short\n{long_line}\nx\n")
+    decoded = []
+    monkeypatch.setattr(VanillaTransformerForConditionalGeneration, "generate",
+                        lambda self, **kwargs: decoded.append(1))
+    with pytest.raises(ValueError, match=r"longer than the 12 tokens the model accepts: number 2 \(\d+ tokens\).*--skip-long"):
+        translate.main(["--model", str(short_model_dir), "--input", str(source), "--output", str(tmp_path / "o")])
+    assert decoded == [] and not (tmp_path / "o").exists()
+
+
+def test_skip_long_leaves_the_line_empty_and_truncate_translates_its_start(short_model_dir, tmp_path):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(short_model_dir), AutoTokenizer.from_pretrained(short_model_dir)
+    model.generation_config.max_new_tokens = 5
+    long_line = " ".join(["medium sentence"] * 10)
+    lines = ["short", long_line, "x"]
+    skipped = translate.translate(model, tokenizer, lines, long_inputs="skip")
+    assert skipped == [one_by_one(model, tokenizer, ["short"])[0], "", one_by_one(model, tokenizer, ["x"])[0]]
+    truncated = translate.translate(model, tokenizer, lines, long_inputs="truncate")
+    ids = tokenizer(long_line)["input_ids"][:11] + [tokenizer.eos_token_id]  # the limit, </s> kept
+    with torch.no_grad():
+        expected = model.generate(input_ids=torch.tensor([ids]), attention_mask=torch.ones(1, 12, dtype=torch.long))
+    assert truncated[1] == tokenizer.decode(expected[0], skip_special_tokens=True)
+    assert truncated[0] == skipped[0] and truncated[2] == skipped[2]
+
+
+def test_dtype_and_device_flags_decode_as_a_model_loaded_in_that_dtype(model_dir, tmp_path):
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(model_dir, dtype=torch.bfloat16).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("".join(s + "\n" for s in SENTENCES))
+    translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(output),
+                    "--dtype", "bfloat16", "--device", "cpu", "--batch-size", "1"])
+    assert output.read_text().splitlines() == one_by_one(model, tokenizer, SENTENCES)
+
+
+def test_progress_bar_on_stderr_unless_switched_off(model_dir, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("short\nx\n")
+    translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "o")])
+    assert "translating" in capsys.readouterr().err
+    translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "o"), "--no-progress"])
+    assert "translating" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--batch-size", "0"], "--batch-size must be positive"),
+    (["--num-beams", "-1"], "--num-beams must be positive"),
+    (["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+])
+def test_numeric_flags_out_of_range_are_refused(model_dir, argv, message, capsys):
+    with pytest.raises(SystemExit):
+        translate.parse_args(["--model", str(model_dir), *argv])
+    assert message in capsys.readouterr().err
+
+
+def test_an_empty_input_file_is_an_error(model_dir, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_bytes(b"")
+    with pytest.raises(ValueError, match="--input .*is empty"):
+        translate.main(["--model", str(model_dir), "--input", str(source)])

@@ -709,12 +709,12 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def generate(self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs):
         """`GenerationMixin.generate` with the paper's length limit (§6.1) and outputs padded with ``<pad>``.
 
-        Length: a ``max_length`` or ``max_new_tokens`` given in the call (or in the ``generation_config``
-        passed) is used as given. Otherwise, when the generation config has
-        ``max_new_tokens_beyond_input`` (50, the paper's), at most (longest source in the batch) + that
-        many tokens are generated, capped by ``max_position_embeddings`` -- whatever ``max_length`` the
-        model's stored config has (``Seq2SeqTrainer`` writes transformers' default of 20 into it). A
-        config saved before that field existed gets + 50 when it sets no length of its own.
+        Length, first match wins: ``max_length`` or ``max_new_tokens`` in the call (or in the
+        ``generation_config`` passed); ``max_new_tokens`` set on the model's generation config; the
+        paper's rule, at most (longest source in the batch) + ``max_new_tokens_beyond_input`` (50)
+        tokens, capped by ``max_position_embeddings``. The rule beats the ``max_length`` stored in the
+        model's generation config, which ``Seq2SeqTrainer`` sets to transformers' default of 20 as a
+        side effect of evaluating; set ``max_new_tokens_beyond_input = None`` to use ``max_length``.
         """
         limit = self._new_tokens_limit(inputs, generation_config, kwargs)
         if limit is not None:
@@ -741,15 +741,13 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             return None
         if generation_config is not None and (generation_config.max_length or generation_config.max_new_tokens):
             return None
+        if self.generation_config.max_new_tokens is not None:  # set on the model's config by the user
+            return None
         holder = next(
             (c for c in (generation_config, self.generation_config) if hasattr(c, MAX_NEW_TOKENS_BEYOND_INPUT)), None
         )
-        if holder is not None:
-            extra = getattr(holder, MAX_NEW_TOKENS_BEYOND_INPUT)
-        elif self.generation_config.max_length is None and self.generation_config.max_new_tokens is None:
-            extra = MAX_EXTRA_OUTPUT_TOKENS  # a generation config saved before the field existed
-        else:
-            extra = None
+        # A generation config saved before the field existed gets the paper's rule too.
+        extra = getattr(holder, MAX_NEW_TOKENS_BEYOND_INPUT) if holder is not None else MAX_EXTRA_OUTPUT_TOKENS
         source_length = _source_length(inputs, kwargs)
         if extra is None or source_length is None:
             return None

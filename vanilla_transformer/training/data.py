@@ -20,6 +20,7 @@ the file (and the flag it came from) and say what to do.
 from __future__ import annotations
 
 import gzip
+import itertools
 import json
 import logging
 import math
@@ -120,7 +121,8 @@ def read_lines(path: PathLike, what: str | None = None) -> list[str]:
 
 def read_parallel(source_path: PathLike, target_path: PathLike, what: tuple[str, str] | None = None) -> list[tuple[str, str]]:
     """The pairs of two small aligned files (test sets), in memory; corpora go through `parallel_text_dataset`."""
-    return list(_parallel_rows(str(source_path), str(target_path), what or (None, None)))
+    rows = _parallel_rows(str(source_path), str(target_path), what or (None, None))
+    return [(row["source"], row["target"]) for row in rows]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -130,16 +132,18 @@ def read_parallel(source_path: PathLike, target_path: PathLike, what: tuple[str,
 
 def _parallel_rows(source_path: str, target_path: str, what: tuple[str | None, str | None], **_) -> Iterator[dict]:
     sources, targets = numbered_lines(source_path, what[0]), numbered_lines(target_path, what[1])
-    count = 0
-    for count, ((_, source), (_, target)) in enumerate(zip(sources, targets), start=1):
-        yield {"source": source, "target": target}
-    rest_source, rest_target = sum(1 for _ in sources), sum(1 for _ in targets)
-    if rest_source or rest_target:
-        raise ValueError(
-            f"Parallel files are not aligned: {_named(Path(source_path), what[0])} has {count + rest_source} lines "
-            f"but {_named(Path(target_path), what[1])} has {count + rest_target}; line i of one must translate line "
-            "i of the other, so they need the same number of lines."
-        )
+    paired = 0
+    for source, target in itertools.zip_longest(sources, targets):
+        if source is None or target is None:  # one file ended before the other: count the rest of both
+            lines = [paired + (line is not None) + sum(1 for _ in rest)
+                     for line, rest in ((source, sources), (target, targets))]
+            raise ValueError(
+                f"Parallel files are not aligned: {_named(Path(source_path), what[0])} has {lines[0]} lines but "
+                f"{_named(Path(target_path), what[1])} has {lines[1]}; line i of one must translate line i of the "
+                "other, so they need the same number of lines."
+            )
+        paired += 1
+        yield {"source": source[1], "target": target[1]}
 
 
 def _tsv_rows(path: str, source_column: int, target_column: int, what: str | None, **_) -> Iterator[dict]:

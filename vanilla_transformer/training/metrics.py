@@ -45,6 +45,11 @@ class TranslationMetrics:
         self.signatures: dict[str, str] = {}
 
     def __call__(self, prediction) -> dict:
+        if isinstance(prediction.predictions, tuple) or prediction.predictions.dtype.kind == "f":
+            raise ValueError(
+                "TranslationMetrics scores translations, but the Trainer passed logits: evaluate with "
+                "predict_with_generate=True, or leave compute_metrics out to report the loss only."
+            )
         pad = self.tokenizer.pad_token_id
         predictions = np.where(prediction.predictions < 0, pad, prediction.predictions)
         labels = np.where(prediction.label_ids < 0, pad, prediction.label_ids)

@@ -409,18 +409,18 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     do_train, do_eval, do_predict = steps_to_run(training_args)
     with training_args.main_process_first(desc="reading the data"):
         text = load_text_datasets(data_args, training_args.seed)
-    for role, needed, flag in (("train", do_train, "--do_train"), ("validation", do_eval, "--do_eval"),
-                               ("test", do_predict, "--do_predict")):
-        if needed and text[role] is None:
-            raise ValueError(f"{flag} needs {role} data: give --{role}_source_file/--{role}_target_file, "
-                             f"--{role}_file or a Hub split.")
-    if not do_train and not model_args.model_name_or_path:
-        raise ValueError("Without --do_train there is nothing to evaluate: give the model with --model_name_or_path.")
-    if text["train"] is None and not (do_eval or do_predict):
+    if do_train and text["train"] is None:
         raise ValueError(
             "Give training data: --train_source_file/--train_target_file, --train_file (.tsv/.jsonl), or "
-            "--dataset_name (a Hub dataset)."
+            "--dataset_name (a Hub dataset); or, to evaluate or predict only, --do_eval/--do_predict with "
+            "--model_name_or_path."
         )
+    for role, needed, flag in (("validation", do_eval, "--do_eval"), ("test", do_predict, "--do_predict")):
+        if needed and text[role] is None:
+            raise ValueError(f"{flag} needs {role} data: give --{role}_source_file/--{role}_target_file, "
+                             f"--{role}_file or --{role}_split of a Hub dataset.")
+    if not do_train and not model_args.model_name_or_path:
+        raise ValueError("Without training, --do_eval/--do_predict need the model: give --model_name_or_path.")
     tokenizer = build_tokenizer(model_args, training_args, text["train"], training_args.seed)
     model = build_model(model_args, tokenizer)
     tokenizer.model_max_length = model.config.max_position_embeddings  # so that truncation=True means something
