@@ -46,6 +46,9 @@ SPECIAL_TOKENS = [PAD_TOKEN, UNK_TOKEN, BOS_TOKEN, EOS_TOKEN]
 BYTE_ALPHABET = pre_tokenizers.ByteLevel.alphabet()
 MIN_VOCAB_SIZE = len(BYTE_ALPHABET) + len(SPECIAL_TOKENS)
 DEFAULT_VOCAB_SIZE = 37000  # §5.1, WMT 2014 English-German
+# The longest input (in tokens) that `truncation=True` keeps: VanillaTransformerConfig's default
+# max_position_embeddings. Set it to the model's when that differs (train.py does).
+DEFAULT_MODEL_MAX_LENGTH = 1024
 GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -73,6 +76,7 @@ def train_tokenizer(
     vocab_size: int = DEFAULT_VOCAB_SIZE,
     min_frequency: int = 2,
     show_progress: bool = False,
+    model_max_length: int = DEFAULT_MODEL_MAX_LENGTH,
 ) -> VanillaTransformerTokenizer:
     """Learn one BPE vocabulary over all the given text (source and target together).
 
@@ -87,6 +91,8 @@ def train_tokenizer(
             ``len(tokenizer)``.
         min_frequency: a pair of symbols must occur this often to be merged.
         show_progress: show the trainer's progress bar.
+        model_max_length: the longest input ``truncation=True`` keeps (and pipelines cut to); the
+            model's ``max_position_embeddings`` (1024 for every preset).
     """
     _check_training_sizes(vocab_size, min_frequency)
     texts = _TextStream(_training_texts(texts_or_files))
@@ -119,6 +125,7 @@ def train_tokenizer(
         eos_token=EOS_TOKEN,
         clean_up_tokenization_spaces=False,  # it deletes spaces before punctuation: not a round trip
         split_special_tokens=True,
+        model_max_length=model_max_length,
     )
 
 
