@@ -406,8 +406,14 @@ def _set_linear(spec, *linears: nn.Linear) -> None:
     spec.bias = torch.cat([linear.bias for linear in linears]).detach()
 
 
+def _copy(tensor: torch.Tensor) -> torch.Tensor:
+    """A copy for the spec: ``spec.optimize(quantization=...)`` rewrites some variables in place, which
+    would otherwise change the exported model's own weights (int8 did, to the tied embedding)."""
+    return tensor.detach().clone()
+
+
 def _set_layer_norm(spec, layer_norm: nn.LayerNorm) -> None:
-    spec.gamma, spec.beta = layer_norm.weight.detach(), layer_norm.bias.detach()
+    spec.gamma, spec.beta = _copy(layer_norm.weight), _copy(layer_norm.bias)
 
 
 def _set_self_attention(spec, attention: nn.Module, residual: nn.Module) -> None:
@@ -435,7 +441,7 @@ def _set_stack(spec, stack: nn.Module, config: VanillaTransformerConfig) -> None
     spec.scale_embeddings = embedding.scale
     positions = embedding.positional_encoding  # CTranslate2's own sinusoidal table is not ours: set it
     table = positions.table if config.position_embedding_type == "sinusoidal" else positions.weight
-    spec.position_encodings.encodings = table.detach()
+    spec.position_encodings.encodings = _copy(table)
     if config.normalize_before:
         _set_layer_norm(spec.layer_norm, stack.layer_norm)
 
@@ -443,17 +449,17 @@ def _set_stack(spec, stack: nn.Module, config: VanillaTransformerConfig) -> None
 def _fill_spec(spec, model: VanillaTransformerForConditionalGeneration) -> None:
     encoder, decoder, config = model.model.encoder, model.model.decoder, model.config
     _set_stack(spec.encoder, encoder, config)
-    spec.encoder.embeddings[0].weight = encoder.embedding.token_embedding.weight.detach()
+    spec.encoder.embeddings[0].weight = _copy(encoder.embedding.token_embedding.weight)
     for layer_spec, layer in zip(spec.encoder.layer, encoder.layers):
         _set_self_attention(layer_spec.self_attention, layer.self_attention, layer.self_attention_residual)
         _set_feed_forward(layer_spec.ffn, layer)
     _set_stack(spec.decoder, decoder, config)
-    spec.decoder.embeddings.weight = decoder.embedding.token_embedding.weight.detach()
+    spec.decoder.embeddings.weight = _copy(decoder.embedding.token_embedding.weight)
     for layer_spec, layer in zip(spec.decoder.layer, decoder.layers):
         _set_self_attention(layer_spec.self_attention, layer.self_attention, layer.self_attention_residual)
         _set_cross_attention(layer_spec.attention, layer.cross_attention, layer.cross_attention_residual)
         _set_feed_forward(layer_spec.ffn, layer)
-    spec.decoder.projection.weight = model.lm_head.weight.detach()
+    spec.decoder.projection.weight = _copy(model.lm_head.weight)
 
 
 def _pieces(tokenizer, size: int, side: str) -> list[str]:

@@ -23,7 +23,19 @@ from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.generation.logits_process import (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -80,6 +92,28 @@ POSITIONAL_ENCODINGS = {"sinusoidal": SinusoidalPositionalEncoding, "learned": L
 
 
 # ---------------------------------------------------------------------------------------------
+# §5.4 Dropout
+# ---------------------------------------------------------------------------------------------
+
+
+class Dropout(nn.Dropout):
+    """``nn.Dropout`` whose mask, on CPU, is drawn with ``torch.rand`` instead of ``bernoulli_``.
+
+    The same distribution: each unit kept with probability 1 - p (a uniform float is >= p with that
+    probability, to float precision) and scaled by 1 / (1 - p). On CPU ``F.dropout`` draws with
+    ``bernoulli_``, about three times slower than ``torch.rand``, and dropout was a tenth of a training
+    step; here the uniform draws become the scaled mask in place (kept for the backward as float32,
+    4 bytes a unit where ``F.dropout`` keeps 1). Other devices keep ``F.dropout``'s fused kernel.
+    """
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if not self.training or hidden_states.device.type != "cpu" or not 0 < self.p < 1:
+            return super().forward(hidden_states)
+        mask = torch.rand_like(hidden_states).ge_(self.p).mul_(1 / (1 - self.p))  # 0 or 1 / (1 - p)
+        return hidden_states * mask
+
+
+# ---------------------------------------------------------------------------------------------
 # §3.4 Embeddings: token embedding * sqrt(d_model) + positional encoding, then dropout (§5.4)
 # ---------------------------------------------------------------------------------------------
 
@@ -93,7 +127,7 @@ class TransformerEmbedding(nn.Module):
         self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.positional_encoding = POSITIONAL_ENCODINGS[config.position_embedding_type](config)
         self.max_positions = config.max_position_embeddings
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int | torch.Tensor = 0
@@ -204,14 +238,38 @@ class VanillaTransformerAttention(nn.Module):
         """hidden_states (B, T, d_model) -> (output (B, T, d_model), weights (B, H, T, S) or None)."""
         query = self._split_heads(self.q_proj(hidden_states))  # (B, H, T, D)
         source = encoder_hidden_states if self.is_cross_attention else hidden_states
-        key, value = self._keys_and_values(source, past_key_values)  # (B, H, S, D) each
+        key, value = self._keys_and_values(source, past_key_values)  # (B / beams, H, S, D) each
+        beams = query.shape[0] // key.shape[0]  # beam search: the beams of a sentence share its encoder output
+        if beams > 1:
+            query = fold_beams(query, beams)  # (B / beams, H, beams * T, D)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         output, weights = attention(
             self, query, key, value, attention_mask,
             dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
         )
-        output = output.reshape(*hidden_states.shape[:-1], -1)  # (B, T, H * D)
+        if beams > 1 and weights is not None:
+            weights = unfold_beams(weights, beams)  # (B, H, T, S)
+        output = output.reshape(*hidden_states.shape[:-1], -1)  # (B, T, H * D): beam-major rows unfold by themselves
         return self.out_proj(output), weights
+
+
+def fold_beams(query: torch.Tensor, beams: int) -> torch.Tensor:
+    """(B * beams, H, T, D) -> (B, H, beams * T, D): the beams of a sentence become more query positions.
+
+    In beam search every beam of a sentence attends to the same encoder output, so cross-attention keeps
+    its keys and values once per sentence (not once per beam: a quarter of the memory to read at beam 4,
+    and nothing to reorder when the beams are reordered) and asks all the beams' queries at once.
+    """
+    rows, heads, length, dim = query.shape
+    folded = query.view(rows // beams, beams, heads, length, dim).transpose(1, 2)
+    return folded.reshape(rows // beams, heads, beams * length, dim)
+
+
+def unfold_beams(weights: torch.Tensor, beams: int) -> torch.Tensor:
+    """(B, H, beams * T, S) -> (B * beams, H, T, S), the inverse of `fold_beams` for attention weights."""
+    sentences, heads, folded_length, source_length = weights.shape
+    unfolded = weights.view(sentences, heads, beams, folded_length // beams, source_length).transpose(1, 2)
+    return unfolded.reshape(sentences * beams, heads, folded_length // beams, source_length)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -226,7 +284,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(config.d_model, ffn_dim)
         self.activation = ACT2FN[config.activation_function]
-        self.activation_dropout = nn.Dropout(config.activation_dropout)
+        self.activation_dropout = Dropout(config.activation_dropout)
         self.fc2 = nn.Linear(ffn_dim, config.d_model)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -245,7 +303,7 @@ class ResidualConnection(nn.Module):
         super().__init__()
         self.normalize_before = config.normalize_before
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
 
     def forward(self, hidden_states: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         if self.normalize_before:
@@ -468,9 +526,15 @@ class VanillaTransformerDecoder(VanillaTransformerStack):
             config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask,
             past_key_values=past_key_values.self_attention_cache if past_key_values is not None else None,
         )
-        cross_attention_mask = create_bidirectional_mask(
-            config=self.config, inputs_embeds=hidden_states, attention_mask=encoder_attention_mask,
-            encoder_hidden_states=encoder_hidden_states,
+        sentences = encoder_hidden_states.shape[0]
+        if hidden_states.shape[0] % sentences:
+            raise ValueError(
+                f"The decoder got {hidden_states.shape[0]} rows for {sentences} encoded sentences: pass one encoder "
+                "output per decoder row, or one per sentence with its beams in consecutive decoder rows."
+            )
+        cross_attention_mask = create_bidirectional_mask(  # one per sentence: its beams ask as more query positions
+            config=self.config, inputs_embeds=hidden_states.reshape(sentences, -1, hidden_states.shape[-1]),
+            attention_mask=encoder_attention_mask, encoder_hidden_states=encoder_hidden_states,
         )
         for layer in self.layers:
             hidden_states = layer(
@@ -599,15 +663,311 @@ def label_smoothed_cross_entropy(
     sum is divided by ``num_items_in_batch`` when given (the Trainer's count of target tokens in the
     whole accumulated batch, over all processes), else by this batch's tokens: every token weighs
     the same however the tokens fall into micro-batches. With ``label_smoothing=0`` it is the
-    negative log-likelihood per token, whose exp is the perplexity.
+    negative log-likelihood per token, whose exp is the perplexity. Computed by `SmoothedCrossEntropy`
+    (under ``torch.compile`` by ``cross_entropy``, which the compiler fuses itself).
     """
     labels = labels.to(logits.device)
-    total = nn.functional.cross_entropy(
-        logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100, reduction="sum",
-        label_smoothing=label_smoothing,
-    )
     count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
-    return total / (count.to(total.device) if torch.is_tensor(count) else count)
+    count = count.to(logits.device) if torch.is_tensor(count) else count
+    logits, labels = logits.flatten(0, -2), labels.flatten()
+    if torch.compiler.is_compiling():
+        total = nn.functional.cross_entropy(
+            logits.float(), labels, ignore_index=-100, reduction="sum", label_smoothing=label_smoothing
+        )
+        return total / count
+    return SmoothedCrossEntropy.apply(logits, labels, label_smoothing, count)
+
+
+class SmoothedCrossEntropy(torch.autograd.Function):
+    """`label_smoothed_cross_entropy` over rows of logits (N, V), with its gradient computed in the same pass.
+
+    Per row, with L = log sum_v exp(x_v): loss = L - (1 - eps) x_y - eps mean_v(x_v), and gradient
+    softmax(x) - (1 - eps) onehot(y) - eps / V (zero for a label of -100), both divided by the token
+    count. A chunk of rows at a time, in float32, while the chunk is in cache: no (N, V) log-probability
+    tensor, no float copy of all the logits, and the backward only scales the gradient (when the loss
+    was scaled after). ``cross_entropy`` with label smoothing builds several (N, V) temporaries; on CPU
+    this takes half its time (benchmarks/profile_training_step.py).
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, smoothing: float, count) -> torch.Tensor:
+        ignored = labels == -100
+        targets = labels.masked_fill(ignored, 0)
+        row_weight = (~ignored).float() / count
+        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
+        total = logits.new_zeros((), dtype=torch.float32)
+        for rows in _row_chunks(logits):
+            x = logits[rows].float()
+            maximum = x.amax(dim=-1, keepdim=True)
+            in_place = grad[rows] if grad is not None and grad.dtype == torch.float32 else None
+            exp = torch.sub(x, maximum, out=in_place).exp_()
+            normalizer = exp.sum(dim=-1, keepdim=True)
+            target = x.gather(1, targets[rows, None])
+            loss = maximum + normalizer.log() - (1 - smoothing) * target - smoothing * x.mean(dim=-1, keepdim=True)
+            weight = row_weight[rows, None]
+            total += (loss * weight).sum()
+            if grad is not None:  # (softmax - eps / V) * weight, then -(1 - eps) * weight at the label
+                torch.addcmul(weight * (-smoothing / x.shape[-1]), exp, weight / normalizer, out=exp)
+                exp.scatter_add_(1, targets[rows, None], weight * (smoothing - 1))
+                if in_place is None:
+                    grad[rows] = exp
+        ctx.save_for_backward(grad)
+        return total
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_total: torch.Tensor):
+        (grad,) = ctx.saved_tensors
+        return grad if bool(grad_total == 1) else grad * grad_total, None, None, None  # loss.backward() passes 1
+
+
+def _row_chunks(logits: torch.Tensor) -> list[slice]:
+    """Slices of rows of about 2^18 elements on CPU (a core's L2 cache; measured fastest), 2^28 elsewhere."""
+    elements = 2**18 if logits.device.type == "cpu" else 2**28
+    step = max(1, elements // logits.shape[-1])
+    return [slice(start, start + step) for start in range(0, logits.shape[0], step)]
+
+
+# ---------------------------------------------------------------------------------------------
+# §6.1 Beam search: generate()'s algorithm and hypotheses, with less work per step
+# ---------------------------------------------------------------------------------------------
+
+
+class GrowingLayer(DynamicLayer):
+    """Decoder self-attention keys and values for beam search, kept in buffers with room to grow.
+
+    `DynamicLayer` concatenates the whole history with every new position (a copy per step), and beam
+    search then reorders it (a second copy). Here a step writes its position in place and a reorder copies
+    the history once, into a spare buffer that becomes the current one; a full buffer doubles.
+    """
+
+    is_croppable = False
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.length = 0
+        self.current = self.spare = ()  # (keys, values), each (B, H, capacity, D)
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        rows, end = key_states.shape[0], self.length + key_states.shape[-2]
+        if not self.current or end > self.current[0].shape[-2]:
+            self._grow(key_states, value_states, end)
+        for buffer, states in zip(self.current, (key_states, value_states)):
+            buffer[:rows, :, self.length : end].copy_(states)
+        self.length = end
+        self.keys, self.values = (buffer[:rows, :, :end] for buffer in self.current)
+        return self.keys, self.values
+
+    def _grow(self, key_states: torch.Tensor, value_states: torch.Tensor, length: int) -> None:
+        capacity = max(length, 2 * self.length, 16)
+        buffers = [
+            states.new_empty(states.shape[0], states.shape[1], capacity, states.shape[-1])
+            for states in (key_states, value_states, key_states, value_states)
+        ]
+        if self.length:
+            buffers[0][:, :, : self.length].copy_(self.keys)
+            buffers[1][:, :, : self.length].copy_(self.values)
+        self.current, self.spare = tuple(buffers[:2]), tuple(buffers[2:])
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Keep these rows in this order (a beam reorder, or finished sentences left out), in one copy."""
+        if not self.length:
+            return
+        rows = beam_idx.shape[0]
+        for spare, states in zip(self.spare, (self.keys, self.values)):
+            torch.index_select(states, 0, beam_idx.to(states.device), out=spare[:rows, :, : self.length])
+        self.current, self.spare = self.spare, self.current
+        self.keys, self.values = (buffer[:rows, :, : self.length] for buffer in self.current)
+
+    batch_select_indices = reorder_cache
+
+
+def beam_search_cache(config: VanillaTransformerConfig) -> EncoderDecoderCache:
+    """Self-attention in `GrowingLayer`s; cross-attention in a plain cache, filled once per sentence."""
+    self_attention = DynamicCache(config=config)
+    self_attention.layers = [GrowingLayer() for _ in range(config.decoder_layers)]
+    return EncoderDecoderCache(self_attention, DynamicCache(config=config))
+
+
+def best_continuations(
+    log_probs: torch.Tensor, beam_scores: torch.Tensor, keep: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``keep`` best (beam, token) continuations of each sentence, best first: scores, beams, tokens (B, keep).
+
+    generate() adds each beam's score to all V of its token log-probabilities and takes the top ``keep``
+    of those B x (beams * V) sums. A sentence's best ``keep`` can only come from each beam's best ``keep``
+    tokens, so those are all this adds: the same sums, beams x keep of them instead of beams x V.
+    """
+    sentences, beams = beam_scores.shape
+    token_scores, tokens = torch.topk(log_probs, keep)  # (B * beams, keep)
+    sums = (token_scores.view(sentences, beams, keep) + beam_scores[:, :, None]).view(sentences, beams * keep)
+    scores, picked = torch.topk(sums, keep)  # (B, keep)
+    return scores, picked // keep, tokens.view(sentences, beams * keep).gather(1, picked)
+
+
+# Logits processors that treat every row on its own (no batch index, no per-sentence state): with them,
+# leaving a finished sentence's rows out of the batch changes nothing for the other rows.
+ROW_WISE_PROCESSORS = (
+    MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor,
+    SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
+)
+ROW_WISE_CRITERIA = (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)
+
+
+class BeamSearch:
+    """`GenerationMixin._beam_search` (transformers 5) for this model: the same candidates, scores and
+    hypotheses, with less work per step. Its bookkeeping (`_update_finished_beams` and friends) is
+    transformers' own; what differs is how much the model and the vocabulary-sized tensors cost:
+
+    - cross-attention keys and values are computed and kept once per sentence, not once per beam, and
+      never reordered (`fold_beams`); self-attention keys and values live in a `GrowingLayer`;
+    - the best continuations come from each beam's best tokens (`best_continuations`) instead of a
+      (B, beams * V) tensor of sums, and the logits are not copied first;
+    - a sentence whose hypotheses can no longer change (all its beams finished, and early stopping or
+      no possible improvement) leaves the batch; generate() keeps decoding it until the last one ends.
+
+    `covers` says which calls it serves; the rest go to transformers' `_beam_search`.
+    """
+
+    best_continuations = staticmethod(best_continuations)
+
+    @staticmethod
+    def covers(model, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs) -> bool:
+        cache, encoder_outputs = model_kwargs.get("past_key_values"), model_kwargs.get("encoder_outputs")
+        return (
+            not (generation_config.do_sample or generation_config.return_dict_in_generate or synced_gpus)
+            and generation_config.prefill_chunk_size is None
+            and set(model_kwargs) <= {"attention_mask", "encoder_outputs", "past_key_values", "use_cache"}
+            and bool(model_kwargs.get("use_cache"))
+            and type(cache) is EncoderDecoderCache and type(cache.self_attention_cache) is DynamicCache
+            and not getattr(cache, "_is_user_defined", False) and cache.get_seq_length() == 0
+            and isinstance(encoder_outputs, BaseModelOutput) and list(encoder_outputs.keys()) == ["last_hidden_state"]
+            and all(type(processor) in ROW_WISE_PROCESSORS for processor in logits_processor)
+            and all(type(criterion) in ROW_WISE_CRITERIA for criterion in stopping_criteria)
+        )
+
+    def __init__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
+        self.model, self.config = model, generation_config
+        self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
+        self.beams = generation_config.num_beams
+        eos = generation_config._eos_token_tensor
+        self.keep = max(2, 1 + (eos.shape[0] if eos is not None else 0)) * self.beams  # candidates per sentence
+        self.top_beams_mask = torch.arange(self.keep, device=input_ids.device) < self.beams
+        sentences, self.prompt_length = input_ids.shape[0] // self.beams, input_ids.shape[1]
+        self.length = self.prompt_length
+        # generate() repeated every sentence's encoder output and mask for its beams: keep one of each
+        self.encoder_hidden_states = model_kwargs["encoder_outputs"].last_hidden_state[:: self.beams]
+        mask = model_kwargs.get("attention_mask")
+        self.attention_mask = mask[:: self.beams] if mask is not None else None
+        self.cache = beam_search_cache(model.config)
+        self.sentence_ids = torch.arange(sentences, device=input_ids.device)  # batch position of each kept sentence
+        self.state = self._initial_state(input_ids, sentences)
+        self.result = {name: self.state[name].clone() for name in ("sequences", "beam_indices")}
+
+    def _initial_state(self, input_ids: torch.Tensor, sentences: int) -> dict[str, torch.Tensor]:
+        """The tensors `_beam_search` starts from, with the same fill values."""
+        pad, eos = self.config._pad_token_tensor, self.config._eos_token_tensor
+        fill = pad or eos[0] if eos is not None else -1  # as transformers writes it
+        device, shape, beams = input_ids.device, (sentences, self.beams), self.beams
+        running_sequences = torch.full((*shape, self.config.max_length), fill, dtype=torch.long, device=device)
+        running_sequences[:, :, : self.length] = input_ids.view(sentences, beams, -1)
+        running_beam_scores = torch.zeros(shape, device=device)
+        running_beam_scores[:, 1:] = -1.0e9  # only the first beam's continuations count at the first step
+        indices = torch.full((*shape, self.config.max_length - self.length), -1, dtype=torch.int32, device=device)
+        return {
+            "running_sequences": running_sequences, "running_beam_scores": running_beam_scores,
+            "running_beam_indices": indices, "sequences": running_sequences.clone(),
+            "beam_scores": torch.full(shape, -1.0e9, device=device), "beam_indices": indices.clone(),
+            "is_sent_finished": torch.zeros(shape, dtype=torch.bool, device=device),
+            "is_early_stop_heuristic_unsatisfied": torch.ones((sentences, 1), dtype=torch.bool, device=device),
+            "next_token_hits_stopping_criteria": torch.zeros(shape, dtype=torch.bool, device=device),
+        }
+
+    def run(self) -> torch.LongTensor:
+        while True:
+            self._step()
+            if not self._unfinished():
+                break
+            self._leave_out_finished_sentences()
+        self._store(torch.ones_like(self.sentence_ids, dtype=torch.bool))
+        returned = self.config.num_return_sequences
+        sequences = self.result["sequences"][:, :returned].flatten(0, 1)
+        beam_indices = self.result["beam_indices"][:, :returned].flatten(0, 1)
+        generated = (beam_indices + 1).bool().sum(dim=1).max()  # as `_beam_search` crops its output
+        return sequences[:, : self.prompt_length + generated]
+
+    def _step(self) -> None:
+        state, model, beams = self.state, self.model, self.beams
+        sequences = state["running_sequences"][:, :, : self.length].flatten(0, 1)  # (B * beams, length)
+        outputs = model(
+            encoder_outputs=(self.encoder_hidden_states,), attention_mask=self.attention_mask,
+            decoder_input_ids=sequences if self.length == self.prompt_length else sequences[:, -1:],
+            past_key_values=self.cache, use_cache=True,
+        )
+        log_probs = nn.functional.log_softmax(outputs.logits[:, -1, :].float(), dim=-1)  # (B * beams, V)
+        log_probs = self.logits_processor(sequences, log_probs)
+        scores, beam, token = self.best_continuations(log_probs, state["running_beam_scores"], self.keep)
+        candidates = model._gather_beams(state["running_sequences"], beam)
+        candidates[:, :, self.length] = token
+        candidate_indices = model._gather_beams(state["running_beam_indices"], beam)
+        offsets = torch.arange(beam.shape[0], device=beam.device)[:, None] * beams
+        candidate_indices[:, :, self.length - self.prompt_length] = beam + offsets
+        hits = self.stopping_criteria(candidates[:, :, : self.length + 1].flatten(0, 1), None)
+        state["next_token_hits_stopping_criteria"] = hits.view(beam.shape[0], self.keep)
+        state["running_sequences"], state["running_beam_scores"], state["running_beam_indices"] = (
+            model._get_running_beams_for_next_iteration(
+                scores, candidates, candidate_indices, state["next_token_hits_stopping_criteria"], beams
+            )
+        )
+        state["sequences"], state["beam_scores"], state["beam_indices"], state["is_sent_finished"] = (
+            model._update_finished_beams(
+                state["sequences"], candidates, state["beam_scores"], scores, state["beam_indices"],
+                candidate_indices, state["is_early_stop_heuristic_unsatisfied"], state["is_sent_finished"],
+                state["next_token_hits_stopping_criteria"], self.top_beams_mask, beams, self.length,
+                self.prompt_length, self.config.length_penalty, self.config.early_stopping,
+            )
+        )
+        beam_idx = state["running_beam_indices"][..., self.length - self.prompt_length].flatten()
+        self.cache.self_attention_cache.reorder_cache(beam_idx)  # cross-attention: once per sentence, never
+        self.length += 1
+        state["is_early_stop_heuristic_unsatisfied"] = model._check_early_stop_heuristic(
+            state["is_early_stop_heuristic_unsatisfied"], state["running_beam_scores"], state["beam_scores"],
+            state["is_sent_finished"], self.length, self.config.max_length, self.prompt_length,
+            self.config.early_stopping, self.config.length_penalty,
+        )
+
+    def _unfinished(self) -> bool:
+        state = self.state
+        return bool(self.model._beam_search_has_unfinished_sequences(
+            state["is_early_stop_heuristic_unsatisfied"], state["is_sent_finished"],
+            state["next_token_hits_stopping_criteria"], self.config.early_stopping,
+        ))
+
+    def _leave_out_finished_sentences(self) -> None:
+        """Sentences whose finished hypotheses can no longer change leave the batch (and the cache)."""
+        state = self.state
+        improvable = state["is_early_stop_heuristic_unsatisfied"][:, 0] & (self.config.early_stopping is not True)
+        done = state["is_sent_finished"].all(dim=-1) & ~improvable
+        if not done.any():
+            return
+        self._store(done)
+        kept = (~done).nonzero().squeeze(1)
+        self.state = {name: tensor[kept] for name, tensor in state.items()}
+        rows = (kept[:, None] * self.beams + torch.arange(self.beams, device=kept.device)).flatten()
+        encoder_rows = kept if self.encoder_hidden_states.shape[0] == self.sentence_ids.shape[0] else rows
+        self.sentence_ids = self.sentence_ids[kept]
+        self.encoder_hidden_states = self.encoder_hidden_states[encoder_rows]
+        self.attention_mask = self.attention_mask[encoder_rows] if self.attention_mask is not None else None
+        self.cache.self_attention_cache.batch_select_indices(rows)
+        self.cache.cross_attention_cache.batch_select_indices(encoder_rows)
+
+    def _store(self, sentences: torch.Tensor) -> None:
+        """Copy these sentences' finished hypotheses to their batch positions in the result."""
+        for name, tensor in self.result.items():
+            tensor[self.sentence_ids[sentences]] = self.state[name][sentences]
 
 
 def pad_after_end_of_sequence(sequences: torch.Tensor, eos_token_id: int, pad_token_id: int) -> torch.Tensor:
@@ -729,6 +1089,22 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
                 return pad_after_end_of_sequence(output, eos, pad)
             output.sequences = pad_after_end_of_sequence(output.sequences, eos, pad)
         return output
+
+    def _beam_search(
+        self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **model_kwargs
+    ):
+        """generate()'s beam search: `BeamSearch` where it covers the call, else transformers' own."""
+        if BeamSearch.covers(self, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs):
+            return BeamSearch(self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs).run()
+        return super()._beam_search(
+            input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
+        )
+
+    def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
+        """transformers' beam search reorders the cache through this: the cross-attention keys and values
+        are the same for every beam of a sentence, so only self-attention's are reordered."""
+        past_key_values.self_attention_cache.reorder_cache(beam_idx)
+        return past_key_values
 
     def _setting(self, generation_config: GenerationConfig | None, name: str):
         """A generation setting: the passed config's, else the model's (as `generate()` merges them)."""

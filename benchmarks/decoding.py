@@ -1,0 +1,381 @@
+"""Decoding speed of the model itself: ours vs MarianMT on the same weights, and vs CTranslate2.
+
+    python benchmarks/decoding.py [--data-dir ../shared/data/multi30k] [--marian-model DIR]
+        [--sentences 256] [--repeats 3] [--levers] [--no-compile] [--no-ctranslate2] [--threads N]
+
+One MarianMT model is decoded by MarianMTModel.generate(), by our model holding its weights
+(`vanilla_transformer.convert.from_marian`, whose outputs equal Marian's) through plain generate(),
+and by CTranslate2 (float32 and int8) after `vanilla_transformer.convert.to_ctranslate2`; beam 4 (length
+penalty 0.6, early stopping, as §6.1) and greedy, batches of 1 and 32 test_2016_flickr sentences
+(sorted by length, the same batches for every system). Printed: sentences/s and target tokens/s
+(generated tokens with </s>), the speed relative to MarianMT (median over repeats, systems
+alternating), BLEU for a trained model, and whether the hypotheses equal MarianMT's token for token:
+ours and CTranslate2 float32 must; int8 is reported as the share of identical hypotheses.
+
+The model, and what makes the comparison honest:
+- ``--marian-model DIR``: a trained MarianMTModel with its tokenizer (e.g. runs/multi30k/marian from
+  ``benchmarks/multi30k.py --systems marian --marian-setup paper``). Outputs have their real lengths:
+  sentences end at different steps, which is where leaving finished sentences out of the batch pays.
+  The length limit is the paper's source + 50 for every system.
+- default: MarianMT with random weights and the benchmark's dimensions (d_model 256, 3+3 layers, 4 heads,
+  FFN 1024, ReLU, embeddings scaled by sqrt(d_model), a 10k BPE vocabulary learned here from the train
+  split). Random weights rarely emit </s>, so every system is told to generate exactly the length of the
+  batch's longest reference (``min_new_tokens = max_new_tokens``, CTranslate2's ``min/max_decoding_length``):
+  the same number of steps for all, every beam alive to the end. That measures the cost of a step and
+  gives no credit for sentences that end early. BLEU is not reported.
+
+``--levers`` times our model with one lever undone at a time (beam 4, batch 32, against the shipped model,
+alternating), plus dynamic int8 quantisation of the linear layers (torch.ao.quantization.quantize_dynamic)
+and the static cache under torch.compile. Without the data folder it says so and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import AutoTokenizer, GenerationMixin, MarianConfig, MarianMTModel
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
+import vanilla_transformer
+from vanilla_transformer.convert import from_marian
+from vanilla_transformer.modeling_vanilla_transformer import (
+    BeamSearch,
+    VanillaTransformerForConditionalGeneration,
+    pad_after_end_of_sequence,
+)
+from vanilla_transformer.training import read_parallel
+
+REPO = Path(__file__).resolve().parents[1]
+CLOCK = [time.perf_counter]  # time.process_time with --cpu-time
+DIMENSIONS = dict(
+    d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
+    encoder_ffn_dim=1024, decoder_ffn_dim=1024, activation_function="relu", scale_embedding=True,
+)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "multi30k"))
+    parser.add_argument("--marian-model", help="a trained MarianMTModel folder with its tokenizer (default: random)")
+    parser.add_argument("--sentences", type=int, default=256, help="test sentences decoded in batches of 32")
+    parser.add_argument("--sentences-batch-1", type=int, default=32, help="test sentences decoded one at a time")
+    parser.add_argument("--repeats", type=int, default=3, help="timed passes per system (median)")
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time with the process's CPU time instead of the wall clock: steadier on a machine "
+                             "others share, meaningful with --threads 1")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads and CTranslate2's threads")
+    parser.add_argument("--configurations", default="4x32,4x1,1x32,1x1",
+                        help="comma-separated BEAMxBATCH to compare the systems on ('' for none)")
+    parser.add_argument("--levers", action="store_true", help="also time our model with each lever undone")
+    parser.add_argument("--no-compile", action="store_true", help="skip the static cache + torch.compile lever")
+    parser.add_argument("--no-ctranslate2", action="store_true", help="skip the CTranslate2 rows")
+    return parser.parse_args(argv)
+
+
+# ---------------------------------------------------------------------------------------------
+# Data, model, batches
+# ---------------------------------------------------------------------------------------------
+
+
+def load_models(args, data_dir: Path):
+    """(MarianMT, ours with its weights, tokenizer, trained?)."""
+    if args.marian_model:
+        marian = MarianMTModel.from_pretrained(args.marian_model).eval()
+        tokenizer = AutoTokenizer.from_pretrained(args.marian_model)
+    else:
+        pairs = read_parallel(data_dir / "train.en.gz", data_dir / "train.de.gz")
+        tokenizer = vanilla_transformer.train_tokenizer((text for pair in pairs for text in pair), vocab_size=10000)
+        torch.manual_seed(0)
+        marian = MarianMTModel(MarianConfig(
+            vocab_size=len(tokenizer), decoder_vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
+            forced_eos_token_id=None, **DIMENSIONS,
+        )).eval()
+    return marian, from_marian(marian), tokenizer, bool(args.marian_model)
+
+
+def make_batches(tokenizer, pairs, batch_size: int, trained: bool) -> list[dict]:
+    """Length-sorted batches with the generate() settings of each: beam-independent parts only."""
+    sources = [source for source, _ in pairs]
+    order = sorted(range(len(sources)), key=lambda i: len(tokenizer(sources[i])["input_ids"]))
+    batches = []
+    for start in range(0, len(order), batch_size):
+        indices = order[start:start + batch_size]
+        inputs = tokenizer([sources[i] for i in indices], return_tensors="pt", padding=True)
+        if trained:  # the paper's limit (§6.1), spelled out for MarianMT
+            length = dict(max_new_tokens=inputs["input_ids"].shape[1] + 50)
+        else:  # random weights: exactly the longest reference's length, for every system
+            longest = max(len(ids) for ids in tokenizer([pairs[i][1] for i in indices])["input_ids"])
+            length = dict(min_new_tokens=longest, max_new_tokens=longest)
+        batches.append({"indices": indices, "inputs": dict(inputs), "length": length})
+    return batches
+
+
+def beam_settings(beam: int) -> dict:
+    return dict(num_beams=4, length_penalty=0.6, early_stopping=True) if beam > 1 else dict(num_beams=1)
+
+
+# ---------------------------------------------------------------------------------------------
+# Decoders: each returns the hypotheses' token ids (through </s>) in test-set order
+# ---------------------------------------------------------------------------------------------
+
+
+def transformers_decoder(model, tokenizer, batches, beam: int) -> Callable[[], list[list[int]]]:
+    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+
+    def decode():
+        hypotheses = {}
+        for batch in batches:
+            with torch.inference_mode():
+                output = model.generate(**batch["inputs"], **batch["length"], **beam_settings(beam))
+            output = pad_after_end_of_sequence(output, eos, pad)[:, 1:]  # MarianMT fills with </s>
+            for index, row in zip(batch["indices"], output.tolist()):
+                hypotheses[index] = [token for token in row if token != pad]
+        return [hypotheses[i] for i in range(len(hypotheses))]
+
+    return decode
+
+
+def ctranslate2_decoder(model, tokenizer, batches, beam: int, quantization: str, work_dir: Path):
+    import ctranslate2
+
+    from vanilla_transformer.convert import to_ctranslate2
+
+    folder = to_ctranslate2(model, work_dir / quantization, quantization=quantization, tokenizer=tokenizer, force=True)
+    translator = ctranslate2.Translator(str(folder), device="cpu", compute_type=quantization, inter_threads=1,
+                                        intra_threads=torch.get_num_threads())
+
+    def decode():
+        hypotheses = {}
+        for batch in batches:
+            tokens = [tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
+                      for ids, mask in zip(batch["inputs"]["input_ids"], batch["inputs"]["attention_mask"])]
+            length = batch["length"]
+            results = translator.translate_batch(
+                tokens, max_batch_size=len(tokens), beam_size=beam, length_penalty=0.6, return_end_token=True,
+                min_decoding_length=length.get("min_new_tokens", 0), max_decoding_length=length["max_new_tokens"],
+            )
+            for index, result in zip(batch["indices"], results):
+                hypotheses[index] = tokenizer.convert_tokens_to_ids(result.hypotheses[0])
+        return [hypotheses[i] for i in range(len(hypotheses))]
+
+    return decode
+
+
+# ---------------------------------------------------------------------------------------------
+# Levers undone (our model with one of them taken back), for --levers
+# ---------------------------------------------------------------------------------------------
+
+
+class FullReorderSearch(VanillaTransformerForConditionalGeneration):
+    """transformers' own beam search and cache reorder: the model before issue 19's decoding levers."""
+
+    _beam_search = GenerationMixin._beam_search
+
+    def _reorder_cache(self, past_key_values, beam_idx):
+        past_key_values.reorder_cache(beam_idx)
+        return past_key_values
+
+
+class StockSearch(VanillaTransformerForConditionalGeneration):
+    """transformers' own beam search, with our cross-attention-keeping `_reorder_cache`."""
+
+    _beam_search = GenerationMixin._beam_search
+
+
+def search_variant(search_class: type[BeamSearch]) -> type:
+    """A model class whose generate() runs ``search_class`` instead of `BeamSearch`."""
+
+    class Variant(VanillaTransformerForConditionalGeneration):
+        def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
+                         **model_kwargs):
+            if not BeamSearch.covers(self, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                                     model_kwargs):
+                raise RuntimeError("this benchmark's call is not one BeamSearch covers")
+            return search_class(self, input_ids, logits_processor, stopping_criteria, generation_config,
+                                model_kwargs).run()
+
+    return Variant
+
+
+class KeepFinishedSentences(BeamSearch):
+    """Finished sentences stay in the batch until the last one ends, as in generate()."""
+
+    def _leave_out_finished_sentences(self) -> None:
+        pass
+
+
+class FlatTopK(BeamSearch):
+    """Continuations as generate() picks them: copy the logits, add beam scores to all V, top-k over beams * V."""
+
+    @staticmethod
+    def best_continuations(log_probs, beam_scores, keep):
+        sentences, beams = beam_scores.shape
+        sums = (log_probs.clone().view(sentences, beams, -1) + beam_scores[:, :, None]).view(sentences, -1)
+        scores, picked = torch.topk(sums, keep)
+        vocabulary = log_probs.shape[-1]
+        return scores, picked // vocabulary, picked % vocabulary
+
+
+class ConcatenatedCache(BeamSearch):
+    """Self-attention keys and values in DynamicLayers (torch.cat every step) instead of GrowingLayers."""
+
+    def __init__(self, model, *args):
+        super().__init__(model, *args)
+        self.cache = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
+
+
+class CrossAttentionPerBeam(BeamSearch):
+    """Cross-attention keys and values per beam (computed for every beam; not reordered)."""
+
+    def __init__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
+        super().__init__(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
+        self.encoder_hidden_states = model_kwargs["encoder_outputs"].last_hidden_state
+        self.attention_mask = model_kwargs.get("attention_mask")
+
+
+def lever_models(ours) -> dict[str, nn.Module]:
+    """Our model with one lever undone (each a copy sharing nothing), by the lever's name."""
+    variants = {
+        "transformers' beam search, full cache reorder": FullReorderSearch,
+        "transformers' beam search, cross-attention not reordered": StockSearch,
+        "finished sentences kept in the batch": search_variant(KeepFinishedSentences),
+        "top-k over beams x vocabulary (logits copied)": search_variant(FlatTopK),
+        "self-attention cache concatenated (DynamicLayer)": search_variant(ConcatenatedCache),
+        "cross-attention keys/values per beam": search_variant(CrossAttentionPerBeam),
+    }
+    models = {}
+    for name, model_class in variants.items():
+        model = copy.deepcopy(ours)
+        model.__class__ = model_class
+        models[name] = model
+    return models
+
+
+def quantized(ours) -> nn.Module:
+    """Dynamic int8 quantisation of every linear layer, the documented one-liner."""
+    return torch.ao.quantization.quantize_dynamic(copy.deepcopy(ours), {nn.Linear}, dtype=torch.qint8)
+
+
+def compiled_static(ours) -> nn.Module:
+    """A static cache (transformers' beam search then) with the forward under torch.compile."""
+    model = copy.deepcopy(ours)
+    model.generation_config.cache_implementation = "static"
+    model.forward = torch.compile(model.forward, fullgraph=True)
+    return model
+
+
+# ---------------------------------------------------------------------------------------------
+# Timing and the table
+# ---------------------------------------------------------------------------------------------
+
+
+def alternate(decoders: dict[str, Callable], repeats: int) -> tuple[dict[str, list[float]], dict[str, list]]:
+    """One untimed pass of each, then ``repeats`` timed passes in turn (ABAB...)."""
+    outputs = {name: decode() for name, decode in decoders.items()}
+    seconds = {name: [] for name in decoders}
+    for _ in range(repeats):
+        for name, decode in decoders.items():
+            started = CLOCK[0]()
+            decode()
+            seconds[name].append(CLOCK[0]() - started)
+    return seconds, outputs
+
+
+def ratio_text(slower: list[float], faster: list[float]) -> str:
+    """How many times faster ``faster`` ran than ``slower``: ratio of medians (range over the repeats)."""
+    ratios = sorted(s / f for s, f in zip(slower, faster))
+    return f"{statistics.median(slower) / statistics.median(faster):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+
+
+def bleu_text(tokenizer, hypotheses, references, trained: bool) -> str:
+    if not trained:
+        return "-"
+    from vanilla_transformer.training import score
+
+    texts = tokenizer.batch_decode(hypotheses, skip_special_tokens=True)
+    return f"{score(texts, references)['bleu']:.2f}"
+
+
+def same_text(hypotheses, reference) -> str:
+    same = sum(a == b for a, b in zip(hypotheses, reference))
+    return "identical" if same == len(reference) else f"{same}/{len(reference)} identical"
+
+
+def table(seconds, outputs, tokenizer, references, trained, sentences, levers: bool = False) -> str:
+    """Systems: speed relative to the first row (MarianMT). Levers: how much faster the first row (our
+    shipped model) is than the row, i.e. what the row's lever is worth."""
+    first = next(iter(seconds))
+    speed = "shipped vs this (range over repeats)" if levers else f"speed vs {first} (range over repeats)"
+    lines = [f"| {'ours with this lever undone' if levers else 'system'} | sentences/s | target tokens/s | {speed} "
+             f"| BLEU | hypotheses vs {first} |", "|---|---|---|---|---|---|"]
+    for name in seconds:
+        median = statistics.median(seconds[name])
+        tokens = sum(len(h) for h in outputs[name])
+        relative = ratio_text(seconds[name], seconds[first]) if levers else ratio_text(seconds[first], seconds[name])
+        lines.append(
+            f"| {name} | {sentences / median:.1f} | {tokens / median:.0f} | {relative} | "
+            f"{bleu_text(tokenizer, outputs[name], references, trained)} | {same_text(outputs[name], outputs[first])} |"
+        )
+    return "\n".join(lines)
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    data_dir = Path(args.data_dir)
+    if not data_dir.is_dir():
+        print(f"Multi30k not found at {data_dir} (give --data-dir): nothing to benchmark.")
+        return None
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.cpu_time:
+        CLOCK[0] = time.process_time
+    marian, ours, tokenizer, trained = load_models(args, data_dir)
+    test = read_parallel(data_dir / "test_2016_flickr.en.gz", data_dir / "test_2016_flickr.de.gz")
+    print(f"{'trained' if trained else 'random-weight'} MarianMT, {torch.get_num_threads()} threads, "
+          f"{args.repeats} repeats; {'lengths as decoded' if trained else 'fixed output lengths'}")
+    work_dir = Path(tempfile.mkdtemp(prefix="decoding-benchmark-"))
+    results = {}
+    for configuration in filter(None, args.configurations.split(",")):
+        beam, batch_size = map(int, configuration.split("x"))
+        pairs = test[: args.sentences if batch_size > 1 else args.sentences_batch_1]
+        batches = make_batches(tokenizer, pairs, batch_size, trained)
+        decoders = {"MarianMT": transformers_decoder(marian, tokenizer, batches, beam),
+                    "ours": transformers_decoder(ours, tokenizer, batches, beam)}
+        if not args.no_ctranslate2:
+            for quantization in ("float32", "int8"):
+                decoders[f"CTranslate2 {quantization}"] = ctranslate2_decoder(
+                    ours, tokenizer, batches, beam, quantization, work_dir)
+        seconds, outputs = alternate(decoders, args.repeats)
+        references = [reference for _, reference in pairs]
+        print(f"\nbeam {beam}, batch {batch_size}, {len(pairs)} sentences")
+        print(table(seconds, outputs, tokenizer, references, trained, len(pairs)))
+        results[(beam, batch_size)] = seconds
+    if args.levers or not args.no_compile:
+        pairs = test[: args.sentences]
+        batches = make_batches(tokenizer, pairs, 32, trained)
+        variants = {"ours (shipped)": ours}
+        if args.levers:
+            variants.update(lever_models(ours))
+            variants["ours, int8 dynamic quantisation (linear layers)"] = quantized(ours)
+        if not args.no_compile:
+            variants["transformers' beam search, static cache + torch.compile"] = compiled_static(ours)
+        decoders = {name: transformers_decoder(model, tokenizer, batches, 4) for name, model in variants.items()}
+        seconds, outputs = alternate(decoders, args.repeats)
+        references = [reference for _, reference in pairs]
+        print(f"\nlevers: beam 4, batch 32, {len(pairs)} sentences")
+        print(table(seconds, outputs, tokenizer, references, trained, len(pairs), levers=True))
+        results["levers"] = seconds
+    return results
+
+
+if __name__ == "__main__":
+    main()
