@@ -377,6 +377,15 @@ def test_int8_quantization_gives_a_smaller_model_that_translates(trained, tokeni
     assert results[0].hypotheses[0] and set(results[0].hypotheses[0]) <= set(tokenizer.get_vocab())
 
 
+def test_exporting_leaves_the_models_own_weights_as_they_were(trained, tokenizer, tmp_path):
+    """spec.optimize(quantization=...) rewrites variables in place; int8 once quantised the tied embedding."""
+    before = {name: tensor.clone() for name, tensor in trained.state_dict().items()}
+    for quantization in (None, "int8", "int16", "float16"):
+        to_ctranslate2(trained, tmp_path / str(quantization), tokenizer=tokenizer, quantization=quantization)
+    for name, tensor in trained.state_dict().items():
+        assert torch.equal(tensor, before[name]), name
+
+
 # --- CTranslate2: command line and errors -------------------------------------------------------------
 
 

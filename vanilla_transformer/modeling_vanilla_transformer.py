@@ -526,12 +526,8 @@ class VanillaTransformerDecoder(VanillaTransformerStack):
             config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask,
             past_key_values=past_key_values.self_attention_cache if past_key_values is not None else None,
         )
+        self._check_beams_share(hidden_states.shape[0], encoder_hidden_states.shape[0])
         sentences = encoder_hidden_states.shape[0]
-        if hidden_states.shape[0] % sentences:
-            raise ValueError(
-                f"The decoder got {hidden_states.shape[0]} rows for {sentences} encoded sentences: pass one encoder "
-                "output per decoder row, or one per sentence with its beams in consecutive decoder rows."
-            )
         cross_attention_mask = create_bidirectional_mask(  # one per sentence: its beams ask as more query positions
             config=self.config, inputs_embeds=hidden_states.reshape(sentences, -1, hidden_states.shape[-1]),
             attention_mask=encoder_attention_mask, encoder_hidden_states=encoder_hidden_states,
@@ -544,6 +540,20 @@ class VanillaTransformerDecoder(VanillaTransformerStack):
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=self.layer_norm(hidden_states), past_key_values=past_key_values
         )
+
+    def _check_beams_share(self, rows: int, sentences: int) -> None:
+        """Fewer encoder outputs than decoder rows means beams share their sentence's (`fold_beams`)."""
+        if rows % sentences:
+            raise ValueError(
+                f"The decoder got {rows} rows for {sentences} encoded sentences: pass one encoder output per "
+                "decoder row, or one per sentence with its beams in consecutive decoder rows."
+            )
+        if rows != sentences and self.config._attn_implementation not in ("eager", "sdpa"):
+            raise ValueError(
+                f"Beams sharing one encoder output ({rows} decoder rows for {sentences} sentences) need "
+                f"attn_implementation 'eager' or 'sdpa', not {self.config._attn_implementation!r} (its CPU kernel "
+                "fails on the folded queries): pass one encoder output per decoder row."
+            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -847,6 +857,7 @@ class BeamSearch:
             and isinstance(encoder_outputs, BaseModelOutput) and list(encoder_outputs.keys()) == ["last_hidden_state"]
             and all(type(processor) in ROW_WISE_PROCESSORS for processor in logits_processor)
             and all(type(criterion) in ROW_WISE_CRITERIA for criterion in stopping_criteria)
+            and model.config._attn_implementation in ("eager", "sdpa")  # flex on CPU fails on folded prompts
         )
 
     def __init__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):

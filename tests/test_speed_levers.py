@@ -1,0 +1,291 @@
+"""The speed levers of issue 19 change nothing but speed.
+
+References: MarianMTModel's generate() (transformers' beam search on another implementation of the same
+weights), transformers' own `_beam_search` on our model, a brute-force top-k, `DynamicLayer`, the
+unfolded (per-beam) cross-attention, PyTorch's ``cross_entropy(label_smoothing=...)`` and its autograd,
+the binomial law of a dropout mask, and the eager model for the compiled paths.
+"""
+
+import copy
+
+import pytest
+import torch
+from transformers import GenerationMixin, MarianConfig, MarianMTModel
+from transformers.cache_utils import DynamicLayer
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.convert import from_marian
+from vanilla_transformer.modeling_vanilla_transformer import (
+    Dropout,
+    GrowingLayer,
+    best_continuations,
+    label_smoothed_cross_entropy,
+)
+
+VOCAB, PAD, EOS, START = 40, 0, 3, 0
+
+
+def marian_that_stops(seed: int = 0, eos_bias: float = 1.2) -> MarianMTModel:
+    """A random MarianMTModel whose final_logits_bias makes </s> likely, so that beams and sentences
+    end at different steps (random weights alone almost never emit </s>)."""
+    torch.manual_seed(seed)
+    marian = MarianMTModel(MarianConfig(
+        vocab_size=VOCAB, decoder_vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        max_position_embeddings=128, pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=START,
+        forced_eos_token_id=None, activation_function="relu", scale_embedding=True, init_std=0.1,
+    )).eval()
+    with torch.no_grad():
+        marian.final_logits_bias[0, EOS] = eos_bias
+    return marian
+
+
+def padded_sources(seed: int = 1, sentences: int = 6):
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, VOCAB, (sentences, 10), generator=generator)
+    attention_mask = torch.ones_like(input_ids)
+    for row, length in enumerate(range(10, 10 - sentences, -1)):
+        input_ids[row, length - 1] = EOS
+        input_ids[row, length:] = PAD
+        attention_mask[row, length:] = 0
+    return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+
+def rows_per_decoder_call(model) -> list[int]:
+    """Record the number of decoder rows of every forward call (to see sentences leave the batch)."""
+    rows = []
+    model.model.decoder.register_forward_pre_hook(
+        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    return rows
+
+
+# --- beam search ------------------------------------------------------------------------------------
+
+BEAM_CASES = {
+    "paper": dict(num_beams=4, length_penalty=0.6, early_stopping=True, max_new_tokens=12),
+    "not-early": dict(num_beams=4, length_penalty=0.6, early_stopping=False, max_new_tokens=12),
+    "never": dict(num_beams=4, length_penalty=0.6, early_stopping="never", max_new_tokens=12),
+    "returns-3": dict(num_beams=4, num_return_sequences=3, length_penalty=-0.5, max_new_tokens=12),
+    "min-length": dict(num_beams=4, min_new_tokens=4, max_new_tokens=12, length_penalty=0.6),
+}
+
+
+SENTENCES_END_EARLY = {"paper", "returns-3"}
+
+
+@pytest.mark.parametrize("case", BEAM_CASES)
+def test_beam_search_gives_marians_hypotheses_while_finished_sentences_leave_the_batch(case):
+    marian = marian_that_stops()
+    ours = from_marian(marian)
+    rows = rows_per_decoder_call(ours)
+    inputs = padded_sources()
+    expected = marian.generate(**inputs, **BEAM_CASES[case])
+    produced = ours.generate(**inputs, **BEAM_CASES[case])
+    ended = expected == EOS
+    assert ended.any(dim=1).sum() > 1  # the case is a real one: several hypotheses end early
+    expected = expected.masked_fill(ended.long().cumsum(1) - ended.long() > 0, PAD)  # Marian fills with </s>
+    assert torch.equal(produced, expected)
+    if case in SENTENCES_END_EARLY:
+        assert min(rows) < max(rows)  # some sentence finished before the others and left the batch
+
+
+@pytest.mark.parametrize("case", ["paper", "returns-3"])
+def test_beam_search_equals_transformers_own_on_our_model(case):
+    ours = from_marian(marian_that_stops(seed=2))
+    inputs = padded_sources(seed=3)
+    expected = copy.deepcopy(ours)
+
+    class Stock(VanillaTransformerForConditionalGeneration):
+        _beam_search = GenerationMixin._beam_search
+
+    expected.__class__ = Stock
+    assert torch.equal(ours.generate(**inputs, **BEAM_CASES[case]), expected.generate(**inputs, **BEAM_CASES[case]))
+
+
+def test_calls_beam_search_does_not_cover_still_get_the_same_hypotheses():
+    ours = from_marian(marian_that_stops(seed=4))
+    inputs = padded_sources(seed=5)
+    plain = ours.generate(**inputs, **BEAM_CASES["paper"])
+    with_scores = ours.generate(**inputs, **BEAM_CASES["paper"], return_dict_in_generate=True, output_scores=True)
+    assert torch.equal(with_scores.sequences, plain)
+
+
+def test_best_continuations_equal_the_top_k_over_all_beams_and_tokens():
+    generator = torch.Generator().manual_seed(0)
+    sentences, beams, vocabulary, keep = 5, 4, 30, 8
+    log_probs = torch.randn(sentences * beams, vocabulary, generator=generator).log_softmax(-1)
+    beam_scores = torch.randn(sentences, beams, generator=generator) * 3
+    scores, beam, token = best_continuations(log_probs, beam_scores, keep)
+    sums = (log_probs.view(sentences, beams, vocabulary) + beam_scores[:, :, None]).view(sentences, -1)
+    expected_scores, flat = torch.topk(sums, keep)
+    assert torch.equal(scores, expected_scores)
+    assert torch.equal(beam, flat // vocabulary) and torch.equal(token, flat % vocabulary)
+
+
+def test_growing_layer_holds_what_a_dynamic_layer_holds_through_appends_reorders_and_selections():
+    generator = torch.Generator().manual_seed(0)
+    growing, dynamic = GrowingLayer(), DynamicLayer()
+    rows = 6
+    for step in range(40):  # past the first buffer's 16 positions, twice
+        length = 3 if step == 0 else 1
+        keys, values = (torch.randn(rows, 2, length, 5, generator=generator) for _ in range(2))
+        got, want = growing.update(keys, values), dynamic.update(keys, values)
+        assert all(torch.equal(g, w) for g, w in zip(got, want))
+        order = torch.randint(0, rows, (rows,), generator=generator)
+        growing.reorder_cache(order), dynamic.reorder_cache(order)
+        if step in (10, 30):  # a sentence leaves the batch
+            rows -= 2
+            kept = torch.arange(rows)
+            growing.batch_select_indices(kept), dynamic.batch_select_indices(kept)
+    assert torch.equal(growing.keys, dynamic.keys) and torch.equal(growing.values, dynamic.values)
+    assert growing.get_seq_length() == dynamic.get_seq_length() == 42
+
+
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@torch.no_grad()
+def test_beams_sharing_one_encoder_output_equal_one_output_per_beam(implementation):
+    ours = from_marian(marian_that_stops(seed=6))
+    ours.set_attn_implementation(implementation)
+    inputs, beams = padded_sources(seed=7, sentences=3), 4
+    encoder_output = ours.get_encoder()(**inputs).last_hidden_state
+    decoder_input_ids = torch.randint(4, VOCAB, (3 * beams, 5), generator=torch.Generator().manual_seed(8))
+    outputs = {}
+    for name, states, mask in (
+        ("per beam", encoder_output.repeat_interleave(beams, 0), inputs["attention_mask"].repeat_interleave(beams, 0)),
+        ("per sentence", encoder_output, inputs["attention_mask"]),
+    ):
+        outputs[name] = ours(encoder_outputs=(states,), attention_mask=mask, decoder_input_ids=decoder_input_ids,
+                             output_attentions=implementation == "eager")
+    torch.testing.assert_close(outputs["per sentence"].logits, outputs["per beam"].logits, atol=1e-5, rtol=1e-5)
+    if implementation == "eager":  # attention pictures: one (H, T, S) map per decoder row either way
+        for shared, per_beam in zip(outputs["per sentence"].cross_attentions, outputs["per beam"].cross_attentions):
+            assert shared.shape == per_beam.shape == (3 * beams, 4, 5, 10)
+            torch.testing.assert_close(shared, per_beam, atol=1e-6, rtol=1e-5)
+
+
+@torch.no_grad()
+def test_a_shared_encoder_output_with_flex_attention_is_an_error_not_a_kernel_crash():
+    ours = from_marian(marian_that_stops(seed=6))
+    ours.set_attn_implementation("flex_attention")
+    inputs = padded_sources(seed=7, sentences=3)
+    encoder_output = ours.get_encoder()(**inputs).last_hidden_state
+    with pytest.raises(ValueError, match="need attn_implementation 'eager' or 'sdpa'"):
+        ours(encoder_outputs=(encoder_output,), attention_mask=inputs["attention_mask"],
+             decoder_input_ids=torch.full((12, 1), START))
+
+
+def test_decoder_rows_that_are_not_a_multiple_of_the_sentences_are_an_error():
+    ours = from_marian(marian_that_stops())
+    inputs = padded_sources(sentences=3)
+    encoder_output = ours.get_encoder()(**inputs).last_hidden_state
+    with pytest.raises(ValueError, match="7 rows for 3 encoded sentences"):
+        ours(encoder_outputs=(encoder_output,), attention_mask=inputs["attention_mask"],
+             decoder_input_ids=torch.full((7, 1), START))
+
+
+# --- the loss ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_loss_and_gradient_equal_cross_entropy_with_label_smoothing(smoothing, dtype):
+    generator = torch.Generator().manual_seed(0)
+    vocabulary = 3000  # 87 rows per chunk: the 3 x 70 rows below cross chunk boundaries
+    logits = (torch.randn(3, 70, vocabulary, generator=generator) * 3).to(dtype).requires_grad_()
+    labels = torch.randint(0, vocabulary, (3, 70), generator=generator)
+    labels[0, 50:] = -100
+    labels[2, 5] = -100
+    reference = logits.detach().float().requires_grad_()
+    expected = torch.nn.functional.cross_entropy(
+        reference.flatten(0, 1), labels.flatten(), ignore_index=-100, label_smoothing=smoothing)
+    (2 * expected).backward()
+    loss = label_smoothed_cross_entropy(logits, labels, label_smoothing=smoothing)
+    (2 * loss).backward()  # a scaled loss scales the gradient
+    tolerance = dict(atol=1e-6, rtol=1e-5) if dtype == torch.float32 else dict(atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(loss, expected, **tolerance)
+    torch.testing.assert_close(logits.grad.float(), reference.grad, **tolerance)
+    assert logits.grad.dtype == dtype
+
+
+def test_loss_divides_by_num_items_in_batch_and_needs_no_gradient_in_eval():
+    logits = torch.randn(2, 4, 50)
+    labels = torch.randint(0, 50, (2, 4))
+    total = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum",
+                                              label_smoothing=0.1)
+    with torch.no_grad():
+        loss = label_smoothed_cross_entropy(logits, labels, torch.tensor(20), label_smoothing=0.1)
+    torch.testing.assert_close(loss, total / 20)
+
+
+# --- dropout ----------------------------------------------------------------------------------------
+
+
+def test_dropout_keeps_each_unit_with_probability_1_minus_p_and_scales_it():
+    torch.manual_seed(0)
+    dropout = Dropout(0.3).train()
+    inputs = torch.full((1000, 1000), 2.0, requires_grad=True)
+    outputs = dropout(inputs)
+    kept = outputs != 0
+    # binomial: 10^6 draws with p = 0.7, standard deviation 458 units; allow 5 of them
+    assert abs(kept.sum().item() - 700_000) < 5 * 458
+    assert torch.equal(outputs[kept], torch.full((kept.sum().item(),), 2.0 / 0.7))
+    outputs.sum().backward()
+    assert torch.equal(inputs.grad, kept.float() / 0.7)
+
+
+def test_dropout_is_the_identity_in_eval_and_at_p_0():
+    inputs = torch.randn(5, 7)
+    assert Dropout(0.3).eval()(inputs) is inputs
+    assert torch.equal(Dropout(0.0).train()(inputs), inputs)
+
+
+# --- compiled paths (issue 17) ----------------------------------------------------------------------
+
+
+def tiny_model() -> VanillaTransformerForConditionalGeneration:
+    torch.manual_seed(0)
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, max_position_embeddings=64, dropout=0.0)
+    return VanillaTransformerForConditionalGeneration(config)
+
+
+@pytest.mark.slow
+def test_a_compiled_training_step_equals_the_eager_one():
+    inputs = padded_sources()
+    labels = torch.randint(4, VOCAB, (6, 7), generator=torch.Generator().manual_seed(9))
+    gradients = []
+    for compiled in (False, True):
+        model = tiny_model().train()
+        forward = torch.compile(model) if compiled else model
+        logits = forward(**inputs, decoder_input_ids=model.prepare_decoder_input_ids_from_labels(labels)).logits
+        loss = label_smoothed_cross_entropy(logits, labels, label_smoothing=0.1)
+        loss.backward()
+        gradients.append((loss.detach(), {name: p.grad for name, p in model.named_parameters()}))
+    torch.testing.assert_close(gradients[1][0], gradients[0][0], atol=1e-5, rtol=1e-5)
+    for name, grad in gradients[0][1].items():
+        torch.testing.assert_close(gradients[1][1][name], grad, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_beam_search_with_a_static_cache_under_torch_compile_equals_eager():
+    model = tiny_model().eval()
+    inputs = padded_sources()
+    settings = dict(num_beams=4, max_new_tokens=8)
+    eager = model.generate(**inputs, **settings)
+    compiled = copy.deepcopy(model)
+    compiled.generation_config.cache_implementation = "static"
+    compiled.forward = torch.compile(compiled.forward, fullgraph=True)
+    assert torch.equal(compiled.generate(**inputs, **settings), eager)
+
+
+# --- int8 -------------------------------------------------------------------------------------------
+
+
+def test_dynamic_int8_quantisation_is_a_one_liner_that_generate_accepts():
+    model = from_marian(marian_that_stops())
+    quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
+    assert all("quantized" in type(module).__module__ for module in (quantized.lm_head, quantized.model.encoder
+                                                                    .layers[0].feed_forward.fc1))
+    inputs = padded_sources()
+    produced = quantized.generate(**inputs, **BEAM_CASES["paper"])
+    expected = model.generate(**inputs, **BEAM_CASES["paper"])
+    assert produced.shape[0] == expected.shape[0] and torch.equal(produced[:, 0], expected[:, 0])
