@@ -19,10 +19,11 @@ The model, and what makes the comparison honest:
   The length limit is the paper's source + 50 for every system.
 - default: MarianMT with random weights and the benchmark's dimensions (d_model 256, 3+3 layers, 4 heads,
   FFN 1024, ReLU, embeddings scaled by sqrt(d_model), a 10k BPE vocabulary learned here from the train
-  split). Random weights rarely emit </s>, so every system is told to generate exactly the length of the
-  batch's longest reference (``min_new_tokens = max_new_tokens``, CTranslate2's ``min/max_decoding_length``):
-  the same number of steps for all, every beam alive to the end. That measures the cost of a step and
-  gives no credit for sentences that end early. BLEU is not reported.
+  split), and a final_logits_bias of -10^4 on </s> (folded exactly into our and CTranslate2's output
+  projection), so that no system ever ends a hypothesis: every one decodes the batch's longest reference
+  length (``max_new_tokens``), every beam alive to the end. (``min_new_tokens`` would do it too, but its
+  logits processor copies the (B x beams, V) scores every step, a quarter of a step here.) That measures the
+  cost of a step and gives no credit for sentences that end early. BLEU is not reported.
 
 ``--levers`` times our model with one lever undone at a time (beam 4, batch 32, against the shipped model,
 alternating), plus dynamic int8 quantisation of the linear layers (torch.ao.quantization.quantize_dynamic)
@@ -42,13 +43,14 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import AutoTokenizer, GenerationMixin, MarianConfig, MarianMTModel
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 
 import vanilla_transformer
 from vanilla_transformer.convert import from_marian
 from vanilla_transformer.modeling_vanilla_transformer import (
     BeamSearch,
     VanillaTransformerForConditionalGeneration,
+    best_continuations,
+    blockwise_top_k,
     pad_after_end_of_sequence,
 )
 from vanilla_transformer.training import read_parallel
@@ -99,6 +101,8 @@ def load_models(args, data_dir: Path):
             eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
             forced_eos_token_id=None, **DIMENSIONS,
         )).eval()
+        with torch.no_grad():  # never </s>: every system decodes exactly max_new_tokens, with no logits processor
+            marian.final_logits_bias[0, tokenizer.eos_token_id] = -1e4
     return marian, from_marian(marian), tokenizer, bool(args.marian_model)
 
 
@@ -112,9 +116,8 @@ def make_batches(tokenizer, pairs, batch_size: int, trained: bool) -> list[dict]
         inputs = tokenizer([sources[i] for i in indices], return_tensors="pt", padding=True)
         if trained:  # the paper's limit (§6.1), spelled out for MarianMT
             length = dict(max_new_tokens=inputs["input_ids"].shape[1] + 50)
-        else:  # random weights: exactly the longest reference's length, for every system
-            longest = max(len(ids) for ids in tokenizer([pairs[i][1] for i in indices])["input_ids"])
-            length = dict(min_new_tokens=longest, max_new_tokens=longest)
+        else:  # random weights that never emit </s>: the longest reference's length, for every system
+            length = dict(max_new_tokens=max(len(ids) for ids in tokenizer([pairs[i][1] for i in indices])["input_ids"]))
         batches.append({"indices": indices, "inputs": dict(inputs), "length": length})
     return batches
 
@@ -161,7 +164,7 @@ def ctranslate2_decoder(model, tokenizer, batches, beam: int, quantization: str,
             length = batch["length"]
             results = translator.translate_batch(
                 tokens, max_batch_size=len(tokens), beam_size=beam, length_penalty=0.6, return_end_token=True,
-                min_decoding_length=length.get("min_new_tokens", 0), max_decoding_length=length["max_new_tokens"],
+                min_decoding_length=0, max_decoding_length=length["max_new_tokens"],
             )
             for index, result in zip(batch["indices"], results):
                 hypotheses[index] = tokenizer.convert_tokens_to_ids(result.hypotheses[0])
@@ -217,24 +220,39 @@ class FlatTopK(BeamSearch):
     """Continuations as generate() picks them: copy the logits, add beam scores to all V, top-k over beams * V."""
 
     @staticmethod
-    def best_continuations(log_probs, beam_scores, keep):
+    def best_continuations(log_probs, beam_scores, keep, top_k=None):
         sentences, beams = beam_scores.shape
-        sums = (log_probs.clone().view(sentences, beams, -1) + beam_scores[:, :, None]).view(sentences, -1)
-        scores, picked = torch.topk(sums, keep)
+        log_probs = log_probs.clone().view(sentences, -1, log_probs.shape[-1]).expand(sentences, beams, -1)
+        scores, picked = torch.topk((log_probs + beam_scores[:, :, None]).reshape(sentences, -1), keep)
         vocabulary = log_probs.shape[-1]
         return scores, picked // vocabulary, picked % vocabulary
 
 
-class ConcatenatedCache(BeamSearch):
-    """Self-attention keys and values in DynamicLayers (torch.cat every step) instead of GrowingLayers."""
+class WholeVocabularyTopK(BeamSearch):
+    """Each beam's best tokens by one torch.topk over the vocabulary instead of `blockwise_top_k`."""
 
-    def __init__(self, model, *args):
-        super().__init__(model, *args)
-        self.cache = EncoderDecoderCache(DynamicCache(config=model.config), DynamicCache(config=model.config))
+    @staticmethod
+    def best_continuations(log_probs, beam_scores, keep, top_k=None):
+        return best_continuations(log_probs, beam_scores, keep, torch.topk)
 
 
-class CrossAttentionPerBeam(BeamSearch):
-    """Cross-attention keys and values per beam (computed for every beam; not reordered)."""
+class FirstStepOnEveryBeam(BeamSearch):
+    """The first step runs the decoder on all beams (copies of each other) as generate() does."""
+
+    def _continuations(self, first):
+        if not first:
+            return super()._continuations(first)
+        sequences = self.state["running_sequences"][:, :, : self.length].flatten(0, 1)
+        outputs = self.model(encoder_outputs=(self.encoder_hidden_states,), attention_mask=self.attention_mask,
+                             decoder_input_ids=sequences, past_key_values=self.cache, use_cache=True)
+        log_probs = self.logits_processor(sequences, outputs.logits[:, -1, :].float().log_softmax(-1))
+        self.cache.self_attention_cache.reorder_cache(torch.arange(0, sequences.shape[0], self.beams))
+        return self.best_continuations(log_probs, self.state["running_beam_scores"], self.keep, blockwise_top_k)
+
+
+class CrossAttentionPerBeam(FirstStepOnEveryBeam):
+    """Cross-attention keys and values per beam (computed for every beam, not reordered), which needs the
+    first step on every beam too: compare with that row."""
 
     def __init__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
         super().__init__(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
@@ -249,8 +267,9 @@ def lever_models(ours) -> dict[str, nn.Module]:
         "transformers' beam search, cross-attention not reordered": StockSearch,
         "finished sentences kept in the batch": search_variant(KeepFinishedSentences),
         "top-k over beams x vocabulary (logits copied)": search_variant(FlatTopK),
-        "self-attention cache concatenated (DynamicLayer)": search_variant(ConcatenatedCache),
-        "cross-attention keys/values per beam": search_variant(CrossAttentionPerBeam),
+        "each beam's best tokens by torch.topk over the vocabulary": search_variant(WholeVocabularyTopK),
+        "first step on every beam": search_variant(FirstStepOnEveryBeam),
+        "first step on every beam + cross-attention keys/values per beam": search_variant(CrossAttentionPerBeam),
     }
     models = {}
     for name, model_class in variants.items():

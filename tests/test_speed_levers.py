@@ -1,7 +1,7 @@
 """The speed levers of issue 19 change nothing but speed.
 
 References: MarianMTModel's generate() (transformers' beam search on another implementation of the same
-weights), transformers' own `_beam_search` on our model, a brute-force top-k, `DynamicLayer`, the
+weights), transformers' own `_beam_search` on our model, a brute-force top-k, the
 unfolded (per-beam) cross-attention, PyTorch's ``cross_entropy(label_smoothing=...)`` and its autograd,
 the binomial law of a dropout mask, and the eager model for the compiled paths.
 """
@@ -11,13 +11,11 @@ import copy
 import pytest
 import torch
 from transformers import GenerationMixin, MarianConfig, MarianMTModel
-from transformers.cache_utils import DynamicLayer
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert import from_marian
 from vanilla_transformer.modeling_vanilla_transformer import (
     Dropout,
-    GrowingLayer,
     best_continuations,
     label_smoothed_cross_entropy,
 )
@@ -120,25 +118,6 @@ def test_best_continuations_equal_the_top_k_over_all_beams_and_tokens():
     expected_scores, flat = torch.topk(sums, keep)
     assert torch.equal(scores, expected_scores)
     assert torch.equal(beam, flat // vocabulary) and torch.equal(token, flat % vocabulary)
-
-
-def test_growing_layer_holds_what_a_dynamic_layer_holds_through_appends_reorders_and_selections():
-    generator = torch.Generator().manual_seed(0)
-    growing, dynamic = GrowingLayer(), DynamicLayer()
-    rows = 6
-    for step in range(40):  # past the first buffer's 16 positions, twice
-        length = 3 if step == 0 else 1
-        keys, values = (torch.randn(rows, 2, length, 5, generator=generator) for _ in range(2))
-        got, want = growing.update(keys, values), dynamic.update(keys, values)
-        assert all(torch.equal(g, w) for g, w in zip(got, want))
-        order = torch.randint(0, rows, (rows,), generator=generator)
-        growing.reorder_cache(order), dynamic.reorder_cache(order)
-        if step in (10, 30):  # a sentence leaves the batch
-            rows -= 2
-            kept = torch.arange(rows)
-            growing.batch_select_indices(kept), dynamic.batch_select_indices(kept)
-    assert torch.equal(growing.keys, dynamic.keys) and torch.equal(growing.values, dynamic.values)
-    assert growing.get_seq_length() == dynamic.get_seq_length() == 42
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
