@@ -314,6 +314,9 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
 # PreTrainedModel base: initialisation and the library's contracts
 # ---------------------------------------------------------------------------------------------
 
+MODEL_TAGS = ("translation", "vanilla-transformer", "custom_code")
+
+
 
 class VanillaTransformerPreTrainedModel(PreTrainedModel):
     """Weight initialisation and the library-facing class attributes shared by every model class.
@@ -334,6 +337,12 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_flash_attn = True
     _can_compile_fullgraph = True
+
+    def __init__(self, config: VanillaTransformerConfig, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        # transformers' mechanism for a model to name itself in the cards that push_to_hub (the model's or
+        # the Trainer's) writes: the task, this package, and that the checkpoint carries its code.
+        self.model_tags = list(MODEL_TAGS)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):
@@ -357,11 +366,42 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             init.copy_(module.table, sinusoidal_positions(*module.table.shape))
 
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
-        """Resize the (source or joint) vocabulary; a joint one keeps decoder_vocab_size in step."""
+        """Resize the source vocabulary, or the joint one (with the target embedding and the pre-softmax
+        projection) when the vocabularies are shared. A separate target vocabulary is resized with
+        `resize_decoder_token_embeddings`."""
         embeddings = super().resize_token_embeddings(*args, **kwargs)
         if self.config.share_encoder_decoder_embeddings:
             self.config.decoder_vocab_size = self.config.vocab_size
         return embeddings
+
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        if self.config.share_encoder_decoder_embeddings:  # one vocabulary: the library resizes all of it
+            return super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        old = self.get_input_embeddings()  # the source side only; the target side keeps its size
+        new = self._get_resized_embeddings(old, new_num_tokens, pad_to_multiple_of, mean_resizing)
+        new.requires_grad_(old.weight.requires_grad)
+        self.set_input_embeddings(new)
+        return new
+
+    def resize_decoder_token_embeddings(self, new_num_tokens: int, mean_resizing: bool = True) -> nn.Embedding:
+        """Resize a separate target vocabulary: the decoder's embedding and the pre-softmax projection
+        (re-tied to it, or resized with it when untied). MarianMT's method of the same name."""
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError(
+                "The source and target vocabularies are one (share_encoder_decoder_embeddings=True): resize both "
+                "with resize_token_embeddings."
+            )
+        decoder = self.base_model.decoder
+        old = decoder.get_input_embeddings()
+        new = self._get_resized_embeddings(old, new_num_tokens, mean_resizing=mean_resizing)
+        new.requires_grad_(old.weight.requires_grad)
+        decoder.set_input_embeddings(new)
+        projection = self.get_output_embeddings()
+        if projection is not None and not self.config.tie_word_embeddings:
+            self.set_output_embeddings(self._get_resized_lm_head(projection, new_num_tokens, mean_resizing=mean_resizing))
+        self.config.decoder_vocab_size = new_num_tokens
+        self.tie_weights()
+        return new
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -717,9 +757,9 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         side effect of evaluating; set ``max_new_tokens_beyond_input = None`` to use ``max_length``.
         """
         limit = self._new_tokens_limit(inputs, generation_config, kwargs)
-        if limit is not None:
+        if limit is not None:  # as a max_length (the start token + limit), which wins over the model's own
             generation_config = copy.deepcopy(generation_config or self.generation_config)
-            generation_config.max_length, generation_config.max_new_tokens = None, limit
+            generation_config.max_length, generation_config.max_new_tokens = limit + 1, None
         self._check_length_fits(generation_config or self.generation_config, kwargs)
         output = super().generate(inputs, generation_config, **kwargs)
         eos, pad = (self._setting(generation_config, name) for name in ("eos_token_id", "pad_token_id"))
@@ -757,12 +797,14 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         """Refuse, before decoding, a length the positional encoding cannot reach (the decoder's first
         position holds the start token)."""
         new_tokens = kwargs.get("max_new_tokens", generation_config.max_new_tokens)
-        limit = self.config.max_position_embeddings - 1
-        if new_tokens is not None and new_tokens > limit:
+        total = kwargs.get("max_length", generation_config.max_length)
+        positions = self.config.max_position_embeddings
+        if (new_tokens is not None and new_tokens >= positions) or (new_tokens is None and total and total > positions):
+            asked = f"max_new_tokens={new_tokens}" if new_tokens is not None else f"max_length={total}"
             raise ValueError(
-                f"max_new_tokens={new_tokens} is more than this model can generate: max_position_embeddings="
-                f"{self.config.max_position_embeddings} positions, one of them for the start token. Use at most "
-                f"{limit}, or raise max_position_embeddings in the config (sinusoidal positions need no retraining)."
+                f"{asked} is more than this model can generate: max_position_embeddings={positions} positions, one of "
+                f"them for the start token. Ask for at most {positions - 1} new tokens, or raise "
+                "max_position_embeddings in the config (sinusoidal positions need no retraining)."
             )
 
 

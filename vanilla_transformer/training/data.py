@@ -426,3 +426,13 @@ def tokenizer_training_texts(dataset, max_pairs: int | None, seed: int = 0, bloc
         batch = dataset[start:start + block]
         yield from batch["source"]
         yield from batch["target"]
+
+
+def tokenizer_cache_dir(text, settings: dict, cache_dir: str | None = None) -> Path:
+    """Where a tokenizer trained on ``text`` with ``settings`` is kept for the next run: next to the
+    Arrow caches, under a fingerprint of the data and the settings."""
+    from datasets import config
+    from datasets.fingerprint import Hasher
+
+    root = Path(cache_dir) if cache_dir else Path(config.HF_DATASETS_CACHE)
+    return root / "vanilla_transformer_tokenizers" / Hasher.hash([CACHE_VERSION, text._fingerprint, sorted(settings.items())])

@@ -311,8 +311,9 @@ def tokenized(dataset, tokenizer, config, args: DataArguments, role: str):
 # ---------------------------------------------------------------------------------------------
 
 
-def build_tokenizer(model_args: ModelArguments, training_args, train_text, seed: int):
-    """Load the given (or the checkpoint's) tokenizer, or train a joint BPE on a sample of the training data."""
+def build_tokenizer(model_args: ModelArguments, training_args, train_text, seed: int, cache_dir: str | None = None):
+    """Load the given (or the checkpoint's) tokenizer, or train a joint BPE on a sample of the training data
+    (kept under ``cache_dir`` for the next run on the same data with the same settings)."""
     name = model_args.tokenizer_name_or_path or model_args.model_name_or_path
     if name:
         return AutoTokenizer.from_pretrained(name)
@@ -325,8 +326,14 @@ def build_tokenizer(model_args: ModelArguments, training_args, train_text, seed:
                          "or --model_name_or_path.")
     if model_args.tokenizer_train_pairs < 1:
         raise ValueError(f"--tokenizer_train_pairs must be positive, got {model_args.tokenizer_train_pairs}.")
+    settings = {"vocab_size": model_args.tokenizer_vocab_size, "min_frequency": model_args.tokenizer_min_frequency,
+                "pairs": model_args.tokenizer_train_pairs, "seed": seed}
+    cached = data.tokenizer_cache_dir(train_text, settings, cache_dir)
     with training_args.main_process_first(desc="training the tokenizer"):  # once; the other processes load it
-        if training_args.process_index == 0:
+        if (cached / "tokenizer.json").is_file():
+            logger.info(f"using the tokenizer trained before on the same data with the same settings, {cached}")
+            tokenizer = AutoTokenizer.from_pretrained(cached)
+        elif training_args.process_index == 0:
             pairs = min(model_args.tokenizer_train_pairs, len(train_text))
             logger.info(f"training a joint BPE tokenizer on {pairs} of {len(train_text)} training pairs "
                         "(--tokenizer_train_pairs)")
@@ -334,10 +341,14 @@ def build_tokenizer(model_args: ModelArguments, training_args, train_text, seed:
                 data.tokenizer_training_texts(train_text, model_args.tokenizer_train_pairs, seed),
                 vocab_size=model_args.tokenizer_vocab_size, min_frequency=model_args.tokenizer_min_frequency,
             )
-            tokenizer.save_pretrained(tokenizer_dir)
             logger.info(f"trained a joint BPE tokenizer of {len(tokenizer)} tokens")
+            partial = cached.with_name(cached.name + ".partial")
+            tokenizer.save_pretrained(partial)
+            partial.replace(cached)  # complete or absent, never half-written
         else:
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+            tokenizer = AutoTokenizer.from_pretrained(cached)
+    if training_args.process_index == 0:
+        tokenizer.save_pretrained(tokenizer_dir)
     return tokenizer
 
 
@@ -421,7 +432,7 @@ def build_trainer(model_args, data_args, training_args) -> Run:
                              f"--{role}_file or --{role}_split of a Hub dataset.")
     if not do_train and not model_args.model_name_or_path:
         raise ValueError("Without training, --do_eval/--do_predict need the model: give --model_name_or_path.")
-    tokenizer = build_tokenizer(model_args, training_args, text["train"], training_args.seed)
+    tokenizer = build_tokenizer(model_args, training_args, text["train"], training_args.seed, data_args.cache_dir)
     model = build_model(model_args, tokenizer)
     tokenizer.model_max_length = model.config.max_position_embeddings  # so that truncation=True means something
     roles = [role for role, wanted in (("train", do_train), ("validation", do_eval is not False)) if wanted]

@@ -182,6 +182,13 @@ class TransformerTrainer(Seq2SeqTrainer):
         finally:
             unwrapped.generation_config = saved
 
+    def create_model_card(self, *args, tags=None, tasks=None, **kwargs):
+        """The Trainer's card, naming the task and this package (the model's tags) unless told otherwise."""
+        model_tags = self.accelerator.unwrap_model(self.model).model_tags or []
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        return super().create_model_card(*args, tags=tags + [t for t in model_tags if t not in tags],
+                                         tasks=tasks or "translation", **kwargs)
+
     def get_train_dataloader(self) -> DataLoader:
         """Token-count batches (§5.1) when ``max_tokens`` is set; accelerate deals them out to the processes."""
         if not self.args.max_tokens:
