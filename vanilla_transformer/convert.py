@@ -41,9 +41,13 @@ heads (encoder and decoder separately), ``head_dim``, embedding scale, LayerNorm
 position table set explicitly (ours, sinusoidal interleaved or learned). Decoding starts from our
 ``decoder_start_token_id`` through the model's ``decoder_start_token`` setting; ``<pad>`` stays an
 ordinary vocabulary entry (unlike CTranslate2's Marian loader, which drops it). To decode like
-``generate()`` with the paper's settings, call ``translate_batch(..., beam_size=4,
-length_penalty=0.6, return_end_token=True, min_decoding_length=0)``: both libraries divide the
-summed log-probability by ``length ** length_penalty``, but CTranslate2 counts ``</s>`` in the length
+``generate()``, call ``translate_batch(..., beam_size=4, length_penalty=0.6, return_end_token=True,
+min_decoding_length=0)``. CTranslate2 has one length penalty, transformers' ``length ** alpha``, not
+the paper's GNMT penalty ``((5 + length) / 6) ** alpha`` that our generation config selects
+(``length_penalty_formula="gnmt"``): outputs are identical to ``generate(...,
+length_penalty_formula="length")``, and can differ from the default in which finished hypothesis
+wins. Both libraries then divide the summed log-probability by ``length ** length_penalty``, but
+CTranslate2 counts ``</s>`` in the length
 only with ``return_end_token=True`` (transformers always counts it), and its default
 ``min_decoding_length=1`` forbids an immediate ``</s>``. CTranslate2 stops once ``beam_size``
 hypotheses have finished, which is ``early_stopping=True`` (the paper's config) in transformers.

@@ -609,11 +609,17 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 # generation config under this name, so that it is saved, visible and can be changed or switched off.
 MAX_NEW_TOKENS_BEYOND_INPUT = "max_new_tokens_beyond_input"
 MAX_EXTRA_OUTPUT_TOKENS = 50
+# §6.1's "length penalty alpha = 0.6" is GNMT's (Wu et al., 2016, eq. 14): a finished hypothesis Y scores
+# log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha, as tensor2tensor computed it. transformers' beam
+# search divides by |Y| ** alpha instead. The generation config says which: "gnmt" (the paper's) or
+# "length" (transformers' and CTranslate2's); a config without the field is transformers' own.
+LENGTH_PENALTY_FORMULA = "length_penalty_formula"
+LENGTH_PENALTY_FORMULAS = ("gnmt", "length")
 
 
 def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
-    """Decoding as in §6.1: beam size 4, length penalty alpha = 0.6, stop when 4 hypotheses end, and
-    at most input length + 50 new tokens (``max_new_tokens_beyond_input``, applied by `generate()`)."""
+    """Decoding as in §6.1: beam size 4, GNMT's length penalty with alpha = 0.6, stop when 4 hypotheses
+    end, and at most input length + 50 new tokens (``max_new_tokens_beyond_input``, applied by `generate()`)."""
     return GenerationConfig(
         num_beams=4,
         length_penalty=0.6,
@@ -622,8 +628,13 @@ def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfi
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
-        **{MAX_NEW_TOKENS_BEYOND_INPUT: MAX_EXTRA_OUTPUT_TOKENS},
+        **{MAX_NEW_TOKENS_BEYOND_INPUT: MAX_EXTRA_OUTPUT_TOKENS, LENGTH_PENALTY_FORMULA: "gnmt"},
     )
+
+
+def gnmt_length_penalty(length, alpha: float):
+    """lp(Y) = ((5 + |Y|) / 6) ** alpha, with |Y| the generated tokens, </s> included (GNMT, eq. 14)."""
+    return ((5 + length) / 6) ** alpha
 
 
 def label_smoothed_cross_entropy(
@@ -761,7 +772,14 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             generation_config = copy.deepcopy(generation_config or self.generation_config)
             generation_config.max_length, generation_config.max_new_tokens = limit + 1, None
         self._check_length_fits(generation_config or self.generation_config, kwargs)
-        output = super().generate(inputs, generation_config, **kwargs)
+        formula = kwargs.pop(LENGTH_PENALTY_FORMULA, None) or self._setting(generation_config, LENGTH_PENALTY_FORMULA)
+        if formula not in (None, *LENGTH_PENALTY_FORMULAS):
+            raise ValueError(f"{LENGTH_PENALTY_FORMULA}={formula!r}: use 'gnmt' (the paper's) or 'length' (transformers').")
+        self._gnmt_length_penalty = formula == "gnmt"  # read by the two beam-search scoring steps below
+        try:
+            output = super().generate(inputs, generation_config, **kwargs)
+        finally:
+            self._gnmt_length_penalty = False
         eos, pad = (self._setting(generation_config, name) for name in ("eos_token_id", "pad_token_id"))
         eos = eos[0] if isinstance(eos, list) and len(eos) == 1 else eos
         if isinstance(eos, int) and pad is not None:  # pad what follows </s> (beam search may not: see above)
@@ -769,6 +787,33 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
                 return pad_after_end_of_sequence(output, eos, pad)
             output.sequences = pad_after_end_of_sequence(output.sequences, eos, pad)
         return output
+
+    # Beam search (transformers' `_beam_search`) divides a finished hypothesis' log-probability by
+    # length ** length_penalty in these two steps; for GNMT's penalty they get the log-probabilities
+    # rescaled by length ** alpha / lp(length), so that the division leaves log P / lp.
+    _gnmt_length_penalty = False
+
+    def _update_finished_beams(self, *, topk_log_probs, cur_len, decoder_prompt_len, length_penalty, **kwargs):
+        if self._gnmt_length_penalty:
+            length = cur_len + 1 - decoder_prompt_len
+            topk_log_probs = topk_log_probs * (length**length_penalty / gnmt_length_penalty(length, length_penalty))
+        return super()._update_finished_beams(
+            topk_log_probs=topk_log_probs, cur_len=cur_len, decoder_prompt_len=decoder_prompt_len,
+            length_penalty=length_penalty, **kwargs,
+        )
+
+    def _check_early_stop_heuristic(self, *, running_beam_scores, cur_len, max_length, decoder_prompt_len,
+                                    early_stopping, length_penalty, **kwargs):
+        if self._gnmt_length_penalty:  # the same hypothetical length as transformers' heuristic
+            length = max_length if early_stopping == "never" and length_penalty > 0.0 else cur_len
+            length -= decoder_prompt_len
+            running_beam_scores = running_beam_scores * (
+                length**length_penalty / gnmt_length_penalty(length, length_penalty))
+        return GenerationMixin._check_early_stop_heuristic(
+            running_beam_scores=running_beam_scores, cur_len=cur_len, max_length=max_length,
+            decoder_prompt_len=decoder_prompt_len, early_stopping=early_stopping, length_penalty=length_penalty,
+            **kwargs,
+        )
 
     def _setting(self, generation_config: GenerationConfig | None, name: str):
         """A generation setting: the passed config's, else the model's (as `generate()` merges them)."""
@@ -827,6 +872,7 @@ __all__ = [
     "VanillaTransformerPreTrainedModel",
     "label_smoothed_cross_entropy",
     "pad_after_end_of_sequence",
+    "gnmt_length_penalty",
     "paper_generation_config",
     "sinusoidal_positions",
 ]
