@@ -6,7 +6,8 @@
 For each corpus size, generates that many sentence pairs (deterministic: pseudo-words drawn from a
 Zipf distribution, log-normal sentence lengths of about 26 words a side, like WMT14 en-de), then runs
 ``training/train.py`` (``--preset tiny``, a 37k BPE vocabulary, token-count batches) until its first
-update, four times: one process and two (``accelerate launch --config_file training/accelerate/ddp.yaml
+update (batches of 1,024 tokens, so that one training step's own memory -- logits over 37k tokens --
+stays small next to the data path's), four times: one process and two (``accelerate launch --config_file training/accelerate/ddp.yaml
 --num_processes 2 ... --use_cpu``, two gloo processes), each first with an empty cache and then again
 with the cache the first run left. Prints for each run the wall time to the first update, the peak
 resident memory of each training process (VmHWM, polled from /proc) and the CPU time over the wall
@@ -135,7 +136,7 @@ class MemoryWatcher(threading.Thread):
 def train_command(processes: int, source: Path, target: Path, output_dir: Path, cache_dir: Path) -> list[str]:
     script = [str(REPO / "training/train.py"), "--train_source_file", str(source), "--train_target_file", str(target),
               "--output_dir", str(output_dir), "--cache_dir", str(cache_dir), "--preset", "tiny",
-              "--tokenizer_vocab_size", "37000", "--max_tokens", "4096", "--max_steps", "1", "--logging_steps", "1",
+              "--tokenizer_vocab_size", "37000", "--max_tokens", "1024", "--max_steps", "1", "--logging_steps", "1",
               "--save_strategy", "no", "--eval_strategy", "no", "--report_to", "none", "--use_cpu",
               "--disable_tqdm", "true", "--learning_rate", "1e-3", "--warmup_steps", "1"]
     if processes == 1:
