@@ -489,7 +489,7 @@ def save_final_model(trainer, tokenizer, average: int = 0) -> Path:
     trainer.accelerator.wait_for_everyone()
     if average:  # evaluate what was saved
         averaged = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
-        trainer.accelerator.unwrap_model(trainer.model).load_state_dict(averaged.state_dict())
+        trainer.load_full_weights(averaged.state_dict())
     return output_dir
 
 
@@ -497,10 +497,10 @@ def predict(run: Run, data_args: DataArguments) -> dict:
     """Translate the test sources in input order into ``generated_predictions.txt`` and score them."""
     trainer, test = run.trainer, run.text["test"]
     output_dir = Path(trainer.args.output_dir)
+    model = trainer.model_for_one_process()  # every process: a sharded model is gathered
     if not trainer.is_world_process_zero():
         trainer.accelerator.wait_for_everyone()
         return {}
-    model = trainer.accelerator.unwrap_model(trainer.model)
     sources, references = test["source"], test["target"]
     hypotheses = translate(model, run.tokenizer, list(sources), trainer.args.per_device_eval_batch_size,
                            progress=not trainer.args.disable_tqdm)
