@@ -87,7 +87,11 @@ class DataArguments:
                   "(default: the language code, or translation.<lang> when records have 'translation')"},
     )
     target_column: str | None = field(default=None, metadata={"help": "as --source_column (TSV default 1)"})
-    dataset_name: str | None = field(default=None, metadata={"help": "a Hub dataset (downloaded only when given)"})
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "a Hub dataset (downloaded only when given); 'none' drops one named in an argument file, "
+                          "with its config and splits"},
+    )
     dataset_config_name: str | None = field(default=None, metadata={"help": "e.g. de-en for wmt14"})
     train_split: str = field(default="train")
     validation_split: str | None = field(default=None, metadata={"help": "Hub split for validation, e.g. validation"})
@@ -109,6 +113,11 @@ class DataArguments:
         default=None, metadata={"help": "where the Arrow caches go (default: the datasets cache, ~/.cache/huggingface)"}
     )
     sacrebleu_tokenize: str | None = field(default=None, metadata={"help": "sacreBLEU tokenizer (default: 13a)"})
+    compound_split_bleu: bool = field(
+        default=False,
+        metadata={"help": "--do_predict: also report tokenized BLEU as the paper scored it (Moses tokenizer, "
+                          "##AT## compound splits, multi-bleu.perl's corpus BLEU), as predict_tokenized_bleu"},
+    )
 
 
 @dataclass
@@ -154,11 +163,20 @@ def parse_arguments(argv: list[str] | None = None):
         given |= set(values)
     _refuse_foreign_flags(given, "the command line")
     model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    _drop_hub_dataset_named_none(data_args)
     if model_args.model_name_or_path and not given & {"learning_rate", "lr_scale"}:
         training_args.learning_rate = FINE_TUNING_LEARNING_RATE
     if model_args.model_name_or_path and "warmup_steps" not in given:
         training_args.warmup_steps = FINE_TUNING_WARMUP_RATIO
     return model_args, data_args, training_args
+
+
+def _drop_hub_dataset_named_none(data_args: DataArguments) -> None:
+    """``--dataset_name none`` unsets the Hub dataset of an argument file (a recipe) and what belongs to it
+    (its config and splits), so that the same recipe runs on local files."""
+    if data_args.dataset_name is not None and data_args.dataset_name.lower() == "none":
+        data_args.dataset_name = data_args.dataset_config_name = None
+        data_args.validation_split = data_args.test_split = None
 
 
 def _refuse_foreign_flags(names, where: str) -> None:
@@ -482,7 +500,7 @@ def save_final_model(trainer, tokenizer, average: int = 0) -> Path:
     trainer.accelerator.wait_for_everyone()
     if average:  # evaluate what was saved
         averaged = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
-        trainer.accelerator.unwrap_model(trainer.model).load_state_dict(averaged.state_dict())
+        trainer.load_full_weights(averaged.state_dict())
     return output_dir
 
 
@@ -490,16 +508,18 @@ def predict(run: Run, data_args: DataArguments) -> dict:
     """Translate the test sources in input order into ``generated_predictions.txt`` and score them."""
     trainer, test = run.trainer, run.text["test"]
     output_dir = Path(trainer.args.output_dir)
+    model = trainer.model_for_one_process()  # every process: a sharded model is gathered
     if not trainer.is_world_process_zero():
         trainer.accelerator.wait_for_everyone()
         return {}
-    model = trainer.accelerator.unwrap_model(trainer.model)
     sources, references = test["source"], test["target"]
     hypotheses = translate(model, run.tokenizer, list(sources), trainer.args.per_device_eval_batch_size,
                            progress=not trainer.args.disable_tqdm)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / PREDICTIONS_FILE).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-    scores = score(hypotheses, list(references), tokenize=data_args.sacrebleu_tokenize)
+    scores = score(hypotheses, list(references), tokenize=data_args.sacrebleu_tokenize,
+                   **({"compound_split_bleu": True, "language": data_args.target_lang}
+                      if data_args.compound_split_bleu else {}))
     results = {f"predict_{key}": value for key, value in scores.items()}
     results["predict_samples"] = len(hypotheses)
     trainer.save_metrics("predict", results)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -137,6 +138,7 @@ class TransformerTrainer(Seq2SeqTrainer):
         self.label_smoother = None
         # Always count the target tokens of each accumulated batch: compute_loss normalises by them.
         self.model_accepts_loss_kwargs = True
+        refuse_ignored_precision_or_sharding(self.args, self.accelerator, self.is_fsdp_enabled)
 
     @property
     def _d_model(self) -> int:
@@ -214,3 +216,88 @@ class TransformerTrainer(Seq2SeqTrainer):
             worker_init_fn=partial(seed_worker, num_workers=self.args.dataloader_num_workers, rank=self.args.process_index),
         )
         return self.accelerator.prepare(loader)
+
+    # -----------------------------------------------------------------------------------------
+    # Sharded models (FSDP): checkpoints and the final model stay Hub folders
+    # -----------------------------------------------------------------------------------------
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Under FSDP, write the gathered weights (FULL_STATE_DICT) from a plain copy of the model.
+
+        FSDP 2 swaps the model's class for ``FSDP<Name>(FSDPModule, <Name>)``; ``save_pretrained`` on it
+        would copy torch's ``_fsdp_*.py`` files into the folder as remote code, and the gathered state
+        dict holds the tied embedding matrix (§3.4) once per tie. The plain copy saves as any other model.
+        """
+        if not (self.is_fsdp_enabled and state_dict is not None and self.args.should_save):
+            return super()._save(output_dir, state_dict)
+        sharded, self.model = self.model, plain_copy(self.accelerator.unwrap_model(self.model), state_dict)
+        try:
+            super()._save(output_dir)
+        finally:
+            self.model = sharded
+
+    def load_full_weights(self, state_dict: dict) -> None:
+        """Put full (unsharded) weights, e.g. the average of checkpoints, into the trained model; every
+        process calls it with the same ``state_dict``."""
+        model = self.accelerator.unwrap_model(self.model)
+        if not self.is_fsdp_enabled:
+            model.load_state_dict(state_dict)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        # The sharded model lists the tied matrix (§3.4) under one name; its other names would arrive as
+        # plain tensors to be copied into sharded ones, so they are left out (and come back tied).
+        own = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+        aliases = set(state_dict) - own
+        result = set_model_state_dict(model, {name: value for name, value in state_dict.items() if name in own},
+                                      options=StateDictOptions(full_state_dict=True, strict=False))
+        if missing := set(result.missing_keys) - aliases:
+            raise ValueError(f"The weights to load have no {sorted(missing)}.")
+
+    def model_for_one_process(self):
+        """The trained model, whole, for work that only the main process does (translating the test set).
+
+        Every process must call it: under FSDP it gathers the shards (a collective) and returns a plain
+        copy on the main process (None elsewhere); otherwise it is the unwrapped model itself.
+        """
+        model = self.accelerator.unwrap_model(self.model)
+        if not self.is_fsdp_enabled:
+            return model
+        state_dict = self.accelerator.get_state_dict(self.model)
+        return plain_copy(model, state_dict) if self.is_world_process_zero() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Precision and sharding that accelerate would silently not apply
+# ---------------------------------------------------------------------------------------------
+
+
+def refuse_ignored_precision_or_sharding(args, accelerator, is_fsdp_enabled: bool) -> None:
+    """Refuse --fp16 and an FSDP launch where accelerate would quietly train in float32 / with DDP.
+
+    accelerate 1.15 enables float16 autocast and its loss scaler only on accelerators (on the CPU its
+    Accelerator keeps ``native_amp=False``), and it selects FSDP only for GPU-like process groups
+    (on the CPU the processes stay MULTI_CPU, i.e. DDP). Either way the run would not be what was asked.
+    """
+    if args.fp16 and not accelerator.native_amp:
+        raise ValueError(
+            f"--fp16 on {accelerator.device.type}: accelerate autocasts to float16 (with a loss scaler) only on a "
+            "GPU, so this run would train in float32 without saying so. Use --bf16 on the CPU, or run on a GPU."
+        )
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not is_fsdp_enabled:
+        raise ValueError(
+            f"Launched with an FSDP config, but accelerate does not shard on {accelerator.device.type} (it would run "
+            "plain data parallel): use training/accelerate/ddp.yaml on the CPU, or run FSDP on GPUs."
+        )
+
+
+def plain_copy(model, state_dict: dict):
+    """A new, unsharded model of ``model``'s own class with the weights of a full ``state_dict``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    plain_class = next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
+    with torch.random.fork_rng(devices=[]):  # its throw-away initialisation must not move training's RNG
+        plain = plain_class(model.config)
+    plain.load_state_dict(state_dict)
+    plain.generation_config = copy.deepcopy(model.generation_config)
+    return plain
