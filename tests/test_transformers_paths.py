@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import shutil
 import subprocess
 import sys
 
@@ -325,24 +324,6 @@ def test_the_shipped_metric_loads_offline_and_equals_sacrebleu(monkeypatch):
     two = evaluate.load(str(METRIC_PATH)).compute(predictions=hypotheses, references=[[r, r.upper()] for r in references])
     assert two["bleu"] == pytest.approx(
         sacrebleu.corpus_bleu(hypotheses, [references, [r.upper() for r in references]]).score)
-
-
-def test_tokenized_bleu_splits_compounds_as_the_papers_scorer():
-    from vanilla_transformer.training.bleu_chrf import split_compounds
-    from vanilla_transformer.training.metrics import score
-
-    moses = pytest.importorskip("sacremoses").MosesTokenizer(lang="de")
-    tokenized = [moses.tokenize(t, return_str=True, escape=False)
-                 for t in ("Das Rot-Kreuz-Lager, sagte er.", "a-b-c x - y", "Ein Hand-Out")]
-    if shutil.which("perl"):  # the very line of tensor2tensor's get_ende_bleu.sh
-        perl = subprocess.run(["perl", "-ple", "s{(\\S)-(\\S)}{$1 ##AT##-##AT## $2}g"], input="\n".join(tokenized),
-                              capture_output=True, text=True, check=True).stdout.splitlines()
-    else:
-        perl = ["Das Rot ##AT##-##AT## Kreuz ##AT##-##AT## Lager , sagte er .", "a ##AT##-##AT## b-c x - y",
-                "Ein Hand ##AT##-##AT## Out"]
-    assert [split_compounds(t, moses) for t in ("Das Rot-Kreuz-Lager, sagte er.", "a-b-c x - y", "Ein Hand-Out")] == perl
-    result = score(["Das Rot-Kreuz-Lager ."], ["Das Rot-Kreuz-Lager ."], compound_split_bleu=True)
-    assert result["tokenized_bleu"] == pytest.approx(100.0)
 
 
 # ---------------------------------------------------------------------------------------------
