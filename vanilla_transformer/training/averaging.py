@@ -45,7 +45,7 @@ TOKENIZER_CODE_GLOB = "tokenization_*.py"
 # Config fields that may differ between checkpoints of one architecture: bookkeeping and
 # training-only settings. Everything else (d_model, heads, layers, ...) must match.
 CONFIG_FIELDS_ALLOWED_TO_DIFFER = frozenset({
-    "transformers_version", "_name_or_path", "_commit_hash", "use_cache", "architectures",
+    "transformers_version", "_name_or_path", "_commit_hash", "use_cache", "architectures", "dtype",
     "dropout", "attention_dropout", "activation_dropout",
 })
 

@@ -165,7 +165,7 @@ def parse_arguments(argv: list[str] | None = None):
         given |= set(values)
     _refuse_foreign_flags(given, "the command line")
     model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
-    _refuse_ignored_flags(model_args, on_command_line)
+    _warn_ignored_flags(model_args, on_command_line)
     if model_args.model_name_or_path and not given & {"learning_rate", "lr_scale"}:
         training_args.learning_rate = FINE_TUNING_LEARNING_RATE
     if model_args.model_name_or_path and "warmup_steps" not in given:
@@ -179,16 +179,15 @@ def _refuse_foreign_flags(names, where: str) -> None:
                          f"{RUN_TRANSLATION_FLAGS[name]}.")
 
 
-def _refuse_ignored_flags(model_args: ModelArguments, given: set) -> None:
-    """Flags for a new model or a new tokenizer, given where there is none: they would do nothing."""
+def _warn_ignored_flags(model_args: ModelArguments, given: set) -> None:
+    """Flags for a new model or a new tokenizer, given where none is built: said in the log (they do nothing)."""
     loaded = model_args.model_name_or_path
-    for name in sorted(given & {"preset", "config_overrides"} if loaded else set()):
-        raise ValueError(f"--{name} builds a new model, but --model_name_or_path {loaded} is loaded with its own "
-                         f"architecture; drop --{name}.")
+    if loaded and (names := sorted(given & {"preset"})):
+        logger.warning(f"--{names[0]} is ignored: --model_name_or_path {loaded} is loaded with its own architecture")
     tokenizer_flags = {"tokenizer_vocab_size", "tokenizer_min_frequency", "tokenizer_train_pairs"}
-    for name in sorted(given & tokenizer_flags if model_args.tokenizer_name_or_path or loaded else set()):
-        raise ValueError(f"--{name} applies to training a new tokenizer, but the tokenizer is loaded (from "
-                         f"--tokenizer_name_or_path or --model_name_or_path); drop --{name}.")
+    if (model_args.tokenizer_name_or_path or loaded) and (names := sorted(given & tokenizer_flags)):
+        logger.warning(f"{', '.join('--' + name for name in names)} ignored: the tokenizer is loaded (from "
+                       "--tokenizer_name_or_path or --model_name_or_path), not trained")
 
 
 def _read_argument_file(path: Path) -> dict:
@@ -242,7 +241,8 @@ def check_data_arguments(args: DataArguments) -> None:
         if not getattr(args, name).strip():
             raise ValueError(f"--{name} is empty; give a language code such as en or de.")
     if any(_pairs_format(path) == ".tsv" for path in (args.train_file, args.validation_file, args.test_file) if path):
-        _tsv_column(args.source_column, "--source_column", 0), _tsv_column(args.target_column, "--target_column", 1)
+        _tsv_column(args.source_column, "--source_column", 0)
+        _tsv_column(args.target_column, "--target_column", 1)
     if args.source_column is not None and args.source_column == args.target_column:
         raise ValueError(f"--source_column and --target_column are both {args.source_column!r}: the model would "
                          "learn to copy. Give the target's column.")
@@ -253,7 +253,9 @@ def check_data_arguments(args: DataArguments) -> None:
 def check_model_arguments(model_args: ModelArguments) -> None:
     """The new model's preset and overrides (built once, without weights), the tokenizer's sizes and the
     attention implementation, refused before any data is read."""
-    if not model_args.model_name_or_path:
+    if model_args.model_name_or_path:
+        _refuse_overrides_of_a_checkpoint(model_args)
+    else:
         if model_args.preset not in PRESETS:
             close = difflib.get_close_matches(model_args.preset, PRESETS, n=1)
             raise ValueError(f"--preset {model_args.preset!r} does not exist"
@@ -530,12 +532,17 @@ def new_model_config(model_args: ModelArguments, tokenizer=None) -> VanillaTrans
                          f"gives an invalid config: {error.__cause__ or error}") from None
 
 
+def _refuse_overrides_of_a_checkpoint(model_args: ModelArguments) -> None:
+    if model_args.config_overrides:
+        raise ValueError("--config_overrides applies to a new model; a checkpoint (--model_name_or_path) keeps its "
+                         "architecture.")
+
+
 def build_model(model_args: ModelArguments, tokenizer) -> VanillaTransformerForConditionalGeneration:
     """A new model from a preset sized to the tokenizer, or the checkpoint to fine-tune."""
     extra = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path:
-        if model_args.config_overrides:
-            raise ValueError("--config_overrides applies to a new model; a checkpoint keeps its architecture.")
+        _refuse_overrides_of_a_checkpoint(model_args)
         model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **extra)
         check_tokenizer_matches_model(tokenizer, model.config)
         return model
@@ -633,7 +640,8 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     tokenizer.model_max_length = model.config.max_position_embeddings  # so that truncation=True means something
     roles = [role for role, wanted in (("train", do_train), ("validation", do_eval is not False)) if wanted]
     with training_args.main_process_first(desc="tokenizing"):
-        datasets = {role: tokenized(text[role], tokenizer, model.config, data_args, role, training_args.max_tokens)
+        datasets = {role: tokenized(text[role], tokenizer, model.config, data_args, role,
+                                    training_args.max_tokens if role == "train" else None)  # eval: sentence batches
                     if role in roles and text[role] is not None else None for role in ROLES}
     metrics = (TranslationMetrics(tokenizer, tokenize=data_args.sacrebleu_tokenize)
                if datasets["validation"] is not None and training_args.predict_with_generate else None)
