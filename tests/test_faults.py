@@ -118,7 +118,8 @@ def start(data_dir: Path, output_dir: Path, *extra: str, pause: float = 0.0, kil
     driver.write_text(DRIVER)
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
            "FAULT_PAUSE": str(pause), "FAULT_KILL_WHILE_SAVING": str(kill_while_saving)}
-    command = [sys.executable, str(driver), str(REPO / "training/train.py"), *run_argv(data_dir, output_dir, *extra)]
+    command = [sys.executable, str(driver), str(REPO / "training/train.py"),  # the final model: mean of 4, 8, 12
+               *run_argv(data_dir, output_dir, "--average_checkpoints", "3", *extra)]
     log = output_dir.with_name(output_dir.name + ".log")  # a file, not a pipe: a full pipe would stall the run
     attempt = len(list(log.parent.glob(log.name + "*")))
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True,
@@ -200,6 +201,9 @@ def test_ctrl_c_saves_a_resumable_checkpoint_says_so_and_resume_finishes(data_di
     check_resumable(output / f"checkpoint-{step}")
     assert not (output / "model.safetensors").exists()  # an interrupted run is not a final model
     resume_to_the_end(data_dir, output)
+    # The checkpoint saved on Ctrl-C was only a point to resume from: the run's own ones remain, and
+    # the final model, their mean, is the uninterrupted run's.
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == sorted(p.name for p in uninterrupted.glob("checkpoint-*"))
     assert_same_weights(output, uninterrupted)
 
 
@@ -322,3 +326,28 @@ def test_trainer_writes_no_checkpoint_folder_before_it_is_complete(data_dir, tmp
     trainer.train()
     assert seen == [(str(tmp_path / "run" / STAGING_DIR / f"checkpoint-{SAVE_STEPS}"), [])]
     check_resumable(tmp_path / "run" / f"checkpoint-{SAVE_STEPS}")
+
+
+def test_push_to_hub_uploads_each_checkpoint_from_its_final_name(data_dir, tmp_path):
+    """The Trainer uploads a checkpoint in the background; from the temporary folder, renamed meanwhile,
+    that upload would lose files. Reference: the files of the last local checkpoint."""
+    from hub_server import USER, LoopbackHub, client_environment
+
+    hub = LoopbackHub(tmp_path / "hub", lifetime=600).start()
+    try:
+        output, repo = tmp_path / "pushed", f"{USER}/faults"
+        env = {**os.environ, **client_environment(hub, tmp_path / "home"), "PYTHONPATH": str(REPO)}
+        completed = subprocess.run(
+            [sys.executable, str(REPO / "training/train.py"), *run_argv(data_dir, output, "--max_steps", "4"),
+             "--push_to_hub", "--hub_model_id", repo, "--hub_strategy", "checkpoint"],
+            env=env, capture_output=True, text=True, timeout=600,
+        )
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        files = hub.store.files(repo, hub.store.resolve(repo, "main"))
+    finally:
+        hub.stop()
+    pushed = {name.removeprefix("last-checkpoint/") for name in files if name.startswith("last-checkpoint/")}
+    local = output / f"checkpoint-{SAVE_STEPS}"
+    assert pushed == {path.name for path in local.iterdir()}
+    assert files["last-checkpoint/model.safetensors"].read_bytes() == (local / "model.safetensors").read_bytes()
+    assert not [name for name in files if STAGING_DIR in name]

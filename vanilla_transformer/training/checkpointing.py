@@ -19,6 +19,7 @@ Here:
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import re
@@ -38,6 +39,7 @@ logger = logging.getLogger(__name__)
 
 STAGING_DIR = "_checkpoint_in_progress"  # "_*" is also what push_to_hub leaves out
 TRAINER_STATE_NAME = "trainer_state.json"  # the Trainer writes it last into a checkpoint
+RESUME_POINT_NAME = "resume_point_only.json"  # marks a checkpoint saved on a signal between regular saves
 CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 RESUME_HINT = "--resume_from_checkpoint last"
 
@@ -105,6 +107,26 @@ def last_complete_checkpoint(root: str | os.PathLike) -> Path | None:
     return None
 
 
+def resolve_checkpoint(resume_from_checkpoint, output_dir: str | os.PathLike,
+                       what: str = "resume_from_checkpoint") -> Path | None:
+    """What to resume from: True -> the newest complete checkpoint of ``output_dir`` (incomplete ones
+    skipped and logged); a path -> that checkpoint, once checked; None or False -> nothing."""
+    if resume_from_checkpoint is None or resume_from_checkpoint is False:
+        return None
+    if resume_from_checkpoint is not True:
+        return check_resumable(resume_from_checkpoint, what)
+    last = last_complete_checkpoint(output_dir)
+    if last is None:
+        found = checkpoint_folders(output_dir)
+        raise ValueError(
+            f"{what} last: no complete checkpoint-<step> folder in {str(output_dir)!r}"
+            f"{' (the ones there are incomplete, see the log above)' if found else ''}; start the run anew "
+            "without resuming."
+        )
+    logger.info(f"resuming from {last}")
+    return last
+
+
 # ---------------------------------------------------------------------------------------------
 # Writing a checkpoint: under a temporary name, renamed when complete
 # ---------------------------------------------------------------------------------------------
@@ -168,10 +190,19 @@ class AtomicCheckpoints:
     """
 
     _writing_checkpoint = False
+    _push_when_published = False
+    resume_point_only = False  # the next save is only a point to resume from (set by `StopOnSignal`)
 
     def _get_output_dir(self, trial) -> str:
         run_dir = super()._get_output_dir(trial)
         return os.path.join(run_dir, STAGING_DIR) if self._writing_checkpoint else run_dir
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """push_to_hub uploads the checkpoint in the background: only from its final name, never the temporary one."""
+        if self._writing_checkpoint:
+            self._push_when_published = True
+        else:
+            super()._push_from_checkpoint(checkpoint_folder)
 
     def _save_checkpoint(self, model, trial) -> None:
         run_dir = super()._get_output_dir(trial)
@@ -193,15 +224,32 @@ class AtomicCheckpoints:
         if self.args.should_save:
             self._publish_checkpoint(Path(staging) / name, Path(run_dir) / name)
         self.accelerator.wait_for_everyone()
+        if self._push_when_published:
+            self._push_when_published = False
+            super()._push_from_checkpoint(os.path.join(run_dir, name))
 
     def _publish_checkpoint(self, staged: Path, final: Path) -> None:
         if self.state.best_model_checkpoint == str(staged):  # the Trainer recorded where it wrote
             self.state.best_model_checkpoint = str(final)
             self.state.save_to_json(str(staged / TRAINER_STATE_NAME))
+        if self.resume_point_only:
+            (staged / RESUME_POINT_NAME).write_text(json.dumps({"step": self.state.global_step}) + "\n")
         publish(staged, final)
         shutil.rmtree(staged.parent, ignore_errors=True)
+        if not self.resume_point_only:
+            remove_resume_points(final)
         rotate_checkpoints(output_dir=str(final.parent), save_total_limit=self.args.save_total_limit,
                            best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+
+
+def remove_resume_points(newest: Path) -> None:
+    """Checkpoints saved on Ctrl-C between regular saves, older than ``newest``: the resumed run is past
+    them, and without them averaging and save_total_limit see the checkpoints of an uninterrupted run."""
+    step = int(CHECKPOINT_NAME.fullmatch(newest.name).group(1))
+    for folder in checkpoint_folders(newest.parent):
+        if (folder / RESUME_POINT_NAME).is_file() and int(CHECKPOINT_NAME.fullmatch(folder.name).group(1)) < step:
+            shutil.rmtree(folder, ignore_errors=True)
+            logger.info(f"removed {folder}, saved on a signal to resume from: {newest} is newer")
 
 
 def _write_failure(error: BaseException, run_dir: Path, name: str) -> str:
@@ -254,7 +302,7 @@ class StopOnSignal(TrainerCallback):
     @contextmanager
     def installed(self):
         """Handle the signals while the block runs (only the main thread may install handlers)."""
-        self.received, self.saved = None, None
+        self.received, self.saved, self.trainer.resume_point_only = None, None, False
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -288,6 +336,7 @@ class StopOnSignal(TrainerCallback):
         if self._stop_requested():
             if self.received is None:  # another process got the signal
                 self.received = signal.SIGINT
+            self.trainer.resume_point_only = not control.should_save  # not a save the run makes anyway
             control.should_save, control.should_training_stop, control.should_evaluate = True, True, False
         return control
 

@@ -34,8 +34,7 @@ from ..checkpoint_files import (check_has_tokenizer, check_model_folder, has_tok
 from ..tokenization_vanilla_transformer import MIN_VOCAB_SIZE
 from . import data
 from .averaging import architecture, average_checkpoints
-from .checkpointing import (RESUME_HINT, TrainingInterrupted, check_resumable, checkpoint_folders,
-                            complete_checkpoints, last_complete_checkpoint)
+from .checkpointing import RESUME_HINT, TrainingInterrupted, checkpoint_folders, complete_checkpoints, resolve_checkpoint
 from .metrics import TranslationMetrics, check_sacrebleu_tokenize, score
 from .trainer import TransformerTrainer, TransformerTrainingArguments
 from .translation import translate
@@ -664,18 +663,8 @@ def resolve_resume(training_args) -> Path | None:
     value = training_args.resume_from_checkpoint
     if value is None or str(value).lower() in {"false", "none", ""}:
         return None
-    if str(value).lower() not in {"last", "true"}:
-        return check_resumable(value)
-    last = last_complete_checkpoint(training_args.output_dir)
-    if last is None:
-        found = checkpoint_folders(training_args.output_dir)
-        raise ValueError(
-            f"--resume_from_checkpoint {value}: no complete checkpoint-<step> folder in {training_args.output_dir!r}"
-            f"{' (the ones there are incomplete, see the log above)' if found else ''}; start the run anew without "
-            "--resume_from_checkpoint."
-        )
-    logger.info(f"resuming from {last}")
-    return last
+    checkpoint = True if str(value).lower() in {"last", "true"} else value
+    return resolve_checkpoint(checkpoint, training_args.output_dir, "--resume_from_checkpoint")
 
 
 def save_final_model(trainer, tokenizer, average: int = 0) -> Path:

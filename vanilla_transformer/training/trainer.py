@@ -29,7 +29,7 @@ from transformers.trainer_utils import seed_worker
 
 from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
 from .batching import TokenBatchSampler
-from .checkpointing import AtomicCheckpoints, StopOnSignal, check_resumable, last_complete_checkpoint
+from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
 from .data import example_lengths
 
 logger = logging.getLogger(__name__)
@@ -176,24 +176,6 @@ def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> f
 
 
 # ---------------------------------------------------------------------------------------------
-# Resuming
-# ---------------------------------------------------------------------------------------------
-
-
-def resolve_checkpoint(resume_from_checkpoint, output_dir: str):
-    """What `Trainer.train` resumes from: True -> the newest complete checkpoint of ``output_dir``
-    (incomplete ones are skipped and logged); a path -> that checkpoint, once checked."""
-    if resume_from_checkpoint is None or resume_from_checkpoint is False:
-        return None
-    if resume_from_checkpoint is True:
-        last = last_complete_checkpoint(output_dir)
-        if last is None:
-            raise ValueError(f"resume_from_checkpoint=True: no complete checkpoint-<step> folder in {output_dir!r}.")
-        return str(last)
-    return str(check_resumable(resume_from_checkpoint))
-
-
-# ---------------------------------------------------------------------------------------------
 # The trainer
 # ---------------------------------------------------------------------------------------------
 
@@ -234,9 +216,9 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train`; ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint, a
         path is checked before anything is loaded, and a signal ends it with `TrainingInterrupted`."""
-        resume_from_checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
         with self.stop_on_signal.installed():
-            result = super().train(resume_from_checkpoint, *args, **kwargs)
+            result = super().train(None if checkpoint is None else str(checkpoint), *args, **kwargs)
         self.stop_on_signal.raise_if_stopped(self.state.global_step)
         return result
 

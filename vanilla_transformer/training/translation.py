@@ -157,24 +157,29 @@ def check_paths(args: argparse.Namespace) -> None:
         check_has_tokenizer(args.model, f"--model {args.model}",
                             "Give the tokenizer the model was trained with: --tokenizer FOLDER.")
     inputs = {Path(path).resolve() for path in (args.input, args.references) if path and path != "-"}
-    for flag, path in (("--output", args.output), ("--metrics-json", args.metrics_json)):
-        if path is None or path == "-":
-            continue
-        target = Path(path)
-        if target.is_dir():
-            raise IsADirectoryError(f"{flag} {path} is a folder; give a file name.")
-        if not target.parent.is_dir():
-            raise FileNotFoundError(f"{flag} {path}: the folder {target.parent} does not exist; create it first.")
-        if not os.access(target.parent, os.W_OK) or target.exists() and not os.access(target, os.W_OK):
-            raise PermissionError(f"{flag} {path} cannot be written; choose a writable place.")
-        if target.resolve() in inputs:
-            raise ValueError(f"{flag} {path} is also an input file, which writing would destroy; choose another name.")
+    outputs = {flag: path for flag, path in (("--output", args.output), ("--metrics-json", args.metrics_json))
+               if path not in {None, "-"}}
+    for flag, path in outputs.items():
+        _check_writable(flag, Path(path), inputs)
+    if len({Path(path).resolve() for path in outputs.values()}) < len(outputs):
+        raise ValueError(f"--output and --metrics-json are both {args.output}: one would overwrite the other.")
     if args.attention_png and Path(args.attention_png).exists() and not Path(args.attention_png).is_dir():
         raise NotADirectoryError(f"--attention-png {args.attention_png} is a file; give a folder.")
     if args.sacrebleu_tokenize is not None:
         check_sacrebleu_tokenize(args.sacrebleu_tokenize, "--sacrebleu-tokenize")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: no CUDA device is available here; use --device cpu.")
+
+
+def _check_writable(flag: str, path: Path, inputs: set[Path]) -> None:
+    if path.is_dir():
+        raise IsADirectoryError(f"{flag} {path} is a folder; give a file name.")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{flag} {path}: the folder {path.parent} does not exist; create it first.")
+    if not os.access(path.parent, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
+        raise PermissionError(f"{flag} {path} cannot be written; choose a writable place.")
+    if path.resolve() in inputs:
+        raise ValueError(f"{flag} {path} is also an input file, which writing would destroy; choose another name.")
 
 
 def main(argv=None) -> dict:
