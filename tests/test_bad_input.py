@@ -271,6 +271,20 @@ def test_a_run_folder_holding_checkpoints_is_not_reused_without_resuming(tmp_pat
     assert "already holds checkpoints" in message and "--resume_from_checkpoint last" in message
 
 
+def test_train_from_a_checkpoint_without_tokenizer_or_with_truncated_weights(model_dir, tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(model_dir / name, bare / name)
+    message = refused_before_reading(train_argv("--model_name_or_path", str(bare)))
+    assert f"--model_name_or_path: {bare} has no tokenizer" in message and "--tokenizer_name_or_path" in message
+    truncate(bare / "model.safetensors")
+    message = refused_before_reading(train_argv("--model_name_or_path", str(bare)))
+    assert f"{bare / 'model.safetensors'} is truncated or corrupt" in message
+    message = refused_before_reading(train_argv("--tokenizer_name_or_path", str(tmp_path / "none")))
+    assert f"--tokenizer_name_or_path: the folder {tmp_path / 'none'} does not exist" in message
+
+
 def test_train_cli_exits_with_the_message_and_no_output(tmp_path):
     """As a user runs it: a non-zero exit, the flag in the last line of stderr, nothing written."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}

@@ -306,6 +306,11 @@ def test_resume_with_another_architecture_or_tokenizer_is_refused(data_dir, tmp_
         build(data_dir, output, "--resume_from_checkpoint", "last", "--tokenizer_name_or_path", str(other))
 
 
+def test_resume_from_a_folder_that_does_not_exist(data_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="--resume_from_checkpoint checkpoint-99: no such folder"):
+        build(data_dir, tmp_path / "run", "--resume_from_checkpoint", "checkpoint-99")
+
+
 def test_resume_last_without_any_complete_checkpoint_says_to_start_anew(data_dir, tmp_path):
     (tmp_path / "run" / STAGING_DIR / "checkpoint-4").mkdir(parents=True)
     with pytest.raises(ValueError, match="no complete checkpoint-<step> folder .* start the run anew"):

@@ -96,8 +96,9 @@ def is_local(name: str | os.PathLike) -> bool:
     return Path(text).exists() or text.startswith((".", "/", "~")) or text.count("/") > 1
 
 
-def check_model_folder(folder: str | os.PathLike, what: str, remedy: str = "Save or download the model again.") -> None:
-    """A local model folder: a directory with a readable config.json and complete safetensors weights.
+def check_model_folder(folder: str | os.PathLike, what: str, remedy: str = "Save or download the model again.",
+                       weights: bool = True) -> None:
+    """A local model folder: a directory with a readable config.json and (``weights``) complete weights.
 
     ``what`` names where the folder came from (e.g. ``"--model runs/en-de"``). Hub ids pass unchecked.
     """
@@ -111,6 +112,8 @@ def check_model_folder(folder: str | os.PathLike, what: str, remedy: str = "Save
     if not (folder / CONFIG_NAME).is_file():
         raise FileNotFoundError(f"{what}: {folder} has no {CONFIG_NAME}; give a folder saved with save_pretrained.")
     check_json(folder / CONFIG_NAME, what, remedy)
+    if not weights:
+        return
     files = weight_files(folder)
     if not files:
         raise FileNotFoundError(
@@ -132,7 +135,13 @@ def has_tokenizer(folder: str | os.PathLike) -> bool:
 
 def check_has_tokenizer(folder: str | os.PathLike, what: str, how_to_fix: str) -> None:
     """A local folder that AutoTokenizer can load a tokenizer from (Hub ids pass unchecked)."""
-    if is_local(folder) and Path(folder).is_dir() and not has_tokenizer(folder):
+    if not is_local(folder):
+        return
+    if not Path(folder).exists():
+        raise FileNotFoundError(f"{what}: the folder {folder} does not exist; check the path.")
+    if not Path(folder).is_dir():
+        raise NotADirectoryError(f"{what}: {folder} is a file; give the folder the tokenizer was saved in.")
+    if not has_tokenizer(folder):
         raise FileNotFoundError(
             f"{what}: {folder} has no tokenizer (none of {', '.join(TOKENIZER_MARKERS)}). {how_to_fix}"
         )

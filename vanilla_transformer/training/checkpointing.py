@@ -42,6 +42,7 @@ TRAINER_STATE_NAME = "trainer_state.json"  # the Trainer writes it last into a c
 RESUME_POINT_NAME = "resume_point_only.json"  # marks a checkpoint saved on a signal between regular saves
 CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 RESUME_HINT = "--resume_from_checkpoint last"
+FSDP_MODEL_NAME = "pytorch_model_fsdp"  # transformers' prefix for FSDP's sharded model state
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,7 +63,13 @@ def check_resumable(folder: str | os.PathLike, what: str = "--resume_from_checkp
     folder = Path(folder)
     remedy = (f"Resume from an earlier checkpoint (--resume_from_checkpoint {folder.parent}/checkpoint-<step>), "
               f"or move {folder} away and use {RESUME_HINT}.")
-    check_model_folder(folder, f"{what} {folder}", remedy)
+    if not folder.is_dir():
+        raise FileNotFoundError(f"{what} {folder}: {'not a folder' if folder.exists() else 'no such folder'}; give "
+                                f"a checkpoint-<step> folder of the run, or {RESUME_HINT}.")
+    # FSDP's sharded state dict keeps the weights in torch.distributed.checkpoint folders, which its
+    # loader checks; every other checkpoint has them as safetensors.
+    sharded = any(path.name.startswith(FSDP_MODEL_NAME) for path in folder.iterdir())
+    check_model_folder(folder, f"{what} {folder}", remedy, weights=not sharded)
     if not (folder / TRAINER_STATE_NAME).is_file():
         raise FileNotFoundError(
             f"{what} {folder} has no {TRAINER_STATE_NAME}, which the Trainer writes last: the checkpoint was not "
@@ -75,23 +82,20 @@ def check_resumable(folder: str | os.PathLike, what: str = "--resume_from_checkp
     return folder
 
 
-def _problem(folder: Path, resumable: bool) -> str | None:
+def _problem(check, folder: Path) -> str | None:
     try:
-        check_resumable(folder) if resumable else check_model_folder(folder, str(folder))
+        check(folder)
     except (OSError, ValueError) as error:
         return str(error)
     return None
 
 
-def complete_checkpoints(root: str | os.PathLike, resumable: bool = False) -> list[Path]:
-    """The checkpoints of ``root`` that are complete, oldest first; each incomplete one is named in the log.
-
-    ``resumable``: complete enough to resume training from (optimizer, scheduler, trainer state),
-    not only to load the model (what averaging needs).
-    """
+def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """The checkpoints of ``root`` whose model is complete (what averaging needs), oldest first; each
+    incomplete one is named in the log."""
     complete = []
     for folder in checkpoint_folders(root):
-        if (problem := _problem(folder, resumable)) is None:
+        if (problem := _problem(lambda path: check_model_folder(path, str(path)), folder)) is None:
             complete.append(folder)
         else:
             logger.warning(f"skipping {folder}: {problem}")
@@ -101,7 +105,7 @@ def complete_checkpoints(root: str | os.PathLike, resumable: bool = False) -> li
 def last_complete_checkpoint(root: str | os.PathLike) -> Path | None:
     """The highest-step checkpoint of ``root`` that training can resume from; incomplete ones are skipped (logged)."""
     for folder in reversed(checkpoint_folders(root)):
-        if (problem := _problem(folder, resumable=True)) is None:
+        if (problem := _problem(check_resumable, folder)) is None:
             return folder
         logger.warning(f"not resuming from {folder}: {problem}")
     return None
