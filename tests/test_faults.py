@@ -33,7 +33,6 @@ from vanilla_transformer.training.checkpointing import (
     check_resumable,
     last_complete_checkpoint,
 )
-from vanilla_transformer.training.trainer import TransformerTrainer
 
 REPO = Path(__file__).resolve().parents[1]
 LETTERS = "a b c d e f g h i j".split()
@@ -228,8 +227,8 @@ def fail_at(trainer, step: int, error: Exception, monkeypatch) -> None:
 
 
 def test_a_full_disk_ends_with_a_clear_error_and_the_previous_checkpoint_intact(data_dir, tmp_path, monkeypatch):
-    output = tmp_path / "run"
-    trainer = build(data_dir, output, "--save_total_limit", "1").trainer
+    output, steps = tmp_path / "run", ("--save_total_limit", "1", "--max_steps", str(2 * SAVE_STEPS))
+    trainer = build(data_dir, output, *steps).trainer
     fail_at(trainer, 2 * SAVE_STEPS, OSError(errno.ENOSPC, "No space left on device"), monkeypatch)
     previous = output / f"checkpoint-{SAVE_STEPS}"
     with pytest.raises(CheckpointWriteError) as error:
@@ -241,10 +240,11 @@ def test_a_full_disk_ends_with_a_clear_error_and_the_previous_checkpoint_intact(
     assert not (output / STAGING_DIR).exists()  # the partial files are gone, freeing their space
     check_resumable(previous)
     # Once there is space again, the run continues from there.
-    resumed = build(data_dir, output, "--save_total_limit", "1", "--resume_from_checkpoint", "last")
+    resumed = build(data_dir, output, *steps, "--resume_from_checkpoint", "last")
     assert resumed.resume == previous
     resumed.trainer.train(resume_from_checkpoint=str(resumed.resume))
-    assert resumed.trainer.state.global_step == MAX_STEPS
+    assert resumed.trainer.state.global_step == 2 * SAVE_STEPS
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == [f"checkpoint-{2 * SAVE_STEPS}"]
 
 
 def test_any_failed_write_names_the_checkpoint_and_the_free_space(data_dir, tmp_path, monkeypatch):
@@ -275,10 +275,27 @@ def test_a_signal_in_process_saves_stops_and_restores_the_handlers(data_dir, tmp
     assert signal.getsignal(signal.SIGINT) is before
 
 
-def test_resume_last_skips_a_checkpoint_half_written_in_place(data_dir, tmp_path, caplog):
+@pytest.fixture(scope="module")
+def four_steps(data_dir, tmp_path_factory):
+    """A run of one checkpoint interval, and (folder asked to save into, checkpoint folders present) at each save."""
+    output = tmp_path_factory.mktemp("four-steps") / "run"
+    trainer = build(data_dir, output, "--max_steps", str(SAVE_STEPS)).trainer
+    seen = []
+    save_model = trainer.save_model
+
+    def watching(output_dir=None, _internal_call=False):
+        seen.append((output_dir, sorted(p.name for p in output.glob("checkpoint-*"))))
+        return save_model(output_dir, _internal_call)
+
+    trainer.save_model = watching
+    trainer.train()
+    return output, seen
+
+
+def test_resume_last_skips_a_checkpoint_half_written_in_place(data_dir, four_steps, tmp_path, caplog):
     """Another tool (or an older version) may write checkpoint-<step> in place and be killed half-way."""
     output = tmp_path / "run"
-    build(data_dir, output, "--max_steps", str(SAVE_STEPS)).trainer.train()
+    shutil.copytree(four_steps[0], output)
     complete = output / f"checkpoint-{SAVE_STEPS}"
     half = output / f"checkpoint-{2 * SAVE_STEPS}"
     shutil.copytree(complete, half)
@@ -294,9 +311,8 @@ def test_resume_last_skips_a_checkpoint_half_written_in_place(data_dir, tmp_path
         build(data_dir, output, "--resume_from_checkpoint", str(half))
 
 
-def test_resume_with_another_architecture_or_tokenizer_is_refused(data_dir, tmp_path):
-    output = tmp_path / "run"
-    build(data_dir, output, "--max_steps", str(SAVE_STEPS)).trainer.train()
+def test_resume_with_another_architecture_or_tokenizer_is_refused(data_dir, four_steps, tmp_path):
+    output = four_steps[0]  # only read
     with pytest.raises(ValueError, match=r"another architecture than the flags build \(d_model: 64 there, 32 now"):
         build(data_dir, output, "--resume_from_checkpoint", "last", "--config_overrides", "d_model=32")
     other = tmp_path / "other-tokenizer"  # the same data in capitals: as many tokens, other ones
@@ -317,20 +333,12 @@ def test_resume_last_without_any_complete_checkpoint_says_to_start_anew(data_dir
         build(data_dir, tmp_path / "run", "--resume_from_checkpoint", "last")
 
 
-def test_trainer_writes_no_checkpoint_folder_before_it_is_complete(data_dir, tmp_path, monkeypatch):
+def test_trainer_writes_no_checkpoint_folder_before_it_is_complete(four_steps):
     """While the Trainer writes, only the temporary folder exists; checkpoint-<step> appears by one rename."""
-    trainer = build(data_dir, tmp_path / "run", "--max_steps", str(SAVE_STEPS)).trainer
-    seen = []
-    save_model = TransformerTrainer.save_model
-
-    def watching(self, output_dir=None, _internal_call=False):
-        seen.append((output_dir, sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*"))))
-        return save_model(self, output_dir, _internal_call)
-
-    monkeypatch.setattr(TransformerTrainer, "save_model", watching)
-    trainer.train()
-    assert seen == [(str(tmp_path / "run" / STAGING_DIR / f"checkpoint-{SAVE_STEPS}"), [])]
-    check_resumable(tmp_path / "run" / f"checkpoint-{SAVE_STEPS}")
+    output, seen = four_steps
+    assert seen == [(str(output / STAGING_DIR / f"checkpoint-{SAVE_STEPS}"), [])]
+    check_resumable(output / f"checkpoint-{SAVE_STEPS}")
+    assert not (output / STAGING_DIR).exists()
 
 
 def test_push_to_hub_uploads_each_checkpoint_from_its_final_name(data_dir, tmp_path):
