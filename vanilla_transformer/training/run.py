@@ -10,6 +10,11 @@ those of its flags that mean something else here are refused with the flag to us
 Which steps run: ``--do_train``, ``--do_eval`` (validation set), ``--do_predict`` (test set: the
 hypotheses in input order in ``generated_predictions.txt``, scores in ``predict_results.json``).
 Without any of them: train, then evaluate when there is validation data.
+
+Before any data is read, every flag is checked (ranges, names with the closest match, the first
+record of each data file for its columns or keys), and so are the checkpoint to resume from and any
+model or tokenizer to load; a problem is an error naming the flag, file and line (`check_arguments`).
+Ctrl-C saves a checkpoint and exits with the command to continue (see `checkpointing`).
 """
 
 from __future__ import annotations

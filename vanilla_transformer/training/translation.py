@@ -5,7 +5,8 @@ and returns the hypotheses in input order. Decoding follows the model's generati
 told otherwise: the paper's 4 beams, length penalty 0.6 and at most (source length + 50) tokens
 (§6.1). Empty and whitespace-only inputs give empty outputs without being decoded. Inputs longer
 than the model accepts are found before anything is decoded: an error naming the lines, or, on
-request, skipped (empty output) or truncated.
+request, skipped (empty output) or truncated. The command line checks the model folder (complete
+weights, a tokenizer), the output paths and the input files before loading anything.
 
     python training/translate.py --model runs/en-de --input test.en [--output hyp.de] [--references test.de]
     echo "A dog runs." | python training/translate.py --model runs/en-de
