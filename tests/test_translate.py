@@ -75,7 +75,7 @@ def test_command_line_reads_a_file_and_writes_hypotheses_in_order(model_dir, loa
 
 
 def test_stdin_to_stdout(model_dir, loaded, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "stdin", io.StringIO("short\nx\n"))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"short\nx\n")))  # bytes underneath, as a real stdin
     translate.main(["--model", str(model_dir)])
     assert capsys.readouterr().out.splitlines() == one_by_one(*loaded, ["short", "x"])
 
@@ -168,7 +168,7 @@ def test_a_line_too_long_fails_before_decoding_and_is_named(short_model_dir, tmp
     decoded = []
     monkeypatch.setattr(VanillaTransformerForConditionalGeneration, "generate",
                         lambda self, **kwargs: decoded.append(1))
-    with pytest.raises(ValueError, match=r"longer than the 12 tokens the model accepts: number 2 \(\d+ tokens\).*--skip-long"):
+    with pytest.raises(ValueError, match=r"longer than the 12 tokens the model accepts: --input .*in.txt, line 2 \(\d+ tokens\).*--skip-long"):
         translate.main(["--model", str(short_model_dir), "--input", str(source), "--output", str(tmp_path / "o")])
     assert decoded == [] and not (tmp_path / "o").exists()
 

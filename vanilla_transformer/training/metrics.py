@@ -25,6 +25,18 @@ def load_translation_metric():
     return evaluate.load(str(METRIC_PATH))
 
 
+def check_sacrebleu_tokenize(name: str, flag: str) -> None:
+    """Refuse an unknown sacreBLEU tokenizer (or one whose package is missing) before any decoding."""
+    import sacrebleu
+
+    try:
+        sacrebleu.metrics.BLEU(tokenize=name)
+    except (KeyError, ValueError, ImportError, RuntimeError) as error:
+        names = ", ".join(sacrebleu.metrics.BLEU.TOKENIZERS)
+        problem = "does not exist" if isinstance(error, KeyError) else f"cannot be used here ({error})"
+        raise ValueError(f"{flag} {name!r} {problem}; sacreBLEU's tokenizers are {names}.") from None
+
+
 def score(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], **options) -> dict:
     """sacreBLEU and chrF of ``hypotheses`` against ``references`` (one or a list per hypothesis), with
     signatures; ``options`` go to the metric (``tokenize``, ``compound_split_bleu``, ``language``, ...)."""

@@ -30,6 +30,7 @@ from transformers.trainer_utils import seed_worker
 
 from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
 from .batching import TokenBatchSampler
+from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
 from .data import example_lengths
 
 logger = logging.getLogger(__name__)
@@ -94,6 +95,71 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     )
     predict_with_generate: bool = field(default=True, metadata={"help": "evaluate BLEU/chrF by decoding"})
 
+    def __post_init__(self):
+        _check_intervals(self)  # before the Trainer's own checks, which take an eval_steps of 0 as "not set"
+        super().__post_init__()
+        check_argument_ranges(self)
+
+
+# Counts that only make sense positive (None: not given). A 0 or a negative one would otherwise be
+# taken as "not set", divide by zero mid-run, or end up as a Python slice from the end.
+POSITIVE_COUNTS = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                   "generation_num_beams", "generation_max_length", "save_total_limit")
+# name -> (lowest allowed, highest allowed or None, what the bounds mean)
+RANGES = {
+    "max_tokens": (0, None, "padded tokens per batch, or 0 for sentence batches"),
+    "average_checkpoints": (0, None, "checkpoints to average, or 0 for none"),
+    "dataloader_num_workers": (0, None, "worker processes, or 0 to load in the main process"),
+    "max_grad_norm": (0, None, "the gradient norm to clip to, or 0 for no clipping"),
+    "weight_decay": (0, None, "a decay rate"),
+    "adam_epsilon": (0, None, "Adam's epsilon"),
+    "seed": (0, 2**32 - 1, "a random seed"),
+}
+OPEN_FRACTIONS = ("label_smoothing_factor", "adam_beta1", "adam_beta2")  # in [0, 1)
+
+
+def check_argument_ranges(args: TransformerTrainingArguments) -> None:
+    """Refuse numbers outside what they can mean, naming the flag, before any data is read."""
+    for name in POSITIVE_COUNTS:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be a positive number, got {value}; leave it out for the default.")
+    for name, (low, high, meaning) in RANGES.items():
+        value = getattr(args, name)
+        if value is not None and (value < low or high is not None and value > high):
+            bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise ValueError(f"--{name} is {meaning}: it must be {bounds}, got {value}.")
+    for name in OPEN_FRACTIONS:
+        value = getattr(args, name)
+        if not 0 <= value < 1:
+            raise ValueError(f"--{name} must be in [0, 1), got {value} (the paper: label smoothing 0.1, Adam betas "
+                             "0.9 and 0.98).")
+    for name in ("learning_rate", "lr_scale"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name} must be positive, got {value}.")
+    _check_duration(args)
+
+
+def _check_duration(args: TransformerTrainingArguments) -> None:
+    """How long to train, and the intervals of warm-up, saving and evaluation."""
+    if args.max_steps == 0 or args.max_steps < -1:
+        raise ValueError(f"--max_steps must be a positive number of updates (or -1, the default, to train for "
+                         f"--num_train_epochs epochs), got {args.max_steps}.")
+    if args.max_steps == -1 and not args.num_train_epochs > 0:
+        raise ValueError(f"--num_train_epochs must be positive, got {args.num_train_epochs}; or give --max_steps.")
+    if args.warmup_steps >= 1 and not float(args.warmup_steps).is_integer():
+        raise ValueError(f"--warmup_steps {args.warmup_steps}: give a whole number of updates, or a fraction below 1 "
+                         "of the training updates.")
+
+
+def _check_intervals(args: TransformerTrainingArguments) -> None:
+    for name in ("save_steps", "eval_steps", "logging_steps"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name} must be a positive number of updates (or a fraction below 1 of them), got "
+                             f"{value}.")
+
 
 def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> float:
     """The peak learning rate: ``--learning_rate`` as given, or eq. (3)'s peak times ``--lr_scale``."""
@@ -115,12 +181,15 @@ def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> f
 # ---------------------------------------------------------------------------------------------
 
 
-class TransformerTrainer(Seq2SeqTrainer):
+class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
     """Seq2SeqTrainer with the paper's recipe: token-count batches, per-token label smoothing, eq. (3).
 
     Needs `TransformerTrainingArguments` (a `Seq2SeqTrainingArguments` with the paper's defaults).
     ``lr_scheduler_type="inverse_sqrt"`` runs eq. (3) through `noam_schedule` (transformers' own
     inverse_sqrt starts at a rate of 0); any other type is the Trainer's.
+
+    Faults (`checkpointing`): checkpoints appear only complete; Ctrl-C or SIGTERM saves one and
+    raises `TrainingInterrupted`; resuming skips incomplete checkpoints.
     """
 
     loss_is_scaled_for_ga = True  # compute_loss divides by the tokens of the whole accumulated batch
@@ -139,10 +208,21 @@ class TransformerTrainer(Seq2SeqTrainer):
         # Always count the target tokens of each accumulated batch: compute_loss normalises by them.
         self.model_accepts_loss_kwargs = True
         refuse_ignored_precision_or_sharding(self.args, self.accelerator, self.is_fsdp_enabled)
+        self.stop_on_signal = StopOnSignal(self)
+        self.add_callback(self.stop_on_signal)
 
     @property
     def _d_model(self) -> int:
         return self.accelerator.unwrap_model(self.model).config.d_model
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """`Trainer.train`; ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint, a
+        path is checked before anything is loaded, and a signal ends it with `TrainingInterrupted`."""
+        checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        with self.stop_on_signal.installed():
+            result = super().train(None if checkpoint is None else str(checkpoint), *args, **kwargs)
+        self.stop_on_signal.raise_if_stopped(self.state.global_step)
+        return result
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.args.lr_scheduler_type != "inverse_sqrt":
