@@ -226,6 +226,8 @@ def train_marian(args, data_dir: Path, run_dir: Path) -> dict:
     import torch
     from transformers import DataCollatorForSeq2Seq, MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
+    from vanilla_transformer.training.trainer import WallClock  # the same budget as ours
+
     train_pairs = read_split(data_dir, "train", args.pair)
     tokenizer = metaspace_tokenizer((text for pair in train_pairs for text in pair), args.marian_vocab_size)
     torch.manual_seed(args.seed)
@@ -241,7 +243,7 @@ def train_marian(args, data_dir: Path, run_dir: Path) -> dict:
     )
     counter = TokenCounter(DataCollatorForSeq2Seq(tokenizer, model=model))
     trainer = Seq2SeqTrainer(model=model, args=training_args, train_dataset=examples, data_collator=counter,
-                             processing_class=tokenizer, callbacks=[WallClockBudget(args.budget_minutes * 60)])
+                             processing_class=tokenizer, callbacks=[WallClock(max_minutes=args.budget_minutes)])
     started = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - started
@@ -253,12 +255,6 @@ def train_marian(args, data_dir: Path, run_dir: Path) -> dict:
         "model_dir": str(run_dir), "train_peak_memory_mib": peak_memory_mib(), "vocabulary": len(tokenizer),
         "final_weights": "last",
     }
-
-
-def WallClockBudget(seconds: float):  # noqa: N802 (a TrainerCallback instance, like the package's for ours)
-    from vanilla_transformer.training.trainer import TrainingTimeLimit
-
-    return TrainingTimeLimit(seconds / 60)
 
 
 # ---------------------------------------------------------------------------------------------

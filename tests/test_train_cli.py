@@ -148,3 +148,24 @@ def test_a_second_run_on_the_same_data_reuses_the_cached_data_and_tokenizer(data
     assert second.tokenizer.backend_tokenizer.to_str() == first.tokenizer.backend_tokenizer.to_str()
     assert second.datasets["train"].cache_files == first.datasets["train"].cache_files  # the same Arrow files
     assert (tmp_path / "b" / "tokenizer" / "tokenizer.json").is_file()
+
+
+def test_a_time_budget_stops_training_and_checkpoints_follow_the_clock(data_dir, tmp_path, monkeypatch):
+    """--max_train_minutes and --save_minutes (§6.1's checkpoints every 10 minutes) on a fake clock:
+    every update takes 20 s, a checkpoint every minute, stop after 2.5 minutes."""
+    from vanilla_transformer.training import trainer as trainer_module
+
+    now = [0.0]
+
+    def tick():
+        now[0] += 20.0
+        return now[0]
+
+    monkeypatch.setattr(trainer_module.time, "monotonic", tick)
+    output = tmp_path / "run"
+    run.main(tiny_args(data_dir, output, "--max_steps", "1000", "--max_tokens", "300", "--save_strategy", "steps",
+                       "--save_steps", "100000", "--save_minutes", "1", "--max_train_minutes", "2.5"))
+    state = json.loads((output / "trainer_state.json").read_text())
+    # update n ends 20 n seconds after training began: a checkpoint at 60 s and 120 s, the stop at 160 s
+    assert state["global_step"] == 8
+    assert sorted(int(p.name.split("-")[1]) for p in output.glob("checkpoint-*")) == [3, 6, 8]

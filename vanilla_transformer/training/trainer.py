@@ -19,13 +19,14 @@ from __future__ import annotations
 import copy
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
-from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 from transformers.trainer_utils import seed_worker
 
 from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
@@ -65,6 +66,36 @@ def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: 
 
 
 # ---------------------------------------------------------------------------------------------
+# §6.1 Checkpoints by the clock, and a training budget
+# ---------------------------------------------------------------------------------------------
+
+
+class WallClock(TrainerCallback):
+    """Save a checkpoint every ``save_minutes`` ("checkpoints, which were written at 10-minute intervals",
+    §6.1) and stop after ``max_train_minutes`` of training, saving the last update (so that averaging the
+    last checkpoints includes it). The clock starts when this process starts training, resumed or not."""
+
+    def __init__(self, max_minutes: float | None = None, save_minutes: float | None = None):
+        self.max_seconds = max_minutes * 60 if max_minutes else None
+        self.save_seconds = save_minutes * 60 if save_minutes else None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.monotonic()
+        self.next_save = self.save_seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        elapsed = time.monotonic() - self.start
+        if self.save_seconds and elapsed >= self.next_save:
+            control.should_save = True
+            while self.next_save <= elapsed:  # a slow update may pass more than one interval
+                self.next_save += self.save_seconds
+        if self.max_seconds and elapsed >= self.max_seconds:
+            control.should_training_stop = True
+            control.should_save = args.save_strategy != "no"
+        return control
+
+
+# ---------------------------------------------------------------------------------------------
 # Arguments
 # ---------------------------------------------------------------------------------------------
 
@@ -94,6 +125,12 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         default=0, metadata={"help": "save the mean of the last N checkpoints as the final model (paper: 5 base, 20 big)"}
     )
     predict_with_generate: bool = field(default=True, metadata={"help": "evaluate BLEU/chrF by decoding"})
+    save_minutes: float | None = field(
+        default=None, metadata={"help": "also save a checkpoint every this many minutes (§6.1: every 10 minutes)"}
+    )
+    max_train_minutes: float | None = field(
+        default=None, metadata={"help": "stop training after this many minutes (or max_steps, whichever comes first)"}
+    )
 
     def __post_init__(self):
         _check_intervals(self)  # before the Trainer's own checks, which take an eval_steps of 0 as "not set"
@@ -134,7 +171,7 @@ def check_argument_ranges(args: TransformerTrainingArguments) -> None:
         if not 0 <= value < 1:
             raise ValueError(f"--{name} must be in [0, 1), got {value} (the paper: label smoothing 0.1, Adam betas "
                              "0.9 and 0.98).")
-    for name in ("learning_rate", "lr_scale"):
+    for name in ("learning_rate", "lr_scale", "save_minutes", "max_train_minutes"):
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ValueError(f"--{name} must be positive, got {value}.")
@@ -210,6 +247,8 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
         refuse_ignored_precision_or_sharding(self.args, self.accelerator, self.is_fsdp_enabled)
         self.stop_on_signal = StopOnSignal(self)
         self.add_callback(self.stop_on_signal)
+        if self.args.save_minutes or self.args.max_train_minutes:
+            self.add_callback(WallClock(self.args.max_train_minutes, self.args.save_minutes))
 
     @property
     def _d_model(self) -> int:
