@@ -141,6 +141,16 @@ def recipe_overrides() -> str:
     return yaml.safe_load(RECIPE.read_text())["config_overrides"]
 
 
+def merged_overrides(*texts: str) -> str:
+    """Several ``--config_overrides`` strings as one, later values winning."""
+    from vanilla_transformer.training.run import parse_overrides
+
+    merged = {}
+    for text in texts:
+        merged.update(parse_overrides(text))
+    return ",".join(f"{key}={json.dumps(value) if not isinstance(value, str) else value}" for key, value in merged.items())
+
+
 def ours_arguments(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], str]) -> list[str]:
     flags, config = lever
     source, target = PAIRS[args.pair]
@@ -156,7 +166,7 @@ def ours_arguments(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], 
         "--dataset_name", "none", "--do_predict", "false",  # local files; the test set is decoded below
         "--train_source_file", str(files["train"][0]), "--train_target_file", str(files["train"][1]),
         "--validation_source_file", str(files["val"][0]), "--validation_target_file", str(files["val"][1]),
-        "--config_overrides", ",".join(filter(None, [*overrides, config])),
+        "--config_overrides", merged_overrides(*overrides, config),
         "--max_train_minutes", str(args.budget_minutes), "--seed", str(args.seed), "--disable_tqdm", "true",
         *args.recipe_flag, *flags,
     ]
@@ -354,7 +364,7 @@ def summary(runs: dict[str, list[dict]]) -> dict:
         return result
 
     medians = {name: {label: median([value(r, path) for r in results]) for label, path in keys.items()
-                      if all(path[0] in r for r in results)} for name, results in runs.items()}
+                      if all(path[0] in r for r in results)} for name, results in runs.items() if results}
     if {"ours", "marian"} <= set(medians):
         medians["difference"] = {label: medians["ours"][label] - medians["marian"][label]
                                  for label in ("test BLEU", "test chrF", "val BLEU") if label in medians["marian"]}
