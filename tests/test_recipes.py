@@ -22,7 +22,8 @@ from vanilla_transformer.training.batching import TokenBatchSampler
 from vanilla_transformer.training.bleu_chrf import split_compounds
 
 REPO = Path(__file__).resolve().parents[1]
-RECIPES = sorted((REPO / "training" / "recipes").glob("*.yaml"))
+RECIPES = sorted((REPO / "training" / "recipes").glob("wmt14-*.yaml"))  # the paper's runs
+MULTI30K = REPO / "training" / "recipes" / "multi30k.yaml"
 
 # Vaswani et al. (2017): §5.1 data and vocabulary, §5.2 updates and seconds per update on 8 P100s,
 # §6.1 dropout of the big models and checkpoint averaging, Table 3 model sizes.
@@ -49,8 +50,9 @@ def parse(recipe: Path, *flags: str):
     return train.parse_arguments([str(recipe), "--use_cpu", *flags])  # --bf16 needs a GPU or --use_cpu
 
 
-def test_every_recipe_is_one_of_the_papers_runs():
+def test_every_recipe_is_one_of_the_papers_runs_or_multi30k():
     assert {path.stem for path in RECIPES} == set(PAPER)
+    assert {p.name for p in (REPO / "training" / "recipes").glob("*.yaml")} == {p.name for p in RECIPES} | {MULTI30K.name}
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=recipe_id)
@@ -161,6 +163,22 @@ def test_recipe_trains_evaluates_and_predicts_on_a_tiny_local_slice(recipe, tiny
     assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "README.md"} <= {
         p.name for p in output.iterdir()}
+
+
+def test_the_multi30k_recipe_runs_on_a_tiny_local_slice_under_its_clock(tiny_slice, tmp_path, monkeypatch):
+    """The small-data recipe: its own 25-minute clock, checkpoints by the minute, the mean of the last 5."""
+    model_args, data_args, args = parse(MULTI30K)
+    assert (args.max_train_minutes, args.save_minutes, args.average_checkpoints) == (25, 1, 5)
+    assert (args.max_tokens, args.learning_rate, args.warmup_steps, args.max_grad_norm) == (1024, 1e-3, 800, 0.0)
+    config = train.new_model_config(model_args)
+    assert (config.d_model, config.encoder_layers, config.encoder_attention_heads, config.encoder_ffn_dim) == (256, 3, 4, 1024)
+    output = tmp_path / "run"
+    overrides = [flag for flag in tiny_overrides(tiny_slice, output)]
+    overrides[overrides.index("--preset") + 1] = "base"
+    metrics = train.main([str(MULTI30K), "--use_cpu", *overrides, "--config_overrides",
+                          "d_model=32,encoder_layers=1,decoder_layers=1,encoder_ffn_dim=64,decoder_ffn_dim=64"])
+    assert {"eval_bleu", "predict_bleu"} <= set(metrics)
+    assert (output / "model.safetensors").is_file()
 
 
 # ---------------------------------------------------------------------------------------------
