@@ -58,14 +58,14 @@ class Recipe(NamedTuple):
 
 
 def read_recipes(folder: Path = RECIPES) -> list[Recipe]:
-    """Each training/recipes/*.yaml: its model, number of updates and vocabulary."""
+    """Each of the paper's runs (training/recipes/wmt14-*.yaml): its model, number of updates and vocabulary."""
     recipes = []
-    for path in sorted(Path(folder).glob("*.yaml")):
+    for path in sorted(Path(folder).glob("wmt14-*.yaml")):
         values = yaml.safe_load(path.read_text(encoding="utf-8"))
         recipes.append(Recipe(path.stem, values.get("preset", "base"), int(values["max_steps"]),
                               int(values.get("tokenizer_vocab_size", 37000))))
     if not recipes:
-        raise ValueError(f"No *.yaml recipes in {folder}.")
+        raise ValueError(f"No wmt14-*.yaml recipes in {folder}.")
     return recipes
 
 
