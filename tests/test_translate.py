@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -97,6 +98,24 @@ def test_scores_equal_sacrebleu_on_the_written_hypotheses(model_dir, tmp_path):
 def test_paper_decoding_defaults_come_from_the_generation_config(loaded):
     model, _ = loaded
     assert model.generation_config.num_beams == 4 and model.generation_config.length_penalty == 0.6
+
+
+@pytest.mark.parametrize("eos_logit", [-1e9, 1e9])
+def test_translations_cut_off_by_the_length_limit_are_named_in_a_warning(loaded, eos_logit, caplog):
+    """A loop must not pass silently. With </s> impossible every decoded line runs to the limit and
+    is named by its input number (blank lines are not decoded); with </s> certain none is."""
+    model, tokenizer = loaded
+    handle = model.lm_head.register_forward_hook(lambda m, i, o: o.index_fill(-1, torch.tensor([3]), eos_logit))
+    try:
+        with caplog.at_level(logging.WARNING, logger=translate.__name__):
+            translate.translate(model, tokenizer, ["a medium sentence here", "", "x", "short"])
+    finally:
+        handle.remove()
+    if eos_logit < 0:
+        assert "3 of 3 translation(s) reached the length limit without </s>" in caplog.text
+        assert "number 1, 3, 4." in caplog.text
+    else:
+        assert "length limit" not in caplog.text
 
 
 def test_misaligned_references_are_an_error(model_dir, tmp_path):

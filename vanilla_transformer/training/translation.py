@@ -86,6 +86,7 @@ def translate(
     order = sorted(todo, key=lambda i: lengths[i])
     model.eval()
     bar = _progress_bar(len(order), progress)
+    unfinished = []
     for start in range(0, len(order), batch_size):
         indices = order[start:start + batch_size]
         batch = tokenizer(
@@ -95,9 +96,31 @@ def translate(
             generated = model.generate(**batch, **generate_kwargs)
         for index, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True)):
             hypotheses[index] = text
+        unfinished += [index for index, ended in zip(indices, _ended(generated, model, generate_kwargs)) if not ended]
         bar.update(len(indices))
     bar.close()
+    if unfinished:
+        _warn_unfinished(sorted(unfinished), len(order))
     return hypotheses
+
+
+def _ended(generated: torch.Tensor, model, generate_kwargs: dict) -> list[bool]:
+    """Whether each generated row (decoder start token first) contains ``</s>``."""
+    eos = generate_kwargs.get("eos_token_id", model.generation_config.eos_token_id)
+    if eos is None:
+        return [True] * len(generated)
+    eos = torch.tensor(eos if isinstance(eos, list) else [eos], device=generated.device)
+    return torch.isin(generated[:, 1:], eos).any(dim=1).tolist()
+
+
+def _warn_unfinished(unfinished: list[int], total: int) -> None:
+    """Say which translations the length limit cut off: an undertrained model loops instead of ending."""
+    where = ", ".join(str(i + 1) for i in unfinished[:10]) + (" ..." if len(unfinished) > 10 else "")
+    logger.warning(
+        f"{len(unfinished)} of {total} translation(s) reached the length limit without </s> and are cut off: "
+        f"number {where}. Long inputs may need a higher --max-new-tokens; a model that repeats itself instead of "
+        "ending is undertrained: train it longer, or decode with no_repeat_ngram_size=3 (not in the paper)."
+    )
 
 
 def _progress_bar(total: int, enabled: bool):
