@@ -118,8 +118,9 @@ def _warn_unfinished(unfinished: list[int], total: int) -> None:
     where = ", ".join(str(i + 1) for i in unfinished[:10]) + (" ..." if len(unfinished) > 10 else "")
     logger.warning(
         f"{len(unfinished)} of {total} translation(s) reached the length limit without </s> and are cut off: "
-        f"number {where}. Long inputs may need a higher --max-new-tokens; a model that repeats itself instead of "
-        "ending is undertrained: train it longer, or decode with no_repeat_ngram_size=3 (not in the paper)."
+        f"number {where}. Long inputs may need a higher max_new_tokens (--max-new-tokens); a model that repeats "
+        "itself instead of ending is undertrained: train it longer, or decode with no_repeat_ngram_size=3 (not in "
+        "the paper)."
     )
 
 
