@@ -103,17 +103,17 @@ def test_paper_decoding_defaults_come_from_the_generation_config(loaded):
 @pytest.mark.parametrize("eos_logit", [-1e9, 1e9])
 def test_translations_cut_off_by_the_length_limit_are_named_in_a_warning(loaded, eos_logit, caplog):
     """A loop must not pass silently. With </s> impossible every decoded line runs to the limit and
-    is named by its input number (blank lines are not decoded); with </s> certain none is."""
+    is named by its line (blank lines are not decoded); with </s> certain none is."""
     model, tokenizer = loaded
     handle = model.lm_head.register_forward_hook(lambda m, i, o: o.index_fill(-1, torch.tensor([3]), eos_logit))
     try:
         with caplog.at_level(logging.WARNING, logger=translate.__name__):
-            translate.translate(model, tokenizer, ["a medium sentence here", "", "x", "short"])
+            translate.translate(model, tokenizer, ["a medium sentence here", "", "x", "short"], lines_of="--input in.txt")
     finally:
         handle.remove()
     if eos_logit < 0:
         assert "3 of 3 translation(s) reached the length limit without </s>" in caplog.text
-        assert "number 1, 3, 4." in caplog.text
+        assert "--input in.txt, line 1, 3, 4." in caplog.text
     else:
         assert "length limit" not in caplog.text
 

@@ -100,7 +100,7 @@ def translate(
         bar.update(len(indices))
     bar.close()
     if unfinished:
-        _warn_unfinished(sorted(unfinished), len(order))
+        _warn_unfinished(sorted(unfinished), len(order), lines_of)
     return hypotheses
 
 
@@ -113,12 +113,13 @@ def _ended(generated: torch.Tensor, model, generate_kwargs: dict) -> list[bool]:
     return torch.isin(generated[:, 1:], eos).any(dim=1).tolist()
 
 
-def _warn_unfinished(unfinished: list[int], total: int) -> None:
+def _warn_unfinished(unfinished: list[int], total: int, lines_of: str | None) -> None:
     """Say which translations the length limit cut off: an undertrained model loops instead of ending."""
-    where = ", ".join(str(i + 1) for i in unfinished[:10]) + (" ..." if len(unfinished) > 10 else "")
+    where = (f"{lines_of}, line" if lines_of else "number") + " " + ", ".join(
+        str(i + 1) for i in unfinished[:10]) + (" ..." if len(unfinished) > 10 else "")
     logger.warning(
         f"{len(unfinished)} of {total} translation(s) reached the length limit without </s> and are cut off: "
-        f"number {where}. Long inputs may need a higher max_new_tokens (--max-new-tokens); a model that repeats "
+        f"{where}. Long inputs may need a higher max_new_tokens (--max-new-tokens); a model that repeats "
         "itself instead of ending is undertrained: train it longer, or decode with no_repeat_ngram_size=3 (not in "
         "the paper)."
     )
