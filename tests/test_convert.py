@@ -351,7 +351,8 @@ def until_eos(ids: list[int], eos: int = 3) -> list[int]:
 def test_ctranslate2_decodes_like_generate(trained, beams, tokenizer, tmp_path):
     to_ctranslate2(trained, tmp_path, tokenizer=tokenizer)
     input_ids, attention_mask, _ = copy_batch(torch.Generator().manual_seed(7), 8)
-    paper = dict(length_penalty=0.6, early_stopping=True) if beams > 1 else {}
+    # CTranslate2 divides by |Y| ** alpha, transformers' formula, not the paper's (GNMT's) default one
+    paper = dict(length_penalty=0.6, early_stopping=True, length_penalty_formula="length") if beams > 1 else {}
     out = trained.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=beams, max_new_tokens=20,
                            output_scores=True, return_dict_in_generate=True, **paper)
     ours = [until_eos(row[1:].tolist()) for row in out.sequences]  # drop the start token <s>

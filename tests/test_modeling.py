@@ -439,6 +439,76 @@ def test_default_maximum_output_length_is_input_length_plus_50():
     assert limited.shape[1] == 1 + 5
 
 
+# --- ending a translation (issue 21, item 5: "undertrained models loop") -------------------------
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_a_hypothesis_that_never_ends_reaches_the_limit_without_a_forced_eos(num_beams):
+    """Loops stay visible: nothing puts </s> into the last slot. MarianConfig's default
+    forced_eos_token_id does, which makes an undertrained MarianMT's loops look finished."""
+    model = tiny_model(seed=3)
+    model.lm_head.register_forward_hook(lambda m, i, o: o.index_fill(-1, torch.tensor([3]), -1e9))
+    input_ids, attention_mask = source_batch()
+    settings = dict(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams, max_new_tokens=6)
+    out = model.generate(**settings)
+    assert out.shape[1] == 1 + 6 and not (out == 3).any()
+    # the same check sees a forced </s>: the suppressed logit does not stop the forcing processor
+    forced = model.generate(**settings, forced_eos_token_id=3)
+    assert torch.all(forced[:, -1] == 3)
+
+
+def test_generate_starts_the_decoder_with_the_token_that_training_starts_it_with():
+    """A decoder trained from one start token and run from another is off its training distribution."""
+    model = tiny_model()
+    input_ids, attention_mask = source_batch()
+    training_start = model.prepare_decoder_input_ids_from_labels(torch.tensor([[5, 3]]))[0, 0]
+    for num_beams in (1, 4):
+        out = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams, max_new_tokens=2)
+        assert torch.all(out[:, 0] == training_start)
+
+
+WORDS = "one two three four five six seven eight nine ten eleven twelve".split()
+
+
+def copy_task_sentences(count: int, generator: torch.Generator) -> list[str]:
+    return [" ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (int(length),), generator=generator))
+            for length in torch.randint(2, 7, (count,), generator=generator)]
+
+
+def test_a_model_trained_the_way_run_translation_py_trains_ends_its_translations(tmp_path):
+    """The path of transformers' translation script, on a copy task: labels from
+    ``tokenizer(text_target=...)``, ``DataCollatorForSeq2Seq(model=...)`` (decoder inputs from the
+    labels), Seq2SeqTrainer with label smoothing, beam search with the model's generation config.
+    After 200 updates every translation ends with </s> before the length limit (labels without
+    their </s> fail here) and reproduces its source."""
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    from vanilla_transformer import train_tokenizer
+
+    generator = torch.Generator().manual_seed(0)
+    train, test = copy_task_sentences(200 * 32, generator), copy_task_sentences(100, generator)
+    tokenizer = train_tokenizer(iter(train), vocab_size=300)
+    model = tiny_model(vocab_size=len(tokenizer), decoder_layers=2, decoder_ffn_dim=64).train()
+
+    def encode(sentences):  # as run_translation.py's preprocess_function: tokenizer(source, text_target=target)
+        encoded = tokenizer(sentences, text_target=sentences)
+        return [{"input_ids": i, "labels": l} for i, l in zip(encoded["input_ids"], encoded["labels"])]
+
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path), max_steps=200, per_device_train_batch_size=32, learning_rate=4e-3,
+        warmup_steps=30, label_smoothing_factor=0.1, predict_with_generate=True, per_device_eval_batch_size=100,
+        report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, logging_strategy="no",
+    )
+    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=encode(train),
+                             data_collator=DataCollatorForSeq2Seq(tokenizer, model=model))
+    trainer.train()
+    predictions = trainer.predict(encode(test)).predictions
+    eos = tokenizer.eos_token_id
+    assert all(eos in row[1:] for row in predictions.tolist())
+    translations = tokenizer.batch_decode(predictions, skip_special_tokens=True)
+    assert sum(t.strip() == s for t, s in zip(translations, test)) >= 90
+
+
 # --- loss and training ---------------------------------------------------------------------------
 
 

@@ -226,6 +226,7 @@ def test_model_learns_to_reverse_and_the_saved_folder_loads(data_dir, tmp_path):
     exact = sum(h == t for h, (_, t) in zip(hypotheses, held_out)) / len(held_out)
     assert exact >= 0.9, list(zip(hypotheses, held_out))[:5]
     assert metrics["eval_bleu"] > 80 and metrics["eval_perplexity"] == pytest.approx(math.exp(metrics["eval_loss"]))
+    assert metrics["eval_unfinished_percent"] == 0  # a trained model ends every translation
     # the model card carries the measured validation scores in Hub metadata
     from huggingface_hub import ModelCard
 
@@ -292,6 +293,23 @@ def test_evaluation_decodes_past_20_tokens_and_reports_the_unsmoothed_loss(tmp_p
                        decoder_input_ids=batch["decoder_input_ids"]).logits
     nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
     assert trainer.evaluate()["eval_loss"] == pytest.approx(nll.item(), rel=1e-5)
+
+
+def test_metrics_report_the_share_of_hypotheses_cut_off_by_the_length_limit():
+    """A hypothesis without </s> after the decoder's start token ran to the limit (a loop): 2 of 4 here."""
+    import numpy as np
+    from transformers import EvalPrediction
+
+    from vanilla_transformer import train_tokenizer
+    from vanilla_transformer.training import TranslationMetrics
+
+    tokenizer = train_tokenizer(iter(["a b c"] * 5), vocab_size=270)
+    start, eos, pad = tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id
+    a = tokenizer.convert_tokens_to_ids("a")
+    predictions = np.array([[start, a, eos, pad], [start, a, a, a], [start, eos, pad, pad], [start, a, a, a]])
+    labels = np.array([[a, eos, -100, -100]] * 4)
+    result = TranslationMetrics(tokenizer)(EvalPrediction(predictions=predictions, label_ids=labels))
+    assert result["unfinished_percent"] == 50.0
 
 
 def test_attention_implementation_flag_reaches_a_new_model(data_dir, tmp_path):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -75,7 +76,7 @@ def test_command_line_reads_a_file_and_writes_hypotheses_in_order(model_dir, loa
 
 
 def test_stdin_to_stdout(model_dir, loaded, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "stdin", io.StringIO("short\nx\n"))
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"short\nx\n")))  # bytes underneath, as a real stdin
     translate.main(["--model", str(model_dir)])
     assert capsys.readouterr().out.splitlines() == one_by_one(*loaded, ["short", "x"])
 
@@ -97,6 +98,24 @@ def test_scores_equal_sacrebleu_on_the_written_hypotheses(model_dir, tmp_path):
 def test_paper_decoding_defaults_come_from_the_generation_config(loaded):
     model, _ = loaded
     assert model.generation_config.num_beams == 4 and model.generation_config.length_penalty == 0.6
+
+
+@pytest.mark.parametrize("eos_logit", [-1e9, 1e9])
+def test_translations_cut_off_by_the_length_limit_are_named_in_a_warning(loaded, eos_logit, caplog):
+    """A loop must not pass silently. With </s> impossible every decoded line runs to the limit and
+    is named by its line (blank lines are not decoded); with </s> certain none is."""
+    model, tokenizer = loaded
+    handle = model.lm_head.register_forward_hook(lambda m, i, o: o.index_fill(-1, torch.tensor([3]), eos_logit))
+    try:
+        with caplog.at_level(logging.WARNING, logger=translate.__name__):
+            translate.translate(model, tokenizer, ["a medium sentence here", "", "x", "short"], lines_of="--input in.txt")
+    finally:
+        handle.remove()
+    if eos_logit < 0:
+        assert "3 of 3 translation(s) reached the length limit without </s>" in caplog.text
+        assert "--input in.txt, line 1, 3, 4." in caplog.text
+    else:
+        assert "length limit" not in caplog.text
 
 
 def test_misaligned_references_are_an_error(model_dir, tmp_path):
@@ -168,7 +187,7 @@ def test_a_line_too_long_fails_before_decoding_and_is_named(short_model_dir, tmp
     decoded = []
     monkeypatch.setattr(VanillaTransformerForConditionalGeneration, "generate",
                         lambda self, **kwargs: decoded.append(1))
-    with pytest.raises(ValueError, match=r"longer than the 12 tokens the model accepts: number 2 \(\d+ tokens\).*--skip-long"):
+    with pytest.raises(ValueError, match=r"longer than the 12 tokens the model accepts: --input .*in.txt, line 2 \(\d+ tokens\).*--skip-long"):
         translate.main(["--model", str(short_model_dir), "--input", str(source), "--output", str(tmp_path / "o")])
     assert decoded == [] and not (tmp_path / "o").exists()
 

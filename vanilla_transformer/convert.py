@@ -41,9 +41,13 @@ heads (encoder and decoder separately), ``head_dim``, embedding scale, LayerNorm
 position table set explicitly (ours, sinusoidal interleaved or learned). Decoding starts from our
 ``decoder_start_token_id`` through the model's ``decoder_start_token`` setting; ``<pad>`` stays an
 ordinary vocabulary entry (unlike CTranslate2's Marian loader, which drops it). To decode like
-``generate()`` with the paper's settings, call ``translate_batch(..., beam_size=4,
-length_penalty=0.6, return_end_token=True, min_decoding_length=0)``: both libraries divide the
-summed log-probability by ``length ** length_penalty``, but CTranslate2 counts ``</s>`` in the length
+``generate()``, call ``translate_batch(..., beam_size=4, length_penalty=0.6, return_end_token=True,
+min_decoding_length=0)``. CTranslate2 has one length penalty, transformers' ``length ** alpha``, not
+the paper's GNMT penalty ``((5 + length) / 6) ** alpha`` that our generation config selects
+(``length_penalty_formula="gnmt"``): outputs are identical to ``generate(...,
+length_penalty_formula="length")``, and can differ from the default in which finished hypothesis
+wins. Both libraries then divide the summed log-probability by ``length ** length_penalty``, but
+CTranslate2 counts ``</s>`` in the length
 only with ``return_end_token=True`` (transformers always counts it), and its default
 ``min_decoding_length=1`` forbids an immediate ``</s>``. CTranslate2 stops once ``beam_size``
 hypotheses have finished, which is ``early_stopping=True`` (the paper's config) in transformers.
@@ -62,6 +66,7 @@ import torch
 from torch import nn
 from transformers import AutoTokenizer, MarianMTModel
 
+from .checkpoint_files import check_has_tokenizer, check_model_folder, has_tokenizer, is_local
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_positions
 
@@ -576,16 +581,45 @@ def _parser() -> argparse.ArgumentParser:
     marian.add_argument("output_dir", type=Path, help="folder to save the converted model in")
     marian.add_argument("--tokenizer", help="tokenizer to save alongside (default: the source's)")
     marian.add_argument("--no-tokenizer", action="store_true", help="save the model only")
+    marian.add_argument("--force", action="store_true", help="write into a folder that already holds a model")
     ct2 = commands.add_parser("to-ctranslate2", help="export a saved model folder to a CTranslate2 directory")
     ct2.add_argument("model", help="folder saved with save_pretrained (with its tokenizer)")
     ct2.add_argument("output_dir", type=Path, help="CTranslate2 model directory to create")
-    ct2.add_argument("--quantization", help="int8, int8_float32, int8_float16, int16, float16, bfloat16, float32")
+    ct2.add_argument("--quantization", help=", ".join(QUANTIZATIONS))
     ct2.add_argument("--tokenizer", help="source (or joint) tokenizer (default: the model folder's)")
     ct2.add_argument("--target-tokenizer", help="target tokenizer, for separate vocabularies")
     ct2.add_argument(
         "--force", action="store_true", help="write into an existing directory, replacing its CTranslate2 files"
     )
     return parser
+
+
+# CTranslate2's weight types (its converters' --quantization).
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Folders, tokenizers and names checked before any model is loaded or written."""
+    if args.command == "from-marian":
+        if args.tokenizer and args.no_tokenizer:
+            raise ValueError("--tokenizer and --no-tokenizer contradict each other; give one.")
+        check_model_folder(args.source, f"from-marian SOURCE {args.source}")
+        if not args.no_tokenizer and not args.tokenizer and is_local(args.source) and not has_tokenizer(args.source):
+            raise ValueError(f"Could not load the Marian tokenizer from {args.source}: it has no tokenizer files. Give "
+                             "--tokenizer NAME_OR_FOLDER, or --no-tokenizer to save the model alone.")
+        if (args.output_dir / "config.json").exists() and not args.force:
+            raise FileExistsError(f"{args.output_dir} already holds a model; choose a new folder, or pass --force to "
+                                  "replace it.")
+        return
+    check_model_folder(args.model, f"to-ctranslate2 MODEL {args.model}")
+    if not args.tokenizer:
+        check_has_tokenizer(args.model, f"to-ctranslate2 MODEL {args.model}",
+                            "Give the tokenizer the model was trained with: --tokenizer FOLDER.")
+    for flag, name in (("--tokenizer", args.tokenizer), ("--target-tokenizer", args.target_tokenizer)):
+        if name:
+            check_has_tokenizer(name, f"{flag} {name}", "Give the folder the tokenizer was saved in.")
+    if args.quantization is not None and args.quantization not in QUANTIZATIONS:
+        raise ValueError(f"--quantization {args.quantization!r} does not exist; choose one of {', '.join(QUANTIZATIONS)}.")
 
 
 def _tokenizer_for(path: str, what: str):
@@ -596,6 +630,7 @@ def _tokenizer_for(path: str, what: str):
 
 
 def _run(args: argparse.Namespace) -> str:
+    _check_arguments(args)
     if args.command == "from-marian":
         tokenizer = None if args.no_tokenizer else _tokenizer_for(args.tokenizer or args.source, "Marian")
         convert_marian(args.source, args.output_dir, tokenizer)

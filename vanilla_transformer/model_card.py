@@ -21,9 +21,10 @@ from huggingface_hub import EvalResult, ModelCardData
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .modeling_vanilla_transformer import MODEL_TAGS
 from .pipeline_vanilla_transformer import REMOTE_CODE_TASK, TASK
 
-TAGS = ["translation", "vanilla-transformer", "transformer", "attention-is-all-you-need", "seq2seq"]
+TAGS = [*MODEL_TAGS, "transformer", "attention-is-all-you-need", "seq2seq"]
 REQUIRED_METRIC_KEYS = {"name", "type", "value", "dataset"}
 OPTIONAL_METRIC_KEYS = {"dataset_name", "dataset_config", "split", "signature"}
 

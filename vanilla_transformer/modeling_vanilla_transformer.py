@@ -372,6 +372,9 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
 # PreTrainedModel base: initialisation and the library's contracts
 # ---------------------------------------------------------------------------------------------
 
+MODEL_TAGS = ("translation", "vanilla-transformer", "custom_code")
+
+
 
 class VanillaTransformerPreTrainedModel(PreTrainedModel):
     """Weight initialisation and the library-facing class attributes shared by every model class.
@@ -392,6 +395,12 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     _supports_flex_attn = True
     _supports_flash_attn = True
     _can_compile_fullgraph = True
+
+    def __init__(self, config: VanillaTransformerConfig, *args, **kwargs):
+        super().__init__(config, *args, **kwargs)
+        # transformers' mechanism for a model to name itself in the cards that push_to_hub (the model's or
+        # the Trainer's) writes: the task, this package, and that the checkpoint carries its code.
+        self.model_tags = list(MODEL_TAGS)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module):
@@ -415,11 +424,42 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
             init.copy_(module.table, sinusoidal_positions(*module.table.shape))
 
     def resize_token_embeddings(self, *args, **kwargs) -> nn.Embedding:
-        """Resize the (source or joint) vocabulary; a joint one keeps decoder_vocab_size in step."""
+        """Resize the source vocabulary, or the joint one (with the target embedding and the pre-softmax
+        projection) when the vocabularies are shared. A separate target vocabulary is resized with
+        `resize_decoder_token_embeddings`."""
         embeddings = super().resize_token_embeddings(*args, **kwargs)
         if self.config.share_encoder_decoder_embeddings:
             self.config.decoder_vocab_size = self.config.vocab_size
         return embeddings
+
+    def _resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of=None, mean_resizing=True):
+        if self.config.share_encoder_decoder_embeddings:  # one vocabulary: the library resizes all of it
+            return super()._resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        old = self.get_input_embeddings()  # the source side only; the target side keeps its size
+        new = self._get_resized_embeddings(old, new_num_tokens, pad_to_multiple_of, mean_resizing)
+        new.requires_grad_(old.weight.requires_grad)
+        self.set_input_embeddings(new)
+        return new
+
+    def resize_decoder_token_embeddings(self, new_num_tokens: int, mean_resizing: bool = True) -> nn.Embedding:
+        """Resize a separate target vocabulary: the decoder's embedding and the pre-softmax projection
+        (re-tied to it, or resized with it when untied). MarianMT's method of the same name."""
+        if self.config.share_encoder_decoder_embeddings:
+            raise ValueError(
+                "The source and target vocabularies are one (share_encoder_decoder_embeddings=True): resize both "
+                "with resize_token_embeddings."
+            )
+        decoder = self.base_model.decoder
+        old = decoder.get_input_embeddings()
+        new = self._get_resized_embeddings(old, new_num_tokens, mean_resizing=mean_resizing)
+        new.requires_grad_(old.weight.requires_grad)
+        decoder.set_input_embeddings(new)
+        projection = self.get_output_embeddings()
+        if projection is not None and not self.config.tie_word_embeddings:
+            self.set_output_embeddings(self._get_resized_lm_head(projection, new_num_tokens, mean_resizing=mean_resizing))
+        self.config.decoder_vocab_size = new_num_tokens
+        self.tie_weights()
+        return new
 
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
@@ -643,11 +683,17 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
 # generation config under this name, so that it is saved, visible and can be changed or switched off.
 MAX_NEW_TOKENS_BEYOND_INPUT = "max_new_tokens_beyond_input"
 MAX_EXTRA_OUTPUT_TOKENS = 50
+# §6.1's "length penalty alpha = 0.6" is GNMT's (Wu et al., 2016, eq. 14): a finished hypothesis Y scores
+# log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha, as tensor2tensor computed it. transformers' beam
+# search divides by |Y| ** alpha instead. The generation config says which: "gnmt" (the paper's) or
+# "length" (transformers' and CTranslate2's); a config without the field is transformers' own.
+LENGTH_PENALTY_FORMULA = "length_penalty_formula"
+LENGTH_PENALTY_FORMULAS = ("gnmt", "length")
 
 
 def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
-    """Decoding as in §6.1: beam size 4, length penalty alpha = 0.6, stop when 4 hypotheses end, and
-    at most input length + 50 new tokens (``max_new_tokens_beyond_input``, applied by `generate()`)."""
+    """Decoding as in §6.1: beam size 4, GNMT's length penalty with alpha = 0.6, stop when 4 hypotheses
+    end, and at most input length + 50 new tokens (``max_new_tokens_beyond_input``, applied by `generate()`)."""
     return GenerationConfig(
         num_beams=4,
         length_penalty=0.6,
@@ -656,8 +702,13 @@ def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfi
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,
         pad_token_id=config.pad_token_id,
-        **{MAX_NEW_TOKENS_BEYOND_INPUT: MAX_EXTRA_OUTPUT_TOKENS},
+        **{MAX_NEW_TOKENS_BEYOND_INPUT: MAX_EXTRA_OUTPUT_TOKENS, LENGTH_PENALTY_FORMULA: "gnmt"},
     )
+
+
+def gnmt_length_penalty(length, alpha: float):
+    """lp(Y) = ((5 + |Y|) / 6) ** alpha, with |Y| the generated tokens, </s> included (GNMT, eq. 14)."""
+    return ((5 + length) / 6) ** alpha
 
 
 def label_smoothed_cross_entropy(
@@ -895,11 +946,15 @@ class BeamSearch:
             )
         )
         state["sequences"], state["beam_scores"], state["beam_indices"], state["is_sent_finished"] = (
-            model._update_finished_beams(
-                state["sequences"], candidates, state["beam_scores"], scores, state["beam_indices"],
-                candidate_indices, state["is_early_stop_heuristic_unsatisfied"], state["is_sent_finished"],
-                state["next_token_hits_stopping_criteria"], self.top_beams_mask, beams, self.length,
-                self.prompt_length, self.config.length_penalty, self.config.early_stopping,
+            model._update_finished_beams(  # by keyword, as `_beam_search` calls it (the GNMT penalty hooks in)
+                sequences=state["sequences"], topk_running_sequences=candidates, beam_scores=state["beam_scores"],
+                topk_log_probs=scores, beam_indices=state["beam_indices"], topk_running_beam_indices=candidate_indices,
+                is_early_stop_heuristic_unsatisfied=state["is_early_stop_heuristic_unsatisfied"],
+                is_sent_finished=state["is_sent_finished"],
+                next_token_hits_stopping_criteria=state["next_token_hits_stopping_criteria"],
+                top_num_beam_mask=self.top_beams_mask, num_beams=beams, cur_len=self.length,
+                decoder_prompt_len=self.prompt_length, length_penalty=self.config.length_penalty,
+                early_stopping=self.config.early_stopping,
             )
         )
         beam_idx = state["running_beam_indices"][..., self.length - self.prompt_length].flatten()
@@ -907,9 +962,11 @@ class BeamSearch:
         self.cache.self_attention_cache.reorder_cache(beam_idx // beams if first else beam_idx)
         self.length += 1
         state["is_early_stop_heuristic_unsatisfied"] = model._check_early_stop_heuristic(
-            state["is_early_stop_heuristic_unsatisfied"], state["running_beam_scores"], state["beam_scores"],
-            state["is_sent_finished"], self.length, self.config.max_length, self.prompt_length,
-            self.config.early_stopping, self.config.length_penalty,
+            is_early_stop_heuristic_unsatisfied=state["is_early_stop_heuristic_unsatisfied"],
+            running_beam_scores=state["running_beam_scores"], beam_scores=state["beam_scores"],
+            is_sent_finished=state["is_sent_finished"], cur_len=self.length, max_length=self.config.max_length,
+            decoder_prompt_len=self.prompt_length, early_stopping=self.config.early_stopping,
+            length_penalty=self.config.length_penalty,
         )
 
     def _continuations(self, first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -1065,11 +1122,18 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         side effect of evaluating; set ``max_new_tokens_beyond_input = None`` to use ``max_length``.
         """
         limit = self._new_tokens_limit(inputs, generation_config, kwargs)
-        if limit is not None:
+        if limit is not None:  # as a max_length (the start token + limit), which wins over the model's own
             generation_config = copy.deepcopy(generation_config or self.generation_config)
-            generation_config.max_length, generation_config.max_new_tokens = None, limit
+            generation_config.max_length, generation_config.max_new_tokens = limit + 1, None
         self._check_length_fits(generation_config or self.generation_config, kwargs)
-        output = super().generate(inputs, generation_config, **kwargs)
+        formula = kwargs.pop(LENGTH_PENALTY_FORMULA, None) or self._setting(generation_config, LENGTH_PENALTY_FORMULA)
+        if formula not in (None, *LENGTH_PENALTY_FORMULAS):
+            raise ValueError(f"{LENGTH_PENALTY_FORMULA}={formula!r}: use 'gnmt' (the paper's) or 'length' (transformers').")
+        self._gnmt_length_penalty = formula == "gnmt"  # read by the two beam-search scoring steps below
+        try:
+            output = super().generate(inputs, generation_config, **kwargs)
+        finally:
+            self._gnmt_length_penalty = False
         eos, pad = (self._setting(generation_config, name) for name in ("eos_token_id", "pad_token_id"))
         eos = eos[0] if isinstance(eos, list) and len(eos) == 1 else eos
         if isinstance(eos, int) and pad is not None:  # pad what follows </s> (beam search may not: see above)
@@ -1093,6 +1157,33 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         are the same for every beam of a sentence, so only self-attention's are reordered."""
         past_key_values.self_attention_cache.reorder_cache(beam_idx)
         return past_key_values
+
+    # Beam search (transformers' `_beam_search`) divides a finished hypothesis' log-probability by
+    # length ** length_penalty in these two steps; for GNMT's penalty they get the log-probabilities
+    # rescaled by length ** alpha / lp(length), so that the division leaves log P / lp.
+    _gnmt_length_penalty = False
+
+    def _update_finished_beams(self, *, topk_log_probs, cur_len, decoder_prompt_len, length_penalty, **kwargs):
+        if self._gnmt_length_penalty:
+            length = cur_len + 1 - decoder_prompt_len
+            topk_log_probs = topk_log_probs * (length**length_penalty / gnmt_length_penalty(length, length_penalty))
+        return super()._update_finished_beams(
+            topk_log_probs=topk_log_probs, cur_len=cur_len, decoder_prompt_len=decoder_prompt_len,
+            length_penalty=length_penalty, **kwargs,
+        )
+
+    def _check_early_stop_heuristic(self, *, running_beam_scores, cur_len, max_length, decoder_prompt_len,
+                                    early_stopping, length_penalty, **kwargs):
+        if self._gnmt_length_penalty:  # the same hypothetical length as transformers' heuristic
+            length = max_length if early_stopping == "never" and length_penalty > 0.0 else cur_len
+            length -= decoder_prompt_len
+            running_beam_scores = running_beam_scores * (
+                length**length_penalty / gnmt_length_penalty(length, length_penalty))
+        return GenerationMixin._check_early_stop_heuristic(
+            running_beam_scores=running_beam_scores, cur_len=cur_len, max_length=max_length,
+            decoder_prompt_len=decoder_prompt_len, early_stopping=early_stopping, length_penalty=length_penalty,
+            **kwargs,
+        )
 
     def _setting(self, generation_config: GenerationConfig | None, name: str):
         """A generation setting: the passed config's, else the model's (as `generate()` merges them)."""
@@ -1121,12 +1212,14 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         """Refuse, before decoding, a length the positional encoding cannot reach (the decoder's first
         position holds the start token)."""
         new_tokens = kwargs.get("max_new_tokens", generation_config.max_new_tokens)
-        limit = self.config.max_position_embeddings - 1
-        if new_tokens is not None and new_tokens > limit:
+        total = kwargs.get("max_length", generation_config.max_length)
+        positions = self.config.max_position_embeddings
+        if (new_tokens is not None and new_tokens >= positions) or (new_tokens is None and total and total > positions):
+            asked = f"max_new_tokens={new_tokens}" if new_tokens is not None else f"max_length={total}"
             raise ValueError(
-                f"max_new_tokens={new_tokens} is more than this model can generate: max_position_embeddings="
-                f"{self.config.max_position_embeddings} positions, one of them for the start token. Use at most "
-                f"{limit}, or raise max_position_embeddings in the config (sinusoidal positions need no retraining)."
+                f"{asked} is more than this model can generate: max_position_embeddings={positions} positions, one of "
+                f"them for the start token. Ask for at most {positions - 1} new tokens, or raise "
+                "max_position_embeddings in the config (sinusoidal positions need no retraining)."
             )
 
 
@@ -1149,6 +1242,7 @@ __all__ = [
     "VanillaTransformerPreTrainedModel",
     "label_smoothed_cross_entropy",
     "pad_after_end_of_sequence",
+    "gnmt_length_penalty",
     "paper_generation_config",
     "sinusoidal_positions",
 ]

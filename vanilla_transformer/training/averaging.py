@@ -22,13 +22,16 @@ files, generation settings, tokenizer files of the newest checkpoint).
 from __future__ import annotations
 
 import argparse
-import re
+import logging
 import shutil
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+from ..checkpoint_files import check_json, check_safetensors, tokenizer_difference
+from .checkpointing import checkpoint_folders, complete_checkpoints
 
 
 WEIGHTS_NAME = "model.safetensors"
@@ -42,10 +45,9 @@ TOKENIZER_CODE_GLOB = "tokenization_*.py"
 # Config fields that may differ between checkpoints of one architecture: bookkeeping and
 # training-only settings. Everything else (d_model, heads, layers, ...) must match.
 CONFIG_FIELDS_ALLOWED_TO_DIFFER = frozenset({
-    "transformers_version", "_name_or_path", "_commit_hash", "use_cache",
+    "transformers_version", "_name_or_path", "_commit_hash", "use_cache", "architectures", "dtype",
     "dropout", "attention_dropout", "activation_dropout",
 })
-CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -54,50 +56,79 @@ CHECKPOINT_DIR = re.compile(r"checkpoint-(\d+)")
 
 
 def last_checkpoints(root: str | Path, last: int) -> list[Path]:
-    """The `last` ``checkpoint-<step>`` folders of a Trainer output dir, oldest first, by integer step."""
+    """The `last` complete ``checkpoint-<step>`` folders of a Trainer output dir, oldest first, by integer step.
+
+    Incomplete ones (e.g. of a run killed while it saved, by an older version) are skipped and
+    named in the log, so that a half-written checkpoint is never averaged.
+    """
     root = Path(root)
-    if last < 1:
-        raise ValueError(f"--last must be at least 1, got {last}.")
-    found = sorted(
-        (int(match.group(1)), path)
-        for path in (root.iterdir() if root.is_dir() else [])
-        if path.is_dir() and (match := CHECKPOINT_DIR.fullmatch(path.name))
-    )
+    if isinstance(last, bool) or not isinstance(last, int) or last < 1:
+        raise ValueError(f"--last must be at least 1 (a number of checkpoints), got {last!r}.")
+    if not root.is_dir():
+        raise FileNotFoundError(f"--checkpoint-root {root} {'is not a folder' if root.exists() else 'does not exist'}; "
+                                "give the Trainer's output_dir, which holds the checkpoint-<step> folders.")
+    found = complete_checkpoints(root)
     if last > len(found):
+        skipped = len(checkpoint_folders(root)) - len(found)
         raise ValueError(
             f"--last {last} asks for more checkpoints than {root} holds: it has {len(found)} "
-            f"checkpoint-<step> folder(s){' (' + ', '.join(p.name for _, p in found) + ')' if found else ''}. "
+            f"checkpoint-<step> folder(s){' (' + ', '.join(p.name for p in found) + ')' if found else ''}"
+            f"{f' and {skipped} incomplete one(s), see the log' if skipped else ''}. "
             f"Pass --last {len(found)} or fewer, or point --checkpoint-root at the Trainer's output_dir."
         )
-    return [path for _, path in found[len(found) - last:]]
+    return found[len(found) - last:]
 
 
 def check_folders(checkpoints: list[Path]) -> None:
+    """Each checkpoint a folder with a config and complete weights, none given twice."""
     if not checkpoints:
         raise ValueError("No checkpoints to average: give at least one checkpoint folder.")
     for folder in checkpoints:
+        if not folder.is_dir():
+            raise FileNotFoundError(f"Checkpoint {folder} {'is not a folder' if folder.exists() else 'does not exist'}.")
         if not (folder / WEIGHTS_NAME).is_file():
             raise ValueError(
                 f"Checkpoint {folder} has no {WEIGHTS_NAME}. Give Hub-format folders written by "
                 f"save_pretrained or the Trainer (save_safetensors, one shard)."
             )
+        if not (folder / "config.json").is_file():
+            raise ValueError(f"Checkpoint {folder} has no config.json. Give Hub-format folders written by "
+                             "save_pretrained or the Trainer.")
+        remedy = "Leave this checkpoint out of the average."
+        check_json(folder / "config.json", f"Checkpoint {folder}", remedy)
+        check_safetensors(folder / WEIGHTS_NAME, f"Checkpoint {folder}", remedy)
+    resolved = [folder.resolve() for folder in checkpoints]
+    if duplicates := sorted({str(folder) for folder in checkpoints if resolved.count(folder.resolve()) > 1}):
+        raise ValueError(f"Checkpoint(s) {', '.join(duplicates)} given more than once: each would count twice in "
+                         "the mean. Give each checkpoint once.")
 
 
-def architecture(folder: Path) -> dict:
-    config = AutoConfig.from_pretrained(folder).to_dict()
+def architecture(config: dict) -> dict:
+    """The fields of a config (``to_dict()``) that define the model: all but bookkeeping and dropouts."""
     return {key: value for key, value in config.items() if key not in CONFIG_FIELDS_ALLOWED_TO_DIFFER}
 
 
 def check_same_architecture(checkpoints: list[Path]) -> None:
-    reference = architecture(checkpoints[0])
+    reference = architecture(AutoConfig.from_pretrained(checkpoints[0]).to_dict())
     for folder in checkpoints[1:]:
-        config = architecture(folder)
+        config = architecture(AutoConfig.from_pretrained(folder).to_dict())
         differing = sorted(key for key in reference.keys() | config.keys() if reference.get(key) != config.get(key))
         if differing:
             details = ", ".join(f"{key}: {reference.get(key)!r} vs {config.get(key)!r}" for key in differing)
             raise ValueError(
                 f"Checkpoint {folder} has a different model architecture from {checkpoints[0]} ({details}). "
                 f"Only checkpoints of one model (one training run) can be averaged."
+            )
+
+
+def check_same_tokenizer(checkpoints: list[Path]) -> None:
+    """Checkpoints of one run share the tokenizer; the same shapes with another vocabulary would
+    average embeddings of different tokens."""
+    for folder in checkpoints[:-1]:
+        if difference := tokenizer_difference(folder, checkpoints[-1]):
+            raise ValueError(
+                f"Checkpoint {folder} was trained with another tokenizer than {checkpoints[-1]} ({difference}). "
+                "Only checkpoints of one model (one training run) can be averaged."
             )
 
 
@@ -196,6 +227,7 @@ def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path) -
     if any(output_dir.resolve() == folder.resolve() for folder in checkpoints):
         raise ValueError(f"--output-dir {output_dir} is one of the inputs; choose a new folder.")
     check_same_architecture(checkpoints)
+    check_same_tokenizer(checkpoints)
     model = load_averaged_model(checkpoints[-1], average_tensors(checkpoints))
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir)
@@ -220,14 +252,28 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="with --checkpoint-root: average the N highest steps (paper: 5 base, 20 big)",
     )
     parser.add_argument("--output-dir", required=True, help="where the averaged model is saved")
+    parser.add_argument("--force", action="store_true", help="replace a model already saved in --output-dir")
     args = parser.parse_args(argv)
     if (args.checkpoint_root is None) != (args.last is None):
         parser.error("--checkpoint-root and --last go together")
+    if args.last is not None and args.last < 1:
+        parser.error(f"--last must be at least 1 (a number of checkpoints), got {args.last}")
     return args
+
+
+def check_output_dir(output_dir: Path, force: bool) -> None:
+    """Never overwrite a saved model unasked: it may be the only copy of an earlier average."""
+    if output_dir.exists() and not output_dir.is_dir():
+        raise NotADirectoryError(f"--output-dir {output_dir} is a file; give a folder.")
+    if (output_dir / WEIGHTS_NAME).exists() and not force:
+        raise FileExistsError(f"--output-dir {output_dir} already holds a model ({WEIGHTS_NAME}); choose a new "
+                              "folder, or pass --force to replace it.")
 
 
 def main(argv=None) -> Path:
     args = parse_args(argv)
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    check_output_dir(Path(args.output_dir), args.force)
     checkpoints = args.inputs or last_checkpoints(args.checkpoint_root, args.last)
     output_dir = average_checkpoints(checkpoints, args.output_dir)
     names = ", ".join(Path(folder).name for folder in checkpoints)

@@ -96,22 +96,28 @@ def numbered_lines(path: PathLike, what: str | None = None) -> Iterator[tuple[in
     number = 0
     with _binary_lines(path, name) as lines:
         try:
-            for number, raw in enumerate(lines, start=1):
-                try:
-                    text = raw.decode("utf-8")
-                except UnicodeDecodeError as error:
-                    raise ValueError(
-                        f"{name}, line {number}: not valid UTF-8 ({error.reason} at byte {error.start} of the line); "
-                        "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)."
-                    ) from None
-                if number == 1:
-                    text = text.removeprefix("\ufeff")
-                yield number, text.removesuffix("\n").removesuffix("\r")
+            for number, text in decoded_lines(lines, name):
+                yield number, text
         except (EOFError, zlib.error, gzip.BadGzipFile) as error:
             raise ValueError(
                 f"{name} is a damaged or truncated gzip file (it breaks off after line {number}: {error}); "
                 "download or compress it again."
             ) from None
+
+
+def decoded_lines(lines, name: str) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of raw byte lines (a file, or standard input) by the rules of `numbered_lines`."""
+    for number, raw in enumerate(lines, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{name}, line {number}: not valid UTF-8 ({error.reason} at byte {error.start} of the line); "
+                "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)."
+            ) from None
+        if number == 1:
+            text = text.removeprefix("\ufeff")
+        yield number, text.removesuffix("\n").removesuffix("\r")
 
 
 def read_lines(path: PathLike, what: str | None = None) -> list[str]:
@@ -200,15 +206,18 @@ def _jsonl_rows(path: str, source_key: str, target_key: str, what: str | None, *
 
 
 def first_json_record(path: PathLike, what: str | None = None) -> dict:
-    """The first non-blank line of a JSONL file as an object ({} if it is not one): to choose default keys."""
-    for _, line in numbered_lines(path, what):
+    """The first non-blank line of a JSONL file as an object: to choose and check the keys before reading it all."""
+    name = _named(Path(path), what)
+    for number, line in numbered_lines(path, what):
         if line.strip():
             try:
                 record = json.loads(line)
-            except json.JSONDecodeError:
-                return {}
-            return record if isinstance(record, dict) else {}
-    return {}
+            except json.JSONDecodeError as error:
+                raise ValueError(f"{name}, line {number}: invalid JSON ({error}); one JSON object a line.") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{name}, line {number}: expected a JSON object, got {type(record).__name__}.")
+            return record
+    raise ValueError(f"{name} has only blank lines; give one JSON object a line.")
 
 
 def _arrow_from(rows, cache_dir: str | None, **gen_kwargs):
@@ -291,14 +300,21 @@ def hub_dataset(name: str, config: str | None, split: str, source_key: str | Non
     dataset = load_dataset(name, config, split=split, cache_dir=cache_dir)
     source_key = source_key or default_key(languages[0], dataset.column_names)
     target_key = target_key or default_key(languages[1], dataset.column_names)
+    where = f"dataset {name!r} split {split!r}"
+    hint = "give --source_column/--target_column, or check --source_lang/--target_lang"
     for key in (source_key, target_key):
         if key.split(".")[0] not in dataset.column_names:
-            raise ValueError(
-                f"Dataset {name!r} split {split!r} has no column {key.split('.')[0]!r} (columns: "
-                f"{dataset.column_names}); give --source_column/--target_column, or check --source_lang/--target_lang."
-            )
+            raise ValueError(f"Dataset {name!r} split {split!r} has no column {key.split('.')[0]!r} (columns: "
+                             f"{dataset.column_names}); {hint}.")
+        if len(dataset):  # nested keys: checked on the first row now, not in every row of a long map
+            try:
+                json_field(dataset[0], key, f"{where}, row 0")
+            except ValueError as error:
+                raise ValueError(f"{error} Keys come from the language codes unless given: {hint}.") from None
+    if source_key == target_key:
+        raise ValueError(f"Source and target would both be read from {source_key!r} ({where}): {hint}.")
     return dataset.map(
-        _SelectPair(source_key, target_key, f"dataset {name!r} split {split!r}"), batched=True, with_indices=True,
+        _SelectPair(source_key, target_key, where), batched=True, with_indices=True,
         remove_columns=dataset.column_names, num_proc=workers_for(len(dataset), num_proc), desc="selecting pairs",
     )
 
@@ -426,3 +442,13 @@ def tokenizer_training_texts(dataset, max_pairs: int | None, seed: int = 0, bloc
         batch = dataset[start:start + block]
         yield from batch["source"]
         yield from batch["target"]
+
+
+def tokenizer_cache_dir(text, settings: dict, cache_dir: str | None = None) -> Path:
+    """Where a tokenizer trained on ``text`` with ``settings`` is kept for the next run: next to the
+    Arrow caches, under a fingerprint of the data and the settings."""
+    from datasets import config
+    from datasets.fingerprint import Hasher
+
+    root = Path(cache_dir) if cache_dir else Path(config.HF_DATASETS_CACHE)
+    return root / "vanilla_transformer_tokenizers" / Hasher.hash([CACHE_VERSION, text._fingerprint, sorted(settings.items())])

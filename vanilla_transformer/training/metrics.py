@@ -3,9 +3,9 @@
 `load_translation_metric()` is ``evaluate.load`` on the metric module shipped with the package
 (`bleu_chrf.py`: sacreBLEU + chrF with signatures); `score` calls it on two lists of strings;
 `TranslationMetrics` is a ``compute_metrics`` for `Seq2SeqTrainer` that decodes the predictions
-and reports BLEU, chrF and the mean generation length (non-pad tokens, as transformers' example
-scripts count it). train.py, translate.py, the benchmarks and the README's own-script example all
-score through it.
+and reports BLEU, chrF, the mean generation length (non-pad tokens, as transformers' example
+scripts count it) and the share of hypotheses cut off by the length limit. train.py, translate.py,
+the benchmarks and the README's own-script example all score through it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,18 @@ def load_translation_metric():
     return evaluate.load(str(METRIC_PATH))
 
 
+def check_sacrebleu_tokenize(name: str, flag: str) -> None:
+    """Refuse an unknown sacreBLEU tokenizer (or one whose package is missing) before any decoding."""
+    import sacrebleu
+
+    try:
+        sacrebleu.metrics.BLEU(tokenize=name)
+    except (KeyError, ValueError, ImportError, RuntimeError) as error:
+        names = ", ".join(sacrebleu.metrics.BLEU.TOKENIZERS)
+        problem = "does not exist" if isinstance(error, KeyError) else f"cannot be used here ({error})"
+        raise ValueError(f"{flag} {name!r} {problem}; sacreBLEU's tokenizers are {names}.") from None
+
+
 def score(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequence[str]], **options) -> dict:
     """sacreBLEU and chrF of ``hypotheses`` against ``references`` (one or a list per hypothesis), with
     signatures; ``options`` go to the metric (``tokenize``, ``compound_split_bleu``, ``language``, ...)."""
@@ -35,7 +47,9 @@ def score(hypotheses: Sequence[str], references: Sequence[str] | Sequence[Sequen
 
 
 class TranslationMetrics:
-    """``compute_metrics`` for the Trainer: sacreBLEU, chrF and ``gen_len`` of decoded predictions.
+    """``compute_metrics`` for the Trainer: sacreBLEU, chrF, ``gen_len`` of decoded predictions and
+    ``unfinished_percent``, the share that reached the length limit without ``</s>`` (an undertrained
+    model looping; MarianMT's default ``forced_eos_token_id`` would hide such loops).
 
     Keeps the signatures of the last evaluation (``self.signatures``) for the model card.
     """
@@ -59,4 +73,7 @@ class TranslationMetrics:
         self.signatures = {kind: result.pop(f"{kind}_signature") for kind in ("bleu", "chrf")}
         # Generated tokens per sentence, counted as run_translation.py does: everything but padding.
         result["gen_len"] = float(np.mean(np.count_nonzero(predictions != pad, axis=1)))
+        # Hypotheses without </s> after the decoder's start token: cut off by the length limit (loops).
+        ended = (predictions[:, 1:] == self.tokenizer.eos_token_id).any(axis=1)
+        result["unfinished_percent"] = 100 * float(np.mean(~ended))
         return result

@@ -18,17 +18,20 @@ from __future__ import annotations
 
 import copy
 import logging
+import os
+import time
 from dataclasses import dataclass, field
 from functools import partial
 
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
-from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments
+from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 from transformers.trainer_utils import seed_worker
 
 from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
 from .batching import TokenBatchSampler
+from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
 from .data import example_lengths
 
 logger = logging.getLogger(__name__)
@@ -63,6 +66,36 @@ def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: 
 
 
 # ---------------------------------------------------------------------------------------------
+# §6.1 Checkpoints by the clock, and a training budget
+# ---------------------------------------------------------------------------------------------
+
+
+class WallClock(TrainerCallback):
+    """Save a checkpoint every ``save_minutes`` ("checkpoints, which were written at 10-minute intervals",
+    §6.1) and stop after ``max_train_minutes`` of training, saving the last update (so that averaging the
+    last checkpoints includes it). The clock starts when this process starts training, resumed or not."""
+
+    def __init__(self, max_minutes: float | None = None, save_minutes: float | None = None):
+        self.max_seconds = max_minutes * 60 if max_minutes else None
+        self.save_seconds = save_minutes * 60 if save_minutes else None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.start = time.monotonic()
+        self.next_save = self.save_seconds
+
+    def on_step_end(self, args, state, control, **kwargs):
+        elapsed = time.monotonic() - self.start
+        if self.save_seconds and elapsed >= self.next_save:
+            control.should_save = True
+            while self.next_save <= elapsed:  # a slow update may pass more than one interval
+                self.next_save += self.save_seconds
+        if self.max_seconds and elapsed >= self.max_seconds:
+            control.should_training_stop = True
+            control.should_save = args.save_strategy != "no"
+        return control
+
+
+# ---------------------------------------------------------------------------------------------
 # Arguments
 # ---------------------------------------------------------------------------------------------
 
@@ -92,6 +125,77 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         default=0, metadata={"help": "save the mean of the last N checkpoints as the final model (paper: 5 base, 20 big)"}
     )
     predict_with_generate: bool = field(default=True, metadata={"help": "evaluate BLEU/chrF by decoding"})
+    save_minutes: float | None = field(
+        default=None, metadata={"help": "also save a checkpoint every this many minutes (§6.1: every 10 minutes)"}
+    )
+    max_train_minutes: float | None = field(
+        default=None, metadata={"help": "stop training after this many minutes (or max_steps, whichever comes first)"}
+    )
+
+    def __post_init__(self):
+        _check_intervals(self)  # before the Trainer's own checks, which take an eval_steps of 0 as "not set"
+        super().__post_init__()
+        check_argument_ranges(self)
+
+
+# Counts that only make sense positive (None: not given). A 0 or a negative one would otherwise be
+# taken as "not set", divide by zero mid-run, or end up as a Python slice from the end.
+POSITIVE_COUNTS = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                   "generation_num_beams", "generation_max_length", "save_total_limit")
+# name -> (lowest allowed, highest allowed or None, what the bounds mean)
+RANGES = {
+    "max_tokens": (0, None, "padded tokens per batch, or 0 for sentence batches"),
+    "average_checkpoints": (0, None, "checkpoints to average, or 0 for none"),
+    "dataloader_num_workers": (0, None, "worker processes, or 0 to load in the main process"),
+    "max_grad_norm": (0, None, "the gradient norm to clip to, or 0 for no clipping"),
+    "weight_decay": (0, None, "a decay rate"),
+    "adam_epsilon": (0, None, "Adam's epsilon"),
+    "seed": (0, 2**32 - 1, "a random seed"),
+}
+OPEN_FRACTIONS = ("label_smoothing_factor", "adam_beta1", "adam_beta2")  # in [0, 1)
+
+
+def check_argument_ranges(args: TransformerTrainingArguments) -> None:
+    """Refuse numbers outside what they can mean, naming the flag, before any data is read."""
+    for name in POSITIVE_COUNTS:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be a positive number, got {value}; leave it out for the default.")
+    for name, (low, high, meaning) in RANGES.items():
+        value = getattr(args, name)
+        if value is not None and (value < low or high is not None and value > high):
+            bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise ValueError(f"--{name} is {meaning}: it must be {bounds}, got {value}.")
+    for name in OPEN_FRACTIONS:
+        value = getattr(args, name)
+        if not 0 <= value < 1:
+            raise ValueError(f"--{name} must be in [0, 1), got {value} (the paper: label smoothing 0.1, Adam betas "
+                             "0.9 and 0.98).")
+    for name in ("learning_rate", "lr_scale", "save_minutes", "max_train_minutes"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name} must be positive, got {value}.")
+    _check_duration(args)
+
+
+def _check_duration(args: TransformerTrainingArguments) -> None:
+    """How long to train, and the intervals of warm-up, saving and evaluation."""
+    if args.max_steps == 0 or args.max_steps < -1:
+        raise ValueError(f"--max_steps must be a positive number of updates (or -1, the default, to train for "
+                         f"--num_train_epochs epochs), got {args.max_steps}.")
+    if args.max_steps == -1 and not args.num_train_epochs > 0:
+        raise ValueError(f"--num_train_epochs must be positive, got {args.num_train_epochs}; or give --max_steps.")
+    if args.warmup_steps >= 1 and not float(args.warmup_steps).is_integer():
+        raise ValueError(f"--warmup_steps {args.warmup_steps}: give a whole number of updates, or a fraction below 1 "
+                         "of the training updates.")
+
+
+def _check_intervals(args: TransformerTrainingArguments) -> None:
+    for name in ("save_steps", "eval_steps", "logging_steps"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name} must be a positive number of updates (or a fraction below 1 of them), got "
+                             f"{value}.")
 
 
 def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> float:
@@ -114,12 +218,15 @@ def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> f
 # ---------------------------------------------------------------------------------------------
 
 
-class TransformerTrainer(Seq2SeqTrainer):
+class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
     """Seq2SeqTrainer with the paper's recipe: token-count batches, per-token label smoothing, eq. (3).
 
     Needs `TransformerTrainingArguments` (a `Seq2SeqTrainingArguments` with the paper's defaults).
     ``lr_scheduler_type="inverse_sqrt"`` runs eq. (3) through `noam_schedule` (transformers' own
     inverse_sqrt starts at a rate of 0); any other type is the Trainer's.
+
+    Faults (`checkpointing`): checkpoints appear only complete; Ctrl-C or SIGTERM saves one and
+    raises `TrainingInterrupted`; resuming skips incomplete checkpoints.
     """
 
     loss_is_scaled_for_ga = True  # compute_loss divides by the tokens of the whole accumulated batch
@@ -137,10 +244,24 @@ class TransformerTrainer(Seq2SeqTrainer):
         self.label_smoother = None
         # Always count the target tokens of each accumulated batch: compute_loss normalises by them.
         self.model_accepts_loss_kwargs = True
+        refuse_ignored_precision_or_sharding(self.args, self.accelerator, self.is_fsdp_enabled)
+        self.stop_on_signal = StopOnSignal(self)
+        self.add_callback(self.stop_on_signal)
+        if self.args.save_minutes or self.args.max_train_minutes:
+            self.add_callback(WallClock(self.args.max_train_minutes, self.args.save_minutes))
 
     @property
     def _d_model(self) -> int:
         return self.accelerator.unwrap_model(self.model).config.d_model
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """`Trainer.train`; ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint, a
+        path is checked before anything is loaded, and a signal ends it with `TrainingInterrupted`."""
+        checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        with self.stop_on_signal.installed():
+            result = super().train(None if checkpoint is None else str(checkpoint), *args, **kwargs)
+        self.stop_on_signal.raise_if_stopped(self.state.global_step)
+        return result
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.args.lr_scheduler_type != "inverse_sqrt":
@@ -182,6 +303,13 @@ class TransformerTrainer(Seq2SeqTrainer):
         finally:
             unwrapped.generation_config = saved
 
+    def create_model_card(self, *args, tags=None, tasks=None, **kwargs):
+        """The Trainer's card, naming the task and this package (the model's tags) unless told otherwise."""
+        model_tags = self.accelerator.unwrap_model(self.model).model_tags or []
+        tags = [tags] if isinstance(tags, str) else list(tags or [])
+        return super().create_model_card(*args, tags=tags + [t for t in model_tags if t not in tags],
+                                         tasks=tasks or "translation", **kwargs)
+
     def get_train_dataloader(self) -> DataLoader:
         """Token-count batches (§5.1) when ``max_tokens`` is set; accelerate deals them out to the processes."""
         if not self.args.max_tokens:
@@ -207,3 +335,88 @@ class TransformerTrainer(Seq2SeqTrainer):
             worker_init_fn=partial(seed_worker, num_workers=self.args.dataloader_num_workers, rank=self.args.process_index),
         )
         return self.accelerator.prepare(loader)
+
+    # -----------------------------------------------------------------------------------------
+    # Sharded models (FSDP): checkpoints and the final model stay Hub folders
+    # -----------------------------------------------------------------------------------------
+
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """Under FSDP, write the gathered weights (FULL_STATE_DICT) from a plain copy of the model.
+
+        FSDP 2 swaps the model's class for ``FSDP<Name>(FSDPModule, <Name>)``; ``save_pretrained`` on it
+        would copy torch's ``_fsdp_*.py`` files into the folder as remote code, and the gathered state
+        dict holds the tied embedding matrix (§3.4) once per tie. The plain copy saves as any other model.
+        """
+        if not (self.is_fsdp_enabled and state_dict is not None and self.args.should_save):
+            return super()._save(output_dir, state_dict)
+        sharded, self.model = self.model, plain_copy(self.accelerator.unwrap_model(self.model), state_dict)
+        try:
+            super()._save(output_dir)
+        finally:
+            self.model = sharded
+
+    def load_full_weights(self, state_dict: dict) -> None:
+        """Put full (unsharded) weights, e.g. the average of checkpoints, into the trained model; every
+        process calls it with the same ``state_dict``."""
+        model = self.accelerator.unwrap_model(self.model)
+        if not self.is_fsdp_enabled:
+            model.load_state_dict(state_dict)
+            return
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+        # The sharded model lists the tied matrix (§3.4) under one name; its other names would arrive as
+        # plain tensors to be copied into sharded ones, so they are left out (and come back tied).
+        own = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+        aliases = set(state_dict) - own
+        result = set_model_state_dict(model, {name: value for name, value in state_dict.items() if name in own},
+                                      options=StateDictOptions(full_state_dict=True, strict=False))
+        if missing := set(result.missing_keys) - aliases:
+            raise ValueError(f"The weights to load have no {sorted(missing)}.")
+
+    def model_for_one_process(self):
+        """The trained model, whole, for work that only the main process does (translating the test set).
+
+        Every process must call it: under FSDP it gathers the shards (a collective) and returns a plain
+        copy on the main process (None elsewhere); otherwise it is the unwrapped model itself.
+        """
+        model = self.accelerator.unwrap_model(self.model)
+        if not self.is_fsdp_enabled:
+            return model
+        state_dict = self.accelerator.get_state_dict(self.model)
+        return plain_copy(model, state_dict) if self.is_world_process_zero() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# Precision and sharding that accelerate would silently not apply
+# ---------------------------------------------------------------------------------------------
+
+
+def refuse_ignored_precision_or_sharding(args, accelerator, is_fsdp_enabled: bool) -> None:
+    """Refuse --fp16 and an FSDP launch where accelerate would quietly train in float32 / with DDP.
+
+    accelerate 1.15 enables float16 autocast and its loss scaler only on accelerators (on the CPU its
+    Accelerator keeps ``native_amp=False``), and it selects FSDP only for GPU-like process groups
+    (on the CPU the processes stay MULTI_CPU, i.e. DDP). Either way the run would not be what was asked.
+    """
+    if args.fp16 and not accelerator.native_amp:
+        raise ValueError(
+            f"--fp16 on {accelerator.device.type}: accelerate autocasts to float16 (with a loss scaler) only on a "
+            "GPU, so this run would train in float32 without saying so. Use --bf16 on the CPU, or run on a GPU."
+        )
+    if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not is_fsdp_enabled:
+        raise ValueError(
+            f"Launched with an FSDP config, but accelerate does not shard on {accelerator.device.type} (it would run "
+            "plain data parallel): use training/accelerate/ddp.yaml on the CPU, or run FSDP on GPUs."
+        )
+
+
+def plain_copy(model, state_dict: dict):
+    """A new, unsharded model of ``model``'s own class with the weights of a full ``state_dict``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    plain_class = next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
+    with torch.random.fork_rng(devices=[]):  # its throw-away initialisation must not move training's RNG
+        plain = plain_class(model.config)
+    plain.load_state_dict(state_dict)
+    plain.generation_config = copy.deepcopy(model.generation_config)
+    return plain

@@ -5,7 +5,8 @@ and returns the hypotheses in input order. Decoding follows the model's generati
 told otherwise: the paper's 4 beams, length penalty 0.6 and at most (source length + 50) tokens
 (§6.1). Empty and whitespace-only inputs give empty outputs without being decoded. Inputs longer
 than the model accepts are found before anything is decoded: an error naming the lines, or, on
-request, skipped (empty output) or truncated.
+request, skipped (empty output) or truncated. The command line checks the model folder (complete
+weights, a tokenizer), the output paths and the input files before loading anything.
 
     python training/translate.py --model runs/en-de --input test.en [--output hyp.de] [--references test.de]
     echo "A dog runs." | python training/translate.py --model runs/en-de
@@ -16,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -23,7 +25,10 @@ from pathlib import Path
 
 import torch
 
-from .data import read_lines
+from ..checkpoint_files import check_has_tokenizer, check_model_folder, is_local
+from ..pipeline_vanilla_transformer import check_tokenizer_matches_model
+from .data import decoded_lines, read_lines
+from .metrics import check_sacrebleu_tokenize
 
 logger = logging.getLogger(__name__)
 
@@ -43,6 +48,7 @@ def translate(
     batch_size: int = 64,
     long_inputs: str = "error",
     progress: bool = False,
+    lines_of: str | None = None,
     **generate_kwargs,
 ) -> list[str]:
     """Translate ``sentences`` in batches of similar length; returns hypotheses in input order.
@@ -52,6 +58,8 @@ def translate(
             decoding anything, naming the 1-based input numbers), ``"skip"`` (empty hypothesis,
             logged) or ``"truncate"`` (cut to the limit, ``</s>`` kept; logged).
         progress: show a progress bar (tqdm) with sentences per second.
+        lines_of: the file the sentences are the lines of (e.g. ``"--input test.en"``), for messages
+            that name lines rather than input numbers.
         generate_kwargs: passed to ``model.generate`` (e.g. ``num_beams=1``).
     """
     if batch_size < 1:
@@ -64,20 +72,21 @@ def translate(
     lengths = {i: len(ids) for i, ids in zip(todo, tokenizer([sentences[i] for i in todo])["input_ids"])}
     too_long = [i for i in todo if lengths[i] > limit]
     if too_long:
-        where = ", ".join(f"{i + 1} ({lengths[i]} tokens)" for i in too_long[:10])
+        where = (f"{lines_of}, line" if lines_of else "number") + " " + ", ".join(
+            f"{i + 1} ({lengths[i]} tokens)" for i in too_long[:10]) + (" ..." if len(too_long) > 10 else "")
         if long_inputs == "error":
             raise ValueError(
-                f"{len(too_long)} input(s) are longer than the {limit} tokens the model accepts: number {where}"
-                f"{' ...' if len(too_long) > 10 else ''}. Shorten them, or choose to skip or truncate them "
-                "(translate.py --skip-long / --truncate)."
+                f"{len(too_long)} input(s) are longer than the {limit} tokens the model accepts: {where}. Shorten "
+                "them, or choose to skip or truncate them (translate.py --skip-long / --truncate)."
             )
         logger.warning(f"{'skipping' if long_inputs == 'skip' else 'truncating'} {len(too_long)} input(s) longer "
-                       f"than {limit} tokens: number {where}")
+                       f"than {limit} tokens: {where}")
         if long_inputs == "skip":
             todo = [i for i in todo if lengths[i] <= limit]
     order = sorted(todo, key=lambda i: lengths[i])
     model.eval()
     bar = _progress_bar(len(order), progress)
+    unfinished = []
     for start in range(0, len(order), batch_size):
         indices = order[start:start + batch_size]
         batch = tokenizer(
@@ -87,9 +96,33 @@ def translate(
             generated = model.generate(**batch, **generate_kwargs)
         for index, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True)):
             hypotheses[index] = text
+        unfinished += [index for index, ended in zip(indices, _ended(generated, model, generate_kwargs)) if not ended]
         bar.update(len(indices))
     bar.close()
+    if unfinished:
+        _warn_unfinished(sorted(unfinished), len(order), lines_of)
     return hypotheses
+
+
+def _ended(generated: torch.Tensor, model, generate_kwargs: dict) -> list[bool]:
+    """Whether each generated row (decoder start token first) contains ``</s>``."""
+    eos = generate_kwargs.get("eos_token_id", model.generation_config.eos_token_id)
+    if eos is None:
+        return [True] * len(generated)
+    eos = torch.tensor(eos if isinstance(eos, list) else [eos], device=generated.device)
+    return torch.isin(generated[:, 1:], eos).any(dim=1).tolist()
+
+
+def _warn_unfinished(unfinished: list[int], total: int, lines_of: str | None) -> None:
+    """Say which translations the length limit cut off: an undertrained model loops instead of ending."""
+    where = (f"{lines_of}, line" if lines_of else "number") + " " + ", ".join(
+        str(i + 1) for i in unfinished[:10]) + (" ..." if len(unfinished) > 10 else "")
+    logger.warning(
+        f"{len(unfinished)} of {total} translation(s) reached the length limit without </s> and are cut off: "
+        f"{where}. Long inputs may need a higher max_new_tokens (--max-new-tokens); a model that repeats "
+        "itself instead of ending is undertrained: train it longer, or decode with no_repeat_ngram_size=3 (not in "
+        "the paper)."
+    )
 
 
 def _progress_bar(total: int, enabled: bool):
@@ -133,10 +166,46 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def read_input(path: str, what: str) -> list[str]:
-    """Lines of a text file (plain or .gz) or of stdin ('-'), without line endings."""
+    """Lines of a text file (plain or .gz) or of stdin ('-'), without line endings, by the same rules
+    (UTF-8 with the line named when invalid, a byte-order mark dropped)."""
     if path == "-":
-        return [line.removesuffix("\n").removesuffix("\r") for line in sys.stdin]
+        return [text for _, text in decoded_lines(sys.stdin.buffer, f"{what} (standard input)")]
     return read_lines(path, what)
+
+
+def check_paths(args: argparse.Namespace) -> None:
+    """What can be wrong with the paths and names before the model is loaded and anything decoded:
+    the model folder and its tokenizer, and every file the results go to."""
+    check_model_folder(args.model, f"--model {args.model}")
+    if args.tokenizer:
+        check_has_tokenizer(args.tokenizer, f"--tokenizer {args.tokenizer}", "Give the folder saved with the tokenizer.")
+    else:
+        check_has_tokenizer(args.model, f"--model {args.model}",
+                            "Give the tokenizer the model was trained with: --tokenizer FOLDER.")
+    inputs = {Path(path).resolve() for path in (args.input, args.references) if path and path != "-"}
+    outputs = {flag: path for flag, path in (("--output", args.output), ("--metrics-json", args.metrics_json))
+               if path not in {None, "-"}}
+    for flag, path in outputs.items():
+        _check_writable(flag, Path(path), inputs)
+    if len({Path(path).resolve() for path in outputs.values()}) < len(outputs):
+        raise ValueError(f"--output and --metrics-json are both {args.output}: one would overwrite the other.")
+    if args.attention_png and Path(args.attention_png).exists() and not Path(args.attention_png).is_dir():
+        raise NotADirectoryError(f"--attention-png {args.attention_png} is a file; give a folder.")
+    if args.sacrebleu_tokenize is not None:
+        check_sacrebleu_tokenize(args.sacrebleu_tokenize, "--sacrebleu-tokenize")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"--device {args.device}: no CUDA device is available here; use --device cpu.")
+
+
+def _check_writable(flag: str, path: Path, inputs: set[Path]) -> None:
+    if path.is_dir():
+        raise IsADirectoryError(f"{flag} {path} is a folder; give a file name.")
+    if not path.parent.is_dir():
+        raise FileNotFoundError(f"{flag} {path}: the folder {path.parent} does not exist; create it first.")
+    if not os.access(path.parent, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
+        raise PermissionError(f"{flag} {path} cannot be written; choose a writable place.")
+    if path.resolve() in inputs:
+        raise ValueError(f"{flag} {path} is also an input file, which writing would destroy; choose another name.")
 
 
 def main(argv=None) -> dict:
@@ -145,14 +214,19 @@ def main(argv=None) -> dict:
     from .metrics import score
 
     args = parse_args(argv)
+    check_paths(args)
     sources = read_input(args.input, "--input")
+    if not sources:
+        raise ValueError(f"--input {args.input} has no lines: nothing to translate.")
     references = read_input(args.references, "--references") if args.references else None
     if references is not None and len(references) != len(sources):
-        raise ValueError(f"--input has {len(sources)} lines but --references has {len(references)}; they must align.")
-    if not sources:
-        raise ValueError("--input has no lines: nothing to translate.")
-    model = AutoModelForSeq2SeqLM.from_pretrained(args.model, dtype=DTYPES[args.dtype]).to(args.device)
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.model)
+        raise ValueError(
+            f"--input {args.input} has {len(sources)} lines but --references has {len(references)} ({args.references}); "
+            "line i of the references must translate line i of the input, so they need the same number of lines."
+        )
+    model = _load(AutoModelForSeq2SeqLM, args.model, "--model", dtype=DTYPES[args.dtype]).to(args.device)
+    tokenizer = _load(AutoTokenizer, args.tokenizer or args.model, "--tokenizer" if args.tokenizer else "--model")
+    check_tokenizer_matches_model(tokenizer, model.config)
     generate_kwargs = {
         key: value
         for key, value in {
@@ -163,7 +237,7 @@ def main(argv=None) -> dict:
     long_inputs = "skip" if args.skip_long else "truncate" if args.truncate else "error"
     started = time.perf_counter()
     hypotheses = translate(model, tokenizer, sources, args.batch_size, long_inputs=long_inputs,
-                           progress=not args.no_progress, **generate_kwargs)
+                           progress=not args.no_progress, lines_of=f"--input {args.input}", **generate_kwargs)
     seconds = time.perf_counter() - started
     text = "".join(h + "\n" for h in hypotheses)
     if args.output == "-":
@@ -182,6 +256,16 @@ def main(argv=None) -> dict:
     if args.metrics_json:
         Path(args.metrics_json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
+
+
+def _load(auto_class, name: str, flag: str, **kwargs):
+    """``auto_class.from_pretrained(name)``; a name that is neither a folder here nor on the Hub is said so."""
+    try:
+        return auto_class.from_pretrained(name, **kwargs)
+    except OSError as error:
+        if is_local(name):
+            raise
+        raise OSError(f"{flag} {name}: no such folder here, and not loadable as a Hub model ({error}).") from error
 
 
 def write_pictures(model, tokenizer, sources: Sequence[str], hypotheses: Sequence[str], args) -> tuple[list[Path], list[int]]:

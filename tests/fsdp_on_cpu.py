@@ -1,0 +1,32 @@
+"""train.py under FSDP on CPU processes (gloo), for tests/test_distributed.py.
+
+    accelerate launch --config_file training/accelerate/fsdp.yaml tests/fsdp_on_cpu.py TRAIN_PY_ARGS --use_cpu
+
+accelerate 1.15 never selects FSDP on the CPU: `AcceleratorState` promotes a launch with an FSDP
+config to FSDP only for GPU-like process groups, so CPU processes stay MULTI_CPU (plain DDP). This
+script lifts that one restriction, with the plugin the launcher configured from the FSDP_* variables
+it set from the YAML file; everything else (fully_shard per the file's wrap policy, gloo collectives,
+the Trainer's FULL_STATE_DICT saves, train.py) is the real code.
+"""
+
+import sys
+
+from accelerate.state import AcceleratorState
+from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+_initialise = AcceleratorState.__init__
+
+
+def _initialise_with_fsdp_on_cpu(self, *args, **kwargs):
+    _initialise(self, *args, **kwargs)
+    if self.distributed_type == DistributedType.MULTI_CPU:
+        self.distributed_type = DistributedType.FSDP
+        self.fsdp_plugin = kwargs.get("fsdp_plugin") or FullyShardedDataParallelPlugin()
+
+
+AcceleratorState.__init__ = _initialise_with_fsdp_on_cpu
+
+if __name__ == "__main__":
+    from vanilla_transformer.training.run import main
+
+    main(sys.argv[1:])

@@ -1,0 +1,486 @@
+"""Bad input to the command-line tools ends in a correct result or in an error that names the file,
+line or flag and says how to fix it, before any long work (issue 16).
+
+"Before any long work" is checked by giving a flag error together with a training file that does
+not exist: the flag must be named, not the file, so nothing was read. The references are the
+files themselves (bytes written, folders left untouched) and the flags as given.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import vanilla_transformer
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.checkpoint_files import DamagedFileError, check_safetensors
+from vanilla_transformer.convert import main as convert_main
+from vanilla_transformer.training import averaging, data
+from vanilla_transformer.training import run as train
+from vanilla_transformer.training import translation
+
+REPO = Path(__file__).resolve().parents[1]
+SENTENCES = ["a b c d", "b c d e", "c d e f", "d e f g", "e f g h", "f g h i"]
+NOWHERE = "/nonexistent/train.tsv"  # a flag error must be found before this file is looked at
+
+
+def save_tiny_model(folder: Path, tokenizer=None, seed: int = 0, **overrides) -> Path:
+    tokenizer = tokenizer or vanilla_transformer.train_tokenizer(iter(SENTENCES * 3), vocab_size=280)
+    torch.manual_seed(seed)
+    config = VanillaTransformerConfig.from_preset("tiny", **{
+        "vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
+        "bos_token_id": tokenizer.bos_token_id, "decoder_start_token_id": tokenizer.bos_token_id, **overrides,
+    })
+    model = VanillaTransformerForConditionalGeneration(config)
+    model.generation_config.max_new_tokens = 4
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return save_tiny_model(tmp_path_factory.mktemp("model"))
+
+
+def truncate(path: Path, keep: float = 0.5) -> None:
+    content = path.read_bytes()
+    path.write_bytes(content[: int(len(content) * keep)])
+
+
+def train_argv(*extra: str, train_file: str = NOWHERE, output_dir: str = "/nonexistent/out") -> list[str]:
+    return ["--train_file", train_file, "--preset", "tiny", "--output_dir", output_dir, "--report_to", "none",
+            "--use_cpu", "--save_strategy", "no", "--eval_strategy", "no", *extra]
+
+
+def refused_before_reading(argv: list[str]) -> str:
+    """The error message of train.py's flag checks; a FileNotFoundError for NOWHERE would mean the data
+    was looked at first."""
+    with pytest.raises((ValueError, OSError)) as error:
+        train.build_trainer(*train.parse_arguments(argv))
+    assert NOWHERE not in str(error.value), f"the data was read before the flags were checked: {error.value}"
+    return str(error.value)
+
+
+# ---------------------------------------------------------------------------------------------
+# train.py: numbers out of range, refused before any data is read
+# ---------------------------------------------------------------------------------------------
+
+OUT_OF_RANGE = [  # (flag, value, what the message says)
+    ("--max_tokens", "-5", "--max_tokens"),
+    ("--average_checkpoints", "-3", "--average_checkpoints"),
+    ("--max_steps", "0", "--max_steps must be a positive number"),
+    ("--warmup_steps", "-1", "warmup_steps"),
+    ("--warmup_steps", "10.5", "--warmup_steps 10.5: give a whole number"),
+    ("--label_smoothing_factor", "1.0", r"--label_smoothing_factor must be in \[0, 1\)"),
+    ("--label_smoothing_factor", "-0.1", r"--label_smoothing_factor must be in \[0, 1\)"),
+    ("--max_source_length", "0", "--max_source_length must be a positive number"),
+    ("--max_target_length", "-1", "--max_target_length must be a positive number"),
+    ("--max_train_samples", "-5", "--max_train_samples must be a positive number"),
+    ("--max_train_samples", "0", "--max_train_samples must be a positive number"),
+    ("--max_eval_samples", "0", "--max_eval_samples must be a positive number"),
+    ("--max_predict_samples", "-2", "--max_predict_samples must be a positive number"),
+    ("--validation_size", "-1", "--validation_size must be 0 or a positive number"),
+    ("--tokenizer_vocab_size", "100", "--tokenizer_vocab_size 100 cannot hold"),
+    ("--tokenizer_vocab_size", "-1", "--tokenizer_vocab_size -1 cannot hold"),
+    ("--tokenizer_train_pairs", "0", "--tokenizer_train_pairs must be a positive number"),
+    ("--tokenizer_min_frequency", "0", "--tokenizer_min_frequency must be a positive number"),
+    ("--preprocessing_num_workers", "0", "--preprocessing_num_workers must be a positive number"),
+    ("--per_device_train_batch_size", "0", "--per_device_train_batch_size must be a positive number"),
+    ("--per_device_eval_batch_size", "-1", "--per_device_eval_batch_size must be a positive number"),
+    ("--gradient_accumulation_steps", "0", "--gradient_accumulation_steps must be a positive number"),
+    ("--save_total_limit", "0", "--save_total_limit must be a positive number"),
+    ("--generation_num_beams", "0", "--generation_num_beams must be a positive number"),
+    ("--generation_max_length", "0", "--generation_max_length must be a positive number"),
+    ("--num_train_epochs", "0", "--num_train_epochs must be positive"),
+    ("--learning_rate", "0", "--learning_rate must be positive"),
+    ("--lr_scale", "-1", "--lr_scale must be positive"),
+    ("--adam_beta2", "1.0", r"--adam_beta2 must be in \[0, 1\)"),
+    ("--weight_decay", "-0.1", "--weight_decay"),
+    ("--max_grad_norm", "-1", "--max_grad_norm"),
+    ("--dataloader_num_workers", "-1", "--dataloader_num_workers"),
+    ("--seed", "-1", "--seed"),
+]
+
+
+@pytest.mark.parametrize("flag, value, message", OUT_OF_RANGE)
+def test_train_numbers_out_of_range_name_the_flag_before_reading_data(flag, value, message):
+    assert re.search(message, refused_before_reading(train_argv(flag, value)))
+
+
+@pytest.mark.parametrize("flag", ["--save_steps", "--eval_steps", "--logging_steps"])
+def test_zero_intervals_are_refused_not_taken_as_unset(flag):
+    """The Trainer takes eval_steps=0 as "use logging_steps", and save_steps=0 divides by zero mid-run."""
+    assert f"{flag} must be a positive number" in refused_before_reading(
+        train_argv("--save_strategy", "steps", "--eval_strategy", "steps", flag, "0"))
+
+
+def test_a_length_limit_above_the_batch_size_is_refused():
+    message = refused_before_reading(train_argv("--max_tokens", "200", "--max_source_length", "300"))
+    assert "--max_source_length 300" in message and "--max_tokens 200" in message
+
+
+def test_abbreviated_flags_are_not_accepted():
+    """argparse would take --learning_rat as --learning_rate, unseen by the fine-tuning defaults."""
+    with pytest.raises(ValueError, match=r"not used by the HfArgumentParser: \['--learning_rat'"):
+        train.parse_arguments(train_argv("--learning_rat", "0.1"))
+
+
+def test_average_checkpoints_never_slices_from_the_end(tmp_path):
+    """Python's checkpoints[-k:] with k > count would still give the last ones; with k < 0 it would drop the first."""
+    with pytest.raises(ValueError, match="--average_checkpoints"):
+        train.parse_arguments(train_argv("--average_checkpoints", "-3"))
+    with pytest.raises(ValueError, match="average must be 0"):
+        train.save_final_model(trainer=None, tokenizer=None, average=-3)
+
+
+# ---------------------------------------------------------------------------------------------
+# train.py: names that do not exist
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_misspelt_config_override_is_refused_with_the_close_match():
+    message = refused_before_reading(train_argv("--config_overrides", "d_modle=32,encoder_layers=1"))
+    assert "no field 'd_modle'" in message and "'d_model'" in message
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ("vocab_sise=300", "'vocab_size'"),
+    ("dropuot=0.3", "'dropout'"),
+    ("banana=1", "no field 'banana'"),
+    ("d_model=64,d_model=32", "sets d_model twice"),
+    ("d_model=60,encoder_attention_heads=8", "d_model=60 is not divisible"),
+    ("dropout=1.5", r"dropout must be in \[0, 1\)"),
+    ("d_model=abc", "d_model must be a positive integer"),
+])
+def test_config_overrides_are_checked_before_reading_data(overrides, message):
+    assert re.search(message, refused_before_reading(train_argv("--config_overrides", overrides)))
+
+
+def test_a_config_override_typo_never_reaches_config_json(tmp_path):
+    """The reference: what VanillaTransformerConfig would have saved, a new field beside the default."""
+    config = VanillaTransformerConfig.from_preset("tiny", d_modle=32)
+    assert config.to_dict()["d_modle"] == 32 and config.d_model == 64  # what train.py must not let through
+    with pytest.raises(ValueError, match="did you mean 'd_model'"):
+        train.parse_overrides("d_modle=32")
+
+
+@pytest.mark.parametrize("preset, message", [("huge", "--preset 'huge' does not exist"), ("bas", "did you mean 'base'")])
+def test_unknown_preset_is_refused_before_reading_data(preset, message):
+    assert message in refused_before_reading(train_argv("--preset", preset))
+
+
+def test_unknown_attention_implementation_and_sacrebleu_tokenizer():
+    assert "--attn_implementation 'bogus'" in refused_before_reading(train_argv("--attn_implementation", "bogus"))
+    assert "--sacrebleu_tokenize 'bogus' does not exist" in refused_before_reading(
+        train_argv("--sacrebleu_tokenize", "bogus"))
+
+
+def test_new_model_flags_with_a_checkpoint_and_tokenizer_flags_with_a_tokenizer_are_named(model_dir, caplog):
+    with caplog.at_level(logging.WARNING):
+        train.parse_arguments(train_argv("--model_name_or_path", str(model_dir), "--preset", "big"))
+        train.parse_arguments(train_argv("--tokenizer_name_or_path", str(model_dir), "--tokenizer_vocab_size", "500"))
+    messages = [record.message for record in caplog.records]
+    assert any(m.startswith("--preset is ignored") for m in messages)
+    assert any(m.startswith("--tokenizer_vocab_size ignored") for m in messages)
+    with pytest.raises(ValueError, match="--config_overrides applies to a new model"):
+        train.build_trainer(*train.parse_arguments(train_argv("--model_name_or_path", str(model_dir),
+                                                              "--config_overrides", "dropout=0.2")))
+
+
+def write(path: Path, text: str | bytes) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+    return str(path)
+
+
+def test_jsonl_with_an_unknown_language_names_the_flag_and_file_before_reading_it_all(tmp_path):
+    records = [{"translation": {"en": s, "de": s.upper()}} for s in SENTENCES]
+    path = write(tmp_path / "train.jsonl", "".join(json.dumps(r) + "\n" for r in records) + "not json\n")
+    args = train.parse_arguments(train_argv("--target_lang", "fr", train_file=path))[1]
+    with pytest.raises(ValueError) as error:
+        train.load_text_datasets(args, seed=0)
+    message = str(error.value)
+    assert "missing key 'translation.fr'" in message and "--target_lang fr" in message and path in message
+    assert "not json" not in message  # the first record decided, not a read of the whole file
+
+
+def test_jsonl_missing_nested_key_later_names_the_line(tmp_path):
+    lines = [json.dumps({"translation": {"en": "a", "de": "b"}}), json.dumps({"translation": {"en": "c"}})]
+    path = write(tmp_path / "train.jsonl", "\n".join(lines) + "\n")
+    args = train.parse_arguments(train_argv(train_file=path))[1]
+    with pytest.raises(ValueError, match=r"line 2: missing key 'translation.de'"):
+        train.load_text_datasets(args, seed=0)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (("--target_column", "5"), "--target_column 5: .* has 2 tab-separated field"),
+    (("--source_column", "1", "--target_column", "1"), "both '1'"),
+    (("--source_column", "x"), "--source_column 'x': a TSV column is a 0-based number"),
+])
+def test_tsv_columns_that_do_not_exist_are_named(tmp_path, flags, message):
+    path = write(tmp_path / "train.tsv", "".join(f"{s}\t{s.upper()}\n" for s in SENTENCES))
+    with pytest.raises(ValueError, match=message):
+        train.load_text_datasets(train.parse_arguments(train_argv(*flags, train_file=path))[1], seed=0)
+
+
+def test_same_language_on_both_sides_is_refused(tmp_path):
+    records = [{"en": s, "de": s.upper()} for s in SENTENCES]
+    path = write(tmp_path / "train.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    args = train.parse_arguments(train_argv("--source_lang", "en", "--target_lang", "en", train_file=path))[1]
+    with pytest.raises(ValueError, match="both be read from 'en'"):
+        train.load_text_datasets(args, seed=0)
+
+
+def test_hub_style_dataset_with_an_unknown_language_is_refused_on_the_first_row(tmp_path):
+    """A local folder loads through the same `datasets.load_dataset` call as a Hub name (no network)."""
+    records = [{"translation": {"en": s, "de": s.upper()}} for s in SENTENCES]
+    write(tmp_path / "hub" / "train.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    argv = ["--dataset_name", str(tmp_path / "hub"), "--target_lang", "fr", "--output_dir", str(tmp_path / "o"),
+            "--cache_dir", str(tmp_path / "cache")]
+    with pytest.raises(ValueError, match=r"row 0: missing key 'translation.fr'.*--source_lang/--target_lang"):
+        train.load_text_datasets(train.parse_arguments(argv)[1], seed=0)
+    argv[argv.index("fr")] = "de"
+    text = train.load_text_datasets(train.parse_arguments(argv)[1], seed=0)["train"]
+    assert text["target"] == [s.upper() for s in SENTENCES]
+
+
+def test_bom_and_crlf_are_read_as_the_text(tmp_path):
+    """Correct result: the byte-order mark and the carriage returns are not part of any sentence."""
+    path = write(tmp_path / "train.jsonl", b"\xef\xbb\xbf" + b"".join(
+        json.dumps({"en": s, "de": s.upper()}).encode() + b"\r\n" for s in SENTENCES))
+    text = train.load_text_datasets(train.parse_arguments(train_argv(train_file=path))[1], seed=0)["train"]
+    assert text["source"] == SENTENCES and text["target"] == [s.upper() for s in SENTENCES]
+
+
+def test_a_run_folder_holding_checkpoints_is_not_reused_without_resuming(tmp_path):
+    (tmp_path / "run" / "checkpoint-10").mkdir(parents=True)
+    message = refused_before_reading(train_argv(output_dir=str(tmp_path / "run")))
+    assert "already holds checkpoints" in message and "--resume_from_checkpoint last" in message
+
+
+def test_train_from_a_checkpoint_without_tokenizer_or_with_truncated_weights(model_dir, tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(model_dir / name, bare / name)
+    message = refused_before_reading(train_argv("--model_name_or_path", str(bare)))
+    assert f"--model_name_or_path: {bare} has no tokenizer" in message and "--tokenizer_name_or_path" in message
+    truncate(bare / "model.safetensors")
+    message = refused_before_reading(train_argv("--model_name_or_path", str(bare)))
+    assert f"{bare / 'model.safetensors'} is truncated or corrupt" in message
+    message = refused_before_reading(train_argv("--tokenizer_name_or_path", str(tmp_path / "none")))
+    assert f"--tokenizer_name_or_path: the folder {tmp_path / 'none'} does not exist" in message
+
+
+def test_train_cli_exits_with_the_message_and_no_output(tmp_path):
+    """As a user runs it: a non-zero exit, the flag in the last line of stderr, nothing written."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    output = tmp_path / "out"
+    completed = subprocess.run(
+        [sys.executable, str(REPO / "training/train.py"),
+         *train_argv("--config_overrides", "d_modle=32", output_dir=str(output))],
+        env=env, capture_output=True, text=True, timeout=300,
+    )
+    assert completed.returncode != 0
+    assert "did you mean 'd_model'" in completed.stderr.strip().splitlines()[-1]
+    assert not output.exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Damaged or mismatched artefacts
+# ---------------------------------------------------------------------------------------------
+
+
+def test_safetensors_check_agrees_with_the_format(model_dir, tmp_path):
+    """Reference: safetensors' own loader accepts the intact file and refuses every truncation."""
+    intact = model_dir / "model.safetensors"
+    check_safetensors(intact)
+    load_file(intact)
+    size = intact.stat().st_size
+    for keep in (0, 4, 8, 100, size // 2, size - 1):
+        damaged = tmp_path / f"cut{keep}.safetensors"
+        damaged.write_bytes(intact.read_bytes()[:keep])
+        with pytest.raises(DamagedFileError, match=f"{damaged}"):
+            check_safetensors(damaged)
+        with pytest.raises(Exception):
+            load_file(damaged)
+    grown = tmp_path / "grown.safetensors"
+    grown.write_bytes(intact.read_bytes() + b"\0" * 8)
+    with pytest.raises(DamagedFileError, match="where its header describes"):
+        check_safetensors(grown)
+
+
+def checkpoint_copies(model_dir: Path, root: Path, steps=(10, 20, 30)) -> list[Path]:
+    folders = []
+    for step in steps:
+        folder = root / f"checkpoint-{step}"
+        shutil.copytree(model_dir, folder)
+        folders.append(folder)
+    return folders
+
+
+def test_averaging_a_truncated_checkpoint_names_folder_and_file(model_dir, tmp_path):
+    folders = checkpoint_copies(model_dir, tmp_path / "run")
+    truncate(folders[1] / "model.safetensors")
+    with pytest.raises(ValueError, match=f"{folders[1]}.*model.safetensors is truncated or corrupt"):
+        averaging.main(["--inputs", *map(str, folders), "--output-dir", str(tmp_path / "avg")])
+    assert not (tmp_path / "avg").exists()
+
+
+def test_averaging_the_last_skips_an_incomplete_checkpoint_and_says_so(model_dir, tmp_path, caplog):
+    """A checkpoint half-written in place (by another tool or an older version) is never averaged."""
+    folders = checkpoint_copies(model_dir, tmp_path / "run")
+    truncate(folders[-1] / "model.safetensors")
+    with caplog.at_level(logging.WARNING):
+        chosen = averaging.last_checkpoints(tmp_path / "run", 2)
+    assert chosen == folders[:2]
+    assert any("skipping" in r.message and "checkpoint-30" in r.message for r in caplog.records)
+    with pytest.raises(ValueError, match=r"it has 2 checkpoint-<step> folder\(s\).* and 1 incomplete"):
+        averaging.last_checkpoints(tmp_path / "run", 3)
+
+
+@pytest.mark.parametrize("last", ["0", "-3"])
+def test_averaging_last_zero_or_negative_is_refused(model_dir, tmp_path, last):
+    checkpoint_copies(model_dir, tmp_path / "run")
+    with pytest.raises(SystemExit):
+        averaging.main(["--checkpoint-root", str(tmp_path / "run"), "--last", last, "--output-dir", str(tmp_path / "a")])
+    with pytest.raises(ValueError, match="--last must be at least 1"):
+        averaging.last_checkpoints(tmp_path / "run", int(last))
+    assert not (tmp_path / "a").exists()
+
+
+def test_averaging_checkpoints_with_different_tokenizers_is_refused(model_dir, tmp_path):
+    """Same architecture and shapes, another vocabulary: the mean would mix embeddings of different tokens."""
+    other_tokenizer = vanilla_transformer.train_tokenizer(iter(["x y z w"] * 20 + SENTENCES), vocab_size=280)
+    first = save_tiny_model(tmp_path / "a", seed=1, vocab_size=300)
+    second = save_tiny_model(tmp_path / "b", tokenizer=other_tokenizer, seed=2, vocab_size=300)
+    assert load_file(first / "model.safetensors").keys() == load_file(second / "model.safetensors").keys()
+    with pytest.raises(ValueError, match=f"{first} was trained with another tokenizer than {second}"):
+        averaging.main(["--inputs", str(first), str(second), "--output-dir", str(tmp_path / "avg")])
+
+
+def test_averaging_refuses_duplicates_and_an_existing_model(model_dir, tmp_path):
+    with pytest.raises(ValueError, match="given more than once"):
+        averaging.main(["--inputs", str(model_dir), str(model_dir), "--output-dir", str(tmp_path / "avg")])
+    existing = save_tiny_model(tmp_path / "existing", seed=3)
+    before = (existing / "model.safetensors").read_bytes()
+    with pytest.raises(FileExistsError, match="--force"):
+        averaging.main(["--inputs", str(model_dir), "--output-dir", str(existing)])
+    assert (existing / "model.safetensors").read_bytes() == before
+
+
+def test_averaging_root_that_does_not_exist(tmp_path):
+    with pytest.raises(FileNotFoundError, match="--checkpoint-root .* does not exist"):
+        averaging.main(["--checkpoint-root", str(tmp_path / "none"), "--last", "2", "--output-dir", str(tmp_path / "a")])
+
+
+def test_translate_a_model_folder_without_tokenizer_says_to_give_one(model_dir, tmp_path):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "generation_config.json", "model.safetensors"):
+        shutil.copy(model_dir / name, bare / name)
+    source = write(tmp_path / "in.txt", "a b c\n")
+    with pytest.raises(FileNotFoundError, match=f"--model {bare}: .* has no tokenizer.*--tokenizer"):
+        translation.main(["--model", str(bare), "--input", source, "--output", str(tmp_path / "out.txt")])
+    translation.main(["--model", str(bare), "--tokenizer", str(model_dir), "--input", source,
+                      "--output", str(tmp_path / "out.txt"), "--no-progress"])
+    assert len((tmp_path / "out.txt").read_text().splitlines()) == 1
+
+
+def test_translate_a_truncated_model_names_the_file(model_dir, tmp_path):
+    damaged = tmp_path / "damaged"
+    shutil.copytree(model_dir, damaged)
+    truncate(damaged / "model.safetensors")
+    source = write(tmp_path / "in.txt", "a b c\n")
+    with pytest.raises(ValueError, match=f"{damaged / 'model.safetensors'} is truncated or corrupt"):
+        translation.main(["--model", str(damaged), "--input", source])
+
+
+def test_translate_checks_where_results_go_before_loading(model_dir, tmp_path, monkeypatch):
+    source = write(tmp_path / "in.txt", "a b c\n")
+    monkeypatch.setattr(translation, "translate", lambda *a, **k: pytest.fail("decoded before the check"))
+    with pytest.raises(FileNotFoundError, match="--output .*: the folder .* does not exist"):
+        translation.main(["--model", str(model_dir), "--input", source, "--output", str(tmp_path / "no" / "o.txt")])
+    with pytest.raises(ValueError, match="--output .* is also an input file"):
+        translation.main(["--model", str(model_dir), "--input", source, "--output", source])
+    assert Path(source).read_text() == "a b c\n"
+    with pytest.raises(ValueError, match="--sacrebleu-tokenize 'bogus' does not exist"):
+        translation.main(["--model", str(model_dir), "--input", source, "--sacrebleu-tokenize", "bogus"])
+
+
+def test_translate_a_model_that_exists_nowhere(tmp_path):
+    source = write(tmp_path / "in.txt", "a b c\n")
+    with pytest.raises(FileNotFoundError, match=f"--model {tmp_path / 'none'}: the folder .* does not exist"):
+        translation.main(["--model", str(tmp_path / "none"), "--input", source])
+
+
+def test_convert_without_tokenizer_truncated_weights_and_unknown_quantization(model_dir, tmp_path, capsys):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(model_dir / name, bare / name)
+    damaged = tmp_path / "damaged"
+    shutil.copytree(model_dir, damaged)
+    truncate(damaged / "model.safetensors")
+    cases = [
+        (["to-ctranslate2", str(bare), str(tmp_path / "ct2")], f"{bare} has no tokenizer"),
+        (["to-ctranslate2", str(damaged), str(tmp_path / "ct2")], "model.safetensors is truncated or corrupt"),
+        (["to-ctranslate2", str(model_dir), str(tmp_path / "ct2"), "--quantization", "int3"], "--quantization 'int3'"),
+        (["from-marian", str(damaged), str(tmp_path / "m")], "model.safetensors is truncated or corrupt"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            convert_main(argv)
+        assert exit_info.value.code == 1 and message in capsys.readouterr().err, argv
+    assert not (tmp_path / "ct2").exists() and not (tmp_path / "m").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# translate.py inputs
+# ---------------------------------------------------------------------------------------------
+
+
+def stdin_of(monkeypatch, content: bytes) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(content)))
+
+
+def test_translate_empty_stdin_and_invalid_utf8_on_stdin(model_dir, monkeypatch):
+    stdin_of(monkeypatch, b"")
+    with pytest.raises(ValueError, match="--input - has no lines"):
+        translation.main(["--model", str(model_dir)])
+    stdin_of(monkeypatch, b"fine\ncaf\xe9\n")
+    with pytest.raises(ValueError, match=r"--input \(standard input\), line 2: not valid UTF-8"):
+        translation.main(["--model", str(model_dir)])
+
+
+def test_translate_references_that_do_not_align_name_both_files(model_dir, tmp_path):
+    source = write(tmp_path / "in.txt", "a\nb\nc\n")
+    references = write(tmp_path / "ref.txt", "A\nB\n")
+    with pytest.raises(ValueError, match=f"--input {source} has 3 lines but --references has 2 \\({references}\\)"):
+        translation.main(["--model", str(model_dir), "--input", source, "--references", references])
+
+
+# ---------------------------------------------------------------------------------------------
+# The model API
+# ---------------------------------------------------------------------------------------------
+
+
+def test_empty_source_tensors_get_a_clear_error(model_dir):
+    model = VanillaTransformerForConditionalGeneration.from_pretrained(model_dir).eval()
+    empty = torch.zeros(2, 0, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"empty sequence \(shape \(2, 0\)\)"):
+        model(input_ids=empty, decoder_input_ids=torch.full((2, 1), model.config.decoder_start_token_id))
+    with pytest.raises(ValueError, match=r"empty sequence \(shape \(2, 0\)\)"):
+        model.generate(input_ids=empty)

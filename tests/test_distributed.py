@@ -1,0 +1,161 @@
+"""Several processes: FSDP with training/accelerate/fsdp.yaml on 2 CPU processes (gloo) against one
+process with the same batches, its checkpoints as Hub folders that load and average, and its wrapping
+policy as accelerate reads it from the file. (DDP on 2 CPU processes: tests/test_train.py.)
+
+accelerate 1.15 does not run FSDP on the CPU by itself (see tests/fsdp_on_cpu.py, which lifts exactly
+that); train.py refuses such a launch instead of quietly running DDP.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForSeq2SeqLM
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerDecoderLayer, VanillaTransformerEncoderLayer
+from vanilla_transformer.training import run as train
+from vanilla_transformer.training.averaging import average_checkpoints
+
+REPO = Path(__file__).resolve().parents[1]
+FSDP_CONFIG = REPO / "training" / "accelerate" / "fsdp.yaml"
+LETTERS = "a b c d e f g h i j".split()
+
+
+def write_reversal_task(folder: Path, name: str, count: int, seed: int) -> tuple[str, str]:
+    rng = random.Random(seed)
+    pairs = [[rng.choice(LETTERS) for _ in range(rng.randint(2, 5))] for _ in range(count)]
+    source, target = folder / f"{name}.src", folder / f"{name}.tgt"
+    source.write_text("".join(" ".join(words) + "\n" for words in pairs), encoding="utf-8")
+    target.write_text("".join(" ".join(reversed(words)) + "\n" for words in pairs), encoding="utf-8")
+    return str(source), str(target)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launcher_environment(config: Path, monkeypatch) -> None:
+    """The environment `accelerate launch --config_file config` gives its processes."""
+    from accelerate.commands.launch import _validate_launch_command, launch_command_parser
+    from accelerate.utils.launch import prepare_multi_gpu_env
+
+    args, _, _ = _validate_launch_command(launch_command_parser().parse_args(["--config_file", str(config), "x.py"]))
+    for name, value in prepare_multi_gpu_env(args).items():
+        monkeypatch.setenv(name, value)
+
+
+def test_fsdp_config_shards_each_layer_and_saves_full_state_dicts(monkeypatch):
+    """fsdp.yaml as accelerate reads it: FSDP 2, one shard group per encoder and decoder layer (the
+    shared embedding matrix stays in the root group), checkpoints gathered into one state dict."""
+    from accelerate.utils import FullyShardedDataParallelPlugin
+    from accelerate.utils.fsdp_utils import fsdp2_prepare_auto_wrap_policy
+    from torch.distributed.fsdp import StateDictType
+
+    launcher_environment(FSDP_CONFIG, monkeypatch)
+    plugin = FullyShardedDataParallelPlugin()
+    assert plugin.fsdp_version == 2 and plugin.state_dict_type == StateDictType.FULL_STATE_DICT
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=50))
+    policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
+    wrapped = [module for module in model.modules() if policy(module)]
+    layers = [m for m in model.modules() if isinstance(m, (VanillaTransformerEncoderLayer, VanillaTransformerDecoderLayer))]
+    assert wrapped == layers and len(layers) == 4
+
+
+def test_fsdp_launch_on_the_cpu_is_refused_rather_than_run_as_ddp(tmp_path, monkeypatch):
+    launcher_environment(FSDP_CONFIG, monkeypatch)
+    source, target = write_reversal_task(tmp_path, "train", 50, seed=1)
+    with pytest.raises(ValueError, match="does not shard on cpu.*ddp.yaml"):
+        train.build_trainer(*train.parse_arguments([
+            "--train_source_file", source, "--train_target_file", target, "--preset", "tiny",
+            "--tokenizer_vocab_size", "270", "--output_dir", str(tmp_path / "out"), "--use_cpu",
+        ]))
+
+
+def noise_only(weights: dict) -> set[str]:
+    """The key projections' biases: their gradient is 0 in exact arithmetic (a constant added to every
+    score of a query leaves its softmax unchanged), so Adam's steps on them are rounding noise, which
+    differs between any two summation orders."""
+    return {key for key in weights if key.endswith("k_proj.bias")}
+
+
+def logged_losses(output_dir: Path) -> list[float]:
+    history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
+    return [entry["loss"] for entry in history if "loss" in entry]
+
+
+def test_fsdp_on_two_processes_follows_one_process_and_writes_hub_folders(tmp_path):
+    """2 FSDP processes x max_tokens B == 1 process x B x 2 accumulation steps (same batches, loss over
+    all target tokens): the same losses and weights. Every checkpoint is a Hub folder like one process's
+    (no torch files as remote code, the tied matrix stored once), loads with from_pretrained, and the
+    final model is the mean of the last two, as the averaging tool computes it from those folders."""
+    data = tmp_path / "data"
+    data.mkdir()
+    train_files = write_reversal_task(data, "train", 1500, seed=1)
+    valid_files = write_reversal_task(data, "valid", 24, seed=2)  # 24 = 3 steps x 4 sentences x 2 processes
+    tokenizer_dir = tmp_path / "tokenizer"
+    common = [
+        "--train_source_file", train_files[0], "--train_target_file", train_files[1],
+        "--validation_source_file", valid_files[0], "--validation_target_file", valid_files[1],
+        "--test_source_file", valid_files[0], "--test_target_file", valid_files[1],
+        "--do_train", "--do_eval", "--do_predict", "--preset", "tiny", "--config_overrides", "dropout=0.0",
+        "--tokenizer_name_or_path", str(tokenizer_dir), "--max_steps", "6", "--max_tokens", "150",
+        "--learning_rate", "0.003", "--warmup_steps", "3", "--save_strategy", "steps", "--save_steps", "2",
+        "--average_checkpoints", "2", "--per_device_eval_batch_size", "4", "--generation_num_beams", "1",
+        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--logging_steps", "1",
+    ]
+    train.build_trainer(*train.parse_arguments([
+        *common[:4], "--preset", "tiny", "--tokenizer_vocab_size", "270", "--output_dir", str(tmp_path / "t"), "--use_cpu",
+    ])).tokenizer.save_pretrained(tokenizer_dir)
+
+    one = tmp_path / "one"
+    one_metrics = train.main([*common, "--output_dir", str(one), "--gradient_accumulation_steps", "2"])
+
+    sharded = tmp_path / "fsdp"
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG), "--num_processes", "2",
+        "--main_process_port", str(free_port()), str(REPO / "tests" / "fsdp_on_cpu.py"),
+        *common, "--output_dir", str(sharded),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert "process 1 of 2" in completed.stderr
+    assert (sharded / "checkpoint-2" / "pytorch_model_fsdp.bin").is_file()  # written only by FSDP's checkpointing
+
+    assert logged_losses(sharded) == pytest.approx(logged_losses(one), rel=1e-3)
+    checkpoints = ["checkpoint-2", "checkpoint-4", "checkpoint-6"]
+    assert sorted(p.name for p in sharded.glob("checkpoint-*")) == checkpoints
+    for name in checkpoints:
+        folder, reference = sharded / name, one / name
+        assert sorted(p.name for p in folder.glob("*.py")) == sorted(p.name for p in reference.glob("*.py"))
+        weights, reference_weights = load_file(folder / "model.safetensors"), load_file(reference / "model.safetensors")
+        assert weights.keys() == reference_weights.keys()  # the shared matrix once, as save_pretrained stores it
+        for key in weights.keys() - noise_only(weights):
+            torch.testing.assert_close(weights[key], reference_weights[key], rtol=1e-3, atol=1e-5, msg=key)
+        AutoModelForSeq2SeqLM.from_pretrained(folder)
+
+    average_checkpoints([sharded / "checkpoint-4", sharded / "checkpoint-6"], tmp_path / "averaged")
+    final, averaged = load_file(sharded / "model.safetensors"), load_file(tmp_path / "averaged" / "model.safetensors")
+    last = [load_file(sharded / name / "model.safetensors") for name in checkpoints[1:]]
+    for key in final:
+        mean = ((last[0][key].double() + last[1][key].double()) / 2).float()
+        torch.testing.assert_close(final[key], mean)
+        torch.testing.assert_close(averaged[key], mean)
+
+    # evaluated and translated with the averaged weights, as one process does
+    metrics = json.loads((sharded / "all_results.json").read_text())
+    assert metrics["eval_loss"] == pytest.approx(one_metrics["eval_loss"], rel=1e-3)
+    assert metrics["predict_samples"] == 24
+    assert (sharded / train.PREDICTIONS_FILE).read_text() == (one / train.PREDICTIONS_FILE).read_text()

@@ -1,0 +1,366 @@
+"""Crashes during training (issue 16): kill -9 at any moment, a full disk, Ctrl-C.
+
+The reference for "the run finishes as if nothing happened" is an uninterrupted run with the same
+seed and data, in a separate process like the interrupted one: the final weights must be equal.
+Checkpoints are checked by their files (complete, resumable) and by what `resume ... last` picks.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from vanilla_transformer import train_tokenizer
+from vanilla_transformer.training import run as train
+from vanilla_transformer.training.checkpointing import (
+    STAGING_DIR,
+    CheckpointWriteError,
+    TrainingInterrupted,
+    check_resumable,
+    last_complete_checkpoint,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+LETTERS = "a b c d e f g h i j".split()
+SAVE_STEPS, MAX_STEPS = 4, 12
+
+
+def reverse_pairs(count: int, seed: int) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(count):
+        words = [rng.choice(LETTERS) for _ in range(rng.randint(2, 5))]
+        pairs.append((" ".join(words), " ".join(reversed(words))))
+    return pairs
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("faults")
+    pairs = reverse_pairs(400, seed=1)
+    (folder / "train.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    return folder
+
+
+def run_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
+    new_tokenizer = [] if "--tokenizer_name_or_path" in extra else ["--tokenizer_vocab_size", "280"]
+    return [
+        "--train_file", str(data_dir / "train.tsv"), "--preset", "tiny", *new_tokenizer,
+        "--output_dir", str(output_dir), "--report_to", "none", "--use_cpu", "--disable_tqdm", "true",
+        "--eval_strategy", "no", "--logging_steps", "1", "--max_steps", str(MAX_STEPS), "--max_tokens", "200",
+        "--learning_rate", "0.003", "--warmup_steps", "4", "--save_strategy", "steps", "--save_steps", str(SAVE_STEPS),
+        "--cache_dir", str(data_dir / "cache"), *extra,
+    ]
+
+
+def weights(folder: Path) -> dict[str, torch.Tensor]:
+    return load_file(folder / "model.safetensors")
+
+
+def assert_same_weights(a: Path, b: Path) -> None:
+    first, second = weights(a), weights(b)
+    assert first.keys() == second.keys()
+    for name in first:
+        assert torch.equal(first[name], second[name]), name
+
+
+# ---------------------------------------------------------------------------------------------
+# Subprocess runs of training/train.py, as a user starts them
+# ---------------------------------------------------------------------------------------------
+
+# Runs training/train.py as `python training/train.py ...` does, with two test hooks set by the
+# environment: a pause before each update (so that a signal can land mid-run) that also prints the
+# number of updates done, and a SIGKILL of itself in the middle of writing one checkpoint (after
+# the weights and optimizer, before the RNG and trainer state).
+DRIVER = textwrap.dedent("""
+    import os, runpy, signal, sys, time
+    from vanilla_transformer.training.trainer import TransformerTrainer
+
+    pause = float(os.environ.get("FAULT_PAUSE", "0"))
+    kill_at = int(os.environ.get("FAULT_KILL_WHILE_SAVING", "-1"))
+    training_step = TransformerTrainer.training_step
+    save_optimizer = TransformerTrainer._save_optimizer_and_scheduler
+
+    def paused_step(self, *args, **kwargs):
+        print(f"updates done: {self.state.global_step}", flush=True)
+        time.sleep(pause)
+        return training_step(self, *args, **kwargs)
+
+    def killed_while_saving(self, output_dir):
+        save_optimizer(self, output_dir)
+        if self.state.global_step == kill_at:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    TransformerTrainer.training_step = paused_step
+    TransformerTrainer._save_optimizer_and_scheduler = killed_while_saving
+    sys.argv = [sys.argv[1], *sys.argv[2:]]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+
+
+def start(data_dir: Path, output_dir: Path, *extra: str, pause: float = 0.0, kill_while_saving: int = -1):
+    driver = data_dir / "driver.py"
+    driver.write_text(DRIVER)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "FAULT_PAUSE": str(pause), "FAULT_KILL_WHILE_SAVING": str(kill_while_saving)}
+    command = [sys.executable, str(driver), str(REPO / "training/train.py"),  # the final model: mean of 4, 8, 12
+               *run_argv(data_dir, output_dir, "--average_checkpoints", "3", *extra)]
+    log = output_dir.with_name(output_dir.name + ".log")  # a file, not a pipe: a full pipe would stall the run
+    attempt = len(list(log.parent.glob(log.name + "*")))
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True,
+                               stderr=open(f"{log}{attempt}", "w", encoding="utf-8"))
+    process.log = Path(f"{log}{attempt}")
+    return process
+
+
+def finish(process, timeout: int = 600) -> tuple[int, str, str]:
+    out, _ = process.communicate(timeout=timeout)
+    return process.returncode, out, process.log.read_text(encoding="utf-8")
+
+
+def wait_for_updates(process, updates: int) -> int:
+    """Read the driver's progress lines until ``updates`` updates are done; returns the last count seen."""
+    for line in process.stdout:
+        if line.startswith("updates done:") and (done := int(line.split(":")[1])) >= updates:
+            return done
+    raise AssertionError(f"the run ended before {updates} updates: {process.log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(data_dir) -> Path:
+    output = data_dir / "uninterrupted"
+    code, _, err = finish(start(data_dir, output))
+    assert code == 0, err[-3000:]
+    return output
+
+
+def resume_to_the_end(data_dir: Path, output: Path) -> str:
+    code, _, err = finish(start(data_dir, output, "--resume_from_checkpoint", "last"))
+    assert code == 0, err[-3000:]
+    return err
+
+
+def test_kill_9_while_a_checkpoint_is_written_loses_at_most_one_interval(data_dir, uninterrupted):
+    output = data_dir / "killed-while-saving"
+    code, _, _ = finish(start(data_dir, output, kill_while_saving=2 * SAVE_STEPS))
+    assert code == -signal.SIGKILL
+    # The half-written checkpoint is only under the temporary name; resume takes the one before.
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == [f"checkpoint-{SAVE_STEPS}"]
+    staged = output / STAGING_DIR / f"checkpoint-{2 * SAVE_STEPS}"
+    assert (staged / "optimizer.pt").is_file() and not (staged / "trainer_state.json").exists()
+    assert last_complete_checkpoint(output) == output / f"checkpoint-{SAVE_STEPS}"
+    err = resume_to_the_end(data_dir, output)
+    assert f"resuming from {output / f'checkpoint-{SAVE_STEPS}'}" in err
+    assert not (output / STAGING_DIR).exists()
+    assert json.loads((output / "trainer_state.json").read_text())["global_step"] == MAX_STEPS
+    assert_same_weights(output, uninterrupted)
+
+
+def test_kill_9_at_a_random_moment_then_resume_gives_the_uninterrupted_model(data_dir, uninterrupted):
+    output = data_dir / "killed-at-random"
+    process = start(data_dir, output, pause=0.3)
+    done = wait_for_updates(process, SAVE_STEPS + 1)
+    time.sleep(random.Random(os.getpid()).uniform(0, 0.6))  # anywhere in the next update or two
+    assert process.poll() is None, "the run ended before the kill"
+    process.kill()
+    code, out, _ = finish(process)
+    done = max([done, *(int(line.split(":")[1]) for line in out.splitlines() if line.startswith("updates done:"))])
+    assert code == -signal.SIGKILL
+    last = last_complete_checkpoint(output)
+    assert last is not None and done - int(last.name.split("-")[1]) <= SAVE_STEPS  # at most one interval lost
+    resume_to_the_end(data_dir, output)
+    assert_same_weights(output, uninterrupted)
+
+
+def test_ctrl_c_saves_a_resumable_checkpoint_says_so_and_resume_finishes(data_dir, uninterrupted):
+    output = data_dir / "interrupted"
+    process = start(data_dir, output, pause=0.3)
+    wait_for_updates(process, SAVE_STEPS + 2)  # between two regular checkpoints
+    process.send_signal(signal.SIGINT)
+    code, _, err = finish(process)
+    assert code == 128 + signal.SIGINT, err[-3000:]
+    step = int(err.split("Training stopped by SIGINT at step ")[1].split()[0])
+    assert step % SAVE_STEPS and step < MAX_STEPS  # saved where it stopped, not at a regular step
+    assert f"saved a resumable checkpoint, {output / f'checkpoint-{step}'}" in err
+    assert "--resume_from_checkpoint last" in err
+    check_resumable(output / f"checkpoint-{step}")
+    assert not (output / "model.safetensors").exists()  # an interrupted run is not a final model
+    resume_to_the_end(data_dir, output)
+    # The checkpoint saved on Ctrl-C was only a point to resume from: the run's own ones remain, and
+    # the final model, their mean, is the uninterrupted run's.
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == sorted(p.name for p in uninterrupted.glob("checkpoint-*"))
+    assert_same_weights(output, uninterrupted)
+
+
+# ---------------------------------------------------------------------------------------------
+# In one process: a full disk, a signal, incomplete and mismatched checkpoints
+# ---------------------------------------------------------------------------------------------
+
+
+def build(data_dir: Path, output_dir: Path, *extra: str) -> train.Run:
+    return train.build_trainer(*train.parse_arguments(run_argv(data_dir, output_dir, *extra)))
+
+
+def fail_at(trainer, step: int, error: Exception, monkeypatch) -> None:
+    save = trainer._save_optimizer_and_scheduler
+
+    def failing(output_dir):
+        if trainer.state.global_step == step:
+            raise error
+        save(output_dir)
+
+    monkeypatch.setattr(trainer, "_save_optimizer_and_scheduler", failing)
+
+
+def test_a_full_disk_ends_with_a_clear_error_and_the_previous_checkpoint_intact(data_dir, tmp_path, monkeypatch):
+    output, steps = tmp_path / "run", ("--save_total_limit", "1", "--max_steps", str(2 * SAVE_STEPS))
+    trainer = build(data_dir, output, *steps).trainer
+    fail_at(trainer, 2 * SAVE_STEPS, OSError(errno.ENOSPC, "No space left on device"), monkeypatch)
+    previous = output / f"checkpoint-{SAVE_STEPS}"
+    with pytest.raises(CheckpointWriteError) as error:
+        trainer.train()
+    message = str(error.value)
+    assert "the disk is full" in message and "MiB free" in message
+    assert f"{previous}, is intact" in message and "--resume_from_checkpoint last" in message
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == [previous.name]  # not rotated away
+    assert not (output / STAGING_DIR).exists()  # the partial files are gone, freeing their space
+    check_resumable(previous)
+    # Once there is space again, the run continues from there.
+    resumed = build(data_dir, output, *steps, "--resume_from_checkpoint", "last")
+    assert resumed.resume == previous
+    resumed.trainer.train(resume_from_checkpoint=str(resumed.resume))
+    assert resumed.trainer.state.global_step == 2 * SAVE_STEPS
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == [f"checkpoint-{2 * SAVE_STEPS}"]
+
+
+def test_any_failed_write_names_the_checkpoint_and_the_free_space(data_dir, tmp_path, monkeypatch):
+    """torch.save reports a full disk as a RuntimeError without errno: the message still says what to check."""
+    trainer = build(data_dir, tmp_path / "run").trainer
+    fail_at(trainer, SAVE_STEPS, RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed"),
+            monkeypatch)
+    with pytest.raises(CheckpointWriteError, match=r"checkpoint-4: RuntimeError: .*file write failed.* MiB free.*"
+                                                   r"no earlier checkpoint exists"):
+        trainer.train()
+    assert not list((tmp_path / "run").glob("checkpoint-*"))
+
+
+def test_a_signal_in_process_saves_stops_and_restores_the_handlers(data_dir, tmp_path):
+    trainer = build(data_dir, tmp_path / "run").trainer
+    before = signal.getsignal(signal.SIGINT)
+
+    class SendSigint(train.TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                os.kill(os.getpid(), signal.SIGINT)
+
+    trainer.add_callback(SendSigint())
+    with pytest.raises(TrainingInterrupted) as interrupted:
+        trainer.train()
+    assert interrupted.value.step == 3 and interrupted.value.checkpoint == tmp_path / "run" / "checkpoint-3"
+    check_resumable(tmp_path / "run" / "checkpoint-3")
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.fixture(scope="module")
+def four_steps(data_dir, tmp_path_factory):
+    """A run of one checkpoint interval, and (folder asked to save into, checkpoint folders present) at each save."""
+    output = tmp_path_factory.mktemp("four-steps") / "run"
+    trainer = build(data_dir, output, "--max_steps", str(SAVE_STEPS)).trainer
+    seen = []
+    save_model = trainer.save_model
+
+    def watching(output_dir=None, _internal_call=False):
+        seen.append((output_dir, sorted(p.name for p in output.glob("checkpoint-*"))))
+        return save_model(output_dir, _internal_call)
+
+    trainer.save_model = watching
+    trainer.train()
+    return output, seen
+
+
+def test_resume_last_skips_a_checkpoint_half_written_in_place(data_dir, four_steps, tmp_path, caplog):
+    """Another tool (or an older version) may write checkpoint-<step> in place and be killed half-way."""
+    output = tmp_path / "run"
+    shutil.copytree(four_steps[0], output)
+    complete = output / f"checkpoint-{SAVE_STEPS}"
+    half = output / f"checkpoint-{2 * SAVE_STEPS}"
+    shutil.copytree(complete, half)
+    optimizer = half / "optimizer.pt"
+    optimizer.write_bytes(optimizer.read_bytes()[:1000])
+    with caplog.at_level(logging.WARNING):
+        assert last_complete_checkpoint(output) == complete
+    assert any(str(optimizer) in record.message for record in caplog.records)
+    with pytest.raises(ValueError, match=f"{optimizer} is truncated or corrupt"):
+        build(data_dir, output, "--resume_from_checkpoint", str(half))
+    (half / "trainer_state.json").unlink()
+    with pytest.raises(FileNotFoundError, match=f"{half} has no trainer_state.json"):
+        build(data_dir, output, "--resume_from_checkpoint", str(half))
+
+
+def test_resume_with_another_architecture_or_tokenizer_is_refused(data_dir, four_steps, tmp_path):
+    output = four_steps[0]  # only read
+    with pytest.raises(ValueError, match=r"another architecture than the flags build \(d_model: 64 there, 32 now"):
+        build(data_dir, output, "--resume_from_checkpoint", "last", "--config_overrides", "d_model=32")
+    other = tmp_path / "other-tokenizer"  # the same data in capitals: as many tokens, other ones
+    capitals = (data_dir / "train.tsv").read_text(encoding="utf-8").upper().replace("\t", "\n").splitlines()
+    train_tokenizer(iter(capitals), vocab_size=280).save_pretrained(other)
+    with pytest.raises(ValueError, match="trained with another tokenizer"):
+        build(data_dir, output, "--resume_from_checkpoint", "last", "--tokenizer_name_or_path", str(other))
+
+
+def test_resume_from_a_folder_that_does_not_exist(data_dir, tmp_path):
+    with pytest.raises(FileNotFoundError, match="--resume_from_checkpoint checkpoint-99: no such folder"):
+        build(data_dir, tmp_path / "run", "--resume_from_checkpoint", "checkpoint-99")
+
+
+def test_resume_last_without_any_complete_checkpoint_says_to_start_anew(data_dir, tmp_path):
+    (tmp_path / "run" / STAGING_DIR / "checkpoint-4").mkdir(parents=True)
+    with pytest.raises(ValueError, match="no complete checkpoint-<step> folder .* start the run anew"):
+        build(data_dir, tmp_path / "run", "--resume_from_checkpoint", "last")
+
+
+def test_trainer_writes_no_checkpoint_folder_before_it_is_complete(four_steps):
+    """While the Trainer writes, only the temporary folder exists; checkpoint-<step> appears by one rename."""
+    output, seen = four_steps
+    assert seen == [(str(output / STAGING_DIR / f"checkpoint-{SAVE_STEPS}"), [])]
+    check_resumable(output / f"checkpoint-{SAVE_STEPS}")
+    assert not (output / STAGING_DIR).exists()
+
+
+def test_push_to_hub_uploads_each_checkpoint_from_its_final_name(data_dir, tmp_path):
+    """The Trainer uploads a checkpoint in the background; from the temporary folder, renamed meanwhile,
+    that upload would lose files. Reference: the files of the last local checkpoint."""
+    from hub_server import USER, LoopbackHub, client_environment
+
+    hub = LoopbackHub(tmp_path / "hub", lifetime=600).start()
+    try:
+        output, repo = tmp_path / "pushed", f"{USER}/faults"
+        env = {**os.environ, **client_environment(hub, tmp_path / "home"), "PYTHONPATH": str(REPO)}
+        completed = subprocess.run(
+            [sys.executable, str(REPO / "training/train.py"), *run_argv(data_dir, output, "--max_steps", "4"),
+             "--push_to_hub", "--hub_model_id", repo, "--hub_strategy", "checkpoint"],
+            env=env, capture_output=True, text=True, timeout=600,
+        )
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        files = hub.store.files(repo, hub.store.resolve(repo, "main"))
+    finally:
+        hub.stop()
+    pushed = {name.removeprefix("last-checkpoint/") for name in files if name.startswith("last-checkpoint/")}
+    local = output / f"checkpoint-{SAVE_STEPS}"
+    assert pushed == {path.name for path in local.iterdir()}
+    assert files["last-checkpoint/model.safetensors"].read_bytes() == (local / "model.safetensors").read_bytes()
+    assert not [name for name in files if STAGING_DIR in name]

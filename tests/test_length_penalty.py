@@ -1,0 +1,78 @@
+"""§6.1's length penalty: GNMT's lp(Y) = ((5 + |Y|) / 6) ** alpha through the standard generate(), or
+transformers' |Y| ** alpha; each checked against the log-probability of the returned hypothesis
+recomputed by a teacher-forced forward pass."""
+
+import pytest
+import torch
+
+from vanilla_transformer.modeling_vanilla_transformer import gnmt_length_penalty, paper_generation_config
+
+from test_pipeline import TEXTS, train_copying_translator
+
+
+@pytest.fixture(scope="module")
+def trained():
+    return train_copying_translator(steps=25)
+
+
+def sequence_log_probability(model, batch, row: int, sequence: torch.Tensor, eos: int) -> tuple[float, int]:
+    """log P(Y | X) of one generated sequence (up to and including its </s>), and |Y|."""
+    tokens = sequence.tolist()
+    end = tokens.index(eos, 1) + 1 if eos in tokens[1:] else len(tokens)
+    decoder_input_ids = sequence[None, : end - 1]
+    with torch.no_grad():
+        logits = model(input_ids=batch["input_ids"][row:row + 1], attention_mask=batch["attention_mask"][row:row + 1],
+                       decoder_input_ids=decoder_input_ids).logits
+    log_probs = logits.float().log_softmax(-1)[0, torch.arange(end - 1), sequence[1:end]]
+    return log_probs.sum().item(), end - 1
+
+
+@pytest.mark.parametrize("formula", ["gnmt", "length"])
+def test_beam_scores_are_the_log_probability_over_the_named_penalty(trained, formula):
+    model, tokenizer = trained
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        output = model.generate(**batch, num_beams=4, length_penalty=0.6, max_new_tokens=20,
+                                length_penalty_formula=formula, return_dict_in_generate=True, output_scores=True)
+    for row, (sequence, score) in enumerate(zip(output.sequences, output.sequences_scores)):
+        log_probability, length = sequence_log_probability(model, batch, row, sequence, tokenizer.eos_token_id)
+        penalty = gnmt_length_penalty(length, 0.6) if formula == "gnmt" else length**0.6
+        assert score.item() == pytest.approx(log_probability / penalty, rel=1e-4, abs=1e-5), row
+
+
+def test_the_papers_penalty_is_the_default_and_saved_in_the_generation_config(trained, tmp_path):
+    model, tokenizer = trained
+    assert paper_generation_config(model.config).length_penalty_formula == "gnmt"
+    assert model.generation_config.length_penalty_formula == "gnmt"
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        default = model.generate(**batch, max_new_tokens=20)
+        gnmt = model.generate(**batch, max_new_tokens=20, length_penalty_formula="gnmt")
+    assert torch.equal(default, gnmt)
+    model.generation_config.save_pretrained(tmp_path)
+    assert '"length_penalty_formula": "gnmt"' in (tmp_path / "generation_config.json").read_text()
+
+
+def test_a_generation_config_without_the_field_keeps_transformers_penalty(trained):
+    from transformers import GenerationConfig
+
+    model, tokenizer = trained
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    legacy = GenerationConfig(**{k: v for k, v in model.generation_config.to_dict().items()
+                                 if k not in ("length_penalty_formula", "transformers_version")})
+    saved, model.generation_config = model.generation_config, legacy
+    try:
+        with torch.no_grad():
+            old = model.generate(**batch, max_new_tokens=20, return_dict_in_generate=True, output_scores=True)
+            length = model.generate(**batch, max_new_tokens=20, length_penalty_formula="length",
+                                    return_dict_in_generate=True, output_scores=True)
+    finally:
+        model.generation_config = saved
+    assert torch.equal(old.sequences, length.sequences)
+    torch.testing.assert_close(old.sequences_scores, length.sequences_scores)
+
+
+def test_an_unknown_formula_is_refused(trained):
+    model, tokenizer = trained
+    with pytest.raises(ValueError, match="length_penalty_formula='wu'"):
+        model.generate(**tokenizer(TEXTS[:1], return_tensors="pt"), length_penalty_formula="wu")
