@@ -47,3 +47,15 @@ def test_every_system_decodes_and_ours_and_ctranslate2_float32_equal_marianmt(tm
         assert all(len(times) == 1 and times[0] > 0 for times in seconds.values())
     rows = [line for line in printed.splitlines() if line.startswith(("| ours |", "| CTranslate2 float32 |"))]
     assert len(rows) == 4 and all(row.rstrip().endswith("| identical |") for row in rows), rows
+
+
+profile = load_script("benchmarks/profile_training_step.py")
+
+
+def test_training_step_benchmark_checks_both_compute_the_same_loss_and_gradient_then_times_them(tmp_path, capsys):
+    write_split(tmp_path, "train", 1500, seed=2)  # the script takes pairs 1200-1400 by length of the first 3000
+    results = profile.main(["--data-dir", str(tmp_path), "--steps", "1", "--warmup", "0", "--no-compile"])
+    printed = capsys.readouterr().out
+    assert "same computation: loss" in printed  # it raises instead when ours and MarianMT disagree
+    assert set(results["series"]) == {"MarianMT", "ours"} and results["levers"] == {}
+    assert all(len(times) == 1 and times[0] > 0 for times in results["series"].values())
