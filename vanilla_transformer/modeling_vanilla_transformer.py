@@ -3,7 +3,9 @@
 Read top to bottom, the file follows the paper: positional encoding (§3.5), embeddings (§3.4),
 multi-head attention (§3.2), position-wise feed-forward network (§3.3), the residual connection
 around every sub-layer (§3.1, §5.4), encoder and decoder layers and stacks (§3.1), then the
-`PreTrainedModel` classes that plug it into the library (Auto classes, `generate()`, Trainer).
+`PreTrainedModel` classes that plug it into the library (Auto classes, `generate()`, Trainer), the
+one loss (label-smoothed cross-entropy, §5.4) and beam search (§6.1: transformers' algorithm and
+bookkeeping, with less work per step).
 
 One flag changes the architecture's shape: ``config.normalize_before`` switches every residual
 connection from the paper's post-norm ``LayerNorm(x + Dropout(Sublayer(x)))`` to pre-norm
