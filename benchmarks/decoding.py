@@ -82,7 +82,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--levers", action="store_true", help="also time our model with each lever undone")
     parser.add_argument("--no-compile", action="store_true", help="skip the static cache + torch.compile lever")
     parser.add_argument("--no-ctranslate2", action="store_true", help="skip the CTranslate2 rows")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    args.configurations = [configuration(text, parser) for text in filter(None, args.configurations.split(","))]
+    return args
+
+
+def configuration(text: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
+    """'BEAMxBATCH' -> (beam, batch), or an error naming the flag and the form it takes."""
+    beam, _, batch = text.strip().partition("x")
+    if not (beam.isdigit() and batch.isdigit() and int(beam) > 0 and int(batch) > 0):
+        parser.error(f"--configurations: {text!r} is not BEAMxBATCH with positive numbers, e.g. 4x32")
+    return int(beam), int(batch)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -366,8 +376,7 @@ def main(argv=None) -> dict | None:
           f"{args.repeats} repeats; {'lengths as decoded' if trained else 'fixed output lengths'}")
     work_dir = Path(tempfile.mkdtemp(prefix="decoding-benchmark-"))
     results = {}
-    for configuration in filter(None, args.configurations.split(",")):
-        beam, batch_size = map(int, configuration.split("x"))
+    for beam, batch_size in args.configurations:
         pairs = test[: args.sentences if batch_size > 1 else args.sentences_batch_1]
         batches = make_batches(tokenizer, pairs, batch_size, trained)
         decoders = {"MarianMT": transformers_decoder(marian, tokenizer, batches, beam),

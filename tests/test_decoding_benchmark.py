@@ -59,3 +59,15 @@ def test_training_step_benchmark_checks_both_compute_the_same_loss_and_gradient_
     assert "same computation: loss" in printed  # it raises instead when ours and MarianMT disagree
     assert set(results["series"]) == {"MarianMT", "ours"} and results["levers"] == {}
     assert all(len(times) == 1 and times[0] > 0 for times in results["series"].values())
+
+
+@pytest.mark.parametrize("text", ["4by32", "4x", "0x32", "4x-1"])
+def test_a_malformed_configuration_is_refused_naming_the_flag(text, capsys):
+    with pytest.raises(SystemExit):
+        decoding.parse_args(["--configurations", text])
+    error = capsys.readouterr().err
+    assert "--configurations" in error and repr(text) in error and "BEAMxBATCH" in error
+
+
+def test_configurations_are_parsed_into_beam_and_batch():
+    assert decoding.parse_args(["--configurations", "4x32, 1x1,"]).configurations == [(4, 32), (1, 1)]
