@@ -3,6 +3,8 @@ same data, same dimensions, same CPU time budget, several runs.
 
     python benchmarks/multi30k.py --data-dir ../shared/data/multi30k [--pair en-de] [--runs 3] [--budget-minutes 25]
     python benchmarks/multi30k.py --data-dir ../shared/data/multi30k --levers      # ours alone, scored on val
+    python benchmarks/multi30k.py --data-dir ../shared/data/multi30k --levers --lever "dropout 0.3" \
+        --recipe-from runs/multi30k/results.json                                 # the recipe's row from a run
 
 Each system trains in its own child process (so peak memory is its own) for the same wall-clock
 budget; the runs alternate between the systems so that slow drifts of the machine hit both.
@@ -83,6 +85,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--marian-vocab-size", type=int, default=8000, help="MarianMT's joint Metaspace BPE")
     parser.add_argument("--levers", action="store_true", help="ours alone, once per recipe change in LEVERS, on val")
     parser.add_argument("--lever", action="append", help="with --levers: only these (names of LEVERS)")
+    parser.add_argument("--recipe-from", help="with --levers: the recipe's row from this comparison run's results.json "
+                                              "(its ours run with the median val BLEU) instead of training it again")
     parser.add_argument("--recipe-flag", action="append", default=[], help="extra train.py flag for ours (repeat)")
     parser.add_argument("--decode-batch-size", type=int, default=64)
     parser.add_argument("--test-limit", type=int, help="decode only the first N sentences of val and test (smoke runs)")
@@ -95,6 +99,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     unknown = sorted(set(args.lever or []) - set(LEVERS))
     if unknown:
         parser.error(f"unknown --lever {unknown}; choose from {sorted(LEVERS)}")
+    if args.recipe_from and not (args.levers and Path(args.recipe_from).is_file()):
+        parser.error(f"--recipe-from {args.recipe_from}: give it with --levers and the results.json of a run of "
+                     "this benchmark (e.g. runs/multi30k/results.json)")
     args.dims = DIMENSIONS if args.dimensions is None else dict(zip(DIMENSIONS, map(int, args.dimensions.split(","))))
     return args
 
@@ -412,8 +419,21 @@ def levers_markdown(results: dict) -> str:
         rows.insert(1, (f"decoded {other[4:]} (same model)", {**recipe, "val": recipe[other]}))
     for name, result in rows:
         delta = "" if base is None or name == "recipe" else f"{result['val']['bleu'] - base:+.2f}"
-        lines.append(f"| {name} | {result['val']['bleu']:.2f} | {result['val']['chrf']:.2f} | {result['steps']} | {delta} |")
+        label = f"{name} (from {result['from']})" if "from" in result and name == "recipe" else name
+        lines.append(f"| {label} | {result['val']['bleu']:.2f} | {result['val']['chrf']:.2f} | {result['steps']} | {delta} |")
     return "\n".join(lines) + "\n"
+
+
+def recipe_from(path: str, pair: str, budget_minutes: float) -> dict:
+    """The recipe's lever row from an earlier comparison run: its ours run with the median val BLEU,
+    refused when it measured another pair or budget (its score would not compare)."""
+    earlier = json.loads(Path(path).read_text(encoding="utf-8"))
+    runs = earlier.get("runs", {}).get("ours", [])
+    if (earlier.get("pair"), earlier.get("budget_minutes")) != (pair, budget_minutes) or not runs:
+        raise SystemExit(f"--recipe-from {path}: it holds {len(runs)} ours run(s) of {earlier.get('pair')} at "
+                         f"{earlier.get('budget_minutes')} min; the levers measure {pair} at {budget_minutes:g} min")
+    chosen = sorted(runs, key=lambda run: run["val"]["bleu"])[(len(runs) - 1) // 2]
+    return {**chosen, "from": f"{path} ({chosen['model_dir']})"}
 
 
 def without_examples(result: dict) -> dict:
@@ -433,7 +453,9 @@ def main(argv=None) -> dict | None:
                "test_sentences": len(read_split(data_dir, "test_2016_flickr", args.pair, args.test_limit))}
     if args.levers:
         results["levers"] = {}
-        for name in args.lever or LEVERS:
+        if args.recipe_from:
+            results["levers"]["recipe"] = recipe_from(args.recipe_from, args.pair, args.budget_minutes)
+        for name in [name for name in args.lever or LEVERS if name not in results["levers"]]:
             print(f"[{time.strftime('%H:%M:%S')}] lever {name!r}: {LEVERS[name]}", flush=True)
             results["levers"][name] = run_in_child("ours", args, data_dir, output_dir / f"lever-{len(results['levers'])}",
                                                    LEVERS[name])

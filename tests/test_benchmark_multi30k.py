@@ -94,6 +94,24 @@ def test_the_levers_table_adds_the_other_length_penalty_of_the_same_model():
     assert "| dropout 0.3 | 36.40 | 60.10 | 2990 | +0.40 |" in table
 
 
+def test_the_recipe_row_can_come_from_a_comparison_run_and_must_measure_the_same_thing(tmp_path):
+    runs = [{"val": {"bleu": bleu, "chrf": 60.0}, "val with length penalty": {"bleu": bleu, "chrf": 60.0},
+             "steps": 100, "model_dir": f"ours-{index}"} for index, bleu in enumerate((38.0, 36.0, 37.0), 1)]
+    path = tmp_path / "results.json"
+    path.write_text(json.dumps({"pair": "en-de", "budget_minutes": 25.0, "runs": {"ours": runs}}))
+    chosen = multi30k.recipe_from(str(path), "en-de", 25.0)
+    assert chosen["val"]["bleu"] == 37.0 and chosen["model_dir"] == "ours-3"  # the median of 36, 37, 38
+    table = multi30k.levers_markdown({"pair": "en-de", "budget_minutes": 25, "levers": {"recipe": chosen}})
+    assert f"| recipe (from {path} (ours-3)) | 37.00 |" in table
+    for pair, minutes in (("de-en", 25.0), ("en-de", 10.0)):
+        with pytest.raises(SystemExit, match="holds 3 ours run"):
+            multi30k.recipe_from(str(path), pair, minutes)
+    with pytest.raises(SystemExit):  # without --levers, or naming no file: refused before any training
+        multi30k.parse_args(["--recipe-from", str(path)])
+    with pytest.raises(SystemExit):
+        multi30k.parse_args(["--levers", "--recipe-from", str(tmp_path / "absent.json")])
+
+
 def write_corpus(folder: Path, sizes: dict[str, int]) -> None:
     rng = random.Random(0)
     words = "a dog runs man woman sits on the bench two children play in park".split()
