@@ -1,7 +1,7 @@
 """Decoding speed of the model itself: ours vs MarianMT on the same weights, and vs CTranslate2.
 
     python benchmarks/decoding.py [--data-dir ../shared/data/multi30k] [--marian-model DIR]
-        [--sentences 256] [--repeats 3] [--levers] [--no-compile] [--no-ctranslate2] [--threads N]
+        [--sentences 256] [--repeats 3] [--levers] [--floor] [--no-compile] [--no-ctranslate2] [--threads N]
 
 One MarianMT model is decoded by MarianMTModel.generate(), by our model holding its weights
 (`vanilla_transformer.convert.from_marian`, whose outputs equal Marian's) through plain generate(),
@@ -26,6 +26,10 @@ The model, and what makes the comparison honest:
   length (``max_new_tokens``), every beam alive to the end. (``min_new_tokens`` would do it too, but its
   logits processor copies the (B x beams, V) scores every step, a quarter of a step here.) That measures the
   cost of a step and gives no credit for sentences that end early. BLEU is not reported.
+
+``--floor`` profiles ours once at beam 4 x 32 and sums the time of what every implementation must
+compute (matrix products, attention kernels, the log-softmax over the vocabulary): MarianMT's time
+over that sum bounds what any faster search could reach with the same arithmetic.
 
 ``--levers`` times our model with one lever undone at a time (beam 4, batch 32, against the shipped model,
 alternating), plus dynamic int8 quantisation of the linear layers (torch.ao.quantization.quantize_dynamic)
@@ -82,8 +86,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--levers", action="store_true", help="also time our model with each lever undone")
     parser.add_argument("--no-compile", action="store_true", help="skip the static cache + torch.compile lever")
     parser.add_argument("--no-ctranslate2", action="store_true", help="skip the CTranslate2 rows")
+    parser.add_argument("--floor", action="store_true",
+                        help="profile ours at beam 4 x 32: the time of the arithmetic any implementation must do, "
+                             "and the most a faster search could gain over MarianMT with it")
     args = parser.parse_args(argv)
     args.configurations = [configuration(text, parser) for text in filter(None, args.configurations.split(","))]
+    if args.floor and (4, 32) not in args.configurations:
+        parser.error("--floor compares with MarianMT's time at beam 4 x 32: keep 4x32 in --configurations")
     return args
 
 
@@ -360,6 +369,45 @@ def table(seconds, outputs, tokenizer, references, trained, sentences, levers: b
     return "\n".join(lines)
 
 
+# The operations of a decoding step that every implementation of the model does (with the same
+# weights and hypotheses): the matrix products of the linear layers and the output projection, the
+# attention kernels, and the log-softmax over the vocabulary that beam scores need.
+ARITHMETIC = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product", "aten::_softmax")
+VOCABULARY_SOFTMAX = ("aten::_log_softmax",)
+
+
+def arithmetic_seconds(decode: Callable[[], list]) -> tuple[float, dict[str, float]]:
+    """One decoding pass under torch.profiler: its wall time, and the self CPU seconds of the ARITHMETIC
+    and VOCABULARY_SOFTMAX operations in it (the profiler's own overhead lands in the rest)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        started = time.perf_counter()
+        decode()
+        wall = time.perf_counter() - started
+    seconds = {"arithmetic": 0.0, "vocabulary log-softmax": 0.0}
+    for event in profiler.key_averages():
+        for group, prefixes in (("arithmetic", ARITHMETIC), ("vocabulary log-softmax", VOCABULARY_SOFTMAX)):
+            if event.key.startswith(prefixes):
+                seconds[group] += event.self_cpu_time_total / 1e6
+    return wall, seconds
+
+
+def floor_text(marian_seconds: list[float], ours_seconds: list[float], profiled: tuple[float, dict]) -> str:
+    """How fast ours could be with nothing but the arithmetic (a bound, not a measurement of a system)."""
+    marian, ours = statistics.median(marian_seconds), statistics.median(ours_seconds)
+    wall, seconds = profiled
+    needed = sum(seconds.values())
+    return "\n".join([
+        f"\nfloor: beam 4, batch 32; ours profiled once ({wall:.2f} s under the profiler, {ours:.2f} s without)",
+        f"| part of ours' decoding | seconds | of MarianMT's {marian:.2f} s |", "|---|---|---|",
+        *(f"| {name} | {value:.2f} | {value / marian:.0%} |" for name, value in seconds.items()),
+        f"| the rest (search, cache, embedding, layer norm, Python) | {ours - needed:.2f} | {(ours - needed) / marian:.0%} |",
+        f"ours is {marian / ours:.2f}x MarianMT; with nothing but the arithmetic and the vocabulary log-softmax it "
+        f"would be {marian / needed:.2f}x (arithmetic alone: {marian / seconds['arithmetic']:.2f}x)",
+    ])
+
+
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
     data_dir = Path(args.data_dir)
@@ -393,6 +441,8 @@ def main(argv=None) -> dict | None:
         print(f"\nbeam {beam}, batch {batch_size}, {len(pairs)} sentences")
         print(table(seconds, outputs, tokenizer, references, trained, len(pairs)))
         results[(beam, batch_size)] = seconds
+        if args.floor and (beam, batch_size) == (4, 32):
+            print(floor_text(seconds["MarianMT"], seconds["ours"], arithmetic_seconds(decoders["ours"])))
     if args.levers or not args.no_compile:
         pairs = test[: args.sentences]
         batches = make_batches(tokenizer, pairs, 32, trained)

@@ -71,3 +71,42 @@ def test_a_malformed_configuration_is_refused_naming_the_flag(text, capsys):
 
 def test_configurations_are_parsed_into_beam_and_batch():
     assert decoding.parse_args(["--configurations", "4x32, 1x1,"]).configurations == [(4, 32), (1, 1)]
+
+
+def test_the_floor_counts_matrix_products_attention_and_the_vocabulary_softmax_and_nothing_else():
+    import torch
+
+    a, b, scores = torch.randn(64, 64), torch.randn(64, 64), torch.randn(8, 1000)
+    query = torch.randn(1, 2, 5, 8)
+
+    def arithmetic_only():
+        torch.nn.functional.linear(a, b, torch.zeros(64)), a @ b
+        torch.nn.functional.scaled_dot_product_attention(query, query, query)
+        return torch.log_softmax(scores, dim=-1)
+
+    _, seconds = decoding.arithmetic_seconds(arithmetic_only)
+    assert seconds["arithmetic"] > 0 and seconds["vocabulary log-softmax"] > 0
+    _, seconds = decoding.arithmetic_seconds(lambda: (torch.cumsum(scores, 1), scores.topk(4), torch.cat([a, b])))
+    assert seconds == {"arithmetic": 0.0, "vocabulary log-softmax": 0.0}
+
+
+def test_the_floor_names_what_ours_spends_beyond_the_arithmetic_and_the_bound_it_implies(tmp_path):
+    text = decoding.floor_text([4.0, 4.2, 4.4], [2.0, 2.1, 2.2], (2.5, {"arithmetic": 1.6, "vocabulary log-softmax": 0.2}))
+    assert "| the rest (search, cache, embedding, layer norm, Python) | 0.30 | 7% |" in text  # 2.1 - 1.8 of 4.2
+    assert "ours is 2.00x MarianMT" in text and "would be 2.33x (arithmetic alone: 2.62x)" in text
+
+
+def test_the_floor_needs_the_beam_4_batch_32_configuration(capsys):
+    with pytest.raises(SystemExit):
+        decoding.parse_args(["--floor", "--configurations", "1x1"])
+    assert "--floor" in capsys.readouterr().err
+    assert decoding.parse_args(["--floor"]).floor
+
+
+def test_the_floor_runs_end_to_end_on_ours_as_shipped(tmp_path, capsys):
+    write_split(tmp_path, "train", 200, seed=0)
+    write_split(tmp_path, "test_2016_flickr", 32, seed=1)
+    decoding.main(["--data-dir", str(tmp_path), "--sentences", "32", "--repeats", "1", "--configurations", "4x32",
+                   "--no-compile", "--no-ctranslate2", "--floor"])
+    printed = capsys.readouterr().out
+    assert "| arithmetic |" in printed and "| vocabulary log-softmax |" in printed and "would be" in printed
