@@ -73,27 +73,31 @@ def test_configurations_are_parsed_into_beam_and_batch():
     assert decoding.parse_args(["--configurations", "4x32, 1x1,"]).configurations == [(4, 32), (1, 1)]
 
 
-def test_the_floor_counts_matrix_products_attention_and_the_vocabulary_softmax_and_nothing_else():
+def test_the_floor_counts_the_model_s_operations_and_the_vocabulary_softmax_and_nothing_else():
     import torch
 
     a, b, scores = torch.randn(64, 64), torch.randn(64, 64), torch.randn(8, 1000)
-    query = torch.randn(1, 2, 5, 8)
+    query, norm = torch.randn(1, 2, 5, 8), torch.nn.LayerNorm(64)
 
-    def arithmetic_only():
+    def required_only():
         torch.nn.functional.linear(a, b, torch.zeros(64)), a @ b
         torch.nn.functional.scaled_dot_product_attention(query, query, query)
+        torch.relu(norm(a + b))
         return torch.log_softmax(scores, dim=-1)
 
-    _, seconds = decoding.arithmetic_seconds(arithmetic_only)
-    assert seconds["arithmetic"] > 0 and seconds["vocabulary log-softmax"] > 0
-    _, seconds = decoding.arithmetic_seconds(lambda: (torch.cumsum(scores, 1), scores.topk(4), torch.cat([a, b])))
-    assert seconds == {"arithmetic": 0.0, "vocabulary log-softmax": 0.0}
+    _, seconds = decoding.required_seconds(required_only)
+    assert set(seconds) == set(decoding.REQUIRED) and all(value > 0 for value in seconds.values()), seconds
+    _, seconds = decoding.required_seconds(lambda: (torch.cumsum(scores, 1), scores.topk(4), torch.cat([a, b]),
+                                                    a.index_select(0, torch.tensor([1, 0])), a.add_(1)))
+    assert set(seconds.values()) == {0.0}
 
 
-def test_the_floor_names_what_ours_spends_beyond_the_arithmetic_and_the_bound_it_implies(tmp_path):
-    text = decoding.floor_text([4.0, 4.2, 4.4], [2.0, 2.1, 2.2], (2.5, {"arithmetic": 1.6, "vocabulary log-softmax": 0.2}))
-    assert "| the rest (search, cache, embedding, layer norm, Python) | 0.30 | 7% |" in text  # 2.1 - 1.8 of 4.2
-    assert "ours is 2.00x MarianMT" in text and "would be 2.33x (arithmetic alone: 2.62x)" in text
+def test_the_floor_names_what_ours_spends_beyond_the_required_work_and_the_bound_it_implies():
+    text = decoding.floor_text([4.0, 4.2, 4.4], [2.0, 2.1, 2.2], (2.5, {"matrix products and attention": 1.4,
+                                                                    "layer norm": 0.2, "log-softmax": 0.2}))
+    assert "| the rest (search, cache, indexing, copies, Python) | 0.30 | 7% |" in text  # 2.1 - 1.8 of 4.2
+    assert "| layer norm | 0.20 | 5% |" in text
+    assert "ours is 2.00x MarianMT; with nothing but the required work it would be 2.33x" in text
 
 
 def test_the_floor_needs_the_beam_4_batch_32_configuration(capsys):
@@ -109,4 +113,5 @@ def test_the_floor_runs_end_to_end_on_ours_as_shipped(tmp_path, capsys):
     decoding.main(["--data-dir", str(tmp_path), "--sentences", "32", "--repeats", "1", "--configurations", "4x32",
                    "--no-compile", "--no-ctranslate2", "--floor"])
     printed = capsys.readouterr().out
-    assert "| arithmetic |" in printed and "| vocabulary log-softmax |" in printed and "would be" in printed
+    assert "| matrix products and attention |" in printed and "| log-softmax over the vocabulary |" in printed
+    assert "with nothing but the required work it would be" in printed
