@@ -371,16 +371,24 @@ def table(seconds, outputs, tokenizer, references, trained, sentences, levers: b
 
 
 # The operations of a decoding step that every implementation of the model does, with the same weights
-# and hypotheses (torch.profiler's names, by prefix): the matrix products of the linear layers and the
-# output projection with the attention kernels; the model's element-wise layers; and the log-softmax over
-# the vocabulary that beam scores need. Everything else is search, cache and framework overhead.
+# and hypotheses (torch.profiler's names; the attention kernel's by its prefix, which names the backend):
+# the matrix products of the linear layers and the output projection with the attention kernels; the
+# model's element-wise layers; and the log-softmax over the vocabulary that beam scores need. Everything
+# else is search, cache and framework overhead.
 REQUIRED = {
-    "matrix products and attention": (
-        "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_scaled_dot_product", "aten::_softmax"),
-    "layer norm, residual adds, ReLU, embedding": (
-        "aten::native_layer_norm", "aten::add", "aten::clamp_min", "aten::relu", "aten::embedding"),
-    "log-softmax over the vocabulary": ("aten::_log_softmax",),
+    "matrix products and attention": {"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_softmax"},
+    "layer norm, residual adds, ReLU, embedding": {
+        "aten::native_layer_norm", "aten::add", "aten::clamp_min", "aten::relu", "aten::embedding"},
+    "log-softmax over the vocabulary": {"aten::_log_softmax"},
 }
+ATTENTION_KERNELS = "aten::_scaled_dot_product_"  # _flash_attention_for_cpu, _attention_math, ...
+
+
+def required_group(name: str) -> str | None:
+    """The REQUIRED group an operation belongs to, by its exact name (aten::add is not aten::addmm)."""
+    if name.startswith(ATTENTION_KERNELS):
+        return "matrix products and attention"
+    return next((group for group, names in REQUIRED.items() if name in names), None)
 
 
 def required_seconds(decode: Callable[[], list]) -> tuple[float, dict[str, float]]:
@@ -395,9 +403,8 @@ def required_seconds(decode: Callable[[], list]) -> tuple[float, dict[str, float
         wall = time.perf_counter() - started
     seconds = dict.fromkeys(REQUIRED, 0.0)
     for event in profiler.key_averages():
-        for group, prefixes in REQUIRED.items():
-            if event.key.startswith(prefixes) and not event.key.startswith("aten::add_"):
-                seconds[group] += event.self_cpu_time_total / 1e6
+        if group := required_group(event.key):
+            seconds[group] += event.self_cpu_time_total / 1e6
     return wall, seconds
 
 

@@ -90,6 +90,13 @@ def test_the_floor_counts_the_model_s_operations_and_the_vocabulary_softmax_and_
     _, seconds = decoding.required_seconds(lambda: (torch.cumsum(scores, 1), scores.topk(4), torch.cat([a, b]),
                                                     a.index_select(0, torch.tensor([1, 0])), a.add_(1)))
     assert set(seconds.values()) == {0.0}
+    # each operation counts once, in its own group: addmm is a matrix product, not an add
+    assert decoding.required_group("aten::addmm") == "matrix products and attention"
+    assert decoding.required_group("aten::add") == "layer norm, residual adds, ReLU, embedding"
+    assert decoding.required_group("aten::_scaled_dot_product_flash_attention_for_cpu") == "matrix products and attention"
+    assert decoding.required_group("aten::add_") is decoding.required_group("aten::scaled_dot_product_attention") is None
+    _, seconds = decoding.required_seconds(lambda: torch.addmm(torch.zeros(64), a, b))
+    assert seconds["matrix products and attention"] > 0 and seconds["layer norm, residual adds, ReLU, embedding"] == 0
 
 
 def test_the_floor_names_what_ours_spends_beyond_the_required_work_and_the_bound_it_implies():
