@@ -122,3 +122,30 @@ def test_the_floor_runs_end_to_end_on_ours_as_shipped(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| matrix products and attention |" in printed and "| log-softmax over the vocabulary |" in printed
     assert "with nothing but the required work it would be" in printed
+
+
+def test_every_lever_undone_still_gives_the_shipped_hypotheses():
+    """Each lever row times the same search with one speed-up taken back: the hypotheses must not change."""
+    import torch
+    from transformers import MarianConfig, MarianMTModel
+
+    from vanilla_transformer.convert import from_marian
+
+    torch.manual_seed(0)
+    marian = MarianMTModel(MarianConfig(
+        vocab_size=40, decoder_vocab_size=40, d_model=32, encoder_layers=2, decoder_layers=2,
+        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
+        pad_token_id=0, eos_token_id=3, decoder_start_token_id=0, forced_eos_token_id=None,
+        activation_function="relu", scale_embedding=True, init_std=0.1)).eval()
+    with torch.no_grad():
+        marian.final_logits_bias[0, 3] = 1.2  # sentences end at different steps
+    ours = from_marian(marian)
+    input_ids = torch.randint(4, 40, (6, 9), generator=torch.Generator().manual_seed(1))
+    input_ids[:, -1] = 3
+    settings = dict(num_beams=4, length_penalty=0.6, early_stopping=True, max_new_tokens=12)
+    expected = ours.generate(input_ids=input_ids, **settings)
+    assert (expected == 3).any(dim=1).sum() > 1
+    variants = decoding.lever_models(ours)
+    assert len(variants) == 7
+    for name, model in variants.items():
+        assert torch.equal(model.generate(input_ids=input_ids, **settings), expected), name
