@@ -146,6 +146,6 @@ def test_every_lever_undone_still_gives_the_shipped_hypotheses():
     expected = ours.generate(input_ids=input_ids, **settings)
     assert (expected == 3).any(dim=1).sum() > 1
     variants = decoding.lever_models(ours)
-    assert len(variants) == 7
+    assert len(variants) >= 7 and all(type(model) is not type(ours) for model in variants.values())  # each a real variant
     for name, model in variants.items():
         assert torch.equal(model.generate(input_ids=input_ids, **settings), expected), name
