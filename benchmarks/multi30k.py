@@ -92,7 +92,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--decode-batch-size", type=int, default=64)
     parser.add_argument("--test-limit", type=int, help="decode only the first N sentences of val and test (smoke runs)")
     parser.add_argument("--dimensions", default=None, help="smoke runs: d_model,layers,heads,ffn instead of 256,3,4,1024")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="run i (from 1) trains with seed + i - 1")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the comparison in --output-dir: keep its finished runs, train the missing ones")
     args = parser.parse_args(argv)
     for name in ("budget_minutes", "runs", "marian_vocab_size", "decode_batch_size"):
         if getattr(args, name) <= 0:
@@ -103,6 +105,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.recipe_from and not (args.levers and Path(args.recipe_from).is_file()):
         parser.error(f"--recipe-from {args.recipe_from}: give it with --levers and the results.json of a run of "
                      "this benchmark (e.g. runs/multi30k/results.json)")
+    if args.resume and args.levers:
+        parser.error("--resume continues a comparison run; --levers runs are repeated per --lever instead")
     args.dims = DIMENSIONS if args.dimensions is None else dict(zip(DIMENSIONS, map(int, args.dimensions.split(","))))
     return args
 
@@ -437,6 +441,32 @@ def recipe_from(path: str, pair: str, budget_minutes: float) -> dict:
     return {**chosen, "from": f"{path} ({chosen['model_dir']})"}
 
 
+def settings(args) -> dict:
+    """What must be equal for two runs to belong to one comparison (the recipe file by its hash)."""
+    import hashlib
+
+    return {"pair": args.pair, "budget_minutes": args.budget_minutes, "marian_setup": args.marian_setup,
+            "marian_vocab_size": args.marian_vocab_size, "recipe_flag": args.recipe_flag, "dims": args.dims,
+            "seed": args.seed, "test_limit": args.test_limit, "decode_batch_size": args.decode_batch_size,
+            "recipe_sha256": hashlib.sha256(RECIPE.read_bytes()).hexdigest()}
+
+
+def finished_runs(args, path: Path, systems: list[str]) -> dict[str, list[dict]]:
+    """The runs already in --output-dir's results.json: kept with --resume, refused without it (a
+    finished comparison is hours of CPU; it is never overwritten silently)."""
+    if not path.is_file():
+        return {name: [] for name in systems}
+    earlier = json.loads(path.read_text(encoding="utf-8"))
+    if not args.resume:
+        raise SystemExit(f"{path} already holds a comparison: give --resume to continue it, or another --output-dir")
+    mine, theirs = settings(args), earlier.get("settings", {})
+    changed = sorted(key for key in mine if theirs.get(key) != mine[key])
+    if changed:
+        raise SystemExit(f"--resume {path}: it was run with other settings ({', '.join(changed)}: "
+                         f"{ {key: theirs.get(key) for key in changed} }); give the same flags or another --output-dir")
+    return {name: earlier.get("runs", {}).get(name, []) for name in systems}
+
+
 def without_examples(result: dict) -> dict:
     return {k: without_examples(v) if isinstance(v, dict) else v for k, v in result.items() if k != "examples"}
 
@@ -466,12 +496,17 @@ def main(argv=None) -> dict | None:
         print(levers_markdown(results))
         return results
     systems = args.systems.split(",")
-    results["runs"] = {name: [] for name in systems}
+    results["settings"] = settings(args)
+    results["runs"] = finished_runs(args, output_dir / "results.json", systems)
     for index in range(args.runs):
         order = systems if index % 2 == 0 else systems[::-1]  # alternate who trains first
         for name in order:
+            if len(results["runs"][name]) > index:  # finished in an earlier invocation (--resume)
+                continue
             print(f"[{time.strftime('%H:%M:%S')}] run {index + 1}: {name}, {args.budget_minutes:g} min", flush=True)
-            result = run_in_child(name, args, data_dir, output_dir / f"{name}-{index + 1}", LEVERS["recipe"])
+            run_args = argparse.Namespace(**{**vars(args), "seed": args.seed + index})  # runs differ in seed
+            result = run_in_child(name, run_args, data_dir, output_dir / f"{name}-{index + 1}", LEVERS["recipe"])
+            result.update(seed=run_args.seed, finished=time.strftime("%Y-%m-%d %H:%M"))
             results["runs"][name].append(result)
             print(json.dumps(without_examples(result), default=str), flush=True)
             results["medians"] = summary(results["runs"])

@@ -143,3 +143,31 @@ def test_benchmark_runs_both_systems_and_writes_the_table(tmp_path):
     assert (output / "ours-1" / "model.safetensors").is_file() and (output / "marian-1" / "config.json").is_file()
     table = (output / "results.md").read_text()
     assert "| test BLEU |" in table and "careful user" in table
+
+
+def test_resume_keeps_finished_runs_trains_the_missing_ones_with_their_own_seeds(tmp_path, monkeypatch):
+    """A 3-run comparison is hours of CPU: --resume continues it, a second invocation without it is
+    refused instead of overwriting, and a resume with other settings is refused before any training."""
+    data = tmp_path / "multi30k"
+    write_corpus(data, {"train": 5, "val": 3, "test_2016_flickr": 3})
+    trained = []
+
+    def fake_run(name, args, data_dir, run_dir, lever):
+        trained.append((name, run_dir.name, args.seed))
+        return dict(result(36.0 if name == "ours" else 33.0, 35.0, 10), val={"bleu": 35.0, "chrf": 55.0,
+                                                                             "bleu_signature": "sig"})
+
+    monkeypatch.setattr(multi30k, "run_in_child", fake_run)
+    base = ["--data-dir", str(data), "--output-dir", str(tmp_path / "out"), "--seed", "7"]
+    multi30k.main(base + ["--runs", "1"])
+    assert trained == [("ours", "ours-1", 7), ("marian", "marian-1", 7)]
+    with pytest.raises(SystemExit, match="give --resume"):
+        multi30k.main(base + ["--runs", "2"])
+    with pytest.raises(SystemExit, match="budget_minutes"):
+        multi30k.main(base + ["--runs", "2", "--resume", "--budget-minutes", "10"])
+    assert len(trained) == 2
+    results = multi30k.main(base + ["--runs", "3", "--resume"])
+    assert trained[2:] == [("marian", "marian-2", 8), ("ours", "ours-2", 8), ("ours", "ours-3", 9),
+                           ("marian", "marian-3", 9)]  # run 2 alternates the order; each run its own seed
+    assert [run["seed"] for run in results["runs"]["ours"]] == [7, 8, 9]
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["medians"]["difference"]["test BLEU"] == 3.0
