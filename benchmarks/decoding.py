@@ -51,6 +51,7 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import AutoTokenizer, GenerationMixin, MarianConfig, MarianMTModel
+from transformers.cache_utils import DynamicLayer
 
 import vanilla_transformer
 from vanilla_transformer.convert import from_marian
@@ -283,6 +284,25 @@ class CrossAttentionPerBeam(FirstStepOnEveryBeam):
         self.attention_mask = model_kwargs.get("attention_mask")
 
 
+class DynamicLayerCache(BeamSearch):
+    """Self-attention keys and values in transformers' `DynamicLayer`: `index_select` to reorder, then
+    `torch.cat` to append, two copies a step, instead of `BeamSearchCacheLayer`'s one."""
+
+    def __init__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
+        super().__init__(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
+        layers = self.cache.self_attention_cache.layers
+        layers[:] = [DynamicLayer() for _ in layers]
+
+
+class CrossMaskEveryStep(BeamSearch):
+    """The decoder makes the cross-attention mask from the 2D source mask at every step."""
+
+    def __init__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
+        super().__init__(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
+        mask = model_kwargs.get("attention_mask")
+        self.attention_mask = mask[:: self.beams] if mask is not None else None
+
+
 def lever_models(ours) -> dict[str, nn.Module]:
     """Our model with one lever undone (each a copy sharing nothing), by the lever's name."""
     variants = {
@@ -293,6 +313,8 @@ def lever_models(ours) -> dict[str, nn.Module]:
         "each beam's best tokens by torch.topk over the vocabulary": search_variant(WholeVocabularyTopK),
         "first step on every beam": search_variant(FirstStepOnEveryBeam),
         "first step on every beam + cross-attention keys/values per beam": search_variant(CrossAttentionPerBeam),
+        "self-attention cache as DynamicLayer (reorder + append copies)": search_variant(DynamicLayerCache),
+        "cross-attention mask made at every step": search_variant(CrossMaskEveryStep),
     }
     models = {}
     for name, model_class in variants.items():

@@ -95,6 +95,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1, help="run i (from 1) trains with seed + i - 1")
     parser.add_argument("--resume", action="store_true",
                         help="continue the comparison in --output-dir: keep its finished runs, train the missing ones")
+    parser.add_argument("--redo", action="append", default=[], metavar="SYSTEM-RUN",
+                        help="with --resume: train this finished run again (e.g. ours-1, after the machine was "
+                             "disturbed during it); its old result and folder are kept under replaced")
     args = parser.parse_args(argv)
     for name in ("budget_minutes", "runs", "marian_vocab_size", "decode_batch_size"):
         if getattr(args, name) <= 0:
@@ -105,6 +108,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.recipe_from and not (args.levers and Path(args.recipe_from).is_file()):
         parser.error(f"--recipe-from {args.recipe_from}: give it with --levers and the results.json of a run of "
                      "this benchmark (e.g. runs/multi30k/results.json)")
+    for name in args.redo:
+        system, _, run = name.rpartition("-")
+        if not (args.resume and system in ("ours", "marian") and run.isdigit() and 1 <= int(run) <= args.runs):
+            parser.error(f"--redo {name}: give it with --resume, as ours-N or marian-N with N from 1 to --runs")
     if args.resume and args.levers:
         parser.error("--resume continues a comparison run; --levers runs are repeated per --lever instead")
     args.dims = DIMENSIONS if args.dimensions is None else dict(zip(DIMENSIONS, map(int, args.dimensions.split(","))))
@@ -375,6 +382,7 @@ def summary(runs: dict[str, list[dict]]) -> dict:
             result = result[key]
         return result
 
+    runs = {name: [r for r in results if r is not None] for name, results in runs.items()}  # --redo's empty slots
     medians = {name: {label: median([value(r, path) for r in results]) for label, path in keys.items()
                       if all(path[0] in r for r in results)} for name, results in runs.items() if results}
     if {"ours", "marian"} <= set(medians):
@@ -384,7 +392,7 @@ def summary(runs: dict[str, list[dict]]) -> dict:
 
 
 def markdown(results: dict) -> str:
-    runs, medians = results["runs"], results["medians"]
+    runs, medians = {name: [r for r in rs if r is not None] for name, rs in results["runs"].items()}, results["medians"]
     lines = [f"Multi30k {results['pair']}, {results['budget_minutes']:g} min of training per run, "
              f"{len(next(iter(runs.values())))} run(s) per system; sacreBLEU on test_2016_flickr ({results['test_sentences']} "
              "sentences).", "", "| | " + " | ".join(f"{name} run {i + 1}" for name in runs for i in range(len(runs[name])))
@@ -467,6 +475,35 @@ def finished_runs(args, path: Path, systems: list[str]) -> dict[str, list[dict]]
     return {name: earlier.get("runs", {}).get(name, []) for name in systems}
 
 
+def replace_runs(redo: list[str], runs: dict[str, list], output_dir: Path) -> list[dict]:
+    """Empty the slots of the runs named by --redo, keeping each old result (in results.json's "replaced")
+    and its folder (renamed NAME.replaced-N): nothing measured is deleted."""
+    replaced = json.loads((output_dir / "results.json").read_text(encoding="utf-8")).get("replaced", []) \
+        if (output_dir / "results.json").is_file() else []
+    for name in redo:
+        system, _, run = name.rpartition("-")
+        index = int(run) - 1
+        if len(runs.get(system, [])) <= index or runs[system][index] is None:
+            raise SystemExit(f"--redo {name}: {output_dir / 'results.json'} has no finished {name} to train again")
+        folder = output_dir / name
+        kept = output_dir / f"{name}.replaced-{len(replaced) + 1}"
+        if folder.exists():
+            folder.rename(kept)
+        replaced.append({**runs[system][index], "run": name, "folder_now": str(kept),
+                         "replaced": time.strftime("%Y-%m-%d %H:%M")})
+        runs[system][index] = None
+    return replaced
+
+
+def set_aside(run_dir: Path) -> Path:
+    """A run's folder, empty: one left by a run that was stopped is renamed NAME.incomplete-N, never
+    trained into (its checkpoints would join the new run's checkpoint average)."""
+    if run_dir.exists():
+        number = 1 + sum(1 for _ in run_dir.parent.glob(f"{run_dir.name}.incomplete-*"))
+        run_dir.rename(run_dir.with_name(f"{run_dir.name}.incomplete-{number}"))
+    return run_dir
+
+
 def without_examples(result: dict) -> dict:
     return {k: without_examples(v) if isinstance(v, dict) else v for k, v in result.items() if k != "examples"}
 
@@ -498,16 +535,24 @@ def main(argv=None) -> dict | None:
     systems = args.systems.split(",")
     results["settings"] = settings(args)
     results["runs"] = finished_runs(args, output_dir / "results.json", systems)
+    results["replaced"] = replace_runs(args.redo, results["runs"], output_dir)
+    results["medians"] = summary(results["runs"])
+    if args.redo:  # the emptied slots and the kept results, on disk before any training
+        (output_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
     for index in range(args.runs):
         order = systems if index % 2 == 0 else systems[::-1]  # alternate who trains first
         for name in order:
-            if len(results["runs"][name]) > index:  # finished in an earlier invocation (--resume)
-                continue
+            if len(results["runs"][name]) > index and results["runs"][name][index] is not None:
+                continue  # finished in an earlier invocation (--resume)
             print(f"[{time.strftime('%H:%M:%S')}] run {index + 1}: {name}, {args.budget_minutes:g} min", flush=True)
             run_args = argparse.Namespace(**{**vars(args), "seed": args.seed + index})  # runs differ in seed
-            result = run_in_child(name, run_args, data_dir, output_dir / f"{name}-{index + 1}", LEVERS["recipe"])
+            run_dir = set_aside(output_dir / f"{name}-{index + 1}")
+            result = run_in_child(name, run_args, data_dir, run_dir, LEVERS["recipe"])
             result.update(seed=run_args.seed, finished=time.strftime("%Y-%m-%d %H:%M"))
-            results["runs"][name].append(result)
+            if len(results["runs"][name]) > index:  # the slot --redo emptied
+                results["runs"][name][index] = result
+            else:
+                results["runs"][name].append(result)
             print(json.dumps(without_examples(result), default=str), flush=True)
             results["medians"] = summary(results["runs"])
             (output_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")

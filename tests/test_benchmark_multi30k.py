@@ -166,8 +166,35 @@ def test_resume_keeps_finished_runs_trains_the_missing_ones_with_their_own_seeds
     with pytest.raises(SystemExit, match="budget_minutes"):
         multi30k.main(base + ["--runs", "2", "--resume", "--budget-minutes", "10"])
     assert len(trained) == 2
+    (tmp_path / "out" / "ours-2").mkdir()  # left by a run that was stopped: set aside, never trained into
     results = multi30k.main(base + ["--runs", "3", "--resume"])
     assert trained[2:] == [("marian", "marian-2", 8), ("ours", "ours-2", 8), ("ours", "ours-3", 9),
                            ("marian", "marian-3", 9)]  # run 2 alternates the order; each run its own seed
     assert [run["seed"] for run in results["runs"]["ours"]] == [7, 8, 9]
     assert json.loads((tmp_path / "out" / "results.json").read_text())["medians"]["difference"]["test BLEU"] == 3.0
+    assert (tmp_path / "out" / "ours-2.incomplete-1").is_dir()
+
+
+def test_redo_trains_a_finished_run_again_and_keeps_the_old_result_and_folder(tmp_path, monkeypatch):
+    data = tmp_path / "multi30k"
+    write_corpus(data, {"train": 5, "val": 3, "test_2016_flickr": 3})
+    trained, scores = [], iter([36.0, 33.0, 30.0])
+
+    def fake_run(name, args, data_dir, run_dir, lever):
+        trained.append((name, run_dir.name, args.seed))
+        return dict(result(next(scores), 35.0, 10), val={"bleu": 35.0, "chrf": 55.0, "bleu_signature": "sig"})
+
+    monkeypatch.setattr(multi30k, "run_in_child", fake_run)
+    base = ["--data-dir", str(data), "--output-dir", str(tmp_path / "out"), "--runs", "1"]
+    multi30k.main(base)
+    (tmp_path / "out" / "ours-1").mkdir()
+    for wrong in (["--redo", "ours-1"], ["--resume", "--redo", "ours-2"], ["--resume", "--redo", "other-1"]):
+        with pytest.raises(SystemExit):  # without --resume, beyond --runs, or no such system: refused up front
+            multi30k.main(base + wrong)
+    results = multi30k.main(base + ["--resume", "--redo", "ours-1"])
+    assert trained[2:] == [("ours", "ours-1", 1)]  # the same slot and seed, and nothing else
+    assert results["runs"]["ours"][0]["test"]["bleu"] == 30.0 and len(results["runs"]["ours"]) == 1
+    [old] = results["replaced"]
+    assert old["run"] == "ours-1" and old["test"]["bleu"] == 36.0
+    assert (tmp_path / "out" / "ours-1.replaced-1").is_dir()
+    assert json.loads((tmp_path / "out" / "results.json").read_text())["replaced"][0]["test"]["bleu"] == 36.0

@@ -25,7 +25,7 @@ from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
 from transformers.generation.logits_process import (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -109,7 +109,9 @@ class Dropout(nn.Dropout):
     """
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if not self.training or hidden_states.device.type != "cpu" or not 0 < self.p < 1:
+        if not self.training or self.p == 0:  # the identity, as F.dropout returns it, without the call
+            return hidden_states
+        if hidden_states.device.type != "cpu" or not 0 < self.p < 1:
             return super().forward(hidden_states)
         mask = torch.rand_like(hidden_states).ge_(self.p).mul_(1 / (1 - self.p))  # 0 or 1 / (1 - p)
         return hidden_states * mask
@@ -838,6 +840,72 @@ def blockwise_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     return values, torch.cat([indices, rest], dim=1).gather(1, picked)
 
 
+class BeamSearchCacheLayer(DynamicLayer):
+    """`DynamicLayer` for `BeamSearch`'s self-attention: the same keys and values, (rows, H, length, D)
+    views into buffers with room to grow. A step appends in place, and reordering the beams copies the
+    cached positions once, into a second buffer that then takes the first one's place. `DynamicLayer`
+    copies them twice a step: `index_select` to reorder, `torch.cat` to append. Attention reads the views,
+    which are contiguous within each head. Memory: keys and values twice (the buffers and the spares the
+    next reorder copies into), each up to a quarter (or 16 positions) longer than the cache;
+    `DynamicLayer` holds them twice only while it reorders.
+    """
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        super().lazy_initialization(key_states, value_states)
+        self.length, self.buffers, self.spare = 0, None, None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+        end = self.length + key_states.shape[-2]
+        if self.buffers is None or end > self.buffers[0].shape[-2]:  # grow by a quarter: few copies, little unused
+            shape = (*key_states.shape[:2], end + max(16, end // 4), key_states.shape[-1])
+            grown = tuple(torch.empty(shape, dtype=key_states.dtype, device=key_states.device) for _ in range(2))
+            if self.length:
+                for old, new in zip(self.buffers, grown):
+                    new[:, :, : self.length] = old[:, :, : self.length]
+            self.buffers, self.spare = grown, None
+        for buffer, states in zip(self.buffers, (key_states, value_states)):
+            buffer[:, :, self.length : end] = states
+        self._set_length(end)
+        return self.keys, self.values
+
+    def _set_length(self, length: int) -> None:
+        self.length = length
+        self.keys, self.values = (buffer[:, :, :length] for buffer in self.buffers)
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        """Row i becomes row beam_idx[i]: one copy of the cached positions, into the spare buffers."""
+        if self.get_seq_length() == 0:
+            return
+        beam_idx = beam_idx.to(self.buffers[0].device)
+        shape = (beam_idx.shape[0], *self.buffers[0].shape[1:])
+        if self.spare is None or self.spare[0].shape != shape:
+            self.spare = tuple(torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(2))
+        for source, target in zip(self.buffers, self.spare):
+            torch.index_select(source[:, :, : self.length], 0, beam_idx, out=target[:, :, : self.length])
+        self.buffers, self.spare = self.spare, self.buffers
+        self._set_length(self.length)
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self.reorder_cache(indices)
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        if self.get_seq_length():
+            rows = torch.arange(self.buffers[0].shape[0], device=self.device)
+            self.reorder_cache(rows.repeat_interleave(repeats))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): give the number of tokens to remove as a negative number")
+        if tokens_to_remove and self.is_initialized and self.buffers is not None:
+            self._set_length(max(0, self.length + tokens_to_remove))
+
+    def reset(self) -> None:
+        super().reset()
+        self.length, self.buffers, self.spare = 0, None, None
+
+
 # Logits processors that treat every row on its own (no batch index, no per-sentence state): with them,
 # leaving a finished sentence's rows out of the batch changes nothing for the other rows.
 ROW_WISE_PROCESSORS = (
@@ -874,6 +942,7 @@ class BeamSearch:
             and set(model_kwargs) <= {"attention_mask", "encoder_outputs", "past_key_values", "use_cache"}
             and bool(model_kwargs.get("use_cache"))
             and type(cache) is EncoderDecoderCache and type(cache.self_attention_cache) is DynamicCache
+            and all(type(layer) is DynamicLayer for layer in cache.self_attention_cache.layers)
             and not getattr(cache, "_is_user_defined", False) and cache.get_seq_length() == 0
             and isinstance(encoder_outputs, BaseModelOutput) and list(encoder_outputs.keys()) == ["last_hidden_state"]
             and all(type(processor) in ROW_WISE_PROCESSORS for processor in logits_processor)
@@ -893,8 +962,17 @@ class BeamSearch:
         # generate() repeated every sentence's encoder output and mask for its beams: keep one of each
         self.encoder_hidden_states = model_kwargs["encoder_outputs"].last_hidden_state[:: self.beams]
         mask = model_kwargs.get("attention_mask")
-        self.attention_mask = mask[:: self.beams] if mask is not None else None
+        # the decoder's cross-attention mask, made once (the decoder would make it again at every step):
+        # (sentences, 1, 1, source) is the same for every query position, so it serves every step
+        self.attention_mask = create_bidirectional_mask(
+            config=model.config, inputs_embeds=self.encoder_hidden_states[:, :1], encoder_hidden_states=
+            self.encoder_hidden_states, attention_mask=mask[:: self.beams] if mask is not None else None,
+        )
         self.cache = model_kwargs["past_key_values"]  # generate()'s, empty
+        layers = self.cache.self_attention_cache.layers  # appended to in place, reordered with one copy
+        layers[:] = [BeamSearchCacheLayer() for _ in layers]
+        if self.cache.self_attention_cache.layer_class_to_replicate is not None:
+            self.cache.self_attention_cache.layer_class_to_replicate = BeamSearchCacheLayer
         self.sentence_ids = torch.arange(sentences, device=input_ids.device)  # batch position of each kept sentence
         self.state = self._initial_state(input_ids, sentences)
         self.result = {name: self.state[name].clone() for name in ("sequences", "beam_indices")}
