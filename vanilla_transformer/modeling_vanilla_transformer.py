@@ -969,10 +969,11 @@ class BeamSearch:
             self.encoder_hidden_states, attention_mask=mask[:: self.beams] if mask is not None else None,
         )
         self.cache = model_kwargs["past_key_values"]  # generate()'s, empty
-        layers = self.cache.self_attention_cache.layers  # appended to in place, reordered with one copy
-        layers[:] = [BeamSearchCacheLayer() for _ in layers]
-        if self.cache.self_attention_cache.layer_class_to_replicate is not None:
-            self.cache.self_attention_cache.layer_class_to_replicate = BeamSearchCacheLayer
+        self_attention = self.cache.self_attention_cache
+        if not self_attention.offloading:  # appended to in place, reordered with one copy (offloading: as it is)
+            self_attention.layers[:] = [BeamSearchCacheLayer() for _ in self_attention.layers]
+            if self_attention.layer_class_to_replicate is not None:
+                self_attention.layer_class_to_replicate = BeamSearchCacheLayer
         self.sentence_ids = torch.arange(sentences, device=input_ids.device)  # batch position of each kept sentence
         self.state = self._initial_state(input_ids, sentences)
         self.result = {name: self.state[name].clone() for name in ("sequences", "beam_indices")}
