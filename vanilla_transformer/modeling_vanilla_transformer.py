@@ -927,6 +927,8 @@ class BeamSearch:
       (B, beams * V) tensor of sums, and the logits are not copied first;
     - a sentence whose hypotheses can no longer change (all its beams finished, and early stopping or
       no possible improvement) leaves the batch; generate() keeps decoding it until the last one ends.
+    - self-attention keys and values are appended in place and copied once per reorder
+      (`BeamSearchCacheLayer`), and the cross-attention mask is made once, not at every step.
 
     `covers` says which calls it serves; the rest go to transformers' `_beam_search`.
     """
