@@ -51,7 +51,6 @@ from pathlib import Path
 import torch
 from torch import nn
 from transformers import AutoTokenizer, GenerationMixin, MarianConfig, MarianMTModel
-from transformers.cache_utils import DynamicLayer
 
 import vanilla_transformer
 from vanilla_transformer.convert import from_marian
@@ -284,16 +283,6 @@ class CrossAttentionPerBeam(FirstStepOnEveryBeam):
         self.attention_mask = model_kwargs.get("attention_mask")
 
 
-class DynamicLayerCache(BeamSearch):
-    """Self-attention keys and values in transformers' `DynamicLayer`: `index_select` to reorder, then
-    `torch.cat` to append, two copies a step, instead of `BeamSearchCacheLayer`'s one."""
-
-    def __init__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
-        super().__init__(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
-        layers = self.cache.self_attention_cache.layers
-        layers[:] = [DynamicLayer() for _ in layers]
-
-
 class CrossMaskEveryStep(BeamSearch):
     """The decoder makes the cross-attention mask from the 2D source mask at every step."""
 
@@ -313,7 +302,6 @@ def lever_models(ours) -> dict[str, nn.Module]:
         "each beam's best tokens by torch.topk over the vocabulary": search_variant(WholeVocabularyTopK),
         "first step on every beam": search_variant(FirstStepOnEveryBeam),
         "first step on every beam + cross-attention keys/values per beam": search_variant(CrossAttentionPerBeam),
-        "self-attention cache as DynamicLayer (reorder + append copies)": search_variant(DynamicLayerCache),
         "cross-attention mask made at every step": search_variant(CrossMaskEveryStep),
     }
     models = {}

@@ -11,12 +11,10 @@ import copy
 import pytest
 import torch
 from transformers import GenerationMixin, MarianConfig, MarianMTModel
-from transformers.cache_utils import DynamicLayer
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert import from_marian
 from vanilla_transformer.modeling_vanilla_transformer import (
-    BeamSearchCacheLayer,
     Dropout,
     best_continuations,
     label_smoothed_cross_entropy,
@@ -108,59 +106,6 @@ def test_calls_beam_search_does_not_cover_still_get_the_same_hypotheses():
     plain = ours.generate(**inputs, **BEAM_CASES["paper"])
     with_scores = ours.generate(**inputs, **BEAM_CASES["paper"], return_dict_in_generate=True, output_scores=True)
     assert torch.equal(with_scores.sequences, plain)
-
-
-def test_the_beam_search_cache_layer_holds_what_dynamic_layer_holds_through_every_operation():
-    """Appends past its first buffer (growth), reorders that change the number of rows (the first step's
-    one row per sentence becoming one per beam, sentences leaving), repeats, crops and a reset."""
-    generator = torch.Generator().manual_seed(0)
-    reference, layer = DynamicLayer(), BeamSearchCacheLayer()
-
-    def states(rows, length=1):
-        return [torch.randn(rows, 2, length, 8, generator=generator) for _ in range(2)]
-
-    def check():
-        assert layer.get_seq_length() == reference.get_seq_length()
-        assert torch.equal(layer.keys, reference.keys) and torch.equal(layer.values, reference.values)
-
-    operations = [("update", states(3, 2)), ("reorder", torch.tensor([0, 0, 1, 1, 2, 2]))]
-    for step in range(20):  # 22 positions: past the first buffer of 16
-        operations += [("update", states(6)), ("reorder", torch.randint(0, 6, (6,), generator=generator))]
-    operations += [("select", torch.tensor([1, 2, 5])), ("update", states(3)), ("repeat", 2), ("update", states(6)),
-                   ("crop", -3), ("update", states(6, 2))]
-    for name, argument in operations:
-        for cache in (reference, layer):
-            if name == "update":
-                returned = cache.update(*argument)
-            else:
-                {"reorder": cache.reorder_cache, "select": cache.batch_select_indices,
-                 "repeat": cache.batch_repeat_interleave, "crop": cache.crop}[name](argument)
-        check()
-        if name == "update":
-            assert all(torch.equal(a, b) for a, b in zip(returned, (reference.keys, reference.values)))
-    layer.reset()
-    reference.reset()
-    assert layer.get_seq_length() == 0 == reference.get_seq_length()
-    layer.update(*states(4))
-    assert layer.get_seq_length() == 1
-
-
-def test_generate_decodes_with_the_beam_search_cache_layer():
-    ours = from_marian(marian_that_stops(seed=6))
-    seen = []
-    original = BeamSearchCacheLayer.update
-
-    def spy(self, *args, **kwargs):
-        seen.append(type(self))
-        return original(self, *args, **kwargs)
-
-    BeamSearchCacheLayer.update = spy
-    try:
-        ours.generate(**padded_sources(seed=7), **BEAM_CASES["paper"])
-    finally:
-        BeamSearchCacheLayer.update = original
-    assert len(seen) >= 2 * ours.config.decoder_layers  # every layer, at every step
-
 
 
 def test_best_continuations_equal_the_top_k_over_all_beams_and_tokens():

@@ -25,7 +25,7 @@ from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, DynamicLayer, EncoderDecoderCache
+from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
 from transformers.generation.logits_process import (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -840,72 +840,6 @@ def blockwise_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.T
     return values, torch.cat([indices, rest], dim=1).gather(1, picked)
 
 
-class BeamSearchCacheLayer(DynamicLayer):
-    """`DynamicLayer` for `BeamSearch`'s self-attention: the same keys and values, (rows, H, length, D)
-    views into buffers with room to grow. A step appends in place, and reordering the beams copies the
-    cached positions once, into a second buffer that then takes the first one's place. `DynamicLayer`
-    copies them twice a step: `index_select` to reorder, `torch.cat` to append. Attention reads the views,
-    which are contiguous within each head. Memory: keys and values twice (the buffers and the spares the
-    next reorder copies into), each up to a quarter (or 16 positions) longer than the cache;
-    `DynamicLayer` holds them twice only while it reorders.
-    """
-
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        super().lazy_initialization(key_states, value_states)
-        self.length, self.buffers, self.spare = 0, None, None
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-        end = self.length + key_states.shape[-2]
-        if self.buffers is None or end > self.buffers[0].shape[-2]:  # grow by a quarter: few copies, little unused
-            shape = (*key_states.shape[:2], end + max(16, end // 4), key_states.shape[-1])
-            grown = tuple(torch.empty(shape, dtype=key_states.dtype, device=key_states.device) for _ in range(2))
-            if self.length:
-                for old, new in zip(self.buffers, grown):
-                    new[:, :, : self.length] = old[:, :, : self.length]
-            self.buffers, self.spare = grown, None
-        for buffer, states in zip(self.buffers, (key_states, value_states)):
-            buffer[:, :, self.length : end] = states
-        self._set_length(end)
-        return self.keys, self.values
-
-    def _set_length(self, length: int) -> None:
-        self.length = length
-        self.keys, self.values = (buffer[:, :, :length] for buffer in self.buffers)
-
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
-        """Row i becomes row beam_idx[i]: one copy of the cached positions, into the spare buffers."""
-        if self.get_seq_length() == 0:
-            return
-        beam_idx = beam_idx.to(self.buffers[0].device)
-        shape = (beam_idx.shape[0], *self.buffers[0].shape[1:])
-        if self.spare is None or self.spare[0].shape != shape:
-            self.spare = tuple(torch.empty(shape, dtype=self.dtype, device=self.device) for _ in range(2))
-        for source, target in zip(self.buffers, self.spare):
-            torch.index_select(source[:, :, : self.length], 0, beam_idx, out=target[:, :, : self.length])
-        self.buffers, self.spare = self.spare, self.buffers
-        self._set_length(self.length)
-
-    def batch_select_indices(self, indices: torch.Tensor) -> None:
-        self.reorder_cache(indices)
-
-    def batch_repeat_interleave(self, repeats: int) -> None:
-        if self.get_seq_length():
-            rows = torch.arange(self.buffers[0].shape[0], device=self.device)
-            self.reorder_cache(rows.repeat_interleave(repeats))
-
-    def crop(self, tokens_to_remove: int) -> None:
-        if tokens_to_remove > 0:
-            raise ValueError(f"crop({tokens_to_remove}): give the number of tokens to remove as a negative number")
-        if tokens_to_remove and self.is_initialized and self.buffers is not None:
-            self._set_length(max(0, self.length + tokens_to_remove))
-
-    def reset(self) -> None:
-        super().reset()
-        self.length, self.buffers, self.spare = 0, None, None
-
-
 # Logits processors that treat every row on its own (no batch index, no per-sentence state): with them,
 # leaving a finished sentence's rows out of the batch changes nothing for the other rows.
 ROW_WISE_PROCESSORS = (
@@ -927,8 +861,7 @@ class BeamSearch:
       (B, beams * V) tensor of sums, and the logits are not copied first;
     - a sentence whose hypotheses can no longer change (all its beams finished, and early stopping or
       no possible improvement) leaves the batch; generate() keeps decoding it until the last one ends.
-    - self-attention keys and values are appended in place and copied once per reorder
-      (`BeamSearchCacheLayer`), and the cross-attention mask is made once, not at every step.
+    - the cross-attention mask is made once per batch, not at every step.
 
     `covers` says which calls it serves; the rest go to transformers' `_beam_search`.
     """
@@ -944,7 +877,6 @@ class BeamSearch:
             and set(model_kwargs) <= {"attention_mask", "encoder_outputs", "past_key_values", "use_cache"}
             and bool(model_kwargs.get("use_cache"))
             and type(cache) is EncoderDecoderCache and type(cache.self_attention_cache) is DynamicCache
-            and all(type(layer) is DynamicLayer for layer in cache.self_attention_cache.layers)
             and not getattr(cache, "_is_user_defined", False) and cache.get_seq_length() == 0
             and isinstance(encoder_outputs, BaseModelOutput) and list(encoder_outputs.keys()) == ["last_hidden_state"]
             and all(type(processor) in ROW_WISE_PROCESSORS for processor in logits_processor)
@@ -971,11 +903,6 @@ class BeamSearch:
             self.encoder_hidden_states, attention_mask=mask[:: self.beams] if mask is not None else None,
         )
         self.cache = model_kwargs["past_key_values"]  # generate()'s, empty
-        self_attention = self.cache.self_attention_cache
-        if not self_attention.offloading:  # appended to in place, reordered with one copy (offloading: as it is)
-            self_attention.layers[:] = [BeamSearchCacheLayer() for _ in self_attention.layers]
-            if self_attention.layer_class_to_replicate is not None:
-                self_attention.layer_class_to_replicate = BeamSearchCacheLayer
         self.sentence_ids = torch.arange(sentences, device=input_ids.device)  # batch position of each kept sentence
         self.state = self._initial_state(input_ids, sentences)
         self.result = {name: self.state[name].clone() for name in ("sequences", "beam_indices")}
