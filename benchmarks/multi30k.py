@@ -372,6 +372,11 @@ def median(values) -> float:
     return statistics.median(values)
 
 
+def finished(runs: dict[str, list[dict | None]]) -> dict[str, list[dict]]:
+    """The runs without the slots that --redo emptied and has not trained again yet."""
+    return {name: [run for run in results if run is not None] for name, results in runs.items()}
+
+
 def summary(runs: dict[str, list[dict]]) -> dict:
     """Per system: the median of each number over the runs; and ours minus MarianMT's medians."""
     keys = {"test BLEU": ("test", "bleu"), "test chrF": ("test", "chrf"), "val BLEU": ("val", "bleu"),
@@ -382,7 +387,7 @@ def summary(runs: dict[str, list[dict]]) -> dict:
             result = result[key]
         return result
 
-    runs = {name: [r for r in results if r is not None] for name, results in runs.items()}  # --redo's empty slots
+    runs = finished(runs)
     medians = {name: {label: median([value(r, path) for r in results]) for label, path in keys.items()
                       if all(path[0] in r for r in results)} for name, results in runs.items() if results}
     if {"ours", "marian"} <= set(medians):
@@ -392,7 +397,7 @@ def summary(runs: dict[str, list[dict]]) -> dict:
 
 
 def markdown(results: dict) -> str:
-    runs, medians = {name: [r for r in rs if r is not None] for name, rs in results["runs"].items()}, results["medians"]
+    runs, medians = finished(results["runs"]), results["medians"]
     lines = [f"Multi30k {results['pair']}, {results['budget_minutes']:g} min of training per run, "
              f"{len(next(iter(runs.values())))} run(s) per system; sacreBLEU on test_2016_flickr ({results['test_sentences']} "
              "sentences).", "", "| | " + " | ".join(f"{name} run {i + 1}" for name in runs for i in range(len(runs[name])))
@@ -459,11 +464,11 @@ def settings(args) -> dict:
             "recipe_sha256": hashlib.sha256(RECIPE.read_bytes()).hexdigest()}
 
 
-def finished_runs(args, path: Path, systems: list[str]) -> dict[str, list[dict]]:
-    """The runs already in --output-dir's results.json: kept with --resume, refused without it (a
-    finished comparison is hours of CPU; it is never overwritten silently)."""
+def earlier_runs(args, path: Path, systems: list[str]) -> tuple[dict[str, list[dict]], list[dict]]:
+    """The runs already in --output-dir's results.json and those --redo replaced before: kept with
+    --resume, refused without it (a finished comparison is hours of CPU; never overwritten silently)."""
     if not path.is_file():
-        return {name: [] for name in systems}
+        return {name: [] for name in systems}, []
     earlier = json.loads(path.read_text(encoding="utf-8"))
     if not args.resume:
         raise SystemExit(f"{path} already holds a comparison: give --resume to continue it, or another --output-dir")
@@ -472,14 +477,12 @@ def finished_runs(args, path: Path, systems: list[str]) -> dict[str, list[dict]]
     if changed:
         raise SystemExit(f"--resume {path}: it was run with other settings ({', '.join(changed)}: "
                          f"{ {key: theirs.get(key) for key in changed} }); give the same flags or another --output-dir")
-    return {name: earlier.get("runs", {}).get(name, []) for name in systems}
+    return {name: earlier.get("runs", {}).get(name, []) for name in systems}, earlier.get("replaced", [])
 
 
-def replace_runs(redo: list[str], runs: dict[str, list], output_dir: Path) -> list[dict]:
-    """Empty the slots of the runs named by --redo, keeping each old result (in results.json's "replaced")
-    and its folder (renamed NAME.replaced-N): nothing measured is deleted."""
-    replaced = json.loads((output_dir / "results.json").read_text(encoding="utf-8")).get("replaced", []) \
-        if (output_dir / "results.json").is_file() else []
+def replace_runs(redo: list[str], runs: dict[str, list], replaced: list[dict], output_dir: Path) -> list[dict]:
+    """Empty the slots of the runs named by --redo, keeping each old result (appended to ``replaced``,
+    results.json's "replaced") and its folder (renamed NAME.replaced-N): nothing measured is deleted."""
     for name in redo:
         system, _, run = name.rpartition("-")
         index = int(run) - 1
@@ -534,8 +537,8 @@ def main(argv=None) -> dict | None:
         return results
     systems = args.systems.split(",")
     results["settings"] = settings(args)
-    results["runs"] = finished_runs(args, output_dir / "results.json", systems)
-    results["replaced"] = replace_runs(args.redo, results["runs"], output_dir)
+    results["runs"], replaced = earlier_runs(args, output_dir / "results.json", systems)
+    results["replaced"] = replace_runs(args.redo, results["runs"], replaced, output_dir)
     results["medians"] = summary(results["runs"])
     if args.redo:  # the emptied slots and the kept results, on disk before any training
         (output_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
