@@ -292,6 +292,13 @@ class CrossMaskEveryStep(BeamSearch):
         self.attention_mask = mask[:: self.beams] if mask is not None else None
 
 
+class MergeEveryStep(BeamSearch):
+    """transformers' bookkeeping at every step (`_step`), instead of `_lean_step`'s merges only where a
+    hypothesis ends."""
+
+    lean_steps = False
+
+
 def lever_models(ours) -> dict[str, nn.Module]:
     """Our model with one lever undone (each a copy sharing nothing), by the lever's name."""
     variants = {
@@ -303,6 +310,7 @@ def lever_models(ours) -> dict[str, nn.Module]:
         "first step on every beam": search_variant(FirstStepOnEveryBeam),
         "first step on every beam + cross-attention keys/values per beam": search_variant(CrossAttentionPerBeam),
         "cross-attention mask made at every step": search_variant(CrossMaskEveryStep),
+        "bookkeeping at every step (no lean step)": search_variant(MergeEveryStep),
     }
     models = {}
     for name, model_class in variants.items():

@@ -108,6 +108,47 @@ def test_calls_beam_search_does_not_cover_still_get_the_same_hypotheses():
     assert torch.equal(with_scores.sequences, plain)
 
 
+LEAN_CASES = {
+    # name: (eos bias: how soon hypotheses end, generate() arguments)
+    "ends-early-gnmt": (1.2, dict(length_penalty_formula="gnmt")),
+    "ends-early-length": (1.2, dict(length_penalty_formula="length")),
+    "ends-rarely": (0.0, dict(length_penalty_formula="gnmt")),
+    "never-ends": (-30.0, dict(length_penalty_formula="gnmt")),
+    "returns-2": (1.2, dict(num_return_sequences=2, length_penalty_formula="gnmt")),
+    "negative-penalty": (1.2, dict(length_penalty=-0.5, length_penalty_formula="length")),
+}
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+@pytest.mark.parametrize("case", LEAN_CASES)
+def test_lean_step_merges_finished_hypotheses_only_when_one_ends_and_keeps_the_hypotheses(case, seed):
+    """The paper's decoding (early stopping, no logits processor) calls transformers' finished-beam merge
+    only at the steps where a hypothesis ends; the hypotheses equal transformers' `_beam_search`, which
+    merges at every step."""
+    eos_bias, arguments = LEAN_CASES[case]
+    ours = from_marian(marian_that_stops(seed=seed, eos_bias=eos_bias))
+    stock = copy.deepcopy(ours)
+
+    class Stock(VanillaTransformerForConditionalGeneration):
+        _beam_search = GenerationMixin._beam_search
+
+    stock.__class__ = Stock
+    merges = {"ours": 0, "stock": 0}
+    for name, model in (("ours", ours), ("stock", stock)):
+        def counted(*args, _name=name, _merge=model._update_finished_beams, **kwargs):
+            merges[_name] += 1
+            return _merge(*args, **kwargs)
+        model._update_finished_beams = counted
+    rows = rows_per_decoder_call(ours)
+    settings = dict(num_beams=4, length_penalty=0.6, early_stopping=True, max_new_tokens=12) | arguments
+    inputs = padded_sources(seed=seed + 10)
+    produced, expected = ours.generate(**inputs, **settings), stock.generate(**inputs, **settings)
+    assert torch.equal(produced, expected)
+    assert merges["stock"] > 0 and merges["ours"] < len(rows)  # skipped at the steps where nothing ended
+    if case == "never-ends":  # every hypothesis reaches the limit: one merge, at the last step
+        assert merges["ours"] == 1 and produced.shape[1] == 1 + 12 and not (produced == EOS).any()
+
+
 def test_best_continuations_equal_the_top_k_over_all_beams_and_tokens():
     generator = torch.Generator().manual_seed(0)
     sentences, beams, vocabulary, keep = 5, 4, 30, 8

@@ -862,11 +862,14 @@ class BeamSearch:
     - a sentence whose hypotheses can no longer change (all its beams finished, and early stopping or
       no possible improvement) leaves the batch; generate() keeps decoding it until the last one ends.
     - the cross-attention mask is made once per batch, not at every step.
+    - the paper's decoding (early stopping, no logits processors) takes `_lean_step`: the same
+      bookkeeping functions, called only at the steps where they can change the result.
 
     `covers` says which calls it serves; the rest go to transformers' `_beam_search`.
     """
 
     best_continuations = staticmethod(best_continuations)
+    lean_steps = True  # `_lean_step` wherever it applies
 
     @staticmethod
     def covers(model, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs) -> bool:
@@ -888,11 +891,14 @@ class BeamSearch:
         self.model, self.config = model, generation_config
         self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
         self.beams = generation_config.num_beams
+        # early stopping and no logits processor (the paper's decoding): see `_lean_step`
+        self.lean = self.lean_steps and generation_config.early_stopping is True and not logits_processor
         eos = generation_config._eos_token_tensor
         self.keep = max(2, 1 + (eos.shape[0] if eos is not None else 0)) * self.beams  # candidates per sentence
         self.top_beams_mask = torch.arange(self.keep, device=input_ids.device) < self.beams
         sentences, self.prompt_length = input_ids.shape[0] // self.beams, input_ids.shape[1]
         self.length = self.prompt_length
+        self.row_offsets = torch.arange(sentences, device=input_ids.device)[:, None] * self.beams  # first row
         # generate() repeated every sentence's encoder output and mask for its beams: keep one of each
         self.encoder_hidden_states = model_kwargs["encoder_outputs"].last_hidden_state[:: self.beams]
         mask = model_kwargs.get("attention_mask")
@@ -908,7 +914,9 @@ class BeamSearch:
         self.result = {name: self.state[name].clone() for name in ("sequences", "beam_indices")}
 
     def _initial_state(self, input_ids: torch.Tensor, sentences: int) -> dict[str, torch.Tensor]:
-        """The tensors `_beam_search` starts from, with the same fill values."""
+        """The tensors `_beam_search` starts from, with the same fill values. The lean step keeps no beam
+        indices: where `_beam_search` keeps a finished hypothesis' beam indices, it keeps their count
+        (what `run` crops the output by), as a (sentences, beams, 1) tensor."""
         pad, eos = self.config._pad_token_tensor, self.config._eos_token_tensor
         fill = pad or eos[0] if eos is not None else -1  # as transformers writes it
         device, shape, beams = input_ids.device, (sentences, self.beams), self.beams
@@ -916,27 +924,36 @@ class BeamSearch:
         running_sequences[:, :, : self.length] = input_ids.view(sentences, beams, -1)
         running_beam_scores = torch.zeros(shape, device=device)
         running_beam_scores[:, 1:] = -1.0e9  # only the first beam's continuations count at the first step
-        indices = torch.full((*shape, self.config.max_length - self.length), -1, dtype=torch.int32, device=device)
-        return {
+        state = {
             "running_sequences": running_sequences, "running_beam_scores": running_beam_scores,
-            "running_beam_indices": indices, "sequences": running_sequences.clone(),
-            "beam_scores": torch.full(shape, -1.0e9, device=device), "beam_indices": indices.clone(),
+            "sequences": running_sequences.clone(), "beam_scores": torch.full(shape, -1.0e9, device=device),
             "is_sent_finished": torch.zeros(shape, dtype=torch.bool, device=device),
             "is_early_stop_heuristic_unsatisfied": torch.ones((sentences, 1), dtype=torch.bool, device=device),
+        }
+        if self.lean:
+            return {**state, "beam_indices": torch.zeros((*shape, 1), dtype=torch.long, device=device)}
+        indices = torch.full((*shape, self.config.max_length - self.length), -1, dtype=torch.int32, device=device)
+        return {
+            **state, "running_beam_indices": indices, "beam_indices": indices.clone(),
             "next_token_hits_stopping_criteria": torch.zeros(shape, dtype=torch.bool, device=device),
         }
 
     def run(self) -> torch.LongTensor:
-        while True:
-            self._step()
-            if not self._unfinished():
-                break
-            self._leave_out_finished_sentences()
+        if self.lean:
+            while self._lean_step():
+                pass
+        else:
+            while True:
+                self._step()
+                if not self._unfinished():
+                    break
+                self._leave_out_finished_sentences()
         self._store(torch.ones_like(self.sentence_ids, dtype=torch.bool))
         returned = self.config.num_return_sequences
         sequences = self.result["sequences"][:, :returned].flatten(0, 1)
         beam_indices = self.result["beam_indices"][:, :returned].flatten(0, 1)
-        generated = (beam_indices + 1).bool().sum(dim=1).max()  # as `_beam_search` crops its output
+        # as `_beam_search` crops its output: to the most generated tokens among the returned hypotheses
+        generated = beam_indices.max() if self.lean else (beam_indices + 1).bool().sum(dim=1).max()
         return sequences[:, : self.prompt_length + generated]
 
     def _step(self) -> None:
@@ -946,27 +963,14 @@ class BeamSearch:
         candidates = model._gather_beams(state["running_sequences"], beam)
         candidates[:, :, self.length] = token
         candidate_indices = model._gather_beams(state["running_beam_indices"], beam)
-        offsets = torch.arange(beam.shape[0], device=beam.device)[:, None] * beams
-        candidate_indices[:, :, self.length - self.prompt_length] = beam + offsets
-        hits = self.stopping_criteria(candidates[:, :, : self.length + 1].flatten(0, 1), None)
-        state["next_token_hits_stopping_criteria"] = hits.view(beam.shape[0], self.keep)
+        candidate_indices[:, :, self.length - self.prompt_length] = beam + self.row_offsets
+        state["next_token_hits_stopping_criteria"] = self._hits(token)
         state["running_sequences"], state["running_beam_scores"], state["running_beam_indices"] = (
             model._get_running_beams_for_next_iteration(
                 scores, candidates, candidate_indices, state["next_token_hits_stopping_criteria"], beams
             )
         )
-        state["sequences"], state["beam_scores"], state["beam_indices"], state["is_sent_finished"] = (
-            model._update_finished_beams(  # by keyword, as `_beam_search` calls it (the GNMT penalty hooks in)
-                sequences=state["sequences"], topk_running_sequences=candidates, beam_scores=state["beam_scores"],
-                topk_log_probs=scores, beam_indices=state["beam_indices"], topk_running_beam_indices=candidate_indices,
-                is_early_stop_heuristic_unsatisfied=state["is_early_stop_heuristic_unsatisfied"],
-                is_sent_finished=state["is_sent_finished"],
-                next_token_hits_stopping_criteria=state["next_token_hits_stopping_criteria"],
-                top_num_beam_mask=self.top_beams_mask, num_beams=beams, cur_len=self.length,
-                decoder_prompt_len=self.prompt_length, length_penalty=self.config.length_penalty,
-                early_stopping=self.config.early_stopping,
-            )
-        )
+        self._update_finished_beams(scores, candidates, candidate_indices, state["next_token_hits_stopping_criteria"])
         beam_idx = state["running_beam_indices"][..., self.length - self.prompt_length].flatten()
         # cross-attention: once per sentence, never reordered; after the first step, one row per beam
         self.cache.self_attention_cache.reorder_cache(beam_idx // beams if first else beam_idx)
@@ -977,6 +981,68 @@ class BeamSearch:
             is_sent_finished=state["is_sent_finished"], cur_len=self.length, max_length=self.config.max_length,
             decoder_prompt_len=self.prompt_length, early_stopping=self.config.early_stopping,
             length_penalty=self.config.length_penalty,
+        )
+
+    def _lean_step(self) -> bool:
+        """`_step` for early stopping without logits processors (the paper's decoding), with the same
+        hypotheses and about half the tensor operations per step; says whether to go on.
+
+        With early stopping, a sentence leaves the batch as soon as all its beams have a finished
+        hypothesis, so for every sentence still in it the early-stop heuristic holds (it fails only
+        once every beam has one), and `_update_finished_beams` adds nothing to the scores of its
+        candidates but -1e9 to those that did not just end. A step where no top candidate ends
+        therefore changes only slots that hold no finished hypothesis: they rank below every finished
+        one, and without logits processors (no -inf scores) the search always ends with finished
+        hypotheses in the returned slots. So `_update_finished_beams` runs only at the steps where a
+        hypothesis ends, `_check_early_stop_heuristic` never, and no beam indices are kept.
+        """
+        first = self.length == self.prompt_length
+        scores, beam, token = self._continuations(first)
+        state, model = self.state, self.model
+        hits = self._hits(token)
+        ended = bool((hits & self.top_beams_mask).any())
+        if ended:  # transformers' merge, with each candidate's count of generated tokens as its "beam indices"
+            candidates = model._gather_beams(state["running_sequences"], beam)
+            candidates[:, :, self.length] = token
+            generated = torch.full_like(beam, self.length + 1 - self.prompt_length)[:, :, None]
+            self._update_finished_beams(scores, candidates, generated, hits)
+        if bool(hits.all()):  # no candidate can go on (the length limit), as `_beam_search_has_unfinished_sequences`
+            return False
+        # the best `beams` candidates that did not end go on (`_get_running_beams_for_next_iteration`)
+        running_scores = scores + hits.to(torch.float32) * -1.0e9
+        picked = torch.topk(running_scores, k=self.beams)[1]
+        parent = beam.gather(1, picked)
+        state["running_sequences"] = model._gather_beams(state["running_sequences"], parent)
+        state["running_sequences"][:, :, self.length] = token.gather(1, picked)
+        state["running_beam_scores"] = running_scores.gather(1, picked)
+        rows = (parent + self.row_offsets).flatten()
+        # cross-attention: once per sentence, never reordered; after the first step, one row per beam
+        self.cache.self_attention_cache.reorder_cache(rows // self.beams if first else rows)
+        self.length += 1
+        if ended:
+            if bool(state["is_sent_finished"].all()):  # every sentence has its hypotheses
+                return False
+            self._leave_out_finished_sentences()
+        return True
+
+    def _hits(self, token: torch.Tensor) -> torch.Tensor:
+        """Which candidates hit a stopping criterion. The criteria `covers` admits read a sequence's last
+        token and its length only, so they get a view with those, not the candidates' sequences."""
+        last_tokens = token.reshape(-1, 1).expand(-1, self.length + 1)
+        return self.stopping_criteria(last_tokens, None).view(token.shape)
+
+    def _update_finished_beams(self, scores, candidates, candidate_indices, hits) -> None:
+        state = self.state
+        state["sequences"], state["beam_scores"], state["beam_indices"], state["is_sent_finished"] = (
+            self.model._update_finished_beams(  # by keyword, as `_beam_search` calls it (the GNMT penalty hooks in)
+                sequences=state["sequences"], topk_running_sequences=candidates, beam_scores=state["beam_scores"],
+                topk_log_probs=scores, beam_indices=state["beam_indices"], topk_running_beam_indices=candidate_indices,
+                is_early_stop_heuristic_unsatisfied=state["is_early_stop_heuristic_unsatisfied"],
+                is_sent_finished=state["is_sent_finished"], next_token_hits_stopping_criteria=hits,
+                top_num_beam_mask=self.top_beams_mask, num_beams=self.beams, cur_len=self.length,
+                decoder_prompt_len=self.prompt_length, length_penalty=self.config.length_penalty,
+                early_stopping=self.config.early_stopping,
+            )
         )
 
     def _continuations(self, first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -1014,6 +1080,7 @@ class BeamSearch:
         rows = (kept[:, None] * self.beams + torch.arange(self.beams, device=kept.device)).flatten()
         encoder_rows = kept if self.encoder_hidden_states.shape[0] == self.sentence_ids.shape[0] else rows
         self.sentence_ids = self.sentence_ids[kept]
+        self.row_offsets = self.row_offsets[: kept.shape[0]]
         self.encoder_hidden_states = self.encoder_hidden_states[encoder_rows]
         self.attention_mask = self.attention_mask[encoder_rows] if self.attention_mask is not None else None
         self.cache.self_attention_cache.batch_select_indices(rows)
