@@ -1,7 +1,8 @@
 """Decoding speed of the model itself: ours vs MarianMT on the same weights, and vs CTranslate2.
 
     python benchmarks/decoding.py [--data-dir ../shared/data/multi30k] [--marian-model DIR]
-        [--sentences 256] [--repeats 3] [--levers] [--floor] [--no-compile] [--no-ctranslate2] [--threads N]
+        [--sentences 256] [--repeats 3] [--levers [--lever NAME ...]] [--floor] [--no-compile] [--no-ctranslate2]
+        [--threads N]
 
 One MarianMT model is decoded by MarianMTModel.generate(), by our model holding its weights
 (`vanilla_transformer.convert.from_marian`, whose outputs equal Marian's) through plain generate(),
@@ -34,7 +35,8 @@ arithmetic, and the rest is what such a search could still save.
 
 ``--levers`` times our model with one lever undone at a time (beam 4, batch 32, against the shipped model,
 alternating), plus dynamic int8 quantisation of the linear layers (torch.ao.quantization.quantize_dynamic)
-and the static cache under torch.compile. Without the data folder it says so and exits 0.
+and the static cache under torch.compile; ``--lever NAME`` (repeatable) keeps only the named rows. Without
+the data folder it says so and exits 0.
 """
 
 from __future__ import annotations
@@ -85,6 +87,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--configurations", default="4x32,4x1,1x32,1x1",
                         help="comma-separated BEAMxBATCH to compare the systems on ('' for none)")
     parser.add_argument("--levers", action="store_true", help="also time our model with each lever undone")
+    parser.add_argument("--lever", action="append", metavar="NAME",
+                        help=f"with --levers: only this one (repeat for more); one of: {'; '.join([*LEVERS, INT8])}")
     parser.add_argument("--no-compile", action="store_true", help="skip the static cache + torch.compile lever")
     parser.add_argument("--no-ctranslate2", action="store_true", help="skip the CTranslate2 rows")
     parser.add_argument("--floor", action="store_true",
@@ -92,6 +96,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "the most a faster search could gain over MarianMT with it")
     args = parser.parse_args(argv)
     args.configurations = [configuration(text, parser) for text in filter(None, args.configurations.split(","))]
+    if args.lever and not args.levers:
+        parser.error("--lever chooses among the rows of --levers: add --levers")
+    unknown = [name for name in args.lever or [] if name not in [*LEVERS, INT8]]
+    if unknown:
+        parser.error(f"--lever {unknown[0]!r} is not a lever; choose among: {'; '.join([*LEVERS, INT8])}")
     if args.floor and (4, 32) not in args.configurations:
         parser.error("--floor compares with MarianMT's time at beam 4 x 32: keep 4x32 in --configurations")
     return args
@@ -299,24 +308,30 @@ class MergeEveryStep(BeamSearch):
     lean_steps = False
 
 
-def lever_models(ours) -> dict[str, nn.Module]:
-    """Our model with one lever undone (each a copy sharing nothing), by the lever's name."""
-    variants = {
-        "transformers' beam search, full cache reorder": FullReorderSearch,
-        "transformers' beam search, cross-attention not reordered": StockSearch,
-        "finished sentences kept in the batch": search_variant(KeepFinishedSentences),
-        "top-k over beams x vocabulary (logits copied)": search_variant(FlatTopK),
-        "each beam's best tokens by torch.topk over the vocabulary": search_variant(WholeVocabularyTopK),
-        "first step on every beam": search_variant(FirstStepOnEveryBeam),
-        "first step on every beam + cross-attention keys/values per beam": search_variant(CrossAttentionPerBeam),
-        "cross-attention mask made at every step": search_variant(CrossMaskEveryStep),
-        "bookkeeping at every step (no lean step)": search_variant(MergeEveryStep),
-    }
+# lever name -> our model class with that lever undone
+LEVERS = {
+    "transformers' beam search, full cache reorder": FullReorderSearch,
+    "transformers' beam search, cross-attention not reordered": StockSearch,
+    "finished sentences kept in the batch": search_variant(KeepFinishedSentences),
+    "top-k over beams x vocabulary (logits copied)": search_variant(FlatTopK),
+    "each beam's best tokens by torch.topk over the vocabulary": search_variant(WholeVocabularyTopK),
+    "first step on every beam": search_variant(FirstStepOnEveryBeam),
+    "first step on every beam + cross-attention keys/values per beam": search_variant(CrossAttentionPerBeam),
+    "cross-attention mask made at every step": search_variant(CrossMaskEveryStep),
+    "bookkeeping at every step (no lean step)": search_variant(MergeEveryStep),
+}
+INT8 = "ours, int8 dynamic quantisation (linear layers)"
+
+
+def lever_models(ours, names: list[str] | None = None) -> dict[str, nn.Module]:
+    """Our model with one lever undone (each a copy sharing nothing), by the lever's name: all of
+    `LEVERS`, or the ``names`` among them."""
     models = {}
-    for name, model_class in variants.items():
-        model = copy.deepcopy(ours)
-        model.__class__ = model_class
-        models[name] = model
+    for name, model_class in LEVERS.items():
+        if names is None or name in names:
+            model = copy.deepcopy(ours)
+            model.__class__ = model_class
+            models[name] = model
     return models
 
 
@@ -481,8 +496,9 @@ def main(argv=None) -> dict | None:
         batches = make_batches(tokenizer, pairs, 32, trained)
         variants = {"ours (shipped)": ours}
         if args.levers:
-            variants.update(lever_models(ours))
-            variants["ours, int8 dynamic quantisation (linear layers)"] = quantized(ours)
+            variants.update(lever_models(ours, args.lever))
+            if not args.lever or INT8 in args.lever:
+                variants[INT8] = quantized(ours)
         if not args.no_compile:
             variants["transformers' beam search, static cache + torch.compile"] = compiled_static(ours)
         decoders = {name: transformers_decoder(model, tokenizer, batches, 4) for name, model in variants.items()}

@@ -69,6 +69,18 @@ def test_a_malformed_configuration_is_refused_naming_the_flag(text, capsys):
     assert "--configurations" in error and repr(text) in error and "BEAMxBATCH" in error
 
 
+def test_levers_are_chosen_by_name_and_an_unknown_name_is_refused_with_the_choices(capsys):
+    chosen = ["bookkeeping at every step (no lean step)", decoding.INT8]
+    assert decoding.parse_args(["--levers", *[f"--lever={name}" for name in chosen]]).lever == chosen
+    with pytest.raises(SystemExit):
+        decoding.parse_args(["--levers", "--lever", "no such lever"])
+    error = capsys.readouterr().err
+    assert "'no such lever' is not a lever" in error and "first step on every beam" in error
+    with pytest.raises(SystemExit):
+        decoding.parse_args(["--lever", "first step on every beam"])
+    assert "add --levers" in capsys.readouterr().err
+
+
 def test_configurations_are_parsed_into_beam_and_batch():
     assert decoding.parse_args(["--configurations", "4x32, 1x1,"]).configurations == [(4, 32), (1, 1)]
 
@@ -149,3 +161,4 @@ def test_every_lever_undone_still_gives_the_shipped_hypotheses():
     assert len(variants) >= 7 and all(type(model) is not type(ours) for model in variants.values())  # each a real variant
     for name, model in variants.items():
         assert torch.equal(model.generate(input_ids=input_ids, **settings), expected), name
+    assert list(decoding.lever_models(ours, ["first step on every beam"])) == ["first step on every beam"]
