@@ -985,7 +985,8 @@ class BeamSearch:
 
     def _lean_step(self) -> bool:
         """`_step` for early stopping without logits processors (the paper's decoding), with the same
-        hypotheses and about half the tensor operations per step; says whether to go on.
+        hypotheses and half the search's tensor operations per step (61 against 119 in a 3-layer model
+        at beam 4 x 32, whose decoder runs 189); says whether to go on.
 
         With early stopping, a sentence leaves the batch as soon as all its beams have a finished
         hypothesis, so for every sentence still in it the early-stop heuristic holds (it fails only
