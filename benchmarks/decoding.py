@@ -215,9 +215,9 @@ class FullReorderSearch(VanillaTransformerForConditionalGeneration):
 
     _beam_search = GenerationMixin._beam_search
 
-    def _reorder_cache(self, past_key_values, beam_idx):
-        past_key_values.reorder_cache(beam_idx)
-        return past_key_values
+    def _reorder_cache(self, cache, beam_idx):
+        cache.reorder_cache(beam_idx)
+        return cache
 
 
 class StockSearch(VanillaTransformerForConditionalGeneration):
@@ -276,7 +276,7 @@ class FirstStepOnEveryBeam(BeamSearch):
             return super()._continuations(first)
         sequences = self.state["running_sequences"][:, :, : self.length].flatten(0, 1)
         outputs = self.model(encoder_outputs=(self.encoder_hidden_states,), attention_mask=self.attention_mask,
-                             decoder_input_ids=sequences, past_key_values=self.cache, use_cache=True)
+                             decoder_input_ids=sequences, cache=self.cache, use_cache=True)
         log_probs = self.logits_processor(sequences, outputs.logits[:, -1, :].float().log_softmax(-1))
         self.cache.self_attention_cache.reorder_cache(torch.arange(0, sequences.shape[0], self.beams))
         return self.best_continuations(log_probs, self.state["running_beam_scores"], self.keep, blockwise_top_k)

@@ -167,7 +167,7 @@ def with_fused_projections(model):
 
 
 def _fused_self_attention(self, hidden_states, attention_mask=None, encoder_hidden_states=None,
-                          past_key_values=None, **kwargs):
+                          cache=None, **kwargs):
     weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
     bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
     projected = nn.functional.linear(hidden_states, weight, bias)  # (B, T, 3 * H * D)

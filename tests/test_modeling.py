@@ -13,7 +13,10 @@ import pytest
 import torch
 from torch import nn
 
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.modeling_vanilla_transformer import CACHE
 
 VOCAB = 60
 
@@ -369,8 +372,9 @@ def test_hidden_states_has_one_entry_per_layer_plus_embeddings():
 # --- the key/value cache --------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("argument", ["cache", "past_key_values"])  # transformers 5.24's name, and the one before
 @pytest.mark.parametrize("normalize_before", [False, True], ids=["post-LN", "pre-LN"])
-def test_incremental_decoding_with_the_cache_equals_the_full_forward_step_by_step(normalize_before):
+def test_incremental_decoding_with_the_cache_equals_the_full_forward_step_by_step(normalize_before, argument):
     model = tiny_model(normalize_before=normalize_before)
     input_ids, attention_mask = source_batch()
     decoder_input_ids = torch.randint(4, VOCAB, (2, 7))
@@ -378,13 +382,38 @@ def test_incremental_decoding_with_the_cache_equals_the_full_forward_step_by_ste
     encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
     past = None
     for step in range(decoder_input_ids.shape[1]):
-        out = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask, past_key_values=past,
+        out = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask, **{argument: past},
                     decoder_input_ids=decoder_input_ids[:, step:step + 1], use_cache=True)
-        past = out.past_key_values
+        past = getattr(out, CACHE)  # the output field has the installed transformers' name
         torch.testing.assert_close(out.logits[:, 0], full[:, step], atol=1e-5, rtol=1e-5)
     assert past.get_seq_length() == decoder_input_ids.shape[1]
     # cross-attention keys/values were projected once, at the first step, from the whole source
     assert past.cross_attention_cache.layers[0].keys.shape[2] == input_ids.shape[1]
+
+
+def test_passing_the_cache_under_both_names_is_an_error():
+    model = tiny_model()
+    input_ids, attention_mask = source_batch()
+    cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
+    with pytest.raises(ValueError, match="once"):
+        model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :1],
+              cache=cache, past_key_values=cache)
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_generate_decodes_with_the_logits_of_a_forward_over_its_whole_output(num_beams):
+    """generate() passes the cache under the installed transformers' name (`cache` from 5.24,
+    `past_key_values` before). Were it lost, every step would decode at position 0 with no past:
+    the logits it chose each token from must be those of one uncached forward over its output."""
+    model = tiny_model()
+    input_ids, attention_mask = source_batch()
+    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams, do_sample=False,
+                         max_new_tokens=10, min_new_tokens=10, output_logits=True, return_dict_in_generate=True)
+    full = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=out.sequences[:, :-1]).logits
+    assert len(out.logits) == full.shape[1] == 10
+    for step, logits in enumerate(out.logits):  # (rows, V): with beams, the row each hypothesis came from
+        decoded = logits if num_beams == 1 else logits[out.beam_indices[:, step]]
+        torch.testing.assert_close(decoded, full[:, step], atol=1e-4, rtol=1e-4)
 
 
 GENERATION_CASES = {

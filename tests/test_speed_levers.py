@@ -15,6 +15,7 @@ from transformers import GenerationMixin, MarianConfig, MarianMTModel
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert import from_marian
 from vanilla_transformer.modeling_vanilla_transformer import (
+    BeamSearch,
     Dropout,
     best_continuations,
     label_smoothed_cross_entropy,
@@ -85,6 +86,17 @@ def test_beam_search_gives_marians_hypotheses_while_finished_sentences_leave_the
     assert torch.equal(produced, expected)
     if case in SENTENCES_END_EARLY:
         assert min(rows) < max(rows)  # some sentence finished before the others and left the batch
+
+
+def test_the_papers_decoding_is_served_by_our_beam_search(monkeypatch):
+    """generate() hands the cache over under the installed transformers' name (5.24 renamed it to
+    `cache`); were it looked for under another, the call would silently go to transformers' search."""
+    served = []
+    run = BeamSearch.run
+    monkeypatch.setattr(BeamSearch, "run", lambda search: served.append(search) or run(search))
+    ours = from_marian(marian_that_stops())
+    ours.generate(**padded_sources(), **BEAM_CASES["paper"])
+    assert len(served) == 1
 
 
 @pytest.mark.parametrize("case", ["paper", "returns-3"])

@@ -209,6 +209,28 @@ def test_a_users_seq2seq_trainer_does_not_cap_later_decoding_at_20_tokens(saved,
         assert generated.shape[1] > 21
 
 
+def test_a_trainers_prediction_without_labels_leaves_out_the_cache_as_marians_does(tmp_path):
+    """Without labels, and with the cache on (the Trainer turns it off in the config; a batch can turn it
+    back on), the forward returns its key/value cache. The Trainer leaves it out of the predictions by the
+    config's `keys_to_ignore_at_inference`, and the cache's name changed in transformers 5.24."""
+    marian = MarianMTModel(MarianConfig(
+        vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, pad_token_id=0, eos_token_id=3,
+        decoder_start_token_id=0, max_position_embeddings=64,
+    )).eval()
+    inputs = {"input_ids": torch.tensor([[5, 6, 7, 3]]), "decoder_input_ids": torch.tensor([[0, 5, 6]]),
+              "use_cache": True}
+    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    predicted = {}
+    for name, model in (("marian", marian), ("ours", from_marian(marian))):
+        _, logits, _ = Seq2SeqTrainer(model=model, args=args).prediction_step(model, dict(inputs), False)
+        predicted[name] = logits
+    assert all(torch.is_tensor(tensor) for tensor in predicted["ours"])
+    assert [tensor.shape for tensor in predicted["ours"]] == [tensor.shape for tensor in predicted["marian"]]
+    torch.testing.assert_close(predicted["ours"][0], predicted["marian"][0])  # the logits (hidden states are
+    # the same up to `from_marian`'s permutation of the model dimension)
+
+
 def test_the_trainers_generation_length_counts_what_beam_search_generated(trained, tmp_path):
     """gen_len counts non-pad tokens (run_translation.py): beam outputs padded with </s> inflated it."""
     from datasets import Dataset

@@ -99,7 +99,7 @@ class VanillaTransformerConfig(PretrainedConfig):
     """
 
     model_type = "vanilla_transformer"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]  # the cache output: its name before and from 5.24
     attribute_map = {
         "hidden_size": "d_model",
         "num_attention_heads": "encoder_attention_heads",

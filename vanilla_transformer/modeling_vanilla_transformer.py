@@ -16,6 +16,7 @@ one place, `ResidualConnection`, and in the stacks' constructors.
 from __future__ import annotations
 
 import copy
+import functools
 import math
 from collections.abc import Callable
 
@@ -25,7 +26,7 @@ from torch import nn
 from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import Cache, DynamicCache, EncoderDecoderCache
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.generation.logits_process import (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -51,6 +52,28 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
+
+# transformers 5.24 renamed the key/value cache `past_key_values` -> `cache` in generate()'s model
+# kwargs, in forward arguments and in model outputs. We return it, and read generate()'s, under the
+# installed version's name, and our forwards take either name (`accepts_past_key_values`).
+CACHE = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+
+def accepts_past_key_values(forward: Callable) -> Callable:
+    """A forward taking `cache` also takes it as `past_key_values`: generate() passes that name before
+    transformers 5.24, and users' code written for it still does."""
+
+    @functools.wraps(forward)
+    def forward_taking_either_name(*args, past_key_values: EncoderDecoderCache | None = None, **kwargs):
+        if past_key_values is not None:
+            if kwargs.get("cache") is not None:
+                raise ValueError(
+                    "Pass the key/value cache once: as `cache`, or as `past_key_values` (its name before 5.24)."
+                )
+            kwargs["cache"] = past_key_values
+        return forward(*args, **kwargs)
+
+    return forward_taking_either_name
 
 # ---------------------------------------------------------------------------------------------
 # §3.5 Positional encoding
@@ -216,33 +239,33 @@ class VanillaTransformerAttention(nn.Module):
         return states.view(*states.shape[:-1], -1, self.head_dim).transpose(1, 2)  # (B, H, T, D)
 
     def _keys_and_values(
-        self, states: torch.Tensor, past_key_values: Cache | None
+        self, states: torch.Tensor, cache: EncoderDecoderCache | None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Project keys and values, going through the cache when there is one."""
-        if past_key_values is None:
+        if cache is None:
             return self._split_heads(self.k_proj(states)), self._split_heads(self.v_proj(states))
         if self.is_cross_attention:
-            cache = past_key_values.cross_attention_cache
-            if past_key_values.is_updated.get(self.layer_idx):  # encoder output already projected
-                return cache.layers[self.layer_idx].keys, cache.layers[self.layer_idx].values
-            past_key_values.is_updated[self.layer_idx] = True
+            layers = cache.cross_attention_cache
+            if cache.is_updated.get(self.layer_idx):  # encoder output already projected
+                return layers.layers[self.layer_idx].keys, layers.layers[self.layer_idx].values
+            cache.is_updated[self.layer_idx] = True
         else:
-            cache = past_key_values.self_attention_cache
+            layers = cache.self_attention_cache
         keys, values = self._split_heads(self.k_proj(states)), self._split_heads(self.v_proj(states))
-        return cache.update(keys, values, self.layer_idx)
+        return layers.update(keys, values, self.layer_idx)
 
     def forward(
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden_states (B, T, d_model) -> (output (B, T, d_model), weights (B, H, T, S) or None)."""
         query = self._split_heads(self.q_proj(hidden_states))  # (B, H, T, D)
         source = encoder_hidden_states if self.is_cross_attention else hidden_states
-        key, value = self._keys_and_values(source, past_key_values)  # (B / beams, H, S, D) each
+        key, value = self._keys_and_values(source, cache)  # (B / beams, H, S, D) each
         beams = query.shape[0] // key.shape[0]  # beam search: the beams of a sentence share its encoder output
         if beams > 1:
             query = fold_beams(query, beams)  # (B / beams, H, beams * T, D)
@@ -350,23 +373,24 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         self.feed_forward = FeedForward(config, config.decoder_ffn_dim)
         self.feed_forward_residual = ResidualConnection(config)
 
+    @accepts_past_key_values
     def forward(
         self,
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None,
         encoder_hidden_states: torch.Tensor,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         **kwargs,
     ) -> torch.Tensor:
         hidden_states = self.self_attention_residual(
             hidden_states,
-            lambda x: self.self_attention(x, attention_mask, past_key_values=past_key_values, **kwargs)[0],
+            lambda x: self.self_attention(x, attention_mask, cache=cache, **kwargs)[0],
         )
         hidden_states = self.cross_attention_residual(
             hidden_states,
             lambda x: self.cross_attention(
-                x, encoder_attention_mask, encoder_hidden_states, past_key_values=past_key_values, **kwargs
+                x, encoder_attention_mask, encoder_hidden_states, cache=cache, **kwargs
             )[0],
         )
         return self.feed_forward_residual(hidden_states, self.feed_forward)
@@ -547,6 +571,7 @@ class VanillaTransformerDecoder(VanillaTransformerStack):
     def __init__(self, config: VanillaTransformerConfig, token_embedding: nn.Embedding):
         super().__init__(config, token_embedding, config.decoder_layers)
 
+    @accepts_past_key_values
     @merge_with_config_defaults
     @capture_outputs
     def forward(
@@ -555,20 +580,19 @@ class VanillaTransformerDecoder(VanillaTransformerStack):
         attention_mask: torch.Tensor | None = None,
         encoder_hidden_states: torch.Tensor | None = None,
         encoder_attention_mask: torch.Tensor | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPastAndCrossAttentions:
         if encoder_hidden_states is None:
             raise ValueError("The decoder attends to the encoder output: pass encoder_hidden_states.")
-        if use_cache and past_key_values is None:
-            past_key_values = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
-        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if use_cache and cache is None:
+            cache = EncoderDecoderCache(DynamicCache(config=self.config), DynamicCache(config=self.config))
+        past_length = cache.get_seq_length() if cache is not None else 0
         hidden_states = self.embedding(input_ids, inputs_embeds, past_length)  # (B, T, d_model)
-        self_attention_mask = create_causal_mask(
-            config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask,
-            past_key_values=past_key_values.self_attention_cache if past_key_values is not None else None,
+        self_attention_mask = create_causal_mask(  # the cache is positional: its keyword's name changed in 5.24
+            self.config, hidden_states, attention_mask, cache.self_attention_cache if cache is not None else None
         )
         self._check_beams_share(hidden_states.shape[0], encoder_hidden_states.shape[0])
         sentences = encoder_hidden_states.shape[0]
@@ -579,10 +603,10 @@ class VanillaTransformerDecoder(VanillaTransformerStack):
         for layer in self.layers:
             hidden_states = layer(
                 hidden_states, self_attention_mask, encoder_hidden_states,  # positional for checkpointing
-                encoder_attention_mask=cross_attention_mask, past_key_values=past_key_values, **kwargs,
+                encoder_attention_mask=cross_attention_mask, **{CACHE: cache}, **kwargs,  # the name checkpointing drops
             )
         return BaseModelOutputWithPastAndCrossAttentions(
-            last_hidden_state=self.layer_norm(hidden_states), past_key_values=past_key_values
+            last_hidden_state=self.layer_norm(hidden_states), **{CACHE: cache}
         )
 
     def _check_beams_share(self, rows: int, sentences: int) -> None:
@@ -641,6 +665,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         if self.config.share_encoder_decoder_embeddings:
             self.decoder.set_input_embeddings(value)
 
+    @accepts_past_key_values
     @can_return_tuple  # return_dict=False gives a tuple, as in every transformers model
     def forward(
         self,
@@ -649,7 +674,7 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
@@ -666,14 +691,14 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
             attention_mask=decoder_attention_mask,
             encoder_hidden_states=encoder_outputs.last_hidden_state,
             encoder_attention_mask=attention_mask,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
             **kwargs,
         )
         return Seq2SeqModelOutput(
             last_hidden_state=decoder_outputs.last_hidden_state,
-            past_key_values=decoder_outputs.past_key_values,
+            **{CACHE: getattr(decoder_outputs, CACHE)},
             decoder_hidden_states=decoder_outputs.hidden_states,
             decoder_attentions=decoder_outputs.attentions,
             cross_attentions=decoder_outputs.cross_attentions,
@@ -873,11 +898,11 @@ class BeamSearch:
 
     @staticmethod
     def covers(model, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs) -> bool:
-        cache, encoder_outputs = model_kwargs.get("past_key_values"), model_kwargs.get("encoder_outputs")
+        cache, encoder_outputs = model_kwargs.get(CACHE), model_kwargs.get("encoder_outputs")
         return (
             not (generation_config.do_sample or generation_config.return_dict_in_generate or synced_gpus)
             and generation_config.prefill_chunk_size is None
-            and set(model_kwargs) <= {"attention_mask", "encoder_outputs", "past_key_values", "use_cache"}
+            and set(model_kwargs) <= {"attention_mask", "encoder_outputs", CACHE, "use_cache"}
             and bool(model_kwargs.get("use_cache"))
             and type(cache) is EncoderDecoderCache and type(cache.self_attention_cache) is DynamicCache
             and not getattr(cache, "_is_user_defined", False) and cache.get_seq_length() == 0
@@ -908,7 +933,7 @@ class BeamSearch:
             config=model.config, inputs_embeds=self.encoder_hidden_states[:, :1], encoder_hidden_states=
             self.encoder_hidden_states, attention_mask=mask[:: self.beams] if mask is not None else None,
         )
-        self.cache = model_kwargs["past_key_values"]  # generate()'s, empty
+        self.cache = model_kwargs[CACHE]  # generate()'s, empty
         self.sentence_ids = torch.arange(sentences, device=input_ids.device)  # batch position of each kept sentence
         self.state = self._initial_state(input_ids, sentences)
         self.result = {name: self.state[name].clone() for name in ("sequences", "beam_indices")}
@@ -1053,7 +1078,7 @@ class BeamSearch:
         sequences = (running[:, :1] if first else running)[:, :, : self.length].flatten(0, 1)  # (rows, length)
         outputs = self.model(
             encoder_outputs=(self.encoder_hidden_states,), attention_mask=self.attention_mask,
-            decoder_input_ids=sequences if first else sequences[:, -1:], past_key_values=self.cache, use_cache=True,
+            decoder_input_ids=sequences if first else sequences[:, -1:], cache=self.cache, use_cache=True,
         )
         log_probs = nn.functional.log_softmax(outputs.logits[:, -1, :].float(), dim=-1)  # (rows, V)
         log_probs = self.logits_processor(sequences, log_probs)
@@ -1143,6 +1168,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor) -> torch.Tensor:
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    @accepts_past_key_values
     @can_return_tuple  # return_dict=False gives a tuple, as in every transformers model
     def forward(
         self,
@@ -1151,7 +1177,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs: BaseModelOutput | tuple | None = None,
-        past_key_values: EncoderDecoderCache | None = None,
+        cache: EncoderDecoderCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -1169,7 +1195,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             decoder_input_ids=decoder_input_ids,
             decoder_attention_mask=decoder_attention_mask,
             encoder_outputs=encoder_outputs,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             decoder_inputs_embeds=decoder_inputs_embeds,
             use_cache=use_cache,
@@ -1180,7 +1206,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         return Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=outputs.past_key_values,
+            **{CACHE: getattr(outputs, CACHE)},
             decoder_hidden_states=outputs.decoder_hidden_states,
             decoder_attentions=outputs.decoder_attentions,
             cross_attentions=outputs.cross_attentions,
@@ -1230,11 +1256,11 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
         )
 
-    def _reorder_cache(self, past_key_values: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
+    def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
         """transformers' beam search reorders the cache through this: the cross-attention keys and values
         are the same for every beam of a sentence, so only self-attention's are reordered."""
-        past_key_values.self_attention_cache.reorder_cache(beam_idx)
-        return past_key_values
+        cache.self_attention_cache.reorder_cache(beam_idx)
+        return cache
 
     # Beam search (transformers' `_beam_search`) divides a finished hypothesis' log-probability by
     # length ** length_penalty in these two steps; for GNMT's penalty they get the log-probabilities
