@@ -47,19 +47,23 @@ import gc
 import statistics
 import tempfile
 import time
+import types
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 from transformers import AutoTokenizer, GenerationMixin, MarianConfig, MarianMTModel
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 import vanilla_transformer
 from vanilla_transformer.convert import from_marian
 from vanilla_transformer.modeling_vanilla_transformer import (
     BeamSearch,
+    VanillaTransformerAttention,
     VanillaTransformerForConditionalGeneration,
     best_continuations,
+    eager_attention_forward,
     blockwise_top_k,
     pad_after_end_of_sequence,
 )
@@ -88,7 +92,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="comma-separated BEAMxBATCH to compare the systems on ('' for none)")
     parser.add_argument("--levers", action="store_true", help="also time our model with each lever undone")
     parser.add_argument("--lever", action="append", metavar="NAME",
-                        help=f"with --levers: only this one (repeat for more); one of: {'; '.join([*LEVERS, INT8])}")
+                        help=f"with --levers: only this one (repeat for more); one of: {'; '.join([*LEVERS, *ADDED])}")
     parser.add_argument("--no-compile", action="store_true", help="skip the static cache + torch.compile lever")
     parser.add_argument("--no-ctranslate2", action="store_true", help="skip the CTranslate2 rows")
     parser.add_argument("--floor", action="store_true",
@@ -98,9 +102,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.configurations = [configuration(text, parser) for text in filter(None, args.configurations.split(","))]
     if args.lever and not args.levers:
         parser.error("--lever chooses among the rows of --levers: add --levers")
-    unknown = [name for name in args.lever or [] if name not in [*LEVERS, INT8]]
+    unknown = [name for name in args.lever or [] if name not in [*LEVERS, *ADDED]]
     if unknown:
-        parser.error(f"--lever {unknown[0]!r} is not a lever; choose among: {'; '.join([*LEVERS, INT8])}")
+        parser.error(f"--lever {unknown[0]!r} is not a lever; choose among: {'; '.join([*LEVERS, *ADDED])}")
     if args.floor and (4, 32) not in args.configurations:
         parser.error("--floor compares with MarianMT's time at beam 4 x 32: keep 4x32 in --configurations")
     return args
@@ -321,6 +325,7 @@ LEVERS = {
     "bookkeeping at every step (no lean step)": search_variant(MergeEveryStep),
 }
 INT8 = "ours, int8 dynamic quantisation (linear layers)"
+FUSED = "ours + self-attention q/k/v as one matrix product"
 
 
 def lever_models(ours, names: list[str] | None = None) -> dict[str, nn.Module]:
@@ -335,9 +340,37 @@ def lever_models(ours, names: list[str] | None = None) -> dict[str, nn.Module]:
     return models
 
 
+def with_fused_self_attention(ours) -> nn.Module:
+    """Each decoder self-attention projects q, k and v with one matrix product over its three weights,
+    concatenated once (decoding only: the copy does not follow later changes to the weights)."""
+    model = copy.deepcopy(ours)
+    for attention in model.model.decoder.modules():
+        if isinstance(attention, VanillaTransformerAttention) and not attention.is_cross_attention:
+            projections = (attention.q_proj, attention.k_proj, attention.v_proj)
+            attention.qkv_weight = torch.cat([projection.weight.detach() for projection in projections])
+            attention.qkv_bias = torch.cat([projection.bias.detach() for projection in projections])
+            attention.forward = types.MethodType(_fused_self_attention, attention)
+    return model
+
+
+def _fused_self_attention(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None, **kwargs):
+    """`VanillaTransformerAttention.forward` for self-attention, its three projections made one."""
+    projected = nn.functional.linear(hidden_states, self.qkv_weight, self.qkv_bias)  # (B, T, 3 * H * D)
+    query, key, value = (self._split_heads(part) for part in projected.chunk(3, dim=-1))
+    if cache is not None:
+        key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
+    attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+    output, weights = attention(self, query, key, value, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
+    return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
+
+
 def quantized(ours) -> nn.Module:
     """Dynamic int8 quantisation of every linear layer, the documented one-liner."""
     return torch.ao.quantization.quantize_dynamic(copy.deepcopy(ours), {nn.Linear}, dtype=torch.qint8)
+
+
+# lever name -> a copy of our model with that lever added (measured; not in the shipped model)
+ADDED = {INT8: quantized, FUSED: with_fused_self_attention}
 
 
 def compiled_static(ours) -> nn.Module:
@@ -497,8 +530,7 @@ def main(argv=None) -> dict | None:
         variants = {"ours (shipped)": ours}
         if args.levers:
             variants.update(lever_models(ours, args.lever))
-            if not args.lever or INT8 in args.lever:
-                variants[INT8] = quantized(ours)
+            variants.update({name: add(ours) for name, add in ADDED.items() if not args.lever or name in args.lever})
         if not args.no_compile:
             variants["transformers' beam search, static cache + torch.compile"] = compiled_static(ours)
         decoders = {name: transformers_decoder(model, tokenizer, batches, 4) for name, model in variants.items()}

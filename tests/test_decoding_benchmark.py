@@ -70,7 +70,7 @@ def test_a_malformed_configuration_is_refused_naming_the_flag(text, capsys):
 
 
 def test_levers_are_chosen_by_name_and_an_unknown_name_is_refused_with_the_choices(capsys):
-    chosen = ["bookkeeping at every step (no lean step)", decoding.INT8]
+    chosen = ["bookkeeping at every step (no lean step)", decoding.INT8, decoding.FUSED]
     assert decoding.parse_args(["--levers", *[f"--lever={name}" for name in chosen]]).lever == chosen
     with pytest.raises(SystemExit):
         decoding.parse_args(["--levers", "--lever", "no such lever"])
@@ -162,3 +162,11 @@ def test_every_lever_undone_still_gives_the_shipped_hypotheses():
     for name, model in variants.items():
         assert torch.equal(model.generate(input_ids=input_ids, **settings), expected), name
     assert list(decoding.lever_models(ours, ["first step on every beam"])) == ["first step on every beam"]
+    fused = decoding.with_fused_self_attention(ours)  # an added lever: the same hypotheses
+    fused_layers = [module for module in fused.modules() if getattr(module, "qkv_weight", None) is not None]
+    separate_calls = []
+    for attention in fused_layers:
+        for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
+            projection.register_forward_hook(lambda *args: separate_calls.append(1))
+    assert torch.equal(fused.generate(input_ids=input_ids, **settings), expected)
+    assert len(fused_layers) == 2 and not separate_calls  # both self-attentions ran fused
