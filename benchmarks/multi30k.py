@@ -66,6 +66,9 @@ LEVERS = {
     "warm-up 400": (["--warmup_steps", "400"], ""),
     "warm-up 4000": (["--warmup_steps", "4000"], ""),
     "no checkpoint averaging": (["--average_checkpoints", "0"], ""),
+    "average the last 10 (10 minutes)": (["--average_checkpoints", "10", "--save_total_limit", "10"], ""),
+    "a checkpoint every 30 s, average the last 10": (
+        ["--save_minutes", "0.5", "--average_checkpoints", "10", "--save_total_limit", "10"], ""),
     "gradient clipping 1.0": (["--max_grad_norm", "1.0"], ""),
     "vocabulary 16k": (["--tokenizer_vocab_size", "16000"], ""),
     "vocabulary 4k": (["--tokenizer_vocab_size", "4000"], ""),

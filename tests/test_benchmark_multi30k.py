@@ -198,3 +198,22 @@ def test_redo_trains_a_finished_run_again_and_keeps_the_old_result_and_folder(tm
     assert old["run"] == "ours-1" and old["test"]["bleu"] == 36.0
     assert (tmp_path / "out" / "ours-1.replaced-1").is_dir()
     assert json.loads((tmp_path / "out" / "results.json").read_text())["replaced"][0]["test"]["bleu"] == 36.0
+
+
+@pytest.mark.parametrize("name", sorted(multi30k.LEVERS))
+def test_every_lever_is_a_valid_change_of_the_recipe(name):
+    """Each lever's flags pass train.py's own parsing and checks on top of the recipe file, before any
+    27-minute run is spent on it (a lever that averages more checkpoints than it keeps is refused there)."""
+    from vanilla_transformer.training.run import check_training_arguments, parse_arguments
+
+    flags, config = multi30k.LEVERS[name]
+    parsed = parse_arguments([str(multi30k.RECIPE), *flags, "--output_dir", "unused"])
+    check_training_arguments(parsed[2])
+    for flag, value in zip(flags[::2], flags[1::2]):  # each flag reaches the arguments unchanged
+        holder = next(args for args in parsed if hasattr(args, flag[2:]))
+        assert str(getattr(holder, flag[2:])) in {value, str(float(value))}, flag
+    from vanilla_transformer import VanillaTransformerConfig
+    from vanilla_transformer.training.run import parse_overrides
+
+    for key in parse_overrides(config):  # config changes name fields the model's config has
+        assert hasattr(VanillaTransformerConfig(), key), key
