@@ -5,6 +5,8 @@ same data, same dimensions, same CPU time budget, several runs.
     python benchmarks/multi30k.py --data-dir ../shared/data/multi30k --levers      # ours alone, scored on val
     python benchmarks/multi30k.py --data-dir ../shared/data/multi30k --levers --lever "dropout 0.3" \
         --recipe-from runs/multi30k/results.json                                 # the recipe's row from a run
+    python benchmarks/multi30k.py --data-dir ../shared/data/multi30k --averaging runs/levers6/lever-1
+                                                          # no training: val for the mean of the last k checkpoints
 
 Each system trains in its own child process (so peak memory is its own) for the same wall-clock
 budget; the runs alternate between the systems so that slow drifts of the machine hit both.
@@ -90,8 +92,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--levers", action="store_true", help="ours alone, once per recipe change in LEVERS, on val")
     parser.add_argument("--lever", action="append", help="with --levers: only these (names of LEVERS)")
     parser.add_argument("--recipe-from", help="with --levers: the recipe's row from this comparison run's results.json "
-                                              "(its ours run with the median val BLEU) instead of training it again")
+                                              "(its ours run with --seed, else the one with the median val BLEU) instead of training it again")
     parser.add_argument("--recipe-flag", action="append", default=[], help="extra train.py flag for ours (repeat)")
+    parser.add_argument("--averaging", metavar="RUN_DIR",
+                        help="no training: score val with the mean of the last k checkpoints of this run of ours, "
+                             "for every k it kept (how many to average, measured on one training trajectory)")
+    parser.add_argument("--marian-from", metavar="RESULTS_JSON",
+                        help="take MarianMT's runs from this comparison's results.json instead of training them again "
+                             "(refused unless MarianMT's settings, seeds included, are this run's; our recipe may differ)")
     parser.add_argument("--decode-batch-size", type=int, default=64)
     parser.add_argument("--test-limit", type=int, help="decode only the first N sentences of val and test (smoke runs)")
     parser.add_argument("--dimensions", default=None, help="smoke runs: d_model,layers,heads,ffn instead of 256,3,4,1024")
@@ -115,6 +123,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         system, _, run = name.rpartition("-")
         if not (args.resume and system in ("ours", "marian") and run.isdigit() and 1 <= int(run) <= args.runs):
             parser.error(f"--redo {name}: give it with --resume, as ours-N or marian-N with N from 1 to --runs")
+    if args.marian_from and (args.levers or "marian" not in args.systems.split(",")
+                             or not Path(args.marian_from).is_file()):
+        parser.error(f"--marian-from {args.marian_from}: give it for a comparison that includes marian (not --levers), "
+                     "naming the results.json of an earlier comparison")
+    if args.averaging and not (Path(args.averaging).is_dir() and list(Path(args.averaging).glob("checkpoint-*"))):
+        parser.error(f"--averaging {args.averaging}: give the folder of a run of ours that kept its checkpoint-<step> "
+                     "folders (e.g. runs/levers6/lever-1)")
     if args.resume and args.levers:
         parser.error("--resume continues a comparison run; --levers runs are repeated per --lever instead")
     args.dims = DIMENSIONS if args.dimensions is None else dict(zip(DIMENSIONS, map(int, args.dimensions.split(","))))
@@ -423,6 +438,9 @@ def markdown(results: dict) -> str:
     if "difference" in medians:
         lines += ["", "Ours minus MarianMT (medians): " + ", ".join(
             f"{k} {v:+.2f}" for k, v in medians["difference"].items()) + "."]
+    sources = sorted({run["from"] for run in runs.get("marian", []) if "from" in run})
+    if sources:
+        lines += ["", f"MarianMT's runs are those of {', '.join(sources)} (--marian-from): the same settings and seeds."]
     lines += ["", f"{MARIAN_SETUPS[results['marian_setup']]}", f"Machine: {results['machine']}. Date: {results['date']}.",
               f"sacreBLEU signature: `{next(iter(runs.values()))[0]['val']['bleu_signature']}`."]
     return "\n".join(lines) + "\n"
@@ -445,15 +463,52 @@ def levers_markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def recipe_from(path: str, pair: str, budget_minutes: float) -> dict:
-    """The recipe's lever row from an earlier comparison run: its ours run with the median val BLEU,
-    refused when it measured another pair or budget (its score would not compare)."""
+def averaging_sweep(args, data_dir: Path) -> dict:
+    """Val BLEU and chrF of the mean of the last k checkpoints of one run, k = 1 .. all it kept (§6.1
+    averages the last 5 or 20). One trajectory, so the rows differ in the averaging alone."""
+    import tempfile
+
+    from vanilla_transformer.training import average_checkpoints
+    from vanilla_transformer.training.checkpointing import complete_checkpoints
+
+    run_dir = Path(args.averaging)
+    checkpoints = complete_checkpoints(run_dir)
+    pairs = read_split(data_dir, "val", args.pair, args.test_limit)
+    rows = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for last in range(1, len(checkpoints) + 1):
+            chosen = checkpoints[-last:]
+            model_dir = average_checkpoints(chosen, Path(folder) / f"last-{last}")
+            rows[last] = {"first_step": int(chosen[0].name.split("-")[-1]),
+                          "val": without_examples(decode_and_score("ours", str(model_dir), pairs, args.decode_batch_size))}
+            print(f"last {last} (from step {rows[last]['first_step']}): val BLEU {rows[last]['val']['bleu']:.2f}", flush=True)
+    return {"run": str(run_dir), "pair": args.pair, "last_step": int(checkpoints[-1].name.split("-")[-1]), "rows": rows}
+
+
+def averaging_markdown(sweep: dict) -> str:
+    lines = [f"{sweep['run']} ({sweep['pair']}), the mean of its last k checkpoints, scored on val; the last "
+             f"checkpoint is step {sweep['last_step']}.", "", "| checkpoints averaged | from step | val BLEU | val chrF |",
+             "|---|---|---|---|"]
+    lines += [f"| {last} | {row['first_step']} | {row['val']['bleu']:.2f} | {row['val']['chrf']:.2f} |"
+              for last, row in sweep["rows"].items()]
+    return "\n".join(lines) + "\n"
+
+
+def recipe_from(path: str, pair: str, budget_minutes: float, seed: int | None = None) -> dict:
+    """The recipe's lever row from an earlier comparison run: its ours run trained with ``seed``, the
+    levers' seed, where it has one, else its run with the median val BLEU; refused when it measured another
+    pair or budget (its score would not compare).
+
+    Training is deterministic for a seed (initialisation, data order, dropout masks), so a lever that
+    leaves training alone (averaging, decoding) meets the very trajectory it is compared with, and any
+    other lever differs from its recipe row in that lever only, not in the draw of a seed."""
     earlier = json.loads(Path(path).read_text(encoding="utf-8"))
     runs = earlier.get("runs", {}).get("ours", [])
     if (earlier.get("pair"), earlier.get("budget_minutes")) != (pair, budget_minutes) or not runs:
         raise SystemExit(f"--recipe-from {path}: it holds {len(runs)} ours run(s) of {earlier.get('pair')} at "
                          f"{earlier.get('budget_minutes')} min; the levers measure {pair} at {budget_minutes:g} min")
-    chosen = sorted(runs, key=lambda run: run["val"]["bleu"])[(len(runs) - 1) // 2]
+    same_seed = [run for run in runs if seed is not None and run.get("seed") == seed]
+    chosen = same_seed[0] if same_seed else sorted(runs, key=lambda run: run["val"]["bleu"])[(len(runs) - 1) // 2]
     return {**chosen, "from": f"{path} ({chosen['model_dir']})"}
 
 
@@ -465,6 +520,26 @@ def settings(args) -> dict:
             "marian_vocab_size": args.marian_vocab_size, "recipe_flag": args.recipe_flag, "dims": args.dims,
             "seed": args.seed, "test_limit": args.test_limit, "decode_batch_size": args.decode_batch_size,
             "recipe_sha256": hashlib.sha256(RECIPE.read_bytes()).hexdigest()}
+
+
+# What MarianMT's runs depend on: all the settings but our recipe (its flags and file).
+MARIAN_SETTINGS = ("pair", "budget_minutes", "marian_setup", "marian_vocab_size", "dims", "seed", "test_limit",
+                   "decode_batch_size")
+
+
+def marian_runs_from(path: str, args) -> list[dict]:
+    """MarianMT's runs of an earlier comparison, for a comparison that changes only our recipe: the baseline
+    does not depend on it, and run i of each trains with seed + i - 1, so they are the runs this one would
+    train. Refused when a MarianMT setting differs or the file holds fewer runs than --runs."""
+    earlier = json.loads(Path(path).read_text(encoding="utf-8"))
+    mine, theirs = settings(args), earlier.get("settings", {})
+    changed = [key for key in MARIAN_SETTINGS if theirs.get(key) != mine[key]]
+    runs = [run for run in earlier.get("runs", {}).get("marian", []) if run is not None]
+    if changed or len(runs) < args.runs:
+        raise SystemExit(f"--marian-from {path}: it holds {len(runs)} MarianMT run(s)"
+                         + (f" with other settings ({', '.join(f'{key}: {theirs.get(key)}' for key in changed)})"
+                            if changed else "") + f"; this comparison needs {args.runs} with its own settings")
+    return [{**run, "from": path} for run in runs[: args.runs]]
 
 
 def earlier_runs(args, path: Path, systems: list[str]) -> tuple[dict[str, list[dict]], list[dict]]:
@@ -525,10 +600,17 @@ def main(argv=None) -> dict | None:
     results = {"pair": args.pair, "budget_minutes": args.budget_minutes, "marian_setup": args.marian_setup,
                "machine": machine(), "date": time.strftime("%Y-%m-%d"), "arguments": vars(args),
                "test_sentences": len(read_split(data_dir, "test_2016_flickr", args.pair, args.test_limit))}
+    if args.averaging:
+        sweep = averaging_sweep(args, data_dir)
+        name = f"averaging-{Path(args.averaging).parent.name}-{Path(args.averaging).name}"
+        (output_dir / f"{name}.json").write_text(json.dumps(sweep, indent=2) + "\n", encoding="utf-8")
+        (output_dir / f"{name}.md").write_text(averaging_markdown(sweep), encoding="utf-8")
+        print(averaging_markdown(sweep))
+        return sweep
     if args.levers:
         results["levers"] = {}
         if args.recipe_from:
-            results["levers"]["recipe"] = recipe_from(args.recipe_from, args.pair, args.budget_minutes)
+            results["levers"]["recipe"] = recipe_from(args.recipe_from, args.pair, args.budget_minutes, args.seed)
         for name in [name for name in args.lever or LEVERS if name not in results["levers"]]:
             print(f"[{time.strftime('%H:%M:%S')}] lever {name!r}: {LEVERS[name]}", flush=True)
             results["levers"][name] = run_in_child("ours", args, data_dir, output_dir / f"lever-{len(results['levers'])}",
@@ -541,6 +623,8 @@ def main(argv=None) -> dict | None:
     systems = args.systems.split(",")
     results["settings"] = settings(args)
     results["runs"], replaced = earlier_runs(args, output_dir / "results.json", systems)
+    if args.marian_from:
+        results["runs"]["marian"] = marian_runs_from(args.marian_from, args)
     results["replaced"] = replace_runs(args.redo, results["runs"], replaced, output_dir)
     results["medians"] = summary(results["runs"])
     if args.redo:  # the emptied slots and the kept results, on disk before any training

@@ -106,6 +106,10 @@ def test_the_recipe_row_can_come_from_a_comparison_run_and_must_measure_the_same
     for pair, minutes in (("de-en", 25.0), ("en-de", 10.0)):
         with pytest.raises(SystemExit, match="holds 3 ours run"):
             multi30k.recipe_from(str(path), pair, minutes)
+    seeded = [{**run, "seed": index} for index, run in enumerate(runs, 1)]
+    path.write_text(json.dumps({"pair": "en-de", "budget_minutes": 25.0, "runs": {"ours": seeded}}))
+    assert multi30k.recipe_from(str(path), "en-de", 25.0, seed=1)["model_dir"] == "ours-1"  # the levers' seed
+    assert multi30k.recipe_from(str(path), "en-de", 25.0, seed=7)["model_dir"] == "ours-3"  # none: the median
     with pytest.raises(SystemExit):  # without --levers, or naming no file: refused before any training
         multi30k.parse_args(["--recipe-from", str(path)])
     with pytest.raises(SystemExit):
@@ -217,3 +221,71 @@ def test_every_lever_is_a_valid_change_of_the_recipe(name):
 
     for key in parse_overrides(config):  # config changes name fields the model's config has
         assert hasattr(VanillaTransformerConfig(), key), key
+
+
+def test_marian_runs_are_reused_only_from_a_comparison_with_the_same_marian_settings(tmp_path, monkeypatch):
+    """--marian-from fills MarianMT's runs from an earlier comparison whose MarianMT settings and seeds are
+    this one's; our recipe may differ (the baseline does not read it), anything else is refused."""
+    data = tmp_path / "multi30k"
+    write_corpus(data, {"train": 10, "val": 3, "test_2016_flickr": 3})
+    arguments = ["--data-dir", str(data), "--runs", "2", "--recipe-flag=--max_tokens", "--recipe-flag=512"]
+    earlier = tmp_path / "earlier.json"
+    marian = [{"val": {"bleu": 30.0 + i, "chrf": 50.0, "bleu_signature": "sig"}, "test": {"bleu": 31.0 + i, "chrf": 51.0},
+               "steps": 10, "target_tokens_per_second": 1.0, "seed": i + 1} for i in range(2)]
+    settings = multi30k.settings(multi30k.parse_args(["--data-dir", str(data)]))  # no recipe flag: ours differs
+    earlier.write_text(json.dumps({"settings": settings, "runs": {"marian": marian}}))
+    trained = []
+
+    def fake_run(name, args, data_dir, run_dir, lever):
+        trained.append((name, args.seed))
+        return {"val": {"bleu": 40.0, "chrf": 60.0, "bleu_signature": "sig"}, "test": {"bleu": 41.0, "chrf": 61.0},
+                "steps": 20, "target_tokens_per_second": 2.0}
+
+    monkeypatch.setattr(multi30k, "run_in_child", fake_run)
+    output = tmp_path / "out"
+    results = multi30k.main([*arguments, "--output-dir", str(output), "--marian-from", str(earlier)])
+    assert trained == [("ours", 1), ("ours", 2)]  # MarianMT is not trained again
+    assert [run["test"]["bleu"] for run in results["runs"]["marian"]] == [31.0, 32.0]
+    assert results["medians"]["difference"]["test BLEU"] == pytest.approx(41.0 - 31.5)
+    assert f"MarianMT's runs are those of {earlier}" in (output / "results.md").read_text()
+    for changed in (["--seed", "2"], ["--pair", "de-en"], ["--marian-vocab-size", "4000"], ["--runs", "3"]):
+        with pytest.raises(SystemExit, match="--marian-from"):
+            multi30k.main([*arguments, *changed, "--output-dir", str(tmp_path / "x"), "--marian-from", str(earlier)])
+    for extra in (["--levers", "--marian-from", str(earlier)], ["--systems", "ours", "--marian-from", str(earlier)],
+                  ["--marian-from", str(tmp_path / "absent.json")]):  # refused before any training
+        with pytest.raises(SystemExit):
+            multi30k.parse_args(["--data-dir", str(data), *extra])
+
+
+def test_the_averaging_sweep_scores_the_mean_of_each_last_k_checkpoints(tmp_path, monkeypatch):
+    """--averaging decodes, for k = 1 .. all, the mean of the k newest checkpoints (by step, not by name)."""
+    import torch
+
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+    data = tmp_path / "multi30k"
+    write_corpus(data, {"train": 4, "val": 3, "test_2016_flickr": 3})
+    run = tmp_path / "levers" / "lever-1"
+    biases = {}
+    for seed, step in enumerate((90, 100, 1000)):  # 90 < 100 < 1000 by number, not by name
+        torch.manual_seed(seed)
+        model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny"))
+        model.save_pretrained(run / f"checkpoint-{step}")
+        biases[step] = model.model.encoder.layers[0].feed_forward.fc1.weight[0].detach().double()
+    seen = []
+
+    def fake_decode(name, model_dir, pairs, batch_size, **settings):
+        loaded = VanillaTransformerForConditionalGeneration.from_pretrained(model_dir)
+        seen.append(loaded.model.encoder.layers[0].feed_forward.fc1.weight[0].detach().double())
+        return {"bleu": float(len(pairs)), "chrf": 1.0, "examples": []}
+
+    monkeypatch.setattr(multi30k, "decode_and_score", fake_decode)
+    sweep = multi30k.main(["--data-dir", str(data), "--averaging", str(run), "--output-dir", str(tmp_path / "out")])
+    newest_first = [biases[1000], biases[100], biases[90]]
+    for last, bias in enumerate(seen, 1):
+        assert torch.allclose(bias, torch.stack(newest_first[:last]).mean(0), atol=1e-6), last
+    assert [row["first_step"] for row in sweep["rows"].values()] == [1000, 100, 90]
+    assert sweep["rows"][1]["val"]["bleu"] == 3.0  # val only: its 3 sentences
+    assert "| 2 | 100 |" in (tmp_path / "out" / "averaging-levers-lever-1.md").read_text()
+    with pytest.raises(SystemExit):  # a folder without checkpoints is refused before any work
+        multi30k.parse_args(["--averaging", str(tmp_path / "out")])
