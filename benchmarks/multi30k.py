@@ -68,9 +68,9 @@ LEVERS = {
     "warm-up 400": (["--warmup_steps", "400"], ""),
     "warm-up 4000": (["--warmup_steps", "4000"], ""),
     "no checkpoint averaging": (["--average_checkpoints", "0"], ""),
-    "average the last 10 (10 minutes)": (["--average_checkpoints", "10", "--save_total_limit", "10"], ""),
-    "a checkpoint every 30 s, average the last 10": (
-        ["--save_minutes", "0.5", "--average_checkpoints", "10", "--save_total_limit", "10"], ""),
+    "average the last 5": (["--average_checkpoints", "5", "--save_total_limit", "5"], ""),
+    "average the last 20": (["--average_checkpoints", "20", "--save_total_limit", "20"], ""),
+    "a checkpoint every 30 s": (["--save_minutes", "0.5"], ""),  # the last 10 then span 5 minutes
     "gradient clipping 1.0": (["--max_grad_norm", "1.0"], ""),
     "vocabulary 16k": (["--tokenizer_vocab_size", "16000"], ""),
     "vocabulary 4k": (["--tokenizer_vocab_size", "4000"], ""),
