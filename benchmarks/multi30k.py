@@ -127,9 +127,14 @@ def parse_args(argv=None) -> argparse.Namespace:
                              or not Path(args.marian_from).is_file()):
         parser.error(f"--marian-from {args.marian_from}: give it for a comparison that includes marian (not --levers), "
                      "naming the results.json of an earlier comparison")
-    if args.averaging and not (Path(args.averaging).is_dir() and list(Path(args.averaging).glob("checkpoint-*"))):
-        parser.error(f"--averaging {args.averaging}: give the folder of a run of ours that kept its checkpoint-<step> "
-                     "folders (e.g. runs/levers6/lever-1)")
+    if args.averaging:
+        from vanilla_transformer.training.checkpointing import checkpoint_folders
+
+        if args.levers or args.marian_from or args.resume:
+            parser.error("--averaging trains nothing: give it without --levers, --marian-from and --resume")
+        if not checkpoint_folders(args.averaging):
+            parser.error(f"--averaging {args.averaging}: give the folder of a run of ours that kept its checkpoint-<step> "
+                         "folders (e.g. runs/levers6/lever-1)")
     if args.resume and args.levers:
         parser.error("--resume continues a comparison run; --levers runs are repeated per --lever instead")
     args.dims = DIMENSIONS if args.dimensions is None else dict(zip(DIMENSIONS, map(int, args.dimensions.split(","))))
@@ -469,20 +474,25 @@ def averaging_sweep(args, data_dir: Path) -> dict:
     import tempfile
 
     from vanilla_transformer.training import average_checkpoints
-    from vanilla_transformer.training.checkpointing import complete_checkpoints
+    from vanilla_transformer.training.checkpointing import CHECKPOINT_NAME, complete_checkpoints
+
+    def step(folder: Path) -> int:
+        return int(CHECKPOINT_NAME.fullmatch(folder.name).group(1))
 
     run_dir = Path(args.averaging)
-    checkpoints = complete_checkpoints(run_dir)
+    checkpoints = complete_checkpoints(run_dir)  # oldest first; incomplete ones are named in the log
+    if not checkpoints:
+        raise SystemExit(f"--averaging {run_dir}: none of its checkpoint-<step> folders holds a complete model")
     pairs = read_split(data_dir, "val", args.pair, args.test_limit)
     rows = {}
     with tempfile.TemporaryDirectory() as folder:
         for last in range(1, len(checkpoints) + 1):
             chosen = checkpoints[-last:]
             model_dir = average_checkpoints(chosen, Path(folder) / f"last-{last}")
-            rows[last] = {"first_step": int(chosen[0].name.split("-")[-1]),
+            rows[last] = {"first_step": step(chosen[0]),
                           "val": without_examples(decode_and_score("ours", str(model_dir), pairs, args.decode_batch_size))}
             print(f"last {last} (from step {rows[last]['first_step']}): val BLEU {rows[last]['val']['bleu']:.2f}", flush=True)
-    return {"run": str(run_dir), "pair": args.pair, "last_step": int(checkpoints[-1].name.split("-")[-1]), "rows": rows}
+    return {"run": str(run_dir), "pair": args.pair, "last_step": step(checkpoints[-1]), "rows": rows}
 
 
 def averaging_markdown(sweep: dict) -> str:

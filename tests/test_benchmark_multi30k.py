@@ -289,3 +289,11 @@ def test_the_averaging_sweep_scores_the_mean_of_each_last_k_checkpoints(tmp_path
     assert "| 2 | 100 |" in (tmp_path / "out" / "averaging-levers-lever-1.md").read_text()
     with pytest.raises(SystemExit):  # a folder without checkpoints is refused before any work
         multi30k.parse_args(["--averaging", str(tmp_path / "out")])
+    for other in (["--levers"], ["--resume"]):  # it trains nothing: flags it would ignore are refused
+        with pytest.raises(SystemExit):
+            multi30k.parse_args(["--averaging", str(run), *other])
+    (run / "checkpoint-1000" / "model.safetensors").unlink()
+    (run / "checkpoint-100" / "model.safetensors").unlink()
+    (run / "checkpoint-90" / "model.safetensors").unlink()
+    with pytest.raises(SystemExit, match="complete model"):  # no complete checkpoint: a clear error, not an IndexError
+        multi30k.main(["--data-dir", str(data), "--averaging", str(run), "--output-dir", str(tmp_path / "out")])
