@@ -326,6 +326,7 @@ LEVERS = {
 }
 INT8 = "ours, int8 dynamic quantisation (linear layers)"
 FUSED = "ours + self-attention q/k/v as one matrix product"
+PREPACKED = "ours + decoder and output-projection weights prepacked for oneDNN"
 
 
 def lever_models(ours, names: list[str] | None = None) -> dict[str, nn.Module]:
@@ -364,13 +365,35 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, encoder_hidd
     return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
 
 
+def with_prepacked_weights(ours) -> nn.Module:
+    """Every linear layer of the decoder, and the output projection, multiplies with its weight reordered
+    once into oneDNN's blocked layout (what inductor's CPU freezing does), instead of the plain row-major
+    weight that each MKL call packs again (decoding only: the copy does not follow later weight changes)."""
+    if not torch.backends.mkldnn.is_available():
+        raise RuntimeError(f"{PREPACKED!r} needs a torch built with oneDNN (torch.backends.mkldnn)")
+    model = copy.deepcopy(ours)
+    for linear in [*model.model.decoder.modules(), model.lm_head]:
+        if isinstance(linear, nn.Linear):
+            linear.prepacked = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 128)
+            linear.forward = types.MethodType(_prepacked_linear, linear)
+    return model
+
+
+def _prepacked_linear(self, states: torch.Tensor) -> torch.Tensor:
+    """`nn.Linear.forward` on the weight `with_prepacked_weights` reordered."""
+    rows = states.reshape(-1, states.shape[-1])
+    return torch.ops.mkldnn._linear_pointwise(rows, self.prepacked, self.bias, "none", [], "").view(
+        *states.shape[:-1], -1
+    )
+
+
 def quantized(ours) -> nn.Module:
     """Dynamic int8 quantisation of every linear layer, the documented one-liner."""
     return torch.ao.quantization.quantize_dynamic(copy.deepcopy(ours), {nn.Linear}, dtype=torch.qint8)
 
 
 # lever name -> a copy of our model with that lever added (measured; not in the shipped model)
-ADDED = {INT8: quantized, FUSED: with_fused_self_attention}
+ADDED = {INT8: quantized, FUSED: with_fused_self_attention, PREPACKED: with_prepacked_weights}
 
 
 def compiled_static(ours) -> nn.Module:

@@ -70,7 +70,7 @@ def test_a_malformed_configuration_is_refused_naming_the_flag(text, capsys):
 
 
 def test_levers_are_chosen_by_name_and_an_unknown_name_is_refused_with_the_choices(capsys):
-    chosen = ["bookkeeping at every step (no lean step)", decoding.INT8, decoding.FUSED]
+    chosen = ["bookkeeping at every step (no lean step)", decoding.INT8, decoding.FUSED, decoding.PREPACKED]
     assert decoding.parse_args(["--levers", *[f"--lever={name}" for name in chosen]]).lever == chosen
     with pytest.raises(SystemExit):
         decoding.parse_args(["--levers", "--lever", "no such lever"])
@@ -170,3 +170,17 @@ def test_every_lever_undone_still_gives_the_shipped_hypotheses():
             projection.register_forward_hook(lambda *args: separate_calls.append(1))
     assert torch.equal(fused.generate(input_ids=input_ids, **settings), expected)
     assert len(fused_layers) == 2 and not separate_calls  # both self-attentions ran fused
+    if torch.backends.mkldnn.is_available():  # an added lever: the same hypotheses, from the reordered weights
+        prepacked = decoding.with_prepacked_weights(ours)
+        assert torch.equal(prepacked.generate(input_ids=input_ids, **settings), expected)
+        linears = [module for module in prepacked.modules() if hasattr(module, "prepacked")]
+        assert len(linears) == 2 * (4 + 4 + 2) + 1  # per decoder layer: two attentions and the FFN; the output projection
+        labels = expected[:, 1:]
+        with torch.no_grad():
+            logits = ours(input_ids=input_ids, labels=labels).logits
+            assert torch.allclose(prepacked(input_ids=input_ids, labels=labels).logits, logits, atol=1e-5)
+            for linear in linears[:-1]:  # the decoder's plain weights no longer take part (the last one is tied)
+                linear.weight.zero_()
+            assert torch.allclose(prepacked(input_ids=input_ids, labels=labels).logits, logits, atol=1e-5)
+            ours.model.decoder.layers[0].feed_forward.fc1.weight.zero_()  # where the plain weights do, it shows
+            assert not torch.allclose(ours(input_ids=input_ids, labels=labels).logits, logits, atol=1e-3)
