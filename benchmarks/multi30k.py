@@ -37,10 +37,13 @@ import json
 import multiprocessing
 import os
 import platform
+import signal
 import resource
 import statistics
+import sys
 import time
 from pathlib import Path
+from queue import Empty
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "training" / "recipes" / "multi30k.yaml"
@@ -353,21 +356,47 @@ def run_system(name: str, args, data_dir: Path, run_dir: Path, lever: tuple[list
     return result
 
 
-def _child(queue, *arguments):
+def _child(queue, parent: int, function, *arguments):
+    die_with_parent(parent)
     try:
-        queue.put(("ok", run_system(*arguments)))
+        queue.put(("ok", function(*arguments)))
     except BaseException as error:  # report to the parent instead of dying silently
         import traceback
 
         queue.put(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
 
 
-def run_in_child(*arguments) -> dict:
+def die_with_parent(parent: int) -> None:
+    """A run must not outlive the benchmark: one left training after the benchmark was stopped would share
+    the CPU, unseen, with the next measurement (it happened: a stopped lever run kept training and halved
+    the next run's updates). On Linux the kernel sends this process SIGTERM when its parent dies."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # the parent was gone before that
+        os._exit(1)
+
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def run_in_child(function, *arguments):
+    """``function(*arguments)`` in a fresh process (its own peak memory, no state shared with the parent),
+    which dies with this one. A child that dies without a result (killed, out of memory) is an error
+    naming its exit code, not a parent waiting forever."""
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
-    process = context.Process(target=_child, args=(queue, *arguments))
+    process = context.Process(target=_child, args=(queue, os.getpid(), function, *arguments))
     process.start()
-    status, payload = queue.get()
+    while True:
+        try:
+            status, payload = queue.get(timeout=2)
+            break
+        except Empty:
+            if not process.is_alive():
+                raise RuntimeError(f"{getattr(function, '__name__', function)}{arguments[:1]}: the child process "
+                                   f"died with exit code {process.exitcode} before it reported a result") from None
     process.join()
     if status != "ok":
         raise RuntimeError(f"{arguments[0]} failed in its child process:\n{payload}")
@@ -623,7 +652,7 @@ def main(argv=None) -> dict | None:
             results["levers"]["recipe"] = recipe_from(args.recipe_from, args.pair, args.budget_minutes, args.seed)
         for name in [name for name in args.lever or LEVERS if name not in results["levers"]]:
             print(f"[{time.strftime('%H:%M:%S')}] lever {name!r}: {LEVERS[name]}", flush=True)
-            results["levers"][name] = run_in_child("ours", args, data_dir, output_dir / f"lever-{len(results['levers'])}",
+            results["levers"][name] = run_in_child(run_system, "ours", args, data_dir, output_dir / f"lever-{len(results['levers'])}",
                                                    LEVERS[name])
             print(json.dumps(without_examples(results["levers"][name]), default=str), flush=True)
             (output_dir / "levers.json").write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
@@ -647,7 +676,7 @@ def main(argv=None) -> dict | None:
             print(f"[{time.strftime('%H:%M:%S')}] run {index + 1}: {name}, {args.budget_minutes:g} min", flush=True)
             run_args = argparse.Namespace(**{**vars(args), "seed": args.seed + index})  # runs differ in seed
             run_dir = set_aside(output_dir / f"{name}-{index + 1}")
-            result = run_in_child(name, run_args, data_dir, run_dir, LEVERS["recipe"])
+            result = run_in_child(run_system, name, run_args, data_dir, run_dir, LEVERS["recipe"])
             result.update(seed=run_args.seed, finished=time.strftime("%Y-%m-%d %H:%M"))
             if len(results["runs"][name]) > index:  # the slot --redo emptied
                 results["runs"][name][index] = result

@@ -297,3 +297,60 @@ def test_the_averaging_sweep_scores_the_mean_of_each_last_k_checkpoints(tmp_path
     (run / "checkpoint-90" / "model.safetensors").unlink()
     with pytest.raises(SystemExit, match="complete model"):  # no complete checkpoint: a clear error, not an IndexError
         multi30k.main(["--data-dir", str(data), "--averaging", str(run), "--output-dir", str(tmp_path / "out")])
+
+
+CHILD_PARENT = """
+import os, sys, time
+from multi30k import run_in_child
+
+if __name__ == "__main__":
+    run_in_child(*{"sleep": (time.sleep, 120), "exit": (os._exit, 3)}[sys.argv[1]])
+"""
+
+
+def run_in_child_from_a_script(tmp_path, mode: str) -> subprocess.Popen:
+    """benchmarks/multi30k.py's run_in_child, called by a script of its own (spawn imports the module anew)."""
+    import os
+
+    script = tmp_path / "parent.py"
+    script.write_text(CHILD_PARENT, encoding="utf-8")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "benchmarks")}
+    return subprocess.Popen([sys.executable, str(script), mode], env=env, stderr=subprocess.PIPE, text=True)
+
+
+def children_of(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(child) for child in path.read_text().split()] if path.exists() else []
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
+def test_a_run_s_child_process_dies_with_a_stopped_benchmark(tmp_path):
+    """A stopped benchmark must not leave its training run behind, sharing the CPU with the next one."""
+    import os
+    import signal
+    import time
+
+    parent = run_in_child_from_a_script(tmp_path, "sleep")
+    deadline, children = time.time() + 60, []
+    while not children and time.time() < deadline:  # the spawned child (and multiprocessing's tracker)
+        time.sleep(0.2)
+        children = [pid for pid in children_of(parent.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
+                    and b"tracker_fd" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    assert children, "the child never started"
+    time.sleep(2)  # past its start-up, into the run
+    parent.send_signal(signal.SIGKILL)  # nothing of the parent runs: no exit handler can stop the child
+    parent.wait()
+    deadline = time.time() + 30
+    while Path(f"/proc/{children[0]}").exists() and time.time() < deadline:
+        status = Path(f"/proc/{children[0]}/stat").read_text().split()[2] if Path(f"/proc/{children[0]}").exists() else "X"
+        if status == "Z":  # a zombie has stopped running; it waits only to be reaped
+            break
+        time.sleep(0.2)
+    alive = Path(f"/proc/{children[0]}").exists() and Path(f"/proc/{children[0]}/stat").read_text().split()[2] != "Z"
+    assert not alive, "the run's child process outlived its parent"
+
+
+def test_a_child_that_dies_without_a_result_is_an_error_not_a_wait_forever(tmp_path):
+    parent = run_in_child_from_a_script(tmp_path, "exit")
+    _, error = parent.communicate(timeout=120)
+    assert parent.returncode != 0 and "RuntimeError" in error and "died with exit code 3" in error, error

@@ -159,3 +159,60 @@ def test_fsdp_on_two_processes_follows_one_process_and_writes_hub_folders(tmp_pa
     assert metrics["eval_loss"] == pytest.approx(one_metrics["eval_loss"], rel=1e-3)
     assert metrics["predict_samples"] == 24
     assert (sharded / train.PREDICTIONS_FILE).read_text() == (one / train.PREDICTIONS_FILE).read_text()
+
+
+@pytest.mark.parametrize("launch", [
+    pytest.param("ddp", marks=pytest.mark.xfail(strict=True, reason=(
+        "open bug (session 10): evaluation on 2 processes scores 24 sentences for 23, a padding duplicate kept "
+        "(eval_gen_len 5.25 = 126/24 against 122/23; eval BLEU 51.57 against 51.34); prediction is right"))),
+    pytest.param("fsdp", marks=pytest.mark.xfail(strict=True, reason=(
+        "open bug: the Trainer prepares the model alone for evaluation without training, and accelerate refuses "
+        "FSDP2 without an optimizer ('a model and optimizer must be passed together')"))),
+])
+def test_evaluation_alone_on_two_processes_scores_every_sentence_once(launch, tmp_path):
+    """Evaluation and prediction without training, on 2 processes, of 23 sentences: a number no batch
+    layout divides (2 processes x 4 sentences). accelerate pads the last batches with repeated sentences
+    and `gather_for_metrics` must drop them: the loss, BLEU and predictions equal one process's, line
+    for line, and every sentence is translated once."""
+    data = tmp_path / "data"
+    data.mkdir()
+    train_files = write_reversal_task(data, "train", 600, seed=1)
+    valid_files = write_reversal_task(data, "valid", 23, seed=2)
+    model_dir = tmp_path / "model"
+    train.main([  # a model that has learnt something, so that its translations differ between sentences
+        "--train_source_file", train_files[0], "--train_target_file", train_files[1], "--do_train",
+        "--preset", "tiny", "--tokenizer_vocab_size", "270", "--max_steps", "150", "--max_tokens", "300",
+        "--learning_rate", "0.003", "--warmup_steps", "5", "--save_strategy", "no", "--average_checkpoints", "0",
+        "--output_dir", str(model_dir), "--report_to", "none", "--use_cpu", "--disable_tqdm", "true",
+    ])
+    common = [
+        "--model_name_or_path", str(model_dir), "--do_eval", "--do_predict",
+        "--validation_source_file", valid_files[0], "--validation_target_file", valid_files[1],
+        "--test_source_file", valid_files[0], "--test_target_file", valid_files[1],
+        "--per_device_eval_batch_size", "4", "--generation_num_beams", "4", "--report_to", "none", "--use_cpu",
+        "--disable_tqdm", "true",
+    ]
+    one = tmp_path / "one"
+    train.main([*common, "--output_dir", str(one)])
+
+    two = tmp_path / launch
+    script = REPO / ("tests/fsdp_on_cpu.py" if launch == "fsdp" else "training/train.py")
+    config = FSDP_CONFIG if launch == "fsdp" else REPO / "training" / "accelerate" / "ddp.yaml"
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes", "2",
+        "--main_process_port", str(free_port()), str(script), *common, "--output_dir", str(two),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert "process 1 of 2" in completed.stderr
+
+    metrics, one_metrics = (json.loads((folder / "all_results.json").read_text()) for folder in (two, one))
+    assert metrics["predict_samples"] == one_metrics["predict_samples"] == 23
+    # eval_loss is not compared: the Trainer averages per-batch token means over sentences, so it moves
+    # with how the sentences are dealt into batches (0.543 on 2 processes against 0.550 on one, here)
+    assert one_metrics["eval_bleu"] > 5  # translations worth comparing
+    for name in ("eval_bleu", "eval_chrf", "eval_gen_len", "predict_bleu"):  # a repeated sentence would move each
+        assert metrics[name] == pytest.approx(one_metrics[name], abs=1e-6), name
+    predictions = (two / train.PREDICTIONS_FILE).read_text().splitlines()
+    assert predictions == (one / train.PREDICTIONS_FILE).read_text().splitlines() and len(predictions) == 23
