@@ -156,7 +156,8 @@ def test_resume_keeps_finished_runs_trains_the_missing_ones_with_their_own_seeds
     write_corpus(data, {"train": 5, "val": 3, "test_2016_flickr": 3})
     trained = []
 
-    def fake_run(name, args, data_dir, run_dir, lever):
+    def fake_run(function, name, args, data_dir, run_dir, lever):
+        assert function is multi30k.run_system
         trained.append((name, run_dir.name, args.seed))
         return dict(result(36.0 if name == "ours" else 33.0, 35.0, 10), val={"bleu": 35.0, "chrf": 55.0,
                                                                              "bleu_signature": "sig"})
@@ -184,7 +185,8 @@ def test_redo_trains_a_finished_run_again_and_keeps_the_old_result_and_folder(tm
     write_corpus(data, {"train": 5, "val": 3, "test_2016_flickr": 3})
     trained, scores = [], iter([36.0, 33.0, 30.0])
 
-    def fake_run(name, args, data_dir, run_dir, lever):
+    def fake_run(function, name, args, data_dir, run_dir, lever):
+        assert function is multi30k.run_system
         trained.append((name, run_dir.name, args.seed))
         return dict(result(next(scores), 35.0, 10), val={"bleu": 35.0, "chrf": 55.0, "bleu_signature": "sig"})
 
@@ -236,7 +238,8 @@ def test_marian_runs_are_reused_only_from_a_comparison_with_the_same_marian_sett
     earlier.write_text(json.dumps({"settings": settings, "runs": {"marian": marian}}))
     trained = []
 
-    def fake_run(name, args, data_dir, run_dir, lever):
+    def fake_run(function, name, args, data_dir, run_dir, lever):
+        assert function is multi30k.run_system
         trained.append((name, args.seed))
         return {"val": {"bleu": 40.0, "chrf": 60.0, "bleu_signature": "sig"}, "test": {"bleu": 41.0, "chrf": 61.0},
                 "steps": 20, "target_tokens_per_second": 2.0}
