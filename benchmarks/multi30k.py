@@ -37,8 +37,8 @@ import json
 import multiprocessing
 import os
 import platform
-import signal
 import resource
+import signal
 import statistics
 import sys
 import time
@@ -366,6 +366,9 @@ def _child(queue, parent: int, function, *arguments):
         queue.put(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
 def die_with_parent(parent: int) -> None:
     """A run must not outlive the benchmark: one left training after the benchmark was stopped would share
     the CPU, unseen, with the next measurement (it happened: a stopped lever run kept training and halved
@@ -376,9 +379,6 @@ def die_with_parent(parent: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != parent:  # the parent was gone before that
         os._exit(1)
-
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 def run_in_child(function, *arguments):
@@ -395,8 +395,8 @@ def run_in_child(function, *arguments):
             break
         except Empty:
             if not process.is_alive():
-                raise RuntimeError(f"{getattr(function, '__name__', function)}{arguments[:1]}: the child process "
-                                   f"died with exit code {process.exitcode} before it reported a result") from None
+                raise RuntimeError(f"{function.__name__}{arguments[:1]}: the child process died with exit code "
+                                   f"{process.exitcode} before it reported a result") from None
     process.join()
     if status != "ok":
         raise RuntimeError(f"{arguments[0]} failed in its child process:\n{payload}")
@@ -652,8 +652,8 @@ def main(argv=None) -> dict | None:
             results["levers"]["recipe"] = recipe_from(args.recipe_from, args.pair, args.budget_minutes, args.seed)
         for name in [name for name in args.lever or LEVERS if name not in results["levers"]]:
             print(f"[{time.strftime('%H:%M:%S')}] lever {name!r}: {LEVERS[name]}", flush=True)
-            results["levers"][name] = run_in_child(run_system, "ours", args, data_dir, output_dir / f"lever-{len(results['levers'])}",
-                                                   LEVERS[name])
+            run_dir = output_dir / f"lever-{len(results['levers'])}"
+            results["levers"][name] = run_in_child(run_system, "ours", args, data_dir, run_dir, LEVERS[name])
             print(json.dumps(without_examples(results["levers"][name]), default=str), flush=True)
             (output_dir / "levers.json").write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
         (output_dir / "levers.md").write_text(levers_markdown(results), encoding="utf-8")

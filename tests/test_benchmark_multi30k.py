@@ -326,31 +326,33 @@ def children_of(pid: int) -> list[int]:
     return [int(child) for child in path.read_text().split()] if path.exists() else []
 
 
+def running(pid: int) -> bool:
+    """The process exists and is not a zombie (one that has stopped and waits only to be reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent-death signal is Linux's")
 def test_a_run_s_child_process_dies_with_a_stopped_benchmark(tmp_path):
     """A stopped benchmark must not leave its training run behind, sharing the CPU with the next one."""
-    import os
     import signal
     import time
 
     parent = run_in_child_from_a_script(tmp_path, "sleep")
     deadline, children = time.time() + 60, []
-    while not children and time.time() < deadline:  # the spawned child (and multiprocessing's tracker)
+    while not children and time.time() < deadline:  # the spawned child, not multiprocessing's resource tracker
         time.sleep(0.2)
-        children = [pid for pid in children_of(parent.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()
-                    and b"tracker_fd" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        children = [pid for pid in children_of(parent.pid) if b"tracker_fd" in Path(f"/proc/{pid}/cmdline").read_bytes()]
     assert children, "the child never started"
     time.sleep(2)  # past its start-up, into the run
     parent.send_signal(signal.SIGKILL)  # nothing of the parent runs: no exit handler can stop the child
     parent.wait()
     deadline = time.time() + 30
-    while Path(f"/proc/{children[0]}").exists() and time.time() < deadline:
-        status = Path(f"/proc/{children[0]}/stat").read_text().split()[2] if Path(f"/proc/{children[0]}").exists() else "X"
-        if status == "Z":  # a zombie has stopped running; it waits only to be reaped
-            break
+    while running(children[0]) and time.time() < deadline:
         time.sleep(0.2)
-    alive = Path(f"/proc/{children[0]}").exists() and Path(f"/proc/{children[0]}/stat").read_text().split()[2] != "Z"
-    assert not alive, "the run's child process outlived its parent"
+    assert not running(children[0]), "the run's child process outlived its parent"
 
 
 def test_a_child_that_dies_without_a_result_is_an_error_not_a_wait_forever(tmp_path):

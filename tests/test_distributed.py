@@ -172,8 +172,8 @@ def test_fsdp_on_two_processes_follows_one_process_and_writes_hub_folders(tmp_pa
 def test_evaluation_alone_on_two_processes_scores_every_sentence_once(launch, tmp_path):
     """Evaluation and prediction without training, on 2 processes, of 23 sentences: a number no batch
     layout divides (2 processes x 4 sentences). accelerate pads the last batches with repeated sentences
-    and `gather_for_metrics` must drop them: the loss, BLEU and predictions equal one process's, line
-    for line, and every sentence is translated once."""
+    and `gather_for_metrics` must drop them: BLEU, chrF and output lengths equal one process's, the
+    predictions too, line for line, and every sentence is translated once."""
     data = tmp_path / "data"
     data.mkdir()
     train_files = write_reversal_task(data, "train", 600, seed=1)
