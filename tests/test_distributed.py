@@ -161,14 +161,7 @@ def test_fsdp_on_two_processes_follows_one_process_and_writes_hub_folders(tmp_pa
     assert (sharded / train.PREDICTIONS_FILE).read_text() == (one / train.PREDICTIONS_FILE).read_text()
 
 
-@pytest.mark.parametrize("launch", [
-    pytest.param("ddp", marks=pytest.mark.xfail(strict=True, reason=(
-        "open bug (session 10): evaluation on 2 processes scores 24 sentences for 23, a padding duplicate kept "
-        "(eval_gen_len 5.25 = 126/24 against 122/23; eval BLEU 51.57 against 51.34); prediction is right"))),
-    pytest.param("fsdp", marks=pytest.mark.xfail(strict=True, reason=(
-        "open bug: the Trainer prepares the model alone for evaluation without training, and accelerate refuses "
-        "FSDP2 without an optimizer ('a model and optimizer must be passed together')"))),
-])
+@pytest.mark.parametrize("launch", ["ddp", "fsdp"])
 def test_evaluation_alone_on_two_processes_scores_every_sentence_once(launch, tmp_path):
     """Evaluation and prediction without training, on 2 processes, of 23 sentences: a number no batch
     layout divides (2 processes x 4 sentences). accelerate pads the last batches with repeated sentences

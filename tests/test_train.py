@@ -295,6 +295,23 @@ def test_evaluation_decodes_past_20_tokens_and_reports_the_unsmoothed_loss(tmp_p
     assert trainer.evaluate()["eval_loss"] == pytest.approx(nll.item(), rel=1e-5)
 
 
+def test_prediction_keeps_every_hypothesis_of_num_return_sequences(data_dir, tmp_path):
+    """The Trainer gathers with gather_for_metrics only for one hypothesis per sentence: that function
+    counts sentences, and on the last batch would cut the extra rows of num_return_sequences > 1
+    (transformers #25231). 7 sentences in batches of 4: each returns its 2 best beams, as generate() does."""
+    run = build(data_dir, tmp_path, "--per_device_eval_batch_size", "4", "--predict_with_generate", "true")
+    trainer, sentences = run.trainer, run.datasets["train"].select(range(7))
+    output = trainer.predict(sentences, num_beams=2, num_return_sequences=2, max_new_tokens=6)
+    assert output.predictions.shape[0] == 14
+    model, tokenizer = trainer.model.eval(), run.tokenizer
+    batch = trainer.data_collator(features(sentences.select(range(4, 7))))  # the last, short batch
+    expected = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                              num_beams=2, num_return_sequences=2, max_new_tokens=6)
+    pad = tokenizer.pad_token_id
+    last = [tokenizer.decode([t for t in row if t not in (pad, -100)]) for row in output.predictions[8:]]
+    assert last == [tokenizer.decode([t for t in row if t != pad]) for row in expected.tolist()]
+
+
 def test_metrics_report_the_share_of_hypotheses_cut_off_by_the_length_limit():
     """A hypothesis without </s> after the decoder's start token ran to the limit (a loop): 2 of 4 here."""
     import numpy as np

@@ -303,6 +303,33 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
         finally:
             unwrapped.generation_config = saved
 
+    def evaluation_loop(self, *args, **kwargs):
+        """The Trainer's, scoring each sentence once on several processes and able to run under FSDP
+        without training first.
+
+        - accelerate pads the last batches with repeated sentences so that every process gets one;
+          ``gather_for_metrics`` drops them again. Seq2SeqTrainer gathers with plain ``gather`` instead
+          (transformers #27025: ``gather_for_metrics`` counts sentences and would cut the extra rows
+          of ``num_return_sequences > 1``), which keeps the repeats in BLEU, ``gen_len`` and the
+          predictions. With one hypothesis per sentence, ``gather_for_metrics`` is exact, and is used.
+        - Without training, the Trainer would prepare the model alone, which accelerate refuses for
+          FSDP 2 ("a model and optimizer must be passed together"). A model that only evaluates needs
+          no shards (every process holds it whole): it is prepared for evaluation, as without FSDP.
+        """
+        if self.is_fsdp_enabled and not self.accelerator._models:
+            self.accelerator.prepare_model(self.model, evaluation_mode=True)
+        if not self.args.predict_with_generate or self._sequences_per_input() == 1:
+            self.gather_function = partial(
+                self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
+            )
+        return super().evaluation_loop(*args, **kwargs)  # which sets gather_for_metrics again at its end
+
+    def _sequences_per_input(self) -> int:
+        """``num_return_sequences`` of the generation that evaluate() or predict() is about to run."""
+        gen_kwargs = getattr(self, "_gen_kwargs", None) or {}
+        config = gen_kwargs.get("generation_config") or self.accelerator.unwrap_model(self.model).generation_config
+        return gen_kwargs.get("num_return_sequences") or getattr(config, "num_return_sequences", None) or 1
+
     def create_model_card(self, *args, tags=None, tasks=None, **kwargs):
         """The Trainer's card, naming the task and this package (the model's tags) unless told otherwise."""
         model_tags = self.accelerator.unwrap_model(self.model).model_tags or []
@@ -380,7 +407,7 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
         copy on the main process (None elsewhere); otherwise it is the unwrapped model itself.
         """
         model = self.accelerator.unwrap_model(self.model)
-        if not self.is_fsdp_enabled:
+        if not is_sharded(model):  # also under FSDP, a model that has only evaluated
             return model
         state_dict = self.accelerator.get_state_dict(self.model)
         return plain_copy(model, state_dict) if self.is_world_process_zero() else None
@@ -408,6 +435,13 @@ def refuse_ignored_precision_or_sharding(args, accelerator, is_fsdp_enabled: boo
             f"Launched with an FSDP config, but accelerate does not shard on {accelerator.device.type} (it would run "
             "plain data parallel): use training/accelerate/ddp.yaml on the CPU, or run FSDP on GPUs."
         )
+
+
+def is_sharded(model) -> bool:
+    """Whether FSDP 2 has sharded ``model`` (its class then derives from ``FSDPModule``)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
 
 
 def plain_copy(model, state_dict: dict):
