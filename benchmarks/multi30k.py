@@ -58,6 +58,8 @@ MARIAN_SETUPS = {
     "user": "MarianMT with MarianConfig's and the Trainer's defaults (GELU, unscaled embeddings, Adam 0.9/0.999/1e-8) "
             "apart from the dimensions, 64-sentence batches, peak 1e-3 after 800 warm-up steps, label smoothing 0.1.",
 }
+# Stands for a folder that train_ours fills first: the Metaspace BPE the MarianMT baseline trains.
+MARIAN_TOKENIZER = "<the MarianMT baseline's Metaspace BPE, trained in the run folder>"
 # One recipe change each, measured by --levers against the recipe as it is: (train.py flags, which
 # override the YAML; config fields added to the recipe's --config_overrides).
 LEVERS = {
@@ -77,6 +79,7 @@ LEVERS = {
     "gradient clipping 1.0": (["--max_grad_norm", "1.0"], ""),
     "vocabulary 16k": (["--tokenizer_vocab_size", "16000"], ""),
     "vocabulary 4k": (["--tokenizer_vocab_size", "4000"], ""),
+    "Metaspace BPE 8k, MarianMT's tokenizer": (["--tokenizer_name_or_path", MARIAN_TOKENIZER], ""),
 }
 # Both length penalties are scored on every model of ours (one training, two decodings).
 OTHER_FORMULA = {"gnmt": "length", "length": "gnmt"}
@@ -222,6 +225,12 @@ def train_ours(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], str]
     checkpoints when the recipe averages)."""
     from vanilla_transformer.training import run
 
+    flags, config = lever
+    if MARIAN_TOKENIZER in flags:  # the baseline's tokenizer, trained as train_marian trains it
+        folder = run_dir / "metaspace-tokenizer"
+        pairs = read_split(data_dir, "train", args.pair)
+        metaspace_tokenizer((text for pair in pairs for text in pair), args.marian_vocab_size).save_pretrained(folder)
+        lever = ([str(folder) if flag == MARIAN_TOKENIZER else flag for flag in flags], config)
     model_args, data_args, training_args = run.parse_arguments(ours_arguments(args, data_dir, run_dir, lever))
     prepared = run.build_trainer(model_args, data_args, training_args)
     trainer = prepared.trainer

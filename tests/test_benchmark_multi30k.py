@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from transformers import AutoTokenizer
 
 from helpers import REPO, load_script
 
@@ -206,6 +207,31 @@ def test_redo_trains_a_finished_run_again_and_keeps_the_old_result_and_folder(tm
     assert json.loads((tmp_path / "out" / "results.json").read_text())["replaced"][0]["test"]["bleu"] == 36.0
 
 
+def test_the_metaspace_lever_trains_ours_with_the_baselines_tokenizer(tmp_path):
+    """The tokenizer lever gives our model MarianMT's Metaspace BPE, trained on the same pairs with the
+    same size, and our train.py takes it like any tokenizer folder: the saved model tokenizes as
+    the baseline's tokenizer does, and decodes the validation set."""
+    data = tmp_path / "multi30k"
+    write_corpus(data, {"train": 300, "val": 12, "test_2016_flickr": 12})
+    output = tmp_path / "out"
+    name = "Metaspace BPE 8k, MarianMT's tokenizer"
+    completed = subprocess.run([
+        sys.executable, str(REPO / "benchmarks/multi30k.py"), "--data-dir", str(data), "--output-dir", str(output),
+        "--budget-minutes", "0.05", "--dimensions", "32,1,2,64", "--marian-vocab-size", "200", "--levers",
+        "--lever", name, "--recipe-flag=--save_minutes", "--recipe-flag=0.02",
+    ], capture_output=True, text=True, timeout=900)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    result = json.loads((output / "levers.json").read_text())["levers"][name]
+    assert result["steps"] > 0 and 0 <= result["val"]["bleu"] <= 100
+    pairs = multi30k.read_split(data, "train", "en-de")
+    baseline = multi30k.metaspace_tokenizer((text for pair in pairs for text in pair), 200)
+    saved = AutoTokenizer.from_pretrained(output / "lever-0")
+    assert result["vocabulary"] == len(saved) == len(baseline)
+    assert json.loads((output / "lever-0" / "tokenizer.json").read_text())["pre_tokenizer"]["type"] == "Metaspace"
+    sentence = "A dog runs in the park."
+    assert saved(sentence)["input_ids"] == baseline(sentence)["input_ids"]
+
+
 @pytest.mark.parametrize("name", sorted(multi30k.LEVERS))
 def test_every_lever_is_a_valid_change_of_the_recipe(name):
     """Each lever's flags pass train.py's own parsing and checks on top of the recipe file, before any
@@ -213,11 +239,14 @@ def test_every_lever_is_a_valid_change_of_the_recipe(name):
     from vanilla_transformer.training.run import check_training_arguments, parse_arguments
 
     flags, config = multi30k.LEVERS[name]
+    # the baseline's tokenizer is trained into the run folder first (test above); here, any folder name
+    flags = ["some/folder" if flag == multi30k.MARIAN_TOKENIZER else flag for flag in flags]
     parsed = parse_arguments([str(multi30k.RECIPE), *flags, "--output_dir", "unused"])
     check_training_arguments(parsed[2])
     for flag, value in zip(flags[::2], flags[1::2]):  # each flag reaches the arguments unchanged
         holder = next(args for args in parsed if hasattr(args, flag[2:]))
-        assert str(getattr(holder, flag[2:])) in {value, str(float(value))}, flag
+        given = str(getattr(holder, flag[2:]))
+        assert given == value or given == str(float(value)), flag
     from vanilla_transformer import VanillaTransformerConfig
     from vanilla_transformer.training.run import parse_overrides
 
