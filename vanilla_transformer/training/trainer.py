@@ -314,10 +314,11 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
           predictions. With one hypothesis per sentence, ``gather_for_metrics`` is exact, and is used.
         - Without training, the Trainer would prepare the model alone, which accelerate refuses for
           FSDP 2 ("a model and optimizer must be passed together"). A model that only evaluates needs
-          no shards (every process holds it whole): it is prepared for evaluation, as without FSDP.
+          no shards (every process holds it whole): it is prepared for evaluation, as without FSDP,
+          and moved to the process's device (under FSDP neither the Trainer nor accelerate moves it).
         """
         if self.is_fsdp_enabled and not self.accelerator._models:
-            self.accelerator.prepare_model(self.model, evaluation_mode=True)
+            self.accelerator.prepare_model(self.model, device_placement=True, evaluation_mode=True)
         if not self.args.predict_with_generate or self._sequences_per_input() == 1:
             self.gather_function = partial(
                 self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
@@ -403,8 +404,8 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
     def model_for_one_process(self):
         """The trained model, whole, for work that only the main process does (translating the test set).
 
-        Every process must call it: under FSDP it gathers the shards (a collective) and returns a plain
-        copy on the main process (None elsewhere); otherwise it is the unwrapped model itself.
+        Every process must call it: a model FSDP has sharded (for training) is gathered (a collective)
+        into a plain copy on the main process (None elsewhere); otherwise it is the unwrapped model itself.
         """
         model = self.accelerator.unwrap_model(self.model)
         if not is_sharded(model):  # also under FSDP, a model that has only evaluated
