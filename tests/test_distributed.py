@@ -161,6 +161,52 @@ def test_fsdp_on_two_processes_follows_one_process_and_writes_hub_folders(tmp_pa
     assert (sharded / train.PREDICTIONS_FILE).read_text() == (one / train.PREDICTIONS_FILE).read_text()
 
 
+def test_fsdp_trains_sharded_after_evaluating_first(tmp_path):
+    """A script that calls trainer.evaluate() before trainer.train(), on 2 FSDP processes: the evaluation
+    prepares the model unsharded, and training must still shard it (FSDP's own checkpoint files) and
+    follow one process with the same batches, which evaluates and trains the same way."""
+    data = tmp_path / "data"
+    data.mkdir()
+    train_files = write_reversal_task(data, "train", 1500, seed=1)
+    valid_files = write_reversal_task(data, "valid", 23, seed=2)
+    tokenizer_dir = tmp_path / "tokenizer"
+    common = [
+        "--train_source_file", train_files[0], "--train_target_file", train_files[1],
+        "--validation_source_file", valid_files[0], "--validation_target_file", valid_files[1],
+        "--preset", "tiny", "--config_overrides", "dropout=0.0", "--tokenizer_name_or_path", str(tokenizer_dir),
+        "--max_steps", "4", "--max_tokens", "150", "--learning_rate", "0.003", "--warmup_steps", "3",
+        "--save_strategy", "steps", "--save_steps", "2", "--per_device_eval_batch_size", "4",
+        "--generation_num_beams", "1", "--report_to", "none", "--use_cpu", "--disable_tqdm", "true",
+        "--logging_steps", "1",
+    ]
+    train.build_trainer(*train.parse_arguments([
+        *common[:4], "--preset", "tiny", "--tokenizer_vocab_size", "270", "--output_dir", str(tmp_path / "t"), "--use_cpu",
+    ])).tokenizer.save_pretrained(tokenizer_dir)
+
+    one = tmp_path / "one"
+    reference = train.build_trainer(*train.parse_arguments([*common, "--output_dir", str(one),
+                                                            "--gradient_accumulation_steps", "2"]))
+    one_before = reference.trainer.evaluate()
+    reference.trainer.train()
+    reference.trainer.save_state()
+
+    sharded = tmp_path / "fsdp"
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG), "--num_processes", "2",
+        "--main_process_port", str(free_port()), str(REPO / "tests" / "fsdp_evaluate_then_train.py"),
+        *common, "--output_dir", str(sharded),
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    before = json.loads((sharded / "evaluation_before_training.json").read_text())
+    for name in ("eval_loss", "eval_bleu", "eval_gen_len"):
+        assert before[name] == pytest.approx(one_before[name], rel=1e-5), name
+    assert (sharded / "checkpoint-2" / "pytorch_model_fsdp.bin").is_file()  # written only by FSDP's checkpointing
+    assert logged_losses(sharded) == pytest.approx(logged_losses(one), rel=1e-3)
+    assert len(logged_losses(one)) == 4
+
+
 @pytest.mark.parametrize("launch", ["ddp", "fsdp"])
 def test_evaluation_alone_on_two_processes_scores_every_sentence_once(launch, tmp_path):
     """Evaluation and prediction without training, on 2 processes, of 23 sentences: a number no batch
@@ -202,11 +248,11 @@ def test_evaluation_alone_on_two_processes_scores_every_sentence_once(launch, tm
 
     metrics, one_metrics = (json.loads((folder / "all_results.json").read_text()) for folder in (two, one))
     assert metrics["predict_samples"] == one_metrics["predict_samples"] == 23
-    # eval_loss is not compared: the Trainer averages per-batch token means, each weighted by the batch
-    # size, so it moves with how the sentences are dealt into batches (0.5505 on 2 processes against
-    # 0.5566 on one, here, with the repeats dropped)
     assert one_metrics["eval_bleu"] > 5  # translations worth comparing
     for name in ("eval_bleu", "eval_chrf", "eval_gen_len", "predict_bleu"):  # a repeated sentence would move each
         assert metrics[name] == pytest.approx(one_metrics[name], abs=1e-6), name
+    # the NLL per token of the 23 sentences, whatever the batches (the Trainer's own mean of batch means
+    # gave 0.5505 on 2 processes against 0.5566 on one)
+    assert metrics["eval_loss"] == pytest.approx(one_metrics["eval_loss"], rel=1e-5)
     predictions = (two / train.PREDICTIONS_FILE).read_text().splitlines()
     assert predictions == (one / train.PREDICTIONS_FILE).read_text().splitlines() and len(predictions) == 23

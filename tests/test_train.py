@@ -102,6 +102,7 @@ def test_adam_hyperparameters_default_to_the_papers(data_dir, tmp_path):
     group = trainer.optimizer.param_groups[0]
     assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9
     assert trainer.args.label_smoothing_factor == 0.1 and trainer.args.warmup_steps == 4000
+    assert trainer.args.max_grad_norm == 0 and trainer.args.weight_decay == 0  # the paper clips and decays nothing
 
 
 def test_explicit_peak_learning_rate_is_used_as_given(data_dir, tmp_path):
@@ -293,6 +294,31 @@ def test_evaluation_decodes_past_20_tokens_and_reports_the_unsmoothed_loss(tmp_p
                        decoder_input_ids=batch["decoder_input_ids"]).logits
     nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
     assert trainer.evaluate()["eval_loss"] == pytest.approx(nll.item(), rel=1e-5)
+
+
+@pytest.mark.parametrize("with_generate", ["true", "false"])
+def test_eval_loss_is_the_nll_per_token_of_the_whole_set_whatever_the_batches(data_dir, tmp_path, with_generate):
+    """7 sentences of different lengths in batches of 3 (3, 3 and 1): the Trainer's own eval_loss, a mean
+    of per-batch means, would weigh the last sentence as much as a batch of 3. eval_loss is the NLL of
+    every target token of the set over their count, computed here by cross_entropy on each sentence
+    alone (a second code path), through either of Seq2SeqTrainer's loss paths (with and without generate)."""
+    run = build(data_dir, tmp_path, "--per_device_eval_batch_size", "3", "--predict_with_generate", with_generate,
+                "--generation_num_beams", "1", "--generation_max_length", "8")
+    trainer, sentences = run.trainer, run.datasets["train"].select(range(7))
+    model = trainer.model.eval()
+    with torch.no_grad():
+        for parameter in model.parameters():  # a model whose per-token NLL differs between sentences
+            parameter.mul_(4)
+        sums, counts = [], []
+        for example in features(sentences):
+            batch = trainer.data_collator([example])
+            logits = model(input_ids=batch["input_ids"], decoder_input_ids=batch["decoder_input_ids"]).logits
+            sums.append(torch.nn.functional.cross_entropy(logits[0], batch["labels"][0], reduction="sum").item())
+            counts.append(len(example["labels"]))
+    expected = sum(sums) / sum(counts)
+    batch_means = [sum(sums[i:i + 3]) / sum(counts[i:i + 3]) for i in (0, 3, 6)]
+    assert abs(sum(batch_means) / 3 - expected) > 1e-2 * expected  # what the Trainer's mean would be off by
+    assert trainer.evaluate(sentences)["eval_loss"] == pytest.approx(expected, rel=1e-5)
 
 
 def test_prediction_keeps_every_hypothesis_of_num_return_sequences(data_dir, tmp_path):

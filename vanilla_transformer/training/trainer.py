@@ -1,12 +1,13 @@
 """The paper's training recipe (§5) on `Seq2SeqTrainer`: the pieces a user's own script needs.
 
 - `TransformerTrainingArguments`: `Seq2SeqTrainingArguments` with the paper's values as defaults
-  (Adam 0.9/0.98/1e-9, 4000 warm-up steps, label smoothing 0.1) plus ``max_tokens`` (token-count
-  batches), ``lr_scale`` and ``average_checkpoints``.
+  (Adam 0.9/0.98/1e-9, 4000 warm-up steps, label smoothing 0.1, no gradient clipping) plus
+  ``max_tokens`` (token-count batches), ``lr_scale`` and ``average_checkpoints``.
 - `TransformerTrainer`: `Seq2SeqTrainer` that batches by token count (`TokenBatchSampler`), smooths
   the labels per target token over the whole accumulated batch (the model file's
-  `label_smoothed_cross_entropy`, the package's one loss), and runs eq. (3) itself as the
-  learning-rate schedule.
+  `label_smoothed_cross_entropy`, the package's one loss), runs eq. (3) itself as the
+  learning-rate schedule, and reports the evaluation loss per target token of the whole set
+  (`EvaluationLoss`), scoring each sentence once on any number of processes.
 
     args = TransformerTrainingArguments(output_dir="out", max_tokens=4096, max_steps=100_000)
     trainer = TransformerTrainer(model=model, args=args, train_dataset=train, eval_dataset=valid,
@@ -20,6 +21,7 @@ import copy
 import logging
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -118,6 +120,9 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     )
     warmup_steps: float = field(default=PAPER_WARMUP_STEPS, metadata={"help": "warm-up steps (paper: 4000)"})
     label_smoothing_factor: float = field(default=0.1, metadata={"help": "label smoothing (paper: 0.1)"})
+    max_grad_norm: float = field(
+        default=0.0, metadata={"help": "clip the gradient to this norm; 0: no clipping (the paper clips none)"}
+    )
     max_tokens: int | None = field(
         default=4096, metadata={"help": "padded tokens per batch and side (fairseq --max-tokens); 0: sentence batches"}
     )
@@ -239,9 +244,9 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
                 f"defaults and max_tokens), got {type(self.args).__name__}."
             )
         self.args.learning_rate = resolve_learning_rate(self.args, self._d_model)
-        # compute_loss smooths itself; Seq2SeqTrainer's evaluation would otherwise report a smoothed
-        # eval_loss through the Trainer's LabelSmoother.
-        self.label_smoother = None
+        # compute_loss smooths itself in training. In evaluation, Seq2SeqTrainer takes the loss from
+        # ``label_smoother(outputs, labels)``: ours is the plain per-token NLL, counted over the whole set.
+        self.label_smoother = self.evaluation_loss = EvaluationLoss(self.accelerator)
         # Always count the target tokens of each accumulated batch: compute_loss normalises by them.
         self.model_accepts_loss_kwargs = True
         refuse_ignored_precision_or_sharding(self.args, self.accelerator, self.is_fsdp_enabled)
@@ -287,8 +292,10 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
                 labels
             )
         outputs = model(**inputs)
-        smoothing = self.args.label_smoothing_factor if model.training else 0.0  # eval: plain NLL -> perplexity
-        loss = label_smoothed_cross_entropy(outputs.logits, labels, num_items_in_batch, smoothing)
+        if not model.training:  # evaluation: the plain NLL, whose exp is the perplexity
+            loss = self.evaluation_loss(outputs, labels)
+            return (loss, outputs) if return_outputs else loss
+        loss = label_smoothed_cross_entropy(outputs.logits, labels, num_items_in_batch, self.args.label_smoothing_factor)
         if num_items_in_batch is not None and self.args.average_tokens_across_devices:
             loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
         return (loss, outputs) if return_outputs else loss
@@ -323,7 +330,12 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
             self.gather_function = partial(
                 self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
             )
-        return super().evaluation_loop(*args, **kwargs)  # which sets gather_for_metrics again at its end
+        prefix = kwargs.get("metric_key_prefix", args[4] if len(args) > 4 else "eval")
+        with self.evaluation_loss.counting():
+            output = super().evaluation_loop(*args, **kwargs)  # which sets gather_for_metrics again at its end
+        if f"{prefix}_loss" in output.metrics:  # the Trainer's: a mean of per-batch means
+            output.metrics[f"{prefix}_loss"] = self.evaluation_loss.per_token()
+        return output
 
     def _sequences_per_input(self) -> int:
         """``num_return_sequences`` of the generation that evaluate() or predict() is about to run."""
@@ -412,6 +424,54 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
             return model
         state_dict = self.accelerator.get_state_dict(self.model)
         return plain_copy(model, state_dict) if self.is_world_process_zero() else None
+
+
+# ---------------------------------------------------------------------------------------------
+# The evaluation loss: every target token of the set once, however the sentences fall into batches
+# ---------------------------------------------------------------------------------------------
+
+
+class EvaluationLoss:
+    """The negative log-likelihood per target token over a whole evaluation set; exp of it is the perplexity.
+
+    The Trainer reports the mean of per-batch means, each weighted by ``per_device_eval_batch_size``, so a
+    short last batch counts as a full one, and on several processes the sentences accelerate repeats to
+    fill the last batches count too: the same model and sentences give another eval_loss with another
+    batch layout. Here each batch's per-sentence sums and token counts are gathered with
+    ``gather_for_metrics``, which drops the repeats, and summed over the set.
+
+    Called as Seq2SeqTrainer calls its ``label_smoother``, ``(outputs, labels)``; it returns the batch's
+    per-token NLL, and while `counting` it also adds the batch to the set's sums (a collective: every
+    process calls it once a batch, as the evaluation loop does).
+    """
+
+    def __init__(self, accelerator):
+        self.accelerator = accelerator
+        self.nll, self.tokens, self.active = 0.0, 0, False
+
+    @contextmanager
+    def counting(self):
+        self.nll, self.tokens, self.active = 0.0, 0, True
+        try:
+            yield self
+        finally:
+            self.active = False
+
+    def __call__(self, outputs, labels: torch.Tensor, **_) -> torch.Tensor:
+        logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
+        labels = labels.to(logits.device)
+        # label_smoothed_cross_entropy with a count of 1 is the sum over one sentence's tokens
+        sums = torch.stack([label_smoothed_cross_entropy(row, row_labels, 1) for row, row_labels in zip(logits, labels)])
+        tokens = (labels != -100).sum(-1)
+        if self.active:
+            gathered = self.accelerator.gather_for_metrics(torch.stack([sums.float(), tokens.float()], dim=-1))
+            gathered = gathered.cpu().double()  # summed in float64 on the CPU (MPS has no float64)
+            self.nll += gathered[:, 0].sum().item()
+            self.tokens += int(gathered[:, 1].sum().item())
+        return sums.sum() / tokens.sum().clamp(min=1)
+
+    def per_token(self) -> float:
+        return self.nll / self.tokens if self.tokens else float("nan")
 
 
 # ---------------------------------------------------------------------------------------------
