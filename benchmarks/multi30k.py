@@ -7,6 +7,8 @@ same data, same dimensions, same CPU time budget, several runs.
         --recipe-from runs/multi30k/results.json                                 # the recipe's row from a run
     python benchmarks/multi30k.py --data-dir ../shared/data/multi30k --averaging runs/levers6/lever-1
                                                           # no training: val for the mean of the last k checkpoints
+    python benchmarks/multi30k.py --data-dir ../shared/data/multi30k --length-penalties runs/multi30k/ours-1
+                                                          # no training: val for each length penalty alpha
 
 Each system trains in its own child process (so peak memory is its own) for the same wall-clock
 budget; the runs alternate between the systems so that slow drifts of the machine hit both.
@@ -83,6 +85,7 @@ LEVERS = {
 }
 # Both length penalties are scored on every model of ours (one training, two decodings).
 OTHER_FORMULA = {"gnmt": "length", "length": "gnmt"}
+LENGTH_PENALTIES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2)  # --length-penalties: the paper's 0.6 and around it
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -103,6 +106,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--averaging", metavar="RUN_DIR",
                         help="no training: score val with the mean of the last k checkpoints of this run of ours, "
                              "for every k it kept (how many to average, measured on one training trajectory)")
+    parser.add_argument("--length-penalties", metavar="MODEL_DIR",
+                        help="no training: score val with this trained model of ours decoded at each length penalty "
+                             f"alpha in {LENGTH_PENALTIES}, under GNMT's formula and under transformers' |Y|^alpha")
     parser.add_argument("--marian-from", metavar="RESULTS_JSON",
                         help="take MarianMT's runs from this comparison's results.json instead of training them again "
                              "(refused unless MarianMT's settings, seeds included, are this run's; our recipe may differ)")
@@ -141,6 +147,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not checkpoint_folders(args.averaging):
             parser.error(f"--averaging {args.averaging}: give the folder of a run of ours that kept its checkpoint-<step> "
                          "folders (e.g. runs/levers6/lever-1)")
+    if args.length_penalties:
+        if args.levers or args.marian_from or args.resume or args.averaging:
+            parser.error("--length-penalties trains nothing: give it without --levers, --averaging, --marian-from "
+                         "and --resume")
+        if not (Path(args.length_penalties) / "config.json").is_file():
+            parser.error(f"--length-penalties {args.length_penalties}: give the folder of a trained model of ours "
+                         "(e.g. runs/multi30k/ours-1, which holds config.json)")
     if args.resume and args.levers:
         parser.error("--resume continues a comparison run; --levers runs are repeated per --lever instead")
     args.dims = DIMENSIONS if args.dimensions is None else dict(zip(DIMENSIONS, map(int, args.dimensions.split(","))))
@@ -542,6 +555,32 @@ def averaging_markdown(sweep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def length_penalty_sweep(args, data_dir: Path) -> dict:
+    """Val BLEU and chrF of one trained model decoded at each length penalty alpha (beam 4, as its generation
+    config), under GNMT's ((5 + |Y|) / 6)^alpha (§6.1's, citing Wu et al. 2016) and transformers' |Y|^alpha.
+    One model, so the rows differ in the penalty alone; alpha 0 is the same search under both."""
+    model_dir = str(args.length_penalties)
+    pairs = read_split(data_dir, "val", args.pair, args.test_limit)
+    rows = {}
+    for formula in OTHER_FORMULA:
+        for alpha in LENGTH_PENALTIES:
+            scored = decode_and_score("ours", model_dir, pairs, args.decode_batch_size,
+                                      length_penalty=alpha, length_penalty_formula=formula)
+            rows[f"{formula} {alpha}"] = {"formula": formula, "alpha": alpha, "val": without_examples(scored)}
+            print(f"{formula} alpha {alpha}: val BLEU {scored['bleu']:.2f}, chrF {scored['chrf']:.2f}", flush=True)
+    return {"model": model_dir, "pair": args.pair, "rows": rows}
+
+
+def length_penalty_markdown(sweep: dict) -> str:
+    lines = [f"{sweep['model']} ({sweep['pair']}), decoded with beam 4 at each length penalty alpha, scored on val.",
+             "", "| alpha | GNMT ((5 + \\|Y\\|) / 6)^alpha: val BLEU | chrF | \\|Y\\|^alpha: val BLEU | chrF |",
+             "|---|---|---|---|---|"]
+    for alpha in LENGTH_PENALTIES:
+        gnmt, length = (sweep["rows"][f"{formula} {alpha}"]["val"] for formula in ("gnmt", "length"))
+        lines.append(f"| {alpha} | {gnmt['bleu']:.2f} | {gnmt['chrf']:.2f} | {length['bleu']:.2f} | {length['chrf']:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
 def recipe_from(path: str, pair: str, budget_minutes: float, seed: int | None = None) -> dict:
     """The recipe's lever row from an earlier comparison run: its ours run trained with ``seed``, the
     levers' seed, where it has one, else its run with the median val BLEU; refused when it measured another
@@ -654,6 +693,13 @@ def main(argv=None) -> dict | None:
         (output_dir / f"{name}.json").write_text(json.dumps(sweep, indent=2) + "\n", encoding="utf-8")
         (output_dir / f"{name}.md").write_text(averaging_markdown(sweep), encoding="utf-8")
         print(averaging_markdown(sweep))
+        return sweep
+    if args.length_penalties:
+        sweep = length_penalty_sweep(args, data_dir)
+        name = f"length-penalties-{Path(args.length_penalties).parent.name}-{Path(args.length_penalties).name}"
+        (output_dir / f"{name}.json").write_text(json.dumps(sweep, indent=2) + "\n", encoding="utf-8")
+        (output_dir / f"{name}.md").write_text(length_penalty_markdown(sweep), encoding="utf-8")
+        print(length_penalty_markdown(sweep))
         return sweep
     if args.levers:
         results["levers"] = {}

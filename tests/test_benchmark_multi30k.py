@@ -331,6 +331,35 @@ def test_the_averaging_sweep_scores_the_mean_of_each_last_k_checkpoints(tmp_path
         multi30k.main(["--data-dir", str(data), "--averaging", str(run), "--output-dir", str(tmp_path / "out")])
 
 
+def test_the_length_penalty_sweep_decodes_one_model_at_every_alpha_under_both_formulas(tmp_path, monkeypatch):
+    """--length-penalties decodes val with the one model at each alpha, under GNMT's and transformers'
+    formula (the settings reach decode_and_score, which passes them to generate()), and trains nothing."""
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+    data = tmp_path / "multi30k"
+    write_corpus(data, {"train": 4, "val": 3, "test_2016_flickr": 3})
+    model_dir = tmp_path / "runs" / "ours-1"
+    VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny")).save_pretrained(model_dir)
+    seen = []
+
+    def fake_decode(name, folder, pairs, batch_size, **settings):
+        seen.append((name, folder, len(pairs), settings["length_penalty_formula"], settings["length_penalty"]))
+        return {"bleu": 10 * settings["length_penalty"], "chrf": 1.0, "examples": []}
+
+    monkeypatch.setattr(multi30k, "decode_and_score", fake_decode)
+    sweep = multi30k.main(["--data-dir", str(data), "--length-penalties", str(model_dir), "--output-dir", str(tmp_path / "out")])
+    expected = [("ours", str(model_dir), 3, formula, alpha)
+                for formula in ("gnmt", "length") for alpha in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2)]
+    assert seen == expected  # val only (3 sentences), every alpha, both formulas
+    assert sweep["rows"]["gnmt 0.6"]["val"]["bleu"] == 6.0
+    assert "| 0.6 | 6.00 | 1.00 | 6.00 | 1.00 |" in (tmp_path / "out" / "length-penalties-runs-ours-1.md").read_text()
+    with pytest.raises(SystemExit):  # a folder without a model is refused before any work
+        multi30k.parse_args(["--length-penalties", str(tmp_path / "out")])
+    for other in (["--levers"], ["--resume"], ["--averaging", str(model_dir)]):  # flags it would ignore
+        with pytest.raises(SystemExit):
+            multi30k.parse_args(["--length-penalties", str(model_dir), *other])
+
+
 CHILD_PARENT = """
 import os, sys, time
 from multi30k import run_in_child

@@ -70,7 +70,7 @@ def test_a_malformed_configuration_is_refused_naming_the_flag(text, capsys):
 
 
 def test_levers_are_chosen_by_name_and_an_unknown_name_is_refused_with_the_choices(capsys):
-    chosen = ["bookkeeping at every step (no lean step)", decoding.INT8, decoding.FUSED, decoding.PREPACKED]
+    chosen = ["bookkeeping at every step (no lean step)", decoding.INT8, decoding.FUSED, decoding.PREPACKED, decoding.BF16]
     assert decoding.parse_args(["--levers", *[f"--lever={name}" for name in chosen]]).lever == chosen
     with pytest.raises(SystemExit):
         decoding.parse_args(["--levers", "--lever", "no such lever"])

@@ -316,6 +316,21 @@ def test_beam_search_with_a_static_cache_under_torch_compile_equals_eager():
 # --- int8 -------------------------------------------------------------------------------------------
 
 
+def test_bfloat16_weights_decode_through_generate_with_float32_beam_scores():
+    """The benchmark's bfloat16 lever: every weight in bfloat16, the beam scores still float32; on this
+    small model the hypotheses' first tokens equal float32's."""
+    from helpers import load_script
+
+    model = from_marian(marian_that_stops())
+    half = load_script("benchmarks/decoding.py").bfloat16(model)
+    assert {p.dtype for p in half.parameters()} == {torch.bfloat16} and model.dtype == torch.float32
+    inputs = padded_sources()
+    produced = half.generate(**inputs, **BEAM_CASES["paper"], output_scores=True, return_dict_in_generate=True)
+    expected = model.generate(**inputs, **BEAM_CASES["paper"])
+    assert produced.sequences_scores.dtype == torch.float32
+    assert produced.sequences.shape[0] == expected.shape[0] and torch.equal(produced.sequences[:, :2], expected[:, :2])
+
+
 def test_dynamic_int8_quantisation_is_a_one_liner_that_generate_accepts():
     model = from_marian(marian_that_stops())
     quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
