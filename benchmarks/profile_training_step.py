@@ -1,7 +1,7 @@
 """One training step of ours vs MarianMT on one identical batch: time, fraction of peak FLOP/s, profile.
 
     python benchmarks/profile_training_step.py [--data-dir ../shared/data/multi30k] [--tokenizer DIR]
-        [--steps 10] [--levers] [--no-compile] [--profile ours|marian]
+        [--steps 10] [--levers] [--bf16] [--no-compile] [--profile ours|marian]
 
 Both models have the benchmark's dimensions (d_model 256, 3+3 layers, 4 heads, FFN 1024, ReLU, embeddings
 scaled by sqrt(d_model), dropout 0.3) and the same weights (ours is `from_marian` of the MarianMT), and take
@@ -23,6 +23,7 @@ Without the data folder it says so and exits 0.
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
 import time
 import types
@@ -65,6 +66,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "others share, meaningful with --threads 1")
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--levers", action="store_true", help="also time the model with each lever undone")
+    parser.add_argument("--bf16", action="store_true",
+                        help="also time both systems under CPU bfloat16 autocast (the Trainer's --bf16), same series")
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
     parser.add_argument("--profile", choices=["ours", "marian"], help="print torch.profiler's table of 3 steps")
     return parser.parse_args(argv)
@@ -183,11 +186,15 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, encoder_hidd
 # ---------------------------------------------------------------------------------------------
 
 
-def trainer_step(model, batch, loss_function) -> Callable[[], None]:
+def trainer_step(model, batch, loss_function, bf16: bool = False) -> Callable[[], None]:
+    """One update as a trainer makes it; ``bf16``: the forward and loss under CPU bfloat16 autocast, as
+    the Trainer's ``--bf16`` runs them on the CPU (weights, gradients and Adam stay float32)."""
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9)
 
     def step():
-        loss_function(model, batch).backward()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_function(model, batch)
+        loss.backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -274,8 +281,12 @@ def main(argv=None) -> dict | None:
           f"{flops / 1e9:.1f} GFLOP per step, {args.steps} steps per system, alternating")
     header = ["| step | median ms | speed vs first row (range over pairs) | target tokens/s | GFLOP/s | of fp32 peak |",
               "|---|---|---|---|---|---|"]
-    series = alternate({"MarianMT": trainer_step(marian.train(), batch, marian_loss),
-                        "ours": trainer_step(ours.train(), batch, ours_loss)}, args.steps, args.warmup)
+    systems = {"MarianMT": trainer_step(marian.train(), batch, marian_loss),
+               "ours": trainer_step(ours.train(), batch, ours_loss)}
+    if args.bf16:  # fresh copies of the same weights; GFLOP/s and the fraction are still of the fp32 peak
+        systems["MarianMT, bf16 autocast"] = trainer_step(copy.deepcopy(marian).train(), batch, marian_loss, bf16=True)
+        systems["ours, bf16 autocast"] = trainer_step(from_marian(marian).train(), batch, ours_loss, bf16=True)
+    series = alternate(systems, args.steps, args.warmup)
     print("\n".join(header + [row(name, seconds, series["MarianMT"], flops, peak, tokens)
                               for name, seconds in series.items()]))
     levers = {}

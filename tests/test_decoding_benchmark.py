@@ -184,3 +184,19 @@ def test_every_lever_undone_still_gives_the_shipped_hypotheses():
             assert torch.allclose(prepacked(input_ids=input_ids, labels=labels).logits, logits, atol=1e-5)
             ours.model.decoder.layers[0].feed_forward.fc1.weight.zero_()  # where the plain weights do, it shows
             assert not torch.allclose(ours(input_ids=input_ids, labels=labels).logits, logits, atol=1e-3)
+
+
+def test_training_step_benchmark_times_both_systems_under_bf16_autocast_with_bf16_products(tmp_path):
+    """--bf16 adds both systems under CPU bfloat16 autocast (the Trainer's --bf16) to the same series,
+    and their matrix products do run in bfloat16 while the weights stay float32."""
+    import torch
+
+    write_split(tmp_path, "train", 1500, seed=2)
+    results = profile.main(["--data-dir", str(tmp_path), "--steps", "1", "--warmup", "0", "--no-compile", "--bf16"])
+    assert set(results["series"]) == {"MarianMT", "ours", "MarianMT, bf16 autocast", "ours, bf16 autocast"}
+    layer = torch.nn.Linear(4, 4)
+    seen = []
+    layer.register_forward_hook(lambda module, inputs, output: seen.append(output.dtype))
+    step = profile.trainer_step(layer, torch.randn(2, 4), lambda model, batch: model(batch).float().sum(), bf16=True)
+    step()
+    assert seen == [torch.bfloat16] and layer.weight.dtype == torch.float32
