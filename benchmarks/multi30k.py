@@ -581,6 +581,15 @@ def length_penalty_markdown(sweep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_sweep(output_dir: Path, kind: str, folder: str, sweep: dict, markdown_of) -> dict:
+    """A sweep without training as KIND-PARENT-NAME.json and .md in the output folder; the table printed."""
+    name = f"{kind}-{Path(folder).parent.name}-{Path(folder).name}"
+    (output_dir / f"{name}.json").write_text(json.dumps(sweep, indent=2) + "\n", encoding="utf-8")
+    (output_dir / f"{name}.md").write_text(markdown_of(sweep), encoding="utf-8")
+    print(markdown_of(sweep))
+    return sweep
+
+
 def recipe_from(path: str, pair: str, budget_minutes: float, seed: int | None = None) -> dict:
     """The recipe's lever row from an earlier comparison run: its ours run trained with ``seed``, the
     levers' seed, where it has one, else its run with the median val BLEU; refused when it measured another
@@ -688,19 +697,10 @@ def main(argv=None) -> dict | None:
                "machine": machine(), "date": time.strftime("%Y-%m-%d"), "arguments": vars(args),
                "test_sentences": len(read_split(data_dir, "test_2016_flickr", args.pair, args.test_limit))}
     if args.averaging:
-        sweep = averaging_sweep(args, data_dir)
-        name = f"averaging-{Path(args.averaging).parent.name}-{Path(args.averaging).name}"
-        (output_dir / f"{name}.json").write_text(json.dumps(sweep, indent=2) + "\n", encoding="utf-8")
-        (output_dir / f"{name}.md").write_text(averaging_markdown(sweep), encoding="utf-8")
-        print(averaging_markdown(sweep))
-        return sweep
+        return write_sweep(output_dir, "averaging", args.averaging, averaging_sweep(args, data_dir), averaging_markdown)
     if args.length_penalties:
-        sweep = length_penalty_sweep(args, data_dir)
-        name = f"length-penalties-{Path(args.length_penalties).parent.name}-{Path(args.length_penalties).name}"
-        (output_dir / f"{name}.json").write_text(json.dumps(sweep, indent=2) + "\n", encoding="utf-8")
-        (output_dir / f"{name}.md").write_text(length_penalty_markdown(sweep), encoding="utf-8")
-        print(length_penalty_markdown(sweep))
-        return sweep
+        return write_sweep(output_dir, "length-penalties", args.length_penalties, length_penalty_sweep(args, data_dir),
+                           length_penalty_markdown)
     if args.levers:
         results["levers"] = {}
         if args.recipe_from:

@@ -90,6 +90,18 @@ def noise_only(weights: dict) -> set[str]:
     return {key for key in weights if key.endswith("k_proj.bias")}
 
 
+def launch_on_two_processes(config: Path, script: Path, arguments: list[str]) -> subprocess.CompletedProcess:
+    """`accelerate launch --config_file config --num_processes 2 script arguments`, which must succeed."""
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes", "2",
+        "--main_process_port", str(free_port()), str(script), *arguments,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    return completed
+
+
 def logged_losses(output_dir: Path) -> list[float]:
     history = json.loads((output_dir / "trainer_state.json").read_text())["log_history"]
     return [entry["loss"] for entry in history if "loss" in entry]
@@ -123,14 +135,8 @@ def test_fsdp_on_two_processes_follows_one_process_and_writes_hub_folders(tmp_pa
     one_metrics = train.main([*common, "--output_dir", str(one), "--gradient_accumulation_steps", "2"])
 
     sharded = tmp_path / "fsdp"
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG), "--num_processes", "2",
-        "--main_process_port", str(free_port()), str(REPO / "tests" / "fsdp_on_cpu.py"),
-        *common, "--output_dir", str(sharded),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-4000:]
+    script = REPO / "tests" / "fsdp_on_cpu.py"
+    completed = launch_on_two_processes(FSDP_CONFIG, script, [*common, "--output_dir", str(sharded)])
     assert "process 1 of 2" in completed.stderr
     assert (sharded / "checkpoint-2" / "pytorch_model_fsdp.bin").is_file()  # written only by FSDP's checkpointing
 
@@ -191,14 +197,8 @@ def test_fsdp_trains_sharded_after_evaluating_first(tmp_path):
     reference.trainer.save_state()
 
     sharded = tmp_path / "fsdp"
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(FSDP_CONFIG), "--num_processes", "2",
-        "--main_process_port", str(free_port()), str(REPO / "tests" / "fsdp_evaluate_then_train.py"),
-        *common, "--output_dir", str(sharded),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-4000:]
+    script = REPO / "tests" / "fsdp_evaluate_then_train.py"
+    launch_on_two_processes(FSDP_CONFIG, script, [*common, "--output_dir", str(sharded)])
     before = json.loads((sharded / "evaluation_before_training.json").read_text())
     for name in ("eval_loss", "eval_bleu", "eval_gen_len"):
         assert before[name] == pytest.approx(one_before[name], rel=1e-5), name
@@ -237,13 +237,7 @@ def test_evaluation_alone_on_two_processes_scores_every_sentence_once(launch, tm
     two = tmp_path / launch
     script = REPO / ("tests/fsdp_on_cpu.py" if launch == "fsdp" else "training/train.py")
     config = FSDP_CONFIG if launch == "fsdp" else REPO / "training" / "accelerate" / "ddp.yaml"
-    command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes", "2",
-        "--main_process_port", str(free_port()), str(script), *common, "--output_dir", str(two),
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-4000:]
+    completed = launch_on_two_processes(config, script, [*common, "--output_dir", str(two)])
     assert "process 1 of 2" in completed.stderr
 
     metrics, one_metrics = (json.loads((folder / "all_results.json").read_text()) for folder in (two, one))
