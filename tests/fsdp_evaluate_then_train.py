@@ -23,3 +23,7 @@ if __name__ == "__main__":
     trainer.save_state()
     if trainer.is_world_process_zero():
         Path(trainer.args.output_dir, "evaluation_before_training.json").write_text(json.dumps(before))
+    # Leave together, and close the process group: a process that exits while the other still holds
+    # gloo's threads can abort it at shutdown ("terminate called without an active exception").
+    trainer.accelerator.wait_for_everyone()
+    trainer.accelerator.end_training()
