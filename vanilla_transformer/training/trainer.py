@@ -310,7 +310,8 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
         finally:
             unwrapped.generation_config = saved
 
-    def evaluation_loop(self, *args, **kwargs):
+    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
+                        metric_key_prefix="eval"):
         """The Trainer's, scoring each sentence once on several processes and able to run under FSDP
         without training first.
 
@@ -323,6 +324,7 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
           FSDP 2 ("a model and optimizer must be passed together"). A model that only evaluates needs
           no shards (every process holds it whole): it is prepared for evaluation, as without FSDP,
           and moved to the process's device (under FSDP neither the Trainer nor accelerate moves it).
+        - The loss is `EvaluationLoss`'s: per target token of the whole set, each sentence once.
         """
         if self.is_fsdp_enabled and not self.accelerator._models:
             self.accelerator.prepare_model(self.model, device_placement=True, evaluation_mode=True)
@@ -330,11 +332,12 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
             self.gather_function = partial(
                 self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
             )
-        prefix = kwargs.get("metric_key_prefix", args[4] if len(args) > 4 else "eval")
         with self.evaluation_loss.counting():
-            output = super().evaluation_loop(*args, **kwargs)  # which sets gather_for_metrics again at its end
-        if f"{prefix}_loss" in output.metrics:  # the Trainer's: a mean of per-batch means
-            output.metrics[f"{prefix}_loss"] = self.evaluation_loss.per_token()
+            output = super().evaluation_loop(  # which sets gather_for_metrics again at its end
+                dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+            )
+        if f"{metric_key_prefix}_loss" in output.metrics:  # the Trainer's: a mean of per-batch means
+            output.metrics[f"{metric_key_prefix}_loss"] = self.evaluation_loss.per_token()
         return output
 
     def _sequences_per_input(self) -> int:
