@@ -117,7 +117,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--dimensions", default=None, help="smoke runs: d_model,layers,heads,ffn instead of 256,3,4,1024")
     parser.add_argument("--seed", type=int, default=1, help="run i (from 1) trains with seed + i - 1")
     parser.add_argument("--resume", action="store_true",
-                        help="continue the comparison in --output-dir: keep its finished runs, train the missing ones")
+                        help="continue the comparison in --output-dir: keep its finished runs, train the missing ones "
+                             "(refused on another machine, torch or transformers than its own)")
     parser.add_argument("--redo", action="append", default=[], metavar="SYSTEM-RUN",
                         help="with --resume: train this finished run again (e.g. ours-1, after the machine was "
                              "disturbed during it); its old result and folder are kept under replaced")
@@ -442,6 +443,17 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
+def same_machine(flag: str, path, earlier: dict) -> None:
+    """Runs from ``path`` join this run's only if they were trained here: a time budget buys another number
+    of updates on another CPU (or under another torch or transformers), so a comparison or a lever row that
+    mixed machines would compare the machines. Refused, naming both, before any training."""
+    here = machine()
+    if earlier.get("machine") != here:
+        raise SystemExit(f"{flag} {path}: its runs were trained on {earlier.get('machine') or 'an unrecorded machine'}; "
+                         f"this is {here}. Under a time budget they do not compare: train them all on one "
+                         "machine (another --output-dir here, or finish the comparison where it began)")
+
+
 def median(values) -> float:
     return statistics.median(values)
 
@@ -600,6 +612,7 @@ def recipe_from(path: str, pair: str, budget_minutes: float, seed: int | None = 
     other lever differs from its recipe row in that lever only, not in the draw of a seed."""
     earlier = json.loads(Path(path).read_text(encoding="utf-8"))
     runs = earlier.get("runs", {}).get("ours", [])
+    same_machine("--recipe-from", path, earlier)
     if (earlier.get("pair"), earlier.get("budget_minutes")) != (pair, budget_minutes) or not runs:
         raise SystemExit(f"--recipe-from {path}: it holds {len(runs)} ours run(s) of {earlier.get('pair')} at "
                          f"{earlier.get('budget_minutes')} min; the levers measure {pair} at {budget_minutes:g} min")
@@ -631,6 +644,7 @@ def marian_runs_from(path: str, args) -> list[dict]:
     mine, theirs = settings(args), earlier.get("settings", {})
     changed = [key for key in MARIAN_SETTINGS if theirs.get(key) != mine[key]]
     runs = [run for run in earlier.get("runs", {}).get("marian", []) if run is not None]
+    same_machine("--marian-from", path, earlier)
     if changed or len(runs) < args.runs:
         raise SystemExit(f"--marian-from {path}: it holds {len(runs)} MarianMT run(s)"
                          + (f" with other settings ({', '.join(f'{key}: {theirs.get(key)}' for key in changed)})"
@@ -651,6 +665,7 @@ def earlier_runs(args, path: Path, systems: list[str]) -> tuple[dict[str, list[d
     if changed:
         raise SystemExit(f"--resume {path}: it was run with other settings ({', '.join(changed)}: "
                          f"{ {key: theirs.get(key) for key in changed} }); give the same flags or another --output-dir")
+    same_machine("--resume", path, earlier)
     return {name: earlier.get("runs", {}).get(name, []) for name in systems}, earlier.get("replaced", [])
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -99,7 +100,8 @@ def test_the_recipe_row_can_come_from_a_comparison_run_and_must_measure_the_same
     runs = [{"val": {"bleu": bleu, "chrf": 60.0}, "val with length penalty": {"bleu": bleu, "chrf": 60.0},
              "steps": 100, "model_dir": f"ours-{index}"} for index, bleu in enumerate((38.0, 36.0, 37.0), 1)]
     path = tmp_path / "results.json"
-    path.write_text(json.dumps({"pair": "en-de", "budget_minutes": 25.0, "runs": {"ours": runs}}))
+    here = multi30k.machine()
+    path.write_text(json.dumps({"pair": "en-de", "budget_minutes": 25.0, "runs": {"ours": runs}, "machine": here}))
     chosen = multi30k.recipe_from(str(path), "en-de", 25.0)
     assert chosen["val"]["bleu"] == 37.0 and chosen["model_dir"] == "ours-3"  # the median of 36, 37, 38
     table = multi30k.levers_markdown({"pair": "en-de", "budget_minutes": 25, "levers": {"recipe": chosen}})
@@ -108,9 +110,13 @@ def test_the_recipe_row_can_come_from_a_comparison_run_and_must_measure_the_same
         with pytest.raises(SystemExit, match="holds 3 ours run"):
             multi30k.recipe_from(str(path), pair, minutes)
     seeded = [{**run, "seed": index} for index, run in enumerate(runs, 1)]
-    path.write_text(json.dumps({"pair": "en-de", "budget_minutes": 25.0, "runs": {"ours": seeded}}))
+    path.write_text(json.dumps({"pair": "en-de", "budget_minutes": 25.0, "runs": {"ours": seeded}, "machine": here}))
     assert multi30k.recipe_from(str(path), "en-de", 25.0, seed=1)["model_dir"] == "ours-1"  # the levers' seed
     assert multi30k.recipe_from(str(path), "en-de", 25.0, seed=7)["model_dir"] == "ours-3"  # none: the median
+    for elsewhere in ({"machine": "Intel Xeon, 2 cores, torch 2.13.0+cpu"}, {}):  # another or an unknown machine
+        path.write_text(json.dumps({"pair": "en-de", "budget_minutes": 25.0, "runs": {"ours": seeded}, **elsewhere}))
+        with pytest.raises(SystemExit, match=f"--recipe-from {path}: its runs were trained on .*; this is {re.escape(here)}"):
+            multi30k.recipe_from(str(path), "en-de", 25.0, seed=1)
     with pytest.raises(SystemExit):  # without --levers, or naming no file: refused before any training
         multi30k.parse_args(["--recipe-from", str(path)])
     with pytest.raises(SystemExit):
@@ -171,6 +177,13 @@ def test_resume_keeps_finished_runs_trains_the_missing_ones_with_their_own_seeds
         multi30k.main(base + ["--runs", "2"])
     with pytest.raises(SystemExit, match="budget_minutes"):
         multi30k.main(base + ["--runs", "2", "--resume", "--budget-minutes", "10"])
+    assert len(trained) == 2
+    path = tmp_path / "out" / "results.json"
+    finished = path.read_text()
+    path.write_text(json.dumps({**json.loads(finished), "machine": "Intel Xeon, 2 cores, torch 2.13.0+cpu"}))
+    with pytest.raises(SystemExit, match="--resume .*trained on Intel Xeon, 2 cores, torch 2.13.0\\+cpu; this is"):
+        multi30k.main(base + ["--runs", "2", "--resume"])  # run 1 was trained on another machine
+    path.write_text(finished)
     assert len(trained) == 2
     (tmp_path / "out" / "ours-2").mkdir()  # left by a run that was stopped: set aside, never trained into
     results = multi30k.main(base + ["--runs", "3", "--resume"])
@@ -264,7 +277,7 @@ def test_marian_runs_are_reused_only_from_a_comparison_with_the_same_marian_sett
     marian = [{"val": {"bleu": 30.0 + i, "chrf": 50.0, "bleu_signature": "sig"}, "test": {"bleu": 31.0 + i, "chrf": 51.0},
                "steps": 10, "target_tokens_per_second": 1.0, "seed": i + 1} for i in range(2)]
     settings = multi30k.settings(multi30k.parse_args(["--data-dir", str(data)]))  # no recipe flag: ours differs
-    earlier.write_text(json.dumps({"settings": settings, "runs": {"marian": marian}}))
+    earlier.write_text(json.dumps({"settings": settings, "runs": {"marian": marian}, "machine": multi30k.machine()}))
     trained = []
 
     def fake_run(function, name, args, data_dir, run_dir, lever):
@@ -283,6 +296,11 @@ def test_marian_runs_are_reused_only_from_a_comparison_with_the_same_marian_sett
     for changed in (["--seed", "2"], ["--pair", "de-en"], ["--marian-vocab-size", "4000"], ["--runs", "3"]):
         with pytest.raises(SystemExit, match="--marian-from"):
             multi30k.main([*arguments, *changed, "--output-dir", str(tmp_path / "x"), "--marian-from", str(earlier)])
+    elsewhere = tmp_path / "elsewhere.json"  # the same MarianMT runs, trained on another CPU: refused
+    elsewhere.write_text(json.dumps({"settings": settings, "runs": {"marian": marian}, "machine": "AMD EPYC, 2 cores"}))
+    with pytest.raises(SystemExit, match="--marian-from .*trained on AMD EPYC, 2 cores; this is"):
+        multi30k.main([*arguments, "--output-dir", str(tmp_path / "y"), "--marian-from", str(elsewhere)])
+    assert trained == [("ours", 1), ("ours", 2)]
     for extra in (["--levers", "--marian-from", str(earlier)], ["--systems", "ours", "--marian-from", str(earlier)],
                   ["--marian-from", str(tmp_path / "absent.json")]):  # refused before any training
         with pytest.raises(SystemExit):
