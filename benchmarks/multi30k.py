@@ -79,6 +79,8 @@ LEVERS = {
     "average the last 20": (["--average_checkpoints", "20", "--save_total_limit", "20"], ""),
     "a checkpoint every 30 s": (["--save_minutes", "0.5"], ""),  # the last 10 then span 5 minutes
     "gradient clipping 1.0": (["--max_grad_norm", "1.0"], ""),
+    # CPUs with AVX512-BF16 or AMX multiply bfloat16 natively; transformers takes --bf16 on a CPU only with --use_cpu
+    "bf16 autocast": (["--bf16", "true", "--use_cpu", "true"], ""),
     "vocabulary 16k": (["--tokenizer_vocab_size", "16000"], ""),
     "vocabulary 4k": (["--tokenizer_vocab_size", "4000"], ""),
     "Metaspace BPE 8k, MarianMT's tokenizer": (["--tokenizer_name_or_path", MARIAN_TOKENIZER], ""),

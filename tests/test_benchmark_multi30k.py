@@ -259,7 +259,7 @@ def test_every_lever_is_a_valid_change_of_the_recipe(name):
     for flag, value in zip(flags[::2], flags[1::2]):  # each flag reaches the arguments unchanged
         holder = next(args for args in parsed if hasattr(args, flag[2:]))
         given = str(getattr(holder, flag[2:]))
-        assert given == value or given == str(float(value)), flag
+        assert given == value or given.lower() == value.lower() in ("true", "false") or given == str(float(value)), flag
     from vanilla_transformer import VanillaTransformerConfig
     from vanilla_transformer.training.run import parse_overrides
 
