@@ -62,6 +62,9 @@ MARIAN_SETUPS = {
 }
 # Stands for a folder that train_ours fills first: the Metaspace BPE the MarianMT baseline trains.
 MARIAN_TOKENIZER = "<the MarianMT baseline's Metaspace BPE, trained in the run folder>"
+# bfloat16 autocast over float32 weights (the Trainer's --bf16), for CPUs that multiply bfloat16 natively
+# (AVX512-BF16, AMX); transformers takes --bf16 on a CPU only with --use_cpu.
+BF16_FLAGS = ["--bf16", "true", "--use_cpu", "true"]
 # One recipe change each, measured by --levers against the recipe as it is: (train.py flags, which
 # override the YAML; config fields added to the recipe's --config_overrides).
 LEVERS = {
@@ -79,8 +82,7 @@ LEVERS = {
     "average the last 20": (["--average_checkpoints", "20", "--save_total_limit", "20"], ""),
     "a checkpoint every 30 s": (["--save_minutes", "0.5"], ""),  # the last 10 then span 5 minutes
     "gradient clipping 1.0": (["--max_grad_norm", "1.0"], ""),
-    # CPUs with AVX512-BF16 or AMX multiply bfloat16 natively; transformers takes --bf16 on a CPU only with --use_cpu
-    "bf16 autocast": (["--bf16", "true", "--use_cpu", "true"], ""),
+    "bf16 autocast": (BF16_FLAGS, ""),
     "vocabulary 16k": (["--tokenizer_vocab_size", "16000"], ""),
     "vocabulary 4k": (["--tokenizer_vocab_size", "4000"], ""),
     "Metaspace BPE 8k, MarianMT's tokenizer": (["--tokenizer_name_or_path", MARIAN_TOKENIZER], ""),
@@ -118,6 +120,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--test-limit", type=int, help="decode only the first N sentences of val and test (smoke runs)")
     parser.add_argument("--dimensions", default=None, help="smoke runs: d_model,layers,heads,ffn instead of 256,3,4,1024")
     parser.add_argument("--seed", type=int, default=1, help="run i (from 1) trains with seed + i - 1")
+    parser.add_argument("--bf16", action="store_true",
+                        help="both systems train under bfloat16 autocast (the Trainer's --bf16; weights, checkpoint "
+                             "averaging and decoding stay float32), for CPUs that multiply bfloat16 natively")
     parser.add_argument("--resume", action="store_true",
                         help="continue the comparison in --output-dir: keep its finished runs, train the missing ones "
                              "(refused on another machine, torch or transformers than its own)")
@@ -232,7 +237,7 @@ def ours_arguments(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], 
         "--validation_source_file", str(files["val"][0]), "--validation_target_file", str(files["val"][1]),
         "--config_overrides", merged_overrides(*overrides, config),
         "--max_train_minutes", str(args.budget_minutes), "--seed", str(args.seed), "--disable_tqdm", "true",
-        *args.recipe_flag, *flags,
+        *args.recipe_flag, *(BF16_FLAGS if args.bf16 else []), *flags,
     ]
 
 
@@ -319,7 +324,7 @@ def train_marian(args, data_dir: Path, run_dir: Path) -> dict:
         output_dir=str(run_dir), max_steps=1_000_000, per_device_train_batch_size=64, learning_rate=1e-3,
         lr_scheduler_type="inverse_sqrt", warmup_steps=800, label_smoothing_factor=0.1,
         train_sampling_strategy="group_by_length", save_strategy="no", logging_steps=50, report_to="none",
-        use_cpu=True, seed=args.seed, disable_tqdm=True, **paper_optimizer,
+        use_cpu=True, bf16=args.bf16, seed=args.seed, disable_tqdm=True, **paper_optimizer,
     )
     counter = TokenCounter(DataCollatorForSeq2Seq(tokenizer, model=model))
     trainer = Seq2SeqTrainer(model=model, args=training_args, train_dataset=examples, data_collator=counter,
@@ -511,6 +516,8 @@ def markdown(results: dict) -> str:
     sources = sorted({run["from"] for run in runs.get("marian", []) if "from" in run})
     if sources:
         lines += ["", f"MarianMT's runs are those of {', '.join(sources)} (--marian-from): the same settings and seeds."]
+    if results.get("settings", {}).get("bf16"):
+        lines += ["", "Both systems trained under bfloat16 autocast (--bf16); weights and decoding in float32."]
     lines += ["", f"{MARIAN_SETUPS[results['marian_setup']]}", f"Machine: {results['machine']}. Date: {results['date']}.",
               f"sacreBLEU signature: `{next(iter(runs.values()))[0]['val']['bleu_signature']}`."]
     return "\n".join(lines) + "\n"
@@ -604,7 +611,7 @@ def write_sweep(output_dir: Path, kind: str, folder: str, sweep: dict, markdown_
     return sweep
 
 
-def recipe_from(path: str, pair: str, budget_minutes: float, seed: int | None = None) -> dict:
+def recipe_from(path: str, pair: str, budget_minutes: float, seed: int | None = None, bf16: bool = False) -> dict:
     """The recipe's lever row from an earlier comparison run: its ours run trained with ``seed``, the
     levers' seed, where it has one, else its run with the median val BLEU; refused when it measured another
     pair or budget (its score would not compare).
@@ -615,6 +622,9 @@ def recipe_from(path: str, pair: str, budget_minutes: float, seed: int | None = 
     earlier = json.loads(Path(path).read_text(encoding="utf-8"))
     runs = earlier.get("runs", {}).get("ours", [])
     same_machine("--recipe-from", path, earlier)
+    if bool(earlier.get("settings", {}).get("bf16")) != bf16:
+        raise SystemExit(f"--recipe-from {path}: its runs trained in {'bfloat16' if not bf16 else 'float32'}, these "
+                         f"levers in {'bfloat16' if bf16 else 'float32'} (--bf16): give a comparison trained the same way")
     if (earlier.get("pair"), earlier.get("budget_minutes")) != (pair, budget_minutes) or not runs:
         raise SystemExit(f"--recipe-from {path}: it holds {len(runs)} ours run(s) of {earlier.get('pair')} at "
                          f"{earlier.get('budget_minutes')} min; the levers measure {pair} at {budget_minutes:g} min")
@@ -630,12 +640,13 @@ def settings(args) -> dict:
     return {"pair": args.pair, "budget_minutes": args.budget_minutes, "marian_setup": args.marian_setup,
             "marian_vocab_size": args.marian_vocab_size, "recipe_flag": args.recipe_flag, "dims": args.dims,
             "seed": args.seed, "test_limit": args.test_limit, "decode_batch_size": args.decode_batch_size,
-            "recipe_sha256": hashlib.sha256(RECIPE.read_bytes()).hexdigest()}
+            "recipe_sha256": hashlib.sha256(RECIPE.read_bytes()).hexdigest(),
+            **({"bf16": True} if args.bf16 else {})}  # absent when off: earlier results.json files have no such key
 
 
 # What MarianMT's runs depend on: all the settings but our recipe (its flags and file).
 MARIAN_SETTINGS = ("pair", "budget_minutes", "marian_setup", "marian_vocab_size", "dims", "seed", "test_limit",
-                   "decode_batch_size")
+                   "decode_batch_size", "bf16")
 
 
 def marian_runs_from(path: str, args) -> list[dict]:
@@ -644,7 +655,7 @@ def marian_runs_from(path: str, args) -> list[dict]:
     train. Refused when a MarianMT setting differs or the file holds fewer runs than --runs."""
     earlier = json.loads(Path(path).read_text(encoding="utf-8"))
     mine, theirs = settings(args), earlier.get("settings", {})
-    changed = [key for key in MARIAN_SETTINGS if theirs.get(key) != mine[key]]
+    changed = [key for key in MARIAN_SETTINGS if theirs.get(key) != mine.get(key)]
     runs = [run for run in earlier.get("runs", {}).get("marian", []) if run is not None]
     same_machine("--marian-from", path, earlier)
     if changed or len(runs) < args.runs:
@@ -663,7 +674,7 @@ def earlier_runs(args, path: Path, systems: list[str]) -> tuple[dict[str, list[d
     if not args.resume:
         raise SystemExit(f"{path} already holds a comparison: give --resume to continue it, or another --output-dir")
     mine, theirs = settings(args), earlier.get("settings", {})
-    changed = sorted(key for key in mine if theirs.get(key) != mine[key])
+    changed = sorted(key for key in {*mine, *theirs} if theirs.get(key) != mine.get(key))
     if changed:
         raise SystemExit(f"--resume {path}: it was run with other settings ({', '.join(changed)}: "
                          f"{ {key: theirs.get(key) for key in changed} }); give the same flags or another --output-dir")
@@ -721,7 +732,7 @@ def main(argv=None) -> dict | None:
     if args.levers:
         results["levers"] = {}
         if args.recipe_from:
-            results["levers"]["recipe"] = recipe_from(args.recipe_from, args.pair, args.budget_minutes, args.seed)
+            results["levers"]["recipe"] = recipe_from(args.recipe_from, args.pair, args.budget_minutes, args.seed, args.bf16)
         for name in [name for name in args.lever or LEVERS if name not in results["levers"]]:
             print(f"[{time.strftime('%H:%M:%S')}] lever {name!r}: {LEVERS[name]}", flush=True)
             run_dir = output_dir / f"lever-{len(results['levers'])}"

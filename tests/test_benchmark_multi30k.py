@@ -74,6 +74,54 @@ def test_the_tuned_marian_is_configured_as_the_issue_describes(tmp_path, monkeyp
         1e-3, 800, "inverse_sqrt")
     assert (training_args.adam_beta1, training_args.adam_beta2, training_args.adam_epsilon) == (0.9, 0.98, 1e-9)
     assert training_args.label_smoothing_factor == 0.1
+    assert not training_args.bf16
+
+
+def test_bf16_trains_both_systems_under_bfloat16_autocast_and_only_joins_bf16_runs(tmp_path, monkeypatch):
+    """--bf16 reaches MarianMT's Seq2SeqTrainingArguments and ours' train.py (whose own parsing then holds it),
+    and is part of the settings: a comparison in float32 is not resumed or reused under it, nor the reverse."""
+    import transformers
+
+    from vanilla_transformer.training.run import parse_arguments
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def capture(self, *args, **kwargs):
+        seen.update(args=kwargs["args"])
+        raise Stop
+
+    monkeypatch.setattr(transformers.Seq2SeqTrainer, "__init__", capture)
+    write_corpus(tmp_path / "data", {"train": 300, "val": 3, "test_2016_flickr": 3})
+    base = ["--marian-vocab-size", "300", "--data-dir", str(tmp_path / "data")]
+    with pytest.raises(Stop):
+        multi30k.train_marian(multi30k.parse_args([*base, "--bf16"]), tmp_path / "data", tmp_path / "run")
+    assert seen["args"].bf16 and seen["args"].use_cpu
+    for flags, expected in (([], False), (["--bf16"], True)):
+        argv = multi30k.ours_arguments(multi30k.parse_args([*base, *flags]), tmp_path / "data", tmp_path / "ours",
+                                       multi30k.LEVERS["recipe"])
+        assert parse_arguments(argv)[2].bf16 is expected
+
+    def fake_run(function, name, args, data_dir, run_dir, lever):
+        return dict(result(36.0, 35.0, 10), val={"bleu": 35.0, "chrf": 55.0, "bleu_signature": "sig"},
+                    model_dir=run_dir.name)
+
+    monkeypatch.setattr(multi30k, "run_in_child", fake_run)
+    for first, then in (([], ["--bf16"]), (["--bf16"], [])):
+        output = ["--output-dir", str(tmp_path / f"out{len(first)}")]
+        multi30k.main([*base, *output, *first])
+        with pytest.raises(SystemExit, match="--resume .*other settings.*bf16"):
+            multi30k.main([*base, *output, *then, "--runs", "2", "--resume"])
+        with pytest.raises(SystemExit, match="--marian-from .*bf16"):
+            multi30k.main([*base, *then, "--output-dir", str(tmp_path / "new"), "--marian-from",
+                           str(tmp_path / f"out{len(first)}" / "results.json")])
+    with pytest.raises(SystemExit, match="--recipe-from .*float32.*bfloat16"):  # bf16 levers against a float32 row
+        multi30k.recipe_from(str(tmp_path / "out0" / "results.json"), "en-de", 25.0, bf16=True)
+    assert multi30k.recipe_from(str(tmp_path / "out1" / "results.json"), "en-de", 25.0, bf16=True)["steps"] == 10
+    assert "bfloat16 autocast" in (tmp_path / "out1" / "results.md").read_text()
+    assert "bfloat16" not in (tmp_path / "out0" / "results.md").read_text()
 
 
 def test_the_metaspace_tokenizer_round_trips_and_ends_sequences():
