@@ -450,15 +450,21 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
-def same_machine(flag: str, path, earlier: dict) -> None:
-    """Runs from ``path`` join this run's only if they were trained here: a time budget buys another number
-    of updates on another CPU (or under another torch or transformers), so a comparison or a lever row that
-    mixed machines would compare the machines. Refused, naming both, before any training."""
+def refuse_unless_comparable(flag: str, path, earlier: dict, mine: dict, keys) -> None:
+    """Runs from ``path`` join this run's only if they were trained here and with this run's ``keys`` of
+    `settings`; refused, naming what differs, before any training. A time budget buys another number of
+    updates on another CPU (or under another torch or transformers), so runs that mixed machines would
+    compare the machines."""
     here = machine()
     if earlier.get("machine") != here:
         raise SystemExit(f"{flag} {path}: its runs were trained on {earlier.get('machine') or 'an unrecorded machine'}; "
                          f"this is {here}. Under a time budget they do not compare: train them all on one "
                          "machine (another --output-dir here, or finish the comparison where it began)")
+    theirs = earlier.get("settings", {})
+    changed = sorted(key for key in keys if theirs.get(key) != mine.get(key))
+    if changed:
+        raise SystemExit(f"{flag} {path}: it was run with other settings ({', '.join(changed)}: "
+                         f"{ {key: theirs.get(key) for key in changed} }); give the same flags or another --output-dir")
 
 
 def median(values) -> float:
@@ -611,24 +617,20 @@ def write_sweep(output_dir: Path, kind: str, folder: str, sweep: dict, markdown_
     return sweep
 
 
-def recipe_from(path: str, pair: str, budget_minutes: float, seed: int | None = None, bf16: bool = False) -> dict:
-    """The recipe's lever row from an earlier comparison run: its ours run trained with ``seed``, the
-    levers' seed, where it has one, else its run with the median val BLEU; refused when it measured another
-    pair or budget (its score would not compare).
+def recipe_from(path: str, args) -> dict:
+    """The recipe's lever row from an earlier comparison run: its ours run trained with ``args.seed``, the
+    levers' seed, where it has one, else its run with the median val BLEU; refused when its runs of ours
+    were trained otherwise (`OURS_SETTINGS`: its score would not compare).
 
     Training is deterministic for a seed (initialisation, data order, dropout masks), so a lever that
     leaves training alone (averaging, decoding) meets the very trajectory it is compared with, and any
     other lever differs from its recipe row in that lever only, not in the draw of a seed."""
     earlier = json.loads(Path(path).read_text(encoding="utf-8"))
-    runs = earlier.get("runs", {}).get("ours", [])
-    same_machine("--recipe-from", path, earlier)
-    if bool(earlier.get("settings", {}).get("bf16")) != bf16:
-        raise SystemExit(f"--recipe-from {path}: its runs trained in {'bfloat16' if not bf16 else 'float32'}, these "
-                         f"levers in {'bfloat16' if bf16 else 'float32'} (--bf16): give a comparison trained the same way")
-    if (earlier.get("pair"), earlier.get("budget_minutes")) != (pair, budget_minutes) or not runs:
-        raise SystemExit(f"--recipe-from {path}: it holds {len(runs)} ours run(s) of {earlier.get('pair')} at "
-                         f"{earlier.get('budget_minutes')} min; the levers measure {pair} at {budget_minutes:g} min")
-    same_seed = [run for run in runs if seed is not None and run.get("seed") == seed]
+    runs = [run for run in earlier.get("runs", {}).get("ours", []) if run is not None]
+    refuse_unless_comparable("--recipe-from", path, earlier, settings(args), OURS_SETTINGS)
+    if not runs:
+        raise SystemExit(f"--recipe-from {path}: it holds no finished run of ours")
+    same_seed = [run for run in runs if run.get("seed") == args.seed]
     chosen = same_seed[0] if same_seed else sorted(runs, key=lambda run: run["val"]["bleu"])[(len(runs) - 1) // 2]
     return {**chosen, "from": f"{path} ({chosen['model_dir']})"}
 
@@ -647,6 +649,9 @@ def settings(args) -> dict:
 # What MarianMT's runs depend on: all the settings but our recipe (its flags and file).
 MARIAN_SETTINGS = ("pair", "budget_minutes", "marian_setup", "marian_vocab_size", "dims", "seed", "test_limit",
                    "decode_batch_size", "bf16")
+# What a run of ours depends on, the seed aside (--levers picks the run of its own seed, or the median run).
+OURS_SETTINGS = ("pair", "budget_minutes", "dims", "test_limit", "decode_batch_size", "bf16", "recipe_flag",
+                 "recipe_sha256")
 
 
 def marian_runs_from(path: str, args) -> list[dict]:
@@ -654,14 +659,10 @@ def marian_runs_from(path: str, args) -> list[dict]:
     does not depend on it, and run i of each trains with seed + i - 1, so they are the runs this one would
     train. Refused when a MarianMT setting differs or the file holds fewer runs than --runs."""
     earlier = json.loads(Path(path).read_text(encoding="utf-8"))
-    mine, theirs = settings(args), earlier.get("settings", {})
-    changed = [key for key in MARIAN_SETTINGS if theirs.get(key) != mine.get(key)]
+    refuse_unless_comparable("--marian-from", path, earlier, settings(args), MARIAN_SETTINGS)
     runs = [run for run in earlier.get("runs", {}).get("marian", []) if run is not None]
-    same_machine("--marian-from", path, earlier)
-    if changed or len(runs) < args.runs:
-        raise SystemExit(f"--marian-from {path}: it holds {len(runs)} MarianMT run(s)"
-                         + (f" with other settings ({', '.join(f'{key}: {theirs.get(key)}' for key in changed)})"
-                            if changed else "") + f"; this comparison needs {args.runs} with its own settings")
+    if len(runs) < args.runs:
+        raise SystemExit(f"--marian-from {path}: it holds {len(runs)} MarianMT run(s); this comparison needs {args.runs}")
     return [{**run, "from": path} for run in runs[: args.runs]]
 
 
@@ -673,12 +674,8 @@ def earlier_runs(args, path: Path, systems: list[str]) -> tuple[dict[str, list[d
     earlier = json.loads(path.read_text(encoding="utf-8"))
     if not args.resume:
         raise SystemExit(f"{path} already holds a comparison: give --resume to continue it, or another --output-dir")
-    mine, theirs = settings(args), earlier.get("settings", {})
-    changed = sorted(key for key in {*mine, *theirs} if theirs.get(key) != mine.get(key))
-    if changed:
-        raise SystemExit(f"--resume {path}: it was run with other settings ({', '.join(changed)}: "
-                         f"{ {key: theirs.get(key) for key in changed} }); give the same flags or another --output-dir")
-    same_machine("--resume", path, earlier)
+    mine = settings(args)
+    refuse_unless_comparable("--resume", path, earlier, mine, {*mine, *earlier.get("settings", {})})
     return {name: earlier.get("runs", {}).get(name, []) for name in systems}, earlier.get("replaced", [])
 
 
@@ -732,7 +729,7 @@ def main(argv=None) -> dict | None:
     if args.levers:
         results["levers"] = {}
         if args.recipe_from:
-            results["levers"]["recipe"] = recipe_from(args.recipe_from, args.pair, args.budget_minutes, args.seed, args.bf16)
+            results["levers"]["recipe"] = recipe_from(args.recipe_from, args)
         for name in [name for name in args.lever or LEVERS if name not in results["levers"]]:
             print(f"[{time.strftime('%H:%M:%S')}] lever {name!r}: {LEVERS[name]}", flush=True)
             run_dir = output_dir / f"lever-{len(results['levers'])}"

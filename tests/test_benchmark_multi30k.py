@@ -117,9 +117,10 @@ def test_bf16_trains_both_systems_under_bfloat16_autocast_and_only_joins_bf16_ru
         with pytest.raises(SystemExit, match="--marian-from .*bf16"):
             multi30k.main([*base, *then, "--output-dir", str(tmp_path / "new"), "--marian-from",
                            str(tmp_path / f"out{len(first)}" / "results.json")])
-    with pytest.raises(SystemExit, match="--recipe-from .*float32.*bfloat16"):  # bf16 levers against a float32 row
-        multi30k.recipe_from(str(tmp_path / "out0" / "results.json"), "en-de", 25.0, bf16=True)
-    assert multi30k.recipe_from(str(tmp_path / "out1" / "results.json"), "en-de", 25.0, bf16=True)["steps"] == 10
+    bf16_levers = multi30k.parse_args([*base, "--bf16"])
+    with pytest.raises(SystemExit, match="--recipe-from .*other settings \\(bf16:"):  # bf16 levers, a float32 row
+        multi30k.recipe_from(str(tmp_path / "out0" / "results.json"), bf16_levers)
+    assert multi30k.recipe_from(str(tmp_path / "out1" / "results.json"), bf16_levers)["steps"] == 10
     assert "bfloat16 autocast" in (tmp_path / "out1" / "results.md").read_text()
     assert "bfloat16" not in (tmp_path / "out0" / "results.md").read_text()
 
@@ -145,26 +146,40 @@ def test_the_levers_table_adds_the_other_length_penalty_of_the_same_model():
 
 
 def test_the_recipe_row_can_come_from_a_comparison_run_and_must_measure_the_same_thing(tmp_path):
+    """The run of the levers' seed, else the median one, from a comparison whose runs of ours were trained as
+    the levers will be: same machine, pair, budget, shape, precision, recipe file and flags."""
     runs = [{"val": {"bleu": bleu, "chrf": 60.0}, "val with length penalty": {"bleu": bleu, "chrf": 60.0},
              "steps": 100, "model_dir": f"ours-{index}"} for index, bleu in enumerate((38.0, 36.0, 37.0), 1)]
     path = tmp_path / "results.json"
-    here = multi30k.machine()
-    path.write_text(json.dumps({"pair": "en-de", "budget_minutes": 25.0, "runs": {"ours": runs}, "machine": here}))
-    chosen = multi30k.recipe_from(str(path), "en-de", 25.0)
-    assert chosen["val"]["bleu"] == 37.0 and chosen["model_dir"] == "ours-3"  # the median of 36, 37, 38
+    here, levers = multi30k.machine(), multi30k.parse_args(["--seed", "1"])
+
+    def comparison(runs, **changed) -> dict:  # results.json of a comparison run with `levers`' settings
+        return {"settings": multi30k.settings(levers), "runs": {"ours": runs}, "machine": here, **changed}
+
+    path.write_text(json.dumps(comparison(runs)))
+    chosen = multi30k.recipe_from(str(path), levers)
+    assert chosen["val"]["bleu"] == 37.0 and chosen["model_dir"] == "ours-3"  # unseeded runs: the median of 36, 37, 38
     table = multi30k.levers_markdown({"pair": "en-de", "budget_minutes": 25, "levers": {"recipe": chosen}})
     assert f"| recipe (from {path} (ours-3)) | 37.00 |" in table
-    for pair, minutes in (("de-en", 25.0), ("en-de", 10.0)):
-        with pytest.raises(SystemExit, match="holds 3 ours run"):
-            multi30k.recipe_from(str(path), pair, minutes)
+    for flags, setting in ((["--pair", "de-en"], "pair"), (["--budget-minutes", "10"], "budget_minutes"),
+                           (["--bf16"], "bf16"), (["--recipe-flag=--max_tokens", "--recipe-flag=512"], "recipe_flag"),
+                           (["--dimensions", "32,1,2,64"], "dims")):
+        with pytest.raises(SystemExit, match=f"--recipe-from {path}: it was run with other settings \\({setting}:"):
+            multi30k.recipe_from(str(path), multi30k.parse_args(flags))
+    path.write_text(json.dumps(comparison(runs, settings={**multi30k.settings(levers), "recipe_sha256": "0" * 64})))
+    with pytest.raises(SystemExit, match="other settings \\(recipe_sha256:"):  # the recipe file has changed since
+        multi30k.recipe_from(str(path), levers)
     seeded = [{**run, "seed": index} for index, run in enumerate(runs, 1)]
-    path.write_text(json.dumps({"pair": "en-de", "budget_minutes": 25.0, "runs": {"ours": seeded}, "machine": here}))
-    assert multi30k.recipe_from(str(path), "en-de", 25.0, seed=1)["model_dir"] == "ours-1"  # the levers' seed
-    assert multi30k.recipe_from(str(path), "en-de", 25.0, seed=7)["model_dir"] == "ours-3"  # none: the median
-    for elsewhere in ({"machine": "Intel Xeon, 2 cores, torch 2.13.0+cpu"}, {}):  # another or an unknown machine
-        path.write_text(json.dumps({"pair": "en-de", "budget_minutes": 25.0, "runs": {"ours": seeded}, **elsewhere}))
+    path.write_text(json.dumps(comparison(seeded)))
+    assert multi30k.recipe_from(str(path), levers)["model_dir"] == "ours-1"  # the levers' seed
+    assert multi30k.recipe_from(str(path), multi30k.parse_args(["--seed", "7"]))["model_dir"] == "ours-3"  # the median
+    for elsewhere in ({"machine": "Intel Xeon, 2 cores, torch 2.13.0+cpu"}, {"machine": None}):  # another, unknown
+        path.write_text(json.dumps(comparison(seeded, **elsewhere)))
         with pytest.raises(SystemExit, match=f"--recipe-from {path}: its runs were trained on .*; this is {re.escape(here)}"):
-            multi30k.recipe_from(str(path), "en-de", 25.0, seed=1)
+            multi30k.recipe_from(str(path), levers)
+    path.write_text(json.dumps(comparison([])))
+    with pytest.raises(SystemExit, match="no finished run of ours"):
+        multi30k.recipe_from(str(path), levers)
     with pytest.raises(SystemExit):  # without --levers, or naming no file: refused before any training
         multi30k.parse_args(["--recipe-from", str(path)])
     with pytest.raises(SystemExit):
