@@ -82,6 +82,8 @@ LEVERS = {
     "average the last 20": (["--average_checkpoints", "20", "--save_total_limit", "20"], ""),
     "a checkpoint every 30 s": (["--save_minutes", "0.5"], ""),  # the last 10 then span 5 minutes
     "gradient clipping 1.0": (["--max_grad_norm", "1.0"], ""),
+    # warm-up, stable, decay (Hägele et al., 2024): eq. (3), then linearly to 0 over the budget's last 5 minutes
+    "cooldown: the last 5 minutes decay to 0": (["--cooldown_minutes", "5"], ""),
     "bf16 autocast": (BF16_FLAGS, ""),
     "vocabulary 16k": (["--tokenizer_vocab_size", "16000"], ""),
     "vocabulary 4k": (["--tokenizer_vocab_size", "4000"], ""),

@@ -96,6 +96,46 @@ def test_schedule_equals_the_papers_formula(data_dir, tmp_path, scale):
     assert max(rates) == pytest.approx(scale * d_model**-0.5 * warmup**-0.5) == rates[warmup - 1]  # the peak
 
 
+def test_cooldown_decays_the_papers_rate_linearly_to_zero_over_the_last_minutes(data_dir, tmp_path, monkeypatch):
+    """--cooldown_minutes 2 of a 6-minute budget, on a fake clock where every update takes 30 s: eq. (3)
+    until minute 4, then eq. (3) times the share of the 2 minutes left, 0 at the end."""
+    from vanilla_transformer.training import trainer as trainer_module
+
+    now = [0.0]
+    monkeypatch.setattr(trainer_module.time, "monotonic", lambda: now[0])
+    warmup, d_model, peak = 4, 64, 0.002
+    trainer = build(data_dir, tmp_path, "--warmup_steps", str(warmup), "--learning_rate", str(peak),
+                    "--max_train_minutes", "6", "--cooldown_minutes", "2").trainer
+    trainer.create_optimizer_and_scheduler(num_training_steps=1000)
+    trainer.wall_clock.on_train_begin(trainer.args, trainer.state, trainer.control)
+    rates = []
+    for _ in range(12):
+        rates.append(trainer.optimizer.param_groups[0]["lr"])
+        now[0] += 30.0  # the update takes 30 s; the scheduler then sets the next update's rate
+        trainer.optimizer.step()
+        trainer.lr_scheduler.step()
+    for done, rate in enumerate(rates):
+        step = done + 1
+        paper = peak * min(step**-0.5, step * warmup**-1.5) / warmup**-0.5
+        seconds_left = 360 - 30 * done  # when update `step` starts
+        expected = paper * min(1.0, seconds_left / 120)
+        assert rate == pytest.approx(expected, rel=1e-9, abs=1e-15), step
+    assert rates[8] == pytest.approx(peak * 9**-0.5 * warmup**0.5)  # minute 4: the decay starts
+    assert rates[10] == pytest.approx(0.5 * peak * 11**-0.5 * warmup**0.5)  # halfway through it
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--cooldown_minutes", "2"], "give --max_train_minutes too"),
+    (["--cooldown_minutes", "7", "--max_train_minutes", "6"], "longer than --max_train_minutes 6"),
+    (["--cooldown_minutes", "0", "--max_train_minutes", "6"], "--cooldown_minutes must be positive"),
+    (["--cooldown_minutes", "2", "--max_train_minutes", "6", "--lr_scheduler_type", "cosine", "--learning_rate",
+      "0.001"], "--lr_scheduler_type cosine"),
+])
+def test_cooldown_without_a_budget_in_minutes_or_eq_3_is_refused(data_dir, tmp_path, flags, message):
+    with pytest.raises(ValueError, match=message):
+        build(data_dir, tmp_path, *flags)
+
+
 def test_adam_hyperparameters_default_to_the_papers(data_dir, tmp_path):
     trainer = build(data_dir, tmp_path).trainer
     trainer.create_optimizer()

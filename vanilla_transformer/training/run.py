@@ -774,12 +774,20 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
             "tokens per batch (max, padded)": training_args.max_tokens or "sentence batches",
             "gradient accumulation": training_args.gradient_accumulation_steps,
             "peak learning rate": training_args.learning_rate, "warm-up steps": training_args.warmup_steps,
-            "schedule": "eq. (3)" if training_args.lr_scheduler_type == "inverse_sqrt" else training_args.lr_scheduler_type,
+            "schedule": schedule_name(training_args),
             "label smoothing": training_args.label_smoothing_factor,
             "Adam": f"({training_args.adam_beta1}, {training_args.adam_beta2}, {training_args.adam_epsilon})",
             "checkpoints averaged": training_args.average_checkpoints or "none",
         },
     )
+
+
+def schedule_name(training_args: TransformerTrainingArguments) -> str:
+    if training_args.lr_scheduler_type != "inverse_sqrt":
+        return str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type))
+    if training_args.cooldown_minutes:
+        return f"eq. (3), decaying linearly to 0 over the last {training_args.cooldown_minutes:g} minutes"
+    return "eq. (3)"
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -793,7 +801,7 @@ def main(argv: list[str] | None = None) -> dict:
     logger.info(f"process {training_args.process_index} of {training_args.world_size}")
     logger.info(
         f"model: {model.num_parameters():,} parameters; schedule: "
-        f"{'eq. (3)' if training_args.lr_scheduler_type == 'inverse_sqrt' else training_args.lr_scheduler_type}, "
+        f"{schedule_name(training_args)}, "
         f"peak learning rate {training_args.learning_rate:.3g} after {training_args.warmup_steps:g} warm-up "
         f"{'steps' if training_args.warmup_steps >= 1 else 'of the updates'}"
         + ("" if run.datasets["train"] is None else f"; {len(run.datasets['train'])} training pairs")

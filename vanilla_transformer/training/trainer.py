@@ -21,6 +21,7 @@ import copy
 import logging
 import os
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -56,15 +57,22 @@ def noam_learning_rate(step: int, d_model: int, warmup_steps: int, scale: float 
     return scale * d_model**-0.5 * min(step**-0.5, step * warmup_steps**-1.5)
 
 
-def noam_schedule(optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int) -> LambdaLR:
+def noam_schedule(
+    optimizer: torch.optim.Optimizer, d_model: int, warmup_steps: int, cooldown: Callable[[], float] | None = None
+) -> LambdaLR:
     """Equation (3) as a scheduler: update n (from 1) runs at ``peak * noam(n) / noam(warmup_steps)``.
 
     ``peak`` is the optimizer's learning rate, the rate reached after ``warmup_steps`` updates; with
-    the paper's peak, d_model^-0.5 * warmup_steps^-0.5, this is eq. (3) exactly.
+    the paper's peak, d_model^-0.5 * warmup_steps^-0.5, this is eq. (3) exactly. ``cooldown``, if
+    given, is a factor in [0, 1] read at every update (`WallClock.cooldown_factor`).
     """
     peak = noam_learning_rate(warmup_steps, d_model, warmup_steps)
-    # LambdaLR counts the updates already done (0 before the first): update n = done + 1.
-    return LambdaLR(optimizer, lambda done: noam_learning_rate(done + 1, d_model, warmup_steps) / peak)
+
+    def factor(done: int) -> float:  # LambdaLR counts the updates already done (0 before the first): n = done + 1
+        rate = noam_learning_rate(done + 1, d_model, warmup_steps) / peak
+        return rate * cooldown() if cooldown is not None else rate
+
+    return LambdaLR(optimizer, factor)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -84,6 +92,15 @@ class WallClock(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.monotonic()
         self.next_save = self.save_seconds
+
+    def cooldown_factor(self, cooldown_minutes: float) -> float:
+        """1 until the last ``cooldown_minutes`` of the budget, then falling linearly to 0 at its end: the
+        decay of a warm-up, stable, decay schedule (Hägele et al., 2024), placed by the clock because a
+        budget in minutes leaves the number of updates unknown. 1 before training starts."""
+        if getattr(self, "start", None) is None:
+            return 1.0
+        remaining = self.max_seconds - (time.monotonic() - self.start)
+        return min(1.0, max(0.0, remaining / (cooldown_minutes * 60)))
 
     def on_step_end(self, args, state, control, **kwargs):
         elapsed = time.monotonic() - self.start
@@ -136,6 +153,11 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     max_train_minutes: float | None = field(
         default=None, metadata={"help": "stop training after this many minutes (or max_steps, whichever comes first)"}
     )
+    cooldown_minutes: float | None = field(
+        default=None,
+        metadata={"help": "with max_train_minutes and eq. (3): decay the learning rate linearly to 0 over the last "
+                          "this many minutes of the budget (the rate then depends on the clock, not the update alone)"},
+    )
 
     def __post_init__(self):
         _check_intervals(self)  # before the Trainer's own checks, which take an eval_steps of 0 as "not set"
@@ -176,11 +198,28 @@ def check_argument_ranges(args: TransformerTrainingArguments) -> None:
         if not 0 <= value < 1:
             raise ValueError(f"--{name} must be in [0, 1), got {value} (the paper: label smoothing 0.1, Adam betas "
                              "0.9 and 0.98).")
-    for name in ("learning_rate", "lr_scale", "save_minutes", "max_train_minutes"):
+    for name in ("learning_rate", "lr_scale", "save_minutes", "max_train_minutes", "cooldown_minutes"):
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ValueError(f"--{name} must be positive, got {value}.")
     _check_duration(args)
+    _check_cooldown(args)
+
+
+def _check_cooldown(args: TransformerTrainingArguments) -> None:
+    if args.cooldown_minutes is None:
+        return
+    if not args.max_train_minutes:
+        raise ValueError(f"--cooldown_minutes {args.cooldown_minutes} decays the learning rate over the end of a "
+                         "budget in minutes: give --max_train_minutes too (for a budget in updates, use "
+                         "--lr_scheduler_type linear or cosine with --max_steps).")
+    if args.cooldown_minutes > args.max_train_minutes:
+        raise ValueError(f"--cooldown_minutes {args.cooldown_minutes} is longer than --max_train_minutes "
+                         f"{args.max_train_minutes}: the decay must fit inside the budget.")
+    scheduler = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)  # the Trainer makes it an enum
+    if scheduler != "inverse_sqrt":
+        raise ValueError(f"--cooldown_minutes decays eq. (3) (--lr_scheduler_type inverse_sqrt), got "
+                         f"--lr_scheduler_type {scheduler}; leave one of them out.")
 
 
 def _check_duration(args: TransformerTrainingArguments) -> None:
@@ -252,8 +291,10 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
         refuse_ignored_precision_or_sharding(self.args, self.accelerator, self.is_fsdp_enabled)
         self.stop_on_signal = StopOnSignal(self)
         self.add_callback(self.stop_on_signal)
+        self.wall_clock = None
         if self.args.save_minutes or self.args.max_train_minutes:
-            self.add_callback(WallClock(self.args.max_train_minutes, self.args.save_minutes))
+            self.wall_clock = WallClock(self.args.max_train_minutes, self.args.save_minutes)
+            self.add_callback(self.wall_clock)
 
     @property
     def _d_model(self) -> int:
@@ -280,7 +321,10 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
                     f"Training stops after {num_training_steps} updates, inside the {warmup}-step warm-up: the "
                     f"learning rate ends at {num_training_steps / warmup:.0%} of its peak. Lower --warmup_steps."
                 )
-            self.lr_scheduler = noam_schedule(optimizer or self.optimizer, self._d_model, warmup)
+            cooldown = None
+            if self.args.cooldown_minutes:  # the last minutes of the budget decay eq. (3) to 0
+                cooldown = partial(self.wall_clock.cooldown_factor, self.args.cooldown_minutes)
+            self.lr_scheduler = noam_schedule(optimizer or self.optimizer, self._d_model, warmup, cooldown)
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
