@@ -124,6 +124,34 @@ def test_cooldown_decays_the_papers_rate_linearly_to_zero_over_the_last_minutes(
     assert rates[10] == pytest.approx(0.5 * peak * 11**-0.5 * warmup**0.5)  # halfway through it
 
 
+def test_training_under_a_cooldown_runs_each_update_at_the_decayed_rate(data_dir, tmp_path, monkeypatch):
+    """The same schedule through trainer.train(): a 2-minute budget whose last minute decays, every update
+    20 s on a fake clock. The rate of each update is read as it starts; training stops at 120 s."""
+    from transformers import TrainerCallback
+
+    from vanilla_transformer.training import trainer as trainer_module
+
+    now = [0.0]
+    monkeypatch.setattr(trainer_module.time, "monotonic", lambda: now[0])
+    rates = []
+
+    class Clock(TrainerCallback):
+        def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
+            rates.append(optimizer.param_groups[0]["lr"])
+            now[0] += 20.0
+
+    warmup, peak = 2, 0.001
+    trainer = build(data_dir, tmp_path, "--warmup_steps", str(warmup), "--learning_rate", str(peak), "--max_steps",
+                    "100", "--max_train_minutes", "2", "--cooldown_minutes", "1").trainer
+    trainer.add_callback(Clock())
+    trainer.train()
+    assert trainer.state.global_step == 6
+    expected = [peak * min(n**-0.5, n * warmup**-1.5) / warmup**-0.5 * min(1.0, (120 - 20 * (n - 1)) / 60)
+                for n in range(1, 7)]
+    assert rates == pytest.approx(expected, rel=1e-9)
+    assert rates[4] == pytest.approx(2 / 3 * peak * (2 / 5) ** 0.5)  # 40 s left of the minute's decay
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--cooldown_minutes", "2"], "give --max_train_minutes too"),
     (["--cooldown_minutes", "7", "--max_train_minutes", "6"], "longer than --max_train_minutes 6"),
