@@ -565,3 +565,30 @@ def test_two_processes_follow_one_process_with_twice_the_batch(data_dir, tmp_pat
     losses_one, losses_two = logged_losses(one), logged_losses(two)
     assert len(losses_one) == len(losses_two) == 8
     assert losses_two == pytest.approx(losses_one, rel=1e-3)
+
+
+def test_processes_whose_clocks_disagree_stop_together_and_decay_alike(data_dir, tmp_path):
+    """--max_train_minutes 2 --cooldown_minutes 1 on 2 processes whose clocks say an update takes 20 s
+    and 30 s: both follow the slower clock (the longest elapsed time), so both stop after 4 updates (120 s)
+    with the same rates and weights. Each on its own clock would stop at another update, and the process
+    that went on would wait forever in its next all-reduce."""
+    output = tmp_path / "two"
+    peak, warmup = 0.003, 2
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    command = [
+        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "training/accelerate/ddp.yaml"),
+        "--num_processes", "2", "--main_process_port", "29563", str(REPO / "tests/ddp_disagreeing_clocks.py"),
+        *tiny_args(data_dir, output, "--max_steps", "50", "--max_tokens", "150", "--learning_rate", str(peak),
+                   "--warmup_steps", str(warmup), "--max_train_minutes", "2", "--cooldown_minutes", "1"),
+    ]
+    completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    ranks = [json.loads((output / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
+    # update n ends 30 n s in (the slower clock); update n + 1 runs at eq. (3) times the share of the last minute left
+    expected = [peak * min(n**-0.5, n * warmup**-1.5) / warmup**-0.5 * min(1.0, (120 - 30 * (n - 1)) / 60)
+                for n in range(1, 5)]
+    for result in ranks:
+        assert result["steps"] == 4
+        assert result["rates"] == pytest.approx(expected, rel=1e-9)
+    assert ranks[0]["weights"] == ranks[1]["weights"]
+

@@ -83,27 +83,43 @@ def noam_schedule(
 class WallClock(TrainerCallback):
     """Save a checkpoint every ``save_minutes`` ("checkpoints, which were written at 10-minute intervals",
     §6.1) and stop after ``max_train_minutes`` of training, saving the last update (so that averaging the
-    last checkpoints includes it). The clock starts when this process starts training, resumed or not."""
+    last checkpoints includes it). The clock starts when this process starts training, resumed or not.
+
+    With several processes, each reads its own clock, and they can disagree by an update: then one would
+    stop or save while another goes on (and waits forever for it in the next all-reduce), or run another
+    learning rate in a cooldown. So every reading is the longest of the processes' elapsed times.
+    """
 
     def __init__(self, max_minutes: float | None = None, save_minutes: float | None = None):
         self.max_seconds = max_minutes * 60 if max_minutes else None
         self.save_seconds = save_minutes * 60 if save_minutes else None
+        self.start = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.monotonic()
+        self.device = args.device
         self.next_save = self.save_seconds
+
+    def elapsed(self) -> float:
+        """Seconds since training began: the most any process has seen. Every process must call it."""
+        seconds = time.monotonic() - self.start
+        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+            return seconds
+        longest = torch.tensor([seconds], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(longest, op=torch.distributed.ReduceOp.MAX)
+        return longest.item()
 
     def cooldown_factor(self, cooldown_minutes: float) -> float:
         """1 until the last ``cooldown_minutes`` of the budget, then falling linearly to 0 at its end: the
         decay of a warm-up, stable, decay schedule (Hägele et al., 2024), placed by the clock because a
         budget in minutes leaves the number of updates unknown. 1 before training starts."""
-        if getattr(self, "start", None) is None:
+        if self.start is None:
             return 1.0
-        remaining = self.max_seconds - (time.monotonic() - self.start)
+        remaining = self.max_seconds - self.elapsed()
         return min(1.0, max(0.0, remaining / (cooldown_minutes * 60)))
 
     def on_step_end(self, args, state, control, **kwargs):
-        elapsed = time.monotonic() - self.start
+        elapsed = self.elapsed()
         if self.save_seconds and elapsed >= self.next_save:
             control.should_save = True
             while self.next_save <= elapsed:  # a slow update may pass more than one interval
