@@ -71,6 +71,8 @@ LEVERS = {
     "recipe": ([], ""),
     "dropout 0.3": ([], "dropout=0.3"),
     "dropout 0.2": ([], "dropout=0.2"),
+    "dropout 0.05": ([], "dropout=0.05"),
+    "dropout 0": ([], "dropout=0.0"),
     "2048-token batches": (["--max_tokens", "2048"], ""),
     "512-token batches": (["--max_tokens", "512"], ""),
     "peak lr 1e-3": (["--learning_rate", "1e-3"], ""),
