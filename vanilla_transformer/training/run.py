@@ -41,7 +41,7 @@ from . import data
 from .averaging import architecture, average_checkpoints
 from .checkpointing import RESUME_HINT, TrainingInterrupted, checkpoint_folders, complete_checkpoints, resolve_checkpoint
 from .metrics import TranslationMetrics, check_sacrebleu_tokenize, score
-from .trainer import TransformerTrainer, TransformerTrainingArguments
+from .trainer import TransformerTrainer, TransformerTrainingArguments, schedule_name
 from .translation import translate
 
 logger = logging.getLogger("vanilla_transformer.train")
@@ -780,14 +780,6 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
             "checkpoints averaged": training_args.average_checkpoints or "none",
         },
     )
-
-
-def schedule_name(training_args: TransformerTrainingArguments) -> str:
-    if training_args.lr_scheduler_type != "inverse_sqrt":
-        return str(getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type))
-    if training_args.cooldown_minutes:
-        return f"eq. (3), decaying linearly to 0 over the last {training_args.cooldown_minutes:g} minutes"
-    return "eq. (3)"
 
 
 def main(argv: list[str] | None = None) -> dict:

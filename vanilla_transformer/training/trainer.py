@@ -232,10 +232,18 @@ def _check_cooldown(args: TransformerTrainingArguments) -> None:
     if args.cooldown_minutes > args.max_train_minutes:
         raise ValueError(f"--cooldown_minutes {args.cooldown_minutes} is longer than --max_train_minutes "
                          f"{args.max_train_minutes}: the decay must fit inside the budget.")
-    scheduler = getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type)  # the Trainer makes it an enum
-    if scheduler != "inverse_sqrt":
+    if args.lr_scheduler_type != "inverse_sqrt":
         raise ValueError(f"--cooldown_minutes decays eq. (3) (--lr_scheduler_type inverse_sqrt), got "
-                         f"--lr_scheduler_type {scheduler}; leave one of them out.")
+                         f"--lr_scheduler_type {schedule_name(args)}; leave one of them out.")
+
+
+def schedule_name(args: TransformerTrainingArguments) -> str:
+    """The learning-rate schedule in words, for logs and model cards."""
+    if args.lr_scheduler_type != "inverse_sqrt":
+        return str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))  # the Trainer makes it an enum
+    if args.cooldown_minutes:
+        return f"eq. (3), decaying linearly to 0 over the last {args.cooldown_minutes:g} minutes"
+    return "eq. (3)"
 
 
 def _check_duration(args: TransformerTrainingArguments) -> None:
