@@ -328,6 +328,7 @@ INT8 = "ours, int8 dynamic quantisation (linear layers)"
 FUSED = "ours + self-attention q/k/v as one matrix product"
 PREPACKED = "ours + decoder and output-projection weights prepacked for oneDNN"
 BF16 = "ours, bfloat16 weights (model.to(torch.bfloat16))"
+FEATURE_MAJOR = "ours + FFN and output projection as W x^T (feature-major products)"
 
 
 def lever_models(ours, names: list[str] | None = None) -> dict[str, nn.Module]:
@@ -388,6 +389,26 @@ def _prepacked_linear(self, states: torch.Tensor) -> torch.Tensor:
     )
 
 
+def with_feature_major_products(ours) -> nn.Module:
+    """The decoder's FFN and the output projection multiply the other way round: (W x^T)^T, one
+    `torch.addmm` with the bias as a column, instead of `nn.Linear`'s x W^T. The same product; on the AMD
+    EPYC machine MKL runs it 1.15-1.4x faster alone at 16-128 rows for the (256 x 1024), (1024 x 256) and
+    (8000 x 256) weights (bit for bit the same values from 12 rows up), and 1.8x faster at 4 rows for the
+    output projection (then a few ulps apart). Decoding only: the copy shares its weights."""
+    model = copy.deepcopy(ours)
+    for name, linear in model.named_modules():
+        if isinstance(linear, nn.Linear) and (name == "lm_head" or name.startswith("model.decoder.") and ".fc" in name):
+            linear.forward = types.MethodType(_feature_major_linear, linear)
+    return model
+
+
+def _feature_major_linear(self, states: torch.Tensor) -> torch.Tensor:
+    """`nn.Linear.forward` as (W x^T)^T."""
+    rows = states.reshape(-1, states.shape[-1]).t()
+    product = torch.mm(self.weight, rows) if self.bias is None else torch.addmm(self.bias[:, None], self.weight, rows)
+    return product.t().reshape(*states.shape[:-1], -1)
+
+
 def quantized(ours) -> nn.Module:
     """Dynamic int8 quantisation of every linear layer, the documented one-liner."""
     return torch.ao.quantization.quantize_dynamic(copy.deepcopy(ours), {nn.Linear}, dtype=torch.qint8)
@@ -400,7 +421,10 @@ def bfloat16(ours) -> nn.Module:
 
 
 # lever name -> a copy of our model with that lever added (measured; not in the shipped model)
-ADDED = {INT8: quantized, FUSED: with_fused_self_attention, PREPACKED: with_prepacked_weights, BF16: bfloat16}
+ADDED = {
+    INT8: quantized, FUSED: with_fused_self_attention, PREPACKED: with_prepacked_weights, BF16: bfloat16,
+    FEATURE_MAJOR: with_feature_major_products,
+}
 
 
 def compiled_static(ours) -> nn.Module:

@@ -170,6 +170,15 @@ def test_every_lever_undone_still_gives_the_shipped_hypotheses():
             projection.register_forward_hook(lambda *args: separate_calls.append(1))
     assert torch.equal(fused.generate(input_ids=input_ids, **settings), expected)
     assert len(fused_layers) == 2 and not separate_calls  # both self-attentions ran fused
+    feature_major = decoding.with_feature_major_products(ours)  # an added lever: the same hypotheses
+    turned = [name for name, module in feature_major.named_modules() if "forward" in vars(module)]
+    assert turned == ["model.decoder.layers.0.feed_forward.fc1", "model.decoder.layers.0.feed_forward.fc2",
+                      "model.decoder.layers.1.feed_forward.fc1", "model.decoder.layers.1.feed_forward.fc2", "lm_head"]
+    assert torch.equal(feature_major.generate(input_ids=input_ids, **settings), expected)
+    with torch.no_grad():  # the product itself, against nn.Linear's, with and without a bias
+        for name in ("model.decoder.layers.0.feed_forward.fc1", "lm_head"):
+            states = torch.randn(3, 5, 32)
+            assert torch.allclose(feature_major.get_submodule(name)(states), ours.get_submodule(name)(states), atol=1e-5)
     if torch.backends.mkldnn.is_available():  # an added lever: the same hypotheses, from the reordered weights
         prepacked = decoding.with_prepacked_weights(ours)
         assert torch.equal(prepacked.generate(input_ids=input_ids, **settings), expected)
