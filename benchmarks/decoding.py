@@ -391,13 +391,13 @@ def _prepacked_linear(self, states: torch.Tensor) -> torch.Tensor:
 
 def with_feature_major_products(ours) -> nn.Module:
     """The decoder's FFN and the output projection multiply the other way round: (W x^T)^T, one
-    `torch.addmm` with the bias as a column, instead of `nn.Linear`'s x W^T. The same product; on the AMD
-    EPYC machine MKL runs it 1.15-1.4x faster alone at 16-128 rows for the (256 x 1024), (1024 x 256) and
-    (8000 x 256) weights (bit for bit the same values from 12 rows up), and 1.8x faster at 4 rows for the
-    output projection (then a few ulps apart). Decoding only: the copy shares its weights."""
+    `torch.addmm` with the bias as a column, instead of `nn.Linear`'s x W^T. The same product, which MKL
+    runs faster that way round on the AMD EPYC machine at decoding's few rows (not at a training batch's
+    thousands); equal to `nn.Linear`'s to a few ulps. Decoding only: the copy does not follow later
+    changes to the weights."""
     model = copy.deepcopy(ours)
     for name, linear in model.named_modules():
-        if isinstance(linear, nn.Linear) and (name == "lm_head" or name.startswith("model.decoder.") and ".fc" in name):
+        if isinstance(linear, nn.Linear) and (name == "lm_head" or (name.startswith("model.decoder.") and ".fc" in name)):
             linear.forward = types.MethodType(_feature_major_linear, linear)
     return model
 
