@@ -60,6 +60,7 @@ import vanilla_transformer
 from vanilla_transformer.convert import from_marian
 from vanilla_transformer.modeling_vanilla_transformer import (
     BeamSearch,
+    FeedForward,
     VanillaTransformerAttention,
     VanillaTransformerForConditionalGeneration,
     best_continuations,
@@ -279,9 +280,9 @@ class FirstStepOnEveryBeam(BeamSearch):
         if not first:
             return super()._continuations(first)
         sequences = self.state["running_sequences"][:, :, : self.length].flatten(0, 1)
-        outputs = self.model(encoder_outputs=(self.encoder_hidden_states,), attention_mask=self.attention_mask,
-                             decoder_input_ids=sequences, cache=self.cache, use_cache=True)
-        log_probs = self.logits_processor(sequences, outputs.logits[:, -1, :].float().log_softmax(-1))
+        logits = self._next_token_logits(encoder_outputs=(self.encoder_hidden_states,), attention_mask=self.attention_mask,
+                                         decoder_input_ids=sequences, cache=self.cache, use_cache=True)
+        log_probs = self.logits_processor(sequences, logits.float().log_softmax(-1))
         self.cache.self_attention_cache.reorder_cache(torch.arange(0, sequences.shape[0], self.beams))
         return self.best_continuations(log_probs, self.state["running_beam_scores"], self.keep, blockwise_top_k)
 
@@ -312,7 +313,31 @@ class MergeEveryStep(BeamSearch):
     lean_steps = False
 
 
-# lever name -> our model class with that lever undone
+class WholeForwardLogits(BeamSearch):
+    """The logits from the model's whole forward (`nn.Linear`'s x W^T, every position) instead of the output
+    projection on the last position, feature-major."""
+
+    def _next_token_logits(self, **inputs):
+        return self.model(**inputs).logits[:, -1]
+
+
+def row_major_products(model) -> nn.Module:
+    """The FFN and the output projection as `nn.Linear` computes them, x W^T, not `feature_major_linear`'s
+    (W x^T)^T."""
+    for feed_forward in model.modules():
+        if isinstance(feed_forward, FeedForward):
+            feed_forward.forward = types.MethodType(_row_major_feed_forward, feed_forward)
+    model.__class__ = search_variant(WholeForwardLogits)
+    return model
+
+
+def _row_major_feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    return self.fc2(self.activation_dropout(self.activation(self.fc1(hidden_states))))
+
+
+ROW_MAJOR = "FFN and output projection as nn.Linear's x W^T (no feature-major products)"
+
+# lever name -> our model class with that lever undone, or a function undoing it in a copy of our model
 LEVERS = {
     "transformers' beam search, full cache reorder": FullReorderSearch,
     "transformers' beam search, cross-attention not reordered": StockSearch,
@@ -323,22 +348,25 @@ LEVERS = {
     "first step on every beam + cross-attention keys/values per beam": search_variant(CrossAttentionPerBeam),
     "cross-attention mask made at every step": search_variant(CrossMaskEveryStep),
     "bookkeeping at every step (no lean step)": search_variant(MergeEveryStep),
+    ROW_MAJOR: row_major_products,
 }
 INT8 = "ours, int8 dynamic quantisation (linear layers)"
 FUSED = "ours + self-attention q/k/v as one matrix product"
 PREPACKED = "ours + decoder and output-projection weights prepacked for oneDNN"
 BF16 = "ours, bfloat16 weights (model.to(torch.bfloat16))"
-FEATURE_MAJOR = "ours + FFN and output projection as W x^T (feature-major products)"
 
 
 def lever_models(ours, names: list[str] | None = None) -> dict[str, nn.Module]:
     """Our model with one lever undone (each a copy sharing nothing), by the lever's name: all of
     `LEVERS`, or the ``names`` among them."""
     models = {}
-    for name, model_class in LEVERS.items():
+    for name, undo in LEVERS.items():
         if names is None or name in names:
             model = copy.deepcopy(ours)
-            model.__class__ = model_class
+            if isinstance(undo, type):
+                model.__class__ = undo
+            else:
+                model = undo(model)
             models[name] = model
     return models
 
@@ -389,26 +417,6 @@ def _prepacked_linear(self, states: torch.Tensor) -> torch.Tensor:
     )
 
 
-def with_feature_major_products(ours) -> nn.Module:
-    """The decoder's FFN and the output projection multiply the other way round: (W x^T)^T, one
-    `torch.addmm` with the bias as a column, instead of `nn.Linear`'s x W^T. The same product, which MKL
-    runs faster that way round on the AMD EPYC machine at decoding's few rows (not at a training batch's
-    thousands); equal to `nn.Linear`'s to a few ulps. Decoding only: the copy does not follow later
-    changes to the weights."""
-    model = copy.deepcopy(ours)
-    for name, linear in model.named_modules():
-        if isinstance(linear, nn.Linear) and (name == "lm_head" or (name.startswith("model.decoder.") and ".fc" in name)):
-            linear.forward = types.MethodType(_feature_major_linear, linear)
-    return model
-
-
-def _feature_major_linear(self, states: torch.Tensor) -> torch.Tensor:
-    """`nn.Linear.forward` as (W x^T)^T."""
-    rows = states.reshape(-1, states.shape[-1]).t()
-    product = torch.mm(self.weight, rows) if self.bias is None else torch.addmm(self.bias[:, None], self.weight, rows)
-    return product.t().reshape(*states.shape[:-1], -1)
-
-
 def quantized(ours) -> nn.Module:
     """Dynamic int8 quantisation of every linear layer, the documented one-liner."""
     return torch.ao.quantization.quantize_dynamic(copy.deepcopy(ours), {nn.Linear}, dtype=torch.qint8)
@@ -423,7 +431,6 @@ def bfloat16(ours) -> nn.Module:
 # lever name -> a copy of our model with that lever added (measured; not in the shipped model)
 ADDED = {
     INT8: quantized, FUSED: with_fused_self_attention, PREPACKED: with_prepacked_weights, BF16: bfloat16,
-    FEATURE_MAJOR: with_feature_major_products,
 }
 
 

@@ -18,6 +18,7 @@ from vanilla_transformer.modeling_vanilla_transformer import (
     BeamSearch,
     Dropout,
     best_continuations,
+    feature_major_linear,
     label_smoothed_cross_entropy,
 )
 
@@ -175,6 +176,56 @@ def test_best_continuations_equal_the_top_k_over_all_beams_and_tokens():
     expected_scores, flat = torch.topk(sums, keep)
     assert torch.equal(scores, expected_scores)
     assert torch.equal(beam, flat // vocabulary) and torch.equal(token, flat % vocabulary)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [2, 7, 40])
+def test_feature_major_products_equal_x_w_transposed_and_serve_only_float32_cpu_inference(rows, bias):
+    """(W x^T)^T is x W^T + b (the formula), laid out feature-major; where it does not apply, the layer's own
+    forward runs: training (with its gradient), float64, a hook, a patched forward, a quantised layer."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(32, 24, bias=bias)
+    states = torch.randn(rows, 1, 32)
+    expected = states.double() @ linear.weight.double().T + (linear.bias.double() if bias else 0)
+    with torch.no_grad():
+        product = feature_major_linear(linear, states)
+    assert product.shape == (rows, 1, 24) and torch.allclose(product.double(), expected, atol=1e-5)
+    assert not product.is_contiguous() and product.view(rows, 24).t().is_contiguous()  # feature-major
+
+    def row_major(layer, inputs):  # the layer's own forward ran: its contiguous (rows, out) layout and values
+        result = feature_major_linear(layer, inputs)
+        assert result.is_contiguous() and torch.equal(result, layer(inputs))
+        return result
+
+    trained = row_major(linear, states.requires_grad_())
+    trained.sum().backward()  # the gradient is nn.Linear's: d(sum)/dx = sum of W's rows
+    assert torch.allclose(states.grad, linear.weight.sum(0).expand_as(states))
+    with torch.no_grad():
+        assert torch.allclose(row_major(linear.double(), states.double()), expected)
+        linear.float()
+        calls = []
+        handle = linear.register_forward_hook(lambda *args: calls.append(1))
+        row_major(linear, states)
+        assert calls  # the hook saw the call
+        handle.remove()
+        patched = copy.deepcopy(linear)
+        patched.forward = lambda inputs: torch.nn.Linear.forward(patched, inputs) * 2
+        assert torch.allclose(row_major(patched, states).double(), 2 * expected, atol=1e-5)
+        quantised = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear})[0]
+        assert torch.allclose(row_major(quantised, states).double(), expected, atol=0.05)
+
+
+@pytest.mark.parametrize("case", ["paper", "returns-3"])
+def test_beam_search_through_a_hooked_model_calls_its_whole_forward_and_keeps_the_hypotheses(case):
+    """A forward hook on the model (accelerate's device placement is one) sees every decoding step: the
+    beam search then takes the whole forward, not the decoder and output projection on their own."""
+    ours = from_marian(marian_that_stops())
+    expected = ours.generate(**padded_sources(), **BEAM_CASES[case])
+    calls = []
+    ours.register_forward_hook(lambda *args: calls.append(1))
+    rows = rows_per_decoder_call(ours)
+    assert torch.equal(ours.generate(**padded_sources(), **BEAM_CASES[case]), expected)
+    assert len(calls) == len(rows)  # every decoder step (generate() runs the encoder on its own)
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])

@@ -315,7 +315,26 @@ class FeedForward(nn.Module):
         self.fc2 = nn.Linear(ffn_dim, config.d_model)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.activation_dropout(self.activation(self.fc1(hidden_states))))
+        hidden_states = self.activation_dropout(self.activation(feature_major_linear(self.fc1, hidden_states)))
+        return feature_major_linear(self.fc2, hidden_states)
+
+
+def feature_major_linear(linear: nn.Module, states: torch.Tensor) -> torch.Tensor:
+    """``linear(states)``; for float32 inference on CPU through a plain ``nn.Linear``, computed the other way
+    round, (W x^T)^T: one matrix product with the bias as a column, which MKL runs faster than x W^T at
+    decoding's few rows (README, "Feature-major products"), equal to it to a few ulps. The result is then
+    a transposed view (its transpose is contiguous), which the next feature-major product reads as is.
+    Training, other devices and dtypes, and quantised, adapted, hooked or patched layers take ``linear(states)``."""
+    if not (
+        type(linear) is nn.Linear and type(linear.weight) is nn.Parameter and not torch.is_grad_enabled()
+        and states.device.type == "cpu" and states.dtype == linear.weight.dtype == torch.float32
+        and not (linear._forward_hooks or linear._forward_pre_hooks or "forward" in vars(linear))
+    ):
+        return linear(states)
+    rows = states.reshape(-1, states.shape[-1]).t()  # (in, rows)
+    weight, bias = linear.weight, linear.bias
+    product = torch.mm(weight, rows) if bias is None else torch.addmm(bias[:, None], weight, rows)  # (out, rows)
+    return product.t().reshape(*states.shape[:-1], -1)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1076,15 +1095,25 @@ class BeamSearch:
         a sentence are copies of each other, so the decoder runs on one row per sentence."""
         running = self.state["running_sequences"]
         sequences = (running[:, :1] if first else running)[:, :, : self.length].flatten(0, 1)  # (rows, length)
-        outputs = self.model(
+        logits = self._next_token_logits(
             encoder_outputs=(self.encoder_hidden_states,), attention_mask=self.attention_mask,
             decoder_input_ids=sequences if first else sequences[:, -1:], cache=self.cache, use_cache=True,
         )
-        log_probs = nn.functional.log_softmax(outputs.logits[:, -1, :].float(), dim=-1)  # (rows, V)
+        log_probs = nn.functional.log_softmax(logits.float(), dim=-1)  # (rows, V)
         log_probs = self.logits_processor(sequences, log_probs)
         # processors can leave fewer than `keep` finite scores: then tied -inf ones are picked as generate() does
         top_k = blockwise_top_k if not self.logits_processor else torch.topk
         return self.best_continuations(log_probs, self.state["running_beam_scores"], self.keep, top_k)
+
+    def _next_token_logits(self, **inputs) -> torch.Tensor:
+        """The logits at the last position (rows, V): the decoder, then the output projection on that
+        position alone, through `feature_major_linear`. The whole forward where hooks are on the model
+        (accelerate's device placement, a user's): they expect it to be called."""
+        model = self.model
+        if hasattr(model, "_hf_hook") or model._forward_hooks or model._forward_pre_hooks:
+            return model(**inputs).logits[:, -1]
+        hidden_states = model.model(**inputs).last_hidden_state[:, -1]  # (rows, d_model)
+        return feature_major_linear(model.get_output_embeddings(), hidden_states)
 
     def _unfinished(self) -> bool:
         state = self.state
