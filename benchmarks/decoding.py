@@ -60,11 +60,11 @@ import vanilla_transformer
 from vanilla_transformer.convert import from_marian
 from vanilla_transformer.modeling_vanilla_transformer import (
     BeamSearch,
-    FeedForward,
     VanillaTransformerAttention,
     VanillaTransformerForConditionalGeneration,
     best_continuations,
     eager_attention_forward,
+    feature_major_linear,
     blockwise_top_k,
     pad_after_end_of_sequence,
 )
@@ -314,30 +314,16 @@ class MergeEveryStep(BeamSearch):
 
 
 class WholeForwardLogits(BeamSearch):
-    """The logits from the model's whole forward (`nn.Linear`'s x W^T, every position) instead of the output
-    projection on the last position, feature-major."""
+    """The logits from the model's whole forward (`nn.Linear`'s x W^T over every position) instead of the
+    output projection on the last position alone, feature-major."""
 
     def _next_token_logits(self, **inputs):
         return self.model(**inputs).logits[:, -1]
 
 
-def row_major_products(model) -> nn.Module:
-    """The FFN and the output projection as `nn.Linear` computes them, x W^T, not `feature_major_linear`'s
-    (W x^T)^T."""
-    for feed_forward in model.modules():
-        if isinstance(feed_forward, FeedForward):
-            feed_forward.forward = types.MethodType(_row_major_feed_forward, feed_forward)
-    model.__class__ = search_variant(WholeForwardLogits)
-    return model
+ROW_MAJOR = "output projection as nn.Linear's x W^T in the model's forward (no feature-major product)"
 
-
-def _row_major_feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    return self.fc2(self.activation_dropout(self.activation(self.fc1(hidden_states))))
-
-
-ROW_MAJOR = "FFN and output projection as nn.Linear's x W^T (no feature-major products)"
-
-# lever name -> our model class with that lever undone, or a function undoing it in a copy of our model
+# lever name -> our model class with that lever undone
 LEVERS = {
     "transformers' beam search, full cache reorder": FullReorderSearch,
     "transformers' beam search, cross-attention not reordered": StockSearch,
@@ -348,25 +334,23 @@ LEVERS = {
     "first step on every beam + cross-attention keys/values per beam": search_variant(CrossAttentionPerBeam),
     "cross-attention mask made at every step": search_variant(CrossMaskEveryStep),
     "bookkeeping at every step (no lean step)": search_variant(MergeEveryStep),
-    ROW_MAJOR: row_major_products,
+    ROW_MAJOR: search_variant(WholeForwardLogits),
 }
 INT8 = "ours, int8 dynamic quantisation (linear layers)"
 FUSED = "ours + self-attention q/k/v as one matrix product"
 PREPACKED = "ours + decoder and output-projection weights prepacked for oneDNN"
 BF16 = "ours, bfloat16 weights (model.to(torch.bfloat16))"
+FEATURE_MAJOR_FFN = "ours + decoder FFN as W x^T (feature-major products)"
 
 
 def lever_models(ours, names: list[str] | None = None) -> dict[str, nn.Module]:
     """Our model with one lever undone (each a copy sharing nothing), by the lever's name: all of
     `LEVERS`, or the ``names`` among them."""
     models = {}
-    for name, undo in LEVERS.items():
+    for name, model_class in LEVERS.items():
         if names is None or name in names:
             model = copy.deepcopy(ours)
-            if isinstance(undo, type):
-                model.__class__ = undo
-            else:
-                model = undo(model)
+            model.__class__ = model_class
             models[name] = model
     return models
 
@@ -417,6 +401,21 @@ def _prepacked_linear(self, states: torch.Tensor) -> torch.Tensor:
     )
 
 
+def with_feature_major_ffn(ours) -> nn.Module:
+    """The decoder's FFN multiplies the other way round too, through `feature_major_linear` (decoding only:
+    it applies where the output projection's does)."""
+    model = copy.deepcopy(ours)
+    for layer in model.model.decoder.layers:
+        layer.feed_forward.forward = types.MethodType(_feature_major_feed_forward, layer.feed_forward)
+    return model
+
+
+def _feature_major_feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    """`FeedForward.forward`, both products through `feature_major_linear` (fc2 reads fc1's transposed view as is)."""
+    hidden_states = self.activation_dropout(self.activation(feature_major_linear(self.fc1, hidden_states)))
+    return feature_major_linear(self.fc2, hidden_states)
+
+
 def quantized(ours) -> nn.Module:
     """Dynamic int8 quantisation of every linear layer, the documented one-liner."""
     return torch.ao.quantization.quantize_dynamic(copy.deepcopy(ours), {nn.Linear}, dtype=torch.qint8)
@@ -431,6 +430,7 @@ def bfloat16(ours) -> nn.Module:
 # lever name -> a copy of our model with that lever added (measured; not in the shipped model)
 ADDED = {
     INT8: quantized, FUSED: with_fused_self_attention, PREPACKED: with_prepacked_weights, BF16: bfloat16,
+    FEATURE_MAJOR_FFN: with_feature_major_ffn,
 }
 
 

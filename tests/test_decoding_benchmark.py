@@ -196,11 +196,14 @@ def test_every_lever_undone_still_gives_the_shipped_hypotheses():
     assert torch.equal(fused.generate(input_ids=input_ids, **settings), expected)
     assert len(fused_layers) == 2 and not separate_calls  # both self-attentions ran fused
     row_major = decoding.lever_models(ours, [decoding.ROW_MAJOR])[decoding.ROW_MAJOR]
-    for model, feature_major in ((ours, True), (row_major, False)):  # the FFN and output projection, by how they multiply
+    ffn = decoding.with_feature_major_ffn(ours)  # an added lever
+    # how the output projection (no bias: torch.mm) and the FFN (bias: torch.addmm) multiply in each
+    for model, products in ((ours, {"mm"}), (row_major, set()), (ffn, {"mm", "addmm"})):
         with CountedCalls() as calls, torch.no_grad():
             assert torch.equal(model.generate(input_ids=input_ids, **settings), expected)
-        assert (calls["addmm"] > 0 and calls["mm"] > 0) == feature_major, (feature_major, calls)
-        assert calls["linear"] > 0  # attention projections stay nn.Linear's in both
+        assert {name for name in ("mm", "addmm") if calls[name]} == products, calls
+        assert calls["linear"] > 0  # the attention projections stay nn.Linear's in all
+    assert calls["addmm"] == 2 * 2 * calls["mm"]  # each step: the output projection, two products in each decoder FFN
     if torch.backends.mkldnn.is_available():  # an added lever: the same hypotheses, from the reordered weights
         prepacked = decoding.with_prepacked_weights(ours)
         assert torch.equal(prepacked.generate(input_ids=input_ids, **settings), expected)

@@ -315,26 +315,7 @@ class FeedForward(nn.Module):
         self.fc2 = nn.Linear(ffn_dim, config.d_model)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        hidden_states = self.activation_dropout(self.activation(feature_major_linear(self.fc1, hidden_states)))
-        return feature_major_linear(self.fc2, hidden_states)
-
-
-def feature_major_linear(linear: nn.Module, states: torch.Tensor) -> torch.Tensor:
-    """``linear(states)``; for float32 inference on CPU through a plain ``nn.Linear``, computed the other way
-    round, (W x^T)^T: one matrix product with the bias as a column, which MKL runs faster than x W^T at
-    decoding's few rows (README, "Feature-major products"), equal to it to a few ulps. The result is then
-    a transposed view (its transpose is contiguous), which the next feature-major product reads as is.
-    Training, other devices and dtypes, and quantised, adapted, hooked or patched layers take ``linear(states)``."""
-    if not (
-        type(linear) is nn.Linear and type(linear.weight) is nn.Parameter and not torch.is_grad_enabled()
-        and states.device.type == "cpu" and states.dtype == linear.weight.dtype == torch.float32
-        and not (linear._forward_hooks or linear._forward_pre_hooks or "forward" in vars(linear))
-    ):
-        return linear(states)
-    rows = states.reshape(-1, states.shape[-1]).t()  # (in, rows)
-    weight, bias = linear.weight, linear.bias
-    product = torch.mm(weight, rows) if bias is None else torch.addmm(bias[:, None], weight, rows)  # (out, rows)
-    return product.t().reshape(*states.shape[:-1], -1)
+        return self.fc2(self.activation_dropout(self.activation(self.fc1(hidden_states))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -861,6 +842,24 @@ def best_continuations(
     return scores, picked // keep, tokens.reshape(sentences, beams * keep).gather(1, picked)
 
 
+def feature_major_linear(linear: nn.Module, states: torch.Tensor) -> torch.Tensor:
+    """``linear(states)``; for float32 inference on CPU through a plain ``nn.Linear``, computed the other way
+    round, (W x^T)^T: one matrix product with the bias as a column, equal to x W^T + b to a few ulps, which
+    MKL runs faster for beam search's output projection over the vocabulary (README, "Feature-major
+    products"). The result is then a transposed view (its transpose is contiguous). Training, other devices
+    and dtypes, and quantised, adapted, hooked or patched layers take ``linear(states)``."""
+    if not (
+        type(linear) is nn.Linear and type(linear.weight) is nn.Parameter and not torch.is_grad_enabled()
+        and states.device.type == "cpu" and states.dtype == linear.weight.dtype == torch.float32
+        and not (linear._forward_hooks or linear._forward_pre_hooks or "forward" in vars(linear))
+    ):
+        return linear(states)
+    rows = states.reshape(-1, states.shape[-1]).t()  # (in, rows)
+    weight, bias = linear.weight, linear.bias
+    product = torch.mm(weight, rows) if bias is None else torch.addmm(bias[:, None], weight, rows)  # (out, rows)
+    return product.t().reshape(*states.shape[:-1], -1)
+
+
 TOP_K_BLOCK = 128
 
 
@@ -906,6 +905,8 @@ class BeamSearch:
     - a sentence whose hypotheses can no longer change (all its beams finished, and early stopping or
       no possible improvement) leaves the batch; generate() keeps decoding it until the last one ends.
     - the cross-attention mask is made once per batch, not at every step.
+    - the output projection runs on the last position only, the other way round on CPU
+      (`feature_major_linear`), and its logits stay inside the search.
     - the paper's decoding (early stopping, no logits processors) takes `_lean_step`: the same
       bookkeeping functions, called only at the steps where they can change the result.
 
