@@ -215,14 +215,20 @@ def test_feature_major_products_equal_x_w_transposed_and_serve_only_float32_cpu_
         assert torch.allclose(row_major(quantised, states).double(), expected, atol=0.05)
 
 
+@pytest.mark.parametrize("replaced", ["hooked", "patched"])
 @pytest.mark.parametrize("case", ["paper", "returns-3"])
-def test_beam_search_through_a_hooked_model_calls_its_whole_forward_and_keeps_the_hypotheses(case):
-    """A forward hook on the model (accelerate's device placement is one) sees every decoding step: the
-    beam search then takes the whole forward, not the decoder and output projection on their own."""
+def test_beam_search_through_a_hooked_or_patched_model_calls_its_whole_forward_and_keeps_the_hypotheses(case, replaced):
+    """A forward hook on the model (accelerate's device placement is one), or a forward replaced on it (as
+    ``model.forward = torch.compile(model.forward)`` does), sees every decoding step: the beam search then
+    takes the whole forward, not the decoder and output projection on their own."""
     ours = from_marian(marian_that_stops())
     expected = ours.generate(**padded_sources(), **BEAM_CASES[case])
     calls = []
-    ours.register_forward_hook(lambda *args: calls.append(1))
+    if replaced == "hooked":
+        ours.register_forward_hook(lambda *args: calls.append(1))
+    else:
+        forward = ours.forward
+        ours.forward = lambda *args, **kwargs: calls.append(1) or forward(*args, **kwargs)
     rows = rows_per_decoder_call(ours)
     assert torch.equal(ours.generate(**padded_sources(), **BEAM_CASES[case]), expected)
     assert len(calls) == len(rows)  # every decoder step (generate() runs the encoder on its own)

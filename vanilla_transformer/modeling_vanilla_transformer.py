@@ -1109,9 +1109,10 @@ class BeamSearch:
     def _next_token_logits(self, **inputs) -> torch.Tensor:
         """The logits at the last position (rows, V): the decoder, then the output projection on that
         position alone, through `feature_major_linear`. The whole forward where hooks are on the model
-        (accelerate's device placement, a user's): they expect it to be called."""
+        (accelerate's device placement, a user's) or its forward was replaced (``torch.compile``'d, say):
+        they expect it to be called."""
         model = self.model
-        if hasattr(model, "_hf_hook") or model._forward_hooks or model._forward_pre_hooks:
+        if hasattr(model, "_hf_hook") or model._forward_hooks or model._forward_pre_hooks or "forward" in vars(model):
             return model(**inputs).logits[:, -1]
         hidden_states = model.model(**inputs).last_hidden_state[:, -1]  # (rows, d_model)
         return feature_major_linear(model.get_output_embeddings(), hidden_states)
