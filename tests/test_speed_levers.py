@@ -215,23 +215,51 @@ def test_feature_major_products_equal_x_w_transposed_and_serve_only_float32_cpu_
         assert torch.allclose(row_major(quantised, states).double(), expected, atol=0.05)
 
 
-@pytest.mark.parametrize("replaced", ["hooked", "patched"])
+@pytest.mark.parametrize("replaced", ["hooked", "hooked on every module", "patched", "subclassed", "compiled"])
 @pytest.mark.parametrize("case", ["paper", "returns-3"])
-def test_beam_search_through_a_hooked_or_patched_model_calls_its_whole_forward_and_keeps_the_hypotheses(case, replaced):
-    """A forward hook on the model (accelerate's device placement is one), or a forward replaced on it (as
-    ``model.forward = torch.compile(model.forward)`` does), sees every decoding step: the beam search then
-    takes the whole forward, not the decoder and output projection on their own."""
+def test_beam_search_calls_the_whole_forward_where_calling_the_model_runs_more_and_keeps_the_hypotheses(case, replaced):
+    """A forward hook on the model (accelerate's device placement is one) or on every module, a forward
+    replaced on the instance (``model.forward = torch.compile(model.forward)``) or by a subclass, or
+    ``model.compile()`` (simulated: its `_compiled_call_impl`, wrapping the plain call): each sees every
+    decoding step, because the beam search then calls the model, not the decoder and output projection on
+    their own."""
     ours = from_marian(marian_that_stops())
     expected = ours.generate(**padded_sources(), **BEAM_CASES[case])
-    calls = []
+    calls, handles = [], []
     if replaced == "hooked":
-        ours.register_forward_hook(lambda *args: calls.append(1))
-    else:
+        handles.append(ours.register_forward_hook(lambda *args: calls.append(1)))
+    elif replaced == "hooked on every module":
+        handles.append(torch.nn.modules.module.register_module_forward_hook(
+            lambda module, *args: calls.append(1) if module is ours else None))
+    elif replaced == "patched":
         forward = ours.forward
         ours.forward = lambda *args, **kwargs: calls.append(1) or forward(*args, **kwargs)
+    elif replaced == "subclassed":
+        class Counted(type(ours)):
+            def forward(self, *args, **kwargs):
+                calls.append(1)
+                return super().forward(*args, **kwargs)
+
+        ours.__class__ = Counted
+    else:
+        ours._compiled_call_impl = lambda *args, **kwargs: calls.append(1) or ours._call_impl(*args, **kwargs)
     rows = rows_per_decoder_call(ours)
-    assert torch.equal(ours.generate(**padded_sources(), **BEAM_CASES[case]), expected)
+    try:
+        assert torch.equal(ours.generate(**padded_sources(), **BEAM_CASES[case]), expected)
+    finally:
+        for handle in handles:
+            handle.remove()
     assert len(calls) == len(rows)  # every decoder step (generate() runs the encoder on its own)
+
+
+def test_hooks_on_the_output_projection_see_the_forwards_shapes_during_beam_search():
+    """A hook on the output projection makes the search call it, with (rows, 1, d_model) as the forward does."""
+    ours = from_marian(marian_that_stops())
+    expected = ours.generate(**padded_sources(), **BEAM_CASES["paper"])
+    shapes = []
+    ours.lm_head.register_forward_hook(lambda module, inputs, output: shapes.append((inputs[0].shape, output.shape)))
+    assert torch.equal(ours.generate(**padded_sources(), **BEAM_CASES["paper"]), expected)
+    assert shapes and all(len(given) == 3 and given[1] == 1 and made == (*given[:2], VOCAB) for given, made in shapes)
 
 
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])

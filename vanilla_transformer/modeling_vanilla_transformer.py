@@ -842,6 +842,18 @@ def best_continuations(
     return scores, picked // keep, tokens.reshape(sentences, beams * keep).gather(1, picked)
 
 
+def runs_as_defined(module: nn.Module, forward: Callable) -> bool:
+    """Whether calling ``module`` runs ``forward`` and nothing else: no hooks on it (accelerate's device
+    placement is one) or on every module, and no forward replaced on the instance, by a subclass or by
+    ``module.compile()``. Only then may a caller compute what the call would, another way."""
+    return not (
+        module._forward_hooks or module._forward_pre_hooks or hasattr(module, "_hf_hook")
+        or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
+        or "forward" in vars(module) or type(module).forward is not forward
+        or getattr(module, "_compiled_call_impl", None) is not None
+    )
+
+
 def feature_major_linear(linear: nn.Module, states: torch.Tensor) -> torch.Tensor:
     """``linear(states)``; for float32 inference on CPU through a plain ``nn.Linear``, computed the other way
     round, (W x^T)^T: one matrix product with the bias as a column, equal to x W^T + b to a few ulps, which
@@ -851,13 +863,13 @@ def feature_major_linear(linear: nn.Module, states: torch.Tensor) -> torch.Tenso
     if not (
         type(linear) is nn.Linear and type(linear.weight) is nn.Parameter and not torch.is_grad_enabled()
         and states.device.type == "cpu" and states.dtype == linear.weight.dtype == torch.float32
-        and not (linear._forward_hooks or linear._forward_pre_hooks or "forward" in vars(linear))
+        and runs_as_defined(linear, nn.Linear.forward)
     ):
         return linear(states)
     rows = states.reshape(-1, states.shape[-1]).t()  # (in, rows)
     weight, bias = linear.weight, linear.bias
     product = torch.mm(weight, rows) if bias is None else torch.addmm(bias[:, None], weight, rows)  # (out, rows)
-    return product.t().reshape(*states.shape[:-1], -1)
+    return product.t().reshape(*states.shape[:-1], linear.out_features)
 
 
 TOP_K_BLOCK = 128
@@ -905,7 +917,7 @@ class BeamSearch:
     - a sentence whose hypotheses can no longer change (all its beams finished, and early stopping or
       no possible improvement) leaves the batch; generate() keeps decoding it until the last one ends.
     - the cross-attention mask is made once per batch, not at every step.
-    - the output projection runs on the last position only, the other way round on CPU
+    - the output projection runs on the last position only, in float32 CPU inference the other way round
       (`feature_major_linear`), and its logits stay inside the search.
     - the paper's decoding (early stopping, no logits processors) takes `_lean_step`: the same
       bookkeeping functions, called only at the steps where they can change the result.
@@ -1108,14 +1120,13 @@ class BeamSearch:
 
     def _next_token_logits(self, **inputs) -> torch.Tensor:
         """The logits at the last position (rows, V): the decoder, then the output projection on that
-        position alone, through `feature_major_linear`. The whole forward where hooks are on the model
-        (accelerate's device placement, a user's) or its forward was replaced (``torch.compile``'d, say):
-        they expect it to be called."""
+        position alone, through `feature_major_linear`. The whole forward where calling the model runs more
+        than its forward (hooks, a replaced or compiled forward): whoever put that there expects it to run."""
         model = self.model
-        if hasattr(model, "_hf_hook") or model._forward_hooks or model._forward_pre_hooks or "forward" in vars(model):
+        if not runs_as_defined(model, VanillaTransformerForConditionalGeneration.forward):
             return model(**inputs).logits[:, -1]
-        hidden_states = model.model(**inputs).last_hidden_state[:, -1]  # (rows, d_model)
-        return feature_major_linear(model.get_output_embeddings(), hidden_states)
+        hidden_states = model.model(**inputs).last_hidden_state[:, -1:]  # (rows, 1, d_model), as the forward has it
+        return feature_major_linear(model.get_output_embeddings(), hidden_states)[:, -1]
 
     def _unfinished(self) -> bool:
         state = self.state
