@@ -64,7 +64,6 @@ from vanilla_transformer.modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     best_continuations,
     eager_attention_forward,
-    feature_major_linear,
     blockwise_top_k,
     pad_after_end_of_sequence,
 )
@@ -313,15 +312,14 @@ class MergeEveryStep(BeamSearch):
     lean_steps = False
 
 
-class WholeForwardLogits(BeamSearch):
-    """The logits from the model's whole forward (`nn.Linear`'s x W^T over every position) instead of the
-    output projection on the last position alone, feature-major."""
+class PlainWeights(BeamSearch):
+    """The decoder FFN and the output projection multiply by `nn.Linear`'s plain weights (MKL packs them
+    again at every product), not by weights reordered for oneDNN once per call."""
 
-    def _next_token_logits(self, **inputs):
-        return self.model(**inputs).logits[:, -1]
+    prepacked_weights = False
 
 
-ROW_MAJOR = "output projection as nn.Linear's x W^T in the model's forward (no feature-major product)"
+PLAIN_WEIGHTS = "decoder FFN and output projection from plain weights (no oneDNN prepacking per call)"
 
 # lever name -> our model class with that lever undone
 LEVERS = {
@@ -334,13 +332,12 @@ LEVERS = {
     "first step on every beam + cross-attention keys/values per beam": search_variant(CrossAttentionPerBeam),
     "cross-attention mask made at every step": search_variant(CrossMaskEveryStep),
     "bookkeeping at every step (no lean step)": search_variant(MergeEveryStep),
-    ROW_MAJOR: search_variant(WholeForwardLogits),
+    PLAIN_WEIGHTS: search_variant(PlainWeights),
 }
 INT8 = "ours, int8 dynamic quantisation (linear layers)"
 FUSED = "ours + self-attention q/k/v as one matrix product"
-PREPACKED = "ours + decoder and output-projection weights prepacked for oneDNN"
+PREPACKED = "ours + every decoder linear layer prepacked for oneDNN, once for all calls"
 BF16 = "ours, bfloat16 weights (model.to(torch.bfloat16))"
-FEATURE_MAJOR_FFN = "ours + decoder FFN as W x^T (feature-major products)"
 
 
 def lever_models(ours, names: list[str] | None = None) -> dict[str, nn.Module]:
@@ -380,9 +377,10 @@ def _fused_self_attention(self, hidden_states, attention_mask=None, encoder_hidd
 
 
 def with_prepacked_weights(ours) -> nn.Module:
-    """Every linear layer of the decoder, and the output projection, multiplies with its weight reordered
-    once into oneDNN's blocked layout (what inductor's CPU freezing does), instead of the plain row-major
-    weight that each MKL call packs again (decoding only: the copy does not follow later weight changes)."""
+    """Every linear layer of the decoder (the attention projections too), and the output projection,
+    multiplies with its weight reordered into oneDNN's blocked layout once for all calls, where ours
+    reorders the FFN's and the output projection's at each generate() call (decoding only: the copy does
+    not follow later weight changes)."""
     if not torch.backends.mkldnn.is_available():
         raise RuntimeError(f"{PREPACKED!r} needs a torch built with oneDNN (torch.backends.mkldnn)")
     model = copy.deepcopy(ours)
@@ -401,21 +399,6 @@ def _prepacked_linear(self, states: torch.Tensor) -> torch.Tensor:
     )
 
 
-def with_feature_major_ffn(ours) -> nn.Module:
-    """The decoder's FFN multiplies the other way round too, through `feature_major_linear` (decoding only:
-    it applies where the output projection's does)."""
-    model = copy.deepcopy(ours)
-    for layer in model.model.decoder.layers:
-        layer.feed_forward.forward = types.MethodType(_feature_major_feed_forward, layer.feed_forward)
-    return model
-
-
-def _feature_major_feed_forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    """`FeedForward.forward`, both products through `feature_major_linear` (fc2 reads fc1's transposed view as is)."""
-    hidden_states = self.activation_dropout(self.activation(feature_major_linear(self.fc1, hidden_states)))
-    return feature_major_linear(self.fc2, hidden_states)
-
-
 def quantized(ours) -> nn.Module:
     """Dynamic int8 quantisation of every linear layer, the documented one-liner."""
     return torch.ao.quantization.quantize_dynamic(copy.deepcopy(ours), {nn.Linear}, dtype=torch.qint8)
@@ -430,7 +413,6 @@ def bfloat16(ours) -> nn.Module:
 # lever name -> a copy of our model with that lever added (measured; not in the shipped model)
 ADDED = {
     INT8: quantized, FUSED: with_fused_self_attention, PREPACKED: with_prepacked_weights, BF16: bfloat16,
-    FEATURE_MAJOR_FFN: with_feature_major_ffn,
 }
 
 

@@ -7,6 +7,7 @@ hypotheses token for token; the script compares them and prints "identical" only
 from __future__ import annotations
 
 import gzip
+from contextlib import contextmanager
 
 import pytest
 
@@ -136,29 +137,17 @@ def test_the_floor_runs_end_to_end_on_ours_as_shipped(tmp_path, capsys):
     assert "with nothing but the required work it would be" in printed
 
 
-class CountedCalls:
-    """Counts torch.mm, torch.addmm and nn.functional.linear calls (a TorchFunctionMode) inside the block."""
+@contextmanager
+def counted_kernels():
+    """Counts the operators that run inside the block, by their profiler names."""
+    from collections import Counter
 
-    def __enter__(self):
-        from collections import Counter
+    from torch.profiler import ProfilerActivity, profile
 
-        import torch
-        from torch.overrides import TorchFunctionMode
-
-        counts = self.counts = Counter()
-
-        class Mode(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
-                if func in (torch.mm, torch.addmm, torch.nn.functional.linear):
-                    counts[func.__name__] += 1
-                return func(*args, **(kwargs or {}))
-
-        self.mode = Mode()
-        self.mode.__enter__()
-        return counts
-
-    def __exit__(self, *exc):
-        self.mode.__exit__(*exc)
+    counts = Counter()
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        yield counts
+    counts.update({event.key: event.count for event in profiler.key_averages()})
 
 
 def test_every_lever_undone_still_gives_the_shipped_hypotheses():
@@ -195,15 +184,13 @@ def test_every_lever_undone_still_gives_the_shipped_hypotheses():
             projection.register_forward_hook(lambda *args: separate_calls.append(1))
     assert torch.equal(fused.generate(input_ids=input_ids, **settings), expected)
     assert len(fused_layers) == 2 and not separate_calls  # both self-attentions ran fused
-    row_major = decoding.lever_models(ours, [decoding.ROW_MAJOR])[decoding.ROW_MAJOR]
-    ffn = decoding.with_feature_major_ffn(ours)  # an added lever
-    # how the output projection (no bias: torch.mm) and the FFN (bias: torch.addmm) multiply in each
-    for model, products in ((ours, {"mm"}), (row_major, set()), (ffn, {"mm", "addmm"})):
-        with CountedCalls() as calls, torch.no_grad():
+    plain = decoding.lever_models(ours, [decoding.PLAIN_WEIGHTS])[decoding.PLAIN_WEIGHTS]
+    for model, prepacked in ((ours, torch.backends.mkldnn.is_available()), (plain, False)):
+        with counted_kernels() as kernels:
             assert torch.equal(model.generate(input_ids=input_ids, **settings), expected)
-        assert {name for name in ("mm", "addmm") if calls[name]} == products, calls
-        assert calls["linear"] > 0  # the attention projections stay nn.Linear's in all
-    assert calls["addmm"] == 2 * 2 * calls["mm"]  # each step: the output projection, two products in each decoder FFN
+        steps = kernels["aten::log_softmax"]  # one per decoding step
+        # per step: the output projection and both products of each of the 2 decoder FFNs, prepacked or not
+        assert kernels["mkldnn::_linear_pointwise"] == (5 * steps if prepacked else 0), kernels
     if torch.backends.mkldnn.is_available():  # an added lever: the same hypotheses, from the reordered weights
         prepacked = decoding.with_prepacked_weights(ours)
         assert torch.equal(prepacked.generate(input_ids=input_ids, **settings), expected)

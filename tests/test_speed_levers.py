@@ -18,8 +18,10 @@ from vanilla_transformer.modeling_vanilla_transformer import (
     BeamSearch,
     Dropout,
     best_continuations,
-    feature_major_linear,
+    PREPACKED,
     label_smoothed_cross_entropy,
+    prepack,
+    prepacked_linear,
 )
 
 VOCAB, PAD, EOS, START = 40, 0, 3, 0
@@ -178,41 +180,70 @@ def test_best_continuations_equal_the_top_k_over_all_beams_and_tokens():
     assert torch.equal(beam, flat // vocabulary) and torch.equal(token, flat % vocabulary)
 
 
+@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("rows", [2, 7, 40])
-def test_feature_major_products_equal_x_w_transposed_and_serve_only_float32_cpu_inference(rows, bias):
-    """(W x^T)^T is x W^T + b (the formula), laid out feature-major; where it does not apply, the layer's own
-    forward runs: training (with its gradient), float64, a hook, a patched forward, a quantised layer."""
+def test_prepacked_products_equal_x_w_transposed_and_serve_only_float32_cpu_inference_in_the_search(rows, bias):
+    """x W^T + b (the formula) from the copy `prepack` reordered, while a search has it in `PREPACKED`; the
+    layer's own forward otherwise: outside a search, in training (with its gradient), in float64."""
     torch.manual_seed(0)
     linear = torch.nn.Linear(32, 24, bias=bias)
     states = torch.randn(rows, 1, 32)
     expected = states.double() @ linear.weight.double().T + (linear.bias.double() if bias else 0)
     with torch.no_grad():
-        product = feature_major_linear(linear, states)
-    assert product.shape == (rows, 1, 24) and torch.allclose(product.double(), expected, atol=1e-5)
-    assert not product.is_contiguous() and product.view(rows, 24).t().is_contiguous()  # feature-major
-
-    def row_major(layer, inputs):  # the layer's own forward ran: its contiguous (rows, out) layout and values
-        result = feature_major_linear(layer, inputs)
-        assert result.is_contiguous() and torch.equal(result, layer(inputs))
-        return result
-
-    trained = row_major(linear, states.requires_grad_())
-    trained.sum().backward()  # the gradient is nn.Linear's: d(sum)/dx = sum of W's rows
-    assert torch.allclose(states.grad, linear.weight.sum(0).expand_as(states))
+        assert torch.equal(prepacked_linear(linear, states), linear(states))  # no search running
+        packed = prepack([linear], rows)
+        assert list(packed) == [linear]
+        weight = linear.weight.clone()
+        linear.weight.zero_()  # the reordered copy is what multiplies now: the plain weight no longer counts
+    token = PREPACKED.set(packed)
+    try:
+        with torch.no_grad():
+            product = prepacked_linear(linear, states)
+            assert product.shape == (rows, 1, 24) and torch.allclose(product.double(), expected, atol=1e-5)
+            assert torch.equal(prepacked_linear(linear.double(), states.double()), linear(states.double()))
+            linear.float()
+        trained = prepacked_linear(linear, states.requires_grad_())  # autograd on: nn.Linear, gradient and all
+        assert torch.equal(trained, linear(states))
+        trained.sum().backward()
+        assert torch.allclose(linear.weight.grad, states.detach().sum(dim=(0, 1)).expand(24, 32), atol=1e-5)
+    finally:
+        PREPACKED.reset(token)
     with torch.no_grad():
-        assert torch.allclose(row_major(linear.double(), states.double()), expected)
-        linear.float()
-        calls = []
-        handle = linear.register_forward_hook(lambda *args: calls.append(1))
-        row_major(linear, states)
-        assert calls  # the hook saw the call
-        handle.remove()
-        patched = copy.deepcopy(linear)
-        patched.forward = lambda inputs: torch.nn.Linear.forward(patched, inputs) * 2
-        assert torch.allclose(row_major(patched, states).double(), 2 * expected, atol=1e-5)
-        quantised = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(linear), {torch.nn.Linear})[0]
-        assert torch.allclose(row_major(quantised, states).double(), expected, atol=0.05)
+        linear.weight.copy_(weight)
+
+
+def test_prepack_leaves_layers_that_run_more_than_nn_linear_or_run_elsewhere_to_their_forward():
+    """Nothing is reordered for a hooked or patched layer, a quantised one, float64 weights, or under autocast."""
+    if not torch.backends.mkldnn.is_available():
+        assert prepack([torch.nn.Linear(8, 4)], 4) == {}
+        return
+    plain, hooked, patched, wide = (torch.nn.Linear(8, 4) for _ in range(4))
+    hooked.register_forward_pre_hook(lambda *args: None)
+    patched.forward = lambda inputs: inputs
+    quantised = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(8, 4)), {torch.nn.Linear})[0]
+    assert list(prepack([plain, hooked, patched, quantised, wide.double()], 4)) == [plain]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert prepack([plain], 4) == {}
+
+
+def test_the_search_multiplies_by_prepacked_weights_only_while_it_runs():
+    """generate() leaves no reordered weights behind: after it, the layers multiply by their own weights."""
+    ours = from_marian(marian_that_stops())
+    expected = ours.generate(**padded_sources(), **BEAM_CASES["paper"])
+    assert PREPACKED.get() == {}
+    seen = []
+    ours.model.decoder.register_forward_pre_hook(lambda *args: seen.append(dict(PREPACKED.get())))
+    assert torch.equal(ours.generate(**padded_sources(), **BEAM_CASES["paper"]), expected)
+    feed_forward = ours.model.decoder.layers[0].feed_forward
+    if torch.backends.mkldnn.is_available():  # the FFNs and the output projection, at every step
+        assert all(set(packed) == {*(layer.feed_forward.fc1 for layer in ours.model.decoder.layers),
+                                   *(layer.feed_forward.fc2 for layer in ours.model.decoder.layers), ours.lm_head}
+                   for packed in seen)
+    assert PREPACKED.get() == {}
+    with torch.no_grad():
+        states = torch.randn(3, 1, 32)
+        assert torch.equal(feed_forward(states), feed_forward.fc2(feed_forward.activation(feed_forward.fc1(states))))
 
 
 @pytest.mark.parametrize("replaced", ["hooked", "hooked on every module", "patched", "subclassed", "compiled"])

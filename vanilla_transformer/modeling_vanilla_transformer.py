@@ -15,6 +15,7 @@ one place, `ResidualConnection`, and in the stacks' constructors.
 
 from __future__ import annotations
 
+import contextvars
 import copy
 import functools
 import math
@@ -315,7 +316,8 @@ class FeedForward(nn.Module):
         self.fc2 = nn.Linear(ffn_dim, config.d_model)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.activation_dropout(self.activation(self.fc1(hidden_states))))
+        hidden_states = self.activation_dropout(self.activation(prepacked_linear(self.fc1, hidden_states)))
+        return prepacked_linear(self.fc2, hidden_states)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -854,22 +856,37 @@ def runs_as_defined(module: nn.Module, forward: Callable) -> bool:
     )
 
 
-def feature_major_linear(linear: nn.Module, states: torch.Tensor) -> torch.Tensor:
-    """``linear(states)``; for float32 inference on CPU through a plain ``nn.Linear``, computed the other way
-    round, (W x^T)^T: one matrix product with the bias as a column, equal to x W^T + b to a few ulps, which
-    MKL runs faster for beam search's output projection over the vocabulary (README, "Feature-major
-    products"). The result is then a transposed view (its transpose is contiguous). Training, other devices
-    and dtypes, and quantised, adapted, hooked or patched layers take ``linear(states)``."""
-    if not (
-        type(linear) is nn.Linear and type(linear.weight) is nn.Parameter and not torch.is_grad_enabled()
-        and states.device.type == "cpu" and states.dtype == linear.weight.dtype == torch.float32
-        and runs_as_defined(linear, nn.Linear.forward)
-    ):
+# Beam search on CPU multiplies by the decoder FFN's and the output projection's weights reordered once per
+# generate() call into oneDNN's blocked layout (what inductor's CPU freezing does): MKL packs a plain
+# weight again at every product, and at decoding's few rows that is a large part of it (README,
+# "Prepacked weights"). The reordered copies live in this context variable while the search runs.
+PREPACKED: contextvars.ContextVar[dict] = contextvars.ContextVar("prepacked_weights", default={})
+
+
+def prepacked_linear(linear: nn.Module, states: torch.Tensor) -> torch.Tensor:
+    """``linear(states)``, from the weight the running beam search reordered for oneDNN (`prepack`) if it
+    did; equal to x W^T + b up to float32 rounding in another order."""
+    packed = PREPACKED.get().get(linear)
+    if packed is None or torch.is_grad_enabled() or states.dtype != torch.float32:
         return linear(states)
-    rows = states.reshape(-1, states.shape[-1]).t()  # (in, rows)
-    weight, bias = linear.weight, linear.bias
-    product = torch.mm(weight, rows) if bias is None else torch.addmm(bias[:, None], weight, rows)  # (out, rows)
-    return product.t().reshape(*states.shape[:-1], linear.out_features)
+    rows = states.reshape(-1, states.shape[-1])
+    product = torch.ops.mkldnn._linear_pointwise(rows, packed, linear.bias, "none", [], "")
+    return product.view(*states.shape[:-1], linear.out_features)
+
+
+def prepack(linears: list[nn.Module], rows: int) -> dict[nn.Module, torch.Tensor]:
+    """The weights of those ``linears`` that are plain float32 ``nn.Linear`` layers on the CPU, each reordered
+    for oneDNN (a copy) for products of about ``rows`` rows; nothing where torch has no oneDNN, under
+    autocast, or for quantised, adapted, hooked or patched layers, which keep their own forward."""
+    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+            and not torch.is_autocast_enabled("cpu")):
+        return {}
+    return {
+        linear: torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
+        for linear in linears
+        if type(linear) is nn.Linear and type(linear.weight) is nn.Parameter and linear.weight.device.type == "cpu"
+        and linear.weight.dtype == torch.float32 and runs_as_defined(linear, nn.Linear.forward)
+    }
 
 
 TOP_K_BLOCK = 128
@@ -917,8 +934,9 @@ class BeamSearch:
     - a sentence whose hypotheses can no longer change (all its beams finished, and early stopping or
       no possible improvement) leaves the batch; generate() keeps decoding it until the last one ends.
     - the cross-attention mask is made once per batch, not at every step.
-    - the output projection runs on the last position only, in float32 CPU inference the other way round
-      (`feature_major_linear`), and its logits stay inside the search.
+    - the output projection runs on the last position only, and its logits stay inside the search;
+    - on the CPU, the decoder FFN and the output projection multiply by weights reordered once per call
+      for oneDNN (`prepack`, `prepacked_linear`).
     - the paper's decoding (early stopping, no logits processors) takes `_lean_step`: the same
       bookkeeping functions, called only at the steps where they can change the result.
 
@@ -927,6 +945,7 @@ class BeamSearch:
 
     best_continuations = staticmethod(best_continuations)
     lean_steps = True  # `_lean_step` wherever it applies
+    prepacked_weights = True  # `prepack` wherever it applies
 
     @staticmethod
     def covers(model, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs) -> bool:
@@ -966,6 +985,12 @@ class BeamSearch:
             self.encoder_hidden_states, attention_mask=mask[:: self.beams] if mask is not None else None,
         )
         self.cache = model_kwargs[CACHE]  # generate()'s, empty
+        # weights reordered for oneDNN while this call runs; none for a model whose call runs more than its
+        # forward (hooks, a compiled forward, which would trace the context variable)
+        linears = [linear for layer in model.model.decoder.layers for linear in (layer.feed_forward.fc1, layer.feed_forward.fc2)]
+        self.prepacked = prepack([*linears, model.get_output_embeddings()], rows=input_ids.shape[0]) if (
+            self.prepacked_weights and runs_as_defined(model, VanillaTransformerForConditionalGeneration.forward)
+        ) else {}
         self.sentence_ids = torch.arange(sentences, device=input_ids.device)  # batch position of each kept sentence
         self.state = self._initial_state(input_ids, sentences)
         self.result = {name: self.state[name].clone() for name in ("sequences", "beam_indices")}
@@ -996,6 +1021,13 @@ class BeamSearch:
         }
 
     def run(self) -> torch.LongTensor:
+        token = PREPACKED.set(self.prepacked)  # what `prepacked_linear` multiplies by while the search runs
+        try:
+            return self._search()
+        finally:
+            PREPACKED.reset(token)
+
+    def _search(self) -> torch.LongTensor:
         if self.lean:
             while self._lean_step():
                 pass
@@ -1120,13 +1152,13 @@ class BeamSearch:
 
     def _next_token_logits(self, **inputs) -> torch.Tensor:
         """The logits at the last position (rows, V): the decoder, then the output projection on that
-        position alone, through `feature_major_linear`. The whole forward where calling the model runs more
-        than its forward (hooks, a replaced or compiled forward): whoever put that there expects it to run."""
+        position alone (`prepacked_linear`). The whole forward where calling the model runs more than its
+        forward (hooks, a replaced or compiled forward): whoever put that there expects it to run."""
         model = self.model
         if not runs_as_defined(model, VanillaTransformerForConditionalGeneration.forward):
             return model(**inputs).logits[:, -1]
         hidden_states = model.model(**inputs).last_hidden_state[:, -1:]  # (rows, 1, d_model), as the forward has it
-        return feature_major_linear(model.get_output_embeddings(), hidden_states)[:, -1]
+        return prepacked_linear(model.get_output_embeddings(), hidden_states)[:, -1]
 
     def _unfinished(self) -> bool:
         state = self.state
