@@ -71,7 +71,7 @@ def test_a_malformed_configuration_is_refused_naming_the_flag(text, capsys):
 
 
 def test_levers_are_chosen_by_name_and_an_unknown_name_is_refused_with_the_choices(capsys):
-    chosen = ["bookkeeping at every step (no lean step)", decoding.INT8, decoding.FUSED, decoding.PREPACKED, decoding.BF16]
+    chosen = ["bookkeeping at every step (no lean step)", decoding.INT8, decoding.FUSED, decoding.PREPACKED_ONCE, decoding.BF16]
     assert decoding.parse_args(["--levers", *[f"--lever={name}" for name in chosen]]).lever == chosen
     with pytest.raises(SystemExit):
         decoding.parse_args(["--levers", "--lever", "no such lever"])
@@ -105,6 +105,7 @@ def test_the_floor_counts_the_model_s_operations_and_the_vocabulary_softmax_and_
     assert set(seconds.values()) == {0.0}
     # each operation counts once, in its own group: addmm is a matrix product, not an add
     assert decoding.required_group("aten::addmm") == "matrix products and attention"
+    assert decoding.required_group("mkldnn::_linear_pointwise") == "matrix products and attention"  # prepacked
     assert decoding.required_group("aten::add") == "layer norm, residual adds, ReLU, embedding"
     assert decoding.required_group("aten::_scaled_dot_product_flash_attention_for_cpu") == "matrix products and attention"
     assert decoding.required_group("aten::add_") is decoding.required_group("aten::scaled_dot_product_attention") is None

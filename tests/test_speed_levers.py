@@ -192,7 +192,7 @@ def test_prepacked_products_equal_x_w_transposed_and_serve_only_float32_cpu_infe
     expected = states.double() @ linear.weight.double().T + (linear.bias.double() if bias else 0)
     with torch.no_grad():
         assert torch.equal(prepacked_linear(linear, states), linear(states))  # no search running
-        packed = prepack([linear], rows)
+        packed = prepack([linear], 128)  # reordered for 128 rows, as a search's first call might be: any count works
         assert list(packed) == [linear]
         weight = linear.weight.clone()
         linear.weight.zero_()  # the reordered copy is what multiplies now: the plain weight no longer counts
@@ -225,13 +225,39 @@ def test_prepack_leaves_layers_that_run_more_than_nn_linear_or_run_elsewhere_to_
     assert list(prepack([plain, hooked, patched, quantised, wide.double()], 4)) == [plain]
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert prepack([plain], 4) == {}
+    with torch.backends.mkldnn.flags(enabled=False):  # oneDNN switched off by the user
+        assert prepack([plain], 4) == {}
+
+
+def test_the_model_compiles_as_one_graph_with_the_prepacked_products_in_it():
+    """`FeedForward` and the search's output projection go through `prepacked_linear`, which compiled code must
+    trace whole (transformers compiles the forward with fullgraph=True for static caches)."""
+    ours = from_marian(marian_that_stops())
+    batch = padded_sources()
+    compiled = torch.compile(ours.forward, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        expected = ours(**batch, decoder_input_ids=batch["input_ids"][:, :4]).logits
+        assert torch.equal(compiled(**batch, decoder_input_ids=batch["input_ids"][:, :4]).logits, expected)
 
 
 def test_the_search_multiplies_by_prepacked_weights_only_while_it_runs():
-    """generate() leaves no reordered weights behind: after it, the layers multiply by their own weights."""
+    """generate() leaves no reordered weights behind, also when it fails: after it, the layers multiply by
+    their own weights."""
     ours = from_marian(marian_that_stops())
     expected = ours.generate(**padded_sources(), **BEAM_CASES["paper"])
-    assert PREPACKED.get() == {}
+    assert PREPACKED.get() is None
+    steps = []
+
+    def fail_at_the_third_step(*args):
+        steps.append(1)
+        if len(steps) == 3:
+            raise KeyboardInterrupt
+
+    handle = ours.model.decoder.register_forward_pre_hook(fail_at_the_third_step)
+    with pytest.raises(KeyboardInterrupt):
+        ours.generate(**padded_sources(), **BEAM_CASES["paper"])
+    handle.remove()
+    assert PREPACKED.get() is None
     seen = []
     ours.model.decoder.register_forward_pre_hook(lambda *args: seen.append(dict(PREPACKED.get())))
     assert torch.equal(ours.generate(**padded_sources(), **BEAM_CASES["paper"]), expected)
@@ -240,7 +266,7 @@ def test_the_search_multiplies_by_prepacked_weights_only_while_it_runs():
         assert all(set(packed) == {*(layer.feed_forward.fc1 for layer in ours.model.decoder.layers),
                                    *(layer.feed_forward.fc2 for layer in ours.model.decoder.layers), ours.lm_head}
                    for packed in seen)
-    assert PREPACKED.get() == {}
+    assert PREPACKED.get() is None
     with torch.no_grad():
         states = torch.randn(3, 1, 32)
         assert torch.equal(feed_forward(states), feed_forward.fc2(feed_forward.activation(feed_forward.fc1(states))))

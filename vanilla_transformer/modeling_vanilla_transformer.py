@@ -857,29 +857,31 @@ def runs_as_defined(module: nn.Module, forward: Callable) -> bool:
 
 
 # Beam search on CPU multiplies by the decoder FFN's and the output projection's weights reordered once per
-# generate() call into oneDNN's blocked layout (what inductor's CPU freezing does): MKL packs a plain
-# weight again at every product, and at decoding's few rows that is a large part of it (README,
-# "Prepacked weights"). The reordered copies live in this context variable while the search runs.
-PREPACKED: contextvars.ContextVar[dict] = contextvars.ContextVar("prepacked_weights", default={})
+# generate() call into oneDNN's blocked layout: MKL packs a plain weight again at every product, and at
+# decoding's few rows that is a large part of it (README, "Prepacked weights"). The reordered copies live
+# in this context variable while the search runs (None otherwise).
+PREPACKED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("prepacked_weights", default=None)
 
 
 def prepacked_linear(linear: nn.Module, states: torch.Tensor) -> torch.Tensor:
     """``linear(states)``, from the weight the running beam search reordered for oneDNN (`prepack`) if it
-    did; equal to x W^T + b up to float32 rounding in another order."""
-    packed = PREPACKED.get().get(linear)
-    if packed is None or torch.is_grad_enabled() or states.dtype != torch.float32:
+    did; equal to x W^T + b up to float32 rounding in another order. Training and compiled code (which
+    cannot trace a context variable) take ``linear(states)`` at once."""
+    if torch.is_grad_enabled() or torch.compiler.is_compiling():
         return linear(states)
-    rows = states.reshape(-1, states.shape[-1])
-    product = torch.ops.mkldnn._linear_pointwise(rows, packed, linear.bias, "none", [], "")
-    return product.view(*states.shape[:-1], linear.out_features)
+    packed = (PREPACKED.get() or {}).get(linear)
+    if packed is None or states.dtype != torch.float32:
+        return linear(states)
+    product = torch.ops.mkldnn._linear_pointwise(states.reshape(-1, states.shape[-1]), packed, linear.bias, "none", [], "")
+    return product.view(*states.shape[:-1], product.shape[-1])
 
 
 def prepack(linears: list[nn.Module], rows: int) -> dict[nn.Module, torch.Tensor]:
     """The weights of those ``linears`` that are plain float32 ``nn.Linear`` layers on the CPU, each reordered
-    for oneDNN (a copy) for products of about ``rows`` rows; nothing where torch has no oneDNN, under
-    autocast, or for quantised, adapted, hooked or patched layers, which keep their own forward."""
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
-            and not torch.is_autocast_enabled("cpu")):
+    for oneDNN (a copy) for products of about ``rows`` rows; nothing where oneDNN is missing, switched off
+    (``torch.backends.mkldnn.flags(enabled=False)``) or fails its check, under autocast, or for quantised,
+    adapted, hooked or patched layers, which keep their own forward."""
+    if not (torch.backends.mkldnn.enabled and not torch.is_autocast_enabled("cpu") and onednn_linear_works()):
         return {}
     return {
         linear: torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
@@ -887,6 +889,20 @@ def prepack(linears: list[nn.Module], rows: int) -> dict[nn.Module, torch.Tensor
         if type(linear) is nn.Linear and type(linear.weight) is nn.Parameter and linear.weight.device.type == "cpu"
         and linear.weight.dtype == torch.float32 and runs_as_defined(linear, nn.Linear.forward)
     }
+
+
+@functools.cache
+def onednn_linear_works() -> bool:
+    """Whether this torch has oneDNN's private linear operators as `prepacked_linear` calls them, giving
+    `F.linear`'s product (checked once): where a torch version changes them, beam search keeps plain weights."""
+    try:
+        weight, bias, states = (torch.linspace(-1, 1, n).sin().reshape(shape) for n, shape in (
+            (384, (24, 16)), (24, (24,)), (48, (3, 16))))  # fixed values: the global random state stays as it is
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 3)
+        product = torch.ops.mkldnn._linear_pointwise(states, packed, bias, "none", [], "")
+        return torch.allclose(product, nn.functional.linear(states, weight, bias), atol=1e-4)
+    except (AttributeError, RuntimeError, TypeError):
+        return False
 
 
 TOP_K_BLOCK = 128
