@@ -1,0 +1,96 @@
+"""What beam search's prepacked weights cost and save, by model size, batch and output length.
+
+    python benchmarks/prepacked_weights.py [--d-model 512 --ffn 2048 --layers 6 --heads 8 --vocab 58000]
+        [--batches 1,8] [--new-tokens 3,8,20] [--repeats 5] [--threads N]
+
+On the CPU, `BeamSearch` reorders the decoder FFN's and the output projection's weights for oneDNN once per
+generate() call (`prepack`). The reorder and the copy grow with the weights, and the saving with the
+number of decoding steps, so short outputs decoded one call at a time with a large vocabulary are where
+it can lose. This times generate() with ``BeamSearch.prepacked_weights`` on and off, alternating, on a
+model with random weights (no data needed): a source of 20 tokens, beam 4, exactly N new tokens
+(``min_new_tokens = max_new_tokens = N``). Medians over the repeats; the outputs must be identical.
+The defaults are an opus-mt-sized model (Helsinki-NLP's MarianMT models: 512/2048, 6+6 layers, 58k).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.modeling_vanilla_transformer import BeamSearch
+
+SOURCE_TOKENS = 20
+
+
+def integers(text: str) -> list[int]:
+    return [int(part) for part in text.split(",") if part.strip()]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--d-model", type=int, default=512)
+    parser.add_argument("--ffn", type=int, default=2048)
+    parser.add_argument("--layers", type=int, default=6, help="encoder and decoder layers each")
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=58000)
+    parser.add_argument("--batches", type=integers, default=[1, 8], help="sentences per call, comma-separated")
+    parser.add_argument("--new-tokens", type=integers, default=[3, 8, 20], help="output lengths, comma-separated")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.vocab <= 4 or args.repeats < 1 or not args.batches or not args.new_tokens:
+        parser.error("--vocab must exceed the 4 special ids, --repeats be at least 1, and the lists non-empty")
+    return args
+
+
+def timed_generate(model, input_ids: torch.Tensor, new_tokens: int, prepacked: bool) -> tuple[float, torch.Tensor]:
+    BeamSearch.prepacked_weights = prepacked
+    started = time.perf_counter()
+    output = model.generate(input_ids=input_ids, num_beams=4, min_new_tokens=new_tokens, max_new_tokens=new_tokens,
+                            early_stopping=True)
+    return time.perf_counter() - started, output
+
+
+def main(argv=None) -> list[dict]:
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    config = VanillaTransformerConfig(
+        vocab_size=args.vocab, d_model=args.d_model, encoder_ffn_dim=args.ffn, decoder_ffn_dim=args.ffn,
+        encoder_layers=args.layers, decoder_layers=args.layers, encoder_attention_heads=args.heads,
+        decoder_attention_heads=args.heads,
+    )
+    model = VanillaTransformerForConditionalGeneration(config).eval()
+    print(f"d_model {args.d_model}, FFN {args.ffn}, {args.layers}+{args.layers} layers, vocabulary {args.vocab}; "
+          f"beam 4, source {SOURCE_TOKENS} tokens; {torch.get_num_threads()} threads, {args.repeats} repeats\n")
+    print("| sentences per call | new tokens | plain weights ms | prepacked ms | prepacked speed-up | outputs |")
+    print("|---|---|---|---|---|---|")
+    rows, shipped = [], BeamSearch.prepacked_weights
+    try:
+        for batch in args.batches:
+            input_ids = torch.randint(4, args.vocab, (batch, SOURCE_TOKENS), generator=torch.Generator().manual_seed(batch))
+            for new_tokens in args.new_tokens:
+                seconds = {True: [], False: []}
+                outputs = {flag: timed_generate(model, input_ids, new_tokens, flag)[1] for flag in (True, False)}
+                for _ in range(args.repeats):
+                    for flag in (True, False):
+                        elapsed, outputs[flag] = timed_generate(model, input_ids, new_tokens, flag)
+                        seconds[flag].append(elapsed)
+                plain, packed = statistics.median(seconds[False]), statistics.median(seconds[True])
+                identical = torch.equal(outputs[True], outputs[False])
+                rows.append({"batch": batch, "new_tokens": new_tokens, "plain": plain, "prepacked": packed,
+                             "identical": identical})
+                print(f"| {batch} | {new_tokens} | {plain * 1e3:.0f} | {packed * 1e3:.0f} | {plain / packed:.2f}x | "
+                      f"{'identical' if identical else 'DIFFERENT'} |", flush=True)
+    finally:
+        BeamSearch.prepacked_weights = shipped
+    return rows
+
+
+if __name__ == "__main__":
+    main()
