@@ -1,14 +1,16 @@
 """What beam search's prepacked weights cost and save, by model size, batch and output length.
 
     python benchmarks/prepacked_weights.py [--d-model 512 --ffn 2048 --layers 6 --heads 8 --vocab 58000]
-        [--batches 1,8] [--new-tokens 3,8,20] [--repeats 5] [--threads N]
+        [--batches 1,8] [--new-tokens 3,8,20] [--processor] [--repeats 5] [--threads N]
 
 On the CPU, `BeamSearch` reorders the decoder FFN's and the output projection's weights for oneDNN once per
 generate() call (`prepack`). The reorder and the copy grow with the weights, and the saving with the
 number of decoding steps, so short outputs decoded one call at a time with a large vocabulary are where
 it can lose. This times generate() with ``BeamSearch.prepacked_weights`` on and off, alternating, on a
-model with random weights (no data needed): a source of 20 tokens, beam 4, exactly N new tokens
-(``min_new_tokens = max_new_tokens = N``). Medians over the repeats; the outputs must be identical.
+model with random weights (no data needed; they almost never emit ``</s>``, so every call decodes its N
+steps): a source of 20 tokens, beam 4, ``max_new_tokens = N``: the paper's decoding, which `BeamSearch`
+runs through its lean step. ``--processor`` also sets ``min_new_tokens = N``, a logits processor, which
+takes the general step. Medians over the repeats; the outputs must be identical.
 The defaults are an opus-mt-sized model (Helsinki-NLP's MarianMT models: 512/2048, 6+6 layers, 58k).
 """
 
@@ -39,6 +41,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--vocab", type=int, default=58000)
     parser.add_argument("--batches", type=integers, default=[1, 8], help="sentences per call, comma-separated")
     parser.add_argument("--new-tokens", type=integers, default=[3, 8, 20], help="output lengths, comma-separated")
+    parser.add_argument("--processor", action="store_true", help="also min_new_tokens = N (a logits processor)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--threads", type=int, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
@@ -47,11 +50,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def timed_generate(model, input_ids: torch.Tensor, new_tokens: int, prepacked: bool) -> tuple[float, torch.Tensor]:
+def timed_generate(model, input_ids: torch.Tensor, new_tokens: int, prepacked: bool, processor: bool = False
+                   ) -> tuple[float, torch.Tensor]:
     BeamSearch.prepacked_weights = prepacked
+    at_least = {"min_new_tokens": new_tokens} if processor else {}
     started = time.perf_counter()
-    output = model.generate(input_ids=input_ids, num_beams=4, min_new_tokens=new_tokens, max_new_tokens=new_tokens,
-                            early_stopping=True)
+    output = model.generate(input_ids=input_ids, num_beams=4, max_new_tokens=new_tokens, early_stopping=True, **at_least)
     return time.perf_counter() - started, output
 
 
@@ -67,8 +71,9 @@ def main(argv=None) -> list[dict]:
     )
     model = VanillaTransformerForConditionalGeneration(config).eval()
     print(f"d_model {args.d_model}, FFN {args.ffn}, {args.layers}+{args.layers} layers, vocabulary {args.vocab}; "
-          f"beam 4, source {SOURCE_TOKENS} tokens; {torch.get_num_threads()} threads, {args.repeats} repeats\n")
-    print("| sentences per call | new tokens | plain weights ms | prepacked ms | prepacked speed-up | outputs |")
+          f"beam 4, source {SOURCE_TOKENS} tokens; {'with' if args.processor else 'no'} min_new_tokens processor; "
+          f"{torch.get_num_threads()} threads, {args.repeats} repeats\n")
+    print("| sentences per call | new tokens (decoded) | plain weights ms | prepacked ms | prepacked speed-up | outputs |")
     print("|---|---|---|---|---|---|")
     rows, shipped = [], BeamSearch.prepacked_weights
     try:
@@ -76,16 +81,17 @@ def main(argv=None) -> list[dict]:
             input_ids = torch.randint(4, args.vocab, (batch, SOURCE_TOKENS), generator=torch.Generator().manual_seed(batch))
             for new_tokens in args.new_tokens:
                 seconds = {True: [], False: []}
-                outputs = {flag: timed_generate(model, input_ids, new_tokens, flag)[1] for flag in (True, False)}
+                outputs = {flag: timed_generate(model, input_ids, new_tokens, flag, args.processor)[1] for flag in (True, False)}
                 for _ in range(args.repeats):
                     for flag in (True, False):
-                        elapsed, outputs[flag] = timed_generate(model, input_ids, new_tokens, flag)
+                        elapsed, outputs[flag] = timed_generate(model, input_ids, new_tokens, flag, args.processor)
                         seconds[flag].append(elapsed)
                 plain, packed = statistics.median(seconds[False]), statistics.median(seconds[True])
                 identical = torch.equal(outputs[True], outputs[False])
-                rows.append({"batch": batch, "new_tokens": new_tokens, "plain": plain, "prepacked": packed,
-                             "identical": identical})
-                print(f"| {batch} | {new_tokens} | {plain * 1e3:.0f} | {packed * 1e3:.0f} | {plain / packed:.2f}x | "
+                decoded = outputs[True].shape[1] - 1  # after the start token
+                rows.append({"batch": batch, "new_tokens": new_tokens, "decoded": decoded, "plain": plain,
+                             "prepacked": packed, "identical": identical})
+                print(f"| {batch} | {new_tokens} ({decoded}) | {plain * 1e3:.0f} | {packed * 1e3:.0f} | {plain / packed:.2f}x | "
                       f"{'identical' if identical else 'DIFFERENT'} |", flush=True)
     finally:
         BeamSearch.prepacked_weights = shipped

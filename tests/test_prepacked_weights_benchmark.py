@@ -13,11 +13,11 @@ TINY = ["--d-model", "16", "--ffn", "32", "--layers", "1", "--heads", "2", "--vo
 
 
 def test_each_batch_and_length_gets_a_row_with_identical_outputs(capsys):
-    rows = benchmark.main([*TINY, "--batches", "1,3", "--new-tokens", "2,5"])
-    assert [(row["batch"], row["new_tokens"]) for row in rows] == [(1, 2), (1, 5), (3, 2), (3, 5)]
+    rows = benchmark.main([*TINY, "--batches", "1,3", "--new-tokens", "2,5", "--processor"])
+    assert [(row["batch"], row["new_tokens"], row["decoded"]) for row in rows] == [(1, 2, 2), (1, 5, 5), (3, 2, 2), (3, 5, 5)]
     assert all(row["identical"] and row["plain"] > 0 and row["prepacked"] > 0 for row in rows)
     printed = capsys.readouterr().out
-    assert printed.count("| identical |") == 4 and "vocabulary 300" in printed
+    assert printed.count("| identical |") == 4 and "vocabulary 300" in printed and "with min_new_tokens" in printed
     assert benchmark.BeamSearch.prepacked_weights is True  # the shipped setting is restored
 
 
@@ -33,7 +33,7 @@ def test_the_switch_decides_whether_the_prepacked_kernels_run():
     try:
         for flag in (True, False):
             with profile(activities=[ProfilerActivity.CPU]) as profiler:
-                _, output = benchmark.timed_generate(model, input_ids, 4, flag)
+                _, output = benchmark.timed_generate(model, input_ids, 4, flag, processor=True)
             calls[flag] = sum(event.count for event in profiler.key_averages() if event.key == "mkldnn::_linear_pointwise")
             assert output.shape == (2, 1 + 4)  # exactly the new tokens asked for
     finally:
