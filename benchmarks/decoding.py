@@ -65,6 +65,7 @@ from vanilla_transformer.modeling_vanilla_transformer import (
     best_continuations,
     eager_attention_forward,
     blockwise_top_k,
+    onednn_linear,
     pad_after_end_of_sequence,
 )
 from vanilla_transformer.training import read_parallel
@@ -393,9 +394,7 @@ def with_prepacked_weights(ours) -> nn.Module:
 
 def _prepacked_linear(self, states: torch.Tensor) -> torch.Tensor:
     """`nn.Linear.forward` on the weight `with_prepacked_weights` reordered."""
-    rows = states.reshape(-1, states.shape[-1])
-    product = torch.ops.mkldnn._linear_pointwise(rows, self.prepacked, self.bias, "none", [], "")
-    return product.view(*states.shape[:-1], product.shape[-1])
+    return onednn_linear(states, self.prepacked, self.bias)
 
 
 def quantized(ours) -> nn.Module:

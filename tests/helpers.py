@@ -5,6 +5,8 @@ import os
 import subprocess
 import sys
 import textwrap
+from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,3 +41,14 @@ def load_script(relative_path: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@contextmanager
+def counted_kernels():
+    """Counts the operators that run inside the block, by their profiler names (filled in when it ends)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    counts = Counter()
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        yield counts
+    counts.update({event.key: event.count for event in profiler.key_averages()})

@@ -7,11 +7,10 @@ hypotheses token for token; the script compares them and prints "identical" only
 from __future__ import annotations
 
 import gzip
-from contextlib import contextmanager
 
 import pytest
 
-from helpers import load_script
+from helpers import counted_kernels, load_script
 
 decoding = load_script("benchmarks/decoding.py")
 
@@ -136,19 +135,6 @@ def test_the_floor_runs_end_to_end_on_ours_as_shipped(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert "| matrix products and attention |" in printed and "| log-softmax over the vocabulary |" in printed
     assert "with nothing but the required work it would be" in printed
-
-
-@contextmanager
-def counted_kernels():
-    """Counts the operators that run inside the block, by their profiler names."""
-    from collections import Counter
-
-    from torch.profiler import ProfilerActivity, profile
-
-    counts = Counter()
-    with profile(activities=[ProfilerActivity.CPU]) as profiler:
-        yield counts
-    counts.update({event.key: event.count for event in profiler.key_averages()})
 
 
 def test_every_lever_undone_still_gives_the_shipped_hypotheses():

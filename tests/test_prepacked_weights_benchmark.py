@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import load_script
+from helpers import counted_kernels, load_script
 
 benchmark = load_script("benchmarks/prepacked_weights.py")
 TINY = ["--d-model", "16", "--ffn", "32", "--layers", "1", "--heads", "2", "--vocab", "300", "--repeats", "1"]
@@ -23,8 +23,6 @@ def test_each_batch_and_length_gets_a_row_with_identical_outputs(capsys):
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 def test_the_switch_decides_whether_the_prepacked_kernels_run():
-    from torch.profiler import ProfilerActivity, profile
-
     model = benchmark.VanillaTransformerForConditionalGeneration(benchmark.VanillaTransformerConfig(
         vocab_size=300, d_model=16, encoder_ffn_dim=32, decoder_ffn_dim=32, encoder_layers=1, decoder_layers=1,
         encoder_attention_heads=2, decoder_attention_heads=2)).eval()
@@ -32,9 +30,9 @@ def test_the_switch_decides_whether_the_prepacked_kernels_run():
     calls = {}
     try:
         for flag in (True, False):
-            with profile(activities=[ProfilerActivity.CPU]) as profiler:
+            with counted_kernels() as kernels:
                 _, output = benchmark.timed_generate(model, input_ids, 4, flag, processor=True)
-            calls[flag] = sum(event.count for event in profiler.key_averages() if event.key == "mkldnn::_linear_pointwise")
+            calls[flag] = kernels["mkldnn::_linear_pointwise"]
             assert output.shape == (2, 1 + 4)  # exactly the new tokens asked for
     finally:
         benchmark.BeamSearch.prepacked_weights = True

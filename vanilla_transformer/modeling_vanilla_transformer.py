@@ -872,7 +872,12 @@ def prepacked_linear(linear: nn.Module, states: torch.Tensor) -> torch.Tensor:
     packed = (PREPACKED.get() or {}).get(linear)
     if packed is None or states.dtype != torch.float32:
         return linear(states)
-    product = torch.ops.mkldnn._linear_pointwise(states.reshape(-1, states.shape[-1]), packed, linear.bias, "none", [], "")
+    return onednn_linear(states, packed, linear.bias)
+
+
+def onednn_linear(states: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x W^T + b over the last dimension of ``states``, W reordered for oneDNN (`prepack`)."""
+    product = torch.ops.mkldnn._linear_pointwise(states.reshape(-1, states.shape[-1]), packed, bias, "none", [], "")
     return product.view(*states.shape[:-1], product.shape[-1])
 
 
@@ -898,8 +903,7 @@ def onednn_linear_works() -> bool:
     try:
         weight, bias, states = (torch.linspace(-1, 1, n).sin().reshape(shape) for n, shape in (
             (384, (24, 16)), (24, (24,)), (48, (3, 16))))  # fixed values: the global random state stays as it is
-        packed = torch.ops.mkldnn._reorder_linear_weight(weight, 3)
-        product = torch.ops.mkldnn._linear_pointwise(states, packed, bias, "none", [], "")
+        product = onednn_linear(states, torch.ops.mkldnn._reorder_linear_weight(weight, 3), bias)
         return torch.allclose(product, nn.functional.linear(states, weight, bias), atol=1e-4)
     except (AttributeError, RuntimeError, TypeError):
         return False
@@ -1004,8 +1008,9 @@ class BeamSearch:
         # weights reordered for oneDNN while this call runs; none for a model whose call runs more than its
         # forward (hooks, a compiled forward, which would trace the context variable)
         linears = [linear for layer in model.model.decoder.layers for linear in (layer.feed_forward.fc1, layer.feed_forward.fc2)]
+        self.whole_forward = not runs_as_defined(model, VanillaTransformerForConditionalGeneration.forward)
         self.prepacked = prepack([*linears, model.get_output_embeddings()], rows=input_ids.shape[0]) if (
-            self.prepacked_weights and runs_as_defined(model, VanillaTransformerForConditionalGeneration.forward)
+            self.prepacked_weights and not self.whole_forward
         ) else {}
         self.sentence_ids = torch.arange(sentences, device=input_ids.device)  # batch position of each kept sentence
         self.state = self._initial_state(input_ids, sentences)
@@ -1171,7 +1176,7 @@ class BeamSearch:
         position alone (`prepacked_linear`). The whole forward where calling the model runs more than its
         forward (hooks, a replaced or compiled forward): whoever put that there expects it to run."""
         model = self.model
-        if not runs_as_defined(model, VanillaTransformerForConditionalGeneration.forward):
+        if self.whole_forward:  # decided once, in __init__
             return model(**inputs).logits[:, -1]
         hidden_states = model.model(**inputs).last_hidden_state[:, -1:]  # (rows, 1, d_model), as the forward has it
         return prepacked_linear(model.get_output_embeddings(), hidden_states)[:, -1]
