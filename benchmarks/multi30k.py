@@ -79,7 +79,8 @@ LEVERS = {
     "peak lr 3e-3": (["--learning_rate", "3e-3"], ""),
     "warm-up 400": (["--warmup_steps", "400"], ""),
     "warm-up 4000": (["--warmup_steps", "4000"], ""),
-    "no checkpoint averaging": (["--average_checkpoints", "0"], ""),
+    "no checkpoint averaging": (["--average_checkpoints", "0", "--average_weights", "uniform"], ""),
+    "uniform weights: the mean of the last 10 (the paper's)": (["--average_weights", "uniform"], ""),
     "average the last 5": (["--average_checkpoints", "5", "--save_total_limit", "5"], ""),
     "average the last 20": (["--average_checkpoints", "20", "--save_total_limit", "20"], ""),
     "a checkpoint every 30 s": (["--save_minutes", "0.5"], ""),  # the last 10 then span 5 minutes
@@ -91,6 +92,8 @@ LEVERS = {
     "vocabulary 4k": (["--tokenizer_vocab_size", "4000"], ""),
     "Metaspace BPE 8k, MarianMT's tokenizer": (["--tokenizer_name_or_path", MARIAN_TOKENIZER], ""),
 }
+# How a result names its final weights, by train.py's --average_weights.
+MEAN_NAMES = {"uniform": "mean", "linear": "linearly weighted mean"}
 # Both length penalties are scored on every model of ours (one training, two decodings).
 OTHER_FORMULA = {"gnmt": "length", "length": "gnmt"}
 LENGTH_PENALTIES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2)  # --length-penalties: the paper's 0.6 and around it
@@ -113,7 +116,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--recipe-flag", action="append", default=[], help="extra train.py flag for ours (repeat)")
     parser.add_argument("--averaging", metavar="RUN_DIR",
                         help="no training: score val with the mean of the last k checkpoints of this run of ours, "
-                             "for every k it kept (how many to average, measured on one training trajectory)")
+                             "for every k it kept, uniform and linearly weighted (how many to average, and how, "
+                             "measured on one training trajectory)")
     parser.add_argument("--length-penalties", metavar="MODEL_DIR",
                         help="no training: score val with this trained model of ours decoded at each length penalty "
                              f"alpha in {LENGTH_PENALTIES}, under GNMT's formula and under transformers' |Y|^alpha")
@@ -268,10 +272,10 @@ def train_ours(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], str]
         "target_tokens_per_second": counter.target_tokens / seconds, "parameters": trainer.model.num_parameters(),
         "model_dir": str(run_dir), "train_peak_memory_mib": peak_memory_mib(),
         "vocabulary": len(prepared.tokenizer), "final_weights": (
-            f"mean of the last {training_args.average_checkpoints} checkpoints" if training_args.average_checkpoints
-            else "last"),
+            f"{MEAN_NAMES[training_args.average_weights]} of the last {training_args.average_checkpoints} checkpoints"
+            if training_args.average_checkpoints else "last"),
     }
-    run.save_final_model(trainer, prepared.tokenizer, training_args.average_checkpoints)
+    run.save_final_model(trainer, prepared.tokenizer, training_args.average_checkpoints, training_args.average_weights)
     return result
 
 
@@ -552,10 +556,12 @@ def levers_markdown(results: dict) -> str:
 
 def averaging_sweep(args, data_dir: Path) -> dict:
     """Val BLEU and chrF of the mean of the last k checkpoints of one run, k = 1 .. all it kept (§6.1
-    averages the last 5 or 20). One trajectory, so the rows differ in the averaging alone."""
+    averages the last 5 or 20), with uniform weights (the paper's) and linear ones (the k-th weighs k).
+    One trajectory, so the rows differ in the averaging alone."""
     import tempfile
 
     from vanilla_transformer.training import average_checkpoints
+    from vanilla_transformer.training.averaging import AVERAGING_WEIGHTS
     from vanilla_transformer.training.checkpointing import CHECKPOINT_NAME, complete_checkpoints
 
     def step(folder: Path) -> int:
@@ -570,19 +576,25 @@ def averaging_sweep(args, data_dir: Path) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         for last in range(1, len(checkpoints) + 1):
             chosen = checkpoints[-last:]
-            model_dir = average_checkpoints(chosen, Path(folder) / f"last-{last}")
-            rows[last] = {"first_step": step(chosen[0]),
-                          "val": without_examples(decode_and_score("ours", str(model_dir), pairs, args.decode_batch_size))}
-            print(f"last {last} (from step {rows[last]['first_step']}): val BLEU {rows[last]['val']['bleu']:.2f}", flush=True)
+            rows[last] = {"first_step": step(chosen[0])}
+            for weights in AVERAGING_WEIGHTS if last > 1 else AVERAGING_WEIGHTS[:1]:  # one checkpoint: one model
+                model_dir = average_checkpoints(chosen, Path(folder) / f"last-{last}-{weights}", weights)
+                scored = without_examples(decode_and_score("ours", str(model_dir), pairs, args.decode_batch_size))
+                rows[last]["val" if weights == "uniform" else f"val, {weights} weights"] = scored
+                print(f"last {last} (from step {rows[last]['first_step']}), {weights} weights: val BLEU "
+                      f"{scored['bleu']:.2f}", flush=True)
     return {"run": str(run_dir), "pair": args.pair, "last_step": step(checkpoints[-1]), "rows": rows}
 
 
 def averaging_markdown(sweep: dict) -> str:
-    lines = [f"{sweep['run']} ({sweep['pair']}), the mean of its last k checkpoints, scored on val; the last "
-             f"checkpoint is step {sweep['last_step']}.", "", "| checkpoints averaged | from step | val BLEU | val chrF |",
-             "|---|---|---|---|"]
-    lines += [f"| {last} | {row['first_step']} | {row['val']['bleu']:.2f} | {row['val']['chrf']:.2f} |"
-              for last, row in sweep["rows"].items()]
+    lines = [f"{sweep['run']} ({sweep['pair']}), its last k checkpoints averaged, scored on val; the last "
+             f"checkpoint is step {sweep['last_step']}. Uniform: the mean (§6.1); linear: the k-th oldest weighs k.", "",
+             "| checkpoints averaged | from step | val BLEU, uniform | chrF, uniform | val BLEU, linear | chrF, linear |",
+             "|---|---|---|---|---|---|"]
+    for last, row in sweep["rows"].items():
+        linear = row.get("val, linear weights", row["val"])  # one checkpoint: the same model
+        lines.append(f"| {last} | {row['first_step']} | {row['val']['bleu']:.2f} | {row['val']['chrf']:.2f} | "
+                     f"{linear['bleu']:.2f} | {linear['chrf']:.2f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -78,6 +78,43 @@ def test_every_stored_tensor_is_the_mean_of_the_checkpoints(checkpoints, tmp_pat
         torch.testing.assert_close(tensor, plain, rtol=1e-6, atol=1e-7)
 
 
+def test_linear_weights_give_the_k_th_oldest_checkpoint_weight_k(checkpoints, tmp_path):
+    """Reference: (1 a + 2 b + 3 c) / 6 written out, in float64 and cast back; and the model it loads."""
+    models, folders = checkpoints
+    average_checkpoints(folders, tmp_path / "avg", weights="linear")
+    states = [model.state_dict() for model in models]
+    result = stored(tmp_path / "avg")
+    for name, tensor in result.items():
+        a, b, c = (state[name].double() for state in states)
+        assert torch.equal(tensor, ((a + 2 * b + 3 * c) / 6).to(tensor.dtype)), name
+    reference = tiny_model(0)
+    reference.load_state_dict({name: tensor for name, tensor in result.items()}, strict=False)
+    assert torch.equal(logits_of(AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg").eval()), logits_of(reference))
+    # the order matters: the newest counts most, so reversing the inputs gives another model
+    average_checkpoints(folders[::-1], tmp_path / "reversed", weights="linear")
+    assert not torch.equal(stored(tmp_path / "reversed")["model.shared.weight"], result["model.shared.weight"])
+
+
+def test_linear_weights_of_one_checkpoint_reproduce_it_and_unknown_weights_are_refused(checkpoints, tmp_path):
+    _, folders = checkpoints
+    average_checkpoints(folders[:1], tmp_path / "one", weights="linear")
+    assert all(torch.equal(stored(tmp_path / "one")[name], tensor) for name, tensor in stored(folders[0]).items())
+    with pytest.raises(ValueError, match="Unknown averaging weights 'exponential'; choose one of uniform, linear"):
+        average_checkpoints(folders, tmp_path / "bad", weights="exponential")
+    assert not (tmp_path / "bad").exists()  # refused before anything was read or written
+
+
+def test_cli_weights_flag(checkpoints, tmp_path, capsys):
+    models, folders = checkpoints
+    main(["--inputs", *map(str, folders[:2]), "--output-dir", str(tmp_path / "avg"), "--weights", "linear"])
+    assert "linear weights" in capsys.readouterr().out
+    states = [model.state_dict() for model in models[:2]]
+    name = "model.shared.weight"
+    assert torch.equal(stored(tmp_path / "avg")[name], ((states[0][name].double() + 2 * states[1][name].double()) / 3).float())
+    with pytest.raises(SystemExit):  # argparse names the flag and its choices
+        main(["--inputs", str(folders[0]), "--output-dir", str(tmp_path / "x"), "--weights", "exp"])
+
+
 def test_averaged_folder_loads_and_gives_the_logits_of_the_mean_model(checkpoints, tmp_path):
     models, folders = checkpoints
     average_checkpoints(folders, tmp_path / "avg")

@@ -213,7 +213,7 @@ def test_benchmark_runs_both_systems_and_writes_the_table(tmp_path):
         assert run["steps"] > 0 and run["target_tokens_per_second"] > 0, name
         assert 0 <= run["test"]["bleu"] <= 100 and run["test"]["bleu_signature"].startswith("nrefs:1")
     ours = results["runs"]["ours"][0]
-    assert ours["final_weights"] == "mean of the last 10 checkpoints" and "test with length penalty" in ours
+    assert ours["final_weights"] == "linearly weighted mean of the last 10 checkpoints" and "test with length penalty" in ours
     assert (output / "ours-1" / "model.safetensors").is_file() and (output / "marian-1" / "config.json").is_file()
     table = (output / "results.md").read_text()
     assert "| test BLEU |" in table and "careful user" in table
@@ -371,7 +371,8 @@ def test_marian_runs_are_reused_only_from_a_comparison_with_the_same_marian_sett
 
 
 def test_the_averaging_sweep_scores_the_mean_of_each_last_k_checkpoints(tmp_path, monkeypatch):
-    """--averaging decodes, for k = 1 .. all, the mean of the k newest checkpoints (by step, not by name)."""
+    """--averaging decodes, for k = 1 .. all, the mean of the k newest checkpoints (by step, not by name),
+    and from k = 2 on also their linearly weighted mean (the newest weighs k, the oldest 1)."""
     import torch
 
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
@@ -394,11 +395,14 @@ def test_the_averaging_sweep_scores_the_mean_of_each_last_k_checkpoints(tmp_path
 
     monkeypatch.setattr(multi30k, "decode_and_score", fake_decode)
     sweep = multi30k.main(["--data-dir", str(data), "--averaging", str(run), "--output-dir", str(tmp_path / "out")])
-    newest_first = [biases[1000], biases[100], biases[90]]
-    for last, bias in enumerate(seen, 1):
-        assert torch.allclose(bias, torch.stack(newest_first[:last]).mean(0), atol=1e-6), last
+    a, b, c = biases[90], biases[100], biases[1000]
+    expected = [c, (b + c) / 2, (b + 2 * c) / 3, (a + b + c) / 3, (a + 2 * b + 3 * c) / 6]
+    assert len(seen) == len(expected)  # k = 1 once; k = 2, 3 uniform then linear
+    for index, (bias, reference) in enumerate(zip(seen, expected)):
+        assert torch.allclose(bias, reference, atol=1e-6), index
     assert [row["first_step"] for row in sweep["rows"].values()] == [1000, 100, 90]
     assert sweep["rows"][1]["val"]["bleu"] == 3.0  # val only: its 3 sentences
+    assert "val, linear weights" in sweep["rows"][3] and "val, linear weights" not in sweep["rows"][1]
     assert "| 2 | 100 |" in (tmp_path / "out" / "averaging-levers-lever-1.md").read_text()
     with pytest.raises(SystemExit):  # a folder without checkpoints is refused before any work
         multi30k.parse_args(["--averaging", str(tmp_path / "out")])

@@ -338,6 +338,18 @@ def test_average_checkpoints_flag_saves_the_mean_of_the_last_ones(data_dir, tmp_
         torch.testing.assert_close(tensor, (last_two[0][name].double() + last_two[1][name].double()).div(2).float())
 
 
+def test_average_weights_linear_weighs_the_newest_of_the_last_ones_most(data_dir, tmp_path):
+    """The same run averaged with linear weights: (step 4 + 2 x step 5) / 3, and the model card says so."""
+    output = tmp_path / "run"
+    train.main(tiny_args(data_dir, output, "--max_steps", "5", "--save_strategy", "steps", "--save_steps", "2",
+                         "--average_checkpoints", "2", "--average_weights", "linear", "--max_tokens", "200"))
+    older, newer = (load_file(output / f"checkpoint-{step}" / "model.safetensors") for step in (4, 5))
+    final = load_file(output / "model.safetensors")
+    for name, tensor in final.items():
+        torch.testing.assert_close(tensor, (older[name].double() + 2 * newer[name].double()).div(3).float())
+    assert "2 (linear weights)" in (output / "README.md").read_text()
+
+
 def test_evaluation_decodes_past_20_tokens_and_reports_the_unsmoothed_loss(tmp_path):
     """Seq2SeqTrainer's fallback max_length=20 must not leak into the model (the paper: source + 50),
     and eval_loss is the plain per-token NLL (so exp(eval_loss) is the perplexity)."""
@@ -457,6 +469,7 @@ def test_unknown_key_in_an_argument_file_is_named(tmp_path):
         (["--per_device_train_batch_size", "64"], "batches by token count"),
         (["--average_checkpoints", "5"], "needs checkpoints"),
         (["--average_checkpoints", "5", "--save_strategy", "steps", "--save_total_limit", "3"], "raise the limit"),
+        (["--average_weights", "linear"], "--average_checkpoints .* is 0 \\(no averaging\\)"),
     ],
 )
 def test_flags_that_would_have_no_effect_are_refused(data_dir, tmp_path, arguments, message):

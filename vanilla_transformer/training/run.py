@@ -703,9 +703,10 @@ def resolve_resume(training_args) -> Path | None:
     return resolve_checkpoint(checkpoint, training_args.output_dir, "--resume_from_checkpoint")
 
 
-def save_final_model(trainer, tokenizer, average: int = 0) -> Path:
-    """The final model (or the mean of the last ``average`` checkpoints, §6.1) + tokenizer + generation
-    config in ``output_dir``, Hub format; the trainer's model then holds what was saved."""
+def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "uniform") -> Path:
+    """The final model (or the mean of the last ``average`` checkpoints, §6.1, with ``weights`` as
+    `average_checkpoints` takes them) + tokenizer + generation config in ``output_dir``, Hub format;
+    the trainer's model then holds what was saved."""
     if average < 0:
         raise ValueError(f"average must be 0 (no averaging) or a number of checkpoints, got {average}.")
     output_dir = Path(trainer.args.output_dir)
@@ -715,8 +716,9 @@ def save_final_model(trainer, tokenizer, average: int = 0) -> Path:
         chosen = checkpoints[max(0, len(checkpoints) - average):]
         if len(chosen) < average:
             logger.warning(f"averaging {len(chosen)} checkpoints instead of {average}: only {len(chosen)} were kept")
-        average_checkpoints(chosen, output_dir)
-        logger.info(f"final model = mean of {', '.join(p.name for p in chosen)}")
+        average_checkpoints(chosen, output_dir, weights)
+        logger.info(f"final model = {'mean' if weights == 'uniform' else weights + 'ly weighted mean'} of "
+                    f"{', '.join(p.name for p in chosen)}")
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(output_dir)
     trainer.accelerator.wait_for_everyone()
@@ -777,7 +779,8 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
             "schedule": schedule_name(training_args),
             "label smoothing": training_args.label_smoothing_factor,
             "Adam": f"({training_args.adam_beta1}, {training_args.adam_beta2}, {training_args.adam_epsilon})",
-            "checkpoints averaged": training_args.average_checkpoints or "none",
+            "checkpoints averaged": (f"{training_args.average_checkpoints} ({training_args.average_weights} weights)"
+                                     if training_args.average_checkpoints else "none"),
         },
     )
 
@@ -807,7 +810,7 @@ def main(argv: list[str] | None = None) -> dict:
             raise SystemExit(128 + interrupted.signal_number) from None
         metrics.update(result.metrics)
         trainer.save_state()  # trainer_state.json: the logged loss curve, next to the model
-        save_final_model(trainer, tokenizer, training_args.average_checkpoints)
+        save_final_model(trainer, tokenizer, training_args.average_checkpoints, training_args.average_weights)
     if run.datasets["validation"] is not None and do_eval is not False:
         evaluation = trainer.evaluate(metric_key_prefix="eval")
         evaluation["eval_perplexity"] = math.exp(min(evaluation["eval_loss"], 50.0))

@@ -33,6 +33,7 @@ from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallba
 from transformers.trainer_utils import seed_worker
 
 from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
+from .averaging import AVERAGING_WEIGHTS
 from .batching import TokenBatchSampler
 from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
 from .data import example_lengths
@@ -162,6 +163,11 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     average_checkpoints: int = field(
         default=0, metadata={"help": "save the mean of the last N checkpoints as the final model (paper: 5 base, 20 big)"}
     )
+    average_weights: str = field(
+        default="uniform",
+        metadata={"help": "with average_checkpoints: uniform, the mean (paper); linear, the k-th of the last N weighs k",
+                  "choices": list(AVERAGING_WEIGHTS)},
+    )
     predict_with_generate: bool = field(default=True, metadata={"help": "evaluate BLEU/chrF by decoding"})
     save_minutes: float | None = field(
         default=None, metadata={"help": "also save a checkpoint every this many minutes (§6.1: every 10 minutes)"}
@@ -220,6 +226,15 @@ def check_argument_ranges(args: TransformerTrainingArguments) -> None:
             raise ValueError(f"--{name} must be positive, got {value}.")
     _check_duration(args)
     _check_cooldown(args)
+    _check_average_weights(args)
+
+
+def _check_average_weights(args: TransformerTrainingArguments) -> None:
+    if args.average_weights not in AVERAGING_WEIGHTS:
+        raise ValueError(f"--average_weights must be one of {', '.join(AVERAGING_WEIGHTS)}, got {args.average_weights!r}.")
+    if args.average_weights != "uniform" and not args.average_checkpoints:
+        raise ValueError(f"--average_weights {args.average_weights} weighs the checkpoints that --average_checkpoints "
+                         "averages, but it is 0 (no averaging): give --average_checkpoints N, or drop --average_weights.")
 
 
 def _check_cooldown(args: TransformerTrainingArguments) -> None:
