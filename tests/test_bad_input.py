@@ -187,6 +187,18 @@ def test_unknown_attention_implementation_and_sacrebleu_tokenizer():
         train_argv("--sacrebleu_tokenize", "bogus"))
 
 
+def test_unknown_averaging_weights_are_refused_by_flag_and_in_python(capsys):
+    """On the command line argparse names the flag and its choices; in Python the arguments class does."""
+    from vanilla_transformer.training.trainer import TransformerTrainingArguments
+
+    with pytest.raises(SystemExit):
+        train.parse_arguments(train_argv("--average_checkpoints", "3", "--average_weights", "exponential"))
+    error = capsys.readouterr().err
+    assert "--average_weights" in error and "invalid choice: 'exponential' (choose from 'uniform', 'linear')" in error
+    with pytest.raises(ValueError, match="--average_weights must be one of uniform, linear, got 'exponential'"):
+        TransformerTrainingArguments(output_dir="/nonexistent/out", average_checkpoints=3, average_weights="exponential")
+
+
 def test_new_model_flags_with_a_checkpoint_and_tokenizer_flags_with_a_tokenizer_are_named(model_dir, caplog):
     with caplog.at_level(logging.WARNING):
         train.parse_arguments(train_argv("--model_name_or_path", str(model_dir), "--preset", "big"))
