@@ -92,8 +92,6 @@ LEVERS = {
     "vocabulary 4k": (["--tokenizer_vocab_size", "4000"], ""),
     "Metaspace BPE 8k, MarianMT's tokenizer": (["--tokenizer_name_or_path", MARIAN_TOKENIZER], ""),
 }
-# How a result names its final weights, by train.py's --average_weights.
-MEAN_NAMES = {"uniform": "mean", "linear": "linearly weighted mean"}
 # Both length penalties are scored on every model of ours (one training, two decodings).
 OTHER_FORMULA = {"gnmt": "length", "length": "gnmt"}
 LENGTH_PENALTIES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2)  # --length-penalties: the paper's 0.6 and around it
@@ -252,7 +250,7 @@ def ours_arguments(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], 
 def train_ours(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], str]) -> dict:
     """The recipe under the budget, then the final model as train.py saves it (the mean of the last
     checkpoints when the recipe averages)."""
-    from vanilla_transformer.training import run
+    from vanilla_transformer.training import averaging, run
 
     flags, config = lever
     if MARIAN_TOKENIZER in flags:  # the baseline's tokenizer, trained as train_marian trains it
@@ -272,8 +270,8 @@ def train_ours(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], str]
         "target_tokens_per_second": counter.target_tokens / seconds, "parameters": trainer.model.num_parameters(),
         "model_dir": str(run_dir), "train_peak_memory_mib": peak_memory_mib(),
         "vocabulary": len(prepared.tokenizer), "final_weights": (
-            f"{MEAN_NAMES[training_args.average_weights]} of the last {training_args.average_checkpoints} checkpoints"
-            if training_args.average_checkpoints else "last"),
+            f"{averaging.MEAN_NAMES[training_args.average_weights]} of the last "
+            f"{training_args.average_checkpoints} checkpoints" if training_args.average_checkpoints else "last"),
     }
     run.save_final_model(trainer, prepared.tokenizer, training_args.average_checkpoints, training_args.average_weights)
     return result

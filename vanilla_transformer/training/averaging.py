@@ -8,13 +8,14 @@ updates and is free at inference time: the result is one ordinary model.
 Each checkpoint is a Hub-format folder (``config.json`` + ``model.safetensors``) as written by
 ``save_pretrained`` or the Trainer. The tensors are read with safetensors, summed in float64 one
 checkpoint at a time (memory: one float64 copy of the model, however many checkpoints) and cast
-back to their stored dtype, so each result is the arithmetic mean (``weights="uniform"``, the paper's),
-or with ``weights="linear"`` a weighted mean in which the k-th of N checkpoints, oldest first, weighs k:
-the newest counts N times the oldest (polynomial-decay averaging with eta = 1, Shamir & Zhang 2013,
-over the last checkpoints). When the last updates still move the model, as in a short run at a high
-learning rate, older checkpoints are further from where training ended; on Multi30k the linear weights of
-the last 10 scored at least their mean on val in six runs of six, +0.27 BLEU on average (README, "Multi30k"). Integer and bool tensors are not
-averaged: they must be equal in every checkpoint. The averaged tensors are loaded into the newest
+back to their stored dtype, so each result is the arithmetic mean (``weights="uniform"``, the
+paper's), or with ``weights="linear"`` a weighted mean in which the k-th of N checkpoints, oldest
+first, weighs k: the newest counts N times the oldest (polynomial-decay averaging with eta = 1, Shamir
+& Zhang 2013, over the last checkpoints). When the last updates still move the model, as in a short
+run at a high learning rate, older checkpoints are further from where training ended; on Multi30k the
+linear weights of the last 10 scored at least their mean on val in six runs of six, +0.27 BLEU on
+average (README, "Multi30k"). Integer and bool tensors are not averaged: they must be equal in every
+checkpoint. The averaged tensors are loaded into the newest
 checkpoint's model with the library's ``from_pretrained`` and written with ``save_pretrained``, so
 the output is a complete Hub folder (tied weights stored once and tied again on load, remote-code
 files, generation settings, tokenizer files of the newest checkpoint).
@@ -53,8 +54,10 @@ CONFIG_FIELDS_ALLOWED_TO_DIFFER = frozenset({
     "transformers_version", "_name_or_path", "_commit_hash", "use_cache", "architectures", "dtype",
     "dropout", "attention_dropout", "activation_dropout",
 })
-# How the checkpoints (oldest first) are weighted: "uniform" is §6.1's mean; "linear" weighs the k-th k.
-AVERAGING_WEIGHTS = ("uniform", "linear")
+# How the checkpoints (oldest first) are weighted, and what the result is called: "uniform" is §6.1's
+# mean; "linear" weighs the k-th k.
+MEAN_NAMES = {"uniform": "mean", "linear": "linearly weighted mean"}
+AVERAGING_WEIGHTS = tuple(MEAN_NAMES)
 
 
 # ---------------------------------------------------------------------------------------------

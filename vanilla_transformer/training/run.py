@@ -38,7 +38,7 @@ from ..checkpoint_files import (check_has_tokenizer, check_model_folder, has_tok
                                 without_runtime_settings)
 from ..tokenization_vanilla_transformer import MIN_VOCAB_SIZE
 from . import data
-from .averaging import architecture, average_checkpoints
+from .averaging import MEAN_NAMES, architecture, average_checkpoints
 from .checkpointing import RESUME_HINT, TrainingInterrupted, checkpoint_folders, complete_checkpoints, resolve_checkpoint
 from .metrics import TranslationMetrics, check_sacrebleu_tokenize, score
 from .trainer import TransformerTrainer, TransformerTrainingArguments, schedule_name
@@ -717,8 +717,7 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
         if len(chosen) < average:
             logger.warning(f"averaging {len(chosen)} checkpoints instead of {average}: only {len(chosen)} were kept")
         average_checkpoints(chosen, output_dir, weights)
-        logger.info(f"final model = {'mean' if weights == 'uniform' else weights + 'ly weighted mean'} of "
-                    f"{', '.join(p.name for p in chosen)}")
+        logger.info(f"final model = {MEAN_NAMES[weights]} of {', '.join(p.name for p in chosen)}")
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(output_dir)
     trainer.accelerator.wait_for_everyone()
