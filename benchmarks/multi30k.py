@@ -15,7 +15,8 @@ budget; the runs alternate between the systems so that slow drifts of the machin
 
 - ours: ``training/train.py training/recipes/multi30k.yaml`` (`vanilla_transformer.training.run`),
   the recipe a user runs with one command: token-count batches, Adam (0.9, 0.98, 1e-9), eq. (3), per-
-  token label smoothing 0.1, checkpoints every minute and the mean of the last ones (§6.1); its own
+  token label smoothing 0.1, a moving average of the weights over every update as the final model
+  (§6.1's checkpoint averaging at every update; ``--averaging`` scores the checkpoint means); its own
   byte-level BPE; decoded with the model's generation config (beam 4, GNMT length penalty 0.6, at
   most source + 50 tokens), batches sorted by length.
 - MarianMT ``--marian-setup tuned`` (the default): `MarianMTModel` as a careful transformers user
@@ -65,6 +66,7 @@ MARIAN_TOKENIZER = "<the MarianMT baseline's Metaspace BPE, trained in the run f
 # bfloat16 autocast over float32 weights (the Trainer's --bf16), for CPUs that multiply bfloat16 natively
 # (AVX512-BF16, AMX); transformers takes --bf16 on a CPU only with --use_cpu.
 BF16_FLAGS = ["--bf16", "true", "--use_cpu", "true"]
+NO_EMA = ["--ema_decay", "0"]  # the recipe's moving average of the weights off
 # One recipe change each, measured by --levers against the recipe as it is: (train.py flags, which
 # override the YAML; config fields added to the recipe's --config_overrides).
 LEVERS = {
@@ -79,11 +81,13 @@ LEVERS = {
     "peak lr 3e-3": (["--learning_rate", "3e-3"], ""),
     "warm-up 400": (["--warmup_steps", "400"], ""),
     "warm-up 4000": (["--warmup_steps", "4000"], ""),
-    "no checkpoint averaging": (["--average_checkpoints", "0", "--average_weights", "uniform"], ""),
-    "uniform weights: the mean of the last 10 (the paper's)": (["--average_weights", "uniform"], ""),
-    "average the last 5": (["--average_checkpoints", "5", "--save_total_limit", "5"], ""),
-    "average the last 20": (["--average_checkpoints", "20", "--save_total_limit", "20"], ""),
-    "a checkpoint every 30 s": (["--save_minutes", "0.5"], ""),  # the last 10 then span 5 minutes
+    "no weight averaging: the last weights": (NO_EMA + ["--average_checkpoints", "0", "--average_weights", "uniform"], ""),
+    "checkpoints instead: linear weights over the last 10": (NO_EMA + ["--average_checkpoints", "10",
+                                                                       "--average_weights", "linear"], ""),
+    "checkpoints instead: the mean of the last 10 (the paper's)": (NO_EMA + ["--average_checkpoints", "10",
+                                                                              "--average_weights", "uniform"], ""),
+    "moving average decay 0.999": (["--ema_decay", "0.999"], ""),
+    "moving average decay 0.995": (["--ema_decay", "0.995"], ""),
     "gradient clipping 1.0": (["--max_grad_norm", "1.0"], ""),
     # warm-up, stable, decay (Hägele et al., 2024): eq. (3), then linearly to 0 over the budget's last 5 minutes
     "cooldown: the last 5 minutes decay to 0": (["--cooldown_minutes", "5"], ""),
@@ -247,10 +251,22 @@ def ours_arguments(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], 
     ]
 
 
+def final_weights(training_args) -> str:
+    """What train.py saves as the final model, in words."""
+    from vanilla_transformer.training import averaging
+
+    if training_args.ema_decay:
+        return f"moving average of every update, decay {training_args.ema_decay:g}"
+    if training_args.average_checkpoints:
+        return (f"{averaging.MEAN_NAMES[training_args.average_weights]} of the last "
+                f"{training_args.average_checkpoints} checkpoints")
+    return "last"
+
+
 def train_ours(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], str]) -> dict:
-    """The recipe under the budget, then the final model as train.py saves it (the mean of the last
-    checkpoints when the recipe averages)."""
-    from vanilla_transformer.training import averaging, run
+    """The recipe under the budget, then the final model as train.py saves it (the moving average of
+    the weights, or the mean of the last checkpoints, when the recipe averages)."""
+    from vanilla_transformer.training import run
 
     flags, config = lever
     if MARIAN_TOKENIZER in flags:  # the baseline's tokenizer, trained as train_marian trains it
@@ -269,9 +285,7 @@ def train_ours(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], str]
         "steps": trainer.state.global_step, "train_seconds": seconds, "target_tokens": counter.target_tokens,
         "target_tokens_per_second": counter.target_tokens / seconds, "parameters": trainer.model.num_parameters(),
         "model_dir": str(run_dir), "train_peak_memory_mib": peak_memory_mib(),
-        "vocabulary": len(prepared.tokenizer), "final_weights": (
-            f"{averaging.MEAN_NAMES[training_args.average_weights]} of the last "
-            f"{training_args.average_checkpoints} checkpoints" if training_args.average_checkpoints else "last"),
+        "vocabulary": len(prepared.tokenizer), "final_weights": final_weights(training_args),
     }
     run.save_final_model(trainer, prepared.tokenizer, training_args.average_checkpoints, training_args.average_weights)
     return result

@@ -213,7 +213,7 @@ def test_benchmark_runs_both_systems_and_writes_the_table(tmp_path):
         assert run["steps"] > 0 and run["target_tokens_per_second"] > 0, name
         assert 0 <= run["test"]["bleu"] <= 100 and run["test"]["bleu_signature"].startswith("nrefs:1")
     ours = results["runs"]["ours"][0]
-    assert ours["final_weights"] == "linearly weighted mean of the last 10 checkpoints" and "test with length penalty" in ours
+    assert ours["final_weights"] == "moving average of every update, decay 0.998" and "test with length penalty" in ours
     assert (output / "ours-1" / "model.safetensors").is_file() and (output / "marian-1" / "config.json").is_file()
     table = (output / "results.md").read_text()
     assert "| test BLEU |" in table and "careful user" in table

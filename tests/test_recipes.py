@@ -166,11 +166,11 @@ def test_recipe_trains_evaluates_and_predicts_on_a_tiny_local_slice(recipe, tiny
 
 
 def test_the_multi30k_recipe_runs_on_a_tiny_local_slice_under_its_clock(tiny_slice, tmp_path, monkeypatch):
-    """The small-data recipe: its own 25-minute clock, checkpoints by the minute, the last 10 averaged
-    with linear weights."""
+    """The small-data recipe: its own 25-minute clock, checkpoints by the minute (the last 10 kept), and a
+    moving average of the weights as the final model."""
     model_args, data_args, args = parse(MULTI30K)
-    assert (args.max_train_minutes, args.save_minutes, args.average_checkpoints, args.save_total_limit) == (25, 1, 10, 10)
-    assert args.average_weights == "linear"
+    assert (args.max_train_minutes, args.save_minutes, args.average_checkpoints, args.save_total_limit) == (25, 1, 0, 10)
+    assert args.ema_decay == 0.998
     assert (args.max_tokens, args.learning_rate, args.warmup_steps, args.max_grad_norm) == (1024, 2e-3, 800, 0.0)
     config = train.new_model_config(model_args)
     assert (config.d_model, config.encoder_layers, config.encoder_attention_heads, config.encoder_ffn_dim) == (256, 3, 4, 1024)

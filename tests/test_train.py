@@ -350,6 +350,94 @@ def test_average_weights_linear_weighs_the_newest_of_the_last_ones_most(data_dir
     assert "2 (linear weights)" in (output / "README.md").read_text()
 
 
+# ---------------------------------------------------------------------------------------------
+# The moving average of the weights (--ema_decay)
+# ---------------------------------------------------------------------------------------------
+
+
+def exponential_mean(snapshots: list[dict], decay: float) -> dict:
+    """sum_k decay^(t-k) w_k / sum_k decay^(t-k) over snapshots w_1..w_t, in float64: the definition."""
+    t = len(snapshots)
+    weights = [decay ** (t - k) for k in range(1, t + 1)]
+    return {name: sum(w * s[name].double() for w, s in zip(weights, snapshots)) / sum(weights)
+            for name in snapshots[0]}
+
+
+def test_moving_average_is_the_exponentially_weighted_mean_of_every_update():
+    """The callback on its own, on a model whose weights jump about: after each update it holds the definition."""
+    from vanilla_transformer.training import ExponentialMovingAverage
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Linear(3, 2))
+    model[1].bias.requires_grad_(False)  # frozen: not averaged
+    ema, snapshots = ExponentialMovingAverage(decay=0.7), []
+    for _ in range(7):
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p))
+        snapshots.append({n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad})
+        ema.update(model)
+        for name, expected in exponential_mean(snapshots, 0.7).items():
+            torch.testing.assert_close(ema.average[name].double(), expected, rtol=1e-6, atol=1e-6)
+    assert set(ema.average) == {"0.weight", "0.bias", "1.weight"}
+    frozen = model[1].bias.detach().clone()
+    ema.copy_to(model)
+    torch.testing.assert_close(model[0].weight.double(), exponential_mean(snapshots, 0.7)["0.weight"])
+    assert torch.equal(model[1].bias, frozen)
+
+
+def test_ema_decay_saves_the_moving_average_of_every_update_as_the_final_model(data_dir, tmp_path):
+    """A checkpoint after every update holds that update's weights: the final model is their exponential mean,
+    each checkpoint carries the average so far, and the model card says which weights were saved."""
+    output = tmp_path / "run"
+    train.main(tiny_args(data_dir, output, "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "1",
+                         "--ema_decay", "0.8", "--max_tokens", "200", "--learning_rate", "0.01", "--warmup_steps", "2"))
+    snapshots = [load_file(output / f"checkpoint-{step}" / "model.safetensors") for step in range(1, 7)]
+    final = load_file(output / "model.safetensors")
+    expected = exponential_mean(snapshots, 0.8)
+    assert not torch.allclose(final["model.shared.weight"], snapshots[-1]["model.shared.weight"])  # not the last
+    for name, tensor in final.items():
+        torch.testing.assert_close(tensor.double(), expected[name], rtol=1e-5, atol=1e-6, msg=name)
+    at_three = load_file(output / "checkpoint-3" / "ema.safetensors")
+    for name, tensor in exponential_mean(snapshots[:3], 0.8).items():
+        if name in at_three:
+            torch.testing.assert_close(at_three[name].double(), tensor, rtol=1e-5, atol=1e-6, msg=name)
+    assert "exponential moving average, decay 0.8" in (output / "README.md").read_text()
+
+
+def test_a_resumed_run_goes_on_averaging_where_it_stopped(data_dir, tmp_path):
+    """3 updates, save, resume to 6 == 6 updates straight: the average is saved with the checkpoint and loaded."""
+    common = ("--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3", "--max_tokens", "200",
+              "--learning_rate", "0.01", "--warmup_steps", "2", "--ema_decay", "0.8")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train.main(tiny_args(data_dir, straight, *common))
+    resumed.mkdir()
+    shutil.copytree(straight / "checkpoint-3", resumed / "checkpoint-3")
+    shutil.copytree(straight / "tokenizer", resumed / "tokenizer")
+    train.main(tiny_args(data_dir, resumed, *common, "--resume_from_checkpoint", "last"))
+    a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize(
+    "saved, resumed, message",
+    [
+        (("--ema_decay", "0.8"), ("--ema_decay", "0.9"), "averages with decay 0.8; resume with --ema_decay 0.8"),
+        (("--ema_decay", "0.8"), (), "resume it with --ema_decay 0.8, or the average would be dropped"),
+        ((), ("--ema_decay", "0.8"), "holds no moving average .* trained without --ema_decay"),
+    ],
+)
+def test_resuming_with_another_moving_average_is_refused_before_the_data_is_read(
+        data_dir, tmp_path, monkeypatch, saved, resumed, message):
+    common = ("--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2", "--max_tokens", "200")
+    output = tmp_path / "run"
+    train.main(tiny_args(data_dir, output, *common, *saved))
+    monkeypatch.setattr(train, "load_text_datasets", lambda *a, **k: pytest.fail("read the data before refusing"))
+    with pytest.raises(ValueError, match=message):
+        build(data_dir, output, *common, *resumed, "--max_steps", "4", "--resume_from_checkpoint", "last")
+
+
 def test_evaluation_decodes_past_20_tokens_and_reports_the_unsmoothed_loss(tmp_path):
     """Seq2SeqTrainer's fallback max_length=20 must not leak into the model (the paper: source + 50),
     and eval_loss is the plain per-token NLL (so exp(eval_loss) is the perplexity)."""
@@ -470,6 +558,9 @@ def test_unknown_key_in_an_argument_file_is_named(tmp_path):
         (["--average_checkpoints", "5"], "needs checkpoints"),
         (["--average_checkpoints", "5", "--save_strategy", "steps", "--save_total_limit", "3"], "raise the limit"),
         (["--average_weights", "linear"], "--average_checkpoints .* is 0 \\(no averaging\\)"),
+        (["--ema_decay", "-0.5"], "--ema_decay must be at least 0 and below 1"),
+        (["--ema_decay", "1"], "--ema_decay must be at least 0 and below 1"),
+        (["--ema_decay", "0.998", "--average_checkpoints", "2", "--save_strategy", "steps"], "give one of them"),
     ],
 )
 def test_flags_that_would_have_no_effect_are_refused(data_dir, tmp_path, arguments, message):

@@ -41,6 +41,7 @@ from . import data
 from .averaging import MEAN_NAMES, architecture, average_checkpoints
 from .checkpointing import RESUME_HINT, TrainingInterrupted, checkpoint_folders, complete_checkpoints, resolve_checkpoint
 from .metrics import TranslationMetrics, check_sacrebleu_tokenize, score
+from .moving_average import check_checkpoint as check_moving_average
 from .trainer import TransformerTrainer, TransformerTrainingArguments, schedule_name
 from .translation import translate
 
@@ -658,6 +659,8 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     do_train, do_eval, do_predict = steps_to_run(training_args)
     check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict)
     resume = resolve_resume(training_args) if do_train else None
+    if resume is not None:
+        check_moving_average(resume, training_args.ema_decay)  # before the data is read
     if do_train:
         check_output_dir(training_args, resuming=resume is not None)
     if model_args.model_name_or_path:
@@ -705,11 +708,16 @@ def resolve_resume(training_args) -> Path | None:
 
 def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "uniform") -> Path:
     """The final model (or the mean of the last ``average`` checkpoints, §6.1, with ``weights`` as
-    `average_checkpoints` takes them) + tokenizer + generation config in ``output_dir``, Hub format;
-    the trainer's model then holds what was saved."""
+    `average_checkpoints` takes them, or with ``--ema_decay`` the moving average of the weights) +
+    tokenizer + generation config in ``output_dir``, Hub format; the trainer's model then holds what
+    was saved."""
     if average < 0:
         raise ValueError(f"average must be 0 (no averaging) or a number of checkpoints, got {average}.")
     output_dir = Path(trainer.args.output_dir)
+    if trainer.moving_average is not None:
+        trainer.moving_average.copy_to(trainer.accelerator.unwrap_model(trainer.model))
+        logger.info(f"final model = moving average of the weights of {trainer.moving_average.updates} updates, "
+                    f"decay {trainer.moving_average.decay:g}")
     trainer.save_model(str(output_dir))
     if average and trainer.is_world_process_zero():
         checkpoints = complete_checkpoints(output_dir)  # oldest first; incomplete ones named in the log
@@ -780,6 +788,8 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
             "Adam": f"({training_args.adam_beta1}, {training_args.adam_beta2}, {training_args.adam_epsilon})",
             "checkpoints averaged": (f"{training_args.average_checkpoints} ({training_args.average_weights} weights)"
                                      if training_args.average_checkpoints else "none"),
+            **({"weights": f"exponential moving average, decay {training_args.ema_decay:g}"}
+               if training_args.ema_decay else {}),
         },
     )
 

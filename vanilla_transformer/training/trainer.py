@@ -37,6 +37,7 @@ from .averaging import AVERAGING_WEIGHTS
 from .batching import TokenBatchSampler
 from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
 from .data import example_lengths
+from .moving_average import ExponentialMovingAverage, check_checkpoint, check_decay
 
 logger = logging.getLogger(__name__)
 
@@ -168,6 +169,12 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         metadata={"help": "with average_checkpoints: uniform, the mean (paper); linear, the k-th of the last N weighs k",
                   "choices": list(AVERAGING_WEIGHTS)},
     )
+    ema_decay: float = field(
+        default=0.0,
+        metadata={"help": "keep an exponential moving average of the weights, updated every update with this decay "
+                          "(0.998: about the last 500 updates), and save it as the final model instead of the last "
+                          "weights; 0: none (an alternative to --average_checkpoints)"},
+    )
     predict_with_generate: bool = field(default=True, metadata={"help": "evaluate BLEU/chrF by decoding"})
     save_minutes: float | None = field(
         default=None, metadata={"help": "also save a checkpoint every this many minutes (§6.1: every 10 minutes)"}
@@ -227,6 +234,17 @@ def check_argument_ranges(args: TransformerTrainingArguments) -> None:
     _check_duration(args)
     _check_cooldown(args)
     _check_average_weights(args)
+    _check_ema_decay(args)
+
+
+def _check_ema_decay(args: TransformerTrainingArguments) -> None:
+    check_decay(args.ema_decay)
+    if not args.ema_decay:
+        return
+    if args.average_checkpoints:
+        raise ValueError(f"--ema_decay {args.ema_decay} and --average_checkpoints {args.average_checkpoints} each make "
+                         "the final model (a moving average of every update, or the mean of the last checkpoints): "
+                         "give one of them.")
 
 
 def _check_average_weights(args: TransformerTrainingArguments) -> None:
@@ -330,6 +348,13 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
         refuse_ignored_precision_or_sharding(self.args, self.accelerator, self.is_fsdp_enabled)
         self.stop_on_signal = StopOnSignal(self)
         self.add_callback(self.stop_on_signal)
+        self.moving_average = None
+        if self.args.ema_decay:
+            if self.is_fsdp_enabled:
+                raise ValueError("--ema_decay is not supported with FSDP (each process holds a shard of the weights); "
+                                 "use --average_checkpoints N instead.")
+            self.moving_average = ExponentialMovingAverage(self.args.ema_decay)
+            self.add_callback(self.moving_average)
         self.wall_clock = None
         if self.args.save_minutes or self.args.max_train_minutes:
             self.wall_clock = WallClock(self.args.max_train_minutes, self.args.save_minutes)
@@ -343,10 +368,23 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
         """`Trainer.train`; ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint, a
         path is checked before anything is loaded, and a signal ends it with `TrainingInterrupted`."""
         checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        if checkpoint is not None:
+            check_checkpoint(checkpoint, self.args.ema_decay)
         with self.stop_on_signal.installed():
             result = super().train(None if checkpoint is None else str(checkpoint), *args, **kwargs)
         self.stop_on_signal.raise_if_stopped(self.state.global_step)
         return result
+
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        """The training state of a checkpoint, with the moving average of the weights (``--ema_decay``)."""
+        super()._save_optimizer_and_scheduler(output_dir)
+        if self.moving_average is not None and self.args.should_save:
+            self.moving_average.save(output_dir)
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if self.moving_average is not None and checkpoint is not None:
+            self.moving_average.load(checkpoint, device=self.args.device)
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.args.lr_scheduler_type != "inverse_sqrt":
