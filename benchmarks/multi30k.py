@@ -81,13 +81,16 @@ LEVERS = {
     "peak lr 3e-3": (["--learning_rate", "3e-3"], ""),
     "warm-up 400": (["--warmup_steps", "400"], ""),
     "warm-up 4000": (["--warmup_steps", "4000"], ""),
-    "no weight averaging: the last weights": (NO_EMA + ["--average_checkpoints", "0", "--average_weights", "uniform"], ""),
-    "checkpoints instead: linear weights over the last 10": (NO_EMA + ["--average_checkpoints", "10",
-                                                                       "--average_weights", "linear"], ""),
-    "checkpoints instead: the mean of the last 10 (the paper's)": (NO_EMA + ["--average_checkpoints", "10",
-                                                                              "--average_weights", "uniform"], ""),
+    "no checkpoint averaging": (NO_EMA + ["--average_checkpoints", "0"], ""),  # the last weights alone
     "moving average decay 0.999": (["--ema_decay", "0.999"], ""),
     "moving average decay 0.995": (["--ema_decay", "0.995"], ""),
+    # §6.1's checkpoint means instead of the moving average (one checkpoint a minute, the last 10 kept)
+    "checkpoints instead: linear weights over the last 10": (
+        NO_EMA + ["--average_checkpoints", "10", "--average_weights", "linear"], ""),
+    "uniform weights: the mean of the last 10 (the paper's)": (NO_EMA + ["--average_checkpoints", "10"], ""),
+    "average the last 5": (NO_EMA + ["--average_checkpoints", "5", "--save_total_limit", "5"], ""),
+    "average the last 20": (NO_EMA + ["--average_checkpoints", "20", "--save_total_limit", "20"], ""),
+    "a checkpoint every 30 s": (NO_EMA + ["--average_checkpoints", "10", "--save_minutes", "0.5"], ""),
     "gradient clipping 1.0": (["--max_grad_norm", "1.0"], ""),
     # warm-up, stable, decay (Hägele et al., 2024): eq. (3), then linearly to 0 over the budget's last 5 minutes
     "cooldown: the last 5 minutes decay to 0": (["--cooldown_minutes", "5"], ""),

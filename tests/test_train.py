@@ -399,10 +399,48 @@ def test_ema_decay_saves_the_moving_average_of_every_update_as_the_final_model(d
     for name, tensor in final.items():
         torch.testing.assert_close(tensor.double(), expected[name], rtol=1e-5, atol=1e-6, msg=name)
     at_three = load_file(output / "checkpoint-3" / "ema.safetensors")
+    assert set(at_three) - set(snapshots[0]) <= {"lm_head.weight"}  # names as saved; the tied matrix once
+    assert "model.shared.weight" in at_three
     for name, tensor in exponential_mean(snapshots[:3], 0.8).items():
-        if name in at_three:
+        if name in at_three:  # every trainable parameter (not the sinusoid buffer)
             torch.testing.assert_close(at_three[name].double(), tensor, rtol=1e-5, atol=1e-6, msg=name)
     assert "exponential moving average, decay 0.8" in (output / "README.md").read_text()
+
+
+def test_after_train_the_model_of_a_users_own_script_holds_the_moving_average(data_dir, tmp_path):
+    """TransformerTrainer.train() itself ends with the average in the model, so save_model saves it."""
+    prepared = build(data_dir, tmp_path / "run", "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "1",
+                     "--ema_decay", "0.5", "--max_tokens", "200", "--learning_rate", "0.01", "--warmup_steps", "2")
+    prepared.trainer.train()
+    prepared.trainer.save_model(str(tmp_path / "saved"))
+    snapshots = [load_file(tmp_path / "run" / f"checkpoint-{step}" / "model.safetensors") for step in range(1, 5)]
+    expected = exponential_mean(snapshots, 0.5)
+    for name, tensor in load_file(tmp_path / "saved" / "model.safetensors").items():
+        torch.testing.assert_close(tensor.double(), expected[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_the_average_counts_optimizer_updates_and_a_new_train_call_starts_a_new_one(data_dir, tmp_path):
+    """With gradient accumulation, one update per accumulated batch; train() again without resuming does not
+    fold the first run's weights into the second's average."""
+    prepared = build(data_dir, tmp_path / "run", "--max_steps", "3", "--gradient_accumulation_steps", "2",
+                     "--ema_decay", "0.9", "--max_tokens", "200")
+    trainer = prepared.trainer
+    trainer.train()
+    assert trainer.moving_average.updates == trainer.state.global_step == 3
+    trainer.train()
+    assert trainer.moving_average.updates == 3
+
+
+def test_a_trainer_that_does_not_load_the_average_on_resuming_is_warned(caplog):
+    from types import SimpleNamespace
+
+    from vanilla_transformer.training import ExponentialMovingAverage
+
+    ema = ExponentialMovingAverage(0.99)
+    ema.on_train_begin(None, SimpleNamespace(global_step=0), None)
+    assert not caplog.records
+    ema.on_train_begin(None, SimpleNamespace(global_step=40), None)
+    assert "resumes at update 40, but the moving average of the weights has seen 0" in caplog.text
 
 
 def test_a_resumed_run_goes_on_averaging_where_it_stopped(data_dir, tmp_path):
@@ -436,6 +474,19 @@ def test_resuming_with_another_moving_average_is_refused_before_the_data_is_read
     monkeypatch.setattr(train, "load_text_datasets", lambda *a, **k: pytest.fail("read the data before refusing"))
     with pytest.raises(ValueError, match=message):
         build(data_dir, output, *common, *resumed, "--max_steps", "4", "--resume_from_checkpoint", "last")
+
+
+def test_a_moving_average_under_fsdp_is_refused(data_dir, tmp_path):
+    """FSDP gives each process a shard of every parameter; the moving average is of whole ones."""
+    from types import SimpleNamespace
+
+    from vanilla_transformer.training.trainer import refuse_ignored_precision_or_sharding
+
+    args = build(data_dir, tmp_path, "--ema_decay", "0.998").trainer.args
+    cpu = SimpleNamespace(native_amp=True, device=torch.device("cpu"))
+    refuse_ignored_precision_or_sharding(args, cpu, is_fsdp_enabled=False)  # DDP or one process: fine
+    with pytest.raises(ValueError, match="--ema_decay 0.998 is not supported under FSDP.*--average_checkpoints"):
+        refuse_ignored_precision_or_sharding(args, cpu, is_fsdp_enabled=True)
 
 
 def test_evaluation_decodes_past_20_tokens_and_reports_the_unsmoothed_loss(tmp_path):
@@ -561,6 +612,8 @@ def test_unknown_key_in_an_argument_file_is_named(tmp_path):
         (["--ema_decay", "-0.5"], "--ema_decay must be at least 0 and below 1"),
         (["--ema_decay", "1"], "--ema_decay must be at least 0 and below 1"),
         (["--ema_decay", "0.998", "--average_checkpoints", "2", "--save_strategy", "steps"], "give one of them"),
+        (["--ema_decay", "0.998", "--load_best_model_at_end", "true", "--save_strategy", "steps", "--eval_strategy",
+          "steps", "--validation_size", "10"], "--load_best_model_at_end the best checkpoint"),
     ],
 )
 def test_flags_that_would_have_no_effect_are_refused(data_dir, tmp_path, arguments, message):

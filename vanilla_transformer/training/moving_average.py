@@ -16,8 +16,12 @@ the last ~500 updates, as linearly weighted checkpoints a minute apart over the 
 run of ~170 updates a minute do. It costs one float32 copy of the parameters and ~1% of a step.
 
 With `TransformerTrainer` (``--ema_decay``), the average is written into every checkpoint
-(``ema.safetensors``, so that a resumed run goes on averaging from where it stopped) and becomes the
-final model; checkpoints themselves hold the trained weights, as always.
+(``ema.safetensors``, unless ``--save_only_model``; a resumed run goes on averaging from where it
+stopped), and ``train()`` ends by putting it into the model, which ``save_model`` then saves;
+checkpoints themselves hold the trained weights, as always, and so do evaluations during training.
+With another Trainer the callback averages alike, but saving and loading the average are yours
+(`save`, `load`, `copy_to`). An update the float16 loss scaler skips still counts as one (the
+weights are then folded in twice), which at a decay near 1 is negligible.
 
     ema = ExponentialMovingAverage(decay=0.998)
     trainer.add_callback(ema)          # TransformerTrainer(args with ema_decay=0.998) does this itself
@@ -29,12 +33,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import logging
+
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback
 
 EMA_FILE = "ema.safetensors"
+
+logger = logging.getLogger(__name__)
 
 
 class ExponentialMovingAverage(TrainerCallback):
@@ -52,6 +60,10 @@ class ExponentialMovingAverage(TrainerCallback):
     def _parameters(model) -> dict[str, torch.Tensor]:
         return {name: p for name, p in model.named_parameters() if p.requires_grad}  # a tied matrix once (§3.4)
 
+    def reset(self) -> None:
+        """Forget every update: the next one starts a new average."""
+        self.updates, self.average = 0, {}
+
     @torch.no_grad()
     def update(self, model) -> None:
         """Fold the model's current weights into the average (after an optimizer step)."""
@@ -60,12 +72,25 @@ class ExponentialMovingAverage(TrainerCallback):
         if self.updates == 1:  # r_1 = 1: the first average is the weights themselves
             self.average = {name: p.detach().to(torch.float32, copy=True) for name, p in parameters.items()}
             return
+        self._check_names(parameters)
+        rate = (1 - self.decay) / (1 - self.decay**self.updates)
+        for name, p in parameters.items():
+            average = self.average[name]
+            if average.device != p.device:  # loaded from a checkpoint: where the parameter lives
+                average = self.average[name] = average.to(p.device)
+            average.lerp_(p.detach().float(), rate)  # one float32 copy at a time for bfloat16 weights
+
+    def _check_names(self, parameters: dict) -> None:
         if set(parameters) != set(self.average):
             raise ValueError(f"The model's parameters {sorted(set(parameters) ^ set(self.average))} are not in both "
                              "the model and its moving average: was the average loaded from another model?")
-        rate = (1 - self.decay) / (1 - self.decay**self.updates)
-        names = list(self.average)
-        torch._foreach_lerp_([self.average[n] for n in names], [parameters[n].detach().float() for n in names], rate)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if state.global_step > self.updates:
+            logger.warning(f"Training resumes at update {state.global_step}, but the moving average of the weights has "
+                           f"seen {self.updates}: it starts again from here. TransformerTrainer saves the average in "
+                           f"each checkpoint ({EMA_FILE}) and loads it on resuming; with another Trainer, load it "
+                           "yourself (ExponentialMovingAverage.load).")
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         self.update(model)
@@ -75,7 +100,9 @@ class ExponentialMovingAverage(TrainerCallback):
         """Put the average into the model's parameters (cast to their dtype)."""
         if not self.average:
             raise RuntimeError("The moving average has seen no update yet: train first.")
-        for name, p in self._parameters(model).items():
+        parameters = self._parameters(model)
+        self._check_names(parameters)
+        for name, p in parameters.items():
             p.copy_(self.average[name])
 
     # -- in checkpoints, so that a resumed run averages on ----------------------------------------
@@ -84,13 +111,14 @@ class ExponentialMovingAverage(TrainerCallback):
         metadata = {"decay": repr(self.decay), "updates": str(self.updates)}
         save_file({name: t.contiguous() for name, t in self.average.items()}, str(Path(folder) / EMA_FILE), metadata)
 
-    def load(self, folder: str | Path, device=None) -> None:
+    def load(self, folder: str | Path) -> None:
+        """The average saved in ``folder``, refused if it has another decay; on the CPU until the next update
+        moves each tensor to its parameter's device."""
         path = Path(folder) / EMA_FILE
         check_checkpoint(folder, self.decay)
         with safe_open(str(path), framework="pt") as file:
             self.updates = int(file.metadata()["updates"])
-        self.average = {name: t.to(device) if device is not None else t
-                        for name, t in load_file(str(path)).items()}
+        self.average = load_file(str(path))
 
 
 def check_decay(decay: float) -> None:
@@ -107,11 +135,13 @@ def check_checkpoint(folder: str | Path, decay: float) -> None:
     if not decay:
         if path.is_file():
             raise ValueError(f"{folder} holds a moving average of the weights ({EMA_FILE}): resume it with "
-                             f"--ema_decay {_stored_decay(path)}, or the average would be dropped.")
+                             f"--ema_decay {_stored_decay(path)}, or the average would be dropped (to drop it on "
+                             f"purpose, delete {path}).")
         return
     if not path.is_file():
         raise ValueError(f"--ema_decay {decay}: {folder} holds no moving average ({EMA_FILE}); it was trained "
-                         "without --ema_decay. Resume without the flag, or start a new run.")
+                         "without --ema_decay (or saved with --save_only_model). Resume without the flag, or start a "
+                         "new run.")
     stored = _stored_decay(path)
     if stored != decay:
         raise ValueError(f"--ema_decay {decay}: {path} averages with decay {stored}; resume with --ema_decay {stored} "

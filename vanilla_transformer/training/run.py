@@ -708,16 +708,12 @@ def resolve_resume(training_args) -> Path | None:
 
 def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "uniform") -> Path:
     """The final model (or the mean of the last ``average`` checkpoints, §6.1, with ``weights`` as
-    `average_checkpoints` takes them, or with ``--ema_decay`` the moving average of the weights) +
+    `average_checkpoints` takes them; with ``--ema_decay`` the model already holds the moving average) +
     tokenizer + generation config in ``output_dir``, Hub format; the trainer's model then holds what
     was saved."""
     if average < 0:
         raise ValueError(f"average must be 0 (no averaging) or a number of checkpoints, got {average}.")
     output_dir = Path(trainer.args.output_dir)
-    if trainer.moving_average is not None:
-        trainer.moving_average.copy_to(trainer.accelerator.unwrap_model(trainer.model))
-        logger.info(f"final model = moving average of the weights of {trainer.moving_average.updates} updates, "
-                    f"decay {trainer.moving_average.decay:g}")
     trainer.save_model(str(output_dir))
     if average and trainer.is_world_process_zero():
         checkpoints = complete_checkpoints(output_dir)  # oldest first; incomplete ones named in the log

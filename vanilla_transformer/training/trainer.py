@@ -173,7 +173,8 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         default=0.0,
         metadata={"help": "keep an exponential moving average of the weights, updated every update with this decay "
                           "(0.998: about the last 500 updates), and save it as the final model instead of the last "
-                          "weights; 0: none (an alternative to --average_checkpoints)"},
+                          "weights (checkpoints and evaluations during training keep the trained weights); 0: none "
+                          "(an alternative to --average_checkpoints)"},
     )
     predict_with_generate: bool = field(default=True, metadata={"help": "evaluate BLEU/chrF by decoding"})
     save_minutes: float | None = field(
@@ -241,6 +242,9 @@ def _check_ema_decay(args: TransformerTrainingArguments) -> None:
     check_decay(args.ema_decay)
     if not args.ema_decay:
         return
+    if args.load_best_model_at_end:
+        raise ValueError(f"--ema_decay {args.ema_decay} makes the moving average the final model, and "
+                         "--load_best_model_at_end the best checkpoint: give one of them.")
     if args.average_checkpoints:
         raise ValueError(f"--ema_decay {args.ema_decay} and --average_checkpoints {args.average_checkpoints} each make "
                          "the final model (a moving average of every update, or the mean of the last checkpoints): "
@@ -350,9 +354,6 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
         self.add_callback(self.stop_on_signal)
         self.moving_average = None
         if self.args.ema_decay:
-            if self.is_fsdp_enabled:
-                raise ValueError("--ema_decay is not supported with FSDP (each process holds a shard of the weights); "
-                                 "use --average_checkpoints N instead.")
             self.moving_average = ExponentialMovingAverage(self.args.ema_decay)
             self.add_callback(self.moving_average)
         self.wall_clock = None
@@ -366,13 +367,20 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train`; ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint, a
-        path is checked before anything is loaded, and a signal ends it with `TrainingInterrupted`."""
+        path is checked before anything is loaded, and a signal ends it with `TrainingInterrupted`.
+        With ``ema_decay``, the model afterwards holds the moving average of its weights (save_model saves it)."""
         checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
         if checkpoint is not None:
             check_checkpoint(checkpoint, self.args.ema_decay)
+        elif self.moving_average is not None:  # a new run (or a retry) averages its own updates only
+            self.moving_average.reset()
         with self.stop_on_signal.installed():
             result = super().train(None if checkpoint is None else str(checkpoint), *args, **kwargs)
         self.stop_on_signal.raise_if_stopped(self.state.global_step)
+        if self.moving_average is not None:  # --ema_decay: what training made is the average
+            self.moving_average.copy_to(self.accelerator.unwrap_model(self.model))
+            logger.info(f"the model now holds the moving average of its weights over {self.moving_average.updates} "
+                        f"updates (decay {self.moving_average.decay:g}); the checkpoints hold the trained weights")
         return result
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
@@ -384,7 +392,7 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         super()._load_optimizer_and_scheduler(checkpoint)
         if self.moving_average is not None and checkpoint is not None:
-            self.moving_average.load(checkpoint, device=self.args.device)
+            self.moving_average.load(checkpoint)
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.args.lr_scheduler_type != "inverse_sqrt":
@@ -604,7 +612,8 @@ class EvaluationLoss:
 
 
 def refuse_ignored_precision_or_sharding(args, accelerator, is_fsdp_enabled: bool) -> None:
-    """Refuse --fp16 and an FSDP launch where accelerate would quietly train in float32 / with DDP.
+    """Refuse --fp16 and an FSDP launch where accelerate would quietly train in float32 / with DDP, and
+    --ema_decay under FSDP (the moving average is of whole parameters, FSDP gives each process a shard).
 
     accelerate 1.15 enables float16 autocast and its loss scaler only on accelerators (on the CPU its
     Accelerator keeps ``native_amp=False``), and it selects FSDP only for GPU-like process groups
@@ -620,6 +629,9 @@ def refuse_ignored_precision_or_sharding(args, accelerator, is_fsdp_enabled: boo
             f"Launched with an FSDP config, but accelerate does not shard on {accelerator.device.type} (it would run "
             "plain data parallel): use training/accelerate/ddp.yaml on the CPU, or run FSDP on GPUs."
         )
+    if is_fsdp_enabled and args.ema_decay:
+        raise ValueError(f"--ema_decay {args.ema_decay} is not supported under FSDP (each process holds a shard of the "
+                         "weights): use --average_checkpoints N, or launch with training/accelerate/ddp.yaml.")
 
 
 def is_sharded(model) -> bool:
