@@ -431,6 +431,22 @@ def test_the_average_counts_optimizer_updates_and_a_new_train_call_starts_a_new_
     assert trainer.moving_average.updates == 3
 
 
+@pytest.mark.parametrize("decay", [0.0, 0.8])
+def test_a_damaged_moving_average_in_a_checkpoint_is_named_with_what_to_do(tmp_path, decay):
+    from safetensors.torch import save_file
+
+    from vanilla_transformer.training.moving_average import EMA_FILE, check_checkpoint
+
+    (tmp_path / "cut").mkdir()
+    (tmp_path / "cut" / EMA_FILE).write_bytes(b"\x08\x00\x00")  # a file cut short
+    (tmp_path / "bare").mkdir()
+    save_file({"w": torch.zeros(2)}, str(tmp_path / "bare" / EMA_FILE))  # no decay or update count
+    for folder in ("cut", "bare"):
+        with pytest.raises(ValueError, match=f"{folder}/{EMA_FILE} is not a moving average written by --ema_decay.*"
+                                             "delete it, or resume from another checkpoint"):
+            check_checkpoint(tmp_path / folder, decay)
+
+
 def test_a_trainer_that_does_not_load_the_average_on_resuming_is_warned(caplog):
     from types import SimpleNamespace
 

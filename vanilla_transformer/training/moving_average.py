@@ -13,7 +13,8 @@ kept in float32 by one ``lerp`` per update, ``average += r_t * (weights_t - aver
 ``r_t = (1 - decay) / (1 - decay^t)`` (``r_1 = 1``: no start value to forget, as Adam's bias
 correction). The mean age of what it averages is about ``decay / (1 - decay)`` updates: 0.998 averages
 the last ~500 updates, as linearly weighted checkpoints a minute apart over the last 10 minutes of a
-run of ~170 updates a minute do. It costs one float32 copy of the parameters and ~1% of a step.
+run of ~170 updates a minute do. It costs one float32 copy of the parameters and, at d_model 256 on
+2 CPU cores, 2.6 ms an update (about 0.25% of a training step).
 
 With `TransformerTrainer` (``--ema_decay``), the average is written into every checkpoint
 (``ema.safetensors``, unless ``--save_only_model``; a resumed run goes on averaging from where it
@@ -31,9 +32,8 @@ weights are then folded in twice), which at a decay near 1 is negligible.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import logging
+from pathlib import Path
 
 import torch
 from safetensors import safe_open
@@ -116,8 +116,7 @@ class ExponentialMovingAverage(TrainerCallback):
         moves each tensor to its parameter's device."""
         path = Path(folder) / EMA_FILE
         check_checkpoint(folder, self.decay)
-        with safe_open(str(path), framework="pt") as file:
-            self.updates = int(file.metadata()["updates"])
+        self.updates = int(_metadata(path)["updates"])
         self.average = load_file(str(path))
 
 
@@ -134,24 +133,29 @@ def check_checkpoint(folder: str | Path, decay: float) -> None:
     path = Path(folder) / EMA_FILE
     if not decay:
         if path.is_file():
+            decay = float(_metadata(path)["decay"])
             raise ValueError(f"{folder} holds a moving average of the weights ({EMA_FILE}): resume it with "
-                             f"--ema_decay {_stored_decay(path)}, or the average would be dropped (to drop it on "
-                             f"purpose, delete {path}).")
+                             f"--ema_decay {decay}, or the average would be dropped (to drop it on purpose, delete "
+                             f"{path}).")
         return
     if not path.is_file():
         raise ValueError(f"--ema_decay {decay}: {folder} holds no moving average ({EMA_FILE}); it was trained "
                          "without --ema_decay (or saved with --save_only_model). Resume without the flag, or start a "
                          "new run.")
-    stored = _stored_decay(path)
+    stored = float(_metadata(path)["decay"])
     if stored != decay:
         raise ValueError(f"--ema_decay {decay}: {path} averages with decay {stored}; resume with --ema_decay {stored} "
                          "(a moving average cannot change its decay half-way).")
 
 
-def _stored_decay(path: Path) -> float:
+def _metadata(path: Path) -> dict[str, str]:
+    """The decay and update count the average was saved with."""
     try:
         with safe_open(str(path), framework="pt") as file:
-            return float(file.metadata()["decay"])
+            metadata = file.metadata() or {}
+        if not {"decay", "updates"} <= metadata.keys():
+            raise KeyError("no decay and update count in its metadata")
+        return metadata
     except Exception as error:  # noqa: BLE001 - any unreadable file gets the same advice
         raise ValueError(f"{path} is not a moving average written by --ema_decay ({error}); delete it, or resume "
                          "from another checkpoint.") from error
