@@ -203,6 +203,39 @@ def peak_memory_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def matmul_gflops() -> float:
+    """How fast this machine multiplies float32 matrices now: the median of nine 1024 x 1024 products."""
+    from vanilla_transformer.training.flops import matmul_flops_per_second
+
+    return median(matmul_flops_per_second()) / 1e9
+
+
+def cpu_seconds() -> dict:
+    """CPU time spent so far: by this process and its children, and (Linux) by the whole machine and by the
+    hypervisor's other guests (steal), with the wall clock; `machine_load` compares two of these."""
+    own = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    seconds = {"wall": time.perf_counter(), "own": sum(usage.ru_utime + usage.ru_stime for usage in own)}
+    stat = Path("/proc/stat")
+    if stat.exists():  # cpu  user nice system idle iowait irq softirq steal ... (in clock ticks)
+        user, nice, system, _, _, irq, softirq, steal = map(int, stat.read_text().split("\n", 1)[0].split()[1:9])
+        tick = os.sysconf("SC_CLK_TCK")
+        seconds.update(busy=(user + nice + system + irq + softirq) / tick, steal=steal / tick)
+    return seconds
+
+
+def machine_load(gflops_before: float, before: dict, after: dict, gflops_after: float) -> dict:
+    """How much of the machine a run had while it trained. A time budget buys as many updates as the machine
+    gives: a slower machine (matmul GFLOP/s) or other work on it (others_cpu_share: the CPUs' time that
+    other processes took; steal_share: that the hypervisor gave to other guests) lowers a run's score
+    without any change to its recipe, so runs compared across sessions need the same numbers."""
+    load = {"matmul_gflops_before": gflops_before, "matmul_gflops_after": gflops_after}
+    if "busy" in before and "busy" in after:
+        capacity = (after["wall"] - before["wall"]) * (os.cpu_count() or 1)
+        others = (after["busy"] - before["busy"]) - (after["own"] - before["own"])
+        load.update(others_cpu_share=max(others, 0.0) / capacity, steal_share=(after["steal"] - before["steal"]) / capacity)
+    return load
+
+
 class TokenCounter:
     """Wraps a collator and counts the target tokens (labels != -100) of every batch it builds."""
 
@@ -398,7 +431,9 @@ def run_system(name: str, args, data_dir: Path, run_dir: Path, lever: tuple[list
     from transformers import GenerationConfig
 
     logging.basicConfig(level=logging.WARNING)
+    gflops, before = matmul_gflops(), cpu_seconds()
     result = train_ours(args, data_dir, run_dir, lever) if name == "ours" else train_marian(args, data_dir, run_dir)
+    result["machine_load"] = machine_load(gflops, before, cpu_seconds(), matmul_gflops())
     splits = {"val": "val"} if args.levers else {"val": "val", "test": "test_2016_flickr"}
     for key, split in splits.items():
         pairs = read_split(data_dir, split, args.pair, args.test_limit)
@@ -505,16 +540,18 @@ def finished(runs: dict[str, list[dict | None]]) -> dict[str, list[dict]]:
 def summary(runs: dict[str, list[dict]]) -> dict:
     """Per system: the median of each number over the runs; and ours minus MarianMT's medians."""
     keys = {"test BLEU": ("test", "bleu"), "test chrF": ("test", "chrf"), "val BLEU": ("val", "bleu"),
-            "val chrF": ("val", "chrf"), "updates": ("steps",), "target tokens/s": ("target_tokens_per_second",)}
+            "val chrF": ("val", "chrf"), "updates": ("steps",), "target tokens/s": ("target_tokens_per_second",),
+            "fp32 matmul GFLOP/s before training": ("machine_load", "matmul_gflops_before"),
+            "CPU share of other processes while training": ("machine_load", "others_cpu_share")}
 
     def value(result, path):
         for key in path:
-            result = result[key]
+            result = result.get(key) if isinstance(result, dict) else None
         return result
 
     runs = finished(runs)
     medians = {name: {label: median([value(r, path) for r in results]) for label, path in keys.items()
-                      if all(path[0] in r for r in results)} for name, results in runs.items() if results}
+                      if all(value(r, path) is not None for r in results)} for name, results in runs.items() if results}
     if {"ours", "marian"} <= set(medians):
         medians["difference"] = {label: medians["ours"][label] - medians["marian"][label]
                                  for label in ("test BLEU", "test chrF", "val BLEU") if label in medians["marian"]}
@@ -530,7 +567,9 @@ def markdown(results: dict) -> str:
              "|---|" + "---|" * (sum(len(r) for r in runs.values()) + len(runs))]
     labels = [("test BLEU", ("test", "bleu"), "{:.2f}"), ("test chrF", ("test", "chrf"), "{:.2f}"),
               ("val BLEU", ("val", "bleu"), "{:.2f}"), ("updates", ("steps",), "{:d}"),
-              ("target tokens/s", ("target_tokens_per_second",), "{:.0f}")]
+              ("target tokens/s", ("target_tokens_per_second",), "{:.0f}"),
+              ("fp32 matmul GFLOP/s before training", ("machine_load", "matmul_gflops_before"), "{:.0f}"),
+              ("CPU share of other processes while training", ("machine_load", "others_cpu_share"), "{:.1%}")]
     for label, path, fmt in labels:
         cells = []
         for name, results_ in runs.items():
@@ -548,11 +587,47 @@ def markdown(results: dict) -> str:
     sources = sorted({run["from"] for run in runs.get("marian", []) if "from" in run})
     if sources:
         lines += ["", f"MarianMT's runs are those of {', '.join(sources)} (--marian-from): the same settings and seeds."]
+    notes = machine_notes("ours", runs.get("ours", []), "MarianMT's runs" + (" (--marian-from)" if sources else ""),
+                          runs.get("marian", []))
+    if notes:
+        lines += [""] + notes
     if results.get("settings", {}).get("bf16"):
         lines += ["", "Both systems trained under bfloat16 autocast (--bf16); weights and decoding in float32."]
     lines += ["", f"{MARIAN_SETUPS[results['marian_setup']]}", f"Machine: {results['machine']}. Date: {results['date']}.",
               f"sacreBLEU signature: `{next(iter(runs.values()))[0]['val']['bleu_signature']}`."]
     return "\n".join(lines) + "\n"
+
+
+SPEED_TOLERANCE = 0.05  # machine speeds within 5% count as the same; beyond it, a note says which ran slower
+BUSY_TOLERANCE = 0.05  # other processes taking more than 5% of the CPUs while a run trained get a note
+
+
+def machine_notes(label: str, runs: list[dict], other_label: str, others: list[dict]) -> list[str]:
+    """Whether ``runs`` had the machine that ``others`` had (fp32 matmul GFLOP/s before training, medians),
+    and any run that shared the CPUs with other work: the lines a table needs when its runs were trained
+    at different times (--marian-from, --recipe-from) or when one run was disturbed."""
+    def speeds(group):
+        return [run["machine_load"]["matmul_gflops_before"] for run in group if "machine_load" in run]
+
+    lines = []
+    mine, theirs = speeds(runs), speeds(others)
+    if mine and not theirs:
+        lines.append(f"{other_label} predate the machine probe: whether this machine was as fast then is not recorded.")
+    elif mine and theirs:
+        ratio = median(mine) / median(theirs)
+        same = abs(ratio - 1) <= SPEED_TOLERANCE
+        comparison = "as fast as" if same else f"{abs(ratio - 1):.0%} {'slower' if ratio < 1 else 'faster'} than"
+        line = (f"For {label} the machine multiplied float32 matrices {comparison} for {other_label} "
+                f"({median(mine):.0f} vs {median(theirs):.0f} GFLOP/s, medians before training)")
+        lines.append(line + ("." if same else f": under a time budget that gives {label} "
+                                              f"{'fewer' if ratio < 1 else 'more'} updates than {other_label} had "
+                                              "then; a comparison trained in one run settles it."))
+    for run in runs + others:
+        share = run.get("machine_load", {}).get("others_cpu_share", 0.0)
+        if share > BUSY_TOLERANCE:
+            lines.append(f"{run.get('model_dir', 'a run')} shared the CPUs: other processes took {share:.0%} of "
+                         "their time while it trained (train it again on a quiet machine: --redo).")
+    return lines
 
 
 def levers_markdown(results: dict) -> str:
@@ -569,7 +644,9 @@ def levers_markdown(results: dict) -> str:
         delta = "" if base is None or name == "recipe" else f"{result['val']['bleu'] - base:+.2f}"
         label = f"{name} (from {result['from']})" if "from" in result and name == "recipe" else name
         lines.append(f"| {label} | {result['val']['bleu']:.2f} | {result['val']['chrf']:.2f} | {result['steps']} | {delta} |")
-    return "\n".join(lines) + "\n"
+    levers = [result for name, result in results["levers"].items() if name != "recipe"]
+    notes = machine_notes("the levers", levers, "the recipe's row", [recipe] if recipe else [])
+    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
 def averaging_sweep(args, data_dir: Path) -> dict:

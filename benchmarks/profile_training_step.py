@@ -44,7 +44,7 @@ from vanilla_transformer.modeling_vanilla_transformer import (
     label_smoothed_cross_entropy,
 )
 from vanilla_transformer.training import read_parallel
-from vanilla_transformer.training.flops import training_flops
+from vanilla_transformer.training.flops import matmul_flops_per_second, training_flops
 
 REPO = Path(__file__).resolve().parents[1]
 CLOCK = [time.perf_counter]  # time.process_time with --cpu-time
@@ -217,16 +217,7 @@ def alternate(steps: dict[str, Callable[[], None]], count: int, warmup: int) -> 
 
 def peak_flops(size: int = 2048, repeats: int = 5) -> float:
     """This CPU's fp32 matmul throughput, the best of a few square products: the peak for MFU."""
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(repeats))
-    return 2 * size**3 / best
-
-
-def _timed(function) -> float:
-    started = CLOCK[0]()
-    function()
-    return CLOCK[0]() - started
+    return max(matmul_flops_per_second(size, repeats))
 
 
 def row(name: str, seconds: list[float], reference: list[float], flops: float, peak: float, tokens: int) -> str:

@@ -45,6 +45,50 @@ def test_medians_over_runs_and_the_difference_of_the_medians():
     assert "test BLEU +3.00" in table
 
 
+def test_machine_load_is_other_processes_cpu_time_over_the_machines_capacity(monkeypatch):
+    """100 s on 2 CPUs is 200 CPU-seconds; the machine was busy for 180, this run for 150: others took 30
+    (15%), the hypervisor's other guests 10 (5%)."""
+    monkeypatch.setattr(multi30k.os, "cpu_count", lambda: 2)
+    before = {"wall": 50.0, "own": 2.0, "busy": 1000.0, "steal": 7.0}
+    after = {"wall": 150.0, "own": 152.0, "busy": 1180.0, "steal": 17.0}
+    load = multi30k.machine_load(120.0, before, after, 110.0)
+    assert load == pytest.approx({"matmul_gflops_before": 120.0, "matmul_gflops_after": 110.0,
+                                  "others_cpu_share": 0.15, "steal_share": 0.05})
+    assert "others_cpu_share" not in multi30k.machine_load(1.0, {"wall": 0.0, "own": 0.0}, {"wall": 1.0, "own": 1.0}, 1.0)
+    if Path("/proc/stat").exists():  # the real counters: the machine is busy at least while this process is
+        first = multi30k.cpu_seconds()
+        sum(i * i for i in range(3_000_000))
+        second = multi30k.cpu_seconds()
+        assert second["own"] > first["own"] and second["busy"] - first["busy"] >= 0.5 * (second["own"] - first["own"])
+
+
+def test_runs_trained_on_a_slower_or_busy_machine_are_named_in_the_table():
+    """A comparison that reuses runs of another session says whether the machine was as fast (within 5%,
+    fp32 matmul medians before training), which side it favoured when not, and which run shared the CPUs."""
+    def run(bleu, gflops=None, others=0.0, name="run"):
+        load = {} if gflops is None else {"machine_load": {"matmul_gflops_before": gflops, "others_cpu_share": others}}
+        return {**result(bleu, bleu, 100), "model_dir": name, **load}
+
+    def table(ours, marian):
+        runs = {"ours": ours, "marian": [dict(r, **{"from": "old/results.json"}) for r in marian]}
+        runs = {k: [dict(r, val=dict(r["val"], bleu_signature="sig")) for r in v] for k, v in runs.items()}
+        return multi30k.markdown({"runs": runs, "medians": multi30k.summary(runs), "pair": "en-de", "budget_minutes": 25,
+                                  "test_sentences": 1000, "marian_setup": "tuned", "machine": "m", "date": "d"})
+
+    slower = table([run(37, 90.0), run(38, 91.0, 0.2, "runs/x/ours-2"), run(37.5, 89.0)], [run(34, 100.0)] * 3)
+    assert "For ours the machine multiplied float32 matrices 10% slower than for MarianMT's runs (--marian-from)" in slower
+    assert "gives ours fewer updates" in slower
+    assert "runs/x/ours-2 shared the CPUs: other processes took 20%" in slower
+    assert "| fp32 matmul GFLOP/s before training | 90 | 91 | 89 | 100 | 100 | 100 | 90 | 100 |" in slower
+    same = table([run(37, 97.0)], [run(34, 100.0)])
+    assert "as fast as for MarianMT's runs" in same and "fewer updates" not in same and "more updates" not in same
+    assert "predate the machine probe" in table([run(37, 97.0)], [run(34)])
+    levers = multi30k.levers_markdown({"pair": "en-de", "budget_minutes": 25, "levers": {
+        "recipe": {**run(36, 100.0), "val with length penalty": {"bleu": 35.5, "chrf": 59.8}},
+        "dropout 0.3": run(36.4, 120.0)}})
+    assert "For the levers the machine multiplied float32 matrices 20% faster than for the recipe's row" in levers
+
+
 def test_the_tuned_marian_is_configured_as_the_issue_describes(tmp_path, monkeypatch):
     """ReLU, scaled tied embeddings, dropout 0.1 (attention/activation 0), its own 8k Metaspace BPE,
     64-sentence batches grouped by length, Adam (0.9, 0.98, 1e-9), 1e-3 after 800 warm-up steps, LS 0.1."""
@@ -299,6 +343,9 @@ def test_the_metaspace_lever_trains_ours_with_the_baselines_tokenizer(tmp_path):
     assert completed.returncode == 0, completed.stderr[-4000:]
     result = json.loads((output / "levers.json").read_text())["levers"][name]
     assert result["steps"] > 0 and 0 <= result["val"]["bleu"] <= 100
+    load = result["machine_load"]  # the machine probe around training
+    assert load["matmul_gflops_before"] > 0 and load["matmul_gflops_after"] > 0
+    assert all(0 <= load[key] <= 1 for key in ("others_cpu_share", "steal_share") if key in load)
     pairs = multi30k.read_split(data, "train", "en-de")
     baseline = multi30k.metaspace_tokenizer((text for pair in pairs for text in pair), 200)
     saved = AutoTokenizer.from_pretrained(output / "lever-0")
