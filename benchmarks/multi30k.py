@@ -210,27 +210,45 @@ def matmul_gflops() -> float:
     return median(matmul_flops_per_second()) / 1e9
 
 
-def cpu_seconds() -> dict:
-    """CPU time spent so far: by this process and its children, and (Linux) by the whole machine and by the
-    hypervisor's other guests (steal), with the wall clock; `machine_load` compares two of these."""
+def proc_stat_ticks(text: str, cpus: set[int] | None = None) -> dict[str, int]:
+    """Clock ticks the CPUs ``cpus`` (all with None) have spent, from /proc/stat's ``cpuN`` lines (user nice
+    system idle iowait irq softirq steal guest guest_nice): busy (user, nice, system, irq, softirq; guest
+    time is already inside user and nice), steal (given by the hypervisor to other guests) and total (all
+    eight, idle and iowait included: the CPUs' capacity over the same span)."""
+    ticks = {"busy": 0, "steal": 0, "total": 0}
+    for line in text.splitlines():
+        name, *fields = line.split() or [""]
+        if not (name.startswith("cpu") and name[3:].isdigit()) or (cpus is not None and int(name[3:]) not in cpus):
+            continue
+        user, nice, system, idle, iowait, irq, softirq, steal = map(int, fields[:8])
+        ticks["busy"] += user + nice + system + irq + softirq
+        ticks["steal"] += steal
+        ticks["total"] += user + nice + system + idle + iowait + irq + softirq + steal
+    return ticks
+
+
+def cpu_seconds() -> dict[str, float]:
+    """CPU time spent so far by this process (all its threads) and its ended children, and (Linux) by the
+    CPUs it may run on: busy, steal and total (`proc_stat_ticks`); `machine_load` compares two of these.
+    Children still running (e.g. data-loader workers, 0 in the recipe) count as other processes."""
     own = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    seconds = {"wall": time.perf_counter(), "own": sum(usage.ru_utime + usage.ru_stime for usage in own)}
+    seconds = {"own": sum(usage.ru_utime + usage.ru_stime for usage in own)}
     stat = Path("/proc/stat")
-    if stat.exists():  # cpu  user nice system idle iowait irq softirq steal ... (in clock ticks)
-        user, nice, system, _, _, irq, softirq, steal = map(int, stat.read_text().split("\n", 1)[0].split()[1:9])
+    if stat.exists():
+        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
         tick = os.sysconf("SC_CLK_TCK")
-        seconds.update(busy=(user + nice + system + irq + softirq) / tick, steal=steal / tick)
+        seconds.update({key: value / tick for key, value in proc_stat_ticks(stat.read_text(), cpus).items()})
     return seconds
 
 
 def machine_load(gflops_before: float, before: dict, after: dict, gflops_after: float) -> dict:
     """How much of the machine a run had while it trained. A time budget buys as many updates as the machine
-    gives: a slower machine (matmul GFLOP/s) or other work on it (others_cpu_share: the CPUs' time that
-    other processes took; steal_share: that the hypervisor gave to other guests) lowers a run's score
-    without any change to its recipe, so runs compared across sessions need the same numbers."""
+    gives: a slower machine (matmul GFLOP/s before and after training) or other work on its CPUs
+    (others_cpu_share: the share of the CPUs' time that other processes took; steal_share: the share the
+    hypervisor gave to other guests) lowers a run's score without any change to its recipe."""
     load = {"matmul_gflops_before": gflops_before, "matmul_gflops_after": gflops_after}
-    if "busy" in before and "busy" in after:
-        capacity = (after["wall"] - before["wall"]) * (os.cpu_count() or 1)
+    capacity = after.get("total", 0.0) - before.get("total", 0.0)
+    if capacity > 0:
         others = (after["busy"] - before["busy"]) - (after["own"] - before["own"])
         load.update(others_cpu_share=max(others, 0.0) / capacity, steal_share=(after["steal"] - before["steal"]) / capacity)
     return load
@@ -537,21 +555,27 @@ def finished(runs: dict[str, list[dict | None]]) -> dict[str, list[dict]]:
     return {name: [run for run in results if run is not None] for name, results in runs.items()}
 
 
+# What the comparison table shows of each run and takes the median of: label, path in a run's result, format.
+NUMBERS = [("test BLEU", ("test", "bleu"), "{:.2f}"), ("test chrF", ("test", "chrf"), "{:.2f}"),
+           ("val BLEU", ("val", "bleu"), "{:.2f}"), ("val chrF", ("val", "chrf"), "{:.2f}"), ("updates", ("steps",), "{:.0f}"),
+           ("target tokens/s", ("target_tokens_per_second",), "{:.0f}"),
+           ("fp32 matmul GFLOP/s before training", ("machine_load", "matmul_gflops_before"), "{:.0f}"),
+           ("CPU share of other processes while training", ("machine_load", "others_cpu_share"), "{:.1%}")]
+
+
+def lookup(result: dict, path: tuple[str, ...]) -> float | None:
+    """The number at ``path`` in a run's result, or None where that run did not record it."""
+    for key in path:
+        result = result.get(key) if isinstance(result, dict) else None
+    return result if isinstance(result, (int, float)) else None
+
+
 def summary(runs: dict[str, list[dict]]) -> dict:
-    """Per system: the median of each number over the runs; and ours minus MarianMT's medians."""
-    keys = {"test BLEU": ("test", "bleu"), "test chrF": ("test", "chrf"), "val BLEU": ("val", "bleu"),
-            "val chrF": ("val", "chrf"), "updates": ("steps",), "target tokens/s": ("target_tokens_per_second",),
-            "fp32 matmul GFLOP/s before training": ("machine_load", "matmul_gflops_before"),
-            "CPU share of other processes while training": ("machine_load", "others_cpu_share")}
-
-    def value(result, path):
-        for key in path:
-            result = result.get(key) if isinstance(result, dict) else None
-        return result
-
+    """Per system: the median of each number over the runs (those all its runs recorded); and ours minus
+    MarianMT's medians."""
     runs = finished(runs)
-    medians = {name: {label: median([value(r, path) for r in results]) for label, path in keys.items()
-                      if all(value(r, path) is not None for r in results)} for name, results in runs.items() if results}
+    medians = {name: {label: median([lookup(r, path) for r in results]) for label, path, _ in NUMBERS
+                      if all(lookup(r, path) is not None for r in results)} for name, results in runs.items() if results}
     if {"ours", "marian"} <= set(medians):
         medians["difference"] = {label: medians["ours"][label] - medians["marian"][label]
                                  for label in ("test BLEU", "test chrF", "val BLEU") if label in medians["marian"]}
@@ -565,30 +589,21 @@ def markdown(results: dict) -> str:
              "sentences).", "", "| | " + " | ".join(f"{name} run {i + 1}" for name in runs for i in range(len(runs[name])))
              + " | " + " | ".join(f"{name} median" for name in runs) + " |",
              "|---|" + "---|" * (sum(len(r) for r in runs.values()) + len(runs))]
-    labels = [("test BLEU", ("test", "bleu"), "{:.2f}"), ("test chrF", ("test", "chrf"), "{:.2f}"),
-              ("val BLEU", ("val", "bleu"), "{:.2f}"), ("updates", ("steps",), "{:d}"),
-              ("target tokens/s", ("target_tokens_per_second",), "{:.0f}"),
-              ("fp32 matmul GFLOP/s before training", ("machine_load", "matmul_gflops_before"), "{:.0f}"),
-              ("CPU share of other processes while training", ("machine_load", "others_cpu_share"), "{:.1%}")]
-    for label, path, fmt in labels:
-        cells = []
-        for name, results_ in runs.items():
-            for result in results_:
-                value = result
-                for key in path:
-                    value = value.get(key, {}) if isinstance(value, dict) else None
-                cells.append(fmt.format(value) if isinstance(value, (int, float)) else "–")
-        cells += [(fmt if "d" not in fmt else "{:.0f}").format(medians[name][label]) if label in medians[name] else "–"
-                  for name in runs]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    for label, path, fmt in NUMBERS:
+        cells = [lookup(result, path) for results_ in runs.values() for result in results_]
+        cells += [medians[name].get(label) for name in runs]
+        lines.append(f"| {label} | " + " | ".join("–" if cell is None else fmt.format(cell) for cell in cells) + " |")
     if "difference" in medians:
         lines += ["", "Ours minus MarianMT (medians): " + ", ".join(
             f"{k} {v:+.2f}" for k, v in medians["difference"].items()) + "."]
     sources = sorted({run["from"] for run in runs.get("marian", []) if "from" in run})
     if sources:
         lines += ["", f"MarianMT's runs are those of {', '.join(sources)} (--marian-from): the same settings and seeds."]
-    notes = machine_notes("ours", runs.get("ours", []), "MarianMT's runs" + (" (--marian-from)" if sources else ""),
-                          runs.get("marian", []))
+    settle = ("train both systems in one session (without --marian-from) to settle it" if sources
+              else "the machine's speed changed between the systems' runs")
+    notes = speed_notes("ours", runs.get("ours", []), "MarianMT", runs.get("marian", []), settle)
+    notes += run_notes({f"{name}-{i + 1}": run for name in runs for i, run in enumerate(runs[name]) if "from" not in run},
+                       lambda name: f"--resume --redo {name}")
     if notes:
         lines += [""] + notes
     if results.get("settings", {}).get("bf16"):
@@ -598,35 +613,57 @@ def markdown(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-SPEED_TOLERANCE = 0.05  # machine speeds within 5% count as the same; beyond it, a note says which ran slower
-BUSY_TOLERANCE = 0.05  # other processes taking more than 5% of the CPUs while a run trained get a note
+SPEED_TOLERANCE = 0.05  # machine speeds within 5% count as the same; beyond it, a note says which side it favours
+BUSY_TOLERANCE = 0.05  # other processes and guests taking more than 5% of the CPUs while a run trained: a note
 
 
-def machine_notes(label: str, runs: list[dict], other_label: str, others: list[dict]) -> list[str]:
-    """Whether ``runs`` had the machine that ``others`` had (fp32 matmul GFLOP/s before training, medians),
-    and any run that shared the CPUs with other work: the lines a table needs when its runs were trained
-    at different times (--marian-from, --recipe-from) or when one run was disturbed."""
+def speed_notes(label: str, runs: list[dict], other_label: str, others: list[dict], settle: str) -> list[str]:
+    """Whether ``runs`` had the machine that ``others`` had (fp32 matmul GFLOP/s before training, medians
+    over the runs that recorded it), and which side a difference favours: a time budget buys as many
+    updates as the machine gives. ``settle`` says what would settle it."""
     def speeds(group):
-        return [run["machine_load"]["matmul_gflops_before"] for run in group if "machine_load" in run]
+        return [lookup(run, ("machine_load", "matmul_gflops_before")) for run in group
+                if lookup(run, ("machine_load", "matmul_gflops_before")) is not None]
 
-    lines = []
     mine, theirs = speeds(runs), speeds(others)
-    if mine and not theirs:
-        lines.append(f"{other_label} predate the machine probe: whether this machine was as fast then is not recorded.")
-    elif mine and theirs:
+    lines = []
+    for name, group, measured in ((label, runs, mine), (other_label, others, theirs)):
+        if 0 < len(measured) < len(group):
+            lines.append(f"{len(measured)} of {len(group)} runs of {name} recorded the machine probe (the others "
+                         "predate it).")
+        elif group and not measured and (mine or theirs):
+            lines.append(f"{name}'s runs predate the machine probe: whether the machine was as fast for them is not "
+                         "recorded.")
+    if mine and theirs:
         ratio = median(mine) / median(theirs)
-        same = abs(ratio - 1) <= SPEED_TOLERANCE
-        comparison = "as fast as" if same else f"{abs(ratio - 1):.0%} {'slower' if ratio < 1 else 'faster'} than"
-        line = (f"For {label} the machine multiplied float32 matrices {comparison} for {other_label} "
-                f"({median(mine):.0f} vs {median(theirs):.0f} GFLOP/s, medians before training)")
-        lines.append(line + ("." if same else f": under a time budget that gives {label} "
-                                              f"{'fewer' if ratio < 1 else 'more'} updates than {other_label} had "
-                                              "then; a comparison trained in one run settles it."))
-    for run in runs + others:
-        share = run.get("machine_load", {}).get("others_cpu_share", 0.0)
-        if share > BUSY_TOLERANCE:
-            lines.append(f"{run.get('model_dir', 'a run')} shared the CPUs: other processes took {share:.0%} of "
-                         "their time while it trained (train it again on a quiet machine: --redo).")
+        figures = f"({median(mine):.0f} vs {median(theirs):.0f} GFLOP/s, medians before training)"
+        if abs(ratio - 1) <= SPEED_TOLERANCE:
+            lines.append(f"For {label} the machine multiplied float32 matrices as fast as for {other_label} {figures}.")
+        else:
+            slower = ratio < 1
+            lines.append(f"For {label} the machine multiplied float32 matrices {abs(ratio - 1):.0%} "
+                         f"{'slower' if slower else 'faster'} than for {other_label} {figures}: under the same time "
+                         f"budget that {'cost' if slower else 'gave'} {label} {'' if slower else 'more '}updates, so the "
+                         f"difference favours {other_label if slower else label}; {settle}.")
+    return lines
+
+
+def run_notes(runs: dict[str, dict], remedy) -> list[str]:
+    """A line for each run that shared its CPUs (other processes and the hypervisor's other guests took more
+    than `BUSY_TOLERANCE` of their time) or whose machine slowed down or sped up while it trained (matmul
+    GFLOP/s after against before, beyond `SPEED_TOLERANCE`); ``remedy(name)`` says how to train it again."""
+    lines = []
+    for name, run in runs.items():
+        load = run.get("machine_load", {})
+        shared = load.get("others_cpu_share", 0.0) + load.get("steal_share", 0.0)
+        if shared > BUSY_TOLERANCE:
+            lines.append(f"{name} shared its CPUs: other processes and guests took {shared:.1%} of the CPUs' time "
+                         f"while it trained; train it again on a quiet machine ({remedy(name)}).")
+        before, after = load.get("matmul_gflops_before"), load.get("matmul_gflops_after")
+        if before and after and abs(after / before - 1) > SPEED_TOLERANCE:
+            lines.append(f"{name}: the machine multiplied float32 matrices {abs(after / before - 1):.0%} "
+                         f"{'slower' if after < before else 'faster'} after training than before ({after:.0f} vs "
+                         f"{before:.0f} GFLOP/s); its speed changed during the run ({remedy(name)} to train it again).")
     return lines
 
 
@@ -644,8 +681,11 @@ def levers_markdown(results: dict) -> str:
         delta = "" if base is None or name == "recipe" else f"{result['val']['bleu'] - base:+.2f}"
         label = f"{name} (from {result['from']})" if "from" in result and name == "recipe" else name
         lines.append(f"| {label} | {result['val']['bleu']:.2f} | {result['val']['chrf']:.2f} | {result['steps']} | {delta} |")
-    levers = [result for name, result in results["levers"].items() if name != "recipe"]
-    notes = machine_notes("the levers", levers, "the recipe's row", [recipe] if recipe else [])
+    levers = {name: result for name, result in results["levers"].items() if name != "recipe"}
+    notes = speed_notes("the levers", list(levers.values()), "the recipe's row", [recipe] if recipe else [],
+                        "train the recipe's row in the same session (--lever recipe) to settle it")
+    notes += run_notes(levers if recipe is None or "from" in recipe else {"recipe": recipe, **levers},
+                       lambda name: f'--levers --lever "{name}" in a new --output-dir')
     return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
 
 
@@ -658,6 +698,7 @@ def averaging_sweep(args, data_dir: Path) -> dict:
     from vanilla_transformer.training import average_checkpoints
     from vanilla_transformer.training.averaging import AVERAGING_WEIGHTS
     from vanilla_transformer.training.checkpointing import CHECKPOINT_NAME, complete_checkpoints
+    from vanilla_transformer.training.moving_average import EMA_FILE
 
     def step(folder: Path) -> int:
         return int(CHECKPOINT_NAME.fullmatch(folder.name).group(1))
@@ -678,18 +719,44 @@ def averaging_sweep(args, data_dir: Path) -> dict:
                 rows[last]["val" if weights == "uniform" else f"val, {weights} weights"] = scored
                 print(f"last {last} (from step {rows[last]['first_step']}), {weights} weights: val BLEU "
                       f"{scored['bleu']:.2f}", flush=True)
+            if (chosen[0] / EMA_FILE).is_file():  # the run's own moving average at that checkpoint's update
+                model_dir = moving_average_model(chosen[0], Path(folder) / f"moving-average-{last}")
+                scored = without_examples(decode_and_score("ours", str(model_dir), pairs, args.decode_batch_size))
+                rows[last]["val, moving average"] = scored
+                print(f"the moving average at step {rows[last]['first_step']}: val BLEU {scored['bleu']:.2f}", flush=True)
     return {"run": str(run_dir), "pair": args.pair, "last_step": step(checkpoints[-1]), "rows": rows}
 
 
+def moving_average_model(checkpoint: Path, folder: Path) -> Path:
+    """A model folder holding the moving average of the weights that ``checkpoint`` saved (`--ema_decay`),
+    with the checkpoint's tokenizer and generation config: the final model the run would have had, had it
+    stopped at that update."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    from vanilla_transformer.training import ExponentialMovingAverage
+    from vanilla_transformer.training.averaging import copy_side_files
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+    ExponentialMovingAverage.from_checkpoint(checkpoint).copy_to(model)
+    model.save_pretrained(folder)
+    copy_side_files(checkpoint, folder)  # tokenizer and generation settings, byte for byte
+    return folder
+
+
 def averaging_markdown(sweep: dict) -> str:
+    moving = any("val, moving average" in row for row in sweep["rows"].values())
     lines = [f"{sweep['run']} ({sweep['pair']}), its last k checkpoints averaged, scored on val; the last "
-             f"checkpoint is step {sweep['last_step']}. Uniform: the mean (§6.1); linear: the k-th oldest weighs k.", "",
-             "| checkpoints averaged | from step | val BLEU, uniform | chrF, uniform | val BLEU, linear | chrF, linear |",
-             "|---|---|---|---|---|---|"]
+             f"checkpoint is step {sweep['last_step']}. Uniform: the mean (§6.1); linear: the k-th oldest weighs k."
+             + (" Moving average: the run's own (--ema_decay) at the update of the k-th newest checkpoint ('from "
+                "step'), the final model had the run stopped there." if moving else ""), "",
+             "| checkpoints averaged | from step | val BLEU, uniform | chrF, uniform | val BLEU, linear | chrF, linear |"
+             + (" val BLEU, moving average | chrF, moving average |" if moving else ""),
+             "|---|---|---|---|---|---|" + ("---|---|" if moving else "")]
     for last, row in sweep["rows"].items():
         linear = row.get("val, linear weights", row["val"])  # one checkpoint: the same model
-        lines.append(f"| {last} | {row['first_step']} | {row['val']['bleu']:.2f} | {row['val']['chrf']:.2f} | "
-                     f"{linear['bleu']:.2f} | {linear['chrf']:.2f} |")
+        cells = [row["val"], linear] + ([row.get("val, moving average")] if moving else [])
+        lines.append(f"| {last} | {row['first_step']} | " + " | ".join(
+            "– | –" if cell is None else f"{cell['bleu']:.2f} | {cell['chrf']:.2f}" for cell in cells) + " |")
     return "\n".join(lines) + "\n"
 
 

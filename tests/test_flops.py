@@ -43,15 +43,13 @@ def test_big_is_about_six_times_its_parameters_per_token():
     assert 6 * model_parameters * 0.9 < per_token < 6 * model_parameters * 1.3
 
 
-def test_matmul_throughput_is_torchs_count_of_a_product_over_each_timed_product(monkeypatch):
+def test_matmul_throughput_is_torchs_count_of_a_product_over_each_timed_product():
     """The machine probe's FLOP/s: torch's own FLOP count of one square product, over the clock's reading
-    around each product (a fake clock that advances 0.25 s a reading), once per repeat."""
-    import time
-
+    around each product (a clock that advances 0.25 s a reading), once per repeat."""
     from vanilla_transformer.training.flops import matmul_flops_per_second
 
     with FlopCounterMode(display=False) as counter:
         torch.randn(16, 16) @ torch.randn(16, 16)
     readings = iter(range(100))
-    monkeypatch.setattr(time, "perf_counter", lambda: 0.25 * next(readings))
-    assert matmul_flops_per_second(size=16, repeats=3) == [counter.get_total_flops() / 0.25] * 3
+    assert matmul_flops_per_second(16, 3, clock=lambda: 0.25 * next(readings)) == [counter.get_total_flops() / 0.25] * 3
+    assert next(readings) == 6  # two readings per product, none elsewhere

@@ -405,6 +405,18 @@ def test_ema_decay_saves_the_moving_average_of_every_update_as_the_final_model(d
         if name in at_three:  # every trainable parameter (not the sinusoid buffer)
             torch.testing.assert_close(at_three[name].double(), tensor, rtol=1e-5, atol=1e-6, msg=name)
     assert "exponential moving average, decay 0.8" in (output / "README.md").read_text()
+    # A checkpoint's average, with the decay it was trained with, into the model saved beside it.
+    from vanilla_transformer import VanillaTransformerForConditionalGeneration
+    from vanilla_transformer.training import ExponentialMovingAverage
+
+    average = ExponentialMovingAverage.from_checkpoint(output / "checkpoint-3")
+    assert (average.decay, average.updates) == (0.8, 3)
+    model = VanillaTransformerForConditionalGeneration.from_pretrained(output / "checkpoint-3")
+    average.copy_to(model)
+    torch.testing.assert_close(model.model.shared.weight.double(), exponential_mean(snapshots[:3], 0.8)["model.shared.weight"],
+                               rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="holds no moving average .*trained without --ema_decay"):
+        ExponentialMovingAverage.from_checkpoint(tmp_path)
 
 
 def test_after_train_the_model_of_a_users_own_script_holds_the_moving_average(data_dir, tmp_path):

@@ -111,6 +111,18 @@ class ExponentialMovingAverage(TrainerCallback):
         metadata = {"decay": repr(self.decay), "updates": str(self.updates)}
         save_file({name: t.contiguous() for name, t in self.average.items()}, str(Path(folder) / EMA_FILE), metadata)
 
+    @classmethod
+    def from_checkpoint(cls, folder: str | Path) -> ExponentialMovingAverage:
+        """The average a checkpoint holds, with the decay it was trained with: to score the averaged model at
+        that update, ``copy_to`` a model loaded from the same folder."""
+        path = Path(folder) / EMA_FILE
+        if not path.is_file():
+            raise ValueError(f"{folder} holds no moving average ({EMA_FILE}): it was trained without --ema_decay "
+                             "(or saved with --save_only_model).")
+        average = cls(float(_metadata(path)["decay"]))
+        average.load(folder)
+        return average
+
     def load(self, folder: str | Path) -> None:
         """The average saved in ``folder``, refused if it has another decay; on the CPU until the next update
         moves each tensor to its parameter's device."""
