@@ -51,5 +51,6 @@ def test_matmul_throughput_is_torchs_count_of_a_product_over_each_timed_product(
     with FlopCounterMode(display=False) as counter:
         torch.randn(16, 16) @ torch.randn(16, 16)
     readings = iter(range(100))
-    assert matmul_flops_per_second(16, 3, clock=lambda: 0.25 * next(readings)) == [counter.get_total_flops() / 0.25] * 3
-    assert next(readings) == 6  # two readings per product, none elsewhere
+    flops = matmul_flops_per_second(16, 3, clock=lambda: 0.25 * next(readings), warmup_seconds=0.5)
+    assert flops == [counter.get_total_flops() / 0.25] * 3
+    assert next(readings) == 3 + 6  # warm-up: a start and two checks (0.25 s, 0.5 s); then two readings per product
