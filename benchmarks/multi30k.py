@@ -22,8 +22,7 @@ compared across sessions had a slower or faster machine, and name a run that was
   token label smoothing 0.1, a moving average of the weights over every update as the final model
   (§6.1's checkpoint averaging at every update; ``--averaging`` scores the checkpoint means, and the
   average as it was at each checkpoint, so that runs that made different numbers of updates compare
-  at an equal number); its own
-  byte-level BPE; decoded with the model's generation config (beam 4, GNMT length penalty 0.6, at
+  at an equal number); its own byte-level BPE; decoded with the model's generation config (beam 4, GNMT length penalty 0.6, at
   most source + 50 tokens), batches sorted by length.
 - MarianMT ``--marian-setup tuned`` (the default): `MarianMTModel` as a careful transformers user
   configures it for this data: ReLU, scaled and tied embeddings, dropout 0.1, attention and activation
@@ -631,8 +630,7 @@ def speed_notes(label: str, runs: list[dict], other_label: str, others: list[dic
     over the runs that recorded it), and which side a difference favours: a time budget buys as many
     updates as the machine gives. ``settle`` says what would settle it."""
     def speeds(group):
-        return [lookup(run, ("machine_load", "matmul_gflops_before")) for run in group
-                if lookup(run, ("machine_load", "matmul_gflops_before")) is not None]
+        return [v for v in (lookup(run, ("machine_load", "matmul_gflops_before")) for run in group) if v is not None]
 
     mine, theirs = speeds(runs), speeds(others)
     lines = []
