@@ -99,6 +99,7 @@ LEVERS = {
     "gradient clipping 1.0": (["--max_grad_norm", "1.0"], ""),
     # §5.4's epsilon_ls = 0.1 against more and none
     "label smoothing 0.2": (["--label_smoothing_factor", "0.2"], ""),
+    "label smoothing 0.3": (["--label_smoothing_factor", "0.3"], ""),
     "label smoothing 0": (["--label_smoothing_factor", "0"], ""),
     # warm-up, stable, decay (Hägele et al., 2024): eq. (3), then linearly to 0 over the budget's last 5 minutes
     "cooldown: the last 5 minutes decay to 0": (["--cooldown_minutes", "5"], ""),
