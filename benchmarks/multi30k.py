@@ -111,7 +111,7 @@ LEVERS = {
 }
 # Both length penalties are scored on every model of ours (one training, two decodings).
 OTHER_FORMULA = {"gnmt": "length", "length": "gnmt"}
-LENGTH_PENALTIES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2)  # --length-penalties: the paper's 0.6 and around it
+LENGTH_PENALTIES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0)  # --length-penalties: the paper's 0.6 and up
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -445,7 +445,8 @@ def decode_and_score(name: str, model_dir: str, pairs, batch_size: int, **settin
     started = time.perf_counter()
     hypotheses = translate(model, tokenizer, sources, batch_size=batch_size, **settings)
     seconds = time.perf_counter() - started
-    return {**score(hypotheses, references), "decode_seconds": seconds,
+    words = sum(len(text.split()) for text in hypotheses) / sum(len(text.split()) for text in references)
+    return {**score(hypotheses, references), "length_ratio": words, "decode_seconds": seconds,
             "sentences_per_second": len(sources) / seconds, "examples": hypotheses[:3]}
 
 
@@ -787,11 +788,17 @@ def length_penalty_sweep(args, data_dir: Path) -> dict:
 
 def length_penalty_markdown(sweep: dict) -> str:
     lines = [f"{sweep['model']} ({sweep['pair']}), decoded with beam 4 at each length penalty alpha, scored on val.",
-             "", "| alpha | GNMT ((5 + \\|Y\\|) / 6)^alpha: val BLEU | chrF | \\|Y\\|^alpha: val BLEU | chrF |",
-             "|---|---|---|---|---|"]
+             "Length: the hypotheses' words over the references' words.", "",
+             "| alpha | GNMT ((5 + \\|Y\\|) / 6)^alpha: val BLEU | chrF | length | \\|Y\\|^alpha: val BLEU | chrF | length |",
+             "|---|---|---|---|---|---|---|"]
     for alpha in LENGTH_PENALTIES:
-        gnmt, length = (sweep["rows"][f"{formula} {alpha}"]["val"] for formula in ("gnmt", "length"))
-        lines.append(f"| {alpha} | {gnmt['bleu']:.2f} | {gnmt['chrf']:.2f} | {length['bleu']:.2f} | {length['chrf']:.2f} |")
+        cells = []
+        for formula in ("gnmt", "length"):
+            row = sweep["rows"].get(f"{formula} {alpha}")  # sweeps written before an alpha was added lack it
+            val = row["val"] if row else {}
+            cells.append(" | ".join(f"{val[key]:.{digits}f}" if key in val else "–"
+                                    for key, digits in (("bleu", 2), ("chrf", 2), ("length_ratio", 3))))
+        lines.append(f"| {alpha} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

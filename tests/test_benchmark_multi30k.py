@@ -536,15 +536,15 @@ def test_the_length_penalty_sweep_decodes_one_model_at_every_alpha_under_both_fo
 
     def fake_decode(name, folder, pairs, batch_size, **settings):
         seen.append((name, folder, len(pairs), settings["length_penalty_formula"], settings["length_penalty"]))
-        return {"bleu": 10 * settings["length_penalty"], "chrf": 1.0, "examples": []}
+        return {"bleu": 10 * settings["length_penalty"], "chrf": 1.0, "length_ratio": 0.9, "examples": []}
 
     monkeypatch.setattr(multi30k, "decode_and_score", fake_decode)
     sweep = multi30k.main(["--data-dir", str(data), "--length-penalties", str(model_dir), "--output-dir", str(tmp_path / "out")])
     expected = [("ours", str(model_dir), 3, formula, alpha)
-                for formula in ("gnmt", "length") for alpha in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2)]
+                for formula in ("gnmt", "length") for alpha in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0)]
     assert seen == expected  # val only (3 sentences), every alpha, both formulas
     assert sweep["rows"]["gnmt 0.6"]["val"]["bleu"] == 6.0
-    assert "| 0.6 | 6.00 | 1.00 | 6.00 | 1.00 |" in (tmp_path / "out" / "length-penalties-runs-ours-1.md").read_text()
+    assert "| 0.6 | 6.00 | 1.00 | 0.900 | 6.00 | 1.00 | 0.900 |" in (tmp_path / "out" / "length-penalties-runs-ours-1.md").read_text()
     with pytest.raises(SystemExit):  # a folder without a model is refused before any work
         multi30k.parse_args(["--length-penalties", str(tmp_path / "out")])
     for other in (["--levers"], ["--resume"], ["--averaging", str(model_dir)]):  # flags it would ignore
