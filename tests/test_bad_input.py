@@ -181,6 +181,12 @@ def test_unknown_preset_is_refused_before_reading_data(preset, message):
     assert message in refused_before_reading(train_argv("--preset", preset))
 
 
+def test_a_length_penalty_that_is_not_a_number_or_an_unknown_formula_is_refused_before_reading_data():
+    assert "--length_penalty must be a finite number" in refused_before_reading(train_argv("--length_penalty", "nan"))
+    assert "--length_penalty_formula 'wu' does not exist; choose gnmt" in refused_before_reading(
+        train_argv("--length_penalty_formula", "wu"))
+
+
 def test_unknown_attention_implementation_and_sacrebleu_tokenizer():
     assert "--attn_implementation 'bogus'" in refused_before_reading(train_argv("--attn_implementation", "bogus"))
     assert "--sacrebleu_tokenize 'bogus' does not exist" in refused_before_reading(

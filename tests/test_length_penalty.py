@@ -76,3 +76,23 @@ def test_an_unknown_formula_is_refused(trained):
     model, tokenizer = trained
     with pytest.raises(ValueError, match="length_penalty_formula='wu'"):
         model.generate(**tokenizer(TEXTS[:1], return_tensors="pt"), length_penalty_formula="wu")
+
+
+def test_settings_given_to_generate_apply_under_the_papers_length_limit_without_a_deprecation_warning(
+        trained, monkeypatch):
+    """Without max_new_tokens, generate() applies §6.1's limit through its own copy of the generation config;
+    the call's settings must reach that copy (scores divided by the asked alpha), and transformers must not
+    see a config and settings together (deprecated in transformers 5)."""
+    import transformers.generation.utils as generation_utils
+
+    warnings = []
+    monkeypatch.setattr(generation_utils.logger, "warning_once", lambda message, *a, **k: warnings.append(message))
+    model, tokenizer = trained
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    with torch.no_grad():
+        output = model.generate(**batch, length_penalty=2.0, return_dict_in_generate=True, output_scores=True)
+    for row, (sequence, score) in enumerate(zip(output.sequences, output.sequences_scores)):
+        log_probability, length = sequence_log_probability(model, batch, row, sequence, tokenizer.eos_token_id)
+        assert score.item() == pytest.approx(log_probability / gnmt_length_penalty(length, 2.0), rel=1e-4, abs=1e-5)
+    assert not [message for message in warnings if "generation_config" in message], warnings
+    assert model.generation_config.length_penalty == 0.6  # the model's own config is untouched

@@ -11,6 +11,7 @@ import re
 import pytest
 from huggingface_hub import ModelCard, metadata_load
 from huggingface_hub.repocard_data import model_index_to_eval_results
+from transformers import GenerationConfig
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, write_model_card
 
@@ -86,7 +87,8 @@ def test_body_states_results_architecture_recipe_and_limitations(card_path, mode
         assert f"| {name} | {value} |" in text
     assert "| layers (encoder + decoder) | 2 + 2 |" in text and "| d_model / d_ff | 64 / 128 |" in text
     assert f"| parameters | {model.num_parameters() / 1e6:.1f}M |" in text
-    assert "Decoding (`generation_config.json`): beam size 4, length penalty 0.6, at most input length + 50" in text
+    assert ("Decoding (`generation_config.json`): beam size 4, length penalty alpha 0.6 (GNMT's ((5 + |Y|) / 6)^alpha, "
+            "as the paper), at most input length + 50") in text
     base = "someone/vanilla-transformer-base"
     assert f"Fine-tuned from [{base}](https://huggingface.co/{base})" in text
     assert "Training data: wmt14." in text
@@ -118,9 +120,12 @@ def test_without_scores_or_base_model_those_keys_are_absent(model, tmp_path):
 
 def test_without_a_model_the_card_describes_the_saved_folder(model, tmp_path):
     model.save_pretrained(tmp_path)
+    saved = GenerationConfig.from_pretrained(tmp_path)
+    saved.length_penalty, saved.length_penalty_formula = 1.2, "length"  # as train.py --length_penalty 1.2 ... saves it
+    saved.save_pretrained(tmp_path)
     text = write_model_card(tmp_path, languages=("en", "de")).read_text()
     assert "| layers (encoder + decoder) | 2 + 2 |" in text and "| parameters |" not in text
-    assert "beam size 4, length penalty 0.6" in text  # read from generation_config.json
+    assert "beam size 4, length penalty alpha 1.2 (|Y|^alpha)" in text  # read from generation_config.json
 
 
 @pytest.mark.parametrize(

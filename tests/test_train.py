@@ -607,6 +607,27 @@ def test_attention_implementation_flag_reaches_a_new_model(data_dir, tmp_path):
     assert trainer.model.config._attn_implementation == "eager"
 
 
+def test_length_penalty_flags_are_saved_in_the_generation_config_and_kept_by_fine_tuning(data_dir, tmp_path):
+    """--length_penalty / --length_penalty_formula (a recipe's decoding) go into the saved
+    generation_config.json, which generate() reads; a fine-tune keeps them unless told otherwise."""
+    from transformers import GenerationConfig
+
+    first = tmp_path / "first"
+    train.main(tiny_args(data_dir, first, "--max_steps", "2", "--length_penalty", "1.4",
+                         "--length_penalty_formula", "length"))
+    saved = json.loads((first / "generation_config.json").read_text())
+    assert saved["length_penalty"] == 1.4 and saved["length_penalty_formula"] == "length"
+    assert saved["num_beams"] == 4 and saved["max_new_tokens_beyond_input"] == 50  # the rest stays the paper's
+    kept = build(data_dir, tmp_path / "kept", "--model_name_or_path", str(first)).trainer.model.generation_config
+    assert (kept.length_penalty, kept.length_penalty_formula) == (1.4, "length")
+    changed = build(data_dir, tmp_path / "changed", "--model_name_or_path", str(first),
+                    "--length_penalty_formula", "gnmt").trainer.model.generation_config
+    assert (changed.length_penalty, changed.length_penalty_formula) == (1.4, "gnmt")
+    new = build(data_dir, tmp_path / "new").trainer.model.generation_config  # without the flags: §6.1's
+    assert (new.length_penalty, new.length_penalty_formula) == (0.6, "gnmt")
+    assert GenerationConfig.from_pretrained(first).length_penalty == 1.4
+
+
 # ---------------------------------------------------------------------------------------------
 # Inputs: files, argument files, and errors
 # ---------------------------------------------------------------------------------------------

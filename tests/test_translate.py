@@ -100,6 +100,24 @@ def test_paper_decoding_defaults_come_from_the_generation_config(loaded):
     assert model.generation_config.num_beams == 4 and model.generation_config.length_penalty == 0.6
 
 
+def test_the_length_penalty_flags_reach_generate(model_dir, loaded, tmp_path, capsys):
+    """--length-penalty and --length-penalty-formula decode as generate() given the same settings; an unknown
+    formula is refused by name."""
+    model, tokenizer = loaded
+    source = tmp_path / "in.txt"
+    source.write_text("".join(s + "\n" for s in SENTENCES))
+    for formula in ("gnmt", "length"):
+        translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / formula),
+                        "--length-penalty", "2.0", "--length-penalty-formula", formula, "--no-progress"])
+        expected = [tokenizer.decode(model.generate(**tokenizer([s], return_tensors="pt"), length_penalty=2.0,
+                                                    length_penalty_formula=formula)[0], skip_special_tokens=True)
+                    for s in SENTENCES]
+        assert (tmp_path / formula).read_text().splitlines() == expected
+    with pytest.raises(SystemExit):
+        translate.parse_args(["--model", str(model_dir), "--length-penalty-formula", "wu"])
+    assert "--length-penalty-formula: invalid choice: 'wu'" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("eos_logit", [-1e9, 1e9])
 def test_translations_cut_off_by_the_length_limit_are_named_in_a_warning(loaded, eos_logit, caplog):
     """A loop must not pass silently. With </s> impossible every decoded line runs to the limit and

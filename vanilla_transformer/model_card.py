@@ -286,9 +286,11 @@ def _decoding_sentence(generation_config: GenerationConfig) -> str:
         else f"at most {generation_config.max_length} tokens" if generation_config.max_length
         else "at most input length + 50 tokens (§6.1)"
     )
+    formula = {"gnmt": "GNMT's ((5 + |Y|) / 6)^alpha, as the paper", "length": "|Y|^alpha"}.get(
+        getattr(generation_config, "length_penalty_formula", None), "|Y|^alpha")  # without the field: transformers'
     return (
-        f"Decoding (`generation_config.json`): beam size {generation_config.num_beams}, length penalty "
-        f"{generation_config.length_penalty}, {length}."
+        f"Decoding (`generation_config.json`): beam size {generation_config.num_beams}, length penalty alpha "
+        f"{generation_config.length_penalty} ({formula}), {length}."
     )
 
 

@@ -1322,7 +1322,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         """
         limit = self._new_tokens_limit(inputs, generation_config, kwargs)
         if limit is not None:  # as a max_length (the start token + limit), which wins over the model's own
+            ours = generation_config is None
             generation_config = copy.deepcopy(generation_config or self.generation_config)
+            if ours:  # the call's settings go into our copy (transformers warns when given a config and settings)
+                kwargs = generation_config.update(**kwargs)
             generation_config.max_length, generation_config.max_new_tokens = limit + 1, None
         self._check_length_fits(generation_config or self.generation_config, kwargs)
         formula = kwargs.pop(LENGTH_PENALTY_FORMULA, None) or self._setting(generation_config, LENGTH_PENALTY_FORMULA)

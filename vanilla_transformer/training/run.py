@@ -36,6 +36,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from .. import PRESETS, VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, check_tokenizer_matches_model, train_tokenizer
 from ..checkpoint_files import (check_has_tokenizer, check_model_folder, has_tokenizer, tokenizer_definition,
                                 without_runtime_settings)
+from ..modeling_vanilla_transformer import LENGTH_PENALTY_FORMULA, LENGTH_PENALTY_FORMULAS
 from ..tokenization_vanilla_transformer import MIN_VOCAB_SIZE
 from . import data
 from .averaging import MEAN_NAMES, architecture, average_checkpoints
@@ -154,6 +155,18 @@ class ModelArguments:
                           "input_sentence_size)"},
     )
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flex_attention"})
+    length_penalty: float | None = field(
+        default=None,
+        metadata={"help": "beam search's length penalty alpha, saved in the model's generation config (used by "
+                          "evaluation, prediction and generate() later); default: the model's own, for a new model "
+                          "the paper's 0.6 (§6.1)"},
+    )
+    length_penalty_formula: str | None = field(
+        default=None,
+        metadata={"help": "what alpha divides the log-probability by, saved likewise: gnmt, ((5 + |Y|) / 6)^alpha "
+                          "(the paper's, GNMT's), or length, |Y|^alpha (transformers'); default: the model's own, "
+                          "for a new model gnmt"},
+    )
 
 
 def parse_arguments(argv: list[str] | None = None):
@@ -290,6 +303,12 @@ def check_model_arguments(model_args: ModelArguments) -> None:
     for name in ("tokenizer_min_frequency", "tokenizer_train_pairs"):
         if getattr(model_args, name) < 1:
             raise ValueError(f"--{name} must be a positive number, got {getattr(model_args, name)}.")
+    if model_args.length_penalty is not None and not math.isfinite(model_args.length_penalty):
+        raise ValueError(f"--length_penalty must be a finite number (the paper: 0.6), got {model_args.length_penalty}.")
+    formula = model_args.length_penalty_formula
+    if formula is not None and formula not in LENGTH_PENALTY_FORMULAS:
+        raise ValueError(f"--length_penalty_formula {formula!r} does not exist; choose gnmt (the paper's "
+                         "((5 + |Y|) / 6)^alpha) or length (transformers' |Y|^alpha).")
     implementation = model_args.attn_implementation
     if implementation is not None and implementation != "eager" and implementation not in ATTENTION_IMPLEMENTATIONS:
         raise ValueError(f"--attn_implementation {implementation!r} does not exist; choose eager, sdpa or "
@@ -574,16 +593,22 @@ def _refuse_overrides_of_a_checkpoint(model_args: ModelArguments) -> None:
 
 
 def build_model(model_args: ModelArguments, tokenizer) -> VanillaTransformerForConditionalGeneration:
-    """A new model from a preset sized to the tokenizer, or the checkpoint to fine-tune."""
+    """A new model from a preset sized to the tokenizer, or the checkpoint to fine-tune; --length_penalty and
+    --length_penalty_formula set in its generation config (saved with it)."""
     extra = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path:
         _refuse_overrides_of_a_checkpoint(model_args)
         model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **extra)
         check_tokenizer_matches_model(tokenizer, model.config)
-        return model
-    config = new_model_config(model_args, tokenizer)
-    check_tokenizer_matches_model(tokenizer, config)
-    return VanillaTransformerForConditionalGeneration._from_config(config, **extra)
+    else:
+        config = new_model_config(model_args, tokenizer)
+        check_tokenizer_matches_model(tokenizer, config)
+        model = VanillaTransformerForConditionalGeneration._from_config(config, **extra)
+    if model_args.length_penalty is not None:
+        model.generation_config.length_penalty = model_args.length_penalty
+    if model_args.length_penalty_formula is not None:
+        setattr(model.generation_config, LENGTH_PENALTY_FORMULA, model_args.length_penalty_formula)
+    return model
 
 
 def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:

@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint_files import check_has_tokenizer, check_model_folder, is_local
+from ..modeling_vanilla_transformer import LENGTH_PENALTY_FORMULAS
 from ..pipeline_vanilla_transformer import check_tokenizer_matches_model
 from .data import decoded_lines, read_lines
 from .metrics import check_sacrebleu_tokenize
@@ -147,6 +148,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
     parser.add_argument("--num-beams", type=int, help="default: the model's generation config (paper: 4)")
     parser.add_argument("--length-penalty", type=float, help="default: the model's generation config (paper: 0.6)")
+    parser.add_argument("--length-penalty-formula", choices=LENGTH_PENALTY_FORMULAS,
+                        help="gnmt: ((5 + |Y|) / 6)^alpha (the paper's), length: |Y|^alpha (transformers'); "
+                             "default: the model's generation config")
     parser.add_argument("--max-new-tokens", type=int, help="default: source length + 50 (§6.1)")
     long = parser.add_mutually_exclusive_group()
     long.add_argument("--skip-long", action="store_true", help="inputs longer than the model accepts: empty output")
@@ -230,7 +234,8 @@ def main(argv=None) -> dict:
     generate_kwargs = {
         key: value
         for key, value in {
-            "num_beams": args.num_beams, "length_penalty": args.length_penalty, "max_new_tokens": args.max_new_tokens
+            "num_beams": args.num_beams, "length_penalty": args.length_penalty, "max_new_tokens": args.max_new_tokens,
+            "length_penalty_formula": args.length_penalty_formula,
         }.items()
         if value is not None
     }
