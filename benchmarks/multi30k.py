@@ -111,7 +111,7 @@ LEVERS = {
 }
 # Both length penalties are scored on every model of ours (one training, two decodings).
 OTHER_FORMULA = {"gnmt": "length", "length": "gnmt"}
-LENGTH_PENALTIES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0)  # --length-penalties: the paper's 0.6 and up
+LENGTH_PENALTIES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0)  # the paper's 0.6 and up
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -541,7 +541,8 @@ def test_the_length_penalty_sweep_decodes_one_model_at_every_alpha_under_both_fo
     monkeypatch.setattr(multi30k, "decode_and_score", fake_decode)
     sweep = multi30k.main(["--data-dir", str(data), "--length-penalties", str(model_dir), "--output-dir", str(tmp_path / "out")])
     expected = [("ours", str(model_dir), 3, formula, alpha)
-                for formula in ("gnmt", "length") for alpha in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0)]
+                for formula in ("gnmt", "length")
+                for alpha in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0)]
     assert seen == expected  # val only (3 sentences), every alpha, both formulas
     assert sweep["rows"]["gnmt 0.6"]["val"]["bleu"] == 6.0
     assert "| 0.6 | 6.00 | 1.00 | 0.900 | 6.00 | 1.00 | 0.900 |" in (tmp_path / "out" / "length-penalties-runs-ours-1.md").read_text()
