@@ -10,6 +10,7 @@ same data, same dimensions, same CPU time budget, several runs.
                                                           # and for the run's own moving average at each of them
     python benchmarks/multi30k.py --data-dir ../shared/data/multi30k --length-penalties runs/multi30k/ours-1
                                                           # no training: val for each length penalty alpha
+                                                          # (a MarianMT run's folder too: |Y|^alpha only)
 
 Each system trains in its own child process (so peak memory is its own) for the same wall-clock
 budget; the runs alternate between the systems so that slow drifts of the machine hit both. Each run
@@ -135,7 +136,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "measured on one training trajectory)")
     parser.add_argument("--length-penalties", metavar="MODEL_DIR",
                         help="no training: score val with this trained model of ours decoded at each length penalty "
-                             f"alpha in {LENGTH_PENALTIES}, under GNMT's formula and under transformers' |Y|^alpha")
+                             f"alpha in {LENGTH_PENALTIES}, under GNMT's formula and under transformers' |Y|^alpha "
+                             "(a MarianMT model of this benchmark: |Y|^alpha, the only one it has)")
     parser.add_argument("--marian-from", metavar="RESULTS_JSON",
                         help="take MarianMT's runs from this comparison's results.json instead of training them again "
                              "(refused unless MarianMT's settings, seeds included, are this run's; our recipe may differ)")
@@ -183,8 +185,8 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error("--length-penalties trains nothing: give it without --levers, --averaging, --marian-from "
                          "and --resume")
         if not (Path(args.length_penalties) / "config.json").is_file():
-            parser.error(f"--length-penalties {args.length_penalties}: give the folder of a trained model of ours "
-                         "(e.g. runs/multi30k/ours-1, which holds config.json)")
+            parser.error(f"--length-penalties {args.length_penalties}: give the folder of a model this benchmark "
+                         "trained (e.g. runs/multi30k/ours-1 or marian-1, which hold config.json)")
     if args.resume and args.levers:
         parser.error("--resume continues a comparison run; --levers runs are repeated per --lever instead")
     args.dims = DIMENSIONS if args.dimensions is None else dict(zip(DIMENSIONS, map(int, args.dimensions.split(","))))
@@ -776,14 +778,16 @@ def length_penalty_sweep(args, data_dir: Path) -> dict:
     One model, so the rows differ in the penalty alone; alpha 0 is the same search under both."""
     model_dir = str(args.length_penalties)
     pairs = read_split(data_dir, "val", args.pair, args.test_limit)
+    system = "marian" if json.loads((Path(model_dir) / "config.json").read_text()).get("model_type") == "marian" else "ours"
     rows = {}
-    for formula in OTHER_FORMULA:
+    for formula in OTHER_FORMULA if system == "ours" else ["length"]:  # MarianMT has transformers' penalty only
         for alpha in LENGTH_PENALTIES:
-            scored = decode_and_score("ours", model_dir, pairs, args.decode_batch_size,
-                                      length_penalty=alpha, length_penalty_formula=formula)
+            formula_setting = {"length_penalty_formula": formula} if system == "ours" else {}
+            scored = decode_and_score(system, model_dir, pairs, args.decode_batch_size, length_penalty=alpha,
+                                      **formula_setting)
             rows[f"{formula} {alpha}"] = {"formula": formula, "alpha": alpha, "val": without_examples(scored)}
             print(f"{formula} alpha {alpha}: val BLEU {scored['bleu']:.2f}, chrF {scored['chrf']:.2f}", flush=True)
-    return {"model": model_dir, "pair": args.pair, "rows": rows}
+    return {"model": model_dir, "system": system, "pair": args.pair, "rows": rows}
 
 
 def length_penalty_markdown(sweep: dict) -> str:

@@ -553,6 +553,30 @@ def test_the_length_penalty_sweep_decodes_one_model_at_every_alpha_under_both_fo
             multi30k.parse_args(["--length-penalties", str(model_dir), *other])
 
 
+def test_the_length_penalty_sweep_of_a_marian_model_decodes_it_as_marian_with_its_one_formula(tmp_path, monkeypatch):
+    """MarianMT has transformers' |Y|^alpha only: its folder is decoded as MarianMT (decode_and_score's
+    settings for it), at every alpha, without a formula setting it would not understand."""
+    from transformers import MarianConfig, MarianMTModel
+
+    data = tmp_path / "multi30k"
+    write_corpus(data, {"train": 4, "val": 3, "test_2016_flickr": 3})
+    model_dir = tmp_path / "runs" / "marian-1"
+    MarianMTModel(MarianConfig(vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=16,
+                               decoder_ffn_dim=16, encoder_attention_heads=2, decoder_attention_heads=2,
+                               pad_token_id=1, decoder_start_token_id=1)).save_pretrained(model_dir)
+    seen = []
+
+    def fake_decode(name, folder, pairs, batch_size, **settings):
+        seen.append((name, settings))
+        return {"bleu": settings["length_penalty"], "chrf": 1.0, "length_ratio": 1.0, "examples": []}
+
+    monkeypatch.setattr(multi30k, "decode_and_score", fake_decode)
+    sweep = multi30k.main(["--data-dir", str(data), "--length-penalties", str(model_dir), "--output-dir", str(tmp_path / "out")])
+    assert [name for name, _ in seen] == ["marian"] * 16 and all(set(s) == {"length_penalty"} for _, s in seen)
+    assert sweep["system"] == "marian" and set(sweep["rows"]) == {f"length {alpha}" for alpha in multi30k.LENGTH_PENALTIES}
+    assert "| 3.0 | – | – | – | 3.00 | 1.00 | 1.000 |" in (tmp_path / "out" / "length-penalties-runs-marian-1.md").read_text()
+
+
 CHILD_PARENT = """
 import os, sys, time
 from multi30k import run_in_child
