@@ -11,6 +11,9 @@ same data, same dimensions, same CPU time budget, several runs.
     python benchmarks/multi30k.py --data-dir ../shared/data/multi30k --length-penalties runs/multi30k/ours-1
                                                           # no training: val for each length penalty alpha
                                                           # (a MarianMT run's folder too: |Y|^alpha only)
+    python benchmarks/multi30k.py --data-dir ../shared/data/multi30k --redecode runs/multi30k
+                                                          # no training: that comparison's models of ours decoded
+                                                          # again with the recipe's decoding, medians vs MarianMT's
 
 Each system trains in its own child process (so peak memory is its own) for the same wall-clock
 budget; the runs alternate between the systems so that slow drifts of the machine hit both. Each run
@@ -138,6 +141,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="no training: score val with this trained model of ours decoded at each length penalty "
                              f"alpha in {LENGTH_PENALTIES}, under GNMT's formula and under transformers' |Y|^alpha "
                              "(a MarianMT model of this benchmark: |Y|^alpha, the only one it has)")
+    parser.add_argument("--redecode", metavar="RUN_DIR",
+                        help="no training: decode val and test again with each model of ours in this comparison "
+                             "(its results.json), with the decoding the recipe (and --recipe-flag) now sets, and "
+                             "compare the medians with its MarianMT runs as they were (training never decodes, so "
+                             "a decoding setting changes nothing else)")
     parser.add_argument("--marian-from", metavar="RESULTS_JSON",
                         help="take MarianMT's runs from this comparison's results.json instead of training them again "
                              "(refused unless MarianMT's settings, seeds included, are this run's; our recipe may differ)")
@@ -187,6 +195,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not (Path(args.length_penalties) / "config.json").is_file():
             parser.error(f"--length-penalties {args.length_penalties}: give the folder of a model this benchmark "
                          "trained (e.g. runs/multi30k/ours-1 or marian-1, which hold config.json)")
+    if args.redecode:
+        if args.levers or args.marian_from or args.resume or args.averaging or args.length_penalties:
+            parser.error("--redecode trains nothing: give it without --levers, --averaging, --length-penalties, "
+                         "--marian-from and --resume")
+        if not (Path(args.redecode) / "results.json").is_file():
+            parser.error(f"--redecode {args.redecode}: give the --output-dir of a comparison run of this benchmark "
+                         "(it holds results.json); redecoded.json and .md go there")
     if args.resume and args.levers:
         parser.error("--resume continues a comparison run; --levers runs are repeated per --lever instead")
     args.dims = DIMENSIONS if args.dimensions is None else dict(zip(DIMENSIONS, map(int, args.dimensions.split(","))))
@@ -806,6 +821,42 @@ def length_penalty_markdown(sweep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def recipe_decoding(args) -> dict:
+    """The decoding settings train.py saves in the model's generation config with the recipe and --recipe-flag
+    (``--length_penalty``, ``--length_penalty_formula``); absent: the model's own (§6.1's)."""
+    from vanilla_transformer.training.run import parse_arguments
+
+    model_args = parse_arguments([str(RECIPE), *args.recipe_flag])[0]
+    return {name: getattr(model_args, name) for name in ("length_penalty", "length_penalty_formula")
+            if getattr(model_args, name) is not None}
+
+
+def redecode(args, data_dir: Path) -> dict:
+    """An earlier comparison with its models of ours decoded again under `recipe_decoding` (val and test,
+    and the other formula at the same alpha, as `run_system` decodes); its MarianMT runs and everything
+    the runs of ours measured in training stay as they were."""
+    from transformers import GenerationConfig
+
+    earlier = json.loads((Path(args.redecode) / "results.json").read_text(encoding="utf-8"))
+    decoding = recipe_decoding(args)
+    runs = {"ours": [], "marian": earlier["runs"].get("marian", [])}
+    for run in finished(earlier["runs"])["ours"]:
+        again = {key: value for key, value in run.items() if not (key.startswith("val") or key.startswith("test"))}
+        for key, split in (("val", "val"), ("test", "test_2016_flickr")):
+            pairs = read_split(data_dir, split, earlier["pair"], earlier["settings"]["test_limit"])
+            again[key] = without_examples(decode_and_score("ours", run["model_dir"], pairs, args.decode_batch_size,
+                                                           **decoding))
+            formula = decoding.get("length_penalty_formula") or GenerationConfig.from_pretrained(
+                run["model_dir"]).length_penalty_formula
+            other = OTHER_FORMULA[formula]
+            again[f"{key} with {other} penalty"] = without_examples(decode_and_score(
+                "ours", run["model_dir"], pairs, args.decode_batch_size, **{**decoding, "length_penalty_formula": other}))
+            print(f"{run['model_dir']} {key}: BLEU {again[key]['bleu']:.2f} (was {run[key]['bleu']:.2f})", flush=True)
+        runs["ours"].append({**again, "decoding": decoding, "decoded_before": {k: run[k] for k in ("val", "test")}})
+    return {**earlier, "runs": runs, "medians": summary(runs), "redecoded": {"from": str(args.redecode),
+            "decoding": decoding, "date": time.strftime("%Y-%m-%d"), "machine": machine()}}
+
+
 def write_sweep(output_dir: Path, kind: str, folder: str, sweep: dict, markdown_of) -> dict:
     """A sweep without training as KIND-PARENT-NAME.json and .md in the output folder; the table printed."""
     name = f"{kind}-{Path(folder).parent.name}-{Path(folder).name}"
@@ -924,6 +975,17 @@ def main(argv=None) -> dict | None:
     if args.length_penalties:
         return write_sweep(output_dir, "length-penalties", args.length_penalties, length_penalty_sweep(args, data_dir),
                            length_penalty_markdown)
+    if args.redecode:
+        results, folder = redecode(args, data_dir), Path(args.redecode)
+        before = median([run["decoded_before"]["test"]["bleu"] for run in results["runs"]["ours"]])
+        text = markdown(results) + (f"\nModels of ours from {folder}, decoded again with the recipe's "
+                                    f"{results['redecoded']['decoding'] or 'generation config (unchanged)'} "
+                                    f"({results['redecoded']['date']}; their test median was {before:.2f}); training "
+                                    "never decodes, so nothing else about them differs.\n")
+        (folder / "redecoded.json").write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+        (folder / "redecoded.md").write_text(text, encoding="utf-8")
+        print(text)
+        return results
     if args.levers:
         results["levers"] = {}
         if args.recipe_from:

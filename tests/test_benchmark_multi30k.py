@@ -634,3 +634,54 @@ def test_a_child_that_dies_without_a_result_is_an_error_not_a_wait_forever(tmp_p
     parent = run_in_child_from_a_script(tmp_path, "exit")
     _, error = parent.communicate(timeout=120)
     assert parent.returncode != 0 and "RuntimeError" in error and "died with exit code 3" in error, error
+
+
+def test_redecode_decodes_a_comparisons_models_of_ours_with_the_recipes_decoding_and_keeps_the_rest(
+        tmp_path, monkeypatch):
+    """--redecode: each run of ours decoded again (val and test, and the other formula) with the decoding the
+    recipe and --recipe-flag set; the medians against MarianMT's runs as they were; what training measured
+    kept; redecoded.json and .md written into the comparison's folder. Refused with flags that train."""
+    from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+
+    data = tmp_path / "multi30k"
+    write_corpus(data, {"train": 5, "val": 3, "test_2016_flickr": 4})
+    out = tmp_path / "out"
+
+    def fake_run(function, name, args, data_dir, run_dir, lever):
+        VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny")).save_pretrained(run_dir)
+        return dict(result(30.0 + args.seed if name == "ours" else 33.0, 35.0, 100 + args.seed),
+                    model_dir=str(run_dir), val={"bleu": 35.0, "chrf": 55.0, "bleu_signature": "sig"})
+
+    monkeypatch.setattr(multi30k, "run_in_child", fake_run)
+    multi30k.main(["--data-dir", str(data), "--output-dir", str(out), "--runs", "3"])
+    decoded = []
+
+    def fake_decode(name, folder, pairs, batch_size, **settings):
+        decoded.append((name, Path(folder).name, len(pairs), settings))
+        bonus = {"length": 5.0, "gnmt": 1.0}[settings.get("length_penalty_formula", "gnmt")]
+        return {"bleu": 30.0 + int(Path(folder).name[-1]) + bonus, "chrf": 60.0, "bleu_signature": "sig", "examples": []}
+
+    monkeypatch.setattr(multi30k, "decode_and_score", fake_decode)
+    flags = ["--recipe-flag=--length_penalty", "--recipe-flag=2.5", "--recipe-flag=--length_penalty_formula",
+             "--recipe-flag=length"]
+    results = multi30k.main(["--data-dir", str(data), "--redecode", str(out), *flags])
+    asked = {"length_penalty": 2.5, "length_penalty_formula": "length"}
+    assert decoded == [("ours", f"ours-{i}", size, settings) for i in (1, 2, 3) for size in (3, 4)
+                       for settings in (asked, {**asked, "length_penalty_formula": "gnmt"})]
+    ours, marian = results["runs"]["ours"], results["runs"]["marian"]
+    assert [run["test"]["bleu"] for run in ours] == [36.0, 37.0, 38.0]  # formula "length": +5
+    assert [run["test with gnmt penalty"]["bleu"] for run in ours] == [32.0, 33.0, 34.0]
+    assert [run["decoded_before"]["test"]["bleu"] for run in ours] == [31.0, 32.0, 33.0]
+    assert [run["steps"] for run in ours] == [101, 102, 103] and [run["test"]["bleu"] for run in marian] == [33.0] * 3
+    assert results["medians"]["difference"]["test BLEU"] == 37.0 - 33.0
+    saved = json.loads((out / "redecoded.json").read_text())
+    assert saved["redecoded"]["decoding"] == asked and saved["medians"] == results["medians"]
+    assert "test median was 32.00" in (out / "redecoded.md").read_text()
+    decoded.clear()  # without decoding flags: the recipe's own (none: each model's generation config, §6.1's)
+    multi30k.main(["--data-dir", str(data), "--redecode", str(out)])
+    assert [settings for *_, settings in decoded[:2]] == [{}, {"length_penalty_formula": "length"}]
+    for other in (["--levers"], ["--resume"], ["--length-penalties", str(out / "ours-1")]):
+        with pytest.raises(SystemExit):
+            multi30k.parse_args(["--redecode", str(out), *other])
+    with pytest.raises(SystemExit):  # a folder without results.json
+        multi30k.parse_args(["--redecode", str(data)])
