@@ -26,8 +26,8 @@ compared across sessions had a slower or faster machine, and name a run that was
   token label smoothing 0.2, a moving average of the weights over every update as the final model
   (§6.1's checkpoint averaging at every update; ``--averaging`` scores the checkpoint means, and the
   average as it was at each checkpoint, so that runs that made different numbers of updates compare
-  at an equal number); its own byte-level BPE; decoded with the model's generation config (beam 4, GNMT length penalty 0.6, at
-  most source + 50 tokens), batches sorted by length.
+  at an equal number); its own byte-level BPE; decoded with the model's generation config as the recipe sets it (§6.1's beam 4,
+  GNMT's length penalty with alpha 0.6, at most source + 50 tokens), batches sorted by length.
 - MarianMT ``--marian-setup tuned`` (the default): `MarianMTModel` as a careful transformers user
   configures it for this data: ReLU, scaled and tied embeddings, dropout 0.1, attention and activation
   dropout 0, a joint 8k BPE (``tokenizers``, Metaspace), sentence batches of 64 grouped by length, Adam
@@ -201,7 +201,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                          "--marian-from and --resume")
         if not (Path(args.redecode) / "results.json").is_file():
             parser.error(f"--redecode {args.redecode}: give the --output-dir of a comparison run of this benchmark "
-                         "(it holds results.json); redecoded.json and .md go there")
+                         "(it holds results.json); redecoded-<its settings>.json and .md go there")
     if args.resume and args.levers:
         parser.error("--resume continues a comparison run; --levers runs are repeated per --lever instead")
     args.dims = DIMENSIONS if args.dimensions is None else dict(zip(DIMENSIONS, map(int, args.dimensions.split(","))))
@@ -982,8 +982,10 @@ def main(argv=None) -> dict | None:
                                     f"{results['redecoded']['decoding'] or 'generation config (unchanged)'} "
                                     f"({results['redecoded']['date']}; their test median was {before:.2f}); training "
                                     "never decodes, so nothing else about them differs.\n")
-        (folder / "redecoded.json").write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
-        (folder / "redecoded.md").write_text(text, encoding="utf-8")
+        decoding = results["redecoded"]["decoding"]
+        name = "redecoded-" + ("-".join(str(decoding[key]) for key in sorted(decoding)) or "generation-config")
+        (folder / f"{name}.json").write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+        (folder / f"{name}.md").write_text(text, encoding="utf-8")
         print(text)
         return results
     if args.levers:

@@ -674,12 +674,14 @@ def test_redecode_decodes_a_comparisons_models_of_ours_with_the_recipes_decoding
     assert [run["decoded_before"]["test"]["bleu"] for run in ours] == [31.0, 32.0, 33.0]
     assert [run["steps"] for run in ours] == [101, 102, 103] and [run["test"]["bleu"] for run in marian] == [33.0] * 3
     assert results["medians"]["difference"]["test BLEU"] == 37.0 - 33.0
-    saved = json.loads((out / "redecoded.json").read_text())
+    saved = json.loads((out / "redecoded-2.5-length.json").read_text())  # named by the settings
     assert saved["redecoded"]["decoding"] == asked and saved["medians"] == results["medians"]
-    assert "test median was 32.00" in (out / "redecoded.md").read_text()
-    decoded.clear()  # without decoding flags: the recipe's own (none: each model's generation config, §6.1's)
+    assert "test median was 32.00" in (out / "redecoded-2.5-length.md").read_text()
+    decoded.clear()  # without decoding flags: the recipe's own, §6.1's
     multi30k.main(["--data-dir", str(data), "--redecode", str(out)])
-    assert [settings for *_, settings in decoded[:2]] == [{}, {"length_penalty_formula": "length"}]
+    paper = {"length_penalty": 0.6, "length_penalty_formula": "gnmt"}
+    assert [settings for *_, settings in decoded[:2]] == [paper, {**paper, "length_penalty_formula": "length"}]
+    assert (out / "redecoded-0.6-gnmt.json").is_file()
     for other in (["--levers"], ["--resume"], ["--length-penalties", str(out / "ours-1")]):
         with pytest.raises(SystemExit):
             multi30k.parse_args(["--redecode", str(out), *other])

@@ -181,6 +181,8 @@ def test_the_multi30k_recipe_runs_on_a_tiny_local_slice_under_its_clock(tiny_sli
                           "d_model=32,encoder_layers=1,decoder_layers=1,encoder_ffn_dim=64,decoder_ffn_dim=64"])
     assert {"eval_bleu", "predict_bleu"} <= set(metrics)
     assert (output / "model.safetensors").is_file()
+    saved = json.loads((output / "generation_config.json").read_text())  # the recipe's decoding, §6.1's
+    assert (saved["num_beams"], saved["length_penalty"], saved["length_penalty_formula"]) == (4, 0.6, "gnmt")
 
 
 # ---------------------------------------------------------------------------------------------
