@@ -202,6 +202,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         if not (Path(args.redecode) / "results.json").is_file():
             parser.error(f"--redecode {args.redecode}: give the --output-dir of a comparison run of this benchmark "
                          "(it holds results.json); redecoded-<its settings>.json and .md go there")
+        earlier = json.loads((Path(args.redecode) / "results.json").read_text(encoding="utf-8"))
+        missing = [run["model_dir"] for run in earlier.get("runs", {}).get("ours", [])
+                   if run is not None and not (Path(run["model_dir"]) / "config.json").is_file()]
+        if missing:  # folders are recorded relative to where the comparison ran
+            parser.error(f"--redecode {args.redecode}: no model in {', '.join(missing)}; run from the folder the "
+                         "comparison ran in (its model folders are recorded relative to it)")
     if args.resume and args.levers:
         parser.error("--resume continues a comparison run; --levers runs are repeated per --lever instead")
     args.dims = DIMENSIONS if args.dimensions is None else dict(zip(DIMENSIONS, map(int, args.dimensions.split(","))))
@@ -482,7 +488,8 @@ def run_system(name: str, args, data_dir: Path, run_dir: Path, lever: tuple[list
         pairs = read_split(data_dir, split, args.pair, args.test_limit)
         result[key] = decode_and_score(name, result["model_dir"], pairs, args.decode_batch_size)
         if name == "ours":  # the other length penalty on the same model
-            formula = GenerationConfig.from_pretrained(result["model_dir"]).length_penalty_formula
+            formula = getattr(GenerationConfig.from_pretrained(result["model_dir"]), "length_penalty_formula",
+                              None) or "length"  # without the field: transformers' own
             other = OTHER_FORMULA[formula]
             result[f"{key} with {other} penalty"] = decode_and_score(
                 name, result["model_dir"], pairs, args.decode_batch_size, length_penalty_formula=other)
@@ -846,8 +853,8 @@ def redecode(args, data_dir: Path) -> dict:
             pairs = read_split(data_dir, split, earlier["pair"], earlier["settings"]["test_limit"])
             again[key] = without_examples(decode_and_score("ours", run["model_dir"], pairs, args.decode_batch_size,
                                                            **decoding))
-            formula = decoding.get("length_penalty_formula") or GenerationConfig.from_pretrained(
-                run["model_dir"]).length_penalty_formula
+            formula = decoding.get("length_penalty_formula") or getattr(  # without the field: transformers'
+                GenerationConfig.from_pretrained(run["model_dir"]), "length_penalty_formula", None) or "length"
             other = OTHER_FORMULA[formula]
             again[f"{key} with {other} penalty"] = without_examples(decode_and_score(
                 "ours", run["model_dir"], pairs, args.decode_batch_size, **{**decoding, "length_penalty_formula": other}))

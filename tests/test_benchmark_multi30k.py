@@ -637,7 +637,7 @@ def test_a_child_that_dies_without_a_result_is_an_error_not_a_wait_forever(tmp_p
 
 
 def test_redecode_decodes_a_comparisons_models_of_ours_with_the_recipes_decoding_and_keeps_the_rest(
-        tmp_path, monkeypatch):
+        tmp_path, monkeypatch, capsys):
     """--redecode: each run of ours decoded again (val and test, and the other formula) with the decoding the
     recipe and --recipe-flag set; the medians against MarianMT's runs as they were; what training measured
     kept; redecoded.json and .md written into the comparison's folder. Refused with flags that train."""
@@ -687,3 +687,8 @@ def test_redecode_decodes_a_comparisons_models_of_ours_with_the_recipes_decoding
             multi30k.parse_args(["--redecode", str(out), *other])
     with pytest.raises(SystemExit):  # a folder without results.json
         multi30k.parse_args(["--redecode", str(data)])
+    (out / "ours-2" / "config.json").unlink()  # a model gone (or the command run from another folder)
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        multi30k.parse_args(["--redecode", str(out)])
+    assert re.search("no model in .*ours-2; run from the folder", capsys.readouterr().err)

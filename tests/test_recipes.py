@@ -5,6 +5,7 @@ Also the scorer the recipes report for the paper: tokenized BLEU with tensor2ten
 
 from __future__ import annotations
 
+import json
 import random
 import shutil
 import subprocess
@@ -171,6 +172,7 @@ def test_the_multi30k_recipe_runs_on_a_tiny_local_slice_under_its_clock(tiny_sli
     model_args, data_args, args = parse(MULTI30K)
     assert (args.max_train_minutes, args.save_minutes, args.average_checkpoints, args.save_total_limit) == (25, 1, 0, 10)
     assert args.ema_decay == 0.998
+    assert (model_args.length_penalty, model_args.length_penalty_formula) == (0.6, "gnmt")  # spelled out in the file
     assert (args.max_tokens, args.learning_rate, args.warmup_steps, args.max_grad_norm) == (1024, 2e-3, 800, 0.0)
     config = train.new_model_config(model_args)
     assert (config.d_model, config.encoder_layers, config.encoder_attention_heads, config.encoder_ffn_dim) == (256, 3, 4, 1024)

@@ -628,6 +628,26 @@ def test_length_penalty_flags_are_saved_in_the_generation_config_and_kept_by_fin
     assert GenerationConfig.from_pretrained(first).length_penalty == 1.4
 
 
+def test_a_resumed_run_decodes_as_it_did_and_the_flags_beat_a_generation_config_file(data_dir, tmp_path):
+    """The Trainer restores a checkpoint's weights only: the resumed run takes the generation config its
+    checkpoint saved (not §6.1's defaults of a fresh model). --generation_config replaces the model's in
+    Seq2SeqTrainer; the length-penalty flags still set their fields in it."""
+    from transformers import GenerationConfig
+
+    run = tmp_path / "run"
+    flags = ["--save_strategy", "steps", "--save_steps", "1"]
+    train.main(tiny_args(data_dir, run, "--max_steps", "1", "--length_penalty", "1.4", "--length_penalty_formula",
+                         "length", *flags))
+    train.main(tiny_args(data_dir, run, "--max_steps", "2", "--resume_from_checkpoint", "last", *flags))
+    saved = GenerationConfig.from_pretrained(run)
+    assert (saved.length_penalty, saved.length_penalty_formula) == (1.4, "length")
+    assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 2
+    other = tmp_path / "other-generation"
+    GenerationConfig(num_beams=2, length_penalty=2.0, decoder_start_token_id=0).save_pretrained(other)
+    model = build(data_dir, tmp_path / "new", "--generation_config", str(other), "--length_penalty", "1.4").trainer.model
+    assert (model.generation_config.num_beams, model.generation_config.length_penalty) == (2, 1.4)
+
+
 # ---------------------------------------------------------------------------------------------
 # Inputs: files, argument files, and errors
 # ---------------------------------------------------------------------------------------------

@@ -286,8 +286,8 @@ def _decoding_sentence(generation_config: GenerationConfig) -> str:
         else f"at most {generation_config.max_length} tokens" if generation_config.max_length
         else "at most input length + 50 tokens (§6.1)"
     )
-    formula = {"gnmt": "GNMT's ((5 + |Y|) / 6)^alpha, as the paper", "length": "|Y|^alpha"}.get(
-        getattr(generation_config, "length_penalty_formula", None), "|Y|^alpha")  # without the field: transformers'
+    name = getattr(generation_config, "length_penalty_formula", None) or "length"  # without the field: transformers'
+    formula = {"gnmt": "GNMT's ((5 + |Y|) / 6)^alpha, as the paper", "length": "|Y|^alpha"}.get(name, f"formula {name!r}")
     return (
         f"Decoding (`generation_config.json`): beam size {generation_config.num_beams}, length penalty alpha "
         f"{generation_config.length_penalty} ({formula}), {length}."

@@ -1324,8 +1324,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         if limit is not None:  # as a max_length (the start token + limit), which wins over the model's own
             ours = generation_config is None
             generation_config = copy.deepcopy(generation_config or self.generation_config)
-            if ours:  # the call's settings go into our copy (transformers warns when given a config and settings)
-                kwargs = generation_config.update(**kwargs)
+            if ours:  # the call's settings go into our copy (transformers warns when given a config and settings);
+                # None (unset a default) and cache_implementation (read from the call by generate()) stay in the call
+                settings = [k for k, v in kwargs.items() if v is not None and k != "cache_implementation"]
+                kwargs.update(generation_config.update(**{k: kwargs.pop(k) for k in settings}))
             generation_config.max_length, generation_config.max_new_tokens = limit + 1, None
         self._check_length_fits(generation_config or self.generation_config, kwargs)
         formula = kwargs.pop(LENGTH_PENALTY_FORMULA, None) or self._setting(generation_config, LENGTH_PENALTY_FORMULA)

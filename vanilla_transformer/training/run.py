@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from huggingface_hub.errors import StrictDataclassError
-from transformers import (AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, HfArgumentParser,
-                          TrainerCallback, set_seed)
+from transformers import (AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, GenerationConfig,
+                          HfArgumentParser, TrainerCallback, set_seed)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .. import PRESETS, VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, check_tokenizer_matches_model, train_tokenizer
@@ -592,9 +592,11 @@ def _refuse_overrides_of_a_checkpoint(model_args: ModelArguments) -> None:
                          "architecture.")
 
 
-def build_model(model_args: ModelArguments, tokenizer) -> VanillaTransformerForConditionalGeneration:
-    """A new model from a preset sized to the tokenizer, or the checkpoint to fine-tune; --length_penalty and
-    --length_penalty_formula set in its generation config (saved with it)."""
+def build_model(model_args: ModelArguments, tokenizer, resume: Path | None = None
+                ) -> VanillaTransformerForConditionalGeneration:
+    """A new model from a preset sized to the tokenizer, or the checkpoint to fine-tune; resuming (``resume``,
+    a checkpoint folder), the generation config that run saved; --length_penalty and --length_penalty_formula
+    set in it (saved with the model)."""
     extra = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
     if model_args.model_name_or_path:
         _refuse_overrides_of_a_checkpoint(model_args)
@@ -604,11 +606,18 @@ def build_model(model_args: ModelArguments, tokenizer) -> VanillaTransformerForC
         config = new_model_config(model_args, tokenizer)
         check_tokenizer_matches_model(tokenizer, config)
         model = VanillaTransformerForConditionalGeneration._from_config(config, **extra)
+    if resume is not None and (resume / "generation_config.json").is_file():  # the Trainer restores weights only
+        model.generation_config = GenerationConfig.from_pretrained(resume)
+    set_decoding(model, model_args)
+    return model
+
+
+def set_decoding(model, model_args: ModelArguments) -> None:
+    """--length_penalty and --length_penalty_formula, where given, into the model's generation config."""
     if model_args.length_penalty is not None:
         model.generation_config.length_penalty = model_args.length_penalty
     if model_args.length_penalty_formula is not None:
         setattr(model.generation_config, LENGTH_PENALTY_FORMULA, model_args.length_penalty_formula)
-    return model
 
 
 def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
@@ -697,7 +706,7 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     if tokenizer is None:
         tokenizer = build_tokenizer(model_args, training_args, text["train"], training_args.seed,
                                     cache_dir=data_args.cache_dir)
-    model = build_model(model_args, tokenizer)
+    model = build_model(model_args, tokenizer, resume)
     if resume is not None:
         check_resume_matches(resume, model, tokenizer)
     tokenizer.model_max_length = model.config.max_position_embeddings  # so that truncation=True means something
@@ -718,6 +727,7 @@ def build_trainer(model_args, data_args, training_args) -> Run:
         compute_metrics=metrics,
         callbacks=[SaveLastStep()] if training_args.average_checkpoints else None,
     )
+    set_decoding(trainer.model, model_args)  # again: --generation_config replaced the model's in the Trainer
     return Run(trainer, tokenizer, datasets, text, resume)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -166,6 +167,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < (0 if name == "attention_count" else 1):
             parser.error(f"--{name.replace('_', '-')} must be {'>= 0' if name == 'attention_count' else 'positive'}, got {value}")
+    if args.length_penalty is not None and not math.isfinite(args.length_penalty):
+        parser.error(f"--length-penalty must be a finite number (the paper: 0.6), got {args.length_penalty}")
     return args
 
 
