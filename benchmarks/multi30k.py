@@ -473,11 +473,23 @@ def decode_and_score(name: str, model_dir: str, pairs, batch_size: int, **settin
             "sentences_per_second": len(sources) / seconds, "examples": hypotheses[:3]}
 
 
+def decode_ours(key: str, model_dir: str, pairs, batch_size: int, **decoding) -> dict:
+    """``key``: ours scored with its generation config (``decoding`` over it); ``key with <other> penalty``: the
+    same alpha under the other formula (one model, two decodings)."""
+    from transformers import GenerationConfig
+
+    from vanilla_transformer.modeling_vanilla_transformer import penalty_formula_of
+
+    formula = decoding.get("length_penalty_formula") or penalty_formula_of(GenerationConfig.from_pretrained(model_dir))
+    other = OTHER_FORMULA[formula]
+    return {key: decode_and_score("ours", model_dir, pairs, batch_size, **decoding),
+            f"{key} with {other} penalty": decode_and_score("ours", model_dir, pairs, batch_size,
+                                                            **{**decoding, "length_penalty_formula": other})}
+
+
 def run_system(name: str, args, data_dir: Path, run_dir: Path, lever: tuple[list[str], str]) -> dict:
     """Train, then decode val and test; runs in its own process (peak memory = this system's)."""
     import logging
-
-    from transformers import GenerationConfig
 
     logging.basicConfig(level=logging.WARNING)
     gflops, before = matmul_gflops(), cpu_seconds()
@@ -486,13 +498,10 @@ def run_system(name: str, args, data_dir: Path, run_dir: Path, lever: tuple[list
     splits = {"val": "val"} if args.levers else {"val": "val", "test": "test_2016_flickr"}
     for key, split in splits.items():
         pairs = read_split(data_dir, split, args.pair, args.test_limit)
-        result[key] = decode_and_score(name, result["model_dir"], pairs, args.decode_batch_size)
-        if name == "ours":  # the other length penalty on the same model
-            formula = getattr(GenerationConfig.from_pretrained(result["model_dir"]), "length_penalty_formula",
-                              None) or "length"  # without the field: transformers' own
-            other = OTHER_FORMULA[formula]
-            result[f"{key} with {other} penalty"] = decode_and_score(
-                name, result["model_dir"], pairs, args.decode_batch_size, length_penalty_formula=other)
+        if name == "ours":
+            result.update(decode_ours(key, result["model_dir"], pairs, args.decode_batch_size))
+        else:
+            result[key] = decode_and_score(name, result["model_dir"], pairs, args.decode_batch_size)
     result["peak_memory_mib"] = peak_memory_mib()
     return result
 
@@ -842,8 +851,6 @@ def redecode(args, data_dir: Path) -> dict:
     """An earlier comparison with its models of ours decoded again under `recipe_decoding` (val and test,
     and the other formula at the same alpha, as `run_system` decodes); its MarianMT runs and everything
     the runs of ours measured in training stay as they were."""
-    from transformers import GenerationConfig
-
     earlier = json.loads((Path(args.redecode) / "results.json").read_text(encoding="utf-8"))
     decoding = recipe_decoding(args)
     runs = {"ours": [], "marian": earlier["runs"].get("marian", [])}
@@ -851,13 +858,8 @@ def redecode(args, data_dir: Path) -> dict:
         again = {key: value for key, value in run.items() if not (key.startswith("val") or key.startswith("test"))}
         for key, split in (("val", "val"), ("test", "test_2016_flickr")):
             pairs = read_split(data_dir, split, earlier["pair"], earlier["settings"]["test_limit"])
-            again[key] = without_examples(decode_and_score("ours", run["model_dir"], pairs, args.decode_batch_size,
-                                                           **decoding))
-            formula = decoding.get("length_penalty_formula") or getattr(  # without the field: transformers'
-                GenerationConfig.from_pretrained(run["model_dir"]), "length_penalty_formula", None) or "length"
-            other = OTHER_FORMULA[formula]
-            again[f"{key} with {other} penalty"] = without_examples(decode_and_score(
-                "ours", run["model_dir"], pairs, args.decode_batch_size, **{**decoding, "length_penalty_formula": other}))
+            scored = decode_ours(key, run["model_dir"], pairs, args.decode_batch_size, **decoding)
+            again.update({name: without_examples(result) for name, result in scored.items()})
             print(f"{run['model_dir']} {key}: BLEU {again[key]['bleu']:.2f} (was {run[key]['bleu']:.2f})", flush=True)
         runs["ours"].append({**again, "decoding": decoding, "decoded_before": {k: run[k] for k in ("val", "test")}})
     return {**earlier, "runs": runs, "medians": summary(runs), "redecoded": {"from": str(args.redecode),

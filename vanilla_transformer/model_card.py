@@ -21,6 +21,7 @@ from huggingface_hub import EvalResult, ModelCardData
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
+from .modeling_vanilla_transformer import penalty_formula_of
 from .modeling_vanilla_transformer import MODEL_TAGS
 from .pipeline_vanilla_transformer import REMOTE_CODE_TASK, TASK
 
@@ -286,7 +287,7 @@ def _decoding_sentence(generation_config: GenerationConfig) -> str:
         else f"at most {generation_config.max_length} tokens" if generation_config.max_length
         else "at most input length + 50 tokens (§6.1)"
     )
-    name = getattr(generation_config, "length_penalty_formula", None) or "length"  # without the field: transformers'
+    name = penalty_formula_of(generation_config)
     formula = {"gnmt": "GNMT's ((5 + |Y|) / 6)^alpha, as the paper", "length": "|Y|^alpha"}.get(name, f"formula {name!r}")
     return (
         f"Decoding (`generation_config.json`): beam size {generation_config.num_beams}, length penalty alpha "

@@ -722,6 +722,11 @@ LENGTH_PENALTY_FORMULA = "length_penalty_formula"
 LENGTH_PENALTY_FORMULAS = ("gnmt", "length")
 
 
+def penalty_formula_of(generation_config: GenerationConfig) -> str:
+    """The length penalty a saved generation config decodes with: its ``length_penalty_formula``, else "length"."""
+    return getattr(generation_config, LENGTH_PENALTY_FORMULA, None) or "length"
+
+
 def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
     """Decoding as in §6.1: beam size 4, GNMT's length penalty with alpha = 0.6, stop when 4 hypotheses
     end, and at most input length + 50 new tokens (``max_new_tokens_beyond_input``, applied by `generate()`)."""
@@ -1448,5 +1453,6 @@ __all__ = [
     "pad_after_end_of_sequence",
     "gnmt_length_penalty",
     "paper_generation_config",
+    "penalty_formula_of",
     "sinusoidal_positions",
 ]
