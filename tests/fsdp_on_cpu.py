@@ -9,8 +9,11 @@ it set from the YAML file; everything else (fully_shard per the file's wrap poli
 the Trainer's FULL_STATE_DICT saves, train.py) is the real code.
 """
 
+import os
 import sys
+from pathlib import Path
 
+import torch
 from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
@@ -30,3 +33,7 @@ if __name__ == "__main__":
     from vanilla_transformer.training.run import main
 
     main(sys.argv[1:])
+    # For the test: main() must return with the process group closed, or gloo's threads can abort
+    # this process at exit after a run that succeeded.
+    output_dir = Path(sys.argv[sys.argv.index("--output_dir") + 1])
+    (output_dir / f"process_group_open_after_main.rank{os.environ['RANK']}").write_text(str(torch.distributed.is_initialized()))

@@ -111,7 +111,8 @@ def test_fsdp_on_two_processes_follows_one_process_and_writes_hub_folders(tmp_pa
     """2 FSDP processes x max_tokens B == 1 process x B x 2 accumulation steps (same batches, loss over
     all target tokens): the same losses and weights. Every checkpoint is a Hub folder like one process's
     (no torch files as remote code, the tied matrix stored once), loads with from_pretrained, and the
-    final model is the mean of the last two, as the averaging tool computes it from those folders."""
+    final model is the mean of the last two, as the averaging tool computes it from those folders. Both
+    processes leave main() with the process group closed."""
     data = tmp_path / "data"
     data.mkdir()
     train_files = write_reversal_task(data, "train", 1500, seed=1)
@@ -139,6 +140,9 @@ def test_fsdp_on_two_processes_follows_one_process_and_writes_hub_folders(tmp_pa
     completed = launch_on_two_processes(FSDP_CONFIG, script, [*common, "--output_dir", str(sharded)])
     assert "process 1 of 2" in completed.stderr
     assert (sharded / "checkpoint-2" / "pytorch_model_fsdp.bin").is_file()  # written only by FSDP's checkpointing
+    # each process left main() with its process group closed (an open one can abort it at exit)
+    for rank in (0, 1):
+        assert (sharded / f"process_group_open_after_main.rank{rank}").read_text() == "False"
 
     assert logged_losses(sharded) == pytest.approx(logged_losses(one), rel=1e-3)
     checkpoints = ["checkpoint-2", "checkpoint-4", "checkpoint-6"]

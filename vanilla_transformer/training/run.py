@@ -28,6 +28,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
+from accelerate import PartialState
 from huggingface_hub.errors import StrictDataclassError
 from transformers import (AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, GenerationConfig,
                           HfArgumentParser, TrainerCallback, set_seed)
@@ -826,10 +828,31 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """train.py: train (or fine-tune), evaluate and predict as the flags say; returns the metrics."""
-    model_args, data_args, training_args = parse_arguments(argv)
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    run = build_trainer(model_args, data_args, training_args)
+    """train.py: train (or fine-tune), evaluate and predict as the flags say; returns the metrics.
+
+    Under several processes it ends by closing the process group, as a script's last line should:
+    a process that exits with gloo's threads still running is aborted at shutdown ("terminate called
+    without an active exception", exit code -6) after a run that succeeded. Call the steps yourself
+    (`build_trainer`, `run_steps`) to keep the group open."""
+    try:
+        model_args, data_args, training_args = parse_arguments(argv)
+        logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+        run = build_trainer(model_args, data_args, training_args)
+        metrics = run_steps(run, model_args, data_args, training_args)
+        run.trainer.accelerator.wait_for_everyone()  # leave together: no process exits mid-collective
+        return metrics
+    finally:
+        close_process_group()
+
+
+def close_process_group() -> None:
+    """Destroy the default process group if this process joined one (a no-op in a single process)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        PartialState().destroy_process_group()
+
+
+def run_steps(run: Run, model_args: ModelArguments, data_args: DataArguments, training_args) -> dict:
+    """Train, evaluate and predict as `steps_to_run` says, save the model and its card; the metrics."""
     trainer, tokenizer = run.trainer, run.tokenizer
     do_train, do_eval, do_predict = steps_to_run(training_args)
     model = trainer.accelerator.unwrap_model(trainer.model)
