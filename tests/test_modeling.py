@@ -658,3 +658,19 @@ def test_input_ids_and_inputs_embeds_together_is_an_error():
     ids = torch.full((1, 3), 5)
     with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
         model.model.encoder(input_ids=ids, inputs_embeds=model.model.shared(ids))
+
+
+@pytest.mark.parametrize("length", [{}, {"max_new_tokens": 20}], ids=["paper's limit", "max_new_tokens"])
+def test_an_end_token_given_to_generate_ends_and_pads_as_the_models_own_would(length):
+    """generate(eos_token_id=E) gives what a model whose own end token is E gives: the same
+    hypotheses, each padded with <pad> after its first E, whichever way the length is limited."""
+    model = tiny_model()
+    input_ids, attention_mask = source_batch()
+    settings = dict(input_ids=input_ids, attention_mask=attention_mask, num_beams=4, num_return_sequences=4, **length)
+    written = model.generate(**settings | {"max_new_tokens": 10})[:, 1:].flatten()
+    end = int(written[written > 3].mode().values)  # a word this model writes often, as the end token
+    given = model.generate(**settings | {"eos_token_id": end})
+    model.generation_config.eos_token_id = end
+    own = model.generate(**settings)
+    assert torch.equal(given, own)
+    assert (given == end).any(dim=1).all() and (given[:, -1] == model.config.pad_token_id).any()

@@ -1343,7 +1343,7 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             output = super().generate(inputs, generation_config, **kwargs)
         finally:
             self._gnmt_length_penalty = False
-        eos, pad = (self._setting(generation_config, name) for name in ("eos_token_id", "pad_token_id"))
+        eos, pad = (self._setting(generation_config, name, kwargs) for name in ("eos_token_id", "pad_token_id"))
         eos = eos[0] if isinstance(eos, list) and len(eos) == 1 else eos
         if isinstance(eos, int) and pad is not None:  # pad what follows </s> (beam search may not: see above)
             if torch.is_tensor(output):
@@ -1394,10 +1394,13 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             **kwargs,
         )
 
-    def _setting(self, generation_config: GenerationConfig | None, name: str):
-        """A generation setting: the passed config's, else the model's (as `generate()` merges them)."""
-        value = getattr(generation_config, name, None) if generation_config is not None else None
-        return value if value is not None else getattr(self.generation_config, name, None)
+    def _setting(self, generation_config: GenerationConfig | None, name: str, kwargs: dict | None = None):
+        """A generation setting: the call's, else the passed config's, else the model's (as `generate()`
+        merges them)."""
+        for value in ((kwargs or {}).get(name), getattr(generation_config, name, None)):
+            if value is not None:
+                return value
+        return getattr(self.generation_config, name, None)
 
     def _new_tokens_limit(self, inputs, generation_config: GenerationConfig | None, kwargs: dict) -> int | None:
         """max_new_tokens under the paper's rule, or None when a length was given or the rule is off."""
