@@ -162,7 +162,7 @@ def with_plain_dropout(model):
 
 def with_fused_projections(model):
     """Self-attention's q, k, v as one matrix product over the three weights concatenated at run time
-    (state-dict keys unchanged). Measured, not shipped: see the README's lever table."""
+    (state-dict keys unchanged). Measured, not shipped: see docs/benchmarks/speed.md's lever table."""
     for module in model.modules():
         if isinstance(module, VanillaTransformerAttention) and not module.is_cross_attention:
             module.forward = types.MethodType(_fused_self_attention, module)

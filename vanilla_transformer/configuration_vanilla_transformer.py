@@ -90,7 +90,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         linear_init_std: the std of ``"normal"``. ``None`` means sqrt(2 / (5 d_model)), the "small
             init" of Nguyen & Salazar (2019, "Transformers without Tears"); 0.02 is BART's and
             MarianMT's. Measured on Multi30k (d_model 256) and on a d_model 32 copy task, small
-            init learns faster per update than Xavier-uniform (README, "Multi30k";
+            init learns faster per update than Xavier-uniform (docs/benchmarks/multi30k.md;
             `benchmarks/learning_curve_probe.py`). An untied pre-softmax projection is a linear
             too and starts the same way.
         layer_norm_eps: epsilon of every LayerNorm.

@@ -14,7 +14,7 @@ first, weighs k: the newest counts N times the oldest (polynomial-decay averagin
 & Zhang 2013, over the last checkpoints). When the last updates still move the model, as in a short
 run at a high learning rate, older checkpoints are further from where training ended; on Multi30k the
 linear weights of the last 10 scored at least their mean on val in six runs of six, +0.27 BLEU on
-average (README, "Multi30k"). Integer and bool tensors are not averaged: they must be equal in every
+average (docs/benchmarks/multi30k.md). Integer and bool tensors are not averaged: they must be equal in every
 checkpoint. The averaged tensors are loaded into the newest
 checkpoint's model with the library's ``from_pretrained`` and written with ``save_pretrained``, so
 the output is a complete Hub folder (tied weights stored once and tied again on load, remote-code
