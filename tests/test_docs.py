@@ -131,3 +131,19 @@ def test_every_cited_commit_exists():
     for commit in sorted(commits):
         found = subprocess.run([git, "cat-file", "-e", f"{commit}^{{commit}}"], cwd=REPO, capture_output=True)
         assert found.returncode == 0, f"commit {commit} is cited but not in the history"
+
+
+def test_every_number_in_the_readmes_results_is_in_the_measurement_history():
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    results = readme.split("\n## Results\n", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in results.splitlines() if line.startswith("| ") and not line.startswith("| ---")]
+    pages = "\n".join(path.read_text(encoding="utf-8") for path in BENCHMARKS.glob("*.md"))
+    without_separators = re.sub(r"(?<=\d),(?=\d{3})", "", pages)  # 1,556 and 1556 are one number
+    numbers = [number for row in rows[1:] for number in re.findall(r"\d+,\d{3}|\d+\.\d+", row)]
+    assert len(numbers) > 30
+    for number in numbers:
+        plain = number.replace(",", "")
+        found = re.search(NUMBER.format(re.escape(plain)), without_separators)
+        assert found, f"README's {number} is in no benchmark page"
+    for commit in re.findall(r"\b[0-9a-f]{7}\b", "\n".join(rows)):
+        assert commit in pages, f"README cites commit {commit}, which no benchmark page records"
