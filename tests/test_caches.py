@@ -33,7 +33,8 @@ def prepared(data_dir: Path, cache: Path, output_dir: Path) -> train.Run:
 
 
 def token_ids(run: train.Run) -> dict:
-    return {role: (list(run.datasets[role]["input_ids"]), list(run.datasets[role]["labels"])) for role in ("train", "validation")}
+    return {role: (list(run.datasets[role]["input_ids"]), list(run.datasets[role]["labels"]))
+            for role in ("train", "validation")}
 
 
 @pytest.fixture(scope="module")

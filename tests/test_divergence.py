@@ -25,7 +25,7 @@ from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForC
 from vanilla_transformer.training import TransformerTrainer, TransformerTrainingArguments, divergence, tokenize_dataset
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.checkpointing import STAGING_DIR, check_resumable
-from vanilla_transformer.training.divergence import TrainingDiverged
+from vanilla_transformer.training.divergence import DivergenceGuard, TrainingDiverged
 
 from test_faults import reverse_pairs
 
@@ -176,3 +176,70 @@ def test_the_instrument_sees_a_read_from_the_module():
     with reads_from(divergence.__file__, lambda: "now") as reads:
         divergence.non_finite({"x": flag})
     assert reads["now"] >= 1
+
+
+# ---------------------------------------------------------------------------------------------
+# float16's loss scaler: a skipped update is normal and counted; a collapsing scale is divergence
+# ---------------------------------------------------------------------------------------------
+
+
+class Float16Accelerator:
+    """What the guard asks of accelerate's Accelerator under --fp16 on a GPU: whether the loss scaler
+    skipped the last optimizer step (a host flag), and the scale (``GradScaler.get_scale``)."""
+
+    def __init__(self, scale: float = 2.0**16):
+        self.num_processes, self.optimizer_step_was_skipped = 1, False
+        self.scaler = type("Scaler", (), {"get_scale": lambda _: self.scale})()
+        self.scale = scale
+
+
+def guard_under_float16(tmp_path) -> DivergenceGuard:
+    trainer = type("Trainer", (), {})()
+    trainer.accelerator = Float16Accelerator()
+    trainer.args = type("Args", (), {"output_dir": str(tmp_path), "device": torch.device("cpu")})()
+    guard = DivergenceGuard(trainer)
+    guard.on_train_begin(trainer.args, type("State", (), {"global_step": 0})(), None)
+    return guard
+
+
+def update(guard: DivergenceGuard, loss: float, grad_norm: float, skipped: bool = False) -> None:
+    guard.trainer.accelerator.optimizer_step_was_skipped = skipped
+    guard.add_loss(torch.tensor(loss))
+    guard.add_grad_norm(torch.tensor(grad_norm))
+    guard._fold_update()
+
+
+def test_updates_the_loss_scaler_skips_are_counted_not_divergence(tmp_path):
+    guard = guard_under_float16(tmp_path)
+    update(guard, 5.0, 2.0)
+    update(guard, 4.0, math.inf, skipped=True)  # the gradients overflowed float16: the scaler skipped it
+    update(guard, math.nan, math.nan, skipped=True)
+    update(guard, 3.5, 1.0)
+    guard.trainer.accelerator.scale = 2.0**13
+    guard.check(4)
+    assert guard.skipped == 2
+    update(guard, 3.0, math.inf)  # not skipped, yet not finite: the weights took it
+    with pytest.raises(TrainingDiverged, match=r"^Training diverged at update 5: the gradient norm is inf \(loss 3\) "
+                                               r"\(last finite loss 3.5, at update 4\)"):
+        guard.check(5)
+
+
+def test_a_loss_scale_below_the_minimum_is_divergence(tmp_path):
+    guard = guard_under_float16(tmp_path)
+    update(guard, 5.0, 2.0)
+    for _ in range(3):
+        update(guard, math.nan, math.nan, skipped=True)
+    guard.trainer.accelerator.scale = divergence.MIN_LOSS_SCALE / 2
+    with pytest.raises(TrainingDiverged, match=r"^Training diverged at update 4: the float16 loss scale fell to "
+                                               r"5e-05, below 0.0001, after 3 skipped updates.*last finite loss 5, "
+                                               r"at update 1"):
+        guard.check(4)
+
+
+def test_the_log_counts_the_skipped_updates_under_a_loss_scaler(data_dir, tmp_path):
+    trainer = users_own_trainer(data_dir, tmp_path / "mine", max_steps=1)
+    trainer.log({"loss": 1.0})
+    assert "skipped_updates" not in trainer.state.log_history[-1]  # no scaler (float32): nothing to count
+    trainer.accelerator.scaler, trainer.divergence.skipped = Float16Accelerator().scaler, 3
+    trainer.log({"loss": 1.0})
+    assert trainer.state.log_history[-1]["skipped_updates"] == 3

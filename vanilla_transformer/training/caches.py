@@ -99,8 +99,8 @@ def _remove(entry: Path, problem: str, folder: Path) -> None:
     try:
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     except OSError as error:
-        raise DamagedFileError(f"The datasets cache {folder}: {entry} is truncated or corrupt ({problem}) and could not "
-                               f"be deleted ({error}). {REBUILD}") from None
+        raise DamagedFileError(f"The datasets cache {folder}: {entry} is truncated or corrupt ({problem}) and could "
+                               f"not be deleted ({error}). {REBUILD}") from None
 
 
 def rebuilt_if_damaged(build: Callable[[], T], folder: str | Path | None) -> T:

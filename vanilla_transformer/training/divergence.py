@@ -24,14 +24,10 @@ the last finite loss, the likely causes and the last good checkpoint, which is l
 
 from __future__ import annotations
 
-import logging
 import math
-import os
 
 import torch
 from transformers import TrainerCallback
-
-logger = logging.getLogger(__name__)
 
 MIN_LOSS_SCALE = 1e-4  # fairseq's --min-loss-scale: below it, the loss overflows float16 at any scale
 CAUSES = ("Likely causes: too high a learning rate (lower --learning_rate or --lr_scale, or give more "
@@ -168,14 +164,15 @@ class DivergenceGuard(TrainerCallback):
         scale = accelerator.scaler.get_scale() if accelerator.scaler is not None else None
         if clean and scale is not None and scale < MIN_LOSS_SCALE:
             raise TrainingDiverged(
-                f"Training diverged at update {step}: the float16 loss scale fell to {scale:g}, below {MIN_LOSS_SCALE:g}, "
-                f"after {self.skipped} skipped updates: the loss overflows float16 at any scale "
+                f"Training diverged at update {step}: the float16 loss scale fell to {scale:g}, below "
+                f"{MIN_LOSS_SCALE:g}, after {self.skipped} skipped updates: the loss overflows float16 at any scale "
                 f"({self._last_finite(last_update, last_loss)}). {CAUSES} {self._checkpoint()}",
                 step, last_loss)
         if not clean:
             bad = min((row for row in rows if not row[0]), key=lambda row: row[4])
             update, loss, norm = int(bad[4]), bad[5], bad[6]
-            what = f"the loss is {loss:g}" if not math.isfinite(loss) else f"the gradient norm is {norm:g} (loss {loss:.4g})"
+            what = (f"the loss is {loss:g}" if not math.isfinite(loss)
+                    else f"the gradient norm is {norm:g} (loss {loss:.4g})")
             raise TrainingDiverged(
                 f"Training diverged at update {update}: {what} ({self._last_finite(last_update, last_loss)}). "
                 f"{CAUSES} Nothing from update {update} on was saved. {self._checkpoint()}", update, last_loss)
@@ -202,6 +199,7 @@ class StopOnDivergence:
     weights or after a non-finite update. ``self.divergence = None`` turns it off."""
 
     divergence: DivergenceGuard | None = None
+    moving_average = None  # an ExponentialMovingAverage that checkpoints hold (TransformerTrainer's --ema_decay)
 
     def training_step(self, *args, **kwargs):
         loss = super().training_step(*args, **kwargs)
@@ -225,20 +223,20 @@ class StopOnDivergence:
             self.divergence.check(self.state.global_step, self._weights_to_save())
         super()._save_checkpoint(model, trial)
 
+    def _unwrapped_parameters(self):
+        return self.accelerator.unwrap_model(self.model).named_parameters()
+
     def _weights_to_save(self) -> dict[str, torch.Tensor]:
-        model = self.accelerator.unwrap_model(self.model)
-        weights = {name: p.detach() for name, p in model.named_parameters()}
-        average = getattr(self, "moving_average", None)
-        if average is not None:
-            weights.update({f"moving average of {name}": t for name, t in average.average.items()})
+        weights = {name: p.detach() for name, p in self._unwrapped_parameters()}
+        if self.moving_average is not None:
+            weights.update({f"moving average of {name}": t for name, t in self.moving_average.average.items()})
         return weights
 
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        if self.divergence is not None:
-            tensors = state_dict if state_dict is not None else dict(self.accelerator.unwrap_model(self.model).named_parameters())
+        if self.divergence is not None:  # the weights to write: this process's own, or the gathered ones (FSDP)
+            tensors = state_dict if state_dict is not None else dict(self._unwrapped_parameters())
             refuse_non_finite({name: t.detach() for name, t in tensors.items() if isinstance(t, torch.Tensor)},
-                              f"the model to save in {output_dir or self.args.output_dir}",
-                              os.fspath(self.args.output_dir) if self.args.output_dir else None)
+                              f"the model to save in {output_dir or self.args.output_dir}", self.args.output_dir)
         super()._save(output_dir, state_dict)
 
 
