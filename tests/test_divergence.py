@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import subprocess
 import sys
 from collections import Counter
 from contextlib import contextmanager
@@ -27,7 +29,7 @@ from vanilla_transformer.training import run as train
 from vanilla_transformer.training.checkpointing import STAGING_DIR, check_resumable
 from vanilla_transformer.training.divergence import DivergenceGuard, TrainingDiverged
 
-from test_faults import reverse_pairs
+from test_faults import REPO, reverse_pairs
 
 DIVERGING = ("--learning_rate", "1e10", "--warmup_steps", "1")  # update 2 runs on nan weights
 
@@ -73,6 +75,20 @@ def test_train_py_stops_at_the_first_check_naming_the_update_and_keeping_the_las
     assert not (output / STAGING_DIR).exists() and not (output / "model.safetensors").exists()
     check_resumable(good)
     assert is_finite(load_file(good / "model.safetensors")) and is_finite(load_file(good / "ema.safetensors"))
+
+
+def test_training_train_py_exits_with_the_error_and_no_model(data_dir, tmp_path):
+    output = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    completed = subprocess.run(
+        [sys.executable, str(REPO / "training/train.py"),
+         *argv(data_dir, output, *DIVERGING, "--max_steps", "3", "--save_steps", "1", "--logging_steps", "1")],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert completed.returncode != 0
+    assert "Training diverged at update 2: the loss is nan (last finite loss " in completed.stderr
+    assert not (output / "model.safetensors").exists()
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-1"]
 
 
 def test_a_divergence_between_checks_is_named_by_its_update_and_nothing_is_saved(data_dir, tmp_path):

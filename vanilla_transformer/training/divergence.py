@@ -51,8 +51,8 @@ def _last_checkpoint(output_dir) -> str:
     folders = checkpoint_folders(output_dir)
     if not folders:
         return "No checkpoint was saved before it: start again once the cause is fixed."
-    return (f"The last good checkpoint, {folders[-1]}, is intact: continue from it with --resume_from_checkpoint "
-            f"{folders[-1]} once the cause is fixed.")
+    return (f"The last good checkpoint, {folders[-1]}, is intact; --resume_from_checkpoint {folders[-1]} continues "
+            "from it with its own learning rate and batch order, so for a lower learning rate start a new run.")
 
 
 def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
