@@ -259,3 +259,23 @@ def test_the_log_counts_the_skipped_updates_under_a_loss_scaler(data_dir, tmp_pa
     trainer.accelerator.scaler, trainer.divergence.skipped = Float16Accelerator().scaler, 3
     trainer.log({"loss": 1.0})
     assert trainer.state.log_history[-1]["skipped_updates"] == 3
+
+
+def test_a_checkpoint_of_non_finite_weights_is_refused_even_after_finite_losses(data_dir, tmp_path):
+    """Weights can turn non-finite in the optimizer with every loss and gradient norm finite: the check
+    before a checkpoint reads the weights too, and names one."""
+    trainer = users_own_trainer(data_dir, tmp_path / "mine", max_steps=2, save_steps=2, learning_rate=1e-3,
+                                warmup_steps=1)
+
+    class PoisonTheWeights(train.TrainerCallback):
+        def on_step_end(self, args, state, control, model=None, **kwargs):
+            if state.global_step == 2:
+                with torch.no_grad():
+                    model.get_parameter("model.encoder.layers.0.self_attention.q_proj.weight")[0, 0] = math.inf
+
+    trainer.callback_handler.callbacks.insert(0, PoisonTheWeights())
+    with pytest.raises(TrainingDiverged, match=r"^Training diverged by update 2: the weights hold non-finite values "
+                                               r"\(e\.g\. model\.encoder\.layers\.0\.self_attention\.q_proj\.weight\) "
+                                               r"although every loss"):
+        trainer.train()
+    assert not list((tmp_path / "mine").glob("checkpoint-*"))

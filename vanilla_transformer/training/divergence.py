@@ -55,13 +55,17 @@ def _last_checkpoint(output_dir) -> str:
             "from it with its own learning rate and batch order, so for a lower learning rate start a new run.")
 
 
+def finite_flags(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One flag per tensor, on the device of the first: whether it holds no nan and no inf."""
+    device = next(iter(tensors.values())).device
+    return torch.stack([torch.isfinite(_local(tensor)).all().to(device) for tensor in tensors.values()])
+
+
 def non_finite(tensors: dict[str, torch.Tensor]) -> list[str]:
     """The names of the tensors holding a nan or an inf (one synchronisation for all of them)."""
-    names = list(tensors)
-    if not names:
+    if not tensors:
         return []
-    flags = torch.stack([torch.isfinite(_local(tensors[name])).all().to(tensors[names[0]].device) for name in names])
-    return [name for name, finite in zip(names, flags.tolist()) if not finite]
+    return [name for name, finite in zip(tensors, finite_flags(tensors).tolist()) if not finite]
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -153,9 +157,8 @@ class DivergenceGuard(TrainerCallback):
         if self.loss is None or (weights is None and step == self._checked_step):
             return
         self._checked_step = step
-        bad_weights = non_finite(weights) if weights else []
-        local = torch.cat([self.clean.float()[None], self.last_good, self.first_bad,
-                           torch.tensor([float(bool(bad_weights))], device=self.loss.device)])
+        weights_finite = finite_flags(weights).all().to(self.loss.device) if weights else torch.ones_like(self.clean)
+        local = torch.cat([self.clean.float()[None], self.last_good, self.first_bad, (~weights_finite).float()[None]])
         accelerator = self.trainer.accelerator
         rows = accelerator.gather(local[None]) if accelerator.num_processes > 1 else local[None]
         rows = rows.cpu().tolist()  # the one synchronisation
@@ -177,7 +180,7 @@ class DivergenceGuard(TrainerCallback):
                 f"Training diverged at update {update}: {what} ({self._last_finite(last_update, last_loss)}). "
                 f"{CAUSES} Nothing from update {update} on was saved. {self._checkpoint()}", update, last_loss)
         if any(row[-1] for row in rows):
-            name = bad_weights[0] if bad_weights else "on another process"
+            name = next(iter(non_finite(weights)), "on another process") if weights else "on another process"
             raise TrainingDiverged(
                 f"Training diverged by update {step}: the weights hold non-finite values (e.g. {name}) although every "
                 f"loss and gradient norm was finite ({self._last_finite(last_update, last_loss)}). {CAUSES} Nothing "
