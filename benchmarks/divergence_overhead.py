@@ -113,7 +113,7 @@ def main() -> None:
         without, with_guard = statistics.median(times[False]), statistics.median(times[True])
         alone = guard_microseconds(trainer)
     print(f"device: {trainer.args.device}; {args.updates} updates x {args.repeats} repeats, alternating")
-    for name, guarded in (("without the guard", False), ("with the guard:   ", True)):
+    for name, guarded in (("without the guard", False), ("with the guard   ", True)):
         runs = ", ".join(f"{t * 1e3:.1f}" for t in times[guarded])
         print(f"loop {name}: {statistics.median(times[guarded]) * 1e3:.2f} ms/update (runs: {runs})")
     print(f"ratio with/without: {with_guard / without:.4f}")
