@@ -8,6 +8,8 @@ Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
 - `trainer`: `TransformerTrainer` and `TransformerTrainingArguments`: token batches, per-token label
   smoothing over the accumulated batch (§5.4), eq. (3) as the learning-rate schedule (§5.3).
 - `averaging`: `average_checkpoints` (§6.1).
+- `divergence`: a non-finite loss or gradient stops training with `TrainingDiverged`, saving nothing of it;
+  `caches`: damaged Arrow and tokenizer caches are rebuilt, with a warning naming them.
 - `moving_average`: `ExponentialMovingAverage`, a moving average of the weights at every update
   (``--ema_decay``), a callback for any Trainer.
 - `metrics`: sacreBLEU and chrF through `evaluate`, offline (`load_translation_metric`, `score`,
@@ -29,6 +31,7 @@ from .data import (
     tokenize_dataset,
     tsv_dataset,
 )
+from .divergence import TrainingDiverged
 from .metrics import TranslationMetrics, load_translation_metric, score
 from .moving_average import ExponentialMovingAverage
 from .trainer import TransformerTrainer, TransformerTrainingArguments, noam_learning_rate, noam_schedule
@@ -37,6 +40,7 @@ from .translation import translate
 __all__ = [
     "ExponentialMovingAverage",
     "TokenBatchSampler",
+    "TrainingDiverged",
     "TransformerTrainer",
     "TransformerTrainingArguments",
     "TranslationMetrics",

@@ -6,7 +6,8 @@ string columns, ``source`` and ``target`` (`parallel_text_dataset`, `tsv_dataset
 ``Dataset.map(batched=True, num_proc=...)``; `drop_unusable` removes empty and too-long pairs and
 says how many. Every step is cached on disk under a fingerprint of its inputs (file path, size
 and modification time; the tokenizer's JSON; the limits), so a second run, and the other processes
-of a data-parallel run, memory-map the result instead of computing it again. The sampler gets the
+of a data-parallel run, memory-map the result instead of computing it again (a damaged cache entry is
+rebuilt, with a warning naming it: `caches`). The sampler gets the
 lengths as one array (`example_lengths`). Disk: the text once (as Arrow) plus the token ids
 (4 bytes a token), e.g. about 1.3 GB + 1.1 GB for WMT14 en-de (4.5M pairs).
 
@@ -31,6 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+
+from .caches import dataset_cache_folder, generator_cache_folder, rebuilt_if_damaged
 
 logger = logging.getLogger(__name__)
 
@@ -235,10 +238,10 @@ def _arrow_from(rows, cache_dir: str | None, **gen_kwargs):
     identity = tuple((str(Path(p).resolve()), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in files)
     fingerprint = Hasher.hash([CACHE_VERSION, rows.__name__, identity, sorted(gen_kwargs.items())])
     try:
-        return Dataset.from_generator(
+        return rebuilt_if_damaged(lambda: Dataset.from_generator(
             rows, features=Features({name: Value("string") for name in PAIR_COLUMNS}), cache_dir=cache_dir,
             gen_kwargs={**gen_kwargs, "identity": identity}, fingerprint=fingerprint,
-        )
+        ), generator_cache_folder(cache_dir, fingerprint))
     except DatasetGenerationError as error:  # our own message, not datasets' generic one
         raise (error.__cause__ or error) from None
 
@@ -313,10 +316,10 @@ def hub_dataset(name: str, config: str | None, split: str, source_key: str | Non
                 raise ValueError(f"{error} Keys come from the language codes unless given: {hint}.") from None
     if source_key == target_key:
         raise ValueError(f"Source and target would both be read from {source_key!r} ({where}): {hint}.")
-    return dataset.map(
+    return rebuilt_if_damaged(lambda: dataset.map(
         _SelectPair(source_key, target_key, where), batched=True, with_indices=True,
         remove_columns=dataset.column_names, num_proc=workers_for(len(dataset), num_proc), desc="selecting pairs",
-    )
+    ), dataset_cache_folder(dataset))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -373,11 +376,11 @@ def tokenize_dataset(dataset, tokenizer, num_proc: int | None = None, desc: str 
         "input_ids": Sequence(Value("int32")), "labels": Sequence(Value("int32")),
         "source_length": Value("int32"), "target_length": Value("int32"), "empty": Value("bool"),
     })
-    return dataset.map(
+    return rebuilt_if_damaged(lambda: dataset.map(
         _TokenizePairs(tokenizer), batched=True, remove_columns=list(PAIR_COLUMNS), features=features,
         num_proc=workers_for(len(dataset), num_proc), desc=desc,
         new_fingerprint=Hasher.hash([CACHE_VERSION, dataset._fingerprint, tokenizer_fingerprint(tokenizer)]),
-    )
+    ), dataset_cache_folder(dataset))
 
 
 def column(dataset, name: str) -> np.ndarray:

@@ -40,6 +40,8 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback
 
+from .divergence import refuse_non_finite
+
 EMA_FILE = "ema.safetensors"
 
 logger = logging.getLogger(__name__)
@@ -108,6 +110,7 @@ class ExponentialMovingAverage(TrainerCallback):
     # -- in checkpoints, so that a resumed run averages on ----------------------------------------
 
     def save(self, folder: str | Path) -> None:
+        refuse_non_finite(self.average, f"the moving average of the weights for {folder}")
         metadata = {"decay": repr(self.decay), "updates": str(self.updates)}
         save_file({name: t.contiguous() for name, t in self.average.items()}, str(Path(folder) / EMA_FILE), metadata)
 

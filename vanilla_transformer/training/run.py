@@ -42,6 +42,7 @@ from ..modeling_vanilla_transformer import LENGTH_PENALTY_FORMULA, LENGTH_PENALT
 from ..tokenization_vanilla_transformer import MIN_VOCAB_SIZE
 from . import data
 from .averaging import MEAN_NAMES, architecture, average_checkpoints
+from .caches import dataset_cache_folder, rebuilt_if_damaged, usable_tokenizer_cache
 from .checkpointing import RESUME_HINT, TrainingInterrupted, checkpoint_folders, complete_checkpoints, resolve_checkpoint
 from .metrics import TranslationMetrics, check_sacrebleu_tokenize, score
 from .moving_average import check_checkpoint as check_moving_average
@@ -457,7 +458,8 @@ def load_text_datasets(args: DataArguments, seed: int) -> dict:
         if args.validation_size >= len(datasets["train"]):
             raise ValueError(f"--validation_size {args.validation_size} leaves no training data "
                              f"({len(datasets['train'])} pairs).")
-        split = datasets["train"].train_test_split(test_size=args.validation_size, shuffle=True, seed=seed)
+        split = rebuilt_if_damaged(lambda: datasets["train"].train_test_split(  # a damaged cached split: rebuilt
+            test_size=args.validation_size, shuffle=True, seed=seed), dataset_cache_folder(datasets["train"]))
         datasets["train"], datasets["validation"] = split["train"], split["test"]
     for role, count in (("train", args.max_train_samples), ("validation", args.max_eval_samples),
                         ("test", args.max_predict_samples)):
@@ -517,7 +519,7 @@ def build_tokenizer(model_args: ModelArguments, training_args, train_text, seed:
                 "pairs": model_args.tokenizer_train_pairs, "seed": seed}
     cached = data.tokenizer_cache_dir(train_text, settings, cache_dir)
     with training_args.main_process_first(desc="training the tokenizer"):  # once; the other processes load it
-        if (cached / "tokenizer.json").is_file():
+        if usable_tokenizer_cache(cached):  # a damaged one is deleted (with a warning) and trained again
             logger.info(f"using the tokenizer trained before on the same data with the same settings, {cached}")
             tokenizer = AutoTokenizer.from_pretrained(cached)
         elif training_args.process_index == 0:

@@ -37,6 +37,7 @@ from .averaging import AVERAGING_WEIGHTS
 from .batching import TokenBatchSampler
 from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
 from .data import example_lengths
+from .divergence import DivergenceGuard, StopOnDivergence
 from .moving_average import ExponentialMovingAverage, check_checkpoint, check_decay
 
 logger = logging.getLogger(__name__)
@@ -323,7 +324,7 @@ def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> f
 # ---------------------------------------------------------------------------------------------
 
 
-class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
+class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
     """Seq2SeqTrainer with the paper's recipe: token-count batches, per-token label smoothing, eq. (3).
 
     Needs `TransformerTrainingArguments` (a `Seq2SeqTrainingArguments` with the paper's defaults).
@@ -331,7 +332,9 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
     inverse_sqrt starts at a rate of 0); any other type is the Trainer's.
 
     Faults (`checkpointing`): checkpoints appear only complete; Ctrl-C or SIGTERM saves one and
-    raises `TrainingInterrupted`; resuming skips incomplete checkpoints.
+    raises `TrainingInterrupted`; resuming skips incomplete checkpoints. A non-finite loss or gradient
+    (`divergence`) raises `TrainingDiverged` at the next logging, evaluation or saving step, before
+    anything is saved.
     """
 
     loss_is_scaled_for_ga = True  # compute_loss divides by the tokens of the whole accumulated batch
@@ -360,6 +363,8 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
         if self.args.save_minutes or self.args.max_train_minutes:
             self.wall_clock = WallClock(self.args.max_train_minutes, self.args.save_minutes)
             self.add_callback(self.wall_clock)
+        self.divergence = DivergenceGuard(self)  # last: it reads whether the others log, evaluate or save
+        self.add_callback(self.divergence)
 
     @property
     def _d_model(self) -> int:

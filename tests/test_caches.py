@@ -1,0 +1,121 @@
+"""Caches damaged between two runs are rebuilt with a warning naming them, or named in the error (`training.caches`).
+
+Two runs of train.py's data steps share one ``--cache_dir``; between them, one entry is cut to half
+its size (as a full disk or an interrupted copy leaves it) or deleted. The reference is the first
+run: the second must give the same token ids and the same tokenizer, and say which entry it rebuilt.
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+
+import pytest
+
+from vanilla_transformer.checkpoint_files import DamagedFileError
+from vanilla_transformer.training import caches
+from vanilla_transformer.training import run as train
+
+from test_faults import reverse_pairs
+
+
+def argv(data_dir: Path, cache: Path, output_dir: Path) -> list[str]:
+    return [
+        "--train_file", str(data_dir / "train.tsv"), "--validation_size", "20", "--preset", "tiny",
+        "--tokenizer_vocab_size", "280", "--output_dir", str(output_dir), "--report_to", "none", "--use_cpu",
+        "--disable_tqdm", "true", "--max_steps", "1", "--max_tokens", "200", "--cache_dir", str(cache),
+    ]
+
+
+def prepared(data_dir: Path, cache: Path, output_dir: Path) -> train.Run:
+    return train.build_trainer(*train.parse_arguments(argv(data_dir, cache, output_dir)))
+
+
+def token_ids(run: train.Run) -> dict:
+    return {role: (list(run.datasets[role]["input_ids"]), list(run.datasets[role]["labels"]))
+            for role in ("train", "validation")}
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory):
+    """(data folder, the cache the first run left, that run's token ids, tokenizer, and cache entries by name)."""
+    folder = tmp_path_factory.mktemp("caches")
+    pairs = reverse_pairs(200, seed=3)
+    (folder / "train.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
+    run = prepared(folder, folder / "cache", folder / "first")
+    text_file, split_file = (Path(f["filename"]) for f in run.text["train"].cache_files)
+    entries = {
+        "the text of the data file": text_file,
+        "its dataset_info.json": text_file.parent / "dataset_info.json",
+        "the --validation_size split": split_file,
+        "the token ids": Path(run.datasets["train"].cache_files[0]["filename"]),
+        "the tokenizer": next((folder / "cache" / "vanilla_transformer_tokenizers").glob("*/tokenizer.json")),
+    }
+    return folder, token_ids(run), run.tokenizer.backend_tokenizer.to_str(), entries
+
+
+def damaged_copy(first_run, tmp_path, entry: str, how: str) -> tuple[Path, Path]:
+    folder, _, _, entries = first_run
+    cache = tmp_path / "cache"
+    shutil.copytree(folder / "cache", cache)
+    path = cache / entries[entry].relative_to(folder / "cache")
+    if how == "truncated":
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    else:
+        path.unlink()
+    return cache, path
+
+
+@pytest.mark.parametrize("entry", ["the text of the data file", "its dataset_info.json", "the --validation_size split",
+                                   "the token ids", "the tokenizer"])
+def test_a_truncated_cache_entry_is_rebuilt_with_a_warning_naming_it(first_run, tmp_path, caplog, entry):
+    folder, ids, tokenizer, _ = first_run
+    cache, path = damaged_copy(first_run, tmp_path, entry, "truncated")
+    with caplog.at_level(logging.WARNING, logger="vanilla_transformer.training.caches"):
+        run = prepared(folder, cache, tmp_path / "second")
+    warnings = [record.message for record in caplog.records if record.name == "vanilla_transformer.training.caches"]
+    assert len(warnings) == 1 and "is damaged" in warnings[0], warnings
+    # The entry named is the damaged file, or the prepared dataset (folder) that holds it.
+    named = warnings[0].split(" is damaged")[0].split()[-1]
+    assert Path(named) == path or Path(named) in path.parents
+    assert path.name in warnings[0] or Path(named) == path
+    assert token_ids(run) == ids and run.tokenizer.backend_tokenizer.to_str() == tokenizer
+    assert not caches.damaged_entries(cache)
+
+
+@pytest.mark.parametrize("entry", ["the text of the data file", "the tokenizer"])
+def test_a_deleted_cache_file_is_rebuilt(first_run, tmp_path, entry):
+    """A dataset folder without its Arrow file (or a tokenizer folder without tokenizer.json) would fail to open:
+    it is rebuilt as well."""
+    folder, ids, tokenizer, _ = first_run
+    cache, path = damaged_copy(first_run, tmp_path, entry, "deleted")
+    run = prepared(folder, cache, tmp_path / "second")
+    assert token_ids(run) == ids and run.tokenizer.backend_tokenizer.to_str() == tokenizer
+    assert path.is_file()
+
+
+def test_a_cache_that_cannot_be_rebuilt_stops_the_run_naming_it_and_the_remedy(first_run, tmp_path, monkeypatch):
+    folder = first_run[0]
+    cache, path = damaged_copy(first_run, tmp_path, "the token ids", "truncated")
+
+    def read_only(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(Path, "unlink", read_only)
+    with pytest.raises(DamagedFileError) as error:
+        prepared(folder, cache, tmp_path / "second")
+    message = str(error.value)
+    assert f"{path} is truncated or corrupt (Expected to be able to read" in message
+    assert f"The datasets cache {path.parent}" in message and "Permission denied" in message
+    assert "Delete it (the next run rebuilds it from the data), or give another --cache_dir." in message
+
+
+def test_an_error_that_is_not_a_damaged_cache_passes_unchanged(tmp_path):
+    (tmp_path / "cache").mkdir()
+
+    def failing():
+        raise ValueError("a mistake in the data")
+
+    with pytest.raises(ValueError, match="^a mistake in the data$"):
+        caches.rebuilt_if_damaged(failing, tmp_path / "cache")
