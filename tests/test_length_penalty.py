@@ -5,7 +5,7 @@ recomputed by a teacher-forced forward pass."""
 import pytest
 import torch
 
-from vanilla_transformer.modeling_vanilla_transformer import gnmt_length_penalty, paper_generation_config
+from vanilla_transformer.generation_vanilla_transformer import gnmt_length_penalty, paper_generation_config
 
 from test_pipeline import TEXTS, train_copying_translator
 
