@@ -335,7 +335,7 @@ class BeamSearch:
                 generation_config.do_sample or generation_config.return_dict_in_generate or synced_gpus
                 or generation_config.prefill_chunk_size is not None),
             f"the call passes model arguments beyond the source ({sorted(model_kwargs)})": set(model_kwargs) <= {
-                "attention_mask", "encoder_outputs", CACHE, "use_cache"},
+                "attention_mask", "encoder_outputs", CACHE, "use_cache", "logits_to_keep"},
             "the cache is off, not a fresh dynamic one, or the user's": bool(model_kwargs.get("use_cache"))
                 and type(cache) is EncoderDecoderCache and type(cache.self_attention_cache) is DynamicCache
                 and not getattr(cache, "_is_user_defined", False) and cache.get_seq_length() == 0,
@@ -404,9 +404,8 @@ class BeamSearch:
         else:
             while True:
                 self._step()
-                if not self._unfinished():
+                if not self._unfinished() or not self._leave_out_finished_sentences():
                     break
-                self._leave_out_finished_sentences()
         self._store(torch.ones_like(self.sentence_ids, dtype=torch.bool))
         returned = self.config.num_return_sequences
         sequences = self.result["sequences"][:, :returned].flatten(0, 1)
@@ -476,11 +475,7 @@ class BeamSearch:
         state["running_beam_scores"] = running_scores.gather(1, picked)
         self._reorder_cache((parent + self.row_offsets).flatten(), first)
         self.length += 1
-        if ended:
-            if bool(state["is_sent_finished"].all()):  # every sentence has its hypotheses
-                return False
-            self._leave_out_finished_sentences()
-        return True
+        return self._leave_out_finished_sentences() if ended else True
 
     def _reorder_cache(self, rows: torch.Tensor, first: bool) -> None:
         """Each beam's self-attention keys and values follow it (`_reorder_cache`). After the first step,
@@ -517,8 +512,9 @@ class BeamSearch:
         running, beams = self.state["running_sequences"], self.beams
         sequences = (running[:, :1] if first else running)[:, :, : self.length].flatten(0, 1)  # (rows, length)
         rows = slice(None, None, beams) if first else slice(None)
+        mask = self.attention_mask[rows] if self.attention_mask is not None else None
         outputs = self.model(
-            encoder_outputs=(self.encoder_hidden_states[rows],), attention_mask=self.attention_mask[rows],
+            encoder_outputs=(self.encoder_hidden_states[rows],), attention_mask=mask,
             decoder_input_ids=sequences if first else sequences[:, -1:], use_cache=True, logits_to_keep=1,
             **{CACHE: self.cache},
         )
@@ -533,15 +529,18 @@ class BeamSearch:
             state["next_token_hits_stopping_criteria"], self.config.early_stopping,
         ))
 
-    def _leave_out_finished_sentences(self) -> None:
-        """Sentences whose finished hypotheses can no longer change leave the batch (and the cache)."""
+    def _leave_out_finished_sentences(self) -> bool:
+        """Sentences whose finished hypotheses can no longer change leave the batch (and the cache); says
+        whether any is left. One host-device synchronisation (which sentences stay)."""
         state = self.state
         improvable = state["is_early_stop_heuristic_unsatisfied"][:, 0] & (self.config.early_stopping is not True)
         done = state["is_sent_finished"].all(dim=-1) & ~improvable
-        if not done.any():
-            return
-        self._store(done)
         kept = (~done).nonzero().squeeze(1)
+        if kept.shape[0] == done.shape[0]:
+            return True
+        self._store(done)
+        if kept.shape[0] == 0:
+            return False
         self.state = {name: tensor[kept] for name, tensor in state.items()}
         rows = (kept[:, None] * self.beams + torch.arange(self.beams, device=kept.device)).flatten()
         self.sentence_ids = self.sentence_ids[kept]
@@ -550,11 +549,14 @@ class BeamSearch:
         self.attention_mask = self.attention_mask[rows] if self.attention_mask is not None else None
         self.cache.self_attention_cache.batch_select_indices(rows)
         self.cache.cross_attention_cache.batch_select_indices(rows)
+        return True
 
     def _store(self, sentences: torch.Tensor) -> None:
-        """Copy these sentences' finished hypotheses to their batch positions in the result."""
+        """Copy these sentences' finished hypotheses to their batch positions in the result (without reading
+        the mask on the host)."""
         for name, tensor in self.result.items():
-            tensor[self.sentence_ids[sentences]] = self.state[name][sentences]
+            chosen = sentences.view(-1, *[1] * (tensor.dim() - 1))
+            tensor[self.sentence_ids] = torch.where(chosen, self.state[name], tensor[self.sentence_ids])
 
 
 __all__ = [
