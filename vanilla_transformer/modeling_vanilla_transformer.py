@@ -573,6 +573,7 @@ class VanillaTransformerDecoder(VanillaTransformerStack):
             last_hidden_state=self.layer_norm(hidden_states), **{CACHE: cache}
         )
 
+
 # ---------------------------------------------------------------------------------------------
 # The models users load: encoder-decoder, and encoder-decoder with the pre-softmax projection
 # ---------------------------------------------------------------------------------------------
@@ -735,7 +736,7 @@ def _row_chunks(logits: torch.Tensor) -> list[slice]:
     return [slice(start, start + step) for start in range(0, logits.shape[0], step)]
 
 
-class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, VanillaTransformerGenerationMixin):
+class VanillaTransformerForConditionalGeneration(VanillaTransformerGenerationMixin, VanillaTransformerPreTrainedModel):
     """The full model: encoder-decoder + linear pre-softmax projection (§3.4), with a loss and `generate()`.
 
     The loss is the token-level cross-entropy over labels that are not -100. Under gradient
