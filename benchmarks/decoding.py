@@ -41,7 +41,8 @@ search's general step instead of the paper's lean one (CTranslate2 is then left 
 
 ``--levers`` times our model (beam 4, batch 32, alternating with the shipped model) with transformers' own
 beam search (what a call that returns a dict gets), dynamic int8 quantisation of the linear layers
-(torch.ao.quantization.quantize_dynamic), bfloat16 weights, and the static cache under torch.compile, each
+(torch.ao.quantization.quantize_dynamic), bfloat16 weights, the opt-in prepacked weights
+(`vanilla_transformer.cpu_decoding.prepack_for_cpu_decoding`), and the static cache under torch.compile, each
 through public entry points only; ``--lever NAME`` (repeatable) keeps only the named rows. Without
 the data folder it says so and exits 0.
 """
@@ -64,6 +65,7 @@ from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
 import vanilla_transformer
 from vanilla_transformer.convert import from_marian
+from vanilla_transformer.cpu_decoding import prepack_for_cpu_decoding
 from vanilla_transformer.generation_vanilla_transformer import pad_after_end_of_sequence
 from vanilla_transformer.training import read_parallel
 
@@ -237,6 +239,7 @@ def ctranslate2_decoder(model, tokenizer, batches, beam: int, quantization: str,
 STOCK_SEARCH = "transformers' beam search on our model (return_dict_in_generate)"
 INT8 = "ours, int8 dynamic quantisation (linear layers)"
 BF16 = "ours, bfloat16 weights (model.to(torch.bfloat16))"
+PREPACKED = "ours + prepack_for_cpu_decoding (opt-in oneDNN weights)"
 
 
 def quantized(ours) -> nn.Module:
@@ -250,12 +253,19 @@ def bfloat16(ours) -> nn.Module:
     return copy.deepcopy(ours).to(torch.bfloat16)
 
 
+def prepacked(ours) -> nn.Module:
+    """The opt-in switch of `vanilla_transformer.cpu_decoding`: decoder FFN and output projection weights
+    reordered for oneDNN."""
+    return prepack_for_cpu_decoding(copy.deepcopy(ours))
+
+
 # lever name -> (a copy of our model with it, generate() settings it adds)
 LEVERS = {
     # generate() leaves a call that returns a dict to transformers' own loop (our `_reorder_cache` still serves it)
     STOCK_SEARCH: (copy.deepcopy, {"return_dict_in_generate": True}),
     INT8: (quantized, {}),
     BF16: (bfloat16, {}),
+    PREPACKED: (prepacked, {}),
 }
 
 

@@ -28,6 +28,7 @@ from transformers import (
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert import from_marian
+from vanilla_transformer.generation_vanilla_transformer import paper_generation_config
 
 from helpers import REPO
 from test_pipeline import SENTENCES, TEXTS, train_copying_translator
@@ -188,6 +189,7 @@ def test_a_users_seq2seq_trainer_does_not_cap_later_decoding_at_20_tokens(saved,
     from datasets import Dataset
 
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(saved), AutoTokenizer.from_pretrained(saved)
+    model.generation_config = paper_generation_config(model.config)  # as a model built in the script has it
     texts = long_pairs(4, 30)
     dataset = Dataset.from_dict({"input_ids": tokenizer(texts)["input_ids"],
                                  "labels": tokenizer(text_target=texts)["input_ids"]})
