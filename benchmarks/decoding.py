@@ -26,9 +26,7 @@ The model, and what makes the comparison honest:
   projection), so that no system ever ends a hypothesis: every one decodes the batch's longest reference
   length (``max_new_tokens``), every beam alive to the end. (``min_new_tokens`` would do it too, but its
   logits processor copies the (B x beams, V) scores every step, a quarter of a step here.) That measures the
-  cost of a step and gives no credit for sentences that end early. BLEU is not reported. ``--eos-bias 1``
-  instead makes hypotheses end at different steps (outputs of varied lengths, as a trained model's are),
-  where the search's leaving out of finished sentences counts.
+  cost of a step and gives no credit for sentences that end early. BLEU is not reported.
 
 ``--floor`` profiles ours once at beam 4 x 32 and sums the time of what every implementation must
 compute (matrix products and attention, layer norm, residual adds, ReLU, embedding, the log-softmax over
@@ -90,9 +88,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, help="torch.set_num_threads and CTranslate2's threads")
     parser.add_argument("--configurations", default="4x32,4x1,1x32,1x1",
                         help="comma-separated BEAMxBATCH to compare the systems on ('' for none)")
-    parser.add_argument("--eos-bias", type=float, default=-1e4,
-                        help="random weights: the logit bias on </s>; the default never ends a hypothesis; a bias "
-                             "near 1 ends them at different steps (as a trained model's outputs end)")
     parser.add_argument("--processor", action="append", default=[], metavar="NAME=VALUE",
                         help="a generate() setting that adds a logits processor, for every system (repeatable), "
                              "e.g. min_new_tokens=5, no_repeat_ngram_size=3, repetition_penalty=1.2")
@@ -157,8 +152,8 @@ def load_models(args, data_dir: Path):
             eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
             forced_eos_token_id=None, **DIMENSIONS,
         )).eval()
-        with torch.no_grad():  # by default never </s>: every system decodes exactly max_new_tokens
-            marian.final_logits_bias[0, tokenizer.eos_token_id] = args.eos_bias
+        with torch.no_grad():  # never </s>: every system decodes exactly max_new_tokens
+            marian.final_logits_bias[0, tokenizer.eos_token_id] = -1e4
     return marian, from_marian(marian), tokenizer, bool(args.marian_model)
 
 
