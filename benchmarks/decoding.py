@@ -1,8 +1,8 @@
 """Decoding speed of the model itself: ours vs MarianMT on the same weights, and vs CTranslate2.
 
     python benchmarks/decoding.py [--data-dir ../shared/data/multi30k] [--marian-model DIR]
-        [--sentences 256] [--repeats 3] [--levers [--lever NAME ...]] [--floor] [--no-compile] [--no-ctranslate2]
-        [--threads N]
+        [--sentences 256] [--repeats 3] [--processor NAME=VALUE ...] [--levers [--lever NAME ...]] [--floor]
+        [--no-compile] [--no-ctranslate2] [--threads N] [--cpu-time]
 
 One MarianMT model is decoded by MarianMTModel.generate(), by our model holding its weights
 (`vanilla_transformer.convert.from_marian`, whose outputs equal Marian's) through plain generate(),
@@ -33,9 +33,15 @@ compute (matrix products and attention, layer norm, residual adds, ReLU, embeddi
 the vocabulary): MarianMT's time over that sum bounds what any faster search could reach with the same
 arithmetic, and the rest is what such a search could still save.
 
-``--levers`` times our model with one lever undone at a time (beam 4, batch 32, against the shipped model,
-alternating), plus dynamic int8 quantisation of the linear layers (torch.ao.quantization.quantize_dynamic),
-bfloat16 weights, and the static cache under torch.compile; ``--lever NAME`` (repeatable) keeps only the named rows. Without
+``--processor NAME=VALUE`` (repeatable) adds a generate() setting that makes a logits processor
+(``min_new_tokens=5``, ``no_repeat_ngram_size=3``, ``repetition_penalty=1.2``) to every torch system: the
+search's general step instead of the paper's lean one (CTranslate2 is then left out).
+
+``--levers`` times our model (beam 4, batch 32, alternating with the shipped model) with transformers' own
+beam search (what a call that returns a dict gets), dynamic int8 quantisation of the linear layers
+(torch.ao.quantization.quantize_dynamic), bfloat16 weights, the opt-in prepacked weights
+(`vanilla_transformer.cpu_decoding.prepack_for_cpu_decoding`), and the static cache under torch.compile, each
+through public entry points only; ``--lever NAME`` (repeatable) keeps only the named rows. Without
 the data folder it says so and exits 0.
 """
 
@@ -53,21 +59,12 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoTokenizer, GenerationMixin, MarianConfig, MarianMTModel
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers import AutoTokenizer, MarianConfig, MarianMTModel
 
 import vanilla_transformer
 from vanilla_transformer.convert import from_marian
-from vanilla_transformer.modeling_vanilla_transformer import (
-    BeamSearch,
-    VanillaTransformerAttention,
-    VanillaTransformerForConditionalGeneration,
-    best_continuations,
-    eager_attention_forward,
-    blockwise_top_k,
-    onednn_linear,
-    pad_after_end_of_sequence,
-)
+from vanilla_transformer.cpu_decoding import prepack_for_cpu_decoding
+from vanilla_transformer.generation_vanilla_transformer import pad_after_end_of_sequence
 from vanilla_transformer.training import read_parallel
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,9 +88,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, help="torch.set_num_threads and CTranslate2's threads")
     parser.add_argument("--configurations", default="4x32,4x1,1x32,1x1",
                         help="comma-separated BEAMxBATCH to compare the systems on ('' for none)")
-    parser.add_argument("--levers", action="store_true", help="also time our model with each lever undone")
+    parser.add_argument("--processor", action="append", default=[], metavar="NAME=VALUE",
+                        help="a generate() setting that adds a logits processor, for every system (repeatable), "
+                             "e.g. min_new_tokens=5, no_repeat_ngram_size=3, repetition_penalty=1.2")
+    parser.add_argument("--levers", action="store_true", help="also time our model with each lever")
     parser.add_argument("--lever", action="append", metavar="NAME",
-                        help=f"with --levers: only this one (repeat for more); one of: {'; '.join([*LEVERS, *ADDED])}")
+                        help=f"with --levers: only this one (repeat for more); one of: {'; '.join(LEVERS)}")
     parser.add_argument("--no-compile", action="store_true", help="skip the static cache + torch.compile lever")
     parser.add_argument("--no-ctranslate2", action="store_true", help="skip the CTranslate2 rows")
     parser.add_argument("--floor", action="store_true",
@@ -103,12 +103,26 @@ def parse_args(argv=None) -> argparse.Namespace:
     args.configurations = [configuration(text, parser) for text in filter(None, args.configurations.split(","))]
     if args.lever and not args.levers:
         parser.error("--lever chooses among the rows of --levers: add --levers")
-    unknown = [name for name in args.lever or [] if name not in [*LEVERS, *ADDED]]
+    unknown = [name for name in args.lever or [] if name not in LEVERS]
     if unknown:
-        parser.error(f"--lever {unknown[0]!r} is not a lever; choose among: {'; '.join([*LEVERS, *ADDED])}")
+        parser.error(f"--lever {unknown[0]!r} is not a lever; choose among: {'; '.join(LEVERS)}")
+    args.processors = dict(processor_setting(text, parser) for text in args.processor)
     if args.floor and (4, 32) not in args.configurations:
         parser.error("--floor compares with MarianMT's time at beam 4 x 32: keep 4x32 in --configurations")
     return args
+
+
+PROCESSOR_SETTINGS = {"min_new_tokens": int, "no_repeat_ngram_size": int, "repetition_penalty": float}
+
+
+def processor_setting(text: str, parser: argparse.ArgumentParser) -> tuple[str, int | float]:
+    """'NAME=VALUE' -> (name, value) for one of `PROCESSOR_SETTINGS`, or an error naming the flag."""
+    name, _, value = text.partition("=")
+    kind = PROCESSOR_SETTINGS.get(name.strip())
+    try:
+        return name.strip(), kind(value)
+    except (TypeError, ValueError):
+        parser.error(f"--processor {text!r}: give NAME=VALUE with NAME one of {', '.join(PROCESSOR_SETTINGS)}")
 
 
 def configuration(text: str, parser: argparse.ArgumentParser) -> tuple[int, int]:
@@ -138,7 +152,7 @@ def load_models(args, data_dir: Path):
             eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
             forced_eos_token_id=None, **DIMENSIONS,
         )).eval()
-        with torch.no_grad():  # never </s>: every system decodes exactly max_new_tokens, with no logits processor
+        with torch.no_grad():  # never </s>: every system decodes exactly max_new_tokens
             marian.final_logits_bias[0, tokenizer.eos_token_id] = -1e4
     return marian, from_marian(marian), tokenizer, bool(args.marian_model)
 
@@ -168,14 +182,17 @@ def beam_settings(beam: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def transformers_decoder(model, tokenizer, batches, beam: int) -> Callable[[], list[list[int]]]:
+def transformers_decoder(model, tokenizer, batches, beam: int, settings: dict | None = None
+                         ) -> Callable[[], list[list[int]]]:
+    """generate() over the batches, with the beam's settings, ``settings`` (e.g. logits processors) added."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
 
     def decode():
         hypotheses = {}
         for batch in batches:
             with torch.inference_mode():
-                output = model.generate(**batch["inputs"], **batch["length"], **beam_settings(beam))
+                output = model.generate(**batch["inputs"], **batch["length"], **beam_settings(beam), **(settings or {}))
+            output = output if torch.is_tensor(output) else output.sequences
             output = pad_after_end_of_sequence(output, eos, pad)[:, 1:]  # MarianMT fills with </s>
             for index, row in zip(batch["indices"], output.tolist()):
                 hypotheses[index] = [token for token in row if token != pad]
@@ -211,190 +228,13 @@ def ctranslate2_decoder(model, tokenizer, batches, beam: int, quantization: str,
 
 
 # ---------------------------------------------------------------------------------------------
-# Levers undone (our model with one of them taken back), for --levers
+# Levers, each reached through generate()'s public arguments or a public model transformation
 # ---------------------------------------------------------------------------------------------
 
-
-class FullReorderSearch(VanillaTransformerForConditionalGeneration):
-    """transformers' own beam search and cache reorder: the model before issue 19's decoding levers."""
-
-    _beam_search = GenerationMixin._beam_search
-
-    def _reorder_cache(self, cache, beam_idx):
-        cache.reorder_cache(beam_idx)
-        return cache
-
-
-class StockSearch(VanillaTransformerForConditionalGeneration):
-    """transformers' own beam search, with our cross-attention-keeping `_reorder_cache`."""
-
-    _beam_search = GenerationMixin._beam_search
-
-
-def search_variant(search_class: type[BeamSearch]) -> type:
-    """A model class whose generate() runs ``search_class`` instead of `BeamSearch`."""
-
-    class Variant(VanillaTransformerForConditionalGeneration):
-        def _beam_search(self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False,
-                         **model_kwargs):
-            if not BeamSearch.covers(self, logits_processor, stopping_criteria, generation_config, synced_gpus,
-                                     model_kwargs):
-                raise RuntimeError("this benchmark's call is not one BeamSearch covers")
-            return search_class(self, input_ids, logits_processor, stopping_criteria, generation_config,
-                                model_kwargs).run()
-
-    return Variant
-
-
-class KeepFinishedSentences(BeamSearch):
-    """Finished sentences stay in the batch until the last one ends, as in generate()."""
-
-    def _leave_out_finished_sentences(self) -> None:
-        pass
-
-
-class FlatTopK(BeamSearch):
-    """Continuations as generate() picks them: copy the logits, add beam scores to all V, top-k over beams * V."""
-
-    @staticmethod
-    def best_continuations(log_probs, beam_scores, keep, top_k=None):
-        sentences, beams = beam_scores.shape
-        log_probs = log_probs.clone().view(sentences, -1, log_probs.shape[-1]).expand(sentences, beams, -1)
-        scores, picked = torch.topk((log_probs + beam_scores[:, :, None]).reshape(sentences, -1), keep)
-        vocabulary = log_probs.shape[-1]
-        return scores, picked // vocabulary, picked % vocabulary
-
-
-class WholeVocabularyTopK(BeamSearch):
-    """Each beam's best tokens by one torch.topk over the vocabulary instead of `blockwise_top_k`."""
-
-    @staticmethod
-    def best_continuations(log_probs, beam_scores, keep, top_k=None):
-        return best_continuations(log_probs, beam_scores, keep, torch.topk)
-
-
-class FirstStepOnEveryBeam(BeamSearch):
-    """The first step runs the decoder on all beams (copies of each other) as generate() does."""
-
-    def _continuations(self, first):
-        if not first:
-            return super()._continuations(first)
-        sequences = self.state["running_sequences"][:, :, : self.length].flatten(0, 1)
-        logits = self._next_token_logits(encoder_outputs=(self.encoder_hidden_states,), attention_mask=self.attention_mask,
-                                         decoder_input_ids=sequences, cache=self.cache, use_cache=True)
-        log_probs = self.logits_processor(sequences, logits.float().log_softmax(-1))
-        self.cache.self_attention_cache.reorder_cache(torch.arange(0, sequences.shape[0], self.beams))
-        return self.best_continuations(log_probs, self.state["running_beam_scores"], self.keep, blockwise_top_k)
-
-
-class CrossAttentionPerBeam(FirstStepOnEveryBeam):
-    """Cross-attention keys and values per beam (computed for every beam, not reordered), which needs the
-    first step on every beam too: compare with that row."""
-
-    def __init__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
-        super().__init__(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
-        self.encoder_hidden_states = model_kwargs["encoder_outputs"].last_hidden_state
-        self.attention_mask = model_kwargs.get("attention_mask")
-
-
-class CrossMaskEveryStep(BeamSearch):
-    """The decoder makes the cross-attention mask from the 2D source mask at every step."""
-
-    def __init__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
-        super().__init__(model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs)
-        mask = model_kwargs.get("attention_mask")
-        self.attention_mask = mask[:: self.beams] if mask is not None else None
-
-
-class MergeEveryStep(BeamSearch):
-    """transformers' bookkeeping at every step (`_step`), instead of `_lean_step`'s merges only where a
-    hypothesis ends."""
-
-    lean_steps = False
-
-
-class PlainWeights(BeamSearch):
-    """The decoder FFN and the output projection multiply by `nn.Linear`'s plain weights (MKL packs them
-    again at every product), not by weights reordered for oneDNN once per call."""
-
-    prepacked_weights = False
-
-
-PLAIN_WEIGHTS = "decoder FFN and output projection from plain weights (no oneDNN prepacking per call)"
-
-# lever name -> our model class with that lever undone
-LEVERS = {
-    "transformers' beam search, full cache reorder": FullReorderSearch,
-    "transformers' beam search, cross-attention not reordered": StockSearch,
-    "finished sentences kept in the batch": search_variant(KeepFinishedSentences),
-    "top-k over beams x vocabulary (logits copied)": search_variant(FlatTopK),
-    "each beam's best tokens by torch.topk over the vocabulary": search_variant(WholeVocabularyTopK),
-    "first step on every beam": search_variant(FirstStepOnEveryBeam),
-    "first step on every beam + cross-attention keys/values per beam": search_variant(CrossAttentionPerBeam),
-    "cross-attention mask made at every step": search_variant(CrossMaskEveryStep),
-    "bookkeeping at every step (no lean step)": search_variant(MergeEveryStep),
-    PLAIN_WEIGHTS: search_variant(PlainWeights),
-}
+STOCK_SEARCH = "transformers' beam search on our model (return_dict_in_generate)"
 INT8 = "ours, int8 dynamic quantisation (linear layers)"
-FUSED = "ours + self-attention q/k/v as one matrix product"
-PREPACKED_ONCE = "ours + every decoder linear layer prepacked for oneDNN, once for all calls"
 BF16 = "ours, bfloat16 weights (model.to(torch.bfloat16))"
-
-
-def lever_models(ours, names: list[str] | None = None) -> dict[str, nn.Module]:
-    """Our model with one lever undone (each a copy sharing nothing), by the lever's name: all of
-    `LEVERS`, or the ``names`` among them."""
-    models = {}
-    for name, model_class in LEVERS.items():
-        if names is None or name in names:
-            model = copy.deepcopy(ours)
-            model.__class__ = model_class
-            models[name] = model
-    return models
-
-
-def with_fused_self_attention(ours) -> nn.Module:
-    """Each decoder self-attention projects q, k and v with one matrix product over its three weights,
-    concatenated once (decoding only: the copy does not follow later changes to the weights)."""
-    model = copy.deepcopy(ours)
-    for attention in model.model.decoder.modules():
-        if isinstance(attention, VanillaTransformerAttention) and not attention.is_cross_attention:
-            projections = (attention.q_proj, attention.k_proj, attention.v_proj)
-            attention.qkv_weight = torch.cat([projection.weight.detach() for projection in projections])
-            attention.qkv_bias = torch.cat([projection.bias.detach() for projection in projections])
-            attention.forward = types.MethodType(_fused_self_attention, attention)
-    return model
-
-
-def _fused_self_attention(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None, **kwargs):
-    """`VanillaTransformerAttention.forward` for self-attention, its three projections made one."""
-    projected = nn.functional.linear(hidden_states, self.qkv_weight, self.qkv_bias)  # (B, T, 3 * H * D)
-    query, key, value = (self._split_heads(part) for part in projected.chunk(3, dim=-1))
-    if cache is not None:
-        key, value = cache.self_attention_cache.update(key, value, self.layer_idx)
-    attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-    output, weights = attention(self, query, key, value, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
-    return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
-
-
-def with_prepacked_weights(ours) -> nn.Module:
-    """Every linear layer of the decoder (the attention projections too), and the output projection,
-    multiplies with its weight reordered into oneDNN's blocked layout once for all calls, where ours
-    reorders the FFN's and the output projection's at each generate() call (decoding only: the copy does
-    not follow later weight changes)."""
-    if not torch.backends.mkldnn.is_available():
-        raise RuntimeError(f"{PREPACKED_ONCE!r} needs a torch built with oneDNN (torch.backends.mkldnn)")
-    model = copy.deepcopy(ours)
-    for linear in [*model.model.decoder.modules(), model.lm_head]:
-        if isinstance(linear, nn.Linear):
-            linear.prepacked = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 128)
-            linear.forward = types.MethodType(_prepacked_linear, linear)
-    return model
-
-
-def _prepacked_linear(self, states: torch.Tensor) -> torch.Tensor:
-    """`nn.Linear.forward` on the weight `with_prepacked_weights` reordered."""
-    return onednn_linear(states, self.prepacked, self.bias)
+PREPACKED = "ours + prepack_for_cpu_decoding (opt-in oneDNN weights)"
 
 
 def quantized(ours) -> nn.Module:
@@ -408,10 +248,25 @@ def bfloat16(ours) -> nn.Module:
     return copy.deepcopy(ours).to(torch.bfloat16)
 
 
-# lever name -> a copy of our model with that lever added (measured; not in the shipped model)
-ADDED = {
-    INT8: quantized, FUSED: with_fused_self_attention, PREPACKED_ONCE: with_prepacked_weights, BF16: bfloat16,
+def prepacked(ours) -> nn.Module:
+    """The opt-in switch of `vanilla_transformer.cpu_decoding`: decoder FFN and output projection weights
+    reordered for oneDNN."""
+    return prepack_for_cpu_decoding(copy.deepcopy(ours))
+
+
+# lever name -> (a copy of our model with it, generate() settings it adds)
+LEVERS = {
+    # generate() leaves a call that returns a dict to transformers' own loop (our `_reorder_cache` still serves it)
+    STOCK_SEARCH: (copy.deepcopy, {"return_dict_in_generate": True}),
+    INT8: (quantized, {}),
+    BF16: (bfloat16, {}),
+    PREPACKED: (prepacked, {}),
 }
+
+
+def lever_variants(ours, names: list[str] | None = None) -> dict[str, tuple[nn.Module, dict]]:
+    """Our model and generate() settings for each lever of `LEVERS`, or for the ``names`` among them."""
+    return {name: (make(ours), settings) for name, (make, settings) in LEVERS.items() if names is None or name in names}
 
 
 def compiled_static(ours) -> nn.Module:
@@ -464,7 +319,7 @@ def table(seconds, outputs, tokenizer, references, trained, sentences, levers: b
     shipped model) is than the row, i.e. what the row's lever is worth."""
     first = next(iter(seconds))
     speed = "shipped vs this (range over repeats)" if levers else f"speed vs {first} (range over repeats)"
-    lines = [f"| {'ours with this lever undone' if levers else 'system'} | sentences/s | target tokens/s | {speed} "
+    lines = [f"| {'ours with this lever' if levers else 'system'} | sentences/s | target tokens/s | {speed} "
              f"| BLEU | hypotheses vs {first} |", "|---|---|---|---|---|---|"]
     for name in seconds:
         median = statistics.median(seconds[name])
@@ -550,10 +405,10 @@ def main(argv=None) -> dict | None:
     for beam, batch_size in args.configurations:
         pairs = test[: args.sentences if batch_size > 1 else args.sentences_batch_1]
         batches = make_batches(tokenizer, pairs, batch_size, trained)
-        decoders = {"MarianMT": transformers_decoder(marian, tokenizer, batches, beam),
-                    "ours": transformers_decoder(ours, tokenizer, batches, beam)}
+        decoders = {"MarianMT": transformers_decoder(marian, tokenizer, batches, beam, args.processors),
+                    "ours": transformers_decoder(ours, tokenizer, batches, beam, args.processors)}
         seconds, outputs = alternate(decoders, args.repeats)
-        if not args.no_ctranslate2:  # after, not alternating: a live Translator's threads slow torch here ~1.6x
+        if not args.no_ctranslate2 and not args.processors:  # after, not alternating: a live Translator's threads slow torch here ~1.6x
             translators = {f"CTranslate2 {quantization}": ctranslate2_decoder(
                 ours, tokenizer, batches, beam, quantization, work_dir) for quantization in ("float32", "int8")}
             more_seconds, more_outputs = alternate(translators, args.repeats)
@@ -571,13 +426,13 @@ def main(argv=None) -> dict | None:
         batches = make_batches(tokenizer, pairs, 32, trained)
         # the shipped model as a copy too: every row then decodes with weights copied alike (the
         # imported model itself decoded 1-2% slower than a copy of it in session 15)
-        variants = {"ours (shipped)": copy.deepcopy(ours)}
+        variants = {"ours (shipped)": (copy.deepcopy(ours), {})}
         if args.levers:
-            variants.update(lever_models(ours, args.lever))
-            variants.update({name: add(ours) for name, add in ADDED.items() if not args.lever or name in args.lever})
+            variants.update(lever_variants(ours, args.lever))
         if not args.no_compile:
-            variants["transformers' beam search, static cache + torch.compile"] = compiled_static(ours)
-        decoders = {name: transformers_decoder(model, tokenizer, batches, 4) for name, model in variants.items()}
+            variants["transformers' beam search, static cache + torch.compile"] = (compiled_static(ours), {})
+        decoders = {name: transformers_decoder(model, tokenizer, batches, 4, {**args.processors, **settings})
+                    for name, (model, settings) in variants.items()}
         seconds, outputs = alternate(decoders, args.repeats)
         references = [reference for _, reference in pairs]
         print(f"\nlevers: beam 4, batch 32, {len(pairs)} sentences")

@@ -1,16 +1,18 @@
-"""What beam search's prepacked weights cost and save, by model size, batch and output length.
+"""What the opt-in prepacked weights (`vanilla_transformer.cpu_decoding`) cost and save, by model size, batch
+and output length.
 
     python benchmarks/prepacked_weights.py [--d-model 512 --ffn 2048 --layers 6 --heads 8 --vocab 58000]
         [--batches 1,8] [--new-tokens 3,8,20] [--processor] [--repeats 5] [--threads N]
 
-On the CPU, `BeamSearch` reorders the decoder FFN's and the output projection's weights for oneDNN once per
-generate() call (`prepack`). The reorder and the copy grow with the weights, and the saving with the
-number of decoding steps, so short outputs decoded one call at a time with a large vocabulary are where
-it can lose. This times generate() with ``BeamSearch.prepacked_weights`` on and off, alternating, on a
-model with random weights (no data needed; they almost never emit ``</s>``, so every call decodes its N
-steps): a source of 20 tokens, beam 4, ``max_new_tokens = N``: the paper's decoding, which `BeamSearch`
-runs through its lean step. ``--processor`` also sets ``min_new_tokens = N``, a logits processor, which
-takes the general step. Medians over the repeats; the outputs must be identical.
+On the CPU, `prepack_for_cpu_decoding(model)` makes the decoder FFN's and the output projection's layers
+multiply by their weights reordered for oneDNN (once, at their first product, and again after a change). The
+reorder and the copy grow with the weights, the saving with the number of decoding steps. This times
+generate() on a model and on a copy of it with the switch on, alternating, with random weights (no data
+needed; they almost never emit ``</s>``, so every call decodes its N steps): a source of 20 tokens, beam 4,
+``max_new_tokens = N``: the paper's decoding, which `BeamSearch` runs through its lean step.
+``--processor`` also sets ``min_new_tokens = N``, a logits processor, which takes the general step. The
+first call of each pair reorders the weights (``--fresh`` reorders them at every call, as after each
+optimizer step). Medians over the repeats; the outputs must be identical.
 The defaults are an opus-mt-sized model (Helsinki-NLP's MarianMT models: 512/2048, 6+6 layers, 58k).
 """
 
@@ -23,7 +25,7 @@ import time
 import torch
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.modeling_vanilla_transformer import BeamSearch
+from vanilla_transformer.cpu_decoding import prepack_for_cpu_decoding, unprepack
 
 SOURCE_TOKENS = 20
 
@@ -52,7 +54,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def timed_generate(model, input_ids: torch.Tensor, new_tokens: int, prepacked: bool, processor: bool = False
                    ) -> tuple[float, torch.Tensor]:
-    BeamSearch.prepacked_weights = prepacked
+    """generate() on ``model`` with its FFN and output-projection weights prepacked (the switch on) or plain."""
+    (prepack_for_cpu_decoding if prepacked else unprepack)(model)
     at_least = {"min_new_tokens": new_tokens} if processor else {}
     started = time.perf_counter()
     output = model.generate(input_ids=input_ids, num_beams=4, max_new_tokens=new_tokens, early_stopping=True, **at_least)
@@ -75,7 +78,7 @@ def main(argv=None) -> list[dict]:
           f"{torch.get_num_threads()} threads, {args.repeats} repeats\n")
     print("| sentences per call | new tokens (decoded) | plain weights ms | prepacked ms | prepacked speed-up | outputs |")
     print("|---|---|---|---|---|---|")
-    rows, shipped = [], BeamSearch.prepacked_weights
+    rows = []
     try:
         for batch in args.batches:
             input_ids = torch.randint(4, args.vocab, (batch, SOURCE_TOKENS), generator=torch.Generator().manual_seed(batch))
@@ -94,7 +97,7 @@ def main(argv=None) -> list[dict]:
                 print(f"| {batch} | {new_tokens} ({decoded}) | {plain * 1e3:.0f} | {packed * 1e3:.0f} | {plain / packed:.2f}x | "
                       f"{'identical' if identical else 'DIFFERENT'} |", flush=True)
     finally:
-        BeamSearch.prepacked_weights = shipped
+        unprepack(model)
     return rows
 
 

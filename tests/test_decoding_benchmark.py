@@ -10,7 +10,7 @@ import gzip
 
 import pytest
 
-from helpers import counted_kernels, load_script
+from helpers import load_script
 
 decoding = load_script("benchmarks/decoding.py")
 
@@ -70,15 +70,28 @@ def test_a_malformed_configuration_is_refused_naming_the_flag(text, capsys):
 
 
 def test_levers_are_chosen_by_name_and_an_unknown_name_is_refused_with_the_choices(capsys):
-    chosen = ["bookkeeping at every step (no lean step)", decoding.INT8, decoding.FUSED, decoding.PREPACKED_ONCE, decoding.BF16]
+    chosen = [decoding.STOCK_SEARCH, decoding.INT8, decoding.BF16]
     assert decoding.parse_args(["--levers", *[f"--lever={name}" for name in chosen]]).lever == chosen
     with pytest.raises(SystemExit):
         decoding.parse_args(["--levers", "--lever", "no such lever"])
     error = capsys.readouterr().err
-    assert "'no such lever' is not a lever" in error and "first step on every beam" in error
+    assert "'no such lever' is not a lever" in error and decoding.STOCK_SEARCH in error
     with pytest.raises(SystemExit):
-        decoding.parse_args(["--lever", "first step on every beam"])
+        decoding.parse_args(["--lever", decoding.INT8])
     assert "add --levers" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text", ["min_new_tokens", "top_k=3", "repetition_penalty=high"])
+def test_a_processor_setting_that_is_not_name_value_is_refused_naming_the_flag(text, capsys):
+    with pytest.raises(SystemExit):
+        decoding.parse_args(["--processor", text])
+    error = capsys.readouterr().err
+    assert "--processor" in error and repr(text) in error and "no_repeat_ngram_size" in error
+
+
+def test_processor_settings_are_parsed_with_their_types():
+    args = decoding.parse_args(["--processor", "min_new_tokens=5", "--processor", "repetition_penalty=1.2"])
+    assert args.processors == {"min_new_tokens": 5, "repetition_penalty": 1.2}
 
 
 def test_configurations_are_parsed_into_beam_and_batch():
@@ -137,8 +150,9 @@ def test_the_floor_runs_end_to_end_on_ours_as_shipped(tmp_path, capsys):
     assert "with nothing but the required work it would be" in printed
 
 
-def test_every_lever_undone_still_gives_the_shipped_hypotheses():
-    """Each lever row times the same search with one speed-up taken back: the hypotheses must not change."""
+def test_the_stock_search_lever_runs_transformers_loop_through_generate_arguments_with_the_same_hypotheses():
+    """The lever row reaches transformers' own beam search by a public generate() argument; the hypotheses
+    must not change, and the decoder must really run every row at every step (no sentence leaves)."""
     import torch
     from transformers import MarianConfig, MarianMTModel
 
@@ -158,40 +172,13 @@ def test_every_lever_undone_still_gives_the_shipped_hypotheses():
     settings = dict(num_beams=4, length_penalty=0.6, early_stopping=True, max_new_tokens=12)
     expected = ours.generate(input_ids=input_ids, **settings)
     assert (expected == 3).any(dim=1).sum() > 1
-    variants = decoding.lever_models(ours)
-    assert len(variants) >= 7 and all(type(model) is not type(ours) for model in variants.values())  # each a real variant
-    for name, model in variants.items():
-        assert torch.equal(model.generate(input_ids=input_ids, **settings), expected), name
-    assert list(decoding.lever_models(ours, ["first step on every beam"])) == ["first step on every beam"]
-    fused = decoding.with_fused_self_attention(ours)  # an added lever: the same hypotheses
-    fused_layers = [module for module in fused.modules() if getattr(module, "qkv_weight", None) is not None]
-    separate_calls = []
-    for attention in fused_layers:
-        for projection in (attention.q_proj, attention.k_proj, attention.v_proj):
-            projection.register_forward_hook(lambda *args: separate_calls.append(1))
-    assert torch.equal(fused.generate(input_ids=input_ids, **settings), expected)
-    assert len(fused_layers) == 2 and not separate_calls  # both self-attentions ran fused
-    plain = decoding.lever_models(ours, [decoding.PLAIN_WEIGHTS])[decoding.PLAIN_WEIGHTS]
-    for model, prepacked in ((ours, torch.backends.mkldnn.is_available()), (plain, False)):
-        with counted_kernels() as kernels:
-            assert torch.equal(model.generate(input_ids=input_ids, **settings), expected)
-        steps = kernels["aten::log_softmax"]  # one per decoding step
-        # per step: the output projection and both products of each of the 2 decoder FFNs, prepacked or not
-        assert kernels["mkldnn::_linear_pointwise"] == (5 * steps if prepacked else 0), kernels
-    if torch.backends.mkldnn.is_available():  # an added lever: the same hypotheses, from the reordered weights
-        prepacked = decoding.with_prepacked_weights(ours)
-        assert torch.equal(prepacked.generate(input_ids=input_ids, **settings), expected)
-        linears = [module for module in prepacked.modules() if hasattr(module, "prepacked")]
-        assert len(linears) == 2 * (4 + 4 + 2) + 1  # per decoder layer: two attentions and the FFN; the output projection
-        labels = expected[:, 1:]
-        with torch.no_grad():
-            logits = ours(input_ids=input_ids, labels=labels).logits
-            assert torch.allclose(prepacked(input_ids=input_ids, labels=labels).logits, logits, atol=1e-5)
-            for linear in linears[:-1]:  # the decoder's plain weights no longer take part (the last one is tied)
-                linear.weight.zero_()
-            assert torch.allclose(prepacked(input_ids=input_ids, labels=labels).logits, logits, atol=1e-5)
-            ours.model.decoder.layers[0].feed_forward.fc1.weight.zero_()  # where the plain weights do, it shows
-            assert not torch.allclose(ours(input_ids=input_ids, labels=labels).logits, logits, atol=1e-3)
+    (model, added), = decoding.lever_variants(ours, [decoding.STOCK_SEARCH]).values()
+    rows = []
+    model.model.decoder.register_forward_pre_hook(
+        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+    assert torch.equal(model.generate(input_ids=input_ids, **settings, **added).sequences, expected)
+    assert set(rows) == {6 * 4}
+    assert set(decoding.lever_variants(ours)) == set(decoding.LEVERS)
 
 
 def test_training_step_benchmark_times_both_systems_under_bf16_autocast_with_bf16_products(tmp_path):

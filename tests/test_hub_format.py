@@ -15,6 +15,7 @@ from safetensors import safe_open
 from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 
 import vanilla_transformer.configuration_vanilla_transformer as configuration_module
+import vanilla_transformer.generation_vanilla_transformer as generation_module
 import vanilla_transformer.modeling_vanilla_transformer as modeling_module
 from vanilla_transformer import (
     PRESETS,
@@ -165,7 +166,7 @@ def test_config_json_maps_every_auto_class_to_the_copied_files(saved):
 
 def test_source_files_are_copied_flat_and_unchanged(saved):
     _, folder = saved
-    for module in (configuration_module, modeling_module):
+    for module in (configuration_module, modeling_module, generation_module):
         copied = folder / f"{module.__name__.rsplit('.', 1)[1]}.py"
         assert copied.read_text() == inspect.getsource(module)
     assert not [path for path in folder.iterdir() if path.is_dir()]
@@ -181,6 +182,9 @@ def test_generation_config_carries_the_paper_decoding_and_the_special_ids(tmp_pa
     assert generation["length_penalty"] == 0.6
     assert generation["early_stopping"] is True
     assert {name: generation[name] for name in ids} == ids
+    # §6.1's limit is relative to the input: readers that know only max_length get the longest it allows
+    assert generation["max_new_tokens_beyond_input"] == 50
+    assert generation["max_length"] == tiny_model(**ids).config.max_position_embeddings
 
 
 # ---------------------------------------------------------------------------------------------
@@ -244,7 +248,8 @@ with torch.no_grad():
 torch.save(
     dict(
         logits=logits, hidden=hidden, generated=generated,
-        modules=[type(seq2seq).__module__, type(base).__module__, type(seq2seq.config).__module__],
+        modules=[type(seq2seq).__module__, type(base).__module__, type(seq2seq.config).__module__,
+                 *(kind.__module__ for kind in type(seq2seq).__mro__ if kind.__name__.startswith("VanillaTransformerGen"))],
         missing=sorted(info["missing_keys"]), unexpected=sorted(info["unexpected_keys"]),
     ),
     {results!r},
@@ -264,6 +269,7 @@ def test_remote_code_load_without_the_package_reproduces_logits_and_beam_search(
     child = torch.load(tmp_path / "results.pt")
 
     assert all(module.startswith("transformers_modules.") for module in child["modules"]), child["modules"]
+    assert child["modules"][-1].endswith("generation_vanilla_transformer")  # decoding came with the folder too
     assert child["missing"] == [] and child["unexpected"] == []
     with torch.no_grad():
         assert torch.allclose(child["logits"], model(**inputs).logits, atol=0, rtol=0)

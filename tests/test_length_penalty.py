@@ -5,7 +5,7 @@ recomputed by a teacher-forced forward pass."""
 import pytest
 import torch
 
-from vanilla_transformer.modeling_vanilla_transformer import gnmt_length_penalty, paper_generation_config
+from vanilla_transformer.generation_vanilla_transformer import gnmt_length_penalty, paper_generation_config
 
 from test_pipeline import TEXTS, train_copying_translator
 
@@ -96,3 +96,38 @@ def test_settings_given_to_generate_apply_under_the_papers_length_limit_without_
         assert score.item() == pytest.approx(log_probability / gnmt_length_penalty(length, 2.0), rel=1e-4, abs=1e-5)
     assert not [message for message in warnings if "generation_config" in message], warnings
     assert model.generation_config.length_penalty == 0.6  # the model's own config is untouched
+
+
+def test_two_threads_generating_with_different_penalties_get_what_each_gets_alone(trained):
+    """The penalty is the call's: generate() calls in other threads, on the same model, do not change it."""
+    import threading
+
+    model, tokenizer = trained
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    settings = dict(num_beams=4, length_penalty=0.6, max_new_tokens=20, return_dict_in_generate=True,
+                    output_scores=True)
+
+    def decode(formula):
+        with torch.no_grad():
+            searched = model.generate(**batch, max_new_tokens=20, length_penalty_formula=formula)
+            scored = model.generate(**batch, **settings, length_penalty_formula=formula)
+        return searched, scored.sequences_scores
+
+    alone = {formula: decode(formula) for formula in ("gnmt", "length")}
+    assert not torch.allclose(alone["gnmt"][1], alone["length"][1])  # the two penalties score differently
+    together, start = {"gnmt": [], "length": []}, threading.Barrier(2)
+
+    def repeat(formula):
+        start.wait()
+        for _ in range(4):
+            together[formula].append(decode(formula))
+
+    threads = [threading.Thread(target=repeat, args=(formula,)) for formula in together]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for formula, results in together.items():
+        assert len(results) == 4
+        for searched, scores in results:
+            assert torch.equal(searched, alone[formula][0]) and torch.equal(scores, alone[formula][1]), formula

@@ -1,8 +1,8 @@
-"""The speed levers of issue 19 change nothing but speed.
+"""The speed levers change nothing but speed.
 
 References: MarianMTModel's generate() (transformers' beam search on another implementation of the same
-weights), transformers' own `_beam_search` on our model, a brute-force top-k, the
-unfolded (per-beam) cross-attention, PyTorch's ``cross_entropy(label_smoothing=...)`` and its autograd,
+weights), transformers' own `_beam_search` on our model, a brute-force top-k, the whole
+projection for `logits_to_keep`, PyTorch's ``cross_entropy(label_smoothing=...)`` and its autograd,
 the binomial law of a dropout mask, and the eager model for the compiled paths.
 """
 
@@ -14,15 +14,8 @@ from transformers import GenerationMixin, MarianConfig, MarianMTModel
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert import from_marian
-from vanilla_transformer.modeling_vanilla_transformer import (
-    BeamSearch,
-    Dropout,
-    best_continuations,
-    PREPACKED,
-    label_smoothed_cross_entropy,
-    prepack,
-    prepacked_linear,
-)
+from vanilla_transformer.generation_vanilla_transformer import BeamSearch, best_continuations
+from vanilla_transformer.modeling_vanilla_transformer import Dropout, label_smoothed_cross_entropy
 
 VOCAB, PAD, EOS, START = 40, 0, 3, 0
 
@@ -69,10 +62,12 @@ BEAM_CASES = {
     "never": dict(num_beams=4, length_penalty=0.6, early_stopping="never", max_new_tokens=12),
     "returns-3": dict(num_beams=4, num_return_sequences=3, length_penalty=-0.5, max_new_tokens=12),
     "min-length": dict(num_beams=4, min_new_tokens=4, max_new_tokens=12, length_penalty=0.6),
+    "no-repeat-ngram": dict(num_beams=4, no_repeat_ngram_size=2, early_stopping=True, max_new_tokens=12),
+    "repetition-penalty": dict(num_beams=4, repetition_penalty=1.5, early_stopping=True, max_new_tokens=12),
 }
 
 
-SENTENCES_END_EARLY = {"paper", "returns-3"}
+SENTENCES_END_EARLY = {"paper", "returns-3", "no-repeat-ngram", "repetition-penalty"}
 
 
 @pytest.mark.parametrize("case", BEAM_CASES)
@@ -113,6 +108,55 @@ def test_beam_search_equals_transformers_own_on_our_model(case):
 
     expected.__class__ = Stock
     assert torch.equal(ours.generate(**inputs, **BEAM_CASES[case]), expected.generate(**inputs, **BEAM_CASES[case]))
+
+
+def test_a_call_the_search_does_not_cover_is_logged_once_at_debug_level_with_the_reason(caplog, monkeypatch):
+    """transformers' loop serves it, with the same hypotheses; the log names why, once per process."""
+    import vanilla_transformer.generation_vanilla_transformer as generation
+
+    monkeypatch.setattr(generation, "_LOGGED", set())
+    ours = from_marian(marian_that_stops(seed=4))
+    plain = ours.generate(**padded_sources(), **BEAM_CASES["paper"])
+    logger = generation.logger
+    monkeypatch.setattr(logger, "level", 10)  # transformers' loggers do not propagate to the root's level
+    with caplog.at_level("DEBUG", logger=logger.name):
+        for _ in range(2):
+            scored = ours.generate(**padded_sources(), **BEAM_CASES["paper"], return_dict_in_generate=True)
+            assert torch.equal(scored.sequences, plain)
+    messages = [record.getMessage() for record in caplog.records if record.name == logger.name]
+    assert messages == ["beam search: transformers' own loop, because it samples, returns a dict, syncs GPUs or "
+                        "prefills in chunks"]
+
+
+HOST_SYNCS = ("__bool__", "item", "tolist", "__int__", "__float__", "nonzero")
+
+
+@pytest.mark.parametrize("case", ["paper", "min-length", "never"])
+def test_the_search_waits_for_the_device_no_more_often_per_step_than_transformers_loop(case, monkeypatch):
+    """Each read of a tensor's value on the host (bool(), .item(), .tolist(), int(), nonzero) waits for a GPU.
+    Counted on the CPU between one decoder call and the next (a step's reads, the model's own included), the
+    search reads no more often than transformers' `_beam_search` on the same model and call."""
+    ours = from_marian(marian_that_stops(seed=2))
+    stock = copy.deepcopy(ours)
+
+    class Stock(VanillaTransformerForConditionalGeneration):
+        _beam_search = GenerationMixin._beam_search
+
+    stock.__class__ = Stock
+    per_step = {}
+    for name, model in (("ours", ours), ("stock", stock)):
+        reads, marks = [], []
+        model.model.decoder.register_forward_pre_hook(lambda *args: marks.append(len(reads)))
+        with monkeypatch.context() as patch:
+            for method in HOST_SYNCS:
+                original = getattr(torch.Tensor, method)
+                patch.setattr(torch.Tensor, method,
+                              lambda *args, _original=original, **kwargs: reads.append(1) or _original(*args, **kwargs))
+            model.generate(**padded_sources(seed=3), **BEAM_CASES[case])
+        marks.append(len(reads))
+        per_step[name] = [after - before for before, after in zip(marks, marks[1:])]
+    assert len(per_step["ours"]) > 3 and max(per_step["stock"]) > 0  # the count sees the reads
+    assert max(per_step["ours"]) <= max(per_step["stock"]) and sum(per_step["ours"]) <= sum(per_step["stock"]), per_step
 
 
 def test_calls_beam_search_does_not_cover_still_get_the_same_hypotheses():
@@ -180,96 +224,14 @@ def test_best_continuations_equal_the_top_k_over_all_beams_and_tokens():
     assert torch.equal(beam, flat // vocabulary) and torch.equal(token, flat % vocabulary)
 
 
-@pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
-@pytest.mark.parametrize("bias", [True, False])
-@pytest.mark.parametrize("rows", [2, 7, 40])
-def test_prepacked_products_equal_x_w_transposed_and_serve_only_float32_cpu_inference_in_the_search(rows, bias):
-    """x W^T + b (the formula) from the copy `prepack` reordered, while a search has it in `PREPACKED`; the
-    layer's own forward otherwise: outside a search, in training (with its gradient), in float64."""
-    torch.manual_seed(0)
-    linear = torch.nn.Linear(32, 24, bias=bias)
-    states = torch.randn(rows, 1, 32)
-    expected = states.double() @ linear.weight.double().T + (linear.bias.double() if bias else 0)
-    with torch.no_grad():
-        assert torch.equal(prepacked_linear(linear, states), linear(states))  # no search running
-        packed = prepack([linear], 128)  # reordered for 128 rows, as a search's first call might be: any count works
-        assert list(packed) == [linear]
-        weight = linear.weight.clone()
-        linear.weight.zero_()  # the reordered copy is what multiplies now: the plain weight no longer counts
-    token = PREPACKED.set(packed)
-    try:
-        with torch.no_grad():
-            product = prepacked_linear(linear, states)
-            assert product.shape == (rows, 1, 24) and torch.allclose(product.double(), expected, atol=1e-5)
-            assert torch.equal(prepacked_linear(linear.double(), states.double()), linear(states.double()))
-            linear.float()
-        trained = prepacked_linear(linear, states.requires_grad_())  # autograd on: nn.Linear, gradient and all
-        assert torch.equal(trained, linear(states))
-        trained.sum().backward()
-        assert torch.allclose(linear.weight.grad, states.detach().sum(dim=(0, 1)).expand(24, 32), atol=1e-5)
-    finally:
-        PREPACKED.reset(token)
-    with torch.no_grad():
-        linear.weight.copy_(weight)
-
-
-def test_prepack_leaves_layers_that_run_more_than_nn_linear_or_run_elsewhere_to_their_forward():
-    """Nothing is reordered for a hooked or patched layer, a quantised one, float64 weights, or under autocast."""
-    if not torch.backends.mkldnn.is_available():
-        assert prepack([torch.nn.Linear(8, 4)], 4) == {}
-        return
-    plain, hooked, patched, wide = (torch.nn.Linear(8, 4) for _ in range(4))
-    hooked.register_forward_pre_hook(lambda *args: None)
-    patched.forward = lambda inputs: inputs
-    quantised = torch.ao.quantization.quantize_dynamic(torch.nn.Sequential(torch.nn.Linear(8, 4)), {torch.nn.Linear})[0]
-    assert list(prepack([plain, hooked, patched, quantised, wide.double()], 4)) == [plain]
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert prepack([plain], 4) == {}
-    with torch.backends.mkldnn.flags(enabled=False):  # oneDNN switched off by the user
-        assert prepack([plain], 4) == {}
-
-
-def test_the_model_compiles_as_one_graph_with_the_prepacked_products_in_it():
-    """`FeedForward` and the search's output projection go through `prepacked_linear`, which compiled code must
-    trace whole (transformers compiles the forward with fullgraph=True for static caches)."""
+def test_the_model_compiles_as_one_graph():
+    """transformers compiles the forward with fullgraph=True for static caches: nothing in it may break the graph."""
     ours = from_marian(marian_that_stops())
     batch = padded_sources()
     compiled = torch.compile(ours.forward, fullgraph=True, backend="eager")
     with torch.no_grad():
         expected = ours(**batch, decoder_input_ids=batch["input_ids"][:, :4]).logits
         assert torch.equal(compiled(**batch, decoder_input_ids=batch["input_ids"][:, :4]).logits, expected)
-
-
-def test_the_search_multiplies_by_prepacked_weights_only_while_it_runs():
-    """generate() leaves no reordered weights behind, also when it fails: after it, the layers multiply by
-    their own weights."""
-    ours = from_marian(marian_that_stops())
-    expected = ours.generate(**padded_sources(), **BEAM_CASES["paper"])
-    assert PREPACKED.get() is None
-    steps = []
-
-    def fail_at_the_third_step(*args):
-        steps.append(1)
-        if len(steps) == 3:
-            raise KeyboardInterrupt
-
-    handle = ours.model.decoder.register_forward_pre_hook(fail_at_the_third_step)
-    with pytest.raises(KeyboardInterrupt):
-        ours.generate(**padded_sources(), **BEAM_CASES["paper"])
-    handle.remove()
-    assert PREPACKED.get() is None
-    seen = []
-    ours.model.decoder.register_forward_pre_hook(lambda *args: seen.append(dict(PREPACKED.get())))
-    assert torch.equal(ours.generate(**padded_sources(), **BEAM_CASES["paper"]), expected)
-    feed_forward = ours.model.decoder.layers[0].feed_forward
-    if torch.backends.mkldnn.is_available():  # the FFNs and the output projection, at every step
-        assert all(set(packed) == {*(layer.feed_forward.fc1 for layer in ours.model.decoder.layers),
-                                   *(layer.feed_forward.fc2 for layer in ours.model.decoder.layers), ours.lm_head}
-                   for packed in seen)
-    assert PREPACKED.get() is None
-    with torch.no_grad():
-        states = torch.randn(3, 1, 32)
-        assert torch.equal(feed_forward(states), feed_forward.fc2(feed_forward.activation(feed_forward.fc1(states))))
 
 
 @pytest.mark.parametrize("replaced", ["hooked", "hooked on every module", "patched", "subclassed", "compiled"])
@@ -319,46 +281,17 @@ def test_hooks_on_the_output_projection_see_the_forwards_shapes_during_beam_sear
     assert shapes and all(len(given) == 3 and given[1] == 1 and made == (*given[:2], VOCAB) for given, made in shapes)
 
 
-@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("logits_to_keep", [1, 3, torch.tensor([0, 4])])
 @torch.no_grad()
-def test_beams_sharing_one_encoder_output_equal_one_output_per_beam(implementation):
-    ours = from_marian(marian_that_stops(seed=6))
-    ours.set_attn_implementation(implementation)
-    inputs, beams = padded_sources(seed=7, sentences=3), 4
-    encoder_output = ours.get_encoder()(**inputs).last_hidden_state
-    decoder_input_ids = torch.randint(4, VOCAB, (3 * beams, 5), generator=torch.Generator().manual_seed(8))
-    outputs = {}
-    for name, states, mask in (
-        ("per beam", encoder_output.repeat_interleave(beams, 0), inputs["attention_mask"].repeat_interleave(beams, 0)),
-        ("per sentence", encoder_output, inputs["attention_mask"]),
-    ):
-        outputs[name] = ours(encoder_outputs=(states,), attention_mask=mask, decoder_input_ids=decoder_input_ids,
-                             output_attentions=implementation == "eager")
-    torch.testing.assert_close(outputs["per sentence"].logits, outputs["per beam"].logits, atol=1e-5, rtol=1e-5)
-    if implementation == "eager":  # attention pictures: one (H, T, S) map per decoder row either way
-        for shared, per_beam in zip(outputs["per sentence"].cross_attentions, outputs["per beam"].cross_attentions):
-            assert shared.shape == per_beam.shape == (3 * beams, 4, 5, 10)
-            torch.testing.assert_close(shared, per_beam, atol=1e-6, rtol=1e-5)
-
-
-@torch.no_grad()
-def test_a_shared_encoder_output_with_flex_attention_is_an_error_not_a_kernel_crash():
-    ours = from_marian(marian_that_stops(seed=6))
-    ours.set_attn_implementation("flex_attention")
-    inputs = padded_sources(seed=7, sentences=3)
-    encoder_output = ours.get_encoder()(**inputs).last_hidden_state
-    with pytest.raises(ValueError, match="need attn_implementation 'eager' or 'sdpa'"):
-        ours(encoder_outputs=(encoder_output,), attention_mask=inputs["attention_mask"],
-             decoder_input_ids=torch.full((12, 1), START))
-
-
-def test_decoder_rows_that_are_not_a_multiple_of_the_sentences_are_an_error():
+def test_logits_to_keep_gives_those_positions_of_the_whole_projection(logits_to_keep):
+    """transformers' contract: the last N positions (an int), or the positions a tensor lists."""
     ours = from_marian(marian_that_stops())
-    inputs = padded_sources(sentences=3)
-    encoder_output = ours.get_encoder()(**inputs).last_hidden_state
-    with pytest.raises(ValueError, match="7 rows for 3 encoded sentences"):
-        ours(encoder_outputs=(encoder_output,), attention_mask=inputs["attention_mask"],
-             decoder_input_ids=torch.full((7, 1), START))
+    inputs = dict(**padded_sources(sentences=3), decoder_input_ids=torch.randint(4, VOCAB, (3, 5)))
+    whole = ours(**inputs).logits
+    kept = ours(**inputs, logits_to_keep=logits_to_keep).logits
+    positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+    torch.testing.assert_close(kept, whole[:, positions])
+    assert ours._supports_logits_to_keep()  # generate() asks for the last position only
 
 
 # --- the loss ---------------------------------------------------------------------------------------

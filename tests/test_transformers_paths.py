@@ -17,6 +17,8 @@ from transformers import (
     AutoModelForSeq2SeqLM,
     AutoTokenizer,
     DataCollatorForSeq2Seq,
+    GenerationConfig,
+    GenerationMixin,
     MarianConfig,
     MarianMTModel,
     Seq2SeqTrainer,
@@ -26,6 +28,7 @@ from transformers import (
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert import from_marian
+from vanilla_transformer.generation_vanilla_transformer import paper_generation_config
 
 from helpers import REPO
 from test_pipeline import SENTENCES, TEXTS, train_copying_translator
@@ -186,6 +189,7 @@ def test_a_users_seq2seq_trainer_does_not_cap_later_decoding_at_20_tokens(saved,
     from datasets import Dataset
 
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(saved), AutoTokenizer.from_pretrained(saved)
+    model.generation_config = paper_generation_config(model.config)  # as a model built in the script has it
     texts = long_pairs(4, 30)
     dataset = Dataset.from_dict({"input_ids": tokenizer(texts)["input_ids"],
                                  "labels": tokenizer(text_target=texts)["input_ids"]})
@@ -207,6 +211,16 @@ def test_a_users_seq2seq_trainer_does_not_cap_later_decoding_at_20_tokens(saved,
         with torch.no_grad():
             generated = decoder.generate(**tokenizer(texts[:1], return_tensors="pt"), num_beams=1, min_new_tokens=25)
         assert generated.shape[1] > 21
+    # A reader that obeys the saved generation config's max_length (CTranslate2's converter, serving stacks):
+    # it no longer says 20; it says the longest §6.1's rule allows, beside the rule itself.
+    saved_config = GenerationConfig.from_pretrained(tmp_path / "saved")
+    assert saved_config.max_length == model.config.max_position_embeddings
+    assert saved_config.max_new_tokens_beyond_input == 50
+    with torch.no_grad():
+        obeying = GenerationMixin.generate(model, **tokenizer(texts[:1], return_tensors="pt"),
+                                         generation_config=saved_config, num_beams=1, min_new_tokens=25)
+    assert obeying.shape[1] > 21
+    assert model.generation_config.max_length == 20  # saving changed nothing in the user's model
 
 
 def test_a_trainers_prediction_without_labels_leaves_out_the_cache_as_marians_does(tmp_path):

@@ -3,9 +3,9 @@
 Read top to bottom, the file follows the paper: positional encoding (§3.5), embeddings (§3.4),
 multi-head attention (§3.2), position-wise feed-forward network (§3.3), the residual connection
 around every sub-layer (§3.1, §5.4), encoder and decoder layers and stacks (§3.1), then the
-`PreTrainedModel` classes that plug it into the library (Auto classes, `generate()`, Trainer), the
-one loss (label-smoothed cross-entropy, §5.4) and beam search (§6.1: transformers' algorithm and
-bookkeeping, with less work per step).
+`PreTrainedModel` classes that plug it into the library (Auto classes, `generate()`, Trainer) and
+the one loss (label-smoothed cross-entropy, §5.4). Decoding (§6.1) lives in
+``generation_vanilla_transformer.py``, which talks to the model through its forward and the cache.
 
 One flag changes the architecture's shape: ``config.normalize_before`` switches every residual
 connection from the paper's post-norm ``LayerNorm(x + Dropout(Sublayer(x)))`` to pre-norm
@@ -15,8 +15,6 @@ one place, `ResidualConnection`, and in the stacks' constructors.
 
 from __future__ import annotations
 
-import contextvars
-import copy
 import functools
 import math
 from collections.abc import Callable
@@ -24,22 +22,10 @@ from collections.abc import Callable
 import torch
 from safetensors import SafetensorError
 from torch import nn
-from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
+from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
-from transformers.generation.logits_process import (
-    ForcedBOSTokenLogitsProcessor,
-    ForcedEOSTokenLogitsProcessor,
-    MinLengthLogitsProcessor,
-    MinNewTokensLengthLogitsProcessor,
-    NoBadWordsLogitsProcessor,
-    NoRepeatNGramLogitsProcessor,
-    RepetitionPenaltyLogitsProcessor,
-    SuppressTokensAtBeginLogitsProcessor,
-    SuppressTokensLogitsProcessor,
-)
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
 from transformers.masking_utils import create_bidirectional_mask, create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
@@ -53,11 +39,14 @@ from transformers.utils.generic import can_return_tuple, merge_with_config_defau
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-
-# transformers 5.24 renamed the key/value cache `past_key_values` -> `cache` in generate()'s model
-# kwargs, in forward arguments and in model outputs. We return it, and read generate()'s, under the
-# installed version's name, and our forwards take either name (`accepts_past_key_values`).
-CACHE = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+from .generation_vanilla_transformer import (  # noqa: F401 (the formula's names, imported from here before)
+    CACHE,
+    LENGTH_PENALTY_FORMULA,
+    LENGTH_PENALTY_FORMULAS,
+    VanillaTransformerGenerationMixin,
+    paper_generation_config,
+    penalty_formula_of,
+)
 
 
 def accepts_past_key_values(forward: Callable) -> Callable:
@@ -266,38 +255,14 @@ class VanillaTransformerAttention(nn.Module):
         """hidden_states (B, T, d_model) -> (output (B, T, d_model), weights (B, H, T, S) or None)."""
         query = self._split_heads(self.q_proj(hidden_states))  # (B, H, T, D)
         source = encoder_hidden_states if self.is_cross_attention else hidden_states
-        key, value = self._keys_and_values(source, cache)  # (B / beams, H, S, D) each
-        beams = query.shape[0] // key.shape[0]  # beam search: the beams of a sentence share its encoder output
-        if beams > 1:
-            query = fold_beams(query, beams)  # (B / beams, H, beams * T, D)
+        key, value = self._keys_and_values(source, cache)  # (B, H, S, D) each
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         output, weights = attention(
             self, query, key, value, attention_mask,
             dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
         )
-        if beams > 1 and weights is not None:
-            weights = unfold_beams(weights, beams)  # (B, H, T, S)
-        output = output.reshape(*hidden_states.shape[:-1], -1)  # (B, T, H * D): beam-major rows unfold by themselves
+        output = output.reshape(*hidden_states.shape[:-1], -1)  # (B, T, H * D)
         return self.out_proj(output), weights
-
-
-def fold_beams(query: torch.Tensor, beams: int) -> torch.Tensor:
-    """(B * beams, H, T, D) -> (B, H, beams * T, D): the beams of a sentence become more query positions.
-
-    In beam search every beam of a sentence attends to the same encoder output, so cross-attention keeps
-    its keys and values once per sentence (not once per beam: a quarter of the memory to read at beam 4,
-    and nothing to reorder when the beams are reordered) and asks all the beams' queries at once.
-    """
-    rows, heads, length, dim = query.shape
-    folded = query.view(rows // beams, beams, heads, length, dim).transpose(1, 2)
-    return folded.reshape(rows // beams, heads, beams * length, dim)
-
-
-def unfold_beams(weights: torch.Tensor, beams: int) -> torch.Tensor:
-    """(B, H, beams * T, S) -> (B * beams, H, T, S), the inverse of `fold_beams` for attention weights."""
-    sentences, heads, folded_length, source_length = weights.shape
-    unfolded = weights.view(sentences, heads, beams, folded_length // beams, source_length).transpose(1, 2)
-    return unfolded.reshape(sentences * beams, heads, folded_length // beams, source_length)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -316,8 +281,7 @@ class FeedForward(nn.Module):
         self.fc2 = nn.Linear(ffn_dim, config.d_model)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        hidden_states = self.activation_dropout(self.activation(prepacked_linear(self.fc1, hidden_states)))
-        return prepacked_linear(self.fc2, hidden_states)
+        return self.fc2(self.activation_dropout(self.activation(self.fc1(hidden_states))))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -596,11 +560,9 @@ class VanillaTransformerDecoder(VanillaTransformerStack):
         self_attention_mask = create_causal_mask(  # the cache is positional: its keyword's name changed in 5.24
             self.config, hidden_states, attention_mask, cache.self_attention_cache if cache is not None else None
         )
-        self._check_beams_share(hidden_states.shape[0], encoder_hidden_states.shape[0])
-        sentences = encoder_hidden_states.shape[0]
-        cross_attention_mask = create_bidirectional_mask(  # one per sentence: its beams ask as more query positions
-            config=self.config, inputs_embeds=hidden_states.reshape(sentences, -1, hidden_states.shape[-1]),
-            attention_mask=encoder_attention_mask, encoder_hidden_states=encoder_hidden_states,
+        cross_attention_mask = create_bidirectional_mask(
+            config=self.config, inputs_embeds=hidden_states, attention_mask=encoder_attention_mask,
+            encoder_hidden_states=encoder_hidden_states,
         )
         for layer in self.layers:
             hidden_states = layer(
@@ -610,20 +572,6 @@ class VanillaTransformerDecoder(VanillaTransformerStack):
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=self.layer_norm(hidden_states), **{CACHE: cache}
         )
-
-    def _check_beams_share(self, rows: int, sentences: int) -> None:
-        """Fewer encoder outputs than decoder rows means beams share their sentence's (`fold_beams`)."""
-        if rows % sentences:
-            raise ValueError(
-                f"The decoder got {rows} rows for {sentences} encoded sentences: pass one encoder output per "
-                "decoder row, or one per sentence with its beams in consecutive decoder rows."
-            )
-        if rows != sentences and self.config._attn_implementation not in ("eager", "sdpa"):
-            raise ValueError(
-                f"Beams sharing one encoder output ({rows} decoder rows for {sentences} sentences) need "
-                f"attn_implementation 'eager' or 'sdpa', not {self.config._attn_implementation!r} (its CPU kernel "
-                "fails on the folded queries): pass one encoder output per decoder row."
-            )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -710,43 +658,6 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         )
 
 
-# §6.1: "We set the maximum output length during inference to input length + 50". Kept in the
-# generation config under this name, so that it is saved, visible and can be changed or switched off.
-MAX_NEW_TOKENS_BEYOND_INPUT = "max_new_tokens_beyond_input"
-MAX_EXTRA_OUTPUT_TOKENS = 50
-# §6.1's "length penalty alpha = 0.6" is GNMT's (Wu et al., 2016, eq. 14): a finished hypothesis Y scores
-# log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha, as tensor2tensor computed it. transformers' beam
-# search divides by |Y| ** alpha instead. The generation config says which: "gnmt" (the paper's) or
-# "length" (transformers' and CTranslate2's); a config without the field is transformers' own.
-LENGTH_PENALTY_FORMULA = "length_penalty_formula"
-LENGTH_PENALTY_FORMULAS = ("gnmt", "length")
-
-
-def penalty_formula_of(generation_config: GenerationConfig) -> str:
-    """The length penalty a saved generation config decodes with: its ``length_penalty_formula``, else "length"."""
-    return getattr(generation_config, LENGTH_PENALTY_FORMULA, None) or "length"
-
-
-def paper_generation_config(config: VanillaTransformerConfig) -> GenerationConfig:
-    """Decoding as in §6.1: beam size 4, GNMT's length penalty with alpha = 0.6, stop when 4 hypotheses
-    end, and at most input length + 50 new tokens (``max_new_tokens_beyond_input``, applied by `generate()`)."""
-    return GenerationConfig(
-        num_beams=4,
-        length_penalty=0.6,
-        early_stopping=True,
-        decoder_start_token_id=config.decoder_start_token_id,
-        bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
-        pad_token_id=config.pad_token_id,
-        **{MAX_NEW_TOKENS_BEYOND_INPUT: MAX_EXTRA_OUTPUT_TOKENS, LENGTH_PENALTY_FORMULA: "gnmt"},
-    )
-
-
-def gnmt_length_penalty(length, alpha: float):
-    """lp(Y) = ((5 + |Y|) / 6) ** alpha, with |Y| the generated tokens, </s> included (GNMT, eq. 14)."""
-    return ((5 + length) / 6) ** alpha
-
-
 def label_smoothed_cross_entropy(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -825,411 +736,7 @@ def _row_chunks(logits: torch.Tensor) -> list[slice]:
     return [slice(start, start + step) for start in range(0, logits.shape[0], step)]
 
 
-# ---------------------------------------------------------------------------------------------
-# §6.1 Beam search: generate()'s algorithm and hypotheses, with less work per step
-# ---------------------------------------------------------------------------------------------
-
-
-def best_continuations(
-    log_probs: torch.Tensor, beam_scores: torch.Tensor, keep: int, top_k: Callable = torch.topk
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The ``keep`` best (beam, token) continuations of each sentence, best first: scores, beams, tokens (B, keep).
-
-    generate() adds each beam's score to all V of its token log-probabilities and takes the top ``keep``
-    of those B x (beams * V) sums. A sentence's best ``keep`` can only come from each beam's best ``keep``
-    tokens, so those are all this adds: the same sums, beams x keep of them instead of beams x V.
-    ``log_probs`` has a row per beam (B * beams, V), or one per sentence (B, V) when its beams are still
-    copies of each other (the first step).
-    """
-    sentences, beams = beam_scores.shape
-    token_scores, tokens = top_k(log_probs, keep)  # (B * beams or B, keep)
-    token_scores, tokens = (t.view(sentences, -1, keep).expand(sentences, beams, keep) for t in (token_scores, tokens))
-    sums = (token_scores + beam_scores[:, :, None]).reshape(sentences, beams * keep)
-    scores, picked = torch.topk(sums, keep)  # (B, keep)
-    return scores, picked // keep, tokens.reshape(sentences, beams * keep).gather(1, picked)
-
-
-def runs_as_defined(module: nn.Module, forward: Callable) -> bool:
-    """Whether calling ``module`` runs ``forward`` and nothing else: no hooks on it (accelerate's device
-    placement is one) or on every module, and no forward replaced on the instance, by a subclass or by
-    ``module.compile()``. Only then may a caller compute what the call would, another way."""
-    return not (
-        module._forward_hooks or module._forward_pre_hooks or hasattr(module, "_hf_hook")
-        or nn.modules.module._global_forward_hooks or nn.modules.module._global_forward_pre_hooks
-        or "forward" in vars(module) or type(module).forward is not forward
-        or getattr(module, "_compiled_call_impl", None) is not None
-    )
-
-
-# Beam search on CPU multiplies by the decoder FFN's and the output projection's weights reordered once per
-# generate() call into oneDNN's blocked layout: MKL packs a plain weight again at every product, and at
-# decoding's few rows that is a large part of it (README, "Prepacked weights"). The reordered copies live
-# in this context variable while the search runs (None otherwise).
-PREPACKED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("prepacked_weights", default=None)
-
-
-def prepacked_linear(linear: nn.Module, states: torch.Tensor) -> torch.Tensor:
-    """``linear(states)``, from the weight the running beam search reordered for oneDNN (`prepack`) if it
-    did; equal to x W^T + b up to float32 rounding in another order. Training and compiled code (which
-    cannot trace a context variable) take ``linear(states)`` at once."""
-    if torch.is_grad_enabled() or torch.compiler.is_compiling():
-        return linear(states)
-    packed = (PREPACKED.get() or {}).get(linear)
-    if packed is None or states.dtype != torch.float32:
-        return linear(states)
-    return onednn_linear(states, packed, linear.bias)
-
-
-def onednn_linear(states: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x W^T + b over the last dimension of ``states``, W reordered for oneDNN (`prepack`)."""
-    product = torch.ops.mkldnn._linear_pointwise(states.reshape(-1, states.shape[-1]), packed, bias, "none", [], "")
-    return product.view(*states.shape[:-1], product.shape[-1])
-
-
-def prepack(linears: list[nn.Module], rows: int) -> dict[nn.Module, torch.Tensor]:
-    """The weights of those ``linears`` that are plain float32 ``nn.Linear`` layers on the CPU, each reordered
-    for oneDNN (a copy) for products of about ``rows`` rows; nothing where oneDNN is missing, switched off
-    (``torch.backends.mkldnn.flags(enabled=False)``) or fails its check, under autocast, or for quantised,
-    adapted, hooked or patched layers, which keep their own forward."""
-    if not (torch.backends.mkldnn.enabled and not torch.is_autocast_enabled("cpu") and onednn_linear_works()):
-        return {}
-    return {
-        linear: torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows)
-        for linear in linears
-        if type(linear) is nn.Linear and type(linear.weight) is nn.Parameter and linear.weight.device.type == "cpu"
-        and linear.weight.dtype == torch.float32 and runs_as_defined(linear, nn.Linear.forward)
-    }
-
-
-@functools.cache
-def onednn_linear_works() -> bool:
-    """Whether this torch has oneDNN's private linear operators as `prepacked_linear` calls them, giving
-    `F.linear`'s product (checked once): where a torch version changes them, beam search keeps plain weights."""
-    try:
-        weight, bias, states = (torch.linspace(-1, 1, n).sin().reshape(shape) for n, shape in (
-            (384, (24, 16)), (24, (24,)), (48, (3, 16))))  # fixed values: the global random state stays as it is
-        product = onednn_linear(states, torch.ops.mkldnn._reorder_linear_weight(weight, 3), bias)
-        return torch.allclose(product, nn.functional.linear(states, weight, bias), atol=1e-4)
-    except (AttributeError, RuntimeError, TypeError):
-        return False
-
-
-TOP_K_BLOCK = 128
-
-
-def blockwise_top_k(scores: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.topk(scores, k)`` along the last dimension (V), through blocks of 128: the k best values lie
-    in the k blocks with the highest maxima, so one pass takes the block maxima and the top-k runs over k
-    blocks (and the last V mod 128 values) instead of all V; on CPU about twice as fast at V = 10^4. The
-    same values; among exactly equal ones the indices may be others (as they may between top-k kernels).
-    """
-    rows, size = scores.shape
-    blocks = size // TOP_K_BLOCK
-    if blocks <= k:
-        return torch.topk(scores, k)
-    whole = scores[:, : blocks * TOP_K_BLOCK].view(rows, blocks, TOP_K_BLOCK)
-    best_blocks = torch.topk(whole.amax(dim=-1), k).indices  # (rows, k)
-    offsets = torch.arange(TOP_K_BLOCK, device=scores.device)
-    candidates = whole.gather(1, best_blocks[:, :, None].expand(rows, k, TOP_K_BLOCK)).view(rows, -1)
-    indices = (best_blocks[:, :, None] * TOP_K_BLOCK + offsets).view(rows, -1)
-    rest = torch.arange(blocks * TOP_K_BLOCK, size, device=scores.device).expand(rows, -1)
-    values, picked = torch.topk(torch.cat([candidates, scores[:, blocks * TOP_K_BLOCK :]], dim=1), k)
-    return values, torch.cat([indices, rest], dim=1).gather(1, picked)
-
-
-# Logits processors that treat every row on its own (no batch index, no per-sentence state): with them,
-# leaving a finished sentence's rows out of the batch changes nothing for the other rows.
-ROW_WISE_PROCESSORS = (
-    MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor,
-    SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, ForcedBOSTokenLogitsProcessor,
-    ForcedEOSTokenLogitsProcessor, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
-)
-ROW_WISE_CRITERIA = (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)
-
-
-class BeamSearch:
-    """`GenerationMixin._beam_search` (transformers 5) for this model: the same candidates, scores and
-    hypotheses, with less work per step. Its bookkeeping (`_update_finished_beams` and friends) is
-    transformers' own; what differs is how much the model and the vocabulary-sized tensors cost:
-
-    - cross-attention keys and values are computed and kept once per sentence, not once per beam, and
-      never reordered (`fold_beams`);
-    - the best continuations come from each beam's best tokens (`best_continuations`) instead of a
-      (B, beams * V) tensor of sums, and the logits are not copied first;
-    - a sentence whose hypotheses can no longer change (all its beams finished, and early stopping or
-      no possible improvement) leaves the batch; generate() keeps decoding it until the last one ends.
-    - the cross-attention mask is made once per batch, not at every step.
-    - the output projection runs on the last position only, and its logits stay inside the search;
-    - on the CPU, the decoder FFN and the output projection multiply by weights reordered once per call
-      for oneDNN (`prepack`, `prepacked_linear`).
-    - the paper's decoding (early stopping, no logits processors) takes `_lean_step`: the same
-      bookkeeping functions, called only at the steps where they can change the result.
-
-    `covers` says which calls it serves; the rest go to transformers' `_beam_search`.
-    """
-
-    best_continuations = staticmethod(best_continuations)
-    lean_steps = True  # `_lean_step` wherever it applies
-    prepacked_weights = True  # `prepack` wherever it applies
-
-    @staticmethod
-    def covers(model, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs) -> bool:
-        cache, encoder_outputs = model_kwargs.get(CACHE), model_kwargs.get("encoder_outputs")
-        return (
-            not (generation_config.do_sample or generation_config.return_dict_in_generate or synced_gpus)
-            and generation_config.prefill_chunk_size is None
-            and set(model_kwargs) <= {"attention_mask", "encoder_outputs", CACHE, "use_cache"}
-            and bool(model_kwargs.get("use_cache"))
-            and type(cache) is EncoderDecoderCache and type(cache.self_attention_cache) is DynamicCache
-            and not getattr(cache, "_is_user_defined", False) and cache.get_seq_length() == 0
-            and isinstance(encoder_outputs, BaseModelOutput) and list(encoder_outputs.keys()) == ["last_hidden_state"]
-            and all(type(processor) in ROW_WISE_PROCESSORS for processor in logits_processor)
-            and all(type(criterion) in ROW_WISE_CRITERIA for criterion in stopping_criteria)
-            and model.config._attn_implementation in ("eager", "sdpa")  # flex on CPU fails on folded prompts
-        )
-
-    def __init__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
-        self.model, self.config = model, generation_config
-        self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
-        self.beams = generation_config.num_beams
-        # early stopping and no logits processor (the paper's decoding): see `_lean_step`
-        self.lean = self.lean_steps and generation_config.early_stopping is True and not logits_processor
-        eos = generation_config._eos_token_tensor
-        self.keep = max(2, 1 + (eos.shape[0] if eos is not None else 0)) * self.beams  # candidates per sentence
-        self.top_beams_mask = torch.arange(self.keep, device=input_ids.device) < self.beams
-        sentences, self.prompt_length = input_ids.shape[0] // self.beams, input_ids.shape[1]
-        self.length = self.prompt_length
-        self.row_offsets = torch.arange(sentences, device=input_ids.device)[:, None] * self.beams  # first row
-        # generate() repeated every sentence's encoder output and mask for its beams: keep one of each
-        self.encoder_hidden_states = model_kwargs["encoder_outputs"].last_hidden_state[:: self.beams]
-        mask = model_kwargs.get("attention_mask")
-        # the decoder's cross-attention mask, made once (the decoder would make it again at every step):
-        # (sentences, 1, 1, source) is the same for every query position, so it serves every step
-        self.attention_mask = create_bidirectional_mask(
-            config=model.config, inputs_embeds=self.encoder_hidden_states[:, :1], encoder_hidden_states=
-            self.encoder_hidden_states, attention_mask=mask[:: self.beams] if mask is not None else None,
-        )
-        self.cache = model_kwargs[CACHE]  # generate()'s, empty
-        # weights reordered for oneDNN while this call runs; none for a model whose call runs more than its
-        # forward (hooks, a compiled forward, which would trace the context variable)
-        linears = [linear for layer in model.model.decoder.layers for linear in (layer.feed_forward.fc1, layer.feed_forward.fc2)]
-        self.whole_forward = not runs_as_defined(model, VanillaTransformerForConditionalGeneration.forward)
-        self.prepacked = prepack([*linears, model.get_output_embeddings()], rows=input_ids.shape[0]) if (
-            self.prepacked_weights and not self.whole_forward
-        ) else {}
-        self.sentence_ids = torch.arange(sentences, device=input_ids.device)  # batch position of each kept sentence
-        self.state = self._initial_state(input_ids, sentences)
-        self.result = {name: self.state[name].clone() for name in ("sequences", "beam_indices")}
-
-    def _initial_state(self, input_ids: torch.Tensor, sentences: int) -> dict[str, torch.Tensor]:
-        """The tensors `_beam_search` starts from, with the same fill values. The lean step keeps no beam
-        indices: where `_beam_search` keeps a finished hypothesis' beam indices, it keeps their count
-        (what `run` crops the output by), as a (sentences, beams, 1) tensor."""
-        pad, eos = self.config._pad_token_tensor, self.config._eos_token_tensor
-        fill = pad or eos[0] if eos is not None else -1  # as transformers writes it
-        device, shape, beams = input_ids.device, (sentences, self.beams), self.beams
-        running_sequences = torch.full((*shape, self.config.max_length), fill, dtype=torch.long, device=device)
-        running_sequences[:, :, : self.length] = input_ids.view(sentences, beams, -1)
-        running_beam_scores = torch.zeros(shape, device=device)
-        running_beam_scores[:, 1:] = -1.0e9  # only the first beam's continuations count at the first step
-        state = {
-            "running_sequences": running_sequences, "running_beam_scores": running_beam_scores,
-            "sequences": running_sequences.clone(), "beam_scores": torch.full(shape, -1.0e9, device=device),
-            "is_sent_finished": torch.zeros(shape, dtype=torch.bool, device=device),
-            "is_early_stop_heuristic_unsatisfied": torch.ones((sentences, 1), dtype=torch.bool, device=device),
-        }
-        if self.lean:
-            return {**state, "beam_indices": torch.zeros((*shape, 1), dtype=torch.long, device=device)}
-        indices = torch.full((*shape, self.config.max_length - self.length), -1, dtype=torch.int32, device=device)
-        return {
-            **state, "running_beam_indices": indices, "beam_indices": indices.clone(),
-            "next_token_hits_stopping_criteria": torch.zeros(shape, dtype=torch.bool, device=device),
-        }
-
-    def run(self) -> torch.LongTensor:
-        token = PREPACKED.set(self.prepacked)  # what `prepacked_linear` multiplies by while the search runs
-        try:
-            return self._search()
-        finally:
-            PREPACKED.reset(token)
-
-    def _search(self) -> torch.LongTensor:
-        if self.lean:
-            while self._lean_step():
-                pass
-        else:
-            while True:
-                self._step()
-                if not self._unfinished():
-                    break
-                self._leave_out_finished_sentences()
-        self._store(torch.ones_like(self.sentence_ids, dtype=torch.bool))
-        returned = self.config.num_return_sequences
-        sequences = self.result["sequences"][:, :returned].flatten(0, 1)
-        beam_indices = self.result["beam_indices"][:, :returned].flatten(0, 1)
-        # as `_beam_search` crops its output: to the most generated tokens among the returned hypotheses
-        generated = beam_indices.max() if self.lean else (beam_indices + 1).bool().sum(dim=1).max()
-        return sequences[:, : self.prompt_length + generated]
-
-    def _step(self) -> None:
-        first = self.length == self.prompt_length
-        scores, beam, token = self._continuations(first)
-        state, model, beams = self.state, self.model, self.beams
-        candidates = model._gather_beams(state["running_sequences"], beam)
-        candidates[:, :, self.length] = token
-        candidate_indices = model._gather_beams(state["running_beam_indices"], beam)
-        candidate_indices[:, :, self.length - self.prompt_length] = beam + self.row_offsets
-        state["next_token_hits_stopping_criteria"] = self._hits(token)
-        state["running_sequences"], state["running_beam_scores"], state["running_beam_indices"] = (
-            model._get_running_beams_for_next_iteration(
-                scores, candidates, candidate_indices, state["next_token_hits_stopping_criteria"], beams
-            )
-        )
-        self._update_finished_beams(scores, candidates, candidate_indices, state["next_token_hits_stopping_criteria"])
-        beam_idx = state["running_beam_indices"][..., self.length - self.prompt_length].flatten()
-        # cross-attention: once per sentence, never reordered; after the first step, one row per beam
-        self.cache.self_attention_cache.reorder_cache(beam_idx // beams if first else beam_idx)
-        self.length += 1
-        state["is_early_stop_heuristic_unsatisfied"] = model._check_early_stop_heuristic(
-            is_early_stop_heuristic_unsatisfied=state["is_early_stop_heuristic_unsatisfied"],
-            running_beam_scores=state["running_beam_scores"], beam_scores=state["beam_scores"],
-            is_sent_finished=state["is_sent_finished"], cur_len=self.length, max_length=self.config.max_length,
-            decoder_prompt_len=self.prompt_length, early_stopping=self.config.early_stopping,
-            length_penalty=self.config.length_penalty,
-        )
-
-    def _lean_step(self) -> bool:
-        """`_step` for early stopping without logits processors (the paper's decoding), with the same
-        hypotheses and half the search's tensor operations per step (61 against 119 in a 3-layer model
-        at beam 4 x 32, whose decoder runs 189); says whether to go on.
-
-        With early stopping, a sentence leaves the batch as soon as all its beams have a finished
-        hypothesis, so for every sentence still in it the early-stop heuristic holds (it fails only
-        once every beam has one), and `_update_finished_beams` adds nothing to the scores of its
-        candidates but -1e9 to those that did not just end. A step where no top candidate ends
-        therefore changes only slots that hold no finished hypothesis: they rank below every finished
-        one, and without logits processors (no -inf scores) the search always ends with finished
-        hypotheses in the returned slots. So `_update_finished_beams` runs only at the steps where a
-        hypothesis ends, `_check_early_stop_heuristic` never, and no beam indices are kept.
-        """
-        first = self.length == self.prompt_length
-        scores, beam, token = self._continuations(first)
-        state, model = self.state, self.model
-        hits = self._hits(token)
-        ended = bool((hits & self.top_beams_mask).any())
-        if ended:  # transformers' merge, with each candidate's count of generated tokens as its "beam indices"
-            candidates = model._gather_beams(state["running_sequences"], beam)
-            candidates[:, :, self.length] = token
-            generated = torch.full_like(beam, self.length + 1 - self.prompt_length)[:, :, None]
-            self._update_finished_beams(scores, candidates, generated, hits)
-        if bool(hits.all()):  # no candidate can go on (the length limit), as `_beam_search_has_unfinished_sequences`
-            return False
-        # the best `beams` candidates that did not end go on (`_get_running_beams_for_next_iteration`)
-        running_scores = scores + hits.to(torch.float32) * -1.0e9
-        picked = torch.topk(running_scores, k=self.beams)[1]
-        parent = beam.gather(1, picked)
-        state["running_sequences"] = model._gather_beams(state["running_sequences"], parent)
-        state["running_sequences"][:, :, self.length] = token.gather(1, picked)
-        state["running_beam_scores"] = running_scores.gather(1, picked)
-        rows = (parent + self.row_offsets).flatten()
-        # cross-attention: once per sentence, never reordered; after the first step, one row per beam
-        self.cache.self_attention_cache.reorder_cache(rows // self.beams if first else rows)
-        self.length += 1
-        if ended:
-            if bool(state["is_sent_finished"].all()):  # every sentence has its hypotheses
-                return False
-            self._leave_out_finished_sentences()
-        return True
-
-    def _hits(self, token: torch.Tensor) -> torch.Tensor:
-        """Which candidates hit a stopping criterion. The criteria `covers` admits read a sequence's last
-        token and its length only, so they get a view with those, not the candidates' sequences."""
-        last_tokens = token.reshape(-1, 1).expand(-1, self.length + 1)
-        return self.stopping_criteria(last_tokens, None).view(token.shape)
-
-    def _update_finished_beams(self, scores, candidates, candidate_indices, hits) -> None:
-        state = self.state
-        state["sequences"], state["beam_scores"], state["beam_indices"], state["is_sent_finished"] = (
-            self.model._update_finished_beams(  # by keyword, as `_beam_search` calls it (the GNMT penalty hooks in)
-                sequences=state["sequences"], topk_running_sequences=candidates, beam_scores=state["beam_scores"],
-                topk_log_probs=scores, beam_indices=state["beam_indices"], topk_running_beam_indices=candidate_indices,
-                is_early_stop_heuristic_unsatisfied=state["is_early_stop_heuristic_unsatisfied"],
-                is_sent_finished=state["is_sent_finished"], next_token_hits_stopping_criteria=hits,
-                top_num_beam_mask=self.top_beams_mask, num_beams=self.beams, cur_len=self.length,
-                decoder_prompt_len=self.prompt_length, length_penalty=self.config.length_penalty,
-                early_stopping=self.config.early_stopping,
-            )
-        )
-
-    def _continuations(self, first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Decode one position and pick each sentence's best continuations. On the first step the beams of
-        a sentence are copies of each other, so the decoder runs on one row per sentence."""
-        running = self.state["running_sequences"]
-        sequences = (running[:, :1] if first else running)[:, :, : self.length].flatten(0, 1)  # (rows, length)
-        logits = self._next_token_logits(
-            encoder_outputs=(self.encoder_hidden_states,), attention_mask=self.attention_mask,
-            decoder_input_ids=sequences if first else sequences[:, -1:], cache=self.cache, use_cache=True,
-        )
-        log_probs = nn.functional.log_softmax(logits.float(), dim=-1)  # (rows, V)
-        log_probs = self.logits_processor(sequences, log_probs)
-        # processors can leave fewer than `keep` finite scores: then tied -inf ones are picked as generate() does
-        top_k = blockwise_top_k if not self.logits_processor else torch.topk
-        return self.best_continuations(log_probs, self.state["running_beam_scores"], self.keep, top_k)
-
-    def _next_token_logits(self, **inputs) -> torch.Tensor:
-        """The logits at the last position (rows, V): the decoder, then the output projection on that
-        position alone (`prepacked_linear`). The whole forward where calling the model runs more than its
-        forward (hooks, a replaced or compiled forward): whoever put that there expects it to run."""
-        model = self.model
-        if self.whole_forward:  # decided once, in __init__
-            return model(**inputs).logits[:, -1]
-        hidden_states = model.model(**inputs).last_hidden_state[:, -1:]  # (rows, 1, d_model), as the forward has it
-        return prepacked_linear(model.get_output_embeddings(), hidden_states)[:, -1]
-
-    def _unfinished(self) -> bool:
-        state = self.state
-        return bool(self.model._beam_search_has_unfinished_sequences(
-            state["is_early_stop_heuristic_unsatisfied"], state["is_sent_finished"],
-            state["next_token_hits_stopping_criteria"], self.config.early_stopping,
-        ))
-
-    def _leave_out_finished_sentences(self) -> None:
-        """Sentences whose finished hypotheses can no longer change leave the batch (and the cache)."""
-        state = self.state
-        improvable = state["is_early_stop_heuristic_unsatisfied"][:, 0] & (self.config.early_stopping is not True)
-        done = state["is_sent_finished"].all(dim=-1) & ~improvable
-        if not done.any():
-            return
-        self._store(done)
-        kept = (~done).nonzero().squeeze(1)
-        self.state = {name: tensor[kept] for name, tensor in state.items()}
-        rows = (kept[:, None] * self.beams + torch.arange(self.beams, device=kept.device)).flatten()
-        encoder_rows = kept if self.encoder_hidden_states.shape[0] == self.sentence_ids.shape[0] else rows
-        self.sentence_ids = self.sentence_ids[kept]
-        self.row_offsets = self.row_offsets[: kept.shape[0]]
-        self.encoder_hidden_states = self.encoder_hidden_states[encoder_rows]
-        self.attention_mask = self.attention_mask[encoder_rows] if self.attention_mask is not None else None
-        self.cache.self_attention_cache.batch_select_indices(rows)
-        self.cache.cross_attention_cache.batch_select_indices(encoder_rows)
-
-    def _store(self, sentences: torch.Tensor) -> None:
-        """Copy these sentences' finished hypotheses to their batch positions in the result."""
-        for name, tensor in self.result.items():
-            tensor[self.sentence_ids[sentences]] = self.state[name][sentences]
-
-
-def pad_after_end_of_sequence(sequences: torch.Tensor, eos_token_id: int, pad_token_id: int) -> torch.Tensor:
-    """Every token after a row's first ``</s>`` becomes ``<pad>``.
-
-    Beam search in transformers fills finished rows with ``pad_token_id or eos_token_id``, so a pad
-    id of 0 (falsy) fills them with ``</s>``, and whoever counts non-pad tokens (the Trainer's
-    ``gen_len``) counts the filler too.
-    """
-    ended_before = (sequences == eos_token_id).long().cumsum(dim=-1) - (sequences == eos_token_id).long()
-    return sequences.masked_fill(ended_before > 0, pad_token_id)
-
-
-class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedModel, GenerationMixin):
+class VanillaTransformerForConditionalGeneration(VanillaTransformerGenerationMixin, VanillaTransformerPreTrainedModel):
     """The full model: encoder-decoder + linear pre-softmax projection (§3.4), with a loss and `generate()`.
 
     The loss is the token-level cross-entropy over labels that are not -100. Under gradient
@@ -1283,8 +790,11 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
         **kwargs,
     ) -> Seq2SeqLMOutput:
+        """``logits_to_keep``: the pre-softmax projection runs on the last that many positions only (0: all),
+        or on the positions a 1-D tensor lists; generate() asks for the last one."""
         if labels is not None:
             use_cache = False  # teacher forcing sees the whole target at once
             if decoder_input_ids is None and decoder_inputs_embeds is None:
@@ -1301,7 +811,8 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             use_cache=use_cache,
             **kwargs,
         )
-        logits = self.lm_head(outputs.last_hidden_state)  # (B, T, V)
+        positions = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(outputs.last_hidden_state[:, positions])  # (B, T or logits_to_keep, V)
         loss = None if labels is None else label_smoothed_cross_entropy(logits, labels, num_items_in_batch)
         return Seq2SeqLMOutput(
             loss=loss,
@@ -1315,147 +826,11 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerPreTrainedMod
             encoder_attentions=outputs.encoder_attentions,
         )
 
-    def generate(self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs):
-        """`GenerationMixin.generate` with the paper's length limit (§6.1) and outputs padded with ``<pad>``.
-
-        Length, first match wins: ``max_length`` or ``max_new_tokens`` in the call (or in the
-        ``generation_config`` passed); ``max_new_tokens`` set on the model's generation config; the
-        paper's rule, at most (longest source in the batch) + ``max_new_tokens_beyond_input`` (50)
-        tokens, capped by ``max_position_embeddings``. The rule beats the ``max_length`` stored in the
-        model's generation config, which ``Seq2SeqTrainer`` sets to transformers' default of 20 as a
-        side effect of evaluating; set ``max_new_tokens_beyond_input = None`` to use ``max_length``.
-        """
-        limit = self._new_tokens_limit(inputs, generation_config, kwargs)
-        if limit is not None:  # as a max_length (the start token + limit), which wins over the model's own
-            ours = generation_config is None
-            generation_config = copy.deepcopy(generation_config or self.generation_config)
-            if ours:  # the call's settings go into our copy (transformers warns when given a config and settings);
-                # None (unset a default) and cache_implementation (read from the call by generate()) stay in the call
-                settings = [k for k, v in kwargs.items() if v is not None and k != "cache_implementation"]
-                kwargs.update(generation_config.update(**{k: kwargs.pop(k) for k in settings}))
-            generation_config.max_length, generation_config.max_new_tokens = limit + 1, None
-        self._check_length_fits(generation_config or self.generation_config, kwargs)
-        formula = kwargs.pop(LENGTH_PENALTY_FORMULA, None) or self._setting(generation_config, LENGTH_PENALTY_FORMULA)
-        if formula not in (None, *LENGTH_PENALTY_FORMULAS):
-            raise ValueError(f"{LENGTH_PENALTY_FORMULA}={formula!r}: use 'gnmt' (the paper's) or 'length' (transformers').")
-        self._gnmt_length_penalty = formula == "gnmt"  # read by the two beam-search scoring steps below
-        try:
-            output = super().generate(inputs, generation_config, **kwargs)
-        finally:
-            self._gnmt_length_penalty = False
-        eos, pad = (self._setting(generation_config, name, kwargs) for name in ("eos_token_id", "pad_token_id"))
-        eos = eos[0] if isinstance(eos, list) and len(eos) == 1 else eos
-        if isinstance(eos, int) and pad is not None:  # pad what follows </s> (beam search may not: see above)
-            if torch.is_tensor(output):
-                return pad_after_end_of_sequence(output, eos, pad)
-            output.sequences = pad_after_end_of_sequence(output.sequences, eos, pad)
-        return output
-
-    def _beam_search(
-        self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **model_kwargs
-    ):
-        """generate()'s beam search: `BeamSearch` where it covers the call, else transformers' own."""
-        if BeamSearch.covers(self, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs):
-            return BeamSearch(self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs).run()
-        return super()._beam_search(
-            input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
-        )
-
-    def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
-        """transformers' beam search reorders the cache through this: the cross-attention keys and values
-        are the same for every beam of a sentence, so only self-attention's are reordered."""
-        cache.self_attention_cache.reorder_cache(beam_idx)
-        return cache
-
-    # Beam search (transformers' `_beam_search`) divides a finished hypothesis' log-probability by
-    # length ** length_penalty in these two steps; for GNMT's penalty they get the log-probabilities
-    # rescaled by length ** alpha / lp(length), so that the division leaves log P / lp.
-    _gnmt_length_penalty = False
-
-    def _update_finished_beams(self, *, topk_log_probs, cur_len, decoder_prompt_len, length_penalty, **kwargs):
-        if self._gnmt_length_penalty:
-            length = cur_len + 1 - decoder_prompt_len
-            topk_log_probs = topk_log_probs * (length**length_penalty / gnmt_length_penalty(length, length_penalty))
-        return super()._update_finished_beams(
-            topk_log_probs=topk_log_probs, cur_len=cur_len, decoder_prompt_len=decoder_prompt_len,
-            length_penalty=length_penalty, **kwargs,
-        )
-
-    def _check_early_stop_heuristic(self, *, running_beam_scores, cur_len, max_length, decoder_prompt_len,
-                                    early_stopping, length_penalty, **kwargs):
-        if self._gnmt_length_penalty:  # the same hypothetical length as transformers' heuristic
-            length = max_length if early_stopping == "never" and length_penalty > 0.0 else cur_len
-            length -= decoder_prompt_len
-            running_beam_scores = running_beam_scores * (
-                length**length_penalty / gnmt_length_penalty(length, length_penalty))
-        return GenerationMixin._check_early_stop_heuristic(
-            running_beam_scores=running_beam_scores, cur_len=cur_len, max_length=max_length,
-            decoder_prompt_len=decoder_prompt_len, early_stopping=early_stopping, length_penalty=length_penalty,
-            **kwargs,
-        )
-
-    def _setting(self, generation_config: GenerationConfig | None, name: str, kwargs: dict | None = None):
-        """A generation setting: the call's, else the passed config's, else the model's (as `generate()`
-        merges them)."""
-        for value in ((kwargs or {}).get(name), getattr(generation_config, name, None)):
-            if value is not None:
-                return value
-        return getattr(self.generation_config, name, None)
-
-    def _new_tokens_limit(self, inputs, generation_config: GenerationConfig | None, kwargs: dict) -> int | None:
-        """max_new_tokens under the paper's rule, or None when a length was given or the rule is off."""
-        if any(kwargs.get(k) is not None for k in ("max_length", "max_new_tokens")):
-            return None
-        if generation_config is not None and (generation_config.max_length or generation_config.max_new_tokens):
-            return None
-        if self.generation_config.max_new_tokens is not None:  # set on the model's config by the user
-            return None
-        holder = next(
-            (c for c in (generation_config, self.generation_config) if hasattr(c, MAX_NEW_TOKENS_BEYOND_INPUT)), None
-        )
-        # A generation config saved before the field existed gets the paper's rule too.
-        extra = getattr(holder, MAX_NEW_TOKENS_BEYOND_INPUT) if holder is not None else MAX_EXTRA_OUTPUT_TOKENS
-        source_length = _source_length(inputs, kwargs)
-        if extra is None or source_length is None:
-            return None
-        return min(source_length + extra, self.config.max_position_embeddings - 1)
-
-    def _check_length_fits(self, generation_config: GenerationConfig, kwargs: dict) -> None:
-        """Refuse, before decoding, a length the positional encoding cannot reach (the decoder's first
-        position holds the start token)."""
-        new_tokens = kwargs.get("max_new_tokens", generation_config.max_new_tokens)
-        total = kwargs.get("max_length", generation_config.max_length)
-        positions = self.config.max_position_embeddings
-        if (new_tokens is not None and new_tokens >= positions) or (new_tokens is None and total and total > positions):
-            asked = f"max_new_tokens={new_tokens}" if new_tokens is not None else f"max_length={total}"
-            raise ValueError(
-                f"{asked} is more than this model can generate: max_position_embeddings={positions} positions, one of "
-                f"them for the start token. Ask for at most {positions - 1} new tokens, or raise "
-                "max_position_embeddings in the config (sinusoidal positions need no retraining)."
-            )
-
-
-def _source_length(inputs: torch.Tensor | None, kwargs: dict) -> int | None:
-    """Length of the (padded) source batch, from whichever form the source was given in."""
-    if inputs is not None:
-        return inputs.shape[1]
-    for name in ("input_ids", "inputs_embeds"):
-        if kwargs.get(name) is not None:
-            return kwargs[name].shape[1]
-    encoder_outputs = kwargs.get("encoder_outputs")
-    if encoder_outputs is not None:
-        return encoder_outputs[0].shape[1]
-    return None
-
 
 __all__ = [
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerModel",
     "VanillaTransformerPreTrainedModel",
     "label_smoothed_cross_entropy",
-    "pad_after_end_of_sequence",
-    "gnmt_length_penalty",
-    "paper_generation_config",
-    "penalty_formula_of",
     "sinusoidal_positions",
 ]

@@ -1,0 +1,569 @@
+"""Decoding (§6.1) for the Transformer: the paper's length rule and length penalty, and a beam search.
+
+The model class inherits `VanillaTransformerGenerationMixin`, a `GenerationMixin` (as Whisper's
+``generation_whisper.py`` does). The model knows nothing about decoding: this module talks to it
+through transformers' contracts only, its forward (``logits_to_keep``, the key/value cache) and
+``_reorder_cache``. The file loads as Hub remote code beside the model files (flat imports, no
+training dependencies).
+
+- `generate()` applies §6.1's limit (input length + 50 new tokens), the penalty the generation config
+  names (``length_penalty_formula``: GNMT's, the paper's, or transformers' own), and pads what follows
+  ``</s>`` with ``<pad>``.
+- `BeamSearch` gives transformers' beam-search hypotheses with less work per step; `generate()` takes it
+  for the calls it covers (`BeamSearch.covers`) and transformers' `_beam_search` for the rest.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import copy
+
+import torch
+from torch import nn
+from transformers import GenerationConfig, GenerationMixin
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.generation.logits_process import (
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+)
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
+from transformers.masking_utils import create_bidirectional_mask
+from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
+
+# transformers 5.24 renamed the key/value cache `past_key_values` -> `cache` in generate()'s model
+# kwargs, in forward arguments and in model outputs: the installed version's name.
+CACHE = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+# §6.1: "We set the maximum output length during inference to input length + 50". Kept in the
+# generation config under this name, so that it is saved, visible and can be changed or switched off.
+MAX_NEW_TOKENS_BEYOND_INPUT = "max_new_tokens_beyond_input"
+MAX_EXTRA_OUTPUT_TOKENS = 50
+# §6.1's "length penalty alpha = 0.6" is GNMT's (Wu et al., 2016, eq. 14): a finished hypothesis Y scores
+# log P(Y) / lp(Y), lp(Y) = ((5 + |Y|) / 6) ** alpha, as tensor2tensor computed it. transformers' beam
+# search divides by |Y| ** alpha instead. The generation config says which: "gnmt" (the paper's) or
+# "length" (transformers' and CTranslate2's); a config without the field is transformers' own.
+LENGTH_PENALTY_FORMULA = "length_penalty_formula"
+LENGTH_PENALTY_FORMULAS = ("gnmt", "length")
+
+# The penalty of the generate() call running in this thread (or task): read by the two scoring steps of
+# beam search below, set by `generate()` for the length of one call.
+_GNMT_PENALTY: contextvars.ContextVar[bool] = contextvars.ContextVar("gnmt_length_penalty", default=False)
+
+
+def paper_generation_config(config) -> GenerationConfig:
+    """Decoding as in §6.1: beam size 4, GNMT's length penalty with alpha = 0.6, stop when 4 hypotheses
+    end, and at most input length + 50 new tokens (``max_new_tokens_beyond_input``, applied by `generate()`)."""
+    return GenerationConfig(
+        num_beams=4,
+        length_penalty=0.6,
+        early_stopping=True,
+        decoder_start_token_id=config.decoder_start_token_id,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        **{MAX_NEW_TOKENS_BEYOND_INPUT: MAX_EXTRA_OUTPUT_TOKENS, LENGTH_PENALTY_FORMULA: "gnmt"},
+    )
+
+
+def penalty_formula_of(generation_config: GenerationConfig) -> str:
+    """The length penalty a saved generation config decodes with: its ``length_penalty_formula``, else "length"."""
+    return getattr(generation_config, LENGTH_PENALTY_FORMULA, None) or "length"
+
+
+def gnmt_length_penalty(length, alpha: float):
+    """lp(Y) = ((5 + |Y|) / 6) ** alpha, with |Y| the generated tokens, </s> included (GNMT, eq. 14)."""
+    return ((5 + length) / 6) ** alpha
+
+
+def pad_after_end_of_sequence(sequences: torch.Tensor, eos_token_id: int, pad_token_id: int) -> torch.Tensor:
+    """Every token after a row's first ``</s>`` becomes ``<pad>``.
+
+    Beam search in transformers fills finished rows with ``pad_token_id or eos_token_id``, so a pad
+    id of 0 (falsy) fills them with ``</s>``, and whoever counts non-pad tokens (the Trainer's
+    ``gen_len``) counts the filler too.
+    """
+    ended_before = (sequences == eos_token_id).long().cumsum(dim=-1) - (sequences == eos_token_id).long()
+    return sequences.masked_fill(ended_before > 0, pad_token_id)
+
+
+# ---------------------------------------------------------------------------------------------
+# generate(): §6.1's length rule and length penalty
+# ---------------------------------------------------------------------------------------------
+
+
+class VanillaTransformerGenerationMixin(GenerationMixin):
+    """`GenerationMixin` with §6.1's decoding: the length rule, GNMT's length penalty and `BeamSearch`."""
+
+    def generate(self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs):
+        """`GenerationMixin.generate` with the paper's length limit (§6.1) and outputs padded with ``<pad>``.
+
+        Length, first match wins: ``max_length`` or ``max_new_tokens`` in the call (or in the
+        ``generation_config`` passed); ``max_new_tokens`` set on the model's generation config; the
+        paper's rule, at most (longest source in the batch) + ``max_new_tokens_beyond_input`` (50)
+        tokens, capped by ``max_position_embeddings``. The rule beats the ``max_length`` stored in the
+        model's generation config, which ``Seq2SeqTrainer`` sets to transformers' default of 20 as a
+        side effect of evaluating; set ``max_new_tokens_beyond_input = None`` to use ``max_length``.
+        The length penalty is the call's ``length_penalty_formula`` ("gnmt" or "length"), else the
+        generation config's.
+        """
+        limit = self._new_tokens_limit(inputs, generation_config, kwargs)
+        if limit is not None:  # as a max_length (the start token + limit), which wins over the model's own
+            ours = generation_config is None
+            generation_config = copy.deepcopy(generation_config or self.generation_config)
+            if ours:  # the call's settings go into our copy (transformers warns when given a config and settings);
+                # None (unset a default) and cache_implementation (read from the call by generate()) stay in the call
+                settings = [k for k, v in kwargs.items() if v is not None and k != "cache_implementation"]
+                kwargs.update(generation_config.update(**{k: kwargs.pop(k) for k in settings}))
+            generation_config.max_length, generation_config.max_new_tokens = limit + 1, None
+        self._check_length_fits(generation_config or self.generation_config, kwargs)
+        formula = kwargs.pop(LENGTH_PENALTY_FORMULA, None) or self._setting(generation_config, LENGTH_PENALTY_FORMULA)
+        if formula not in (None, *LENGTH_PENALTY_FORMULAS):
+            raise ValueError(f"{LENGTH_PENALTY_FORMULA}={formula!r}: use 'gnmt' (the paper's) or 'length' (transformers').")
+        penalty = _GNMT_PENALTY.set(formula == "gnmt")  # this call's, in this thread only
+        try:
+            output = super().generate(inputs, generation_config, **kwargs)
+        finally:
+            _GNMT_PENALTY.reset(penalty)
+        eos, pad = (self._setting(generation_config, name, kwargs) for name in ("eos_token_id", "pad_token_id"))
+        eos = eos[0] if isinstance(eos, list) and len(eos) == 1 else eos
+        if isinstance(eos, int) and pad is not None:  # pad what follows </s> (beam search may not: see above)
+            if torch.is_tensor(output):
+                return pad_after_end_of_sequence(output, eos, pad)
+            output.sequences = pad_after_end_of_sequence(output.sequences, eos, pad)
+        return output
+
+    def save_pretrained(self, save_directory, *args, **kwargs):
+        """`PreTrainedModel.save_pretrained`, with a generation config whose ``max_length`` tells readers that
+        do not know the length rule (CTranslate2's converter, serving stacks) no shorter limit than the rule's.
+
+        ``Seq2SeqTrainer`` leaves transformers' default ``max_length`` of 20 on the model's generation config
+        after evaluating; `generate()` ignores it under the rule, other readers would cut every output at 20
+        tokens. Saved instead: the rule's own bound, ``max_position_embeddings`` (the start token and at most
+        ``max_position_embeddings - 1`` new tokens), beside ``max_new_tokens_beyond_input``.
+        """
+        config = self.generation_config
+        if getattr(config, MAX_NEW_TOKENS_BEYOND_INPUT, None) is None or config.max_new_tokens is not None:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        self.generation_config = copy.deepcopy(config)
+        self.generation_config.max_length = self.config.max_position_embeddings
+        try:
+            return super().save_pretrained(save_directory, *args, **kwargs)
+        finally:
+            self.generation_config = config
+
+    def _setting(self, generation_config: GenerationConfig | None, name: str, kwargs: dict | None = None):
+        """A generation setting: the call's, else the passed config's, else the model's (as `generate()`
+        merges them)."""
+        for value in ((kwargs or {}).get(name), getattr(generation_config, name, None)):
+            if value is not None:
+                return value
+        return getattr(self.generation_config, name, None)
+
+    def _new_tokens_limit(self, inputs, generation_config: GenerationConfig | None, kwargs: dict) -> int | None:
+        """max_new_tokens under the paper's rule, or None when a length was given or the rule is off."""
+        if any(kwargs.get(k) is not None for k in ("max_length", "max_new_tokens")):
+            return None
+        if generation_config is not None and (generation_config.max_length or generation_config.max_new_tokens):
+            return None
+        if self.generation_config.max_new_tokens is not None:  # set on the model's config by the user
+            return None
+        holder = next(
+            (c for c in (generation_config, self.generation_config) if hasattr(c, MAX_NEW_TOKENS_BEYOND_INPUT)), None
+        )
+        # A generation config saved before the field existed gets the paper's rule too.
+        extra = getattr(holder, MAX_NEW_TOKENS_BEYOND_INPUT) if holder is not None else MAX_EXTRA_OUTPUT_TOKENS
+        source_length = _source_length(inputs, kwargs)
+        if extra is None or source_length is None:
+            return None
+        return min(source_length + extra, self.config.max_position_embeddings - 1)
+
+    def _check_length_fits(self, generation_config: GenerationConfig, kwargs: dict) -> None:
+        """Refuse, before decoding, a length the positional encoding cannot reach (the decoder's first
+        position holds the start token)."""
+        new_tokens = kwargs.get("max_new_tokens", generation_config.max_new_tokens)
+        total = kwargs.get("max_length", generation_config.max_length)
+        positions = self.config.max_position_embeddings
+        if (new_tokens is not None and new_tokens >= positions) or (new_tokens is None and total and total > positions):
+            asked = f"max_new_tokens={new_tokens}" if new_tokens is not None else f"max_length={total}"
+            raise ValueError(
+                f"{asked} is more than this model can generate: max_position_embeddings={positions} positions, one of "
+                f"them for the start token. Ask for at most {positions - 1} new tokens, or raise "
+                "max_position_embeddings in the config (sinusoidal positions need no retraining)."
+            )
+
+    # -- the hooks of transformers' beam search ----------------------------------------------------
+
+    def _beam_search(
+        self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **model_kwargs
+    ):
+        """generate()'s beam search: `BeamSearch` where it covers the call, else transformers' own."""
+        reason = BeamSearch.not_covered(self, logits_processor, stopping_criteria, generation_config, synced_gpus,
+                                        model_kwargs)
+        if reason is None:
+            return BeamSearch(self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs).run()
+        _log_once(f"beam search: transformers' own loop, because {reason}")
+        return super()._beam_search(
+            input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
+        )
+
+    def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
+        """transformers' beam search reorders the cache through this: the cross-attention keys and values
+        are the same for every beam of a sentence, so only self-attention's are reordered."""
+        cache.self_attention_cache.reorder_cache(beam_idx)
+        return cache
+
+    # Beam search (transformers' `_beam_search`, and `BeamSearch`) divides a finished hypothesis'
+    # log-probability by length ** length_penalty in these two steps; for GNMT's penalty they get the
+    # log-probabilities rescaled by length ** alpha / lp(length), so that the division leaves log P / lp.
+
+    def _update_finished_beams(self, *, topk_log_probs, cur_len, decoder_prompt_len, length_penalty, **kwargs):
+        if _GNMT_PENALTY.get():
+            length = cur_len + 1 - decoder_prompt_len
+            topk_log_probs = topk_log_probs * (length**length_penalty / gnmt_length_penalty(length, length_penalty))
+        return super()._update_finished_beams(
+            topk_log_probs=topk_log_probs, cur_len=cur_len, decoder_prompt_len=decoder_prompt_len,
+            length_penalty=length_penalty, **kwargs,
+        )
+
+    def _check_early_stop_heuristic(self, *, running_beam_scores, cur_len, max_length, decoder_prompt_len,
+                                    early_stopping, length_penalty, **kwargs):
+        if _GNMT_PENALTY.get():  # the same hypothetical length as transformers' heuristic
+            length = max_length if early_stopping == "never" and length_penalty > 0.0 else cur_len
+            length -= decoder_prompt_len
+            running_beam_scores = running_beam_scores * (
+                length**length_penalty / gnmt_length_penalty(length, length_penalty))
+        return GenerationMixin._check_early_stop_heuristic(
+            running_beam_scores=running_beam_scores, cur_len=cur_len, max_length=max_length,
+            decoder_prompt_len=decoder_prompt_len, early_stopping=early_stopping, length_penalty=length_penalty,
+            **kwargs,
+        )
+
+
+def _source_length(inputs: torch.Tensor | None, kwargs: dict) -> int | None:
+    """Length of the (padded) source batch, from whichever form the source was given in."""
+    if inputs is not None:
+        return inputs.shape[1]
+    for name in ("input_ids", "inputs_embeds"):
+        if kwargs.get(name) is not None:
+            return kwargs[name].shape[1]
+    encoder_outputs = kwargs.get("encoder_outputs")
+    if encoder_outputs is not None:
+        return encoder_outputs[0].shape[1]
+    return None
+
+
+_LOGGED: set[str] = set()
+
+
+def _log_once(message: str) -> None:
+    """A debug message, once per process for each text."""
+    if message not in _LOGGED:
+        _LOGGED.add(message)
+        logger.debug(message)
+
+
+# ---------------------------------------------------------------------------------------------
+# §6.1 Beam search: transformers' algorithm and hypotheses, with less work per step
+# ---------------------------------------------------------------------------------------------
+
+
+def best_continuations(
+    log_probs: torch.Tensor, beam_scores: torch.Tensor, keep: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The ``keep`` best (beam, token) continuations of each sentence, best first: scores, beams, tokens (B, keep).
+
+    generate() adds each beam's score to all V of its token log-probabilities and takes the top ``keep``
+    of those B x (beams * V) sums. A sentence's best ``keep`` can only come from each beam's best ``keep``
+    tokens, so those are all this adds: the same sums, beams x keep of them instead of beams x V.
+    ``log_probs`` has a row per beam (B * beams, V), or one per sentence (B, V) when its beams are still
+    copies of each other (the first step).
+    """
+    sentences, beams = beam_scores.shape
+    token_scores, tokens = torch.topk(log_probs, keep)  # (B * beams or B, keep)
+    token_scores, tokens = (t.view(sentences, -1, keep).expand(sentences, beams, keep) for t in (token_scores, tokens))
+    sums = (token_scores + beam_scores[:, :, None]).reshape(sentences, beams * keep)
+    scores, picked = torch.topk(sums, keep)  # (B, keep)
+    return scores, picked // keep, tokens.reshape(sentences, beams * keep).gather(1, picked)
+
+
+# Logits processors that treat every row on its own (no batch index, no per-sentence state): with them,
+# leaving a finished sentence's rows out of the batch changes nothing for the other rows.
+ROW_WISE_PROCESSORS = (
+    MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor,
+    SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
+)
+ROW_WISE_CRITERIA = (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)
+
+
+class BeamSearch:
+    """`GenerationMixin._beam_search` (transformers 5) for this model: the same candidates, scores and
+    hypotheses, with less work per step. Its bookkeeping (`_update_finished_beams` and friends) is
+    transformers' own; what differs is how much the model and the vocabulary-sized tensors cost:
+
+    - the first step runs the decoder on one row per sentence (its beams are copies of each other), so
+      cross-attention keys and values are projected once per sentence, then repeated for the beams and
+      never reordered (`_reorder_cache`);
+    - a sentence whose hypotheses can no longer change (all its beams finished, and early stopping or
+      no possible improvement) leaves the batch; generate() keeps decoding it until the last one ends;
+    - the best continuations come from each beam's best tokens (`best_continuations`) instead of a
+      (B, beams * V) tensor of sums, and the logits are not copied first;
+    - the cross-attention mask is made once per batch, not at every step;
+    - the paper's decoding (early stopping, no logits processors) takes `_lean_step`: the same
+      bookkeeping functions, called only at the steps where they can change the result.
+
+    `not_covered` says which calls it serves; the rest go to transformers' `_beam_search`. One host-device
+    synchronisation per step (whether to go on), as in transformers' loop.
+    """
+
+    @staticmethod
+    def not_covered(model, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs):
+        """None for a call this search serves, else the reason it does not."""
+        cache, encoder_outputs = model_kwargs.get(CACHE), model_kwargs.get("encoder_outputs")
+        checks = {
+            "it samples, returns a dict, syncs GPUs or prefills in chunks": not (
+                generation_config.do_sample or generation_config.return_dict_in_generate or synced_gpus
+                or generation_config.prefill_chunk_size is not None),
+            f"the call passes model arguments beyond the source ({sorted(model_kwargs)})": set(model_kwargs) <= {
+                "attention_mask", "encoder_outputs", CACHE, "use_cache", "logits_to_keep"},
+            "the cache is off, not a fresh dynamic one, or the user's": bool(model_kwargs.get("use_cache"))
+                and type(cache) is EncoderDecoderCache and type(cache.self_attention_cache) is DynamicCache
+                and not getattr(cache, "_is_user_defined", False) and cache.get_seq_length() == 0,
+            "the encoder outputs carry more than the last hidden state": isinstance(encoder_outputs, BaseModelOutput)
+                and list(encoder_outputs.keys()) == ["last_hidden_state"],
+            "a logits processor or stopping criterion may look across rows": all(
+                type(processor) in ROW_WISE_PROCESSORS for processor in logits_processor)
+                and all(type(criterion) in ROW_WISE_CRITERIA for criterion in stopping_criteria),
+            "the attention implementation takes no tensor mask": model.config._attn_implementation in ("eager", "sdpa"),
+        }
+        return next((reason for reason, holds in checks.items() if not holds), None)
+
+    def __init__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
+        self.model, self.config = model, generation_config
+        self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
+        self.beams = generation_config.num_beams
+        # early stopping and no logits processor (the paper's decoding): see `_lean_step`
+        self.lean = generation_config.early_stopping is True and not logits_processor
+        eos = generation_config._eos_token_tensor
+        self.keep = max(2, 1 + (eos.shape[0] if eos is not None else 0)) * self.beams  # candidates per sentence
+        self.top_beams_mask = torch.arange(self.keep, device=input_ids.device) < self.beams
+        sentences, self.prompt_length = input_ids.shape[0] // self.beams, input_ids.shape[1]
+        self.length = self.prompt_length
+        self.row_offsets = torch.arange(sentences, device=input_ids.device)[:, None] * self.beams  # first row
+        self.encoder_hidden_states = model_kwargs["encoder_outputs"].last_hidden_state  # (B * beams, S, d_model)
+        # the decoder's cross-attention mask, made once (the decoder would make it again at every step):
+        # (B * beams, 1, 1, S) is the same for every query position, so it serves every step
+        self.attention_mask = create_bidirectional_mask(
+            config=model.config, inputs_embeds=self.encoder_hidden_states[:, :1],
+            encoder_hidden_states=self.encoder_hidden_states, attention_mask=model_kwargs.get("attention_mask"),
+        )
+        self.cache = model_kwargs[CACHE]  # generate()'s, empty
+        self.sentence_ids = torch.arange(sentences, device=input_ids.device)  # batch position of each kept sentence
+        self.state = self._initial_state(input_ids, sentences)
+        self.result = {name: self.state[name].clone() for name in ("sequences", "beam_indices")}
+
+    def _initial_state(self, input_ids: torch.Tensor, sentences: int) -> dict[str, torch.Tensor]:
+        """The tensors `_beam_search` starts from, with the same fill values. The lean step keeps no beam
+        indices: where `_beam_search` keeps a finished hypothesis' beam indices, it keeps their count
+        (what `run` crops the output by), as a (sentences, beams, 1) tensor."""
+        pad, eos = self.config._pad_token_tensor, self.config._eos_token_tensor
+        fill = pad or eos[0] if eos is not None else -1  # as transformers writes it
+        device, shape, beams = input_ids.device, (sentences, self.beams), self.beams
+        running_sequences = torch.full((*shape, self.config.max_length), fill, dtype=torch.long, device=device)
+        running_sequences[:, :, : self.length] = input_ids.view(sentences, beams, -1)
+        running_beam_scores = torch.zeros(shape, device=device)
+        running_beam_scores[:, 1:] = -1.0e9  # only the first beam's continuations count at the first step
+        state = {
+            "running_sequences": running_sequences, "running_beam_scores": running_beam_scores,
+            "sequences": running_sequences.clone(), "beam_scores": torch.full(shape, -1.0e9, device=device),
+            "is_sent_finished": torch.zeros(shape, dtype=torch.bool, device=device),
+            "is_early_stop_heuristic_unsatisfied": torch.ones((sentences, 1), dtype=torch.bool, device=device),
+        }
+        if self.lean:
+            return {**state, "beam_indices": torch.zeros((*shape, 1), dtype=torch.long, device=device)}
+        indices = torch.full((*shape, self.config.max_length - self.length), -1, dtype=torch.int32, device=device)
+        return {
+            **state, "running_beam_indices": indices, "beam_indices": indices.clone(),
+            "next_token_hits_stopping_criteria": torch.zeros(shape, dtype=torch.bool, device=device),
+        }
+
+    def run(self) -> torch.LongTensor:
+        if self.lean:
+            while self._lean_step():
+                pass
+        else:
+            while True:
+                self._step()
+                if not self._unfinished() or not self._leave_out_finished_sentences():
+                    break
+        self._store(torch.ones_like(self.sentence_ids, dtype=torch.bool))
+        returned = self.config.num_return_sequences
+        sequences = self.result["sequences"][:, :returned].flatten(0, 1)
+        beam_indices = self.result["beam_indices"][:, :returned].flatten(0, 1)
+        # as `_beam_search` crops its output: to the most generated tokens among the returned hypotheses
+        generated = beam_indices.max() if self.lean else (beam_indices + 1).bool().sum(dim=1).max()
+        return sequences[:, : self.prompt_length + generated]
+
+    def _step(self) -> None:
+        first = self.length == self.prompt_length
+        scores, beam, token = self._continuations(first)
+        state, model, beams = self.state, self.model, self.beams
+        candidates = model._gather_beams(state["running_sequences"], beam)
+        candidates[:, :, self.length] = token
+        candidate_indices = model._gather_beams(state["running_beam_indices"], beam)
+        candidate_indices[:, :, self.length - self.prompt_length] = beam + self.row_offsets
+        state["next_token_hits_stopping_criteria"] = self._hits(token)
+        state["running_sequences"], state["running_beam_scores"], state["running_beam_indices"] = (
+            model._get_running_beams_for_next_iteration(
+                scores, candidates, candidate_indices, state["next_token_hits_stopping_criteria"], beams
+            )
+        )
+        self._update_finished_beams(scores, candidates, candidate_indices, state["next_token_hits_stopping_criteria"])
+        self._reorder_cache(state["running_beam_indices"][..., self.length - self.prompt_length].flatten(), first)
+        self.length += 1
+        state["is_early_stop_heuristic_unsatisfied"] = model._check_early_stop_heuristic(
+            is_early_stop_heuristic_unsatisfied=state["is_early_stop_heuristic_unsatisfied"],
+            running_beam_scores=state["running_beam_scores"], beam_scores=state["beam_scores"],
+            is_sent_finished=state["is_sent_finished"], cur_len=self.length, max_length=self.config.max_length,
+            decoder_prompt_len=self.prompt_length, early_stopping=self.config.early_stopping,
+            length_penalty=self.config.length_penalty,
+        )
+
+    def _lean_step(self) -> bool:
+        """`_step` for early stopping without logits processors (the paper's decoding), with the same
+        hypotheses and half the search's tensor operations per step; says whether to go on.
+
+        With early stopping, a sentence leaves the batch as soon as all its beams have a finished
+        hypothesis, so for every sentence still in it the early-stop heuristic holds (it fails only
+        once every beam has one), and `_update_finished_beams` adds nothing to the scores of its
+        candidates but -1e9 to those that did not just end. A step where no top candidate ends
+        therefore changes only slots that hold no finished hypothesis: they rank below every finished
+        one, and without logits processors (no -inf scores) the search always ends with finished
+        hypotheses in the returned slots. So `_update_finished_beams` runs only at the steps where a
+        hypothesis ends, `_check_early_stop_heuristic` never, and no beam indices are kept.
+        """
+        first = self.length == self.prompt_length
+        scores, beam, token = self._continuations(first)
+        state, model = self.state, self.model
+        hits = self._hits(token)
+        # one host-device synchronisation per step: a hypothesis ended, or all did (the length limit)
+        ended, all_ended = (hits & self.top_beams_mask).any(), hits.all()
+        ended, all_ended = torch.stack([ended, all_ended]).tolist()
+        if ended:  # transformers' merge, with each candidate's count of generated tokens as its "beam indices"
+            candidates = model._gather_beams(state["running_sequences"], beam)
+            candidates[:, :, self.length] = token
+            generated = torch.full_like(beam, self.length + 1 - self.prompt_length)[:, :, None]
+            self._update_finished_beams(scores, candidates, generated, hits)
+        if all_ended:  # no candidate can go on, as `_beam_search_has_unfinished_sequences`
+            return False
+        # the best `beams` candidates that did not end go on (`_get_running_beams_for_next_iteration`)
+        running_scores = scores + hits.to(torch.float32) * -1.0e9
+        picked = torch.topk(running_scores, k=self.beams)[1]
+        parent = beam.gather(1, picked)
+        state["running_sequences"] = model._gather_beams(state["running_sequences"], parent)
+        state["running_sequences"][:, :, self.length] = token.gather(1, picked)
+        state["running_beam_scores"] = running_scores.gather(1, picked)
+        self._reorder_cache((parent + self.row_offsets).flatten(), first)
+        self.length += 1
+        return self._leave_out_finished_sentences() if ended else True
+
+    def _reorder_cache(self, rows: torch.Tensor, first: bool) -> None:
+        """Each beam's self-attention keys and values follow it (`_reorder_cache`). After the first step,
+        which ran one row per sentence, every beam gets its sentence's row, and its cross-attention keys
+        and values (the same for every beam, so never reordered afterwards)."""
+        if first:
+            rows = rows // self.beams
+            self.cache.cross_attention_cache.batch_repeat_interleave(self.beams)
+        self.model._reorder_cache(self.cache, rows)
+
+    def _hits(self, token: torch.Tensor) -> torch.Tensor:
+        """Which candidates hit a stopping criterion. The criteria `not_covered` admits read a sequence's
+        last token and its length only, so they get a view with those, not the candidates' sequences."""
+        last_tokens = token.reshape(-1, 1).expand(-1, self.length + 1)
+        return self.stopping_criteria(last_tokens, None).view(token.shape)
+
+    def _update_finished_beams(self, scores, candidates, candidate_indices, hits) -> None:
+        state = self.state
+        state["sequences"], state["beam_scores"], state["beam_indices"], state["is_sent_finished"] = (
+            self.model._update_finished_beams(  # by keyword, as `_beam_search` calls it (the GNMT penalty hooks in)
+                sequences=state["sequences"], topk_running_sequences=candidates, beam_scores=state["beam_scores"],
+                topk_log_probs=scores, beam_indices=state["beam_indices"], topk_running_beam_indices=candidate_indices,
+                is_early_stop_heuristic_unsatisfied=state["is_early_stop_heuristic_unsatisfied"],
+                is_sent_finished=state["is_sent_finished"], next_token_hits_stopping_criteria=hits,
+                top_num_beam_mask=self.top_beams_mask, num_beams=self.beams, cur_len=self.length,
+                decoder_prompt_len=self.prompt_length, length_penalty=self.config.length_penalty,
+                early_stopping=self.config.early_stopping,
+            )
+        )
+
+    def _continuations(self, first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Decode one position and pick each sentence's best continuations. On the first step the beams of
+        a sentence are copies of each other, so the decoder runs on one row per sentence."""
+        running, beams = self.state["running_sequences"], self.beams
+        sequences = (running[:, :1] if first else running)[:, :, : self.length].flatten(0, 1)  # (rows, length)
+        rows = slice(None, None, beams) if first else slice(None)
+        mask = self.attention_mask[rows] if self.attention_mask is not None else None
+        outputs = self.model(
+            encoder_outputs=(self.encoder_hidden_states[rows],), attention_mask=mask,
+            decoder_input_ids=sequences if first else sequences[:, -1:], use_cache=True, logits_to_keep=1,
+            **{CACHE: self.cache},
+        )
+        log_probs = nn.functional.log_softmax(outputs.logits[:, -1].float(), dim=-1)  # (rows, V)
+        log_probs = self.logits_processor(sequences, log_probs)
+        return best_continuations(log_probs, self.state["running_beam_scores"], self.keep)
+
+    def _unfinished(self) -> bool:
+        state = self.state
+        return bool(self.model._beam_search_has_unfinished_sequences(
+            state["is_early_stop_heuristic_unsatisfied"], state["is_sent_finished"],
+            state["next_token_hits_stopping_criteria"], self.config.early_stopping,
+        ))
+
+    def _leave_out_finished_sentences(self) -> bool:
+        """Sentences whose finished hypotheses can no longer change leave the batch (and the cache); says
+        whether any is left. One host-device synchronisation (which sentences stay)."""
+        state = self.state
+        improvable = state["is_early_stop_heuristic_unsatisfied"][:, 0] & (self.config.early_stopping is not True)
+        done = state["is_sent_finished"].all(dim=-1) & ~improvable
+        kept = (~done).nonzero().squeeze(1)
+        if kept.shape[0] == done.shape[0]:
+            return True
+        self._store(done)
+        if kept.shape[0] == 0:
+            return False
+        self.state = {name: tensor[kept] for name, tensor in state.items()}
+        rows = (kept[:, None] * self.beams + torch.arange(self.beams, device=kept.device)).flatten()
+        self.sentence_ids = self.sentence_ids[kept]
+        self.row_offsets = self.row_offsets[: kept.shape[0]]
+        self.encoder_hidden_states = self.encoder_hidden_states[rows]
+        self.attention_mask = self.attention_mask[rows] if self.attention_mask is not None else None
+        self.cache.self_attention_cache.batch_select_indices(rows)
+        self.cache.cross_attention_cache.batch_select_indices(rows)
+        return True
+
+    def _store(self, sentences: torch.Tensor) -> None:
+        """Copy these sentences' finished hypotheses to their batch positions in the result (without reading
+        the mask on the host)."""
+        for name, tensor in self.result.items():
+            chosen = sentences.view(-1, *[1] * (tensor.dim() - 1))
+            tensor[self.sentence_ids] = torch.where(chosen, self.state[name], tensor[self.sentence_ids])
+
+
+__all__ = [
+    "BeamSearch",
+    "VanillaTransformerGenerationMixin",
+    "gnmt_length_penalty",
+    "pad_after_end_of_sequence",
+    "paper_generation_config",
+    "penalty_formula_of",
+]
