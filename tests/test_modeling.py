@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers.modeling_layers import GradientCheckpointingLayer
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling_vanilla_transformer import CACHE
@@ -566,7 +567,11 @@ def test_gradient_checkpointing_gives_the_same_gradients():
     for checkpointing in (False, True):
         model = tiny_model().train()
         if checkpointing:
-            model.activation_checkpointing_enable()
+            # transformers 5.23 renamed gradient_checkpointing_enable (kept, deprecated); older 5.x has only it
+            enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+            enable()
+            layers = [m for m in model.modules() if isinstance(m, GradientCheckpointingLayer)]
+            assert layers and all(layer.gradient_checkpointing for layer in layers)
         model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss.backward()
         gradients.append({n: p.grad.clone() for n, p in model.named_parameters()})
     for name in gradients[0]:
