@@ -23,11 +23,14 @@ Two task names, because of how transformers 5.23 resolves them:
   registered locally: one name for both uses would force installed users to run the checkpoint's
   code. Hence the registered name differs from the declared one.
 
-Like the other files copied next to the weights, this one imports only ``transformers``.
+Like the other files copied next to the weights, this one imports only ``transformers`` and ``torch``.
 """
 
 from __future__ import annotations
 
+import types
+
+from torch.utils.data import IterableDataset
 from transformers import GenerationConfig, Pipeline
 
 TASK = "vanilla-translation"  # registered by `import vanilla_transformer`
@@ -142,6 +145,8 @@ class VanillaTranslationPipeline(Pipeline):
 
         See the class docstring for the parameters.
         """
+        if isinstance(inputs, types.GeneratorType):  # transformers < 5.14 reads a generator whole before it starts
+            inputs = _Stream(inputs)
         result = super().__call__(inputs, **kwargs)
         if isinstance(inputs, str):
             return result
@@ -191,6 +196,16 @@ class VanillaTranslationPipeline(Pipeline):
             }
             for ids in model_outputs["output_ids"][0]
         ]
+
+
+class _Stream(IterableDataset):
+    """A generator as a dataset without a length, which every transformers 5 pipeline reads as it goes."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
 
 
 def _unwrap(records: list[dict]) -> dict | list[dict]:
