@@ -560,6 +560,7 @@ def test_decoder_inputs_from_labels_are_start_token_then_labels_shifted_right():
     assert torch.equal(model.prepare_decoder_input_ids_from_labels(labels), expected)
 
 
+@pytest.mark.floor
 def test_gradient_checkpointing_gives_the_same_gradients():
     input_ids, attention_mask = source_batch()
     labels = torch.randint(4, VOCAB, (2, 5))
@@ -599,6 +600,7 @@ def trainer_parameters_after_one_update(tmp_path, examples, batch_size, accumula
     return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
+@pytest.mark.floor
 def test_gradient_accumulation_of_two_steps_equals_one_double_batch_in_the_trainer(tmp_path):
     generator = torch.Generator().manual_seed(5)
     # target lengths differ between the micro-batches: a per-micro-batch mean would weight them wrongly
