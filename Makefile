@@ -14,7 +14,7 @@ FLOOR_PY := $(FLOOR_VENV)/bin/python
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# The CPU wheel of torch (pinned here only: the package's own range stays open for users).
+	# The CPU wheel of torch 2.13.0, the floor of the package's range (the one torch build tested).
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[train,plot,ctranslate2,dev]'
 	touch $@

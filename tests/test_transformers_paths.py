@@ -333,6 +333,7 @@ def test_truncation_follows_the_models_positions_and_the_pipeline_takes_long_inp
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.floor
 def test_the_shipped_metric_loads_offline_and_equals_sacrebleu(monkeypatch):
     import evaluate
     import sacrebleu
