@@ -139,6 +139,20 @@ def test_generation_parameters_reach_generate_per_call_and_per_pipeline(translat
     assert torch.equal(per_pipeline["translation_token_ids"], greedy)
 
 
+@pytest.mark.floor
+def test_a_calls_generation_config_replaces_the_pipelines_generation_parameters(translator):
+    """As in a direct generate() call: a generation_config comes whole, without the parameters set aside."""
+    model, tokenizer = translator
+    greedy_pipeline = pipeline(TASK, model=model, tokenizer=tokenizer, num_beams=1, max_new_tokens=4)
+    config = copy.deepcopy(model.generation_config)
+    config.update(num_beams=2, max_new_tokens=6)
+    [result] = greedy_pipeline(TEXTS[2], generation_config=config, return_tensors=True)
+    expected = paper_beam_search(model, tokenizer, [TEXTS[2]], num_beams=2, max_new_tokens=6)[0]
+    assert torch.equal(result["translation_token_ids"], expected)
+    [own] = greedy_pipeline(TEXTS[2], return_tensors=True)  # what the pipeline's parameters give
+    assert not torch.equal(own["translation_token_ids"], expected)
+
+
 def test_num_return_sequences_gives_that_many_translations_best_first(translator, translate):
     model, tokenizer = translator
     expected = paper_beam_search(model, tokenizer, [TEXTS[1]], num_return_sequences=3)
