@@ -1,30 +1,48 @@
 # Two commands get a fresh machine from clone to results:
 #   make demo   set up .venv, then run the main job
-#   make test   set up .venv, then run the test suite
+#   make test   set up .venv, then run the test suite; then the same for the tests marked `floor`
+#               in .venv-floor, which holds the oldest versions pyproject.toml accepts
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# The oldest supported versions: every floor of pyproject.toml pinned (tests/floor_requirements.py).
+FLOOR_VENV := .venv-floor
+FLOOR_PY := $(FLOOR_VENV)/bin/python
 
-.PHONY: setup demo test test-slow clean
+.PHONY: setup setup-floor demo test test-floor test-slow clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# The CPU wheel of torch (pinned here only: the package's own range stays open for users).
+	# The CPU wheel of torch 2.13.0, the floor of the package's range (the one torch build tested).
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[train,plot,ctranslate2,dev]'
 	touch $@
 
 setup: $(VENV)/.installed
 
+$(FLOOR_VENV)/.installed: pyproject.toml tests/floor_requirements.py
+	rm -rf $(FLOOR_VENV)
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_PY) -m pip install -q torch==2.13.0
+	$(FLOOR_PY) -m pip install -q -e '.[train]' pytest $$($(PYTHON) tests/floor_requirements.py)
+	touch $@
+
+setup-floor: $(FLOOR_VENV)/.installed
+
 demo: setup
 	$(PY) training/demo.py $(ARGS)
 
+# The whole suite on the newest versions, then the tests marked `floor` on the oldest ones.
 test: setup
 	$(PY) -m pytest -q
+	$(MAKE) --no-print-directory test-floor
+
+test-floor: setup-floor
+	$(FLOOR_PY) -m pytest -q -p no:cacheprovider -m 'floor and not slow'
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow
 
 clean:
-	rm -rf $(VENV) build dist *.egg-info
+	rm -rf $(VENV) $(FLOOR_VENV) build dist *.egg-info

@@ -67,6 +67,7 @@ def stored_shapes(folder) -> dict[str, tuple[int, ...]]:
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.floor
 def test_import_registers_the_model_with_the_auto_classes():
     assert type(AutoConfig.for_model("vanilla_transformer")) is VanillaTransformerConfig
     config = AutoConfig.for_model("vanilla_transformer", **PRESETS["tiny"])
@@ -81,6 +82,7 @@ def test_import_registers_the_model_with_the_auto_classes():
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.floor
 def test_reload_gives_identical_logits_and_no_missing_keys(tmp_path, variant):
     model = tiny_model(**VARIANTS[variant])
     model.save_pretrained(tmp_path)
@@ -257,6 +259,7 @@ torch.save(
 """
 
 
+@pytest.mark.floor
 def test_remote_code_load_without_the_package_reproduces_logits_and_beam_search(saved, tmp_path):
     model, folder = saved
     inputs = dict(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=TARGET_PREFIX)

@@ -28,6 +28,7 @@ def sequence_log_probability(model, batch, row: int, sequence: torch.Tensor, eos
 
 
 @pytest.mark.parametrize("formula", ["gnmt", "length"])
+@pytest.mark.floor
 def test_beam_scores_are_the_log_probability_over_the_named_penalty(trained, formula):
     model, tokenizer = trained
     batch = tokenizer(TEXTS, padding=True, return_tensors="pt")

@@ -4,12 +4,14 @@ transformers 5, the paper's decoding, batching, language codes, and how checkpoi
 The reference is ``model.generate`` called directly with §6.1's settings written out (beam size 4,
 length penalty 0.6, input length + 50), on the same padded batches. The model is trained here for a
 few steps to copy its input, so that translations are short, varied and end with ``</s>``. Loading
-the pipeline as remote code where the package is not installed is tested in test_hub.py.
+the pipeline as remote code where the package is not installed is tested here from a folder, and in
+test_hub.py from a (loopback) Hub repository.
 """
 
 import copy
 import inspect
 import json
+import textwrap
 
 import pytest
 import torch
@@ -17,6 +19,7 @@ from transformers import pipeline
 from transformers.pipelines import get_supported_tasks
 
 import vanilla_transformer.pipeline_vanilla_transformer as pipeline_module
+from helpers import run_without_package
 from vanilla_transformer import (
     VanillaTransformerConfig,
     VanillaTransformerForConditionalGeneration,
@@ -92,13 +95,15 @@ def translate(translator):
     return pipeline(TASK, model=model, tokenizer=tokenizer)
 
 
+@pytest.mark.floor
 def test_import_registers_the_task_while_the_removed_translation_task_still_raises(translator):
     model, tokenizer = translator
     assert TASK in get_supported_tasks()
-    with pytest.raises(KeyError, match="removed"):
+    with pytest.raises(KeyError, match="translation"):  # the wording changed in transformers 5.20
         pipeline("translation", model=model, tokenizer=tokenizer)
 
 
+@pytest.mark.floor
 def test_a_sentence_gives_one_translation_from_the_papers_beam_search(translator, translate):
     model, tokenizer = translator
     expected_ids = paper_beam_search(model, tokenizer, [TEXTS[0]])[0]
@@ -122,6 +127,7 @@ def test_a_list_is_translated_in_padded_batches_as_generate_does(translator, tra
     ]
 
 
+@pytest.mark.floor
 def test_generation_parameters_reach_generate_per_call_and_per_pipeline(translator, translate):
     model, tokenizer = translator
     greedy = paper_beam_search(model, tokenizer, [TEXTS[2]], num_beams=1, max_new_tokens=4)[0]
@@ -131,6 +137,20 @@ def test_generation_parameters_reach_generate_per_call_and_per_pipeline(translat
     greedy_pipeline = pipeline(TASK, model=model, tokenizer=tokenizer, num_beams=1, max_new_tokens=4)
     [per_pipeline] = greedy_pipeline(TEXTS[2], return_tensors=True)
     assert torch.equal(per_pipeline["translation_token_ids"], greedy)
+
+
+@pytest.mark.floor
+def test_a_calls_generation_config_replaces_the_pipelines_generation_parameters(translator):
+    """As in a direct generate() call: a generation_config comes whole, without the parameters set aside."""
+    model, tokenizer = translator
+    greedy_pipeline = pipeline(TASK, model=model, tokenizer=tokenizer, num_beams=1, max_new_tokens=4)
+    config = copy.deepcopy(model.generation_config)
+    config.update(num_beams=2, max_new_tokens=6)
+    [result] = greedy_pipeline(TEXTS[2], generation_config=config, return_tensors=True)
+    expected = paper_beam_search(model, tokenizer, [TEXTS[2]], num_beams=2, max_new_tokens=6)[0]
+    assert torch.equal(result["translation_token_ids"], expected)
+    [own] = greedy_pipeline(TEXTS[2], return_tensors=True)  # what the pipeline's parameters give
+    assert not torch.equal(own["translation_token_ids"], expected)
 
 
 def test_num_return_sequences_gives_that_many_translations_best_first(translator, translate):
@@ -172,10 +192,19 @@ def test_language_codes_are_refused_by_a_tokenizer_without_them(translate):
         translate(TEXTS[0], src_lang="en", tgt_lang="de")
 
 
+@pytest.mark.floor
 def test_a_generator_of_sentences_streams_the_same_translations(translate):
-    streamed = translate(text for text in TEXTS[:3])
-    assert not isinstance(streamed, list)
-    assert list(streamed) == translate(TEXTS[:3])
+    read = []
+
+    def sentences():
+        for text in TEXTS[:3]:
+            read.append(text)
+            yield text
+
+    streamed = translate(sentences())
+    first = next(streamed)
+    assert len(read) < 3  # the first translation came before the generator was read to its end
+    assert [first, *streamed] == translate(TEXTS[:3])
 
 
 @pytest.mark.parametrize(
@@ -216,6 +245,26 @@ def test_installed_package_serves_a_checkpoint_under_its_own_task_name(translato
     # The declared name runs the checkpoint's copy, which transformers never does unasked.
     with pytest.raises(ValueError, match="trust_remote_code=True"):
         pipeline("translation", model=str(checkpoint))
+
+
+@pytest.mark.floor
+def test_without_the_package_a_checkpoint_translates_with_its_own_pipeline_file(translator, checkpoint, tmp_path):
+    model, tokenizer = translator
+    code = f"""
+    import json, os
+    os.environ["HF_MODULES_CACHE"] = {str(tmp_path / "modules")!r}  # the copied files stay in the test folder
+    import torch
+    from transformers import pipeline
+    torch.set_num_threads(1)
+    translate = pipeline("translation", model={str(checkpoint)!r}, trust_remote_code=True)
+    print(json.dumps([type(translate).__module__, translate({TEXTS[:2]!r})]))
+    """
+    module, translations = json.loads(run_without_package(textwrap.dedent(code), cwd=tmp_path).splitlines()[-1])
+    assert module.startswith("transformers_modules.") and module.endswith(".pipeline_vanilla_transformer")
+    expected = paper_beam_search(model, tokenizer, TEXTS[:2])
+    assert translations == [
+        {"translation_text": text} for text in tokenizer.batch_decode(expected, skip_special_tokens=True)
+    ]
 
 
 def test_pipeline_save_pretrained_declares_translation_not_the_registered_name(translate, tmp_path):

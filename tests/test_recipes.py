@@ -204,6 +204,7 @@ needs_perl = pytest.mark.skipif(shutil.which("perl") is None, reason="needs perl
 
 
 @needs_perl
+@pytest.mark.floor
 def test_compound_splitting_is_tensor2tensors_perl_one_liner():
     moses = MosesTokenizer(lang="de")
     lines = ["Die Haus-Auto-Hund-Frage, a-b-c.", "x - y", "1-2-Jahres-Plan", "E-Mail-Adresse", "kein Bindestrich"]

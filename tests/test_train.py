@@ -22,6 +22,7 @@ from accelerate.data_loader import prepare_data_loader
 from vanilla_transformer.modeling_vanilla_transformer import label_smoothed_cross_entropy
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.batching import TokenBatchSampler
+from vanilla_transformer.training.checkpointing import STAGING_DIR
 from vanilla_transformer.training.translation import translate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -484,6 +485,31 @@ def test_a_resumed_run_goes_on_averaging_where_it_stopped(data_dir, tmp_path):
     a, b = load_file(straight / "model.safetensors"), load_file(resumed / "model.safetensors")
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.floor
+def test_two_updates_write_checkpoints_in_place_and_resume_to_the_same_averaged_model(data_dir, tmp_path):
+    """The Trainer internals the package overrides, in two updates of token batches (§5.1) under eq. (3):
+    checkpoints staged then moved into place, the optimizer and moving-average state saved with them and
+    loaded on resuming. The final model is the average of both updates, resumed after the first or not."""
+    common = ("--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1", "--max_tokens", "200",
+              "--learning_rate", "0.01", "--warmup_steps", "1", "--ema_decay", "0.5")
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train.main(tiny_args(data_dir, straight, *common))
+    assert sorted(path.name for path in straight.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
+    assert not (straight / STAGING_DIR).exists()
+    snapshots = [load_file(straight / f"checkpoint-{step}" / "model.safetensors") for step in (1, 2)]
+    final = load_file(straight / "model.safetensors")
+    for name, expected in exponential_mean(snapshots, 0.5).items():
+        torch.testing.assert_close(final[name].double(), expected, rtol=1e-5, atol=1e-6, msg=name)
+    assert any(not torch.equal(snapshots[0][name], snapshots[1][name]) for name in final)  # two real updates
+    resumed.mkdir()
+    shutil.copytree(straight / "checkpoint-1", resumed / "checkpoint-1")
+    shutil.copytree(straight / "tokenizer", resumed / "tokenizer")
+    train.main(tiny_args(data_dir, resumed, *common, "--resume_from_checkpoint", "last"))
+    assert json.loads((resumed / "trainer_state.json").read_text())["global_step"] == 2
+    for name, tensor in load_file(resumed / "model.safetensors").items():
+        torch.testing.assert_close(tensor, final[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
 @pytest.mark.parametrize(

@@ -71,6 +71,7 @@ def test_loading_in_half_precision_puts_every_weight_and_buffer_in_it(saved, tra
     assert generated.shape[0] == 3
 
 
+@pytest.mark.floor
 def test_the_pipeline_takes_a_dtype(saved, trained):
     import vanilla_transformer  # noqa: F401  (the "vanilla-translation" task)
 
@@ -185,6 +186,7 @@ def long_pairs(count: int, length: int) -> list[str]:
     return [" ".join(rng.choice(words, size=length)) for _ in range(count)]
 
 
+@pytest.mark.floor
 def test_a_users_seq2seq_trainer_does_not_cap_later_decoding_at_20_tokens(saved, tmp_path):
     from datasets import Dataset
 
@@ -245,6 +247,7 @@ def test_a_trainers_prediction_without_labels_leaves_out_the_cache_as_marians_do
     # the same up to `from_marian`'s permutation of the model dimension)
 
 
+@pytest.mark.floor
 def test_the_trainers_generation_length_counts_what_beam_search_generated(trained, tmp_path):
     """gen_len counts non-pad tokens (run_translation.py): beam outputs padded with </s> inflated it."""
     from datasets import Dataset
@@ -344,6 +347,7 @@ def test_truncation_follows_the_models_positions_and_the_pipeline_takes_long_inp
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.floor
 def test_the_shipped_metric_loads_offline_and_equals_sacrebleu(monkeypatch):
     import evaluate
     import sacrebleu

@@ -23,12 +23,15 @@ Two task names, because of how transformers 5.23 resolves them:
   registered locally: one name for both uses would force installed users to run the checkpoint's
   code. Hence the registered name differs from the declared one.
 
-Like the other files copied next to the weights, this one imports only ``transformers``.
+Like the other files copied next to the weights, this one imports only ``transformers`` and ``torch``.
 """
 
 from __future__ import annotations
 
-from transformers import Pipeline
+import types
+
+from torch.utils.data import IterableDataset
+from transformers import GenerationConfig, Pipeline
 
 TASK = "vanilla-translation"  # registered by `import vanilla_transformer`
 REMOTE_CODE_TASK = "translation"  # declared by checkpoints, for trust_remote_code=True
@@ -100,6 +103,10 @@ class VanillaTranslationPipeline(Pipeline):
     # model, generate()'s input length + 50 limit of §6.1) decides how to decode.
 
     def __init__(self, *args, **kwargs):
+        # generate() parameters given here apply to every call. The pipeline keeps them itself: transformers'
+        # Pipeline folds them into its own state in a different way from one 5.x release to the next.
+        generation_keys = {key for key in vars(GenerationConfig()) if not key.startswith("_")} | {"generation_config"}
+        self.generate_kwargs = {key: kwargs.pop(key) for key in generation_keys & kwargs.keys()}
         super().__init__(*args, **kwargs)
         if self.tokenizer is None:
             raise ValueError(
@@ -138,6 +145,8 @@ class VanillaTranslationPipeline(Pipeline):
 
         See the class docstring for the parameters.
         """
+        if isinstance(inputs, types.GeneratorType):  # transformers < 5.14 reads a generator whole before it starts
+            inputs = _Stream(inputs)
         result = super().__call__(inputs, **kwargs)
         if isinstance(inputs, str):
             return result
@@ -160,7 +169,9 @@ class VanillaTranslationPipeline(Pipeline):
         if forced_bos is not None:
             # Batching collects one copy per sentence; they are equal, as the call had one tgt_lang.
             generate_kwargs["forced_bos_token_id"] = forced_bos[0] if isinstance(forced_bos, list) else forced_bos
-        output_ids = self.model.generate(**model_inputs, **self._prepare_generate_kwargs(generate_kwargs))
+        if "generation_config" not in generate_kwargs:  # a call's generation_config replaces the pipeline's parameters
+            generate_kwargs = {**self.generate_kwargs, **generate_kwargs}
+        output_ids = self.model.generate(**model_inputs, **generate_kwargs)
         # (batch * num_return_sequences, T) -> (batch, num_return_sequences, T), unbatched by the iterator
         return {"output_ids": output_ids.reshape(batch_size, -1, output_ids.shape[-1])}
 
@@ -185,6 +196,16 @@ class VanillaTranslationPipeline(Pipeline):
             }
             for ids in model_outputs["output_ids"][0]
         ]
+
+
+class _Stream(IterableDataset):
+    """A generator as a dataset without a length, which every transformers 5 pipeline reads as it goes."""
+
+    def __init__(self, items):
+        self.items = items
+
+    def __iter__(self):
+        return iter(self.items)
 
 
 def _unwrap(records: list[dict]) -> dict | list[dict]:

@@ -34,6 +34,11 @@ from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 
 from ..checkpoint_files import check_json, check_model_folder, check_torch_archive
+from ..private_api import require
+
+# AtomicCheckpoints overrides these Trainer internals: fail at import, naming the versions, where they are gone
+require("transformers.Trainer._save_checkpoint", "transformers.Trainer._get_output_dir",
+        "transformers.Trainer._push_from_checkpoint")
 
 logger = logging.getLogger(__name__)
 

@@ -33,6 +33,7 @@ from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallba
 from transformers.trainer_utils import seed_worker
 
 from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
+from ..private_api import require
 from .averaging import AVERAGING_WEIGHTS
 from .batching import TokenBatchSampler
 from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
@@ -41,6 +42,12 @@ from .divergence import DivergenceGuard, StopOnDivergence
 from .moving_average import ExponentialMovingAverage, check_checkpoint, check_decay
 
 logger = logging.getLogger(__name__)
+
+# TransformerTrainer overrides or reads these internals: fail at import, naming the versions, where they are gone
+require("transformers.Trainer._save", "transformers.Trainer._save_optimizer_and_scheduler",
+        "transformers.Trainer._load_optimizer_and_scheduler", "transformers.Trainer._remove_unused_columns",
+        "transformers.Trainer._get_collator_with_removed_columns", "transformers.Trainer._created_lr_scheduler",
+        "transformers.Seq2SeqTrainer._gen_kwargs", "accelerate.Accelerator._models")
 
 PAPER_WARMUP_STEPS = 4000
 

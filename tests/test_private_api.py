@@ -1,0 +1,88 @@
+"""The list of private transformers/accelerate/torch members the package uses: complete, and present.
+
+Runs in both environments of `make test` (newest and floor versions): each listed member must exist in
+the installed packages. The completeness check reads the package's source independently of the list.
+"""
+
+import ast
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+
+from vanilla_transformer import private_api
+from vanilla_transformer.private_api import DUCK_TYPED, PRIVATE_MEMBERS, TESTED, PrivateMember, missing, require
+
+pytestmark = pytest.mark.floor
+
+PACKAGE = Path(private_api.__file__).parent
+STANDARD_LIBRARY = {"_actions"}  # argparse.ArgumentParser._actions (training/run.py)
+
+
+def test_every_listed_private_member_exists_in_the_installed_packages():
+    assert [member.path for member in missing()] == []
+
+
+def private_uses() -> dict[str, set[str]]:
+    """Private names the package reads from objects it does not define, or reaches through super() or a
+    class it imports; each with the places (file:line) that use it."""
+    trees = {path: ast.parse(path.read_text()) for path in sorted(PACKAGE.rglob("*.py"))}
+    defined = set()
+    for tree in trees.values():
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    defined.update(t.id if isinstance(t, ast.Name) else t.attr
+                                   for t in ast.walk(target) if isinstance(t, (ast.Name, ast.Attribute)))
+    uses = {}
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")):
+                continue
+            owner = node.value
+            through_base = (isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super") or (
+                isinstance(owner, ast.Name) and owner.id[:1].isupper() and owner.id not in defined)
+            if through_base or node.attr not in defined:
+                uses.setdefault(node.attr, set()).add(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    return uses
+
+
+def test_every_private_member_the_package_reaches_is_listed():
+    listed = {member.name for member in PRIVATE_MEMBERS} | set(DUCK_TYPED) | STANDARD_LIBRARY
+    unlisted = {name: sorted(places) for name, places in private_uses().items() if name not in listed}
+    assert unlisted == {}, "add these to vanilla_transformer/private_api.py (PRIVATE_MEMBERS)"
+
+
+def test_the_scan_finds_the_known_uses():
+    """The completeness check above sees private uses of each kind (a test of the test)."""
+    uses = private_uses()
+    assert "training/checkpointing.py" in str(uses["_save_checkpoint"])  # super()._save_checkpoint
+    assert "_check_early_stop_heuristic" in uses  # GenerationMixin._check_early_stop_heuristic, also overridden
+    assert "_linear_pointwise" in uses and "_models" in uses  # torch.ops.mkldnn..., self.accelerator._models
+    assert "_writing_checkpoint" not in uses  # the package's own
+
+
+def test_a_missing_member_fails_at_require_naming_the_package_and_the_versions(monkeypatch):
+    ghost = PrivateMember("transformers.Trainer._not_a_member", "transformers 5.0.0 - 5.24.0",
+                          "a test", private_api.NO_FALLBACK)
+    monkeypatch.setitem(private_api._BY_PATH, ghost.path, ghost)
+    floor, newest = TESTED["transformers"]
+    with pytest.raises(ImportError) as raised:
+        require("transformers.Trainer._save_checkpoint", ghost.path)
+    message = str(raised.value)
+    assert ghost.path in message and "_save_checkpoint" not in message
+    assert f"transformers {version('transformers')}" in message
+    assert f"transformers {floor} - {newest}" in message and f"'transformers>={floor},<={newest}'" in message
+
+
+def test_an_instance_member_is_found_in_the_method_that_sets_it():
+    present = PrivateMember("accelerate.Accelerator._models", "", "", "", set_in="accelerate.Accelerator.__init__")
+    absent = PrivateMember("accelerate.Accelerator._no_models", "", "", "", set_in="accelerate.Accelerator.__init__")
+    assert present.exists() and not absent.exists()
+
+
+def test_require_refuses_a_member_that_is_not_listed():
+    with pytest.raises(KeyError, match="PRIVATE_MEMBERS"):
+        require("transformers.Trainer._not_listed")

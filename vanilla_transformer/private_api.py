@@ -1,0 +1,189 @@
+"""Every private member of transformers, accelerate and torch that this package uses, in one list.
+
+The libraries may rename or drop these between releases without notice. Each entry names the member, the
+releases it was found in (read from the released wheels on 2026-11-26; the test suite checks the installed
+ones, in the newest environment and in the floor one of ``make test``), what uses it, and what happens
+where it is missing. `require` turns a missing member into an ``ImportError`` that names the package, the
+installed version and the tested range, at import time, instead of an ``AttributeError`` deep in a call.
+
+A model file imports it as ``from .private_api import require`` (flat and transformers-free, like the
+files copied next to the weights); the training code as ``from ..private_api import require``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+# The oldest and the newest release of each package that the test suite runs against (`make test`).
+TESTED = {
+    "transformers": ("5.10.1", "5.24.0"),
+    "accelerate": ("1.3.0", "1.15.0"),
+    "torch": ("2.13.0", "2.13.0"),
+}
+
+
+@dataclass(frozen=True)
+class PrivateMember:
+    """``path``: module, class, member (``"transformers.Trainer._save"``). A member that instances get in a
+    method (``self._models = ...``) is checked in that method's source, named by ``set_in``."""
+
+    path: str
+    known_in: str  # the releases it was found in
+    used_by: str
+    fallback: str  # what the package does where it is missing
+    set_in: str | None = None
+
+    @property
+    def package(self) -> str:
+        return self.path.split(".")[0]
+
+    @property
+    def name(self) -> str:
+        return self.path.rsplit(".", 1)[1]
+
+    def exists(self) -> bool:
+        owner_path, name = self.path.rsplit(".", 1)
+        try:
+            if self.set_in is not None:
+                return f"{name} " in inspect.getsource(_resolve(self.set_in)).replace("=", " ").replace('"', " ")
+            return hasattr(_resolve(owner_path), name)
+        except (ImportError, AttributeError, OSError, TypeError):
+            return False
+
+
+def _resolve(path: str):
+    """The object at a dotted path: the longest importable module, then attributes."""
+    parts = path.split(".")
+    for split in range(len(parts), 0, -1):
+        try:
+            target = importlib.import_module(".".join(parts[:split]))
+        except ImportError:
+            continue
+        for attribute in parts[split:]:
+            target = getattr(target, attribute)
+        return target
+    raise ImportError(path)
+
+
+NO_FALLBACK = "none: the feature fails with require()'s message"
+T5 = "transformers 5.0.0 - 5.24.0"
+
+PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
+    # --- decoding (modeling_vanilla_transformer.py): the paper's beam search on GenerationMixin's parts
+    PrivateMember("transformers.GenerationMixin._beam_search", T5,
+                  "modeling: generate() routes beam search to the model's own search", NO_FALLBACK),
+    PrivateMember("transformers.GenerationMixin._gather_beams", T5, "modeling: beam search", NO_FALLBACK),
+    PrivateMember("transformers.GenerationMixin._get_running_beams_for_next_iteration", T5,
+                  "modeling: beam search", NO_FALLBACK),
+    PrivateMember("transformers.GenerationMixin._check_early_stop_heuristic", T5,
+                  "modeling: beam search, length penalty (GNMT)", NO_FALLBACK),
+    PrivateMember("transformers.GenerationMixin._update_finished_beams", T5,
+                  "modeling: beam search, length penalty (GNMT)", NO_FALLBACK),
+    PrivateMember("transformers.GenerationMixin._beam_search_has_unfinished_sequences", T5,
+                  "modeling: beam search", NO_FALLBACK),
+    PrivateMember("transformers.GenerationConfig._eos_token_tensor", T5, "modeling: beam search",
+                  NO_FALLBACK, set_in="transformers.GenerationMixin._prepare_special_tokens"),
+    PrivateMember("transformers.GenerationConfig._pad_token_tensor", T5, "modeling: beam search",
+                  NO_FALLBACK, set_in="transformers.GenerationMixin._prepare_special_tokens"),
+    # --- the model (modeling_vanilla_transformer.py, visualization.py, training/run.py)
+    PrivateMember("transformers.PreTrainedModel._resize_token_embeddings", T5,
+                  "modeling: resize_token_embeddings with separate source and target vocabularies", NO_FALLBACK),
+    PrivateMember("transformers.PreTrainedModel._get_resized_embeddings", T5,
+                  "modeling: resize_token_embeddings with separate source and target vocabularies", NO_FALLBACK),
+    PrivateMember("transformers.PreTrainedModel._get_resized_lm_head", T5,
+                  "modeling: resize_token_embeddings with separate source and target vocabularies", NO_FALLBACK),
+    PrivateMember("transformers.PreTrainedModel._from_config", T5,
+                  "training/run.py: a new model with a chosen attention implementation", NO_FALLBACK),
+    PrivateMember("transformers.PretrainedConfig._attn_implementation", T5,
+                  "modeling, visualization.py: the attention implementation in use", NO_FALLBACK),
+    # --- training (training/trainer.py, training/checkpointing.py)
+    PrivateMember("transformers.Trainer._save_checkpoint", T5,
+                  "training/checkpointing.py: checkpoints written under a temporary name", NO_FALLBACK),
+    PrivateMember("transformers.Trainer._get_output_dir", T5, "training/checkpointing.py", NO_FALLBACK),
+    PrivateMember("transformers.Trainer._push_from_checkpoint", T5, "training/checkpointing.py: push_to_hub",
+                  NO_FALLBACK),
+    PrivateMember("transformers.Trainer._save", T5, "training/trainer.py: the final model under FSDP",
+                  NO_FALLBACK),
+    PrivateMember("transformers.Trainer._save_optimizer_and_scheduler", T5,
+                  "training/trainer.py: --ema_decay in checkpoints", NO_FALLBACK),
+    PrivateMember("transformers.Trainer._load_optimizer_and_scheduler", T5,
+                  "training/trainer.py: --ema_decay on resume", NO_FALLBACK),
+    PrivateMember("transformers.Trainer._remove_unused_columns", T5, "training/trainer.py: --max_tokens batches",
+                  NO_FALLBACK),
+    PrivateMember("transformers.Trainer._get_collator_with_removed_columns", T5,
+                  "training/trainer.py: --max_tokens batches", NO_FALLBACK),
+    PrivateMember("transformers.Trainer._created_lr_scheduler", T5,
+                  "training/trainer.py: the paper's schedule (eq. 3) as the Trainer's own", NO_FALLBACK,
+                  set_in="transformers.Trainer.create_scheduler"),
+    PrivateMember("transformers.Seq2SeqTrainer._gen_kwargs", T5,
+                  "training/trainer.py: evaluation with num_return_sequences",
+                  "read with getattr: without it, the model's generation_config decides",
+                  set_in="transformers.Seq2SeqTrainer.evaluate"),
+    PrivateMember("accelerate.Accelerator._models", "accelerate 1.0.0 - 1.15.0",
+                  "training/trainer.py: evaluation without training under FSDP", NO_FALLBACK,
+                  set_in="accelerate.Accelerator.__init__"),
+    # --- torch (modeling_vanilla_transformer.py): prepacked weights for beam search on the CPU
+    PrivateMember("torch.ops.mkldnn._linear_pointwise", "torch 2.13.0",
+                  "modeling: beam search's prepacked weights", "checked once (onednn_linear_works): plain weights"),
+    PrivateMember("torch.ops.mkldnn._reorder_linear_weight", "torch 2.13.0",
+                  "modeling: beam search's prepacked weights", "checked once (onednn_linear_works): plain weights"),
+    PrivateMember("torch.nn.Module._forward_hooks", "torch 2.13.0", "modeling: runs_as_defined", NO_FALLBACK,
+                  set_in="torch.nn.Module.__init__"),
+    PrivateMember("torch.nn.Module._forward_pre_hooks", "torch 2.13.0", "modeling: runs_as_defined", NO_FALLBACK,
+                  set_in="torch.nn.Module.__init__"),
+    PrivateMember("torch.nn.modules.module._global_forward_hooks", "torch 2.13.0", "modeling: runs_as_defined",
+                  NO_FALLBACK),
+    PrivateMember("torch.nn.modules.module._global_forward_pre_hooks", "torch 2.13.0", "modeling: runs_as_defined",
+                  NO_FALLBACK),
+)
+
+# Private names of other objects, read with a default, that need no check: accelerate's `_hf_hook` on a
+# module, torch's `_compiled_call_impl` (modeling: runs_as_defined), a tokenizer's `_build_translation_inputs`
+# (pipeline: src_lang/tgt_lang, refused with a ValueError where missing) and datasets' `Dataset._fingerprint`
+# (training/data.py: cache keys, set on every Dataset since datasets 2).
+DUCK_TYPED = ("_hf_hook", "_compiled_call_impl", "_build_translation_inputs", "_fingerprint")
+
+_BY_PATH = {member.path: member for member in PRIVATE_MEMBERS}
+
+
+def _installed(package: str) -> str:
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def missing(members=PRIVATE_MEMBERS) -> list[PrivateMember]:
+    """The listed members that the installed packages lack."""
+    return [member for member in members if not member.exists()]
+
+
+def require(*paths: str) -> None:
+    """Raise ``ImportError`` unless every listed private member (by path) exists in the installed packages.
+
+    The message names each missing member, the package's installed version and the tested range.
+    """
+    unknown = [path for path in paths if path not in _BY_PATH]
+    if unknown:
+        raise KeyError(f"not in vanilla_transformer.private_api.PRIVATE_MEMBERS: {unknown}; list them there first")
+    absent = missing([_BY_PATH[path] for path in paths])
+    if absent:
+        lines = []
+        for member in absent:
+            floor, newest = TESTED.get(member.package, ("?", "?"))
+            lines.append(
+                f"{member.path} (found in {member.known_in}) is missing from {member.package} "
+                f"{_installed(member.package)}; used by {member.used_by}. Tested: {member.package} {floor} - {newest}."
+            )
+        fixes = [f"'{package}>={TESTED[package][0]},<={TESTED[package][1]}'"
+                 for package in sorted({member.package for member in absent})]
+        raise ImportError(
+            "vanilla-transformer needs private members that the installed packages do not have:\n  "
+            + "\n  ".join(lines) + "\nInstall a tested version: pip install " + " ".join(fixes)
+        )
+
+
+__all__ = ["DUCK_TYPED", "PRIVATE_MEMBERS", "TESTED", "PrivateMember", "missing", "require"]
