@@ -72,21 +72,21 @@ NO_FALLBACK = "none: the feature fails with require()'s message"
 T5 = "transformers 5.0.0 - 5.24.0"
 
 PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
-    # --- decoding (modeling_vanilla_transformer.py): the paper's beam search on GenerationMixin's parts
+    # --- decoding (generation_vanilla_transformer.py): the paper's beam search on GenerationMixin's parts
     PrivateMember("transformers.GenerationMixin._beam_search", T5,
-                  "modeling: generate() routes beam search to the model's own search", NO_FALLBACK),
-    PrivateMember("transformers.GenerationMixin._gather_beams", T5, "modeling: beam search", NO_FALLBACK),
+                  "generation: generate() routes beam search to the model's own search", NO_FALLBACK),
+    PrivateMember("transformers.GenerationMixin._gather_beams", T5, "generation: beam search", NO_FALLBACK),
     PrivateMember("transformers.GenerationMixin._get_running_beams_for_next_iteration", T5,
-                  "modeling: beam search", NO_FALLBACK),
+                  "generation: beam search", NO_FALLBACK),
     PrivateMember("transformers.GenerationMixin._check_early_stop_heuristic", T5,
-                  "modeling: beam search, length penalty (GNMT)", NO_FALLBACK),
+                  "generation: beam search, length penalty (GNMT)", NO_FALLBACK),
     PrivateMember("transformers.GenerationMixin._update_finished_beams", T5,
-                  "modeling: beam search, length penalty (GNMT)", NO_FALLBACK),
+                  "generation: beam search, length penalty (GNMT)", NO_FALLBACK),
     PrivateMember("transformers.GenerationMixin._beam_search_has_unfinished_sequences", T5,
-                  "modeling: beam search", NO_FALLBACK),
-    PrivateMember("transformers.GenerationConfig._eos_token_tensor", T5, "modeling: beam search",
+                  "generation: beam search", NO_FALLBACK),
+    PrivateMember("transformers.GenerationConfig._eos_token_tensor", T5, "generation: beam search",
                   NO_FALLBACK, set_in="transformers.GenerationMixin._prepare_special_tokens"),
-    PrivateMember("transformers.GenerationConfig._pad_token_tensor", T5, "modeling: beam search",
+    PrivateMember("transformers.GenerationConfig._pad_token_tensor", T5, "generation: beam search",
                   NO_FALLBACK, set_in="transformers.GenerationMixin._prepare_special_tokens"),
     # --- the model (modeling_vanilla_transformer.py, visualization.py, training/run.py)
     PrivateMember("transformers.PreTrainedModel._resize_token_embeddings", T5,
@@ -125,26 +125,23 @@ PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
     PrivateMember("accelerate.Accelerator._models", "accelerate 1.0.0 - 1.15.0",
                   "training/trainer.py: evaluation without training under FSDP", NO_FALLBACK,
                   set_in="accelerate.Accelerator.__init__"),
-    # --- torch (modeling_vanilla_transformer.py): prepacked weights for beam search on the CPU
+    PrivateMember("transformers.Trainer._get_grad_norm", "transformers 5.10.1 - 5.24.0",
+                  "training/divergence.py: the gradient norm of each update, checked for non-finite values",
+                  "none needed: without the hook, divergence is detected from the loss alone"),
+    # --- torch (cpu_decoding.py): prepacked weights for decoding on the CPU, opt-in
     PrivateMember("torch.ops.mkldnn._linear_pointwise", "torch 2.13.0",
-                  "modeling: beam search's prepacked weights", "checked once (onednn_linear_works): plain weights"),
+                  "cpu_decoding.py: prepacked weights", "checked once (onednn_linear_works): plain weights"),
     PrivateMember("torch.ops.mkldnn._reorder_linear_weight", "torch 2.13.0",
-                  "modeling: beam search's prepacked weights", "checked once (onednn_linear_works): plain weights"),
-    PrivateMember("torch.nn.Module._forward_hooks", "torch 2.13.0", "modeling: runs_as_defined", NO_FALLBACK,
-                  set_in="torch.nn.Module.__init__"),
-    PrivateMember("torch.nn.Module._forward_pre_hooks", "torch 2.13.0", "modeling: runs_as_defined", NO_FALLBACK,
-                  set_in="torch.nn.Module.__init__"),
-    PrivateMember("torch.nn.modules.module._global_forward_hooks", "torch 2.13.0", "modeling: runs_as_defined",
-                  NO_FALLBACK),
-    PrivateMember("torch.nn.modules.module._global_forward_pre_hooks", "torch 2.13.0", "modeling: runs_as_defined",
-                  NO_FALLBACK),
+                  "cpu_decoding.py: prepacked weights", "checked once (onednn_linear_works): plain weights"),
+    PrivateMember("torch.Tensor._version", "torch 2.13.0",
+                  "cpu_decoding.py: a weight changed in place since it was packed is packed again", NO_FALLBACK),
 )
 
-# Private names of other objects, read with a default, that need no check: accelerate's `_hf_hook` on a
-# module, torch's `_compiled_call_impl` (modeling: runs_as_defined), a tokenizer's `_build_translation_inputs`
+# Private names of other objects, read with a default, that need no check: a cache's `_is_user_defined`
+# (generation: a cache the caller passed is left to transformers' loop), a tokenizer's `_build_translation_inputs`
 # (pipeline: src_lang/tgt_lang, refused with a ValueError where missing) and datasets' `Dataset._fingerprint`
 # (training/data.py: cache keys, set on every Dataset since datasets 2).
-DUCK_TYPED = ("_hf_hook", "_compiled_call_impl", "_build_translation_inputs", "_fingerprint")
+DUCK_TYPED = ("_is_user_defined", "_build_translation_inputs", "_fingerprint")
 
 _BY_PATH = {member.path: member for member in PRIVATE_MEMBERS}
 
