@@ -251,11 +251,11 @@ def _open_text(path: Path):
     return gzip.open(path, "rt", encoding="utf-8") if is_gzip else open(path, encoding="utf-8")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command line: train a tokenizer on text files and save it with ``save_pretrained``."""
+def build_parser(prog: str = "vanilla-transformer tokenizer") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="vanilla-transformer-train-tokenizer",
+        prog=prog,
         description="Train the joint source-target byte-level BPE vocabulary of the Transformer (§5.1).",
+        epilog="Every flag is also accepted with underscores (--vocab_size).",
     )
     parser.add_argument(
         "files", nargs="+", type=Path,
@@ -266,6 +266,13 @@ def main(argv: list[str] | None = None) -> None:
         "--min-frequency", type=int, default=2, help="fewest occurrences of a merged pair (default: %(default)s)"
     )
     parser.add_argument("--output-dir", type=Path, required=True, help="folder to save the tokenizer in")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "vanilla-transformer-train-tokenizer") -> None:
+    """Command line: train a tokenizer on text files and save it with ``save_pretrained``; bad input ends
+    in one line, exit status 2."""
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         tokenizer = train_tokenizer(
@@ -273,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
             show_progress=sys.stderr.isatty(),
         )
     except (TypeError, ValueError, OSError) as error:
-        parser.exit(1, f"{parser.prog}: error: {error}\n")
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     tokenizer.save_pretrained(args.output_dir)
     print(f"Saved a tokenizer with {len(tokenizer)} tokens to {args.output_dir}")
 
@@ -283,4 +290,4 @@ if __name__ == "__main__":
     # one the package registered for AutoTokenizer; the package's copy saves the `auto_map` and this
     # file along with the tokenizer. (importlib, not `import`: transformers scans this file's import
     # statements for packages that remote code needs.)
-    importlib.import_module("vanilla_transformer.tokenization_vanilla_transformer").main()
+    importlib.import_module("vanilla_transformer.cli").run_command("tokenizer", sys.argv[1:])
