@@ -29,7 +29,7 @@ from functools import partial
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
-from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+from transformers import ProgressCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 from transformers.trainer_utils import seed_worker
 
 from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
@@ -38,6 +38,7 @@ from .batching import TokenBatchSampler
 from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
 from .data import example_lengths
 from .moving_average import ExponentialMovingAverage, check_checkpoint
+from .progress import TargetTokens, TimeBudgetProgress, add_throughput
 
 logger = logging.getLogger(__name__)
 
@@ -263,6 +264,13 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
         if self.args.save_minutes or self.args.max_train_minutes:
             self.wall_clock = WallClock(self.args.max_train_minutes, self.args.save_minutes)
             self.add_callback(self.wall_clock)
+        self.target_tokens = TargetTokens()  # for throughput in target tokens/s
+        if self.args.max_train_minutes and not self.args.disable_tqdm:  # a bar in minutes, not in max_steps
+            self.remove_callback(ProgressCallback)
+            self.add_callback(TimeBudgetProgress(self.args.max_train_minutes, self.target_tokens,
+                                                 self.accelerator.num_processes))
+        if self.args.device.type == "cpu":  # pinned memory only helps a copy to an accelerator (torch warns)
+            self.args.dataloader_pin_memory = False
 
     @property
     def _d_model(self) -> int:
@@ -327,10 +335,18 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
         if not model.training:  # evaluation: the plain NLL, whose exp is the perplexity
             loss = self.evaluation_loss(outputs, labels)
             return (loss, outputs) if return_outputs else loss
+        self.target_tokens.add(labels)
         loss = label_smoothed_cross_entropy(outputs.logits, labels, num_items_in_batch, self.args.label_smoothing_factor)
         if num_items_in_batch is not None and self.args.average_tokens_across_devices:
             loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
         return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """The Trainer's, with the end of training's throughput from the sentences and target tokens trained on
+        (the Trainer's counts updates times per_device_train_batch_size, which token batches ignore)."""
+        if "train_runtime" in logs:  # every process logs it, at the end of train()
+            add_throughput(logs, self.target_tokens, self.accelerator)
+        super().log(logs, start_time)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """Seq2SeqTrainer's, without its side effect on the model's generation config (it writes the
