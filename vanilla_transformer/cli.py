@@ -91,12 +91,12 @@ def exit_with_usage_error(prog: str, error: BaseException | str) -> NoReturn:
 
 def option_strings(parser: argparse.ArgumentParser) -> set[str]:
     """Every option string of ``parser`` and of its subcommands' parsers."""
-    options = set(parser._option_string_actions)
-    for action in parser._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for subparser in action.choices.values():
-                options |= option_strings(subparser)
-    return options
+    return set(parser._option_string_actions).union(*map(option_strings, subcommand_parsers(parser)))
+
+
+def subcommand_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    return [subparser for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for subparser in action.choices.values()]
 
 
 def with_dashes(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
@@ -152,24 +152,49 @@ def print_path(kind: str, argv: list[str]) -> None:
         exit_with_usage_error(f"{PROG} {kind}", error)
 
 
-def main(argv: list[str] | None = None):
+def reference() -> str:
+    """docs/cli.md: every command's ``--help``, as the parsers print it at a fixed width (80 columns)."""
+    import contextlib
+    import io
+    import os
+
+    sections = ["# Command-line reference", "",
+                f"Generated from the parsers by `vanilla_transformer.cli.reference()`; `{PROG} COMMAND --help` "
+                "prints the same. Every flag takes both spellings (`--num_beams`, `--num-beams`).", "",
+                "```text", usage(), "```"]
+    width, os.environ["COLUMNS"] = os.environ.get("COLUMNS"), "80"  # argparse wraps at the terminal's width
+    try:
+        for name, (module, summary) in TOOLS.items():
+            parser = importlib.import_module(module).build_parser(f"{PROG} {name}")
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                for each in [parser, *subcommand_parsers(parser)]:
+                    each.print_help()
+                    print()
+            sections += ["", f"## {PROG} {name}", "", summary[0].upper() + summary[1:] + ".", "", "```text",
+                         printed.getvalue().rstrip(), "```"]
+    finally:
+        os.environ.pop("COLUMNS") if width is None else os.environ.update(COLUMNS=width)
+    return "\n".join(sections) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script: returns nothing (a value would become the exit status); use `run_command` for results."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
         print(usage())
-        return None
-    if argv[0] == "--version":
+    elif argv[0] == "--version":
         from importlib.metadata import version
 
         print(f"{PROG} {version('vanilla-transformer')}")
-        return None
-    name, rest = argv[0], argv[1:]
-    if name in PATHS:
-        return print_path(name, rest)
-    if name not in TOOLS:
-        close = difflib.get_close_matches(name, [*TOOLS, *PATHS], n=1)
-        exit_with_usage_error(PROG, f"no command {name!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
+    elif argv[0] in PATHS:
+        print_path(argv[0], argv[1:])
+    elif argv[0] in TOOLS:
+        run_command(argv[0], argv[1:])
+    else:
+        close = difflib.get_close_matches(argv[0], [*TOOLS, *PATHS], n=1)
+        exit_with_usage_error(PROG, f"no command {argv[0]!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
                                     f"the commands are {', '.join([*TOOLS, *PATHS])} (see {PROG} --help)")
-    return run_command(name, rest)
 
 
 if __name__ == "__main__":  # accelerate launch -m vanilla_transformer.cli train ...

@@ -18,6 +18,7 @@ import difflib
 import json
 import logging
 import math
+import re
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -216,6 +217,7 @@ class ArgumentParser(HfArgumentParser):
     """`HfArgumentParser` whose errors are one line naming the flag (no usage screen of 170 flags)."""
 
     def error(self, message: str):
+        message = re.sub(r"^argument (--\w+)/--[\w-]+:", r"\1:", message)  # "argument --max_tokens/--max-tokens:"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 

@@ -43,9 +43,9 @@ from .checkpointing import TrainingInterrupted, complete_checkpoints, resolve_ch
 from .metrics import TranslationMetrics, score
 from .moving_average import check_checkpoint as check_moving_average
 from .options import (FINE_TUNING_LEARNING_RATE, FINE_TUNING_WARMUP_RATIO, ROLES, DataArguments,  # noqa: F401
-                      ModelArguments, _pairs_format, _refuse_overrides_of_a_checkpoint, _tsv_column, check_arguments,
-                      check_data_arguments, check_output_dir, check_steps_have_data, check_training_arguments,
-                      new_model_config, parse_arguments, parse_overrides, steps_to_run)
+                      ModelArguments, _pairs_format, _refuse_overrides_of_a_checkpoint, _tsv_column, build_parser,
+                      check_arguments, check_data_arguments, check_output_dir, check_steps_have_data,
+                      check_training_arguments, new_model_config, parse_arguments, parse_overrides, steps_to_run)
 from .trainer import TransformerTrainer, schedule_name
 from .translation import translate
 

@@ -158,7 +158,7 @@ def build_parser(prog: str = "vanilla-transformer translate") -> argparse.Argume
     long.add_argument("--skip-long", action="store_true", help="inputs longer than the model accepts: empty output")
     long.add_argument("--truncate", action="store_true", help="inputs longer than the model accepts: cut them")
     parser.add_argument("--sacrebleu-tokenize", help="sacreBLEU tokenizer (default 13a; 'zh', 'ja-mecab', ...)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda where available, else cpu)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and activations")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--attention-png", metavar="DIR", help="write attention pictures of the first inputs here")
@@ -169,6 +169,7 @@ def build_parser(prog: str = "vanilla-transformer translate") -> argparse.Argume
 def parse_args(argv=None, prog: str = "vanilla-transformer translate") -> argparse.Namespace:
     parser = build_parser(prog)
     args = parser.parse_args(argv)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     for name in ("batch_size", "num_beams", "max_new_tokens", "attention_count"):
         value = getattr(args, name)
         if value is not None and value < (0 if name == "attention_count" else 1):
