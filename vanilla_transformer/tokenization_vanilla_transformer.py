@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import importlib
+import json
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -69,6 +70,36 @@ class VanillaTransformerTokenizer(TokenizersBackend):
 
     padding_side = "right"
     model_input_names = ["input_ids", "attention_mask"]
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """The saved tokenizer, its ``model_max_length`` lowered to the ``max_position_embeddings`` of the
+        model saved in the same folder, if smaller: so that ``truncation=True`` keeps inputs the model
+        accepts, whoever saved the folder (a Trainer saves the tokenizer as it was given)."""
+        tokenizer = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        positions = _positions_saved_with(pretrained_model_name_or_path, kwargs)
+        if positions is not None and tokenizer.model_max_length > positions:
+            tokenizer.model_max_length = positions
+        return tokenizer
+
+
+def _positions_saved_with(name_or_path, kwargs: dict) -> int | None:
+    """``max_position_embeddings`` of the config.json beside the tokenizer (a folder, or a Hub repo in the
+    cache or reachable), or None where there is none."""
+    from transformers.utils import cached_file
+
+    hub = {key: kwargs[key] for key in ("cache_dir", "revision", "token", "local_files_only", "subfolder")
+           if key in kwargs}
+    try:
+        path = cached_file(name_or_path, "config.json", _raise_exceptions_for_missing_entries=False,
+                           _raise_exceptions_for_connection_errors=False, **hub)
+    except OSError:
+        return None
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as file:
+        positions = json.load(file).get("max_position_embeddings")
+    return positions if isinstance(positions, int) else None
 
 
 def train_tokenizer(
