@@ -510,11 +510,18 @@ def parse_overrides(text: str | None) -> dict:
 
 
 def new_model_config(model_args: ModelArguments, tokenizer=None) -> VanillaTransformerConfig:
-    """The config of a new model: the preset, the tokenizer's size and special ids, then --config_overrides.
+    """`model_config` from --preset and --config_overrides."""
+    return model_config(model_args.preset, model_args.config_overrides, tokenizer)
+
+
+def model_config(preset: str = "base", config_overrides: str | dict | None = None, tokenizer=None
+                 ) -> VanillaTransformerConfig:
+    """The config of a new model: the preset, the tokenizer's size and special ids, then the overrides (a dict,
+    or ``"d_model=256,dropout=0.3"`` as --config_overrides takes them).
 
     Without a tokenizer (to check the flags before the tokenizer exists) the preset's ids stand in.
     """
-    overrides = parse_overrides(model_args.config_overrides)
+    overrides = config_overrides if isinstance(config_overrides, dict) else parse_overrides(config_overrides)
     special = {} if tokenizer is None else {
         "vocab_size": len(tokenizer),
         "pad_token_id": tokenizer.pad_token_id,
@@ -523,9 +530,9 @@ def new_model_config(model_args: ModelArguments, tokenizer=None) -> VanillaTrans
         "decoder_start_token_id": tokenizer.bos_token_id,
     }
     try:
-        return VanillaTransformerConfig.from_preset(model_args.preset, **{**special, **overrides})
+        return VanillaTransformerConfig.from_preset(preset, **{**special, **overrides})
     except (ValueError, TypeError, StrictDataclassError) as error:  # the config's own message, from the flags
-        raise ValueError(f"--preset {model_args.preset} with --config_overrides {model_args.config_overrides!r} "
+        raise ValueError(f"--preset {preset} with --config_overrides {config_overrides!r} "
                          f"gives an invalid config: {error.__cause__ or error}") from None
 
 

@@ -20,6 +20,7 @@ Ctrl-C saves a checkpoint and exits with the command to continue (see `checkpoin
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -45,7 +46,8 @@ from .moving_average import check_checkpoint as check_moving_average
 from .options import (FINE_TUNING_LEARNING_RATE, FINE_TUNING_WARMUP_RATIO, ROLES, DataArguments,  # noqa: F401
                       ModelArguments, _pairs_format, _refuse_overrides_of_a_checkpoint, _tsv_column, build_parser,
                       check_arguments, check_data_arguments, check_output_dir, check_steps_have_data,
-                      check_training_arguments, new_model_config, parse_arguments, parse_overrides, steps_to_run)
+                      check_training_arguments, model_config, new_model_config, parse_arguments, parse_overrides,
+                      steps_to_run)
 from .trainer import TransformerTrainer, schedule_name
 from .translation import translate
 
@@ -158,19 +160,26 @@ def load_text_datasets(args: DataArguments, seed: int) -> dict:
 
 
 def tokenized(dataset, tokenizer, config, args: DataArguments, role: str, max_tokens: int | None = None):
-    """Token ids of one role's pairs, without the empty and too-long ones (counted in the log).
+    """`tokenize_pairs` with the data flags."""
+    return tokenize_pairs(dataset, tokenizer, config, role, max_source_length=args.max_source_length,
+                          max_target_length=args.max_target_length, max_tokens=max_tokens,
+                          num_proc=args.preprocessing_num_workers)
 
-    Too long: beyond --max_source_length/--max_target_length, by default the model's positions, or
+
+def tokenize_pairs(dataset, tokenizer, config, role: str = "train", *, max_source_length: int | None = None,
+                   max_target_length: int | None = None, max_tokens: int | None = None, num_proc: int | None = None):
+    """Token ids of one role's (source, target) pairs, without the empty and too-long ones (counted in the log).
+
+    Too long: beyond ``max_source_length``/``max_target_length``, by default the model's positions, or
     ``max_tokens`` (the batch size) when that is smaller, since such a pair fits in no batch.
     """
     limits = []
-    for name in ("max_source_length", "max_target_length"):
-        given = getattr(args, name)
+    for name, given in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
         if given is not None and given > config.max_position_embeddings:
             raise ValueError(f"--{name} {given} is more than the model's {config.max_position_embeddings} positions "
                              f"(max_position_embeddings); give at most {config.max_position_embeddings}.")
         limits.append(given or min(config.max_position_embeddings, max_tokens or config.max_position_embeddings))
-    ids = data.tokenize_dataset(dataset, tokenizer, args.preprocessing_num_workers, desc=f"tokenizing {role}")
+    ids = data.tokenize_dataset(dataset, tokenizer, num_proc, desc=f"tokenizing {role}")
     kept, _ = data.drop_unusable(ids, *limits, role)
     return kept
 
@@ -182,18 +191,32 @@ def tokenized(dataset, tokenizer, config, args: DataArguments, role: str, max_to
 
 def build_tokenizer(model_args: ModelArguments, training_args, train_text, seed: int, checkpoint: Path | None = None,
                     cache_dir: str | None = None):
-    """Load the given (or the fine-tuned model's) tokenizer; when resuming, the checkpoint's; otherwise
-    train a joint BPE on a sample of the training data (kept under ``cache_dir`` for the next run on the
-    same data with the same settings)."""
-    name = model_args.tokenizer_name_or_path or model_args.model_name_or_path
-    if name:
-        check_has_tokenizer(name, "--tokenizer_name_or_path" if model_args.tokenizer_name_or_path
-                            else "--model_name_or_path", "Give --tokenizer_name_or_path with the tokenizer it was "
-                            "trained with.")
-        return AutoTokenizer.from_pretrained(name)
-    tokenizer_dir = Path(training_args.output_dir) / "tokenizer"
+    """`prepare_tokenizer` with the model and training flags."""
+    return prepare_tokenizer(
+        train_text, name_or_path=model_args.tokenizer_name_or_path or model_args.model_name_or_path,
+        flag="--tokenizer_name_or_path" if model_args.tokenizer_name_or_path else "--model_name_or_path",
+        checkpoint=checkpoint, output_dir=training_args.output_dir, vocab_size=model_args.tokenizer_vocab_size,
+        min_frequency=model_args.tokenizer_min_frequency, train_pairs=model_args.tokenizer_train_pairs, seed=seed,
+        cache_dir=cache_dir, main_process_first=training_args.main_process_first,
+        process_index=training_args.process_index)
+
+
+def prepare_tokenizer(train_text=None, *, name_or_path: str | None = None, flag: str = "--tokenizer_name_or_path",
+                      checkpoint: Path | None = None, output_dir: str | Path | None = None, vocab_size: int = 37000,
+                      min_frequency: int = 2, train_pairs: int = 1_000_000, seed: int = 42,
+                      cache_dir: str | None = None, main_process_first=None, process_index: int = 0):
+    """Load the tokenizer ``name_or_path`` (``flag`` names it in errors); when resuming, the checkpoint's (or
+    ``output_dir/tokenizer``'s); otherwise train a joint BPE (§5.1) on a sample of ``train_text``, an Arrow
+    dataset of (source, target), kept under ``cache_dir`` for the next run on the same data with the same
+    settings and saved in ``output_dir/tokenizer``. Several processes: pass the Trainer arguments'
+    ``main_process_first`` and ``process_index``, and the first process trains it while the others wait."""
+    main_process_first = main_process_first or (lambda desc: contextlib.nullcontext())
+    if name_or_path:
+        check_has_tokenizer(name_or_path, flag, "Give --tokenizer_name_or_path with the tokenizer it was trained with.")
+        return AutoTokenizer.from_pretrained(name_or_path)
+    tokenizer_dir = None if output_dir is None else Path(output_dir) / "tokenizer"
     if checkpoint is not None:  # never a new tokenizer for a model trained with another
-        saved = checkpoint if has_tokenizer(checkpoint) else tokenizer_dir
+        saved = checkpoint if has_tokenizer(checkpoint) or tokenizer_dir is None else tokenizer_dir
         if not has_tokenizer(saved):
             raise FileNotFoundError(f"Resuming from {checkpoint}: neither it nor {tokenizer_dir} holds the tokenizer "
                                     "the run was trained with; give it with --tokenizer_name_or_path.")
@@ -202,59 +225,66 @@ def build_tokenizer(model_args: ModelArguments, training_args, train_text, seed:
     if train_text is None:
         raise ValueError("No tokenizer to load and no training data to train one on: give --tokenizer_name_or_path "
                          "or --model_name_or_path.")
-    settings = {"vocab_size": model_args.tokenizer_vocab_size, "min_frequency": model_args.tokenizer_min_frequency,
-                "pairs": model_args.tokenizer_train_pairs, "seed": seed}
+    settings = {"vocab_size": vocab_size, "min_frequency": min_frequency, "pairs": train_pairs, "seed": seed}
     cached = data.tokenizer_cache_dir(train_text, settings, cache_dir)
-    with training_args.main_process_first(desc="training the tokenizer"):  # once; the other processes load it
+    with main_process_first(desc="training the tokenizer"):  # once; the other processes load it
         if (cached / "tokenizer.json").is_file():
             logger.info(f"using the tokenizer trained before on the same data with the same settings, {cached}")
             tokenizer = AutoTokenizer.from_pretrained(cached)
-        elif training_args.process_index == 0:
-            pairs = min(model_args.tokenizer_train_pairs, len(train_text))
-            logger.info(f"training a joint BPE tokenizer on {pairs} of {len(train_text)} training pairs "
-                        "(--tokenizer_train_pairs)")
-            tokenizer = train_tokenizer(
-                data.tokenizer_training_texts(train_text, model_args.tokenizer_train_pairs, seed),
-                vocab_size=model_args.tokenizer_vocab_size, min_frequency=model_args.tokenizer_min_frequency,
-            )
+        elif process_index == 0:
+            logger.info(f"training a joint BPE tokenizer on {min(train_pairs, len(train_text))} of {len(train_text)} "
+                        "training pairs (--tokenizer_train_pairs)")
+            tokenizer = train_tokenizer(data.tokenizer_training_texts(train_text, train_pairs, seed),
+                                        vocab_size=vocab_size, min_frequency=min_frequency)
             logger.info(f"trained a joint BPE tokenizer of {len(tokenizer)} tokens")
             partial = cached.with_name(cached.name + ".partial")
             tokenizer.save_pretrained(partial)
             partial.replace(cached)  # complete or absent, never half-written
         else:
             tokenizer = AutoTokenizer.from_pretrained(cached)
-    if training_args.process_index == 0:
+    if process_index == 0 and tokenizer_dir is not None:
         tokenizer.save_pretrained(tokenizer_dir)
     return tokenizer
 
 
-
 def build_model(model_args: ModelArguments, tokenizer, resume: Path | None = None
                 ) -> VanillaTransformerForConditionalGeneration:
-    """A new model from a preset sized to the tokenizer, or the checkpoint to fine-tune; resuming (``resume``,
-    a checkpoint folder), the generation config that run saved; --length_penalty and --length_penalty_formula
-    set in it (saved with the model)."""
-    extra = {"attn_implementation": model_args.attn_implementation} if model_args.attn_implementation else {}
+    """`prepare_model` with the model flags."""
     if model_args.model_name_or_path:
         _refuse_overrides_of_a_checkpoint(model_args)
-        model = AutoModelForSeq2SeqLM.from_pretrained(model_args.model_name_or_path, **extra)
+    return prepare_model(tokenizer, checkpoint=model_args.model_name_or_path, preset=model_args.preset,
+                         config_overrides=model_args.config_overrides,
+                         attn_implementation=model_args.attn_implementation, length_penalty=model_args.length_penalty,
+                         length_penalty_formula=model_args.length_penalty_formula, resume=resume)
+
+
+def prepare_model(tokenizer, *, checkpoint: str | None = None, preset: str = "base",
+                  config_overrides: str | dict | None = None, attn_implementation: str | None = None,
+                  length_penalty: float | None = None, length_penalty_formula: str | None = None,
+                  resume: Path | None = None) -> VanillaTransformerForConditionalGeneration:
+    """A new model from ``preset`` (and ``config_overrides``) sized to the tokenizer, or ``checkpoint`` to
+    fine-tune; resuming (``resume``, a checkpoint folder), the generation config that run saved; the length
+    penalty and its formula, where given, set in it (saved with the model)."""
+    extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
+    if checkpoint:
+        model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint, **extra)
         check_tokenizer_matches_model(tokenizer, model.config)
     else:
-        config = new_model_config(model_args, tokenizer)
+        config = model_config(preset, config_overrides, tokenizer)
         check_tokenizer_matches_model(tokenizer, config)
         model = VanillaTransformerForConditionalGeneration._from_config(config, **extra)
     if resume is not None and (resume / "generation_config.json").is_file():  # the Trainer restores weights only
         model.generation_config = GenerationConfig.from_pretrained(resume)
-    set_decoding(model, model_args)
+    set_decoding(model, length_penalty, length_penalty_formula)
     return model
 
 
-def set_decoding(model, model_args: ModelArguments) -> None:
-    """--length_penalty and --length_penalty_formula, where given, into the model's generation config."""
-    if model_args.length_penalty is not None:
-        model.generation_config.length_penalty = model_args.length_penalty
-    if model_args.length_penalty_formula is not None:
-        setattr(model.generation_config, LENGTH_PENALTY_FORMULA, model_args.length_penalty_formula)
+def set_decoding(model, length_penalty: float | None = None, length_penalty_formula: str | None = None) -> None:
+    """The length penalty (alpha, §6.1) and its formula, where given, into the model's generation config."""
+    if length_penalty is not None:
+        model.generation_config.length_penalty = length_penalty
+    if length_penalty_formula is not None:
+        setattr(model.generation_config, LENGTH_PENALTY_FORMULA, length_penalty_formula)
 
 
 def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
@@ -343,7 +373,8 @@ def build_trainer(model_args, data_args, training_args) -> Run:
         compute_metrics=metrics,
         callbacks=[SaveLastStep()] if training_args.average_checkpoints else None,
     )
-    set_decoding(trainer.model, model_args)  # again: --generation_config replaced the model's in the Trainer
+    # again: --generation_config replaced the model's in the Trainer
+    set_decoding(trainer.model, model_args.length_penalty, model_args.length_penalty_formula)
     return Run(trainer, tokenizer, datasets, text, resume)
 
 
