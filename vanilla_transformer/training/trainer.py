@@ -546,11 +546,13 @@ def refuse_ignored_precision_or_sharding(args, accelerator, is_fsdp_enabled: boo
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not is_fsdp_enabled:
         raise ValueError(
             f"Launched with an FSDP config, but accelerate does not shard on {accelerator.device.type} (it would run "
-            "plain data parallel): use training/accelerate/ddp.yaml on the CPU, or run FSDP on GPUs."
+            "plain data parallel): use the ddp config ($(vanilla-transformer config ddp)) on the CPU, or run FSDP on "
+            "GPUs."
         )
     if is_fsdp_enabled and args.ema_decay:
         raise ValueError(f"--ema_decay {args.ema_decay} is not supported under FSDP (each process holds a shard of the "
-                         "weights): use --average_checkpoints N, or launch with training/accelerate/ddp.yaml.")
+                         "weights): use --average_checkpoints N, or launch with the ddp config "
+                         "($(vanilla-transformer config ddp)).")
 
 
 def is_sharded(model) -> bool:
