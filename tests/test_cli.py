@@ -29,7 +29,12 @@ def python(*arguments, timeout: int = 300) -> subprocess.CompletedProcess:
 
 def test_docs_cli_md_is_the_reference_the_parsers_print():
     """Regenerate with: python -c "from vanilla_transformer.cli import reference; open('docs/cli.md', 'w').write(reference())" """
-    assert (REPO / "docs" / "cli.md").read_text(encoding="utf-8") == reference(), "docs/cli.md is out of date"
+    import transformers
+
+    written = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    if f"with transformers {transformers.__version__} " not in written:  # e.g. the lowest supported versions
+        pytest.skip(f"docs/cli.md lists another transformers version's Trainer flags than {transformers.__version__}")
+    assert written == reference(), "docs/cli.md is out of date"
 
 
 def test_packaged_files_by_name_and_a_misspelt_name_with_the_closest(capsys):

@@ -158,9 +158,12 @@ def reference() -> str:
     import io
     import os
 
+    from transformers import __version__ as transformers_version
+
     sections = ["# Command-line reference", "",
-                f"Generated from the parsers by `vanilla_transformer.cli.reference()`; `{PROG} COMMAND --help` "
-                "prints the same. Every flag takes both spellings (`--num_beams`, `--num-beams`).", "",
+                f"Generated from the parsers by `vanilla_transformer.cli.reference()` with transformers "
+                f"{transformers_version} (the Trainer's flags are that version's); `{PROG} COMMAND --help` prints the "
+                "same. Every flag takes both spellings (`--num_beams`, `--num-beams`).", "",
                 "```text", usage(), "```"]
     width, os.environ["COLUMNS"] = os.environ.get("COLUMNS"), "80"  # argparse wraps at the terminal's width
     try:
