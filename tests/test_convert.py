@@ -222,7 +222,7 @@ def test_cli_from_marian_without_a_loadable_tokenizer_fails_clearly_unless_told_
     random_marian().save_pretrained(tmp_path / "marian")
     with pytest.raises(SystemExit) as exit_info:
         main(["from-marian", str(tmp_path / "marian"), str(tmp_path / "out")])
-    assert exit_info.value.code == 1
+    assert exit_info.value.code == 2
     assert "Could not load the Marian tokenizer" in capsys.readouterr().err
     main(["from-marian", str(tmp_path / "marian"), str(tmp_path / "out"), "--no-tokenizer"])
     assert (tmp_path / "out" / "config.json").exists() and not (tmp_path / "out" / "tokenizer_config.json").exists()

@@ -334,7 +334,7 @@ def test_cli_saves_a_loadable_tokenizer_equal_to_the_function(tmp_path, capsys):
 def test_cli_reports_bad_input_without_traceback(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main([str(tmp_path / "missing.txt"), "--output-dir", str(tmp_path / "out")])
-    assert exit_info.value.code == 1
+    assert exit_info.value.code == 2
     assert "missing.txt" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 

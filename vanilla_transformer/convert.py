@@ -570,10 +570,11 @@ def to_ctranslate2(
 # ---------------------------------------------------------------------------------------------
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "vanilla-transformer convert") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m vanilla_transformer.convert",
+        prog=prog,
         description="Import MarianMT checkpoints exactly; export to CTranslate2.",
+        epilog="Every flag is also accepted with underscores (--target_tokenizer).",
     )
     commands = parser.add_subparsers(dest="command", required=True)
     marian = commands.add_parser("from-marian", help="convert a MarianMT model into a Hub folder of this model")
@@ -641,14 +642,15 @@ def _run(args: argparse.Namespace) -> str:
     return f"Saved a CTranslate2 model to {args.output_dir}"
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """Command line: ``from-marian SOURCE OUTPUT_DIR`` and ``to-ctranslate2 MODEL OUTPUT_DIR``."""
-    parser = _parser()
+def main(argv: Sequence[str] | None = None, prog: str = "vanilla-transformer convert") -> None:
+    """``vanilla-transformer convert``: ``from-marian SOURCE OUTPUT_DIR`` and ``to-ctranslate2 MODEL OUTPUT_DIR``;
+    bad input ends in one line, exit status 2."""
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         message = _run(args)
     except (TypeError, ValueError, OSError, ImportError) as error:
-        parser.exit(1, f"{parser.prog}: error: {error}\n")
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     print(message)
 
 
@@ -656,4 +658,8 @@ __all__ = ["convert_marian", "from_marian", "main", "marian_to_interleaved", "to
 
 
 if __name__ == "__main__":
-    main()
+    import sys
+
+    from vanilla_transformer.cli import run_command
+
+    run_command("convert", sys.argv[1:])

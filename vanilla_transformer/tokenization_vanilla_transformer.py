@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import importlib
+import json
 import os
 import sys
 from collections.abc import Iterable, Iterator
@@ -69,6 +70,36 @@ class VanillaTransformerTokenizer(TokenizersBackend):
 
     padding_side = "right"
     model_input_names = ["input_ids", "attention_mask"]
+
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *args, **kwargs):
+        """The saved tokenizer, its ``model_max_length`` lowered to the ``max_position_embeddings`` of the
+        model saved in the same folder, if smaller: so that ``truncation=True`` keeps inputs the model
+        accepts, whoever saved the folder (a Trainer saves the tokenizer as it was given)."""
+        tokenizer = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+        positions = _positions_saved_with(pretrained_model_name_or_path, kwargs)
+        if positions is not None and tokenizer.model_max_length > positions:
+            tokenizer.model_max_length = positions
+        return tokenizer
+
+
+def _positions_saved_with(name_or_path, kwargs: dict) -> int | None:
+    """``max_position_embeddings`` of the config.json beside the tokenizer (a folder, or a Hub repo in the
+    cache or reachable), or None where there is none."""
+    from transformers.utils import cached_file
+
+    hub = {key: kwargs[key] for key in ("cache_dir", "revision", "token", "local_files_only", "subfolder")
+           if key in kwargs}
+    try:
+        path = cached_file(name_or_path, "config.json", _raise_exceptions_for_missing_entries=False,
+                           _raise_exceptions_for_connection_errors=False, **hub)
+    except OSError:
+        return None
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as file:
+        positions = json.load(file).get("max_position_embeddings")
+    return positions if isinstance(positions, int) else None
 
 
 def train_tokenizer(
@@ -251,11 +282,11 @@ def _open_text(path: Path):
     return gzip.open(path, "rt", encoding="utf-8") if is_gzip else open(path, encoding="utf-8")
 
 
-def main(argv: list[str] | None = None) -> None:
-    """Command line: train a tokenizer on text files and save it with ``save_pretrained``."""
+def build_parser(prog: str = "vanilla-transformer tokenizer") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="vanilla-transformer-train-tokenizer",
+        prog=prog,
         description="Train the joint source-target byte-level BPE vocabulary of the Transformer (§5.1).",
+        epilog="Every flag is also accepted with underscores (--vocab_size).",
     )
     parser.add_argument(
         "files", nargs="+", type=Path,
@@ -266,6 +297,13 @@ def main(argv: list[str] | None = None) -> None:
         "--min-frequency", type=int, default=2, help="fewest occurrences of a merged pair (default: %(default)s)"
     )
     parser.add_argument("--output-dir", type=Path, required=True, help="folder to save the tokenizer in")
+    return parser
+
+
+def main(argv: list[str] | None = None, prog: str = "vanilla-transformer-train-tokenizer") -> None:
+    """Command line: train a tokenizer on text files and save it with ``save_pretrained``; bad input ends
+    in one line, exit status 2."""
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     try:
         tokenizer = train_tokenizer(
@@ -273,7 +311,7 @@ def main(argv: list[str] | None = None) -> None:
             show_progress=sys.stderr.isatty(),
         )
     except (TypeError, ValueError, OSError) as error:
-        parser.exit(1, f"{parser.prog}: error: {error}\n")
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     tokenizer.save_pretrained(args.output_dir)
     print(f"Saved a tokenizer with {len(tokenizer)} tokens to {args.output_dir}")
 
@@ -283,4 +321,4 @@ if __name__ == "__main__":
     # one the package registered for AutoTokenizer; the package's copy saves the `auto_map` and this
     # file along with the tokenizer. (importlib, not `import`: transformers scans this file's import
     # statements for packages that remote code needs.)
-    importlib.import_module("vanilla_transformer.tokenization_vanilla_transformer").main()
+    importlib.import_module("vanilla_transformer.cli").run_command("tokenizer", sys.argv[1:])

@@ -15,7 +15,10 @@ Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
 - `metrics`: sacreBLEU and chrF through `evaluate`, offline (`load_translation_metric`, `score`,
   `TranslationMetrics` for ``compute_metrics``).
 - `translation`: `translate`, batched beam search in input order.
-- `run`: a whole training run from flags (what ``training/train.py`` runs): `build_trainer`, `main`.
+- `options`: the flags of a run, argument files and packaged recipes, and every check of them.
+- `progress`: progress by the clock for a budget in minutes, throughput in target tokens/s.
+- `run`: a whole training run from flags (``vanilla-transformer train``), its steps with plain parameters
+  (`prepare_tokenizer`, `prepare_model`, `tokenize_pairs`) and with flags (`build_trainer`, `main`).
 """
 
 from .averaging import average_checkpoints

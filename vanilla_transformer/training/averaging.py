@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 import torch
@@ -260,8 +261,9 @@ def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path, w
 # ---------------------------------------------------------------------------------------------
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def build_parser(prog: str = "vanilla-transformer average") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                     epilog="Every flag is also accepted with underscores (--output_dir).")
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--inputs", nargs="+", metavar="DIR", help="checkpoint folders to average, oldest first")
     source.add_argument(
@@ -275,6 +277,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--weights", choices=AVERAGING_WEIGHTS, default="uniform",
                         help="uniform: the mean (paper); linear: the k-th checkpoint, oldest first, weighs k")
     parser.add_argument("--force", action="store_true", help="replace a model already saved in --output-dir")
+    return parser
+
+
+def parse_args(argv=None, prog: str = "vanilla-transformer average") -> argparse.Namespace:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
     if (args.checkpoint_root is None) != (args.last is None):
         parser.error("--checkpoint-root and --last go together")
@@ -292,8 +299,9 @@ def check_output_dir(output_dir: Path, force: bool) -> None:
                               "folder, or pass --force to replace it.")
 
 
-def main(argv=None) -> Path:
-    args = parse_args(argv)
+def main(argv=None, prog: str = "vanilla-transformer average") -> Path:
+    """``vanilla-transformer average``: the folder the averaged model was saved in."""
+    args = parse_args(argv, prog)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
     check_output_dir(Path(args.output_dir), args.force)
     checkpoints = args.inputs or last_checkpoints(args.checkpoint_root, args.last)
@@ -304,4 +312,6 @@ def main(argv=None) -> Path:
 
 
 if __name__ == "__main__":
-    main()
+    from vanilla_transformer.cli import run_command
+
+    run_command("average", sys.argv[1:])

@@ -29,7 +29,7 @@ from functools import partial
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
-from transformers import Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+from transformers import ProgressCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 from transformers.trainer_utils import seed_worker
 
 from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
@@ -39,7 +39,8 @@ from .batching import TokenBatchSampler
 from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
 from .data import example_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
-from .moving_average import ExponentialMovingAverage, check_checkpoint, check_decay
+from .moving_average import ExponentialMovingAverage, check_checkpoint
+from .progress import TargetTokens, TimeBudgetProgress, add_throughput
 
 logger = logging.getLogger(__name__)
 
@@ -198,88 +199,11 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     )
 
     def __post_init__(self):
-        _check_intervals(self)  # before the Trainer's own checks, which take an eval_steps of 0 as "not set"
+        from .options import check_argument_ranges, check_intervals  # (options reads this class's fields)
+
+        check_intervals(self)  # before the Trainer's own checks, which take an eval_steps of 0 as "not set"
         super().__post_init__()
         check_argument_ranges(self)
-
-
-# Counts that only make sense positive (None: not given). A 0 or a negative one would otherwise be
-# taken as "not set", divide by zero mid-run, or end up as a Python slice from the end.
-POSITIVE_COUNTS = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                   "generation_num_beams", "generation_max_length", "save_total_limit")
-# name -> (lowest allowed, highest allowed or None, what the bounds mean)
-RANGES = {
-    "max_tokens": (0, None, "padded tokens per batch, or 0 for sentence batches"),
-    "average_checkpoints": (0, None, "checkpoints to average, or 0 for none"),
-    "dataloader_num_workers": (0, None, "worker processes, or 0 to load in the main process"),
-    "max_grad_norm": (0, None, "the gradient norm to clip to, or 0 for no clipping"),
-    "weight_decay": (0, None, "a decay rate"),
-    "adam_epsilon": (0, None, "Adam's epsilon"),
-    "seed": (0, 2**32 - 1, "a random seed"),
-}
-OPEN_FRACTIONS = ("label_smoothing_factor", "adam_beta1", "adam_beta2")  # in [0, 1)
-
-
-def check_argument_ranges(args: TransformerTrainingArguments) -> None:
-    """Refuse numbers outside what they can mean, naming the flag, before any data is read."""
-    for name in POSITIVE_COUNTS:
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be a positive number, got {value}; leave it out for the default.")
-    for name, (low, high, meaning) in RANGES.items():
-        value = getattr(args, name)
-        if value is not None and (value < low or high is not None and value > high):
-            bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise ValueError(f"--{name} is {meaning}: it must be {bounds}, got {value}.")
-    for name in OPEN_FRACTIONS:
-        value = getattr(args, name)
-        if not 0 <= value < 1:
-            raise ValueError(f"--{name} must be in [0, 1), got {value} (the paper: label smoothing 0.1, Adam betas "
-                             "0.9 and 0.98).")
-    for name in ("learning_rate", "lr_scale", "save_minutes", "max_train_minutes", "cooldown_minutes"):
-        value = getattr(args, name)
-        if value is not None and not value > 0:
-            raise ValueError(f"--{name} must be positive, got {value}.")
-    _check_duration(args)
-    _check_cooldown(args)
-    _check_average_weights(args)
-    _check_ema_decay(args)
-
-
-def _check_ema_decay(args: TransformerTrainingArguments) -> None:
-    check_decay(args.ema_decay)
-    if not args.ema_decay:
-        return
-    if args.load_best_model_at_end:
-        raise ValueError(f"--ema_decay {args.ema_decay} makes the moving average the final model, and "
-                         "--load_best_model_at_end the best checkpoint: give one of them.")
-    if args.average_checkpoints:
-        raise ValueError(f"--ema_decay {args.ema_decay} and --average_checkpoints {args.average_checkpoints} each make "
-                         "the final model (a moving average of every update, or the mean of the last checkpoints): "
-                         "give one of them.")
-
-
-def _check_average_weights(args: TransformerTrainingArguments) -> None:
-    if args.average_weights not in AVERAGING_WEIGHTS:
-        raise ValueError(f"--average_weights must be one of {', '.join(AVERAGING_WEIGHTS)}, got {args.average_weights!r}.")
-    if args.average_weights != "uniform" and not args.average_checkpoints:
-        raise ValueError(f"--average_weights {args.average_weights} weighs the checkpoints that --average_checkpoints "
-                         "averages, but it is 0 (no averaging): give --average_checkpoints N, or drop --average_weights.")
-
-
-def _check_cooldown(args: TransformerTrainingArguments) -> None:
-    if args.cooldown_minutes is None:
-        return
-    if not args.max_train_minutes:
-        raise ValueError(f"--cooldown_minutes {args.cooldown_minutes} decays the learning rate over the end of a "
-                         "budget in minutes: give --max_train_minutes too (for a budget in updates, use "
-                         "--lr_scheduler_type linear or cosine with --max_steps).")
-    if args.cooldown_minutes > args.max_train_minutes:
-        raise ValueError(f"--cooldown_minutes {args.cooldown_minutes} is longer than --max_train_minutes "
-                         f"{args.max_train_minutes}: the decay must fit inside the budget.")
-    if args.lr_scheduler_type != "inverse_sqrt":
-        raise ValueError(f"--cooldown_minutes decays eq. (3) (--lr_scheduler_type inverse_sqrt), got "
-                         f"--lr_scheduler_type {schedule_name(args)}; leave one of them out.")
 
 
 def schedule_name(args: TransformerTrainingArguments) -> str:
@@ -289,26 +213,6 @@ def schedule_name(args: TransformerTrainingArguments) -> str:
     if args.cooldown_minutes:
         return f"eq. (3), decaying linearly to 0 over the last {args.cooldown_minutes:g} minutes"
     return "eq. (3)"
-
-
-def _check_duration(args: TransformerTrainingArguments) -> None:
-    """How long to train, and the intervals of warm-up, saving and evaluation."""
-    if args.max_steps == 0 or args.max_steps < -1:
-        raise ValueError(f"--max_steps must be a positive number of updates (or -1, the default, to train for "
-                         f"--num_train_epochs epochs), got {args.max_steps}.")
-    if args.max_steps == -1 and not args.num_train_epochs > 0:
-        raise ValueError(f"--num_train_epochs must be positive, got {args.num_train_epochs}; or give --max_steps.")
-    if args.warmup_steps >= 1 and not float(args.warmup_steps).is_integer():
-        raise ValueError(f"--warmup_steps {args.warmup_steps}: give a whole number of updates, or a fraction below 1 "
-                         "of the training updates.")
-
-
-def _check_intervals(args: TransformerTrainingArguments) -> None:
-    for name in ("save_steps", "eval_steps", "logging_steps"):
-        value = getattr(args, name)
-        if value is not None and not value > 0:
-            raise ValueError(f"--{name} must be a positive number of updates (or a fraction below 1 of them), got "
-                             f"{value}.")
 
 
 def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> float:
@@ -370,6 +274,13 @@ class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
         if self.args.save_minutes or self.args.max_train_minutes:
             self.wall_clock = WallClock(self.args.max_train_minutes, self.args.save_minutes)
             self.add_callback(self.wall_clock)
+        self.target_tokens = TargetTokens()  # for throughput in target tokens/s
+        if self.args.max_train_minutes and not self.args.disable_tqdm:  # a bar in minutes, not in max_steps
+            self.remove_callback(ProgressCallback)
+            self.add_callback(TimeBudgetProgress(self.args.max_train_minutes, self.target_tokens,
+                                                 self.accelerator.num_processes))
+        if self.args.device.type == "cpu":  # pinned memory only helps a copy to an accelerator (torch warns)
+            self.args.dataloader_pin_memory = False
         self.divergence = DivergenceGuard(self)  # last: it reads whether the others log, evaluate or save
         self.add_callback(self.divergence)
 
@@ -436,10 +347,18 @@ class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
         if not model.training:  # evaluation: the plain NLL, whose exp is the perplexity
             loss = self.evaluation_loss(outputs, labels)
             return (loss, outputs) if return_outputs else loss
+        self.target_tokens.add(labels)
         loss = label_smoothed_cross_entropy(outputs.logits, labels, num_items_in_batch, self.args.label_smoothing_factor)
         if num_items_in_batch is not None and self.args.average_tokens_across_devices:
             loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
         return (loss, outputs) if return_outputs else loss
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        """The Trainer's, with the end of training's throughput from the sentences and target tokens trained on
+        (the Trainer's counts updates times per_device_train_batch_size, which token batches ignore)."""
+        if "train_runtime" in logs:  # every process logs it, at the end of train()
+            add_throughput(logs, self.target_tokens, self.accelerator)
+        super().log(logs, start_time)
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """Seq2SeqTrainer's, without its side effect on the model's generation config (it writes the
@@ -639,11 +558,13 @@ def refuse_ignored_precision_or_sharding(args, accelerator, is_fsdp_enabled: boo
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not is_fsdp_enabled:
         raise ValueError(
             f"Launched with an FSDP config, but accelerate does not shard on {accelerator.device.type} (it would run "
-            "plain data parallel): use training/accelerate/ddp.yaml on the CPU, or run FSDP on GPUs."
+            "plain data parallel): use the ddp config ($(vanilla-transformer config ddp)) on the CPU, or run FSDP on "
+            "GPUs."
         )
     if is_fsdp_enabled and args.ema_decay:
         raise ValueError(f"--ema_decay {args.ema_decay} is not supported under FSDP (each process holds a shard of the "
-                         "weights): use --average_checkpoints N, or launch with training/accelerate/ddp.yaml.")
+                         "weights): use --average_checkpoints N, or launch with the ddp config "
+                         "($(vanilla-transformer config ddp)).")
 
 
 def is_sharded(model) -> bool:

@@ -138,8 +138,9 @@ def _progress_bar(total: int, enabled: bool):
 # ---------------------------------------------------------------------------------------------
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="translate.py", description=__doc__.split("\n\n")[0])
+def build_parser(prog: str = "vanilla-transformer translate") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                     epilog="Every flag is also accepted with underscores (--num_beams).")
     parser.add_argument("--model", required=True, help="model folder or Hub id (with its tokenizer)")
     parser.add_argument("--tokenizer", help="tokenizer, if not the model's")
     parser.add_argument("--input", default="-", help="source sentences, one a line (.gz ok); '-' = stdin")
@@ -157,12 +158,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     long.add_argument("--skip-long", action="store_true", help="inputs longer than the model accepts: empty output")
     long.add_argument("--truncate", action="store_true", help="inputs longer than the model accepts: cut them")
     parser.add_argument("--sacrebleu-tokenize", help="sacreBLEU tokenizer (default 13a; 'zh', 'ja-mecab', ...)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu, cuda, cuda:1, ...")
+    parser.add_argument("--device", help="cpu, cuda, cuda:1, ... (default: cuda where available, else cpu)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32", help="weights and activations")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     parser.add_argument("--attention-png", metavar="DIR", help="write attention pictures of the first inputs here")
     parser.add_argument("--attention-count", type=int, default=3, help="how many inputs get pictures")
+    return parser
+
+
+def parse_args(argv=None, prog: str = "vanilla-transformer translate") -> argparse.Namespace:
+    parser = build_parser(prog)
     args = parser.parse_args(argv)
+    args.device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     for name in ("batch_size", "num_beams", "max_new_tokens", "attention_count"):
         value = getattr(args, name)
         if value is not None and value < (0 if name == "attention_count" else 1):
@@ -215,12 +222,13 @@ def _check_writable(flag: str, path: Path, inputs: set[Path]) -> None:
         raise ValueError(f"{flag} {path} is also an input file, which writing would destroy; choose another name.")
 
 
-def main(argv=None) -> dict:
+def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
+    """``vanilla-transformer translate``: the hypotheses on --output, scores on stderr; the results as a dict."""
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     from .metrics import score
 
-    args = parse_args(argv)
+    args = parse_args(argv, prog)
     check_paths(args)
     sources = read_input(args.input, "--input")
     if not sources:
@@ -295,3 +303,9 @@ def write_pictures(model, tokenizer, sources: Sequence[str], hypotheses: Sequenc
         print(f"No attention pictures for input(s) {', '.join(map(str, skipped))}: their translation is empty.",
               file=sys.stderr)
     return paths, skipped
+
+
+if __name__ == "__main__":
+    from vanilla_transformer.cli import run_command
+
+    run_command("translate", sys.argv[1:])

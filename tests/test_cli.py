@@ -1,0 +1,130 @@
+"""The `vanilla-transformer` command (vanilla_transformer.cli): subcommands, packaged files by name, both
+spellings of every flag, bad input as one line with exit status 2, `python -m` on each module, the
+command-line reference in docs/cli.md, and several processes through `accelerate launch -m`."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vanilla_transformer.cli import TOOLS, accelerate_config_path, main as cli, recipe_path, reference
+
+from helpers import REPO
+from test_train import reverse_pairs, tiny_args, write_pairs
+from test_translate import one_by_one, save_model
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    return save_model(tmp_path_factory.mktemp("model"))
+
+
+def python(*arguments, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
+    return subprocess.run([sys.executable, *map(str, arguments)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_docs_cli_md_is_the_reference_the_parsers_print():
+    """Regenerate with: python -c "from vanilla_transformer.cli import reference; open('docs/cli.md', 'w').write(reference())" """
+    import transformers
+
+    written = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    if f"with transformers {transformers.__version__} " not in written:  # e.g. the lowest supported versions
+        pytest.skip(f"docs/cli.md lists another transformers version's Trainer flags than {transformers.__version__}")
+    assert written == reference(), "docs/cli.md is out of date"
+
+
+def test_packaged_files_by_name_and_a_misspelt_name_with_the_closest(capsys):
+    assert recipe_path("multi30k") == REPO / "vanilla_transformer/training/recipes/multi30k.yaml"
+    assert accelerate_config_path("ddp").read_text() == (REPO / "training/accelerate/ddp.yaml").read_text()
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["config", "dpp"])
+    error = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(error.splitlines()) == 1 and "did you mean 'ddp'" in error
+    with pytest.raises(SystemExit):
+        cli(["trian"])
+    assert "did you mean 'train'" in capsys.readouterr().err
+
+
+def test_every_tool_takes_both_spellings(model_dir, tmp_path, monkeypatch):
+    """translate's --num_beams/--num-beams and --no_progress reach translate() alike; average's and publish's
+    flags too (their parsers spell them with dashes)."""
+    import vanilla_transformer.training.translation as translation
+
+    calls = []
+
+    def spy(model, tokenizer, sentences, batch_size, **kwargs):
+        calls.append((kwargs.get("num_beams"), kwargs.get("progress")))
+        return ["x"] * len(sentences)
+
+    monkeypatch.setattr(translation, "translate", spy)
+    source = tmp_path / "in.txt"
+    source.write_text("a b c\n")
+    for spelling in (["--num_beams", "3", "--no_progress"], ["--num-beams", "3", "--no-progress"]):
+        cli(["translate", "--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "out"),
+             *spelling])
+    assert calls == [(3, False), (3, False)]
+    checkpoints = tmp_path / "checkpoints"
+    with pytest.raises(SystemExit):  # parsed (both spellings), then refused for the missing folder, not the flag
+        cli(["average", "--checkpoint_root", str(checkpoints), "--last", "2", "--output_dir", str(tmp_path / "avg")])
+
+
+def test_train_takes_both_spellings_and_refuses_bad_values_in_one_line(tmp_path, capsys):
+    from vanilla_transformer.training.options import parse_arguments
+
+    _, _, dashed = parse_arguments(["--max-tokens", "300", "--output-dir", str(tmp_path)])
+    _, _, underscored = parse_arguments(["--max_tokens", "300", "--output_dir", str(tmp_path)])
+    assert dashed.max_tokens == underscored.max_tokens == 300 and dashed.output_dir == underscored.output_dir
+    for argv, message in ((["--max_tokens", "many"], "--max_tokens: invalid int value: 'many'"),
+                          (["--max_tokns", "300"], "--max_tokns is not a flag of vanilla-transformer train (did you "
+                                                   "mean --max_tokens?)"),
+                          (["--preset", "huge"], "--preset 'huge' does not exist"),
+                          (["multi30x"], "no recipe named 'multi30x' (did you mean 'multi30k'?)")):
+        with pytest.raises(SystemExit) as exit_info:
+            cli(["train", *argv, "--output_dir", str(tmp_path / "out")])
+        error = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and len(error.splitlines()) == 1, error
+        assert error.startswith("vanilla-transformer train: error:") and message in error, error
+    assert not (tmp_path / "out").exists()
+
+
+def test_per_device_train_batch_size_shows_no_default_that_max_tokens_overrides(capsys):
+    with pytest.raises(SystemExit):
+        cli(["train", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("  --per_device_train_batch_size N"))
+    end = next(i for i in range(start + 1, len(lines)) if lines[i].startswith("  --"))
+    described = " ".join(" ".join(lines[start:end]).split())
+    assert "default: 8" not in described and "--max_tokens 0" in described, described
+
+
+@pytest.mark.parametrize("module", ["vanilla_transformer.training.run", *(  # a process each, importing torch
+    pytest.param(module, marks=pytest.mark.slow) for module in (
+        "vanilla_transformer.training.translation", "vanilla_transformer.training.averaging", "vanilla_transformer.convert",
+        "vanilla_transformer.publish", "vanilla_transformer.tokenization_vanilla_transformer", "vanilla_transformer.cli"))])
+def test_python_dash_m_on_each_module_prints_its_help(module):
+    completed = python("-m", module, *(["train"] if module.endswith(".cli") else []), "--help")
+    assert completed.returncode == 0, completed.stderr[-2000:]
+    name = {"run": "train", "translation": "translate", "averaging": "average", "convert": "convert", "cli": "train",
+            "publish": "publish", "tokenization_vanilla_transformer": "tokenizer"}[module.rsplit(".", 1)[-1]]
+    assert name in TOOLS and completed.stdout.startswith(f"usage: vanilla-transformer {name}"), completed.stdout[:300]
+
+
+@pytest.mark.slow
+def test_accelerate_launch_dash_m_trains_on_two_processes_with_the_packaged_config(tmp_path):
+    """`accelerate launch --config_file $(vanilla-transformer config ddp) -m vanilla_transformer.cli train ...` on
+    2 gloo processes (--use_cpu): both take part and the model is saved once."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_pairs(data, "train", reverse_pairs(200, seed=1))
+    config = python("-m", "vanilla_transformer.cli", "config", "ddp").stdout.strip()
+    output = tmp_path / "run"
+    completed = python("-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", "2",
+                       "--main_process_port", "29571", "-m", "vanilla_transformer.cli", "train",
+                       *tiny_args(data, output, "--max_steps", "2", "--max_tokens", "150", "--warmup_steps", "2"),
+                       timeout=600)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert "process 1 of 2" in completed.stderr and (output / "model.safetensors").is_file()

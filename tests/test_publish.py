@@ -1,0 +1,85 @@
+"""`vanilla-transformer publish` (vanilla_transformer.publish): a run's folder goes to the Hub as the model
+alone. Pushed with the real huggingface_hub client to the loopback Hub (tests/hub_server.py) from a
+fresh process; the reference is the list of files from_pretrained and the remote code read, written
+out below, and the bytes on disk."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
+from vanilla_transformer import write_model_card
+from vanilla_transformer.cli import main as cli
+
+from helpers import REPO
+from hub_server import USER, LoopbackHub, client_environment
+
+MODEL_FILES = {
+    "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
+    "configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py", "pipeline_vanilla_transformer.py",
+    "tokenization_vanilla_transformer.py", "README.md",
+}
+# What a training run leaves next to the model (checkpointing.py, run.py, the Trainer).
+TRAINING_STATE = {
+    "checkpoint-2/model.safetensors": b"weights", "checkpoint-2/optimizer.pt": b"adam", "checkpoint-2/ema.safetensors":
+    b"average", "tokenizer/tokenizer.json": b"{}", "trainer_state.json": b"{}", "all_results.json": b"{}",
+    "train_results.json": b"{}", "runs/events.out.tfevents": b"log", "generated_predictions.txt": b"hypotheses\n",
+}
+
+
+@pytest.fixture(scope="module")
+def run_folder(tmp_path_factory) -> Path:
+    """A model folder as a training run leaves it: the model, its card, and training state beside them."""
+    folder = tmp_path_factory.mktemp("run")
+    tokenizer = train_tokenizer(["a small text to learn a vocabulary from", "ein kleiner Text"] * 20, vocab_size=300)
+    config = VanillaTransformerConfig.from_preset(
+        "tiny", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id)
+    torch.manual_seed(0)
+    model = VanillaTransformerForConditionalGeneration(config)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    write_model_card(folder, model=model, languages=("en", "de"))
+    for name, content in TRAINING_STATE.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(content)
+    return folder
+
+
+def test_the_files_to_publish_are_the_model_and_what_loads_it(run_folder, capsys):
+    cli(["publish", str(run_folder), "--repo-id", f"{USER}/x", "--dry-run"])
+    assert set(capsys.readouterr().out.split()) == MODEL_FILES
+
+
+def test_publish_uploads_the_model_files_in_one_commit_and_nothing_of_the_run(run_folder, tmp_path):
+    hub = LoopbackHub(tmp_path / "store", lifetime=600).start()
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+        env.update(client_environment(hub, tmp_path / "home"), PYTHONPATH=str(REPO))
+        repo = f"{USER}/published"
+        completed = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "publish", str(run_folder),
+                                    "--repo_id", repo], env=env, capture_output=True, text=True, timeout=300)
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        assert [set(paths) for _, paths in hub.commits(repo)] == [MODEL_FILES]  # one commit, the model alone
+        stored = hub.files(repo)
+        assert set(stored) == MODEL_FILES | {".gitattributes"}
+        assert all(stored[name] == (run_folder / name).read_bytes() for name in MODEL_FILES)
+        assert "checkpoint-2/" in completed.stderr and "tokenizer/" in completed.stderr  # named as left out
+    finally:
+        hub.stop()
+
+
+def test_a_folder_without_its_tokenizer_is_refused_in_one_line(tmp_path, run_folder, capsys):
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        (bare / name).write_bytes((run_folder / name).read_bytes())
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["publish", str(bare), "--repo-id", f"{USER}/x"])
+    error = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(error.splitlines()) == 1
+    assert error.startswith("vanilla-transformer publish: error:") and "tokenizer" in error

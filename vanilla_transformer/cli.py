@@ -1,0 +1,204 @@
+"""The ``vanilla-transformer`` command: one entry point, a subcommand per tool.
+
+    vanilla-transformer train multi30k --dataset_name none --train_source_file train.en ... --output_dir run
+    vanilla-transformer translate --model run --input test.en --output hyp.de
+    vanilla-transformer average --checkpoint-root run --last 5 --output-dir run/averaged
+    vanilla-transformer tokenizer train.en train.de --vocab-size 8000 --output-dir tokenizer
+    vanilla-transformer convert from-marian Helsinki-NLP/opus-mt-en-de converted
+    vanilla-transformer publish run --repo-id you/en-de
+    accelerate launch --config_file $(vanilla-transformer config ddp) -m vanilla_transformer.cli train ...
+
+Recipes (``train RECIPE``) and accelerate configs (``config NAME``) ship inside the package and are
+named, not located. Every flag takes both spellings (``--num_beams``, ``--num-beams``). Bad input
+ends in one line naming the flag and the fix, exit status 2; from Python the same calls raise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import importlib
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+PROG = "vanilla-transformer"
+PACKAGE = Path(__file__).resolve().parent
+RECIPES = PACKAGE / "training" / "recipes"  # one YAML file of flags per run (package data)
+ACCELERATE_CONFIGS = PACKAGE / "training" / "accelerate_configs"  # for `accelerate launch --config_file`
+
+# name -> (module with main(argv) and build_parser(prog), what it does)
+TOOLS = {
+    "train": ("vanilla_transformer.training.run",
+              "train or fine-tune with the paper's recipe (a packaged recipe by name), evaluate, translate a test set"),
+    "translate": ("vanilla_transformer.training.translation",
+                  "translate a file or standard input with beam search; score against references"),
+    "average": ("vanilla_transformer.training.averaging", "average the weights of a run's last checkpoints (§6.1)"),
+    "tokenizer": ("vanilla_transformer.tokenization_vanilla_transformer",
+                  "train the joint byte-level BPE vocabulary (§5.1) on text files"),
+    "convert": ("vanilla_transformer.convert", "import a MarianMT checkpoint exactly; export to CTranslate2"),
+    "publish": ("vanilla_transformer.publish",
+                "upload a model folder to the Hub: the model's files only, never checkpoints or training state"),
+}
+PATHS = {
+    "recipe": "print the path of a packaged recipe (without a name: list them)",
+    "config": "print the path of a packaged accelerate config (single, ddp, fsdp; without a name: list them)",
+}
+
+
+# ---------------------------------------------------------------------------------------------
+# Packaged recipes and launch configs, by name
+# ---------------------------------------------------------------------------------------------
+
+
+def recipe_names() -> list[str]:
+    return sorted(path.stem for path in RECIPES.glob("*.yaml"))
+
+
+def accelerate_config_names() -> list[str]:
+    return sorted(path.stem for path in ACCELERATE_CONFIGS.glob("*.yaml"))
+
+
+def recipe_path(name: str) -> Path:
+    """The packaged recipe ``name`` (``multi30k``, ``wmt14-en-de-base``, ...): its YAML file of flags."""
+    return _packaged(name, RECIPES, recipe_names(), "recipe")
+
+
+def accelerate_config_path(name: str) -> Path:
+    """The packaged accelerate config ``name`` (``single``, ``ddp``, ``fsdp``) for ``accelerate launch --config_file``."""
+    return _packaged(name, ACCELERATE_CONFIGS, accelerate_config_names(), "accelerate config")
+
+
+def _packaged(name: str, folder: Path, names: list[str], what: str) -> Path:
+    stem = name.removesuffix(".yaml")
+    if stem not in names:
+        close = difflib.get_close_matches(stem, names, n=1)
+        raise ValueError(f"There is no {what} named {name!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
+                         f"the package has {', '.join(names)}, or give the path of a .yaml file.")
+    return folder / f"{stem}.yaml"
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors and spellings, the same in every tool
+# ---------------------------------------------------------------------------------------------
+
+
+def exit_with_usage_error(prog: str, error: BaseException | str) -> NoReturn:
+    """One line on stderr, ``PROG: error: MESSAGE``, and exit status 2 (argparse's convention)."""
+    print(f"{prog}: error: {error}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of ``parser`` and of its subcommands' parsers."""
+    return set(parser._option_string_actions).union(*map(option_strings, subcommand_parsers(parser)))
+
+
+def subcommand_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    return [subparser for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for subparser in action.choices.values()]
+
+
+def with_dashes(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``--num_beams 4`` as ``--num-beams 4`` for a parser that spells its flags with dashes."""
+    known = option_strings(parser)
+    spelt = []
+    for token in argv:
+        flag, equals, value = token.partition("=")
+        dashed = "--" + flag[2:].replace("_", "-")
+        spelt.append(dashed + equals + value if token.startswith("--") and flag not in known and dashed in known
+                     else token)
+    return spelt
+
+
+# ---------------------------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------------------------
+
+
+def usage() -> str:
+    width = max(map(len, [*TOOLS, *PATHS]))
+    lines = [f"usage: {PROG} COMMAND [ARGS ...]   ({PROG} COMMAND --help for its flags)", "", "commands:"]
+    lines += [f"  {name:<{width}}  {summary}" for name, (_, summary) in TOOLS.items()]
+    lines += [f"  {name:<{width}}  {summary}" for name, summary in PATHS.items()]
+    lines += ["", __doc__.split("\n\n")[1]]
+    return "\n".join(lines)
+
+
+def run_command(name: str, argv: list[str], prog: str | None = None):
+    """Run tool ``name`` on ``argv`` as the command line does: bad input ends in one line, exit status 2."""
+    prog = prog or f"{PROG} {name}"
+    module = importlib.import_module(TOOLS[name][0])
+    if name == "train":  # its parser takes both spellings itself, and only its checks are bad input
+        return module.main(argv, prog=prog, exit_on_bad_input=True)
+    parser = module.build_parser(prog)
+    try:
+        return module.main(with_dashes(argv, parser), prog=prog)
+    except (ValueError, OSError) as error:
+        exit_with_usage_error(prog, error)
+
+
+def print_path(kind: str, argv: list[str]) -> None:
+    names, lookup = (recipe_names(), recipe_path) if kind == "recipe" else (accelerate_config_names(),
+                                                                             accelerate_config_path)
+    if not argv:
+        print("\n".join(f"{name}\t{lookup(name)}" for name in names))
+        return
+    if len(argv) > 1 or argv[0].startswith("-"):
+        exit_with_usage_error(f"{PROG} {kind}", f"give one name ({', '.join(names)}), got {' '.join(argv)}")
+    try:
+        print(lookup(argv[0]))
+    except ValueError as error:
+        exit_with_usage_error(f"{PROG} {kind}", error)
+
+
+def reference() -> str:
+    """docs/cli.md: every command's ``--help``, as the parsers print it at a fixed width (80 columns)."""
+    import contextlib
+    import io
+    import os
+
+    from transformers import __version__ as transformers_version
+
+    sections = ["# Command-line reference", "",
+                f"Generated from the parsers by `vanilla_transformer.cli.reference()` with transformers "
+                f"{transformers_version} (the Trainer's flags are that version's); `{PROG} COMMAND --help` prints the "
+                "same. Every flag takes both spellings (`--num_beams`, `--num-beams`).", "",
+                "```text", usage(), "```"]
+    width, os.environ["COLUMNS"] = os.environ.get("COLUMNS"), "80"  # argparse wraps at the terminal's width
+    try:
+        for name, (module, summary) in TOOLS.items():
+            parser = importlib.import_module(module).build_parser(f"{PROG} {name}")
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                for each in [parser, *subcommand_parsers(parser)]:
+                    each.print_help()
+                    print()
+            sections += ["", f"## {PROG} {name}", "", summary[0].upper() + summary[1:] + ".", "", "```text",
+                         printed.getvalue().rstrip(), "```"]
+    finally:
+        os.environ.pop("COLUMNS") if width is None else os.environ.update(COLUMNS=width)
+    return "\n".join(sections) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The console script: returns nothing (a value would become the exit status); use `run_command` for results."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in {"-h", "--help"}:
+        print(usage())
+    elif argv[0] == "--version":
+        from importlib.metadata import version
+
+        print(f"{PROG} {version('vanilla-transformer')}")
+    elif argv[0] in PATHS:
+        print_path(argv[0], argv[1:])
+    elif argv[0] in TOOLS:
+        run_command(argv[0], argv[1:])
+    else:
+        close = difflib.get_close_matches(argv[0], [*TOOLS, *PATHS], n=1)
+        exit_with_usage_error(PROG, f"no command {argv[0]!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
+                                    f"the commands are {', '.join([*TOOLS, *PATHS])} (see {PROG} --help)")
+
+
+if __name__ == "__main__":  # accelerate launch -m vanilla_transformer.cli train ...
+    main()

@@ -1,0 +1,114 @@
+"""Share a model on the Hub: the model folder's own files, never the training run around them.
+
+A run's output folder holds the model (weights, config, generation config, tokenizer, card, and the
+code that loads it without the package) next to what only training needs: ``checkpoint-*/`` folders
+(weights, optimizer state and moving average, several times the model's size each), a second copy of
+the tokenizer in ``tokenizer/``, ``trainer_state.json``, ``*_results.json``, TensorBoard logs.
+`publish` uploads the first kind, in one commit, and names every file it leaves out in the log.
+
+    vanilla-transformer publish runs/en-de --repo-id you/transformer-en-de [--private]
+
+    from vanilla_transformer.publish import publish
+    publish("runs/en-de", "you/transformer-en-de")
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from pathlib import Path
+
+from .checkpoint_files import check_has_tokenizer, check_model_folder
+
+logger = logging.getLogger(__name__)
+
+# What from_pretrained reads: the model, its decoding settings, the tokenizer, the card.
+MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "README.md")
+
+
+def model_files(folder: str | Path) -> list[str]:
+    """The files of ``folder`` that make up the model: `MODEL_FILES` and weight shards where present, and
+    the Python files its ``auto_map`` and ``custom_pipelines`` name (the code that loads it without the
+    package). Top level only: nothing of ``checkpoint-*/`` or ``tokenizer/``."""
+    folder = Path(folder)
+    names = {name for name in MODEL_FILES if (folder / name).is_file()}
+    names |= {path.name for path in folder.glob("model-*-of-*.safetensors")}
+    return sorted(names | {f"{module}.py" for module in _code_modules(folder)})
+
+
+def _code_modules(folder: Path) -> set[str]:
+    """Modules named by the config's and the tokenizer's ``auto_map`` and the config's pipelines."""
+    references = []
+    for name in ("config.json", "tokenizer_config.json"):
+        if (folder / name).is_file():
+            saved = json.loads((folder / name).read_text(encoding="utf-8"))
+            for value in saved.get("auto_map", {}).values():
+                references += value if isinstance(value, list) else [value]
+            references += [task.get("impl") for task in saved.get("custom_pipelines", {}).values()]
+    modules = {reference.split("--")[-1].rsplit(".", 1)[0] for reference in references if reference}
+    return {module for module in modules if (folder / f"{module}.py").is_file()}
+
+
+def check_publishable(folder: str | Path) -> list[str]:
+    """The files `publish` would upload; an error naming the fix when the folder is no complete model."""
+    what = f"MODEL_DIR {folder}"
+    check_model_folder(folder, what, remedy="Give the folder a training run saved its final model in.")
+    check_has_tokenizer(folder, what, "Save the tokenizer next to the model (tokenizer.save_pretrained(MODEL_DIR)); "
+                                      "a run's own output folder has it.")
+    return model_files(folder)
+
+
+def publish(folder: str | Path, repo_id: str, *, private: bool | None = None, revision: str | None = None,
+            commit_message: str = "Upload model", token: str | None = None) -> str:
+    """Upload the model files of ``folder`` (`model_files`) to ``repo_id`` in one commit, creating the
+    repository if needed; the URL of the commit. The rest of the folder stays where it is."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    folder = Path(folder)
+    files = check_publishable(folder)
+    left_out = sorted(path.name + ("/" if path.is_dir() else "") for path in folder.iterdir() if path.name not in files)
+    if left_out:
+        logger.info(f"not uploaded (training state and duplicates): {', '.join(left_out)}")
+    api = HfApi(token=token)
+    api.create_repo(repo_id, private=private, exist_ok=True)
+    commit = api.create_commit(
+        repo_id, [CommitOperationAdd(path_in_repo=name, path_or_fileobj=folder / name) for name in files],
+        commit_message=commit_message, revision=revision,
+    )
+    return commit.commit_url
+
+
+def build_parser(prog: str = "vanilla-transformer publish") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
+                                     epilog="Every flag is also accepted with underscores (--repo_id).")
+    parser.add_argument("model_dir", help="a model folder: a training run's --output_dir, or save_pretrained's")
+    parser.add_argument("--repo-id", required=True, help="the Hub repository, e.g. you/transformer-en-de")
+    parser.add_argument("--private", action="store_true", help="create the repository private")
+    parser.add_argument("--revision", help="the branch to commit to (default: main)")
+    parser.add_argument("--commit-message", default="Upload model", help="the commit's message")
+    parser.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded, upload nothing")
+    return parser
+
+
+def main(argv=None, prog: str = "vanilla-transformer publish") -> str:
+    """``vanilla-transformer publish``: prints the files and the commit's URL (or, with --dry-run, the files)."""
+    args = build_parser(prog).parse_args(argv)
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    files = check_publishable(args.model_dir)
+    if args.dry_run:
+        print("\n".join(files))
+        return ""
+    url = publish(args.model_dir, args.repo_id, private=args.private or None, revision=args.revision,
+                  commit_message=args.commit_message)
+    print(f"uploaded {len(files)} files ({', '.join(files)}) to {args.repo_id}: {url}")
+    return url
+
+
+if __name__ == "__main__":
+    import sys
+
+    from vanilla_transformer.cli import run_command
+
+    run_command("publish", sys.argv[1:])

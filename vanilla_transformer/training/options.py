@@ -1,0 +1,671 @@
+"""The flags of a training run, the argument files and packaged recipes they come from, and every check
+of them, in one place: what ``vanilla-transformer train`` parses before any data is read.
+
+- `DataArguments`, `ModelArguments` and `TransformerTrainingArguments` (the Trainer's flags with the
+  paper's defaults) are the three dataclasses of `parse_arguments`, which also reads an argument file
+  (.yaml/.json) or a packaged recipe by name given first.
+- `build_parser`: `HfArgumentParser` with the recipe's own flags first, in groups (data, model,
+  training, evaluation and decoding), then the rest of `Seq2SeqTrainingArguments`.
+- ``check_*``: ranges, names with the closest match, combinations that would be accepted and then do
+  nothing; each error names the flag and the fix (`check_arguments` runs those that need the flags alone).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import json
+import logging
+import math
+import re
+import sys
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from huggingface_hub.errors import StrictDataclassError
+from transformers import HfArgumentParser
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+from .. import PRESETS, VanillaTransformerConfig
+from ..cli import recipe_names, recipe_path
+from ..modeling_vanilla_transformer import LENGTH_PENALTY_FORMULAS
+from ..tokenization_vanilla_transformer import MIN_VOCAB_SIZE
+from .averaging import AVERAGING_WEIGHTS
+from .checkpointing import RESUME_HINT, checkpoint_folders
+from .metrics import check_sacrebleu_tokenize
+from .moving_average import check_decay
+from .trainer import TransformerTrainingArguments, schedule_name
+
+logger = logging.getLogger("vanilla_transformer.train")
+
+ROLES = ("train", "validation", "test")
+ATTENTION_IMPLEMENTATIONS = ALL_ATTENTION_FUNCTIONS.valid_keys()
+ARGUMENT_FILE_SUFFIXES = (".yaml", ".yml", ".json")
+# Fine-tuning (--model_name_or_path) without --learning_rate / --warmup_steps: the paper's 4000
+# warm-up steps would leave a short fine-tune inside the warm-up, and its peak (7e-4 for the base
+# model) is for training from scratch. Continued training usually runs at about a tenth of that.
+FINE_TUNING_LEARNING_RATE = 1e-4
+FINE_TUNING_WARMUP_RATIO = 0.1
+
+# run_translation.py flags that have no meaning here, and what to do instead.
+RUN_TRANSLATION_FLAGS = {
+    "num_beams": "decoding follows the model's generation config (the paper's 4 beams); to evaluate with another "
+                 "beam size use --generation_num_beams",
+    "source_prefix": "a T5-style task prefix has no meaning for a model trained on one translation direction; drop it",
+    "forced_bos_token": "this model has no language tokens to force; drop it",
+    "overwrite_output_dir": "transformers 5 removed it; use a new --output_dir, or --resume_from_checkpoint last",
+    "pad_to_max_length": "batches are padded to their longest sentence; drop it",
+    "ignore_pad_token_for_loss": "padding never counts in the loss; drop it",
+    "val_max_target_length": "decoding stops at the paper's source length + 50; give --generation_max_length for a "
+                             "fixed limit",
+    "tokenizer_name": "use --tokenizer_name_or_path",
+    "config_name": "a new model comes from --preset and --config_overrides",
+    "use_fast_tokenizer": "the tokenizer is always the fast one; drop it",
+    "overwrite_cache": "the data cache is keyed by the files' size and time and by the tokenizer; to rebuild it "
+                       "anyway, give a new --cache_dir",
+}
+
+# ---------------------------------------------------------------------------------------------
+# Arguments
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass
+class DataArguments:
+    """Where the parallel text comes from: local files, or a Hub dataset (only when named)."""
+
+    source_lang: str = field(default="en", metadata={"help": "source language code, e.g. en"})
+    target_lang: str = field(default="de", metadata={"help": "target language code, e.g. de"})
+    train_source_file: str | None = field(default=None, metadata={"help": "source side, one sentence a line (.gz ok)"})
+    train_target_file: str | None = field(default=None, metadata={"help": "target side, aligned with the source"})
+    train_file: str | None = field(default=None, metadata={"help": "pairs in one .tsv or .jsonl file (.gz ok)"})
+    validation_source_file: str | None = field(default=None)
+    validation_target_file: str | None = field(default=None)
+    validation_file: str | None = field(default=None, metadata={"help": ".tsv or .jsonl validation pairs"})
+    test_source_file: str | None = field(default=None, metadata={"help": "--do_predict: sources to translate"})
+    test_target_file: str | None = field(default=None, metadata={"help": "--do_predict: their references"})
+    test_file: str | None = field(default=None, metadata={"help": "--do_predict: .tsv or .jsonl test pairs"})
+    source_column: str | None = field(
+        default=None,
+        metadata={"help": "TSV: 0-based column (default 0); JSONL/Hub: key, dotted for nesting "
+                  "(default: the language code, or translation.<lang> when records have 'translation')"},
+    )
+    target_column: str | None = field(default=None, metadata={"help": "as --source_column (TSV default 1)"})
+    dataset_name: str | None = field(
+        default=None,
+        metadata={"help": "a Hub dataset (downloaded only when given); 'none' drops one named in an argument file, "
+                          "with its config and splits"},
+    )
+    dataset_config_name: str | None = field(default=None, metadata={"help": "e.g. de-en for wmt14"})
+    train_split: str = field(default="train")
+    validation_split: str | None = field(default=None, metadata={"help": "Hub split for validation, e.g. validation"})
+    test_split: str | None = field(default=None, metadata={"help": "Hub split for --do_predict, e.g. test"})
+    validation_size: int = field(
+        default=0, metadata={"help": "hold out this many training pairs for validation when no validation data is given"}
+    )
+    max_source_length: int | None = field(
+        default=None, metadata={"help": "drop (and count) longer pairs; default: the model's max_position_embeddings"}
+    )
+    max_target_length: int | None = field(default=None, metadata={"help": "as --max_source_length, target side"})
+    max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training pairs"})
+    max_eval_samples: int | None = field(default=None, metadata={"help": "evaluate on the first N validation pairs"})
+    max_predict_samples: int | None = field(default=None, metadata={"help": "predict only the first N test pairs"})
+    preprocessing_num_workers: int | None = field(
+        default=None, metadata={"help": "processes for tokenising (default: every CPU, fewer for small data)"}
+    )
+    cache_dir: str | None = field(
+        default=None, metadata={"help": "where the Arrow caches go (default: the datasets cache, ~/.cache/huggingface)"}
+    )
+    sacrebleu_tokenize: str | None = field(default=None, metadata={"help": "sacreBLEU tokenizer (default: 13a)"})
+    compound_split_bleu: bool = field(
+        default=False,
+        metadata={"help": "--do_predict: also report tokenized BLEU as the paper scored it (Moses tokenizer, "
+                          "##AT## compound splits, multi-bleu.perl's corpus BLEU), as predict_tokenized_bleu"},
+    )
+
+
+@dataclass
+class ModelArguments:
+    """A new model from a preset, or an existing checkpoint to fine-tune; a tokenizer to load or train."""
+
+    model_name_or_path: str | None = field(default=None, metadata={"help": "checkpoint to fine-tune (folder or Hub id)"})
+    preset: str = field(default="base", metadata={"help": f"new model from a preset: {', '.join(PRESETS)}"})
+    config_overrides: str | None = field(
+        default=None, metadata={"help": "comma-separated config fields for a new model, e.g. d_model=256,encoder_layers=3"}
+    )
+    tokenizer_name_or_path: str | None = field(
+        default=None, metadata={"help": "tokenizer to load; default: the checkpoint's, or train a joint BPE on the data"}
+    )
+    tokenizer_vocab_size: int = field(default=37000, metadata={"help": "joint BPE vocabulary size when training one (§5.1)"})
+    tokenizer_min_frequency: int = field(default=2)
+    tokenizer_train_pairs: int = field(
+        default=1_000_000,
+        metadata={"help": "train the tokenizer on at most this many pairs, sampled in blocks (sentencepiece's "
+                          "input_sentence_size)"},
+    )
+    attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flex_attention"})
+    length_penalty: float | None = field(
+        default=None,
+        metadata={"help": "beam search's length penalty alpha, saved in the model's generation config (used by "
+                          "evaluation, prediction and generate() later); default: the model's own, for a new model "
+                          "the paper's 0.6 (§6.1)"},
+    )
+    length_penalty_formula: str | None = field(
+        default=None,
+        metadata={"help": "what alpha divides the log-probability by, saved likewise: gnmt, ((5 + |Y|) / 6)^alpha "
+                          "(the paper's, GNMT's), or length, |Y|^alpha (transformers'); default: the model's own, "
+                          "for a new model gnmt"},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The parser: the recipe's flags first, in groups, then the Trainer's
+# ---------------------------------------------------------------------------------------------
+
+# Flags of TransformerTrainingArguments (mostly the Trainer's) that belong with the recipe's own.
+TRAINING_GROUP = ("output_dir", "max_steps", "num_train_epochs", "max_tokens", "per_device_train_batch_size",
+                  "gradient_accumulation_steps", "learning_rate", "lr_scale", "lr_scheduler_type", "warmup_steps",
+                  "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay", "max_grad_norm", "label_smoothing_factor",
+                  "max_train_minutes", "cooldown_minutes", "save_minutes", "save_steps", "save_total_limit",
+                  "average_checkpoints", "average_weights", "ema_decay", "resume_from_checkpoint", "seed",
+                  "do_train", "do_eval", "do_predict")
+DECODING_GROUP = ("length_penalty", "length_penalty_formula", "predict_with_generate", "generation_num_beams",
+                  "generation_max_length", "generation_config", "per_device_eval_batch_size", "sacrebleu_tokenize",
+                  "compound_split_bleu")
+GROUPS = {
+    "data": "the parallel text: local files (.gz ok) or a Hub dataset (downloaded only when named)",
+    "model": "a new model from a preset, or a checkpoint to fine-tune; the tokenizer",
+    "training": "the paper's recipe (§5): token batches, Adam, eq. (3), label smoothing, checkpoint averaging",
+    "evaluation and decoding": "beam search (§6.1), saved in the model's generation config; BLEU and chrF",
+}
+# Help texts that replace the Trainer's where our meaning differs.
+HELP = {
+    "per_device_train_batch_size": "sentences per batch, only with --max_tokens 0 (sentence batches); by default "
+                                   "--max_tokens sets the batch by token count and this flag is refused",
+    "output_dir": "where checkpoints, the final model (Hub format) and its card go",
+}
+NO_DEFAULT_SHOWN = {"per_device_train_batch_size"}
+
+
+class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """One spelling a flag (the other is accepted too), a short metavar, and a default only where it says
+    something: not None, and not where another flag decides the value (--max_tokens the batch size)."""
+
+    def _get_help_string(self, action):
+        if action.dest in NO_DEFAULT_SHOWN or action.default in (None, argparse.SUPPRESS) or action.nargs == 0:
+            return action.help or ""
+        return super()._get_help_string(action)
+
+    def _format_action_invocation(self, action):
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        if action.nargs == 0:  # -h, --help; --no_predict_with_generate
+            short = [option for option in action.option_strings if not option.startswith("--")]
+            return ", ".join(short + [next(option for option in action.option_strings if option.startswith("--"))])
+        return f"{action.option_strings[0]} {self._format_args(action, _metavar(action))}"
+
+
+def _metavar(action) -> str:
+    if action.choices:
+        return "{" + ",".join(map(str, action.choices)) + "}"
+    return {int: "N", float: "X"}.get(action.type, "BOOL" if action.const is True else "VALUE")
+
+
+class ArgumentParser(HfArgumentParser):
+    """`HfArgumentParser` whose errors are one line naming the flag (no usage screen of 170 flags)."""
+
+    def error(self, message: str):
+        message = re.sub(r"^argument (--\w+)/--[\w-]+:", r"\1:", message)  # "argument --max_tokens/--max-tokens:"
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser(prog: str = "vanilla-transformer train") -> ArgumentParser:
+    """The parser of `parse_arguments`: data, model, training and decoding flags, then the Trainer's."""
+    parser = ArgumentParser(
+        [], prog=prog, allow_abbrev=False,  # "--learning_rat" must not pass as --learning_rate unseen
+        formatter_class=HelpFormatter,
+        usage=f"{prog} [RECIPE] [--flag value ...]",
+        description="Train (or fine-tune), evaluate and translate a test set with the paper's recipe. RECIPE, "
+                    f"if given first, is a packaged recipe ({', '.join(recipe_names())}) or a .yaml/.json file of "
+                    "flags; flags after it override it. Every flag is also accepted with dashes (--max-tokens).",
+        epilog="Several GPUs: accelerate launch --config_file $(vanilla-transformer config ddp) "
+               "-m vanilla_transformer.cli train ...",
+    )
+    parser.dataclass_types = [ModelArguments, DataArguments, TransformerTrainingArguments]
+    fields = {cls: {f.name: f for f in dataclasses.fields(cls) if f.init} for cls in parser.dataclass_types}
+    types = {cls: typing.get_type_hints(cls) for cls in parser.dataclass_types}
+    placement = {name: "data" for name in fields[DataArguments]}
+    placement |= {name: "model" for name in fields[ModelArguments]}
+    placement |= {name: "training" for name in TRAINING_GROUP} | {name: "evaluation and decoding" for name in DECODING_GROUP}
+    groups = {title: parser.add_argument_group(title, description) for title, description in GROUPS.items()}
+    groups["trainer"] = parser.add_argument_group(
+        "Seq2SeqTrainingArguments", "transformers' Trainer flags, with the paper's values as defaults where it "
+        "states them (https://huggingface.co/docs/transformers/main_classes/trainer#transformers.TrainingArguments)")
+    listed = {name: index for index, name in enumerate(TRAINING_GROUP + DECODING_GROUP)}  # else: field order
+    ordered = sorted(((cls, name) for cls in parser.dataclass_types for name in fields[cls]),
+                     key=lambda item: (list(GROUPS).index(placement[item[1]]) if item[1] in placement else len(GROUPS),
+                                       listed.get(item[1], 0)))
+    for cls, name in ordered:
+        original = fields[cls][name]
+        metadata = dict(original.metadata)
+        if name in HELP:
+            metadata["help"] = HELP[name]
+        copy = dataclasses.field(default=original.default, default_factory=original.default_factory,
+                                 metadata=metadata)
+        copy.name, copy.type = name, types[cls][name]
+        HfArgumentParser._parse_dataclass_field(groups[placement.get(name, "trainer")], copy)
+    return parser
+
+
+def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transformer train"):
+    """Parse flags into ``(model_args, data_args, training_args)``.
+
+    A first argument naming a packaged recipe (``multi30k``) or ending in .yaml/.yml/.json supplies
+    defaults that later flags override. run_translation.py flags that mean something else here are
+    refused; fine-tuning gets its own learning-rate defaults unless they are given.
+    """
+    parser = build_parser(prog)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    known = {action.dest for action in parser._actions}
+    given = {token[2:].split("=", 1)[0].replace("-", "_") for token in argv if token.startswith("--")}
+    on_command_line = set(given)  # a recipe file may set model flags that a fine-tuning command does not need
+    if argv and not argv[0].startswith("-"):
+        first = argv.pop(0)
+        path = Path(first) if Path(first).suffix in ARGUMENT_FILE_SUFFIXES else recipe_path(first)
+        values = _read_argument_file(path)
+        _refuse_foreign_flags(values, f"{str(path)!r}")
+        if unknown := sorted(set(values) - known):
+            raise ValueError(f"{str(path)!r} has unknown argument(s) {unknown}; see `{prog} --help` for the names.")
+        parser.set_defaults(**values)
+        given |= set(values)
+    _refuse_foreign_flags(given, "the command line")
+    _refuse_unknown_flags(parser, argv)
+    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    _drop_hub_dataset_named_none(data_args)
+    _warn_ignored_flags(model_args, on_command_line)
+    if model_args.model_name_or_path and not given & {"learning_rate", "lr_scale"}:
+        training_args.learning_rate = FINE_TUNING_LEARNING_RATE
+    if model_args.model_name_or_path and "warmup_steps" not in given:
+        training_args.warmup_steps = FINE_TUNING_WARMUP_RATIO
+    return model_args, data_args, training_args
+
+
+def _refuse_unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
+    """A flag the parser does not know, with the closest one it does (argparse would list them all unnamed)."""
+    flags = [option for option in parser._option_string_actions if option.startswith("--")]
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        if token.startswith("--") and flag not in parser._option_string_actions:
+            close = difflib.get_close_matches(flag, flags, n=1)
+            raise ValueError(f"{flag} is not a flag of {parser.prog}"
+                             f"{f' (did you mean {close[0]}?)' if close else ''}; see {parser.prog} --help.")
+        if token.startswith("-") and not token.startswith("--") and token not in parser._option_string_actions \
+                and not _is_number(token) and token != "-":
+            raise ValueError(f"{token}: flags are spelt with two dashes (--flag value); see {parser.prog} --help.")
+
+
+def _is_number(token: str) -> bool:
+    try:
+        float(token)
+    except ValueError:
+        return False
+    return True
+
+
+def _drop_hub_dataset_named_none(data_args: DataArguments) -> None:
+    """``--dataset_name none`` unsets the Hub dataset of an argument file (a recipe) and what belongs to it
+    (its config and splits), so that the same recipe runs on local files."""
+    if data_args.dataset_name is not None and data_args.dataset_name.lower() == "none":
+        data_args.dataset_name = data_args.dataset_config_name = None
+        data_args.validation_split = data_args.test_split = None
+
+
+def _refuse_foreign_flags(names, where: str) -> None:
+    for name in sorted(set(names) & set(RUN_TRANSLATION_FLAGS)):
+        raise ValueError(f"--{name} (from {where}) is a run_translation.py flag that does not apply here: "
+                         f"{RUN_TRANSLATION_FLAGS[name]}.")
+
+
+def _warn_ignored_flags(model_args: ModelArguments, given: set) -> None:
+    """Flags for a new model or a new tokenizer, given where none is built: said in the log (they do nothing)."""
+    loaded = model_args.model_name_or_path
+    if loaded and (names := sorted(given & {"preset"})):
+        logger.warning(f"--{names[0]} is ignored: --model_name_or_path {loaded} is loaded with its own architecture")
+    tokenizer_flags = {"tokenizer_vocab_size", "tokenizer_min_frequency", "tokenizer_train_pairs"}
+    if (model_args.tokenizer_name_or_path or loaded) and (names := sorted(given & tokenizer_flags)):
+        logger.warning(f"{', '.join('--' + name for name in names)} ignored: the tokenizer is loaded (from "
+                       "--tokenizer_name_or_path or --model_name_or_path), not trained")
+
+
+def _read_argument_file(path: Path) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"Argument file {str(path)!r} does not exist.")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        values = json.loads(text)
+    else:
+        import yaml
+
+        values = yaml.safe_load(text)
+    if not isinstance(values, dict):
+        raise ValueError(f"{str(path)!r} must hold a mapping of argument names to values, got {type(values).__name__}.")
+    return values
+
+
+def check_training_arguments(training_args: TransformerTrainingArguments) -> None:
+    """Refuse combinations where a flag would be accepted and then have no effect."""
+    defaults = {f.name: f.default for f in dataclasses.fields(TransformerTrainingArguments)}
+    if training_args.max_tokens:
+        for name in ("per_device_train_batch_size", "train_sampling_strategy", "dataloader_drop_last"):
+            if getattr(training_args, name) != defaults[name]:
+                raise ValueError(
+                    f"--{name} applies to batches of sentences, but --max_tokens {training_args.max_tokens} makes "
+                    "batches by token count; drop it, or pass --max_tokens 0 for sentence batches."
+                )
+    if training_args.average_checkpoints:
+        if training_args.save_strategy == "no":
+            raise ValueError("--average_checkpoints needs checkpoints: set --save_strategy steps and --save_steps.")
+        limit = training_args.save_total_limit
+        if limit is not None and limit < training_args.average_checkpoints:
+            raise ValueError(
+                f"--save_total_limit {limit} keeps fewer checkpoints than --average_checkpoints "
+                f"{training_args.average_checkpoints} averages; raise the limit."
+            )
+
+
+def check_data_arguments(args: DataArguments) -> None:
+    """Counts, lengths and names of the data flags, refused before any file is read."""
+    for name in ("max_source_length", "max_target_length", "max_train_samples", "max_eval_samples",
+                 "max_predict_samples", "preprocessing_num_workers"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be a positive number, got {value}; leave it out for the default.")
+    if args.validation_size < 0:
+        raise ValueError(f"--validation_size must be 0 or a positive number of pairs, got {args.validation_size}.")
+    if args.validation_size and (args.validation_source_file or args.validation_file or args.validation_split):
+        raise ValueError("Give validation data or --validation_size (held out from training), not both.")
+    for name in ("source_lang", "target_lang"):
+        if not getattr(args, name).strip():
+            raise ValueError(f"--{name} is empty; give a language code such as en or de.")
+    if any(_pairs_format(path) == ".tsv" for path in (args.train_file, args.validation_file, args.test_file) if path):
+        _tsv_column(args.source_column, "--source_column", 0)
+        _tsv_column(args.target_column, "--target_column", 1)
+    if args.source_column is not None and args.source_column == args.target_column:
+        raise ValueError(f"--source_column and --target_column are both {args.source_column!r}: the model would "
+                         "learn to copy. Give the target's column.")
+    if args.sacrebleu_tokenize is not None:
+        check_sacrebleu_tokenize(args.sacrebleu_tokenize, "--sacrebleu_tokenize")
+
+
+def check_model_arguments(model_args: ModelArguments) -> None:
+    """The new model's preset and overrides (built once, without weights), the tokenizer's sizes and the
+    attention implementation, refused before any data is read."""
+    if model_args.model_name_or_path:
+        _refuse_overrides_of_a_checkpoint(model_args)
+    else:
+        if model_args.preset not in PRESETS:
+            close = difflib.get_close_matches(model_args.preset, PRESETS, n=1)
+            raise ValueError(f"--preset {model_args.preset!r} does not exist"
+                             f"{f' (did you mean {close[0]!r}?)' if close else ''}; choose one of {', '.join(PRESETS)}.")
+        new_model_config(model_args)  # a value the config refuses fails now, not after tokenising
+    if model_args.tokenizer_vocab_size < MIN_VOCAB_SIZE:
+        raise ValueError(f"--tokenizer_vocab_size {model_args.tokenizer_vocab_size} cannot hold the 256 bytes and 4 "
+                         f"special tokens every vocabulary starts with; give at least {MIN_VOCAB_SIZE} (the paper: 37000).")
+    for name in ("tokenizer_min_frequency", "tokenizer_train_pairs"):
+        if getattr(model_args, name) < 1:
+            raise ValueError(f"--{name} must be a positive number, got {getattr(model_args, name)}.")
+    if model_args.length_penalty is not None and not math.isfinite(model_args.length_penalty):
+        raise ValueError(f"--length_penalty must be a finite number (the paper: 0.6), got {model_args.length_penalty}.")
+    formula = model_args.length_penalty_formula
+    if formula is not None and formula not in LENGTH_PENALTY_FORMULAS:
+        raise ValueError(f"--length_penalty_formula {formula!r} does not exist; choose gnmt (the paper's "
+                         "((5 + |Y|) / 6)^alpha) or length (transformers' |Y|^alpha).")
+    implementation = model_args.attn_implementation
+    if implementation is not None and implementation != "eager" and implementation not in ATTENTION_IMPLEMENTATIONS:
+        raise ValueError(f"--attn_implementation {implementation!r} does not exist; choose eager, sdpa or "
+                         f"flex_attention (or {', '.join(k for k in ATTENTION_IMPLEMENTATIONS if 'flash' in k)} with "
+                         "their packages).")
+
+
+def check_output_dir(training_args, resuming: bool) -> None:
+    """A new run must not write into the folder of another: their checkpoints would mix (averaging would
+    take some of each) and the new tokenizer would replace the one the old checkpoints need."""
+    output_dir = Path(training_args.output_dir)
+    if resuming or not output_dir.is_dir():
+        return
+    if old := checkpoint_folders(output_dir):
+        raise ValueError(
+            f"--output_dir {output_dir} already holds checkpoints of a run ({', '.join(p.name for p in old[-3:])}). "
+            f"Continue that run with {RESUME_HINT}, or choose a new --output_dir (or delete the old one)."
+        )
+
+
+def check_arguments(model_args: ModelArguments, data_args: DataArguments, training_args) -> None:
+    """Every check that needs only the flags: done before any data is read or any model is built."""
+    check_training_arguments(training_args)
+    check_data_arguments(data_args)
+    check_model_arguments(model_args)
+    max_tokens = training_args.max_tokens
+    for name in ("max_source_length", "max_target_length"):
+        limit = getattr(data_args, name)
+        if max_tokens and limit is not None and limit > max_tokens:
+            raise ValueError(f"--{name} {limit} keeps pairs longer than --max_tokens {max_tokens}, which fit in no "
+                             f"batch; lower --{name} to at most {max_tokens}, or raise --max_tokens.")
+
+
+def steps_to_run(training_args) -> tuple[bool, bool, bool]:
+    """(train, evaluate, predict): the --do_* flags, or train (and evaluate) when none is given."""
+    if training_args.do_train or training_args.do_eval or training_args.do_predict:
+        return training_args.do_train, training_args.do_eval, training_args.do_predict
+    return True, None, False  # None: evaluate when there is validation data
+
+
+
+def _pairs_format(path: str) -> str | None:
+    """".tsv" or ".jsonl" (".json" counts as JSON Lines) by suffix, ".gz" aside; None for anything else."""
+    suffixes = [suffix for suffix in Path(path).suffixes if suffix != ".gz"]
+    suffix = suffixes[-1] if suffixes else None
+    return ".jsonl" if suffix == ".json" else suffix if suffix in {".tsv", ".jsonl"} else None
+
+
+
+def _tsv_column(value: str | None, flag: str, default: int) -> int:
+    if value is None:
+        return default
+    if not value.isdigit():
+        raise ValueError(f"{flag} {value!r}: a TSV column is a 0-based number (e.g. 0 or 1).")
+    return int(value)
+
+
+
+CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(VanillaTransformerConfig))
+
+
+def parse_overrides(text: str | None) -> dict:
+    """``"d_model=256,dropout=0.3,activation_function=relu"`` -> typed dict (JSON values, else strings).
+
+    Every key must be a field of `VanillaTransformerConfig`: a misspelt one would otherwise be saved
+    in config.json as a new field while the real one kept its default.
+    """
+    overrides = {}
+    for item in filter(None, (part.strip() for part in (text or "").split(","))):
+        key, sep, value = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise ValueError(f"--config_overrides item {item!r} is not key=value (e.g. d_model=256).")
+        if key not in CONFIG_FIELDS:
+            close = difflib.get_close_matches(key, CONFIG_FIELDS, n=3)
+            raise ValueError(f"--config_overrides {key}={value}: the config has no field {key!r}"
+                             f"{' (did you mean ' + ' or '.join(map(repr, close)) + '?)' if close else ''}. The fields "
+                             "are those of VanillaTransformerConfig, e.g. d_model, encoder_layers, dropout.")
+        if key in overrides:
+            raise ValueError(f"--config_overrides sets {key} twice; give it once.")
+        try:
+            overrides[key] = json.loads(value)
+        except json.JSONDecodeError:
+            overrides[key] = value.strip()
+    return overrides
+
+
+def new_model_config(model_args: ModelArguments, tokenizer=None) -> VanillaTransformerConfig:
+    """`model_config` from --preset and --config_overrides."""
+    return model_config(model_args.preset, model_args.config_overrides, tokenizer)
+
+
+def model_config(preset: str = "base", config_overrides: str | dict | None = None, tokenizer=None
+                 ) -> VanillaTransformerConfig:
+    """The config of a new model: the preset, the tokenizer's size and special ids, then the overrides (a dict,
+    or ``"d_model=256,dropout=0.3"`` as --config_overrides takes them).
+
+    Without a tokenizer (to check the flags before the tokenizer exists) the preset's ids stand in.
+    """
+    overrides = config_overrides if isinstance(config_overrides, dict) else parse_overrides(config_overrides)
+    special = {} if tokenizer is None else {
+        "vocab_size": len(tokenizer),
+        "pad_token_id": tokenizer.pad_token_id,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "decoder_start_token_id": tokenizer.bos_token_id,
+    }
+    try:
+        return VanillaTransformerConfig.from_preset(preset, **{**special, **overrides})
+    except (ValueError, TypeError, StrictDataclassError) as error:  # the config's own message, from the flags
+        raise ValueError(f"--preset {preset} with --config_overrides {config_overrides!r} "
+                         f"gives an invalid config: {error.__cause__ or error}") from None
+
+
+def _refuse_overrides_of_a_checkpoint(model_args: ModelArguments) -> None:
+    if model_args.config_overrides:
+        raise ValueError("--config_overrides applies to a new model; a checkpoint (--model_name_or_path) keeps its "
+                         "architecture.")
+
+
+def check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict) -> None:
+    """Each step asked for has its data (and evaluation alone has a model), from the flags alone."""
+    given = {
+        "train": data_args.train_source_file or data_args.train_file or data_args.dataset_name,
+        "validation": (data_args.validation_source_file or data_args.validation_file or data_args.validation_split
+                       or data_args.validation_size),
+        "test": data_args.test_source_file or data_args.test_file or data_args.test_split,
+    }
+    if do_train and not given["train"]:
+        raise ValueError(
+            "Give training data: --train_source_file/--train_target_file, --train_file (.tsv/.jsonl), or "
+            "--dataset_name (a Hub dataset); or, to evaluate or predict only, --do_eval/--do_predict with "
+            "--model_name_or_path."
+        )
+    for role, needed, flag in (("validation", do_eval, "--do_eval"), ("test", do_predict, "--do_predict")):
+        if needed and not given[role]:
+            raise ValueError(f"{flag} needs {role} data: give --{role}_source_file/--{role}_target_file, "
+                             f"--{role}_file or --{role}_split of a Hub dataset.")
+    if not do_train and not model_args.model_name_or_path:
+        raise ValueError("Without training, --do_eval/--do_predict need the model: give --model_name_or_path.")
+
+
+
+# ---------------------------------------------------------------------------------------------
+# Ranges of the training flags (run by TransformerTrainingArguments itself)
+# ---------------------------------------------------------------------------------------------
+
+
+# Counts that only make sense positive (None: not given). A 0 or a negative one would otherwise be
+# taken as "not set", divide by zero mid-run, or end up as a Python slice from the end.
+POSITIVE_COUNTS = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
+                   "generation_num_beams", "generation_max_length", "save_total_limit")
+# name -> (lowest allowed, highest allowed or None, what the bounds mean)
+RANGES = {
+    "max_tokens": (0, None, "padded tokens per batch, or 0 for sentence batches"),
+    "average_checkpoints": (0, None, "checkpoints to average, or 0 for none"),
+    "dataloader_num_workers": (0, None, "worker processes, or 0 to load in the main process"),
+    "max_grad_norm": (0, None, "the gradient norm to clip to, or 0 for no clipping"),
+    "weight_decay": (0, None, "a decay rate"),
+    "adam_epsilon": (0, None, "Adam's epsilon"),
+    "seed": (0, 2**32 - 1, "a random seed"),
+}
+OPEN_FRACTIONS = ("label_smoothing_factor", "adam_beta1", "adam_beta2")  # in [0, 1)
+
+
+def check_argument_ranges(args: TransformerTrainingArguments) -> None:
+    """Refuse numbers outside what they can mean, naming the flag, before any data is read."""
+    for name in POSITIVE_COUNTS:
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be a positive number, got {value}; leave it out for the default.")
+    for name, (low, high, meaning) in RANGES.items():
+        value = getattr(args, name)
+        if value is not None and (value < low or high is not None and value > high):
+            bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
+            raise ValueError(f"--{name} is {meaning}: it must be {bounds}, got {value}.")
+    for name in OPEN_FRACTIONS:
+        value = getattr(args, name)
+        if not 0 <= value < 1:
+            raise ValueError(f"--{name} must be in [0, 1), got {value} (the paper: label smoothing 0.1, Adam betas "
+                             "0.9 and 0.98).")
+    for name in ("learning_rate", "lr_scale", "save_minutes", "max_train_minutes", "cooldown_minutes"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name} must be positive, got {value}.")
+    _check_duration(args)
+    _check_cooldown(args)
+    _check_average_weights(args)
+    _check_ema_decay(args)
+
+
+def _check_ema_decay(args: TransformerTrainingArguments) -> None:
+    check_decay(args.ema_decay)
+    if not args.ema_decay:
+        return
+    if args.load_best_model_at_end:
+        raise ValueError(f"--ema_decay {args.ema_decay} makes the moving average the final model, and "
+                         "--load_best_model_at_end the best checkpoint: give one of them.")
+    if args.average_checkpoints:
+        raise ValueError(f"--ema_decay {args.ema_decay} and --average_checkpoints {args.average_checkpoints} each make "
+                         "the final model (a moving average of every update, or the mean of the last checkpoints): "
+                         "give one of them.")
+
+
+def _check_average_weights(args: TransformerTrainingArguments) -> None:
+    if args.average_weights not in AVERAGING_WEIGHTS:
+        raise ValueError(f"--average_weights must be one of {', '.join(AVERAGING_WEIGHTS)}, got {args.average_weights!r}.")
+    if args.average_weights != "uniform" and not args.average_checkpoints:
+        raise ValueError(f"--average_weights {args.average_weights} weighs the checkpoints that --average_checkpoints "
+                         "averages, but it is 0 (no averaging): give --average_checkpoints N, or drop --average_weights.")
+
+
+def _check_cooldown(args: TransformerTrainingArguments) -> None:
+    if args.cooldown_minutes is None:
+        return
+    if not args.max_train_minutes:
+        raise ValueError(f"--cooldown_minutes {args.cooldown_minutes} decays the learning rate over the end of a "
+                         "budget in minutes: give --max_train_minutes too (for a budget in updates, use "
+                         "--lr_scheduler_type linear or cosine with --max_steps).")
+    if args.cooldown_minutes > args.max_train_minutes:
+        raise ValueError(f"--cooldown_minutes {args.cooldown_minutes} is longer than --max_train_minutes "
+                         f"{args.max_train_minutes}: the decay must fit inside the budget.")
+    if args.lr_scheduler_type != "inverse_sqrt":
+        raise ValueError(f"--cooldown_minutes decays eq. (3) (--lr_scheduler_type inverse_sqrt), got "
+                         f"--lr_scheduler_type {schedule_name(args)}; leave one of them out.")
+
+
+def _check_duration(args: TransformerTrainingArguments) -> None:
+    """How long to train, and the intervals of warm-up, saving and evaluation."""
+    if args.max_steps == 0 or args.max_steps < -1:
+        raise ValueError(f"--max_steps must be a positive number of updates (or -1, the default, to train for "
+                         f"--num_train_epochs epochs), got {args.max_steps}.")
+    if args.max_steps == -1 and not args.num_train_epochs > 0:
+        raise ValueError(f"--num_train_epochs must be positive, got {args.num_train_epochs}; or give --max_steps.")
+    if args.warmup_steps >= 1 and not float(args.warmup_steps).is_integer():
+        raise ValueError(f"--warmup_steps {args.warmup_steps}: give a whole number of updates, or a fraction below 1 "
+                         "of the training updates.")
+
+
+def check_intervals(args: TransformerTrainingArguments) -> None:
+    for name in ("save_steps", "eval_steps", "logging_steps"):
+        value = getattr(args, name)
+        if value is not None and not value > 0:
+            raise ValueError(f"--{name} must be a positive number of updates (or a fraction below 1 of them), got "
+                             f"{value}.")
+
+
