@@ -34,7 +34,7 @@ from transformers.trainer_utils import seed_worker
 
 from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
 from .averaging import AVERAGING_WEIGHTS
-from .batching import TokenBatchSampler
+from .batching import PadToBucket, TokenBatchSampler
 from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
 from .data import example_lengths
 from .moving_average import ExponentialMovingAverage, check_checkpoint, check_decay
@@ -483,7 +483,8 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
                                          tasks=tasks or "translation", **kwargs)
 
     def get_train_dataloader(self) -> DataLoader:
-        """Token-count batches (§5.1) when ``max_tokens`` is set; accelerate deals them out to the processes."""
+        """Token-count batches (§5.1) when ``max_tokens`` is set, each padded to its bucket's shape (one of a
+        few, `TokenBatchSampler`); accelerate deals them out to the processes."""
         if not self.args.max_tokens:
             return super().get_train_dataloader()
         import datasets
@@ -496,10 +497,11 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
             collator = self._get_collator_with_removed_columns(collator, description="training")
         # One process's view of all batches; accelerate deals them out to the processes (disjoint).
         sampler = TokenBatchSampler(lengths, self.args.max_tokens, shuffle=True, seed=self.args.seed)
+        pad_token_id = self.accelerator.unwrap_model(self.model).config.pad_token_id
         loader = DataLoader(
             dataset,
             batch_sampler=sampler,
-            collate_fn=collator,
+            collate_fn=PadToBucket(collator, pad_token_id, sampler.max_tokens, sampler.bucket_width),  # few shapes
             num_workers=self.args.dataloader_num_workers,
             pin_memory=self.args.dataloader_pin_memory,
             persistent_workers=self.args.dataloader_persistent_workers,
