@@ -3,6 +3,12 @@
     python benchmarks/gpu.py                                   # base and big, bf16, eager and compiled
     python benchmarks/gpu.py --presets big --modes compiled --max-tokens 16384 --output gpu.json
     python benchmarks/gpu.py --device cpu --presets tiny --dtype float32 --steps 2   # a smoke run anywhere
+    python benchmarks/gpu.py --shapes-only [--pairs 4500000 --max-tokens 12288]   # the batch shapes of an epoch
+    python benchmarks/gpu.py --loop --device cpu --presets tiny --dtype float32 --max-tokens 1024   # loop overhead
+
+Shapes: ``--shapes-only`` packs an epoch of ``--pairs`` synthetic WMT-like length pairs (lengths only, no
+text) with `TokenBatchSampler` and prints one JSON line: ``batches``, ``distinct_shapes`` (rows, source
+length, target length) and ``padding_fraction`` (padded tokens that are not real ones, both sides).
 
 Training: the step a `TransformerTrainer --bf16` run takes (autocast to bfloat16 over float32
 weights; forward, the package's label-smoothed loss over the batch's target tokens, backward, fused
@@ -16,6 +22,12 @@ by default the datasheet's 989 for H100/H200).
 Decoding: beam 4 (length penalty 0.6) over ``--decode-batch`` sentences of the same synthetic lengths,
 exactly ``--decode-tokens`` new tokens each (random weights never stop on their own), with the
 dynamic cache ("eager") and with a static cache under ``torch.compile`` ("compiled").
+
+Loop: ``--loop`` runs the real training loop (`build_trainer` of train.py, as a user's run goes: token
+batches, the moving average of the weights, a budget in minutes, logging every 50 updates) on
+synthetic WMT-like text, and after each update times the raw step (forward, loss, backward, optimizer)
+on the batch the loop just took, with the same model and optimizer. It reports the medians of both and
+their ratio: what the loop costs beyond the model's arithmetic.
 
 The weights are random: speed does not depend on them. Prints one JSON line per measurement and
 writes them all to --output.
@@ -35,7 +47,7 @@ import torch
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling_vanilla_transformer import label_smoothed_cross_entropy
-from vanilla_transformer.training.batching import TokenBatchSampler
+from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler
 from vanilla_transformer.training.flops import training_flops
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -60,6 +72,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--peak-tflops", type=float, help="dense peak of the GPU for MFU (default: by its name)")
     parser.add_argument("--output", help="write the results as JSON here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shapes-only", action="store_true", help="only count the batch shapes of an epoch")
+    parser.add_argument("--pairs", type=int, default=4_500_000, help="with --shapes-only: pairs in the epoch")
+    parser.add_argument("--loop", action="store_true", help="only time train.py's loop against the raw step")
+    parser.add_argument("--loop-steps", type=int, default=80, help="with --loop: updates (the first 10 warm up)")
     return parser.parse_args(argv)
 
 
@@ -71,23 +87,42 @@ def synthetic_lengths(count: int, seed: int) -> np.ndarray:
     return np.stack([source, target], axis=1)
 
 
-def make_batches(lengths: np.ndarray, max_tokens: int, vocab_size: int, count: int, device, seed: int) -> list[dict]:
-    """``count`` token batches as TokenBatchSampler packs them, filled with random ids, padded with -100 labels."""
+def shape_statistics(lengths: np.ndarray, max_tokens: int) -> dict:
+    """The batches of one epoch as `TokenBatchSampler` packs them: how many, how many shapes, how much padding."""
+    started = time.perf_counter()
+    sampler = TokenBatchSampler(lengths, max_tokens, shuffle=False)
+    shapes = sampler.shapes  # (batches, 3): rows, source length, target length
+    padded = int((shapes[:, 0] * (shapes[:, 1] + shapes[:, 2])).sum())
+    return {
+        "what": "shapes", "pairs": len(lengths), "max_tokens": max_tokens, "batches": sampler.num_batches,
+        "distinct_shapes": len(np.unique(shapes, axis=0)), "padding_fraction": round(1 - int(lengths.sum()) / padded, 4),
+        "real_tokens_per_batch_and_side": round(int(lengths.sum()) / 2 / sampler.num_batches, 1),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def make_batches(lengths: np.ndarray, max_tokens: int, vocab_size: int, count: int, device, seed: int,
+                 epoch: int = 0) -> list[dict]:
+    """``count`` token batches as TokenBatchSampler packs them (epoch ``epoch``'s order), random ids padded
+    to the batch's bucket shape by `PadToBucket`, as the Trainer's data loader pads them."""
     sampler = TokenBatchSampler(lengths, max_tokens, shuffle=True, seed=seed)
-    generator = torch.Generator().manual_seed(seed)
+    sampler.set_epoch(epoch)
+    generator = torch.Generator().manual_seed(seed + epoch)
+
+    def collate(indices: list[int]) -> dict:
+        source, target = torch.as_tensor(lengths[indices, 0]), torch.as_tensor(lengths[indices, 1])
+        attention_mask = torch.arange(int(source.max())) < source[:, None]
+        labels = torch.randint(4, vocab_size, (len(indices), int(target.max())), generator=generator)
+        input_ids = torch.randint(4, vocab_size, attention_mask.shape, generator=generator)
+        return {"input_ids": input_ids.masked_fill(~attention_mask, 0), "attention_mask": attention_mask.long(),
+                "labels": labels.masked_fill(torch.arange(labels.shape[1]) >= target[:, None], -100)}
+
+    pad = PadToBucket(collate, pad_token_id=0, max_tokens=max_tokens)
     batches = []
     for _, indices in zip(range(count), sampler):
-        source, target = lengths[indices, 0], lengths[indices, 1]
-        input_ids = torch.randint(4, vocab_size, (len(indices), int(source.max())), generator=generator)
-        labels = torch.randint(4, vocab_size, (len(indices), int(target.max())), generator=generator)
-        attention_mask = torch.arange(input_ids.shape[1]) < torch.as_tensor(source)[:, None]
-        labels[torch.arange(labels.shape[1]) >= torch.as_tensor(target)[:, None]] = -100
-        batches.append({
-            "input_ids": input_ids.masked_fill(~attention_mask, 0).to(device),
-            "attention_mask": attention_mask.long().to(device),
-            "labels": labels.to(device),
-            "lengths": (source.tolist(), target.tolist()),
-        })
+        batch = {key: value.to(device) for key, value in pad(indices).items()}
+        batch["lengths"] = (lengths[indices, 0].tolist(), lengths[indices, 1].tolist())
+        batches.append(batch)
     return batches
 
 
@@ -191,6 +226,90 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
     }
 
 
+WORDS = [f"w{index}" for index in range(3000)]
+
+
+def write_synthetic_text(folder: Path, pairs: int, seed: int) -> list[str]:
+    """train.src/train.tgt of ``pairs`` lines of random words with WMT-like lengths; train.py's flags for them."""
+    rng = np.random.default_rng(seed)
+    lengths = synthetic_lengths(pairs, seed)
+    for side, name in ((0, "train.src"), (1, "train.tgt")):
+        lines = (" ".join(rng.choice(WORDS, size=int(length) - 1)) for length in lengths[:, side])  # + </s>
+        (folder / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return ["--train_source_file", str(folder / "train.src"), "--train_target_file", str(folder / "train.tgt")]
+
+
+class RawStepTimer:
+    """A callback that, after each update of the loop, times the raw step on the batch the loop just took.
+
+    ``loop`` holds the seconds between the ends of consecutive updates (everything the loop does per
+    update: loading, collating, the step, the schedule, callbacks, logging), the raw step's own time
+    excluded; ``raw`` the seconds of forward, loss, backward and optimizer step alone."""
+
+    def __init__(self, trainer, batches: list[dict], warmup: int):
+        self.trainer, self.batches, self.warmup = trainer, batches, warmup
+        self.loop, self.raw, self.last = [], [], None
+
+    def __getattr__(self, name):  # every other TrainerCallback event: nothing to do
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        synchronize(args.device.type)
+        now = time.perf_counter()
+        if self.last is not None and state.global_step > self.warmup:
+            self.loop.append(now - self.last)
+        if state.global_step > self.warmup:
+            self.raw.append(self.raw_step(model, optimizer.optimizer, self.batches[state.global_step - 1], args))
+        self.last = time.perf_counter()
+
+    def raw_step(self, model, optimizer, batch: dict, args) -> float:
+        started = time.perf_counter()
+        labels = batch["labels"]
+        with self.trainer.autocast_smart_context_manager():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           decoder_input_ids=batch["decoder_input_ids"]).logits
+            loss = label_smoothed_cross_entropy(logits, labels, (labels != -100).sum(), args.label_smoothing_factor)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        synchronize(args.device.type)
+        return time.perf_counter() - started
+
+
+def measure_loop(preset: str, args) -> dict:
+    """train.py's loop per update against the raw step on the same batches (medians, alternating)."""
+    import tempfile
+
+    from vanilla_transformer.training.run import build_trainer, parse_arguments
+
+    with tempfile.TemporaryDirectory() as folder:
+        flags = write_synthetic_text(Path(folder), pairs=4000, seed=args.seed) + [
+            "--preset", preset, "--tokenizer_vocab_size", "4000", "--output_dir", str(Path(folder) / "run"),
+            "--max_tokens", str(args.max_tokens), "--max_steps", str(args.loop_steps), "--ema_decay", "0.998",
+            "--max_train_minutes", "60", "--logging_steps", "50", "--save_strategy", "no", "--report_to", "none",
+            "--disable_tqdm", "true", "--seed", str(args.seed),
+            *(["--use_cpu"] if args.device == "cpu" else []), *(["--bf16", "true"] if args.dtype == "bfloat16" else []),
+        ]
+        run = build_trainer(*parse_arguments(flags))
+        trainer = run.trainer
+        loader = trainer.get_train_dataloader()  # epoch 0: the batches the loop will take, in its order
+        batches = [batch for _, batch in zip(range(args.loop_steps), loader)]
+        if len(batches) < args.loop_steps:
+            raise ValueError(f"--loop-steps {args.loop_steps} is more than the {len(batches)} batches of an epoch.")
+        timer = RawStepTimer(trainer, batches, warmup=min(10, args.loop_steps // 4))
+        trainer.add_callback(timer)
+        trainer.train()
+    loop, raw = statistics.median(timer.loop), statistics.median(timer.raw)
+    ratios = sorted(l / r for l, r in zip(timer.loop, timer.raw))
+    return {
+        "what": "loop", "preset": preset, "dtype": args.dtype, "max_tokens": args.max_tokens, "updates": len(timer.loop),
+        "loop_seconds_per_update": loop, "raw_step_seconds": raw, "loop_over_raw": loop / raw,
+        "loop_over_raw_quartiles": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]],
+    }
+
+
 def machine(args) -> dict:
     info = {"torch": torch.__version__, "python": platform.python_version(), "device": args.device}
     if args.device.startswith("cuda"):
@@ -203,6 +322,15 @@ def machine(args) -> dict:
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
+    if args.shapes_only:
+        result = shape_statistics(synthetic_lengths(args.pairs, args.seed), args.max_tokens)
+        print(json.dumps(result), flush=True)
+        return [result]
+    if args.loop:
+        results = [{"what": "machine", **machine(args)}] + [measure_loop(preset, args) for preset in args.presets.split(",")]
+        for result in results:
+            print(json.dumps(result), flush=True)
+        return results
     if args.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
