@@ -89,27 +89,42 @@ class WallClock(TrainerCallback):
 
     With several processes, each reads its own clock, and they can disagree by an update: then one would
     stop or save while another goes on (and waits forever for it in the next all-reduce), or run another
-    learning rate in a cooldown. So every reading is the longest of the processes' elapsed times.
+    learning rate in a cooldown. So the processes agree on the clock, the longest of their elapsed times,
+    after an update every ``agree_seconds`` or so (an all-reduce and a wait for the device each time), and
+    in between all count the same seconds per update since the last agreement: every reading is then the
+    same on every process, and updates of ``agree_seconds`` or more agree at every update.
     """
 
-    def __init__(self, max_minutes: float | None = None, save_minutes: float | None = None):
+    def __init__(self, max_minutes: float | None = None, save_minutes: float | None = None,
+                 agree_seconds: float = 10.0):
         self.max_seconds = max_minutes * 60 if max_minutes else None
         self.save_seconds = save_minutes * 60 if save_minutes else None
+        self.agree_seconds = agree_seconds
         self.start = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.monotonic()
         self.device = args.device
         self.next_save = self.save_seconds
+        self.updates, self.agreed, self.next_agreement = 0, (0, 0.0), 1  # agreed: (updates, seconds) then
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        """Count the update, and agree on the clock when due (before the scheduler reads it)."""
+        self.updates += 1
+        if self.updates < self.next_agreement or not _several_processes():
+            return
+        longest = torch.tensor([time.monotonic() - self.start], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(longest, op=torch.distributed.ReduceOp.MAX)
+        self.agreed = (self.updates, longest.item())
+        per_update = self.agreed[1] / self.updates
+        self.next_agreement = self.updates + max(1, int(self.agree_seconds / per_update) if per_update > 0 else 1)
 
     def elapsed(self) -> float:
-        """Seconds since training began: the most any process has seen. Every process must call it."""
-        seconds = time.monotonic() - self.start
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return seconds
-        longest = torch.tensor([seconds], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(longest, op=torch.distributed.ReduceOp.MAX)
-        return longest.item()
+        """Seconds since training began: on several processes, the same reading on every one of them."""
+        if not _several_processes():
+            return time.monotonic() - self.start
+        updates, seconds = self.agreed
+        return seconds + (self.updates - updates) * seconds / updates if updates else 0.0
 
     def cooldown_factor(self, cooldown_minutes: float) -> float:
         """1 until the last ``cooldown_minutes`` of the budget, then falling linearly to 0 at its end: the
@@ -130,6 +145,10 @@ class WallClock(TrainerCallback):
             control.should_training_stop = True
             control.should_save = args.save_strategy != "no"
         return control
+
+
+def _several_processes() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -177,6 +196,11 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
                           "(an alternative to --average_checkpoints)"},
     )
     predict_with_generate: bool = field(default=True, metadata={"help": "evaluate BLEU/chrF by decoding"})
+    logging_nan_inf_filter: bool = field(
+        default=False,
+        metadata={"help": "log the mean of earlier losses in place of a NaN or infinite one (the Trainer's default); "
+                  "off: a diverging run shows in its log, and no update waits for the device to check its loss"},
+    )
     save_minutes: float | None = field(
         default=None, metadata={"help": "also save a checkpoint every this many minutes (§6.1: every 10 minutes)"}
     )
@@ -364,6 +388,20 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
     @property
     def _d_model(self) -> int:
         return self.accelerator.unwrap_model(self.model).config.d_model
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """The Trainer's, but without clipping measured only for the updates whose logs show it: otherwise a
+        pass over every gradient each update (and under DeepSpeed a wait for the device) that nothing reads."""
+        if grad_norm is None and not self._logs_this_update():
+            return None
+        return super()._get_grad_norm(model, grad_norm)
+
+    def _logs_this_update(self) -> bool:
+        """Whether the update now ending will be logged (the Trainer's DefaultFlowCallback rule)."""
+        update = self.state.global_step + 1
+        if update == 1 and self.args.logging_first_step:
+            return True
+        return self.args.logging_strategy == "steps" and update % self.state.logging_steps == 0
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train`; ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint, a
