@@ -52,6 +52,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
+from .attention_backends import with_chosen_backends
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 
 # transformers 5.24 renamed the key/value cache `past_key_values` -> `cache` in generate()'s model
@@ -271,6 +272,7 @@ class VanillaTransformerAttention(nn.Module):
         if beams > 1:
             query = fold_beams(query, beams)  # (B / beams, H, beams * T, D)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        attention = with_chosen_backends(attention, self, hidden_states, cache)  # sdpa on CUDA: kernels by use
         output, weights = attention(
             self, query, key, value, attention_mask,
             dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
