@@ -14,8 +14,9 @@ Training: the step a `TransformerTrainer --bf16` run takes (autocast to bfloat16
 weights; forward, the package's label-smoothed loss over the batch's target tokens, backward, fused
 AdamW (0.9, 0.98, 1e-9)) on token-count batches of ``--max-tokens`` padded tokens per side built by
 `TokenBatchSampler` from synthetic pairs with WMT14-like lengths (a 37k vocabulary; mean about 28
-tokens a side). "compiled" wraps the model and the loss in ``torch.compile``. Reported: target
-tokens/s and source + target tokens/s, and the model FLOPs utilisation (MFU): `training_flops` of the
+tokens a side). "compiled" wraps the model and the loss in ``torch.compile`` with static shapes (one
+graph per bucket shape, as ``train.py --torch_compile``); its warm-up time is the one-off compile cost.
+Reported: target tokens/s and source + target tokens/s, and the model FLOPs utilisation (MFU): `training_flops` of the
 pairs in the timed batches (padding excluded) per second over the GPU's dense bf16 peak (--peak-tflops,
 by default the datasheet's 989 for H100/H200).
 
@@ -49,6 +50,7 @@ from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForC
 from vanilla_transformer.modeling_vanilla_transformer import label_smoothed_cross_entropy
 from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler
 from vanilla_transformer.training.flops import training_flops
+from vanilla_transformer.training.trainer import allow_recompiles
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Dense bf16 peak by the vendors' datasheets (TFLOP/s), for MFU.
@@ -149,7 +151,8 @@ def measure_training(preset: str, mode: str, args) -> dict:
                                   fused=fused)
     forward, loss_function = model, label_smoothed_cross_entropy
     if mode == "compiled":
-        forward, loss_function = torch.compile(model, dynamic=True), torch.compile(label_smoothed_cross_entropy, dynamic=True)
+        allow_recompiles(args.warmup + args.steps)  # static shapes, one graph per bucket shape (as --torch_compile)
+        forward, loss_function = torch.compile(model, dynamic=False), torch.compile(label_smoothed_cross_entropy, dynamic=False)
     batches = make_batches(synthetic_lengths(200_000, args.seed), args.max_tokens, args.vocab_size,
                            args.warmup + args.steps, args.device, args.seed)
 

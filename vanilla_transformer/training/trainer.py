@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
+import numpy as np
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
@@ -145,6 +146,18 @@ class WallClock(TrainerCallback):
             control.should_training_stop = True
             control.should_save = args.save_strategy != "no"
         return control
+
+
+def allow_recompiles(shapes: int) -> None:
+    """Let torch.compile keep a graph for each of ``shapes`` batch shapes (and a few more, e.g. for the
+    last batches), where its limit would fall back to running uncompiled."""
+    import torch._dynamo.config as dynamo
+
+    name = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"  # torch < 2.7
+    setattr(dynamo, name, max(getattr(dynamo, name), shapes + 8))
+    for name in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(dynamo, name):
+            setattr(dynamo, name, max(getattr(dynamo, name), 4 * (shapes + 8)))
 
 
 def _several_processes() -> bool:
@@ -389,6 +402,15 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
     def _d_model(self) -> int:
         return self.accelerator.unwrap_model(self.model).config.d_model
 
+    def _build_accelerator_args(self, **kwargs):
+        """The Trainer's; with ``--torch_compile`` and token batches, graphs of static shapes: the batches
+        come in a few bucket shapes (`TokenBatchSampler`), so each is compiled once, not traced again with
+        symbolic lengths (torch's default after a second shape)."""
+        args = super()._build_accelerator_args(**kwargs)
+        if self.args.torch_compile and self.args.max_tokens and "dynamo_plugin" in args:
+            args["dynamo_plugin"].dynamic = False
+        return args
+
     def _get_grad_norm(self, model, grad_norm=None):
         """The Trainer's, but without clipping measured only for the updates whose logs show it: otherwise a
         pass over every gradient each update (and under DeepSpeed a wait for the device) that nothing reads."""
@@ -535,6 +557,8 @@ class TransformerTrainer(AtomicCheckpoints, Seq2SeqTrainer):
             collator = self._get_collator_with_removed_columns(collator, description="training")
         # One process's view of all batches; accelerate deals them out to the processes (disjoint).
         sampler = TokenBatchSampler(lengths, self.args.max_tokens, shuffle=True, seed=self.args.seed)
+        if self.args.torch_compile:  # one graph per shape: room for all of them (torch keeps 8 by default)
+            allow_recompiles(len(np.unique(sampler.shapes, axis=0)))
         pad_token_id = self.accelerator.unwrap_model(self.model).config.pad_token_id
         loader = DataLoader(
             dataset,
