@@ -34,3 +34,13 @@ def test_shapes_only_an_epoch_has_few_shapes_and_little_padding(capsys):
     assert result["batches"] > 2000 and result["distinct_shapes"] <= 128 and result["padding_fraction"] <= 0.12
     # Within ~20% of max_tokens per side: no batch is left half-empty to save a shape.
     assert result["real_tokens_per_batch_and_side"] > 0.8 * 12288
+
+
+def test_loop_times_the_training_loop_against_the_raw_step():
+    """--loop runs train.py's loop (build_trainer) and the raw step on the same batches, alternating."""
+    machine, loop = gpu.main(["--loop", "--device", "cpu", "--presets", "tiny", "--dtype", "float32",
+                              "--max-tokens", "256", "--loop-steps", "12"])
+    assert machine["what"] == "machine" and loop["what"] == "loop" and loop["updates"] == 9
+    assert loop["raw_step_seconds"] > 0 and loop["loop_seconds_per_update"] > 0
+    assert loop["loop_over_raw"] == loop["loop_seconds_per_update"] / loop["raw_step_seconds"]
+    assert loop["loop_over_raw_quartiles"][0] <= loop["loop_over_raw_quartiles"][1]
