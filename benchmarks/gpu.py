@@ -68,6 +68,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation happens here)")
     parser.add_argument("--steps", type=int, default=30, help="timed training steps")
     parser.add_argument("--no-decode", action="store_true", help="skip the decoding measurements")
+    parser.add_argument("--decode-presets", default="base,big,multi30k", help="comma-separated: presets, multi30k")
+    parser.add_argument("--no-loop", action="store_true", help="skip timing train.py's loop")
     parser.add_argument("--decode-batch", type=int, default=128, help="sentences per generate() call")
     parser.add_argument("--decode-tokens", type=int, default=30, help="new tokens per sentence")
     parser.add_argument("--decode-repeats", type=int, default=3, help="timed generate() calls (median)")
@@ -142,90 +144,140 @@ def peak_tflops(args) -> float | None:
     return None
 
 
+def marian_of(config: VanillaTransformerConfig):
+    """A MarianMTModel of the same shape (post-LN, sinusoidal positions, one shared vocabulary)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    return MarianMTModel(MarianConfig(
+        vocab_size=config.vocab_size, d_model=config.d_model, encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers, encoder_attention_heads=config.encoder_attention_heads,
+        decoder_attention_heads=config.decoder_attention_heads, encoder_ffn_dim=config.encoder_ffn_dim,
+        decoder_ffn_dim=config.decoder_ffn_dim, activation_function="relu", dropout=config.dropout,
+        attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=1024, scale_embedding=True,
+        pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, forced_eos_token_id=None,
+    ))
+
+
+class Trainee:
+    """One model with its optimizer and (in "compiled" mode) compiled forward, stepping as --bf16 training does."""
+
+    def __init__(self, model, mode: str, args):
+        self.model, self.args = model.to(args.device).train(), args
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
+                                           weight_decay=0.0, fused=args.device.startswith("cuda"))
+        self.forward = torch.compile(self.model, dynamic=False) if mode == "compiled" else self.model
+
+    def step(self, batch: dict) -> float:
+        """Seconds of one step: forward, the package's label-smoothed loss, backward, optimizer."""
+        synchronize(self.args.device)
+        started = time.perf_counter()
+        decoder_input_ids = self.model.prepare_decoder_input_ids_from_labels(batch["labels"])
+        with torch.autocast(device_type=self.args.device.split(":")[0], dtype=DTYPES[self.args.dtype],
+                            enabled=self.args.dtype != "float32"):
+            logits = self.forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                  decoder_input_ids=decoder_input_ids).logits
+            loss = label_smoothed_cross_entropy(logits, batch["labels"], (batch["labels"] != -100).sum(), 0.1)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        synchronize(self.args.device)
+        return time.perf_counter() - started
+
+
 def measure_training(preset: str, mode: str, args) -> dict:
+    """Ours and MarianMTModel of the same shape, alternating on the same batches: a first pass over
+    batches of shapes never seen (in "compiled" mode, compilation included), then the same batches again."""
     torch.manual_seed(args.seed)
     config = VanillaTransformerConfig.from_preset(preset, vocab_size=args.vocab_size)
-    model = VanillaTransformerForConditionalGeneration(config).to(args.device).train()
-    fused = args.device.startswith("cuda")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0,
-                                  fused=fused)
-    forward, loss_function = model, label_smoothed_cross_entropy
     if mode == "compiled":
         allow_recompiles(args.warmup + args.steps)  # static shapes, one graph per bucket shape (as --torch_compile)
-        forward, loss_function = torch.compile(model, dynamic=False), torch.compile(label_smoothed_cross_entropy, dynamic=False)
+    models = {"ours": Trainee(VanillaTransformerForConditionalGeneration(config), mode, args),
+              "marian": Trainee(marian_of(config), mode, args)}
     batches = make_batches(synthetic_lengths(200_000, args.seed), args.max_tokens, args.vocab_size,
                            args.warmup + args.steps, args.device, args.seed)
-
-    def step(batch) -> None:
-        decoder_input_ids = model.prepare_decoder_input_ids_from_labels(batch["labels"])
-        with torch.autocast(device_type=args.device.split(":")[0], dtype=DTYPES[args.dtype],
-                            enabled=args.dtype != "float32"):
-            logits = forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                             decoder_input_ids=decoder_input_ids).logits
-            tokens = (batch["labels"] != -100).sum()
-            loss = loss_function(logits, batch["labels"], tokens, 0.1)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    started = time.perf_counter()
-    for batch in batches[: args.warmup]:
-        step(batch)
-    synchronize(args.device)
-    warmup_seconds = time.perf_counter() - started
+    for batch in batches[: args.warmup]:  # lazy initialisation, and the shapes these batches bring
+        for model in models.values():
+            model.step(batch)
+    timed = batches[args.warmup:]
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    started = time.perf_counter()
-    for batch in batches[args.warmup:]:
-        step(batch)
-    synchronize(args.device)
-    seconds = time.perf_counter() - started
-    timed = batches[args.warmup:]
+    times = {(name, phase): [] for name in models for phase in ("unseen", "steady")}
+    for phase in ("unseen", "steady"):  # the second pass sees every shape again
+        for index, batch in enumerate(timed):
+            for name in (("ours", "marian") if index % 2 == 0 else ("marian", "ours")):  # alternating
+                times[name, phase].append(models[name].step(batch))
     source_tokens = sum(sum(b["lengths"][0]) for b in timed)
     target_tokens = sum(sum(b["lengths"][1]) for b in timed)
     flops = sum(training_flops(config, *b["lengths"]) for b in timed)
     peak = peak_tflops(args)
-    return {
-        "what": "training", "preset": preset, "mode": mode, "dtype": args.dtype, "max_tokens": args.max_tokens,
-        "parameters": model.num_parameters(), "steps": len(timed), "seconds": seconds,
-        "warmup_seconds": warmup_seconds, "target_tokens_per_second": target_tokens / seconds,
-        "tokens_per_second": (source_tokens + target_tokens) / seconds, "model_tflops": flops / seconds / 1e12,
-        "mfu": flops / seconds / (peak * 1e12) if peak else None,
-        "padding_fraction": 1 - (source_tokens + target_tokens) / sum(
-            b["input_ids"].numel() + b["labels"].numel() for b in timed),
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None,
-    }
+    result = {"what": "training", "preset": preset, "mode": mode, "dtype": args.dtype, "max_tokens": args.max_tokens,
+              "parameters": models["ours"].model.num_parameters(), "steps": len(timed),
+              "distinct_shapes": len({(*b["input_ids"].shape, b["labels"].shape[1]) for b in timed}),
+              "padding_fraction": 1 - (source_tokens + target_tokens) / sum(
+                  b["input_ids"].numel() + b["labels"].numel() for b in timed)}
+    for (name, phase), seconds in times.items():
+        total = sum(seconds)
+        result[f"{name}_{phase}"] = {
+            "target_tokens_per_second": target_tokens / total, "tokens_per_second": (source_tokens + target_tokens) / total,
+            "median_step_seconds": statistics.median(seconds), "worst_step_seconds": max(seconds),
+            "mfu": flops / total / (peak * 1e12) if peak else None,
+        }
+    ratios = sorted(m / o for m, o in zip(times["marian", "steady"], times["ours", "steady"]))
+    result["marian_over_ours_steady"] = {"median": statistics.median(ratios),
+                                         "quartiles": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]]}
+    result["unseen_over_steady_ours"] = sum(times["ours", "unseen"]) / sum(times["ours", "steady"])
+    # kept for readers of earlier results: ours at steady state
+    result["target_tokens_per_second"] = result["ours_steady"]["target_tokens_per_second"]
+    result["tokens_per_second"] = result["ours_steady"]["tokens_per_second"]
+    result["mfu"] = result["ours_steady"]["mfu"]
+    result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None
+    return result
+
+
+DECODING_SHAPES = {"multi30k": ("base", dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+                                             decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024))}
 
 
 def measure_decoding(preset: str, mode: str, args) -> dict:
+    """Beam 4 with ``generate()``: ours and the MarianMTModel whose weights ours holds (`from_marian`),
+    alternating on the same sentences, the same number of new tokens each."""
+    from vanilla_transformer.convert import from_marian
+
     torch.manual_seed(args.seed)
-    config = VanillaTransformerConfig.from_preset(preset, vocab_size=args.vocab_size)
+    base, overrides = DECODING_SHAPES.get(preset, (preset, {}))
+    config = VanillaTransformerConfig.from_preset(base, vocab_size=args.vocab_size, **overrides)
     dtype = DTYPES[args.dtype]
-    model = VanillaTransformerForConditionalGeneration(config).to(args.device, dtype).eval()
+    marian = marian_of(config).eval()
+    models = {"ours": from_marian(marian).to(args.device, dtype).eval(), "marian": marian.to(args.device, dtype)}
     lengths = synthetic_lengths(args.decode_batch, args.seed + 1)[:, 0]
     source = torch.randint(4, args.vocab_size, (len(lengths), int(lengths.max())))
     attention_mask = (torch.arange(source.shape[1]) < torch.as_tensor(lengths)[:, None]).long()
     inputs = {"input_ids": source.masked_fill(attention_mask == 0, 0).to(args.device),
               "attention_mask": attention_mask.to(args.device)}
     settings = dict(num_beams=4, length_penalty=0.6, max_new_tokens=args.decode_tokens,
-                    min_new_tokens=args.decode_tokens)
+                    min_new_tokens=args.decode_tokens, early_stopping=True)
     if mode == "compiled":
         settings["cache_implementation"] = "static"
-        model.forward = torch.compile(model.forward, fullgraph=True)
-    times = []
+        for model in models.values():
+            model.forward = torch.compile(model.forward, fullgraph=True)
+    times = {name: [] for name in models}
     with torch.inference_mode():
         for repeat in range(args.decode_repeats + 1):  # the first call compiles / warms up
-            synchronize(args.device)
-            started = time.perf_counter()
-            output = model.generate(**inputs, **settings)
-            synchronize(args.device)
-            if repeat:
-                times.append(time.perf_counter() - started)
-    seconds = statistics.median(times)
+            for name in (("ours", "marian") if repeat % 2 == 0 else ("marian", "ours")):
+                synchronize(args.device)
+                started = time.perf_counter()
+                output = models[name].generate(**inputs, **settings)
+                synchronize(args.device)
+                if repeat:
+                    times[name].append(time.perf_counter() - started)
+    seconds = {name: statistics.median(values) for name, values in times.items()}
     return {
         "what": "decoding", "preset": preset, "mode": mode, "dtype": args.dtype, "beams": 4,
-        "sentences": len(lengths), "new_tokens": output.shape[1] - 1, "seconds": seconds,
-        "sentences_per_second": len(lengths) / seconds, "target_tokens_per_second": len(lengths) * args.decode_tokens / seconds,
+        "sentences": len(lengths), "new_tokens": output.shape[1] - 1, "seconds": seconds["ours"],
+        "sentences_per_second": len(lengths) / seconds["ours"],
+        "target_tokens_per_second": len(lengths) * args.decode_tokens / seconds["ours"],
+        "marian_sentences_per_second": len(lengths) / seconds["marian"],
+        "ours_over_marian": seconds["marian"] / seconds["ours"],
     }
 
 
@@ -342,7 +394,9 @@ def main(argv=None) -> list[dict]:
     presets, modes = args.presets.split(","), args.modes.split(",")
     jobs = [(measure_training, p, m) for p in presets for m in modes]
     if not args.no_decode:
-        jobs += [(measure_decoding, p, m) for p in presets for m in modes]
+        jobs += [(measure_decoding, p, m) for p in args.decode_presets.split(",") for m in modes]
+    if not args.no_loop:
+        jobs += [(lambda preset, mode, args: measure_loop(preset, args), p, "eager") for p in presets]
     for measure, preset, mode in jobs:
         try:
             result = measure(preset, mode, args)
@@ -352,9 +406,42 @@ def main(argv=None) -> list[dict]:
         print(json.dumps(result), flush=True)
         if args.output:
             Path(args.output).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+            Path(args.output).with_suffix(".md").write_text(markdown_table(results), encoding="utf-8")
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
+    print(markdown_table(results), flush=True)
     return results
+
+
+def markdown_table(results: list[dict]) -> str:
+    """The results as one markdown table: a row per measurement, ours next to MarianMTModel."""
+    machine = results[0]
+    lines = [f"{machine.get('gpu', machine['device'])}, torch {machine['torch']}, transformers {machine['transformers']}",
+             "", "| measurement | ours | MarianMTModel | Marian time / ours (median, quartiles) |", "|---|---|---|---|"]
+
+    def tokens(entry):
+        mfu = f", MFU {entry['mfu']:.1%}" if entry.get("mfu") is not None else ""
+        return (f"{entry['target_tokens_per_second']:,.0f} target tok/s (median step {entry['median_step_seconds'] * 1e3:.0f} ms, "
+                f"worst {entry['worst_step_seconds'] * 1e3:.0f} ms{mfu})")
+
+    for r in results[1:]:
+        name = f"{r['what']} {r.get('preset')} {r.get('mode', '')}".strip()
+        if "error" in r:
+            lines.append(f"| {name} | {r['error']} | | |")
+        elif r["what"] == "training":
+            ratio = r["marian_over_ours_steady"]
+            lines.append(f"| {name}, shapes never seen | {tokens(r['ours_unseen'])} | {tokens(r['marian_unseen'])} | |")
+            lines.append(f"| {name}, steady state | {tokens(r['ours_steady'])} | {tokens(r['marian_steady'])} | "
+                         f"{ratio['median']:.2f} [{ratio['quartiles'][0]:.2f}, {ratio['quartiles'][1]:.2f}] |")
+            if r.get("peak_memory_gib") is not None:
+                lines.append(f"| {name}, peak memory | {r['peak_memory_gib']:.1f} GiB (both models) | | |")
+        elif r["what"] == "decoding":
+            lines.append(f"| {name}, beam 4 | {r['sentences_per_second']:.1f} sentences/s | "
+                         f"{r['marian_sentences_per_second']:.1f} sentences/s | {r['ours_over_marian']:.2f} |")
+        elif r["what"] == "loop":
+            lines.append(f"| train.py loop {r['preset']} | {r['loop_seconds_per_update'] * 1e3:.1f} ms an update, "
+                         f"{r['loop_over_raw']:.2f}x the raw step ({r['raw_step_seconds'] * 1e3:.1f} ms) | | |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
