@@ -15,14 +15,19 @@ weights; forward, the package's label-smoothed loss over the batch's target toke
 AdamW (0.9, 0.98, 1e-9)) on token-count batches of ``--max-tokens`` padded tokens per side built by
 `TokenBatchSampler` from synthetic pairs with WMT14-like lengths (a 37k vocabulary; mean about 28
 tokens a side). "compiled" wraps the model and the loss in ``torch.compile`` with static shapes (one
-graph per bucket shape, as ``train.py --torch_compile``); its warm-up time is the one-off compile cost.
-Reported: target tokens/s and source + target tokens/s, and the model FLOPs utilisation (MFU): `training_flops` of the
-pairs in the timed batches (padding excluded) per second over the GPU's dense bf16 peak (--peak-tflops,
-by default the datasheet's 989 for H100/H200).
+graph per bucket shape, as ``train.py --torch_compile``). Ours and a MarianMTModel of the same shape
+step alternately on the same batches: first over ``--steps`` batches whose shapes no step has seen
+(the first-pass cost: attention plans, compilation), then over the same batches again (steady state).
+Reported for both models and both passes: target tokens/s and source + target tokens/s, median and
+worst step, the model FLOPs utilisation (MFU: `training_flops` of the pairs in the timed batches,
+padding excluded, per second over the GPU's dense bf16 peak, --peak-tflops, by default the
+datasheet's 989 for H100/H200); the per-batch ratio Marian time / ours with its quartiles; peak memory.
 
-Decoding: beam 4 (length penalty 0.6) over ``--decode-batch`` sentences of the same synthetic lengths,
-exactly ``--decode-tokens`` new tokens each (random weights never stop on their own), with the
-dynamic cache ("eager") and with a static cache under ``torch.compile`` ("compiled").
+Decoding: beam 4 (length penalty 0.6) with ``generate()`` over ``--decode-batch`` sentences of the same
+synthetic lengths, exactly ``--decode-tokens`` new tokens each (random weights never stop on their
+own), for base, big and the Multi30k recipe's shape: ours holding the weights of a MarianMTModel
+(`vanilla_transformer.convert.from_marian`) against that MarianMTModel, alternating, with the dynamic
+cache ("eager") and with a static cache under ``torch.compile`` ("compiled").
 
 Loop: ``--loop`` runs the real training loop (`build_trainer` of train.py, as a user's run goes: token
 batches, the moving average of the weights, a budget in minutes, logging every 50 updates) on
@@ -30,8 +35,8 @@ synthetic WMT-like text, and after each update times the raw step (forward, loss
 on the batch the loop just took, with the same model and optimizer. It reports the medians of both and
 their ratio: what the loop costs beyond the model's arithmetic.
 
-The weights are random: speed does not depend on them. Prints one JSON line per measurement and
-writes them all to --output.
+The weights are random: speed does not depend on them. Prints one JSON line per measurement and a
+markdown table, and writes them to --output (JSON) and the same name with .md.
 """
 
 from __future__ import annotations
