@@ -3,22 +3,40 @@
     python benchmarks/gpu.py                                   # base and big, bf16, eager and compiled
     python benchmarks/gpu.py --presets big --modes compiled --max-tokens 16384 --output gpu.json
     python benchmarks/gpu.py --device cpu --presets tiny --dtype float32 --steps 2   # a smoke run anywhere
+    python benchmarks/gpu.py --shapes-only [--pairs 4500000 --max-tokens 12288]   # the batch shapes of an epoch
+    python benchmarks/gpu.py --loop --device cpu --presets tiny --dtype float32 --max-tokens 1024   # loop overhead
+
+Shapes: ``--shapes-only`` packs an epoch of ``--pairs`` synthetic WMT-like length pairs (lengths only, no
+text) with `TokenBatchSampler` and prints one JSON line: ``batches``, ``distinct_shapes`` (rows, source
+length, target length) and ``padding_fraction`` (padded tokens that are not real ones, both sides).
 
 Training: the step a `TransformerTrainer --bf16` run takes (autocast to bfloat16 over float32
 weights; forward, the package's label-smoothed loss over the batch's target tokens, backward, fused
 AdamW (0.9, 0.98, 1e-9)) on token-count batches of ``--max-tokens`` padded tokens per side built by
 `TokenBatchSampler` from synthetic pairs with WMT14-like lengths (a 37k vocabulary; mean about 28
-tokens a side). "compiled" wraps the model and the loss in ``torch.compile``. Reported: target
-tokens/s and source + target tokens/s, and the model FLOPs utilisation (MFU): `training_flops` of the
-pairs in the timed batches (padding excluded) per second over the GPU's dense bf16 peak (--peak-tflops,
-by default the datasheet's 989 for H100/H200).
+tokens a side). "compiled" wraps the model and the loss in ``torch.compile`` with static shapes (one
+graph per bucket shape, as ``train.py --torch_compile``). Ours and a MarianMTModel of the same shape
+step alternately on the same batches: first over ``--steps`` batches whose shapes no step has seen
+(the first-pass cost: attention plans, compilation), then over the same batches again (steady state).
+Reported for both models and both passes: target tokens/s and source + target tokens/s, median and
+worst step, the model FLOPs utilisation (MFU: `training_flops` of the pairs in the timed batches,
+padding excluded, per second over the GPU's dense bf16 peak, --peak-tflops, by default the
+datasheet's 989 for H100/H200); the per-batch ratio Marian time / ours with its quartiles; peak memory.
 
-Decoding: beam 4 (length penalty 0.6) over ``--decode-batch`` sentences of the same synthetic lengths,
-exactly ``--decode-tokens`` new tokens each (random weights never stop on their own), with the
-dynamic cache ("eager") and with a static cache under ``torch.compile`` ("compiled").
+Decoding: beam 4 (length penalty 0.6) with ``generate()`` over ``--decode-batch`` sentences of the same
+synthetic lengths, exactly ``--decode-tokens`` new tokens each (random weights never stop on their
+own), for base, big and the Multi30k recipe's shape: ours holding the weights of a MarianMTModel
+(`vanilla_transformer.convert.from_marian`) against that MarianMTModel, alternating, with the dynamic
+cache ("eager") and with a static cache under ``torch.compile`` ("compiled").
 
-The weights are random: speed does not depend on them. Prints one JSON line per measurement and
-writes them all to --output.
+Loop: ``--loop`` runs the real training loop (`build_trainer` of train.py, as a user's run goes: token
+batches, the moving average of the weights, a budget in minutes, logging every 50 updates) on
+synthetic WMT-like text, and after each update times the raw step (forward, loss, backward, optimizer)
+on the batch the loop just took, with the same model and optimizer. It reports the medians of both and
+their ratio: what the loop costs beyond the model's arithmetic.
+
+The weights are random: speed does not depend on them. Prints one JSON line per measurement and a
+markdown table, and writes them to --output (JSON) and the same name with .md.
 """
 
 from __future__ import annotations
@@ -35,8 +53,9 @@ import torch
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling_vanilla_transformer import label_smoothed_cross_entropy
-from vanilla_transformer.training.batching import TokenBatchSampler
+from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler
 from vanilla_transformer.training.flops import training_flops
+from vanilla_transformer.training.trainer import allow_recompiles
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Dense bf16 peak by the vendors' datasheets (TFLOP/s), for MFU.
@@ -54,12 +73,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation happens here)")
     parser.add_argument("--steps", type=int, default=30, help="timed training steps")
     parser.add_argument("--no-decode", action="store_true", help="skip the decoding measurements")
+    parser.add_argument("--decode-presets", default="base,big,multi30k", help="comma-separated: presets, multi30k")
+    parser.add_argument("--no-loop", action="store_true", help="skip timing train.py's loop")
     parser.add_argument("--decode-batch", type=int, default=128, help="sentences per generate() call")
     parser.add_argument("--decode-tokens", type=int, default=30, help="new tokens per sentence")
     parser.add_argument("--decode-repeats", type=int, default=3, help="timed generate() calls (median)")
     parser.add_argument("--peak-tflops", type=float, help="dense peak of the GPU for MFU (default: by its name)")
     parser.add_argument("--output", help="write the results as JSON here")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--shapes-only", action="store_true", help="only count the batch shapes of an epoch")
+    parser.add_argument("--pairs", type=int, default=4_500_000, help="with --shapes-only: pairs in the epoch")
+    parser.add_argument("--loop", action="store_true", help="only time train.py's loop against the raw step")
+    parser.add_argument("--loop-steps", type=int, default=80, help="with --loop: updates (the first 10 warm up)")
     return parser.parse_args(argv)
 
 
@@ -71,23 +96,42 @@ def synthetic_lengths(count: int, seed: int) -> np.ndarray:
     return np.stack([source, target], axis=1)
 
 
-def make_batches(lengths: np.ndarray, max_tokens: int, vocab_size: int, count: int, device, seed: int) -> list[dict]:
-    """``count`` token batches as TokenBatchSampler packs them, filled with random ids, padded with -100 labels."""
+def shape_statistics(lengths: np.ndarray, max_tokens: int) -> dict:
+    """The batches of one epoch as `TokenBatchSampler` packs them: how many, how many shapes, how much padding."""
+    started = time.perf_counter()
+    sampler = TokenBatchSampler(lengths, max_tokens, shuffle=False)
+    shapes = sampler.shapes  # (batches, 3): rows, source length, target length
+    padded = int((shapes[:, 0] * (shapes[:, 1] + shapes[:, 2])).sum())
+    return {
+        "what": "shapes", "pairs": len(lengths), "max_tokens": max_tokens, "batches": sampler.num_batches,
+        "distinct_shapes": len(np.unique(shapes, axis=0)), "padding_fraction": round(1 - int(lengths.sum()) / padded, 4),
+        "real_tokens_per_batch_and_side": round(int(lengths.sum()) / 2 / sampler.num_batches, 1),
+        "seconds": round(time.perf_counter() - started, 2),
+    }
+
+
+def make_batches(lengths: np.ndarray, max_tokens: int, vocab_size: int, count: int, device, seed: int,
+                 epoch: int = 0) -> list[dict]:
+    """``count`` token batches as TokenBatchSampler packs them (epoch ``epoch``'s order), random ids padded
+    to the batch's bucket shape by `PadToBucket`, as the Trainer's data loader pads them."""
     sampler = TokenBatchSampler(lengths, max_tokens, shuffle=True, seed=seed)
-    generator = torch.Generator().manual_seed(seed)
+    sampler.set_epoch(epoch)
+    generator = torch.Generator().manual_seed(seed + epoch)
+
+    def collate(indices: list[int]) -> dict:
+        source, target = torch.as_tensor(lengths[indices, 0]), torch.as_tensor(lengths[indices, 1])
+        attention_mask = torch.arange(int(source.max())) < source[:, None]
+        labels = torch.randint(4, vocab_size, (len(indices), int(target.max())), generator=generator)
+        input_ids = torch.randint(4, vocab_size, attention_mask.shape, generator=generator)
+        return {"input_ids": input_ids.masked_fill(~attention_mask, 0), "attention_mask": attention_mask.long(),
+                "labels": labels.masked_fill(torch.arange(labels.shape[1]) >= target[:, None], -100)}
+
+    pad = PadToBucket(collate, pad_token_id=0, max_tokens=max_tokens)
     batches = []
     for _, indices in zip(range(count), sampler):
-        source, target = lengths[indices, 0], lengths[indices, 1]
-        input_ids = torch.randint(4, vocab_size, (len(indices), int(source.max())), generator=generator)
-        labels = torch.randint(4, vocab_size, (len(indices), int(target.max())), generator=generator)
-        attention_mask = torch.arange(input_ids.shape[1]) < torch.as_tensor(source)[:, None]
-        labels[torch.arange(labels.shape[1]) >= torch.as_tensor(target)[:, None]] = -100
-        batches.append({
-            "input_ids": input_ids.masked_fill(~attention_mask, 0).to(device),
-            "attention_mask": attention_mask.long().to(device),
-            "labels": labels.to(device),
-            "lengths": (source.tolist(), target.tolist()),
-        })
+        batch = {key: value.to(device) for key, value in pad(indices).items()}
+        batch["lengths"] = (lengths[indices, 0].tolist(), lengths[indices, 1].tolist())
+        batches.append(batch)
     return batches
 
 
@@ -105,89 +149,224 @@ def peak_tflops(args) -> float | None:
     return None
 
 
+def marian_of(config: VanillaTransformerConfig):
+    """A MarianMTModel of the same shape (post-LN, sinusoidal positions, one shared vocabulary)."""
+    from transformers import MarianConfig, MarianMTModel
+
+    return MarianMTModel(MarianConfig(
+        vocab_size=config.vocab_size, d_model=config.d_model, encoder_layers=config.encoder_layers,
+        decoder_layers=config.decoder_layers, encoder_attention_heads=config.encoder_attention_heads,
+        decoder_attention_heads=config.decoder_attention_heads, encoder_ffn_dim=config.encoder_ffn_dim,
+        decoder_ffn_dim=config.decoder_ffn_dim, activation_function="relu", dropout=config.dropout,
+        attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=1024, scale_embedding=True,
+        pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, forced_eos_token_id=None,
+    ))
+
+
+class Trainee:
+    """One model with its optimizer and (in "compiled" mode) compiled forward, stepping as --bf16 training does."""
+
+    def __init__(self, model, mode: str, args):
+        self.model, self.args = model.to(args.device).train(), args
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
+                                           weight_decay=0.0, fused=args.device.startswith("cuda"))
+        self.forward = torch.compile(self.model, dynamic=False) if mode == "compiled" else self.model
+
+    def step(self, batch: dict) -> float:
+        """Seconds of one step: forward, the package's label-smoothed loss, backward, optimizer."""
+        synchronize(self.args.device)
+        started = time.perf_counter()
+        decoder_input_ids = self.model.prepare_decoder_input_ids_from_labels(batch["labels"])
+        with torch.autocast(device_type=self.args.device.split(":")[0], dtype=DTYPES[self.args.dtype],
+                            enabled=self.args.dtype != "float32"):
+            logits = self.forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                  decoder_input_ids=decoder_input_ids).logits
+            loss = label_smoothed_cross_entropy(logits, batch["labels"], (batch["labels"] != -100).sum(), 0.1)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        synchronize(self.args.device)
+        return time.perf_counter() - started
+
+
 def measure_training(preset: str, mode: str, args) -> dict:
+    """Ours and MarianMTModel of the same shape, alternating on the same batches: a first pass over
+    batches of shapes never seen (in "compiled" mode, compilation included), then the same batches again."""
     torch.manual_seed(args.seed)
     config = VanillaTransformerConfig.from_preset(preset, vocab_size=args.vocab_size)
-    model = VanillaTransformerForConditionalGeneration(config).to(args.device).train()
-    fused = args.device.startswith("cuda")
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0,
-                                  fused=fused)
-    forward, loss_function = model, label_smoothed_cross_entropy
     if mode == "compiled":
-        forward, loss_function = torch.compile(model, dynamic=True), torch.compile(label_smoothed_cross_entropy, dynamic=True)
+        allow_recompiles(args.warmup + args.steps)  # static shapes, one graph per bucket shape (as --torch_compile)
+    models = {"ours": Trainee(VanillaTransformerForConditionalGeneration(config), mode, args),
+              "marian": Trainee(marian_of(config), mode, args)}
     batches = make_batches(synthetic_lengths(200_000, args.seed), args.max_tokens, args.vocab_size,
                            args.warmup + args.steps, args.device, args.seed)
-
-    def step(batch) -> None:
-        decoder_input_ids = model.prepare_decoder_input_ids_from_labels(batch["labels"])
-        with torch.autocast(device_type=args.device.split(":")[0], dtype=DTYPES[args.dtype],
-                            enabled=args.dtype != "float32"):
-            logits = forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                             decoder_input_ids=decoder_input_ids).logits
-            tokens = (batch["labels"] != -100).sum()
-            loss = loss_function(logits, batch["labels"], tokens, 0.1)
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-
-    started = time.perf_counter()
-    for batch in batches[: args.warmup]:
-        step(batch)
-    synchronize(args.device)
-    warmup_seconds = time.perf_counter() - started
+    for batch in batches[: args.warmup]:  # lazy initialisation, and the shapes these batches bring
+        for model in models.values():
+            model.step(batch)
+    timed = batches[args.warmup:]
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    started = time.perf_counter()
-    for batch in batches[args.warmup:]:
-        step(batch)
-    synchronize(args.device)
-    seconds = time.perf_counter() - started
-    timed = batches[args.warmup:]
+    times = {(name, phase): [] for name in models for phase in ("unseen", "steady")}
+    for phase in ("unseen", "steady"):  # the second pass sees every shape again
+        for index, batch in enumerate(timed):
+            for name in (("ours", "marian") if index % 2 == 0 else ("marian", "ours")):  # alternating
+                times[name, phase].append(models[name].step(batch))
     source_tokens = sum(sum(b["lengths"][0]) for b in timed)
     target_tokens = sum(sum(b["lengths"][1]) for b in timed)
     flops = sum(training_flops(config, *b["lengths"]) for b in timed)
     peak = peak_tflops(args)
-    return {
-        "what": "training", "preset": preset, "mode": mode, "dtype": args.dtype, "max_tokens": args.max_tokens,
-        "parameters": model.num_parameters(), "steps": len(timed), "seconds": seconds,
-        "warmup_seconds": warmup_seconds, "target_tokens_per_second": target_tokens / seconds,
-        "tokens_per_second": (source_tokens + target_tokens) / seconds, "model_tflops": flops / seconds / 1e12,
-        "mfu": flops / seconds / (peak * 1e12) if peak else None,
-        "padding_fraction": 1 - (source_tokens + target_tokens) / sum(
-            b["input_ids"].numel() + b["labels"].numel() for b in timed),
-        "peak_memory_gib": torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None,
-    }
+    result = {"what": "training", "preset": preset, "mode": mode, "dtype": args.dtype, "max_tokens": args.max_tokens,
+              "parameters": models["ours"].model.num_parameters(), "steps": len(timed),
+              "distinct_shapes": len({(*b["input_ids"].shape, b["labels"].shape[1]) for b in timed}),
+              "padding_fraction": 1 - (source_tokens + target_tokens) / sum(
+                  b["input_ids"].numel() + b["labels"].numel() for b in timed)}
+    for (name, phase), seconds in times.items():
+        total = sum(seconds)
+        result[f"{name}_{phase}"] = {
+            "target_tokens_per_second": target_tokens / total, "tokens_per_second": (source_tokens + target_tokens) / total,
+            "median_step_seconds": statistics.median(seconds), "worst_step_seconds": max(seconds),
+            "mfu": flops / total / (peak * 1e12) if peak else None,
+        }
+    ratios = sorted(m / o for m, o in zip(times["marian", "steady"], times["ours", "steady"]))
+    result["marian_over_ours_steady"] = {"median": statistics.median(ratios),
+                                         "quartiles": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]]}
+    result["unseen_over_steady_ours"] = sum(times["ours", "unseen"]) / sum(times["ours", "steady"])
+    # kept for readers of earlier results: ours at steady state
+    result["target_tokens_per_second"] = result["ours_steady"]["target_tokens_per_second"]
+    result["tokens_per_second"] = result["ours_steady"]["tokens_per_second"]
+    result["mfu"] = result["ours_steady"]["mfu"]
+    result["peak_memory_gib"] = torch.cuda.max_memory_allocated() / 2**30 if args.device.startswith("cuda") else None
+    return result
+
+
+DECODING_SHAPES = {"multi30k": ("base", dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
+                                             decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024))}
 
 
 def measure_decoding(preset: str, mode: str, args) -> dict:
+    """Beam 4 with ``generate()``: ours and the MarianMTModel whose weights ours holds (`from_marian`),
+    alternating on the same sentences, the same number of new tokens each."""
+    from vanilla_transformer.convert import from_marian
+
     torch.manual_seed(args.seed)
-    config = VanillaTransformerConfig.from_preset(preset, vocab_size=args.vocab_size)
+    base, overrides = DECODING_SHAPES.get(preset, (preset, {}))
+    config = VanillaTransformerConfig.from_preset(base, vocab_size=args.vocab_size, **overrides)
     dtype = DTYPES[args.dtype]
-    model = VanillaTransformerForConditionalGeneration(config).to(args.device, dtype).eval()
+    marian = marian_of(config).eval()
+    models = {"ours": from_marian(marian).to(args.device, dtype).eval(), "marian": marian.to(args.device, dtype)}
     lengths = synthetic_lengths(args.decode_batch, args.seed + 1)[:, 0]
     source = torch.randint(4, args.vocab_size, (len(lengths), int(lengths.max())))
     attention_mask = (torch.arange(source.shape[1]) < torch.as_tensor(lengths)[:, None]).long()
     inputs = {"input_ids": source.masked_fill(attention_mask == 0, 0).to(args.device),
               "attention_mask": attention_mask.to(args.device)}
     settings = dict(num_beams=4, length_penalty=0.6, max_new_tokens=args.decode_tokens,
-                    min_new_tokens=args.decode_tokens)
+                    min_new_tokens=args.decode_tokens, early_stopping=True)
     if mode == "compiled":
         settings["cache_implementation"] = "static"
-        model.forward = torch.compile(model.forward, fullgraph=True)
-    times = []
+        for model in models.values():
+            model.forward = torch.compile(model.forward, fullgraph=True)
+    times = {name: [] for name in models}
     with torch.inference_mode():
         for repeat in range(args.decode_repeats + 1):  # the first call compiles / warms up
-            synchronize(args.device)
-            started = time.perf_counter()
-            output = model.generate(**inputs, **settings)
-            synchronize(args.device)
-            if repeat:
-                times.append(time.perf_counter() - started)
-    seconds = statistics.median(times)
+            for name in (("ours", "marian") if repeat % 2 == 0 else ("marian", "ours")):
+                synchronize(args.device)
+                started = time.perf_counter()
+                output = models[name].generate(**inputs, **settings)
+                synchronize(args.device)
+                if repeat:
+                    times[name].append(time.perf_counter() - started)
+    seconds = {name: statistics.median(values) for name, values in times.items()}
     return {
         "what": "decoding", "preset": preset, "mode": mode, "dtype": args.dtype, "beams": 4,
-        "sentences": len(lengths), "new_tokens": output.shape[1] - 1, "seconds": seconds,
-        "sentences_per_second": len(lengths) / seconds, "target_tokens_per_second": len(lengths) * args.decode_tokens / seconds,
+        "sentences": len(lengths), "new_tokens": output.shape[1] - 1, "seconds": seconds["ours"],
+        "sentences_per_second": len(lengths) / seconds["ours"],
+        "target_tokens_per_second": len(lengths) * args.decode_tokens / seconds["ours"],
+        "marian_sentences_per_second": len(lengths) / seconds["marian"],
+        "ours_over_marian": seconds["marian"] / seconds["ours"],
+    }
+
+
+WORDS = [f"w{index}" for index in range(3000)]
+
+
+def write_synthetic_text(folder: Path, pairs: int, seed: int) -> list[str]:
+    """train.src/train.tgt of ``pairs`` lines of random words with WMT-like lengths; train.py's flags for them."""
+    rng = np.random.default_rng(seed)
+    lengths = synthetic_lengths(pairs, seed)
+    for side, name in ((0, "train.src"), (1, "train.tgt")):
+        lines = (" ".join(rng.choice(WORDS, size=int(length) - 1)) for length in lengths[:, side])  # + </s>
+        (folder / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return ["--train_source_file", str(folder / "train.src"), "--train_target_file", str(folder / "train.tgt")]
+
+
+class RawStepTimer:
+    """A callback that, after each update of the loop, times the raw step on the batch the loop just took.
+
+    ``loop`` holds the seconds between the ends of consecutive updates (everything the loop does per
+    update: loading, collating, the step, the schedule, callbacks, logging), the raw step's own time
+    excluded; ``raw`` the seconds of forward, loss, backward and optimizer step alone."""
+
+    def __init__(self, trainer, batches: list[dict], warmup: int):
+        self.trainer, self.batches, self.warmup = trainer, batches, warmup
+        self.loop, self.raw, self.last = [], [], None
+
+    def __getattr__(self, name):  # every other TrainerCallback event: nothing to do
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+    def on_step_end(self, args, state, control, model=None, optimizer=None, **kwargs):
+        synchronize(args.device.type)
+        now = time.perf_counter()
+        if self.last is not None and state.global_step > self.warmup:
+            self.loop.append(now - self.last)
+        if state.global_step > self.warmup:
+            self.raw.append(self.raw_step(model, optimizer.optimizer, self.batches[state.global_step - 1], args))
+        self.last = time.perf_counter()
+
+    def raw_step(self, model, optimizer, batch: dict, args) -> float:
+        started = time.perf_counter()
+        labels = batch["labels"]
+        with self.trainer.autocast_smart_context_manager():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                           decoder_input_ids=batch["decoder_input_ids"]).logits
+            loss = label_smoothed_cross_entropy(logits, labels, (labels != -100).sum(), args.label_smoothing_factor)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        synchronize(args.device.type)
+        return time.perf_counter() - started
+
+
+def measure_loop(preset: str, args) -> dict:
+    """train.py's loop per update against the raw step on the same batches (medians, alternating)."""
+    import tempfile
+
+    from vanilla_transformer.training.run import build_trainer, parse_arguments
+
+    with tempfile.TemporaryDirectory() as folder:
+        flags = write_synthetic_text(Path(folder), pairs=4000, seed=args.seed) + [
+            "--preset", preset, "--tokenizer_vocab_size", "4000", "--output_dir", str(Path(folder) / "run"),
+            "--max_tokens", str(args.max_tokens), "--max_steps", str(args.loop_steps), "--ema_decay", "0.998",
+            "--max_train_minutes", "60", "--logging_steps", "50", "--save_strategy", "no", "--report_to", "none",
+            "--disable_tqdm", "true", "--seed", str(args.seed),
+            *(["--use_cpu"] if args.device == "cpu" else []), *(["--bf16", "true"] if args.dtype == "bfloat16" else []),
+        ]
+        run = build_trainer(*parse_arguments(flags))
+        trainer = run.trainer
+        loader = trainer.get_train_dataloader()  # epoch 0: the batches the loop will take, in its order
+        batches = [batch for _, batch in zip(range(args.loop_steps), loader)]
+        if len(batches) < args.loop_steps:
+            raise ValueError(f"--loop-steps {args.loop_steps} is more than the {len(batches)} batches of an epoch.")
+        timer = RawStepTimer(trainer, batches, warmup=min(10, args.loop_steps // 4))
+        trainer.add_callback(timer)
+        trainer.train()
+    loop, raw = statistics.median(timer.loop), statistics.median(timer.raw)
+    ratios = sorted(l / r for l, r in zip(timer.loop, timer.raw))
+    return {
+        "what": "loop", "preset": preset, "dtype": args.dtype, "max_tokens": args.max_tokens, "updates": len(timer.loop),
+        "loop_seconds_per_update": loop, "raw_step_seconds": raw, "loop_over_raw": loop / raw,
+        "loop_over_raw_quartiles": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]],
     }
 
 
@@ -203,6 +382,15 @@ def machine(args) -> dict:
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
+    if args.shapes_only:
+        result = shape_statistics(synthetic_lengths(args.pairs, args.seed), args.max_tokens)
+        print(json.dumps(result), flush=True)
+        return [result]
+    if args.loop:
+        results = [{"what": "machine", **machine(args)}] + [measure_loop(preset, args) for preset in args.presets.split(",")]
+        for result in results:
+            print(json.dumps(result), flush=True)
+        return results
     if args.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
@@ -211,7 +399,9 @@ def main(argv=None) -> list[dict]:
     presets, modes = args.presets.split(","), args.modes.split(",")
     jobs = [(measure_training, p, m) for p in presets for m in modes]
     if not args.no_decode:
-        jobs += [(measure_decoding, p, m) for p in presets for m in modes]
+        jobs += [(measure_decoding, p, m) for p in args.decode_presets.split(",") for m in modes]
+    if not args.no_loop:
+        jobs += [(lambda preset, mode, args: measure_loop(preset, args), p, "eager") for p in presets]
     for measure, preset, mode in jobs:
         try:
             result = measure(preset, mode, args)
@@ -221,9 +411,42 @@ def main(argv=None) -> list[dict]:
         print(json.dumps(result), flush=True)
         if args.output:
             Path(args.output).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+            Path(args.output).with_suffix(".md").write_text(markdown_table(results), encoding="utf-8")
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
+    print(markdown_table(results), flush=True)
     return results
+
+
+def markdown_table(results: list[dict]) -> str:
+    """The results as one markdown table: a row per measurement, ours next to MarianMTModel."""
+    machine = results[0]
+    lines = [f"{machine.get('gpu', machine['device'])}, torch {machine['torch']}, transformers {machine['transformers']}",
+             "", "| measurement | ours | MarianMTModel | Marian time / ours (median, quartiles) |", "|---|---|---|---|"]
+
+    def tokens(entry):
+        mfu = f", MFU {entry['mfu']:.1%}" if entry.get("mfu") is not None else ""
+        return (f"{entry['target_tokens_per_second']:,.0f} target tok/s (median step {entry['median_step_seconds'] * 1e3:.0f} ms, "
+                f"worst {entry['worst_step_seconds'] * 1e3:.0f} ms{mfu})")
+
+    for r in results[1:]:
+        name = f"{r['what']} {r.get('preset')} {r.get('mode', '')}".strip()
+        if "error" in r:
+            lines.append(f"| {name} | {r['error']} | | |")
+        elif r["what"] == "training":
+            ratio = r["marian_over_ours_steady"]
+            lines.append(f"| {name}, shapes never seen | {tokens(r['ours_unseen'])} | {tokens(r['marian_unseen'])} | |")
+            lines.append(f"| {name}, steady state | {tokens(r['ours_steady'])} | {tokens(r['marian_steady'])} | "
+                         f"{ratio['median']:.2f} [{ratio['quartiles'][0]:.2f}, {ratio['quartiles'][1]:.2f}] |")
+            if r.get("peak_memory_gib") is not None:
+                lines.append(f"| {name}, peak memory | {r['peak_memory_gib']:.1f} GiB (both models) | | |")
+        elif r["what"] == "decoding":
+            lines.append(f"| {name}, beam 4 | {r['sentences_per_second']:.1f} sentences/s | "
+                         f"{r['marian_sentences_per_second']:.1f} sentences/s | {r['ours_over_marian']:.2f} |")
+        elif r["what"] == "loop":
+            lines.append(f"| train.py loop {r['preset']} | {r['loop_seconds_per_update'] * 1e3:.1f} ms an update, "
+                         f"{r['loop_over_raw']:.2f}x the raw step ({r['raw_step_seconds'] * 1e3:.1f} ms) | | |")
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

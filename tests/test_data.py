@@ -18,7 +18,7 @@ from transformers import DataCollatorForSeq2Seq
 
 from vanilla_transformer import train_tokenizer
 from vanilla_transformer.training import data
-from vanilla_transformer.training.batching import TokenBatchSampler
+from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler
 from vanilla_transformer.training.data import (
     drop_unusable,
     example_lengths,
@@ -288,8 +288,10 @@ def padded_tokens(batch, lengths) -> int:
     return len(batch) * max(max(as_pair(lengths[i])) for i in batch)
 
 
-def reference_sorted_order(lengths) -> list[int]:
-    return sorted(range(len(lengths)), key=lambda i: (as_pair(lengths[i]), i))
+def reference_bucket(length: int, max_tokens: int) -> int:
+    """The documented padded lengths: multiples of 8 up to 80, then 88, 96, 112, 128, 144, 160, 176, 200, ..."""
+    grid = list(range(8, 81, 8)) + [88, 96, 112, 128, 144, 160, 176, 200, 224, 248, 272]
+    return min(next(g for g in grid if g >= length), max_tokens)
 
 
 CASES = [(seed, pairs) for seed in range(40) for pairs in (False, True)]
@@ -305,21 +307,40 @@ def test_sampler_properties_on_random_lengths(seed, pairs):
     sampler = TokenBatchSampler(lengths, max_tokens, seed=seed)
     batches = list(sampler)
 
-    assert len(sampler) == len(batches)
-    assert all(padded_tokens(b, lengths) <= max_tokens for b in batches)
+    assert len(sampler) == len(batches) == len(sampler.shapes)
     flat = [i for b in batches for i in b]
     assert sorted(flat) == list(range(n))  # every example exactly once
+    for index, batch in enumerate(sampler.batches):
+        rows, source, target = sampler.shapes[index].tolist()
+        # The shape is the buckets of the longest source and target: what PadToBucket pads the batch to.
+        assert source == reference_bucket(max(as_pair(lengths[i])[0] for i in batch), max_tokens)
+        assert target == reference_bucket(max(as_pair(lengths[i])[1] for i in batch), max_tokens)
+        assert rows == len(batch) and rows * max(source, target) <= max_tokens
+        assert padded_tokens(batch, lengths) <= max_tokens
 
-    # Length-homogeneous: each batch is a contiguous run of the length-sorted order.
-    position = {index: p for p, index in enumerate(reference_sorted_order(lengths))}
-    runs = sorted([position[i] for i in b] for b in batches)
-    for run in runs:
-        assert sorted(run) == list(range(min(run), min(run) + len(run)))
-    # Greedy: a batch could not have taken the next example in sorted order.
-    order = reference_sorted_order(lengths)
-    for run in runs[:-1]:
-        grown = [order[p] for p in run] + [order[max(run) + 1]]
-        assert padded_tokens(grown, lengths) > max_tokens
+
+def test_sampler_batches_of_a_cell_have_one_shape_and_are_full():
+    """Pairs of one (source bucket, target bucket) cell fill batches of max_tokens // longest bucket rows."""
+    lengths = [(9, 12)] * 50 + [(3, 5)] * 7 + [(30, 17)] * 21  # cells (16, 16), (8, 8), (32, 24)
+    sampler = TokenBatchSampler(lengths, max_tokens=64, shuffle=False)
+    shapes = [tuple(shape) for shape in sampler.shapes.tolist()]
+    # (8, 8): 7 pairs, fewer than its batch of 8: they wait and fill the first (16, 16) batches, each of
+    # which holds one pair of its own cell; the last (16, 16) pair fills the first (32, 24) batch.
+    assert shapes == [(4, 16, 16)] * 14 + [(2, 32, 24)] * 11
+    assert sampler.batches[:3] == [[0, 50, 51, 52], [1, 53, 54, 55], [2, 56, 14, 15]]
+    assert sampler.batches[14] == [57, 49]
+
+
+def test_sampler_on_wmt_like_lengths_has_few_shapes_and_little_padding():
+    from helpers import load_script
+
+    lengths = load_script("benchmarks/gpu.py").synthetic_lengths(200_000, seed=0)
+    sampler = TokenBatchSampler(lengths, max_tokens=12288, shuffle=False)
+    shapes = sampler.shapes
+    padded = (shapes[:, 0] * (shapes[:, 1] + shapes[:, 2])).sum()
+    assert len({tuple(shape) for shape in shapes.tolist()}) <= 64  # 1,000 batches of an unbucketed packing: ~900
+    assert 1 - lengths.sum() / padded <= 0.12
+    assert lengths.sum() / (2 * 12288 * len(shapes)) >= 0.8  # real tokens per batch near max_tokens
 
 
 def test_sampler_epoch_order_is_deterministic_and_changes_between_epochs():
@@ -338,8 +359,8 @@ def test_sampler_epoch_order_is_deterministic_and_changes_between_epochs():
 
 
 def test_sampler_without_shuffle_goes_shortest_first():
-    lengths = [5, 1, 4, 2, 3, 1]
-    assert list(TokenBatchSampler(lengths, max_tokens=6, shuffle=False)) == [[1, 5, 3], [4], [2], [0]]
+    lengths = [5, 1, 4, 2, 3, 1]  # bucket_width 1: buckets are the lengths themselves below 10
+    assert list(TokenBatchSampler(lengths, max_tokens=6, shuffle=False, bucket_width=1)) == [[3, 1, 5], [4], [2], [0]]
 
 
 def test_sampler_example_longer_than_max_tokens_is_an_error():
@@ -364,8 +385,8 @@ def test_sampler_rejects_bad_arguments(kwargs, match):
 
 
 def test_sampler_accepts_tensor_lengths():
-    sampler = TokenBatchSampler(torch.tensor([3, 1, 2]), max_tokens=6, shuffle=False)
-    assert list(sampler) == [[1, 2], [0]]
+    sampler = TokenBatchSampler(torch.tensor([3, 1, 2]), max_tokens=6, shuffle=False, bucket_width=1)
+    assert list(sampler) == [[2], [0, 1]]  # 1 waits for a batch of 3s, which has room for it, not for 2
 
 
 def ranks(lengths, max_tokens, num_replicas, epoch=0, **kwargs):
@@ -401,7 +422,7 @@ def test_sampler_data_parallel_ranks_split_the_batches(seed, num_replicas):
 
 def test_sampler_two_ranks_disjoint_equal_and_complete():
     lengths = [5] * 60 + [10] * 40  # max_tokens 10: 30 batches of two, 40 of one, an even count
-    samplers, (rank0, rank1) = ranks(lengths, max_tokens=10, num_replicas=2)
+    samplers, (rank0, rank1) = ranks(lengths, max_tokens=10, num_replicas=2, bucket_width=5)
     assert len(samplers[0].batches) == 70
     assert len(rank0) == len(rank1) == len(samplers[0])
     seen0, seen1 = {i for b in rank0 for i in b}, {i for b in rank1 for i in b}
@@ -419,10 +440,10 @@ def test_sampler_drop_last_drops_the_remainder_equally():
 
 
 def test_sampler_fewer_batches_than_replicas(caplog):
-    _, per_rank = ranks([1, 1], max_tokens=2, num_replicas=3)  # one batch, repeated for every rank
+    _, per_rank = ranks([1, 1], max_tokens=2, num_replicas=3, bucket_width=1)  # one batch, repeated for every rank
     assert per_rank == [[[0, 1]]] * 3
     with caplog.at_level(logging.WARNING, logger="vanilla_transformer.training.batching"):
-        _, per_rank = ranks([1, 1], max_tokens=2, num_replicas=3, drop_last=True)
+        _, per_rank = ranks([1, 1], max_tokens=2, num_replicas=3, drop_last=True, bucket_width=1)
     assert per_rank == [[], [], []] and "every rank gets no batch" in caplog.text
 
 
@@ -442,10 +463,28 @@ def test_dataloader_with_collator_stays_within_max_tokens(tmp_path, cache):
     max_tokens = 160
     sampler = TokenBatchSampler(example_lengths(kept), max_tokens=max_tokens, seed=0)
     features = kept.select_columns(["input_ids", "labels"])
-    loader = DataLoader(features, batch_sampler=sampler, collate_fn=DataCollatorForSeq2Seq(tokenizer))
-    seen = 0
-    for batch in loader:
+    collator = PadToBucket(DataCollatorForSeq2Seq(tokenizer), tokenizer.pad_token_id, max_tokens)
+    loader = DataLoader(features, batch_sampler=sampler, collate_fn=collator)
+    seen, shapes = 0, []
+    for batch, indices in zip(loader, sampler):
         assert batch["input_ids"].numel() <= max_tokens and batch["labels"].numel() <= max_tokens
-        assert batch["input_ids"].shape[0] == batch["labels"].shape[0]
+        shapes.append((batch["input_ids"].shape[0], batch["input_ids"].shape[1], batch["labels"].shape[1]))
+        assert batch["attention_mask"].sum(1).tolist() == [len(kept[i]["input_ids"]) for i in indices]
+        assert (batch["labels"] != -100).sum(1).tolist() == [len(kept[i]["labels"]) for i in indices]
         seen += batch["input_ids"].shape[0]
     assert seen == len(kept) and len(loader) == len(sampler)
+    # Padded to the shapes the sampler promised: the bucket of each side's longest sentence.
+    assert sorted(shapes) == sorted(map(tuple, sampler.shapes.tolist()))
+
+
+def test_pad_to_bucket_pads_each_side_to_its_bucket_and_refuses_what_it_cannot_pad():
+    def collate(features):
+        return {"input_ids": torch.ones(2, 9, dtype=torch.long), "attention_mask": torch.ones(2, 9, dtype=torch.long),
+                "labels": torch.full((2, 3), 7)}
+
+    batch = PadToBucket(collate, pad_token_id=5, max_tokens=100)(None)
+    assert batch["input_ids"].shape == batch["attention_mask"].shape == (2, 16) and batch["labels"].shape == (2, 8)
+    assert batch["input_ids"][:, 9:].eq(5).all() and batch["attention_mask"][:, 9:].eq(0).all()
+    assert batch["labels"][:, 3:].eq(-100).all() and batch["labels"][:, :3].eq(7).all()
+    with pytest.raises(ValueError, match="does not know how to pad the collated 'token_type_ids'"):
+        PadToBucket(lambda features: {"token_type_ids": torch.zeros(2, 3)}, 0, 100)(None)

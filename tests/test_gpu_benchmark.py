@@ -2,6 +2,8 @@
 
 import json
 
+import pytest
+
 
 from helpers import load_script
 
@@ -16,12 +18,41 @@ def test_synthetic_lengths_look_like_wmt():
 def test_a_tiny_cpu_run_measures_training_and_decoding(tmp_path):
     output = tmp_path / "gpu.json"
     results = gpu.main(["--device", "cpu", "--presets", "tiny", "--modes", "eager", "--dtype", "bfloat16",
-                        "--max-tokens", "512", "--warmup", "1", "--steps", "2", "--decode-batch", "3",
-                        "--decode-tokens", "4", "--decode-repeats", "1", "--output", str(output)])
+                        "--max-tokens", "512", "--vocab-size", "1000", "--warmup", "1", "--steps", "2", "--decode-presets", "tiny",
+                        "--decode-batch", "3", "--decode-tokens", "4", "--decode-repeats", "1", "--no-loop",
+                        "--output", str(output)])
     machine, training, decoding = results
     assert machine["device"] == "cpu" and "error" not in training and "error" not in decoding
-    assert training["steps"] == 2 and training["target_tokens_per_second"] > 0
-    assert training["tokens_per_second"] > training["target_tokens_per_second"]
-    assert training["padding_fraction"] < 0.1  # sorted token batches pad little
+    assert training["steps"] == 2
+    for model in ("ours", "marian"):
+        for phase in ("unseen", "steady"):
+            entry = training[f"{model}_{phase}"]
+            assert entry["tokens_per_second"] > entry["target_tokens_per_second"] > 0
+            assert entry["worst_step_seconds"] >= entry["median_step_seconds"] > 0
+    ratio = training["marian_over_ours_steady"]
+    assert ratio["quartiles"][0] <= ratio["median"] <= ratio["quartiles"][1]
+    assert training["padding_fraction"] < 0.25  # a few batches padded to bucket shapes
     assert decoding["new_tokens"] == 4 and decoding["sentences_per_second"] > 0
+    assert decoding["ours_over_marian"] == pytest.approx(decoding["sentences_per_second"] / decoding["marian_sentences_per_second"])
     assert json.loads(output.read_text()) == json.loads(json.dumps(results))
+    table = output.with_suffix(".md").read_text()
+    assert "training tiny eager, steady state" in table and "decoding tiny eager, beam 4" in table
+
+
+def test_shapes_only_an_epoch_has_few_shapes_and_little_padding(capsys):
+    """The targets for an epoch of WMT-like pairs: at most 128 shapes, at most 12% padding."""
+    (result,) = gpu.main(["--shapes-only", "--pairs", "1000000", "--max-tokens", "12288"])
+    assert json.loads(capsys.readouterr().out) == result
+    assert result["batches"] > 2000 and result["distinct_shapes"] <= 128 and result["padding_fraction"] <= 0.12
+    # Within ~20% of max_tokens per side: no batch is left half-empty to save a shape.
+    assert result["real_tokens_per_batch_and_side"] > 0.8 * 12288
+
+
+def test_loop_times_the_training_loop_against_the_raw_step():
+    """--loop runs train.py's loop (build_trainer) and the raw step on the same batches, alternating."""
+    machine, loop = gpu.main(["--loop", "--device", "cpu", "--presets", "tiny", "--dtype", "float32",
+                              "--max-tokens", "256", "--loop-steps", "12"])
+    assert machine["what"] == "machine" and loop["what"] == "loop" and loop["updates"] == 9
+    assert loop["raw_step_seconds"] > 0 and loop["loop_seconds_per_update"] > 0
+    assert loop["loop_over_raw"] == loop["loop_seconds_per_update"] / loop["raw_step_seconds"]
+    assert loop["loop_over_raw_quartiles"][0] <= loop["loop_over_raw_quartiles"][1]

@@ -38,6 +38,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils.generic import can_return_tuple, merge_with_config_defaults
 from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
+from .attention_backends import with_chosen_backends
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .generation_vanilla_transformer import (  # noqa: F401 (the formula's names, imported from here before)
     CACHE,
@@ -257,6 +258,7 @@ class VanillaTransformerAttention(nn.Module):
         source = encoder_hidden_states if self.is_cross_attention else hidden_states
         key, value = self._keys_and_values(source, cache)  # (B, H, S, D) each
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        attention = with_chosen_backends(attention, self, hidden_states, cache)  # sdpa on CUDA: kernels by use
         output, weights = attention(
             self, query, key, value, attention_mask,
             dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling, **kwargs,

@@ -1,14 +1,20 @@
-"""Batches by token count (§5.1), the way fairseq's ``--max-tokens`` makes them.
+"""Batches by token count (§5.1), the way fairseq's ``--max-tokens`` makes them, in a few shapes.
 
 "Each training batch contained a set of sentence pairs containing approximately 25000 source tokens
 and 25000 target tokens." The Trainer only knows a fixed number of sentences per batch, which with
 sentences of 3 to 200 tokens wastes most of a batch on padding or runs out of memory on the longest
-one. `TokenBatchSampler` sorts the examples by length and packs them greedily, so that a batch's
-*padded* size (sentences x longest side, what memory depends on) stays within ``max_tokens``; the
-batches are shuffled each epoch.
+one. `TokenBatchSampler` groups the examples by length so that a batch's *padded* size (sentences x
+longest side, what memory depends on) stays within ``max_tokens``; the batches are shuffled each epoch.
+
+Shapes are bounded: each side is padded to a bucket length (multiples of 8, about 10% apart above
+80 tokens) and the batches of one (source bucket, target bucket) cell have one number of rows, so an
+epoch of WMT14 has a few dozen distinct (rows, source length, target length) shapes instead of one
+per batch. A GPU pays for each new shape once (an attention plan, a compiled graph, allocator
+blocks); the price is padding to the bucket, about 11% of the tokens on WMT-like lengths
+(``python benchmarks/gpu.py --shapes-only``). `PadToBucket` pads a collated batch to its shape.
 
 Lengths come in as one array (e.g. the ``source_length``/``target_length`` columns of an Arrow
-dataset) and the batches are kept as two integer arrays, not as Python lists: a sampler over the
+dataset) and the batches are kept as integer arrays, not as Python lists: a sampler over the
 4.5M pairs of WMT14 en-de costs tens of megabytes, not gigabytes.
 """
 
@@ -68,38 +74,113 @@ def _one_length(item, index: int) -> tuple[int, int]:
         ) from None
 
 
-def pack(lengths: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray]:
-    """Sort by (source, target) length and cut greedily into batches of at most ``max_tokens`` padded tokens.
+BUCKET_WIDTH = 8  # lengths are padded to multiples of 8 at least: tensor cores take dimensions in eights
+BUCKET_GROWTH = 1.1  # above 80 tokens the buckets widen with the length, 10% each (padding about 5% there)
 
-    Returns ``(order, starts)``: batch ``b`` is ``order[starts[b]:starts[b + 1]]`` (with
-    ``starts[-1] == len(order)``).
+
+def bucket_lengths(longest: int, width: int = BUCKET_WIDTH, growth: float = BUCKET_GROWTH) -> np.ndarray:
+    """The padded lengths: 8, 16, ..., 80, then about 10% apart in multiples of 8 (88, 104, 120, ...), up to
+    ``longest``. Every batch side is padded to one of them, so a corpus gives a few dozen shapes."""
+    grid = [width]
+    while grid[-1] < longest:
+        grid.append(max(grid[-1] + width, -(-int(grid[-1] * growth) // width) * width))
+    return np.asarray(grid, dtype=np.int64)
+
+
+def bucket_length(length: int, max_tokens: int, width: int = BUCKET_WIDTH, growth: float = BUCKET_GROWTH) -> int:
+    """The length a batch side whose longest sentence has ``length`` tokens is padded to."""
+    return min(int(bucket_lengths(length, width, growth)[-1]), max_tokens)
+
+
+def pack(lengths: np.ndarray, max_tokens: int, width: int = BUCKET_WIDTH,
+         growth: float = BUCKET_GROWTH) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Token batches whose shapes come from a small set: ``(order, starts, shapes)``.
+
+    Each side of an example is padded to its bucket (`bucket_lengths`, at most ``max_tokens``); the
+    pairs of one (source bucket, target bucket) cell go into batches of exactly
+    ``max_tokens // max(source bucket, target bucket)`` rows, so that every batch of a cell has the
+    same shape. A cell's remainder (fewer examples than a batch) waits for the next cell that is at
+    least as long on both sides and fills its batches first; what no cell takes at the end is packed
+    greedily. Each batch holds one example of its own cell, so its shape is the bucket of its longest
+    source and its longest target (what `PadToBucket` pads to).
+
+    Batch ``b`` is ``order[starts[b]:starts[b + 1]]`` (``starts[-1] == len(order)``), padded to
+    ``shapes[b] = (rows, source length, target length)``; batches are sorted by shape, shortest first.
     """
-    order = np.lexsort((lengths[:, 1], lengths[:, 0]))  # stable: ties keep dataset order
-    longest = lengths.max(axis=1)[order]
+    longest = lengths.max(axis=1)
     if (too_long := np.flatnonzero(longest > max_tokens)).size:
-        index = order[too_long[0]]
+        index = too_long[0]
         raise ValueError(
-            f"Example {index} has {longest[too_long[0]]} tokens (source {lengths[index, 0]}, target "
+            f"Example {index} has {longest[index]} tokens (source {lengths[index, 0]}, target "
             f"{lengths[index, 1]}), more than max_tokens={max_tokens}, so it fits in no batch; drop long "
             "examples with the length filter (max_source_length/max_target_length) or raise max_tokens."
         )
-    starts, size, batch_longest = [0], 0, 0
-    for position, length in enumerate(longest.tolist()):
-        # Padded size if this example joins: every row is padded to the batch's longest side.
-        if size and (size + 1) * max(batch_longest, length) > max_tokens:
-            starts.append(position)
-            size, batch_longest = 0, 0
-        size += 1
-        batch_longest = max(batch_longest, length)
-    starts.append(len(order))
-    return order, np.asarray(starts, dtype=np.int64)
+    grid = bucket_lengths(int(longest.max()), width, growth)
+    padded = np.minimum(grid[np.searchsorted(grid, lengths)], max_tokens)  # (N, 2) each side's bucket
+    code = padded[:, 0] * (max_tokens + 1) + padded[:, 1]  # one int per (source bucket, target bucket) cell
+    by_cell = np.argsort(code, kind="stable")  # stable: within a cell, dataset order
+    codes, cell_begins, counts = np.unique(code[by_cell], return_index=True, return_counts=True)
+    cells = np.stack([codes // (max_tokens + 1), codes % (max_tokens + 1)], axis=1)
+    cell_starts = np.append(cell_begins, len(code))
+    batches, shapes, waiting = [], [], []  # waiting: [(source bucket, target bucket, indices)]
+    for (source, target), begin, end in zip(cells.tolist(), cell_starts[:-1], cell_starts[1:]):
+        rows = max_tokens // max(source, target)
+        own = by_cell[begin:end]
+        fits = [group for group in waiting if group[0] <= source and group[1] <= target]
+        waiting = [group for group in waiting if not (group[0] <= source and group[1] <= target)]
+        carried = np.concatenate([group[2] for group in fits]) if fits else own[:0]
+        count = min((len(carried) + len(own)) // rows, len(own))  # full batches, one own example in each
+        taken = min(len(carried), count * (rows - 1))
+        rest = count * (rows - 1) - taken
+        others = np.concatenate([carried[:taken], own[count:count + rest]]).reshape(count, rows - 1)
+        batches += [np.concatenate([own[i:i + 1], others[i]]) for i in range(count)]
+        shapes += [(rows, source, target)] * count
+        waiting += _left_over(fits, taken)
+        if count + rest < len(own):
+            waiting.append((source, target, own[count + rest:]))
+    left_batches, left_shapes = _pack_greedily(waiting, max_tokens)
+    batches, shapes = batches + left_batches, np.asarray(shapes + left_shapes, dtype=np.int64).reshape(-1, 3)
+    ranked = np.lexsort((shapes[:, 0], shapes[:, 2], shapes[:, 1]))  # shortest first
+    order = np.concatenate([batches[b] for b in ranked]) if batches else np.zeros(0, np.int64)
+    starts = np.concatenate([[0], np.cumsum([len(batches[b]) for b in ranked])]).astype(np.int64)
+    return order.astype(np.int64), starts, shapes[ranked]
+
+
+def _left_over(groups: list, taken: int) -> list:
+    """The waiting groups less their first ``taken`` examples (taken in order), each keeping its cell."""
+    left = []
+    for source, target, indices in groups:
+        used = min(taken, len(indices))
+        taken -= used
+        if used < len(indices):
+            left.append((source, target, indices[used:]))
+    return left
+
+
+def _pack_greedily(groups: list, max_tokens: int) -> tuple[list, list]:
+    """The examples no cell took, in cell order, cut into batches of at most ``max_tokens`` padded tokens."""
+    batches, shapes, current, source, target = [], [], [], 0, 0
+    for group_source, group_target, indices in sorted(groups, key=lambda group: group[:2]):
+        for index in indices.tolist():
+            grown_source, grown_target = max(source, group_source), max(target, group_target)
+            if current and (len(current) + 1) * max(grown_source, grown_target) > max_tokens:
+                batches.append(np.asarray(current, dtype=np.int64))
+                shapes.append((len(current), source, target))
+                current, grown_source, grown_target = [], group_source, group_target
+            current.append(index)
+            source, target = grown_source, grown_target
+    if current:
+        batches.append(np.asarray(current, dtype=np.int64))
+        shapes.append((len(current), source, target))
+    return batches, shapes
 
 
 class TokenBatchSampler(Sampler[list[int]]):
     """Batch sampler that fills batches up to a number of padded tokens, like fairseq's --max-tokens.
 
-    Examples are sorted by (source, target) length and packed greedily, so each batch holds
-    sentences of similar length and ``len(batch) * longest side in the batch <= max_tokens``.
+    Examples are grouped by the buckets of their (source, target) lengths (`pack`), so each batch
+    holds sentences of similar length, padded to one of a few shapes ``shapes[b] = (rows, source
+    length, target length)`` with ``rows * max(source length, target length) <= max_tokens``.
     The batches are fixed at construction; each epoch only their order changes, shuffled with
     ``seed + epoch`` (call `set_epoch` every epoch, as with ``DistributedSampler``; the Trainer and
     accelerate do). Every example is in exactly one batch.
@@ -119,6 +200,8 @@ class TokenBatchSampler(Sampler[list[int]]):
             sequence, or an ``(N,)`` / ``(N, 2)`` integer array or tensor.
         max_tokens: the most padded tokens per batch, per side (the paper: about 25000).
         shuffle: shuffle the order of the batches each epoch; otherwise shortest first.
+        bucket_width: the padded lengths are multiples of this (8: what tensor cores want; 1 pads
+            short sentences least, e.g. on a CPU).
         seed: base of the shuffling seed; must be the same on every rank.
         num_replicas, rank: number of data-parallel processes and this one's index.
         drop_last: drop batches that do not divide evenly among ranks instead of repeating some.
@@ -133,9 +216,11 @@ class TokenBatchSampler(Sampler[list[int]]):
         num_replicas: int = 1,
         rank: int = 0,
         drop_last: bool = False,
+        bucket_width: int = BUCKET_WIDTH,
     ):
         _positive_int("max_tokens", max_tokens)
         _positive_int("num_replicas", num_replicas)
+        _positive_int("bucket_width", bucket_width)
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_replicas:
             raise ValueError(f"rank must be an int in [0, {num_replicas}), got {rank!r}.")
         if len(lengths) == 0:
@@ -143,7 +228,8 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
         self.num_replicas, self.rank, self.drop_last = num_replicas, rank, drop_last
         self.epoch = 0
-        self.order, self.starts = pack(length_pairs(lengths), max_tokens)
+        self.bucket_width = bucket_width
+        self.order, self.starts, self.shapes = pack(length_pairs(lengths), max_tokens, bucket_width)
         if drop_last and self.num_batches < num_replicas:
             logger.warning(
                 f"Only {self.num_batches} batches for {num_replicas} replicas with drop_last=True: "
@@ -203,3 +289,31 @@ class TokenBatchSampler(Sampler[list[int]]):
         if self.drop_last:
             return self.num_batches // self.num_replicas
         return math.ceil(self.num_batches / self.num_replicas)
+
+
+class PadToBucket:
+    """A collator that pads what ``collator`` returns to the batch's bucket shape (see `pack`).
+
+    ``collator`` (e.g. ``DataCollatorForSeq2Seq``) pads each side to its longest sentence; this pads
+    on to that length's bucket: ``input_ids``/``decoder_input_ids`` with ``pad_token_id``, the
+    attention masks with 0, ``labels`` with -100 (ignored by the loss). Give it the sampler's
+    ``max_tokens`` and ``bucket_width``.
+    """
+
+    def __init__(self, collator, pad_token_id: int, max_tokens: int, bucket_width: int = BUCKET_WIDTH):
+        self.collator, self.max_tokens, self.bucket_width = collator, max_tokens, bucket_width
+        self.fill = {"input_ids": pad_token_id, "attention_mask": 0, "labels": -100,
+                     "decoder_input_ids": pad_token_id, "decoder_attention_mask": 0}
+
+    def __call__(self, features):
+        batch = self.collator(features)
+        for key, value in list(batch.items()):
+            if not isinstance(value, torch.Tensor) or value.ndim < 2:
+                continue
+            if key not in self.fill:
+                raise ValueError(f"PadToBucket does not know how to pad the collated {key!r} (shape "
+                                 f"{tuple(value.shape)}); it pads {', '.join(self.fill)}: drop {key!r} from the dataset.")
+            length = bucket_length(value.shape[1], self.max_tokens, self.bucket_width)
+            if length > value.shape[1]:
+                batch[key] = torch.nn.functional.pad(value, (0, length - value.shape[1]), value=self.fill[key])
+        return batch

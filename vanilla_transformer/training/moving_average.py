@@ -57,6 +57,7 @@ class ExponentialMovingAverage(TrainerCallback):
         self.decay = decay
         self.updates = 0
         self.average: dict[str, torch.Tensor] = {}
+        self._lists = None  # (model, averages, its parameters, all float32) in one order, for the fused update
 
     @staticmethod
     def _parameters(model) -> dict[str, torch.Tensor]:
@@ -64,23 +65,34 @@ class ExponentialMovingAverage(TrainerCallback):
 
     def reset(self) -> None:
         """Forget every update: the next one starts a new average."""
-        self.updates, self.average = 0, {}
+        self.updates, self.average, self._lists = 0, {}, None
 
     @torch.no_grad()
     def update(self, model) -> None:
-        """Fold the model's current weights into the average (after an optimizer step)."""
-        parameters = self._parameters(model)
+        """Fold the model's current weights into the average (after an optimizer step).
+
+        The (average, parameter) pairs are listed once per model, start and load: the optimizer updates
+        the same parameters in place, so the lists stay true and an update is one fused lerp."""
+        parameters = self._parameters(model) if self._lists is None or self._lists[0] is not model else None
         self.updates += 1
         if self.updates == 1:  # r_1 = 1: the first average is the weights themselves
             self.average = {name: p.detach().to(torch.float32, copy=True) for name, p in parameters.items()}
+            self._lists = None
             return
-        self._check_names(parameters)
+        if parameters is not None:
+            self._check_names(parameters)
+            for name, p in parameters.items():  # loaded from a checkpoint: to where the parameter lives
+                self.average[name] = self.average[name].to(p.device)
+            weights = [p.detach() for p in parameters.values()]
+            fused = all(weight.dtype == torch.float32 for weight in weights)
+            self._lists = (model, [self.average[name] for name in parameters], weights, fused)
+        _, averages, weights, fused = self._lists
         rate = (1 - self.decay) / (1 - self.decay**self.updates)
-        for name, p in parameters.items():
-            average = self.average[name]
-            if average.device != p.device:  # loaded from a checkpoint: where the parameter lives
-                average = self.average[name] = average.to(p.device)
-            average.lerp_(p.detach().float(), rate)  # one float32 copy at a time for bfloat16 weights
+        if fused:
+            torch._foreach_lerp_(averages, weights, rate)  # fused over all tensors, no Python loop per parameter
+        else:  # bfloat16 weights: one float32 copy at a time
+            for average, weight in zip(averages, weights):
+                average.lerp_(weight.float(), rate)
 
     def _check_names(self, parameters: dict) -> None:
         if set(parameters) != set(self.average):
@@ -132,7 +144,7 @@ class ExponentialMovingAverage(TrainerCallback):
         path = Path(folder) / EMA_FILE
         check_checkpoint(folder, self.decay)
         self.updates = int(_metadata(path)["updates"])
-        self.average = load_file(str(path))
+        self.average, self._lists = load_file(str(path)), None
 
 
 def check_decay(decay: float) -> None:

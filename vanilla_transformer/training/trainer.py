@@ -26,6 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
+import numpy as np
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
@@ -35,7 +36,7 @@ from transformers.trainer_utils import seed_worker
 from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
 from ..private_api import require
 from .averaging import AVERAGING_WEIGHTS
-from .batching import TokenBatchSampler
+from .batching import PadToBucket, TokenBatchSampler
 from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
 from .data import example_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
@@ -98,27 +99,42 @@ class WallClock(TrainerCallback):
 
     With several processes, each reads its own clock, and they can disagree by an update: then one would
     stop or save while another goes on (and waits forever for it in the next all-reduce), or run another
-    learning rate in a cooldown. So every reading is the longest of the processes' elapsed times.
+    learning rate in a cooldown. So the processes agree on the clock, the longest of their elapsed times,
+    after an update every ``agree_seconds`` or so (an all-reduce and a wait for the device each time), and
+    in between all count the same seconds per update since the last agreement: every reading is then the
+    same on every process, and updates of ``agree_seconds`` or more agree at every update.
     """
 
-    def __init__(self, max_minutes: float | None = None, save_minutes: float | None = None):
+    def __init__(self, max_minutes: float | None = None, save_minutes: float | None = None,
+                 agree_seconds: float = 10.0):
         self.max_seconds = max_minutes * 60 if max_minutes else None
         self.save_seconds = save_minutes * 60 if save_minutes else None
+        self.agree_seconds = agree_seconds
         self.start = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.start = time.monotonic()
         self.device = args.device
         self.next_save = self.save_seconds
+        self.updates, self.agreed, self.next_agreement = 0, (0, 0.0), 1  # agreed: (updates, seconds) then
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        """Count the update, and agree on the clock when due (before the scheduler reads it)."""
+        self.updates += 1
+        if self.updates < self.next_agreement or not _several_processes():
+            return
+        longest = torch.tensor([time.monotonic() - self.start], dtype=torch.float64, device=self.device)
+        torch.distributed.all_reduce(longest, op=torch.distributed.ReduceOp.MAX)
+        self.agreed = (self.updates, longest.item())
+        per_update = self.agreed[1] / self.updates
+        self.next_agreement = self.updates + max(1, int(self.agree_seconds / per_update) if per_update > 0 else 1)
 
     def elapsed(self) -> float:
-        """Seconds since training began: the most any process has seen. Every process must call it."""
-        seconds = time.monotonic() - self.start
-        if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-            return seconds
-        longest = torch.tensor([seconds], dtype=torch.float64, device=self.device)
-        torch.distributed.all_reduce(longest, op=torch.distributed.ReduceOp.MAX)
-        return longest.item()
+        """Seconds since training began: on several processes, the same reading on every one of them."""
+        if not _several_processes():
+            return time.monotonic() - self.start
+        updates, seconds = self.agreed
+        return seconds + (self.updates - updates) * seconds / updates if updates else 0.0
 
     def cooldown_factor(self, cooldown_minutes: float) -> float:
         """1 until the last ``cooldown_minutes`` of the budget, then falling linearly to 0 at its end: the
@@ -139,6 +155,22 @@ class WallClock(TrainerCallback):
             control.should_training_stop = True
             control.should_save = args.save_strategy != "no"
         return control
+
+
+def allow_recompiles(shapes: int) -> None:
+    """Let torch.compile keep a graph for each of ``shapes`` batch shapes (and a few more, e.g. for the
+    last batches), where its limit would fall back to running uncompiled."""
+    import torch._dynamo.config as dynamo
+
+    name = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"  # torch < 2.7
+    setattr(dynamo, name, max(getattr(dynamo, name), shapes + 8))
+    for name in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(dynamo, name):
+            setattr(dynamo, name, max(getattr(dynamo, name), 4 * (shapes + 8)))
+
+
+def _several_processes() -> bool:
+    return torch.distributed.is_available() and torch.distributed.is_initialized()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -186,6 +218,11 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
                           "(an alternative to --average_checkpoints)"},
     )
     predict_with_generate: bool = field(default=True, metadata={"help": "evaluate BLEU/chrF by decoding"})
+    logging_nan_inf_filter: bool = field(
+        default=False,
+        metadata={"help": "log the mean of earlier losses in place of a NaN or infinite one (the Trainer's default); "
+                  "off: a diverging run shows in its log, and no update waits for the device to check its loss"},
+    )
     save_minutes: float | None = field(
         default=None, metadata={"help": "also save a checkpoint every this many minutes (§6.1: every 10 minutes)"}
     )
@@ -287,6 +324,36 @@ class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
     @property
     def _d_model(self) -> int:
         return self.accelerator.unwrap_model(self.model).config.d_model
+
+    def _build_accelerator_args(self, **kwargs):
+        """The Trainer's; with ``--torch_compile`` and token batches, graphs of static shapes: the batches
+        come in a few bucket shapes (`TokenBatchSampler`), so each is compiled once, not traced again with
+        symbolic lengths (torch's default after a second shape)."""
+        args = super()._build_accelerator_args(**kwargs)
+        if self.args.torch_compile and self.args.max_tokens and "dynamo_plugin" in args:
+            args["dynamo_plugin"].dynamic = False
+        return args
+
+    def floating_point_ops(self, inputs: dict) -> int:
+        """The Trainer's estimate, 6 x input tokens x non-embedding parameters, the parameters counted once:
+        the Trainer counts them again, walking every parameter, at every micro-batch (~2.5 ms for base)."""
+        if getattr(self, "_non_embedding_parameters", None) is None:
+            self._non_embedding_parameters = self.model.num_parameters(exclude_embeddings=True)
+        return 6 * inputs["input_ids"].numel() * self._non_embedding_parameters if "input_ids" in inputs else 0
+
+    def _get_grad_norm(self, model, grad_norm=None):
+        """The Trainer's, but without clipping measured only for the updates whose logs show it: otherwise a
+        pass over every gradient each update (and under DeepSpeed a wait for the device) that nothing reads."""
+        if grad_norm is None and not self._logs_this_update():
+            return None
+        return super()._get_grad_norm(model, grad_norm)
+
+    def _logs_this_update(self) -> bool:
+        """Whether the update now ending will be logged (the Trainer's DefaultFlowCallback rule)."""
+        update = self.state.global_step + 1
+        if update == 1 and self.args.logging_first_step:
+            return True
+        return self.args.logging_strategy == "steps" and update % self.state.logging_steps == 0
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train`; ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint, a
@@ -414,7 +481,8 @@ class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
                                          tasks=tasks or "translation", **kwargs)
 
     def get_train_dataloader(self) -> DataLoader:
-        """Token-count batches (§5.1) when ``max_tokens`` is set; accelerate deals them out to the processes."""
+        """Token-count batches (§5.1) when ``max_tokens`` is set, each padded to its bucket's shape (one of a
+        few, `TokenBatchSampler`); accelerate deals them out to the processes."""
         if not self.args.max_tokens:
             return super().get_train_dataloader()
         import datasets
@@ -427,10 +495,13 @@ class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
             collator = self._get_collator_with_removed_columns(collator, description="training")
         # One process's view of all batches; accelerate deals them out to the processes (disjoint).
         sampler = TokenBatchSampler(lengths, self.args.max_tokens, shuffle=True, seed=self.args.seed)
+        if self.args.torch_compile:  # one graph per shape: room for all of them (torch keeps 8 by default)
+            allow_recompiles(len(np.unique(sampler.shapes, axis=0)))
+        pad_token_id = self.accelerator.unwrap_model(self.model).config.pad_token_id
         loader = DataLoader(
             dataset,
             batch_sampler=sampler,
-            collate_fn=collator,
+            collate_fn=PadToBucket(collator, pad_token_id, sampler.max_tokens, sampler.bucket_width),  # few shapes
             num_workers=self.args.dataloader_num_workers,
             pin_memory=self.args.dataloader_pin_memory,
             persistent_workers=self.args.dataloader_persistent_workers,

@@ -1,0 +1,81 @@
+"""torch.compile over token batches: one graph per bucket shape, counted with torch's own counters.
+
+Shapes are what makes a compiled model recompile (with ``dynamic=False``, as `TransformerTrainer` sets
+for ``--torch_compile``): batches padded to the sampler's buckets bring at most one compilation per
+shape, however many batches there are. Traced with the "eager" backend: the recompilation decisions
+are dynamo's, the same as with inductor, without its code generation."""
+
+import numpy as np
+import pytest
+import torch
+from torch._dynamo.utils import counters
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler
+from vanilla_transformer.training.trainer import TransformerTrainer, TransformerTrainingArguments, allow_recompiles
+
+VOCAB = 50
+
+
+def random_batch(lengths: np.ndarray, generator: torch.Generator):
+    def collate(indices):
+        source, target = torch.as_tensor(lengths[indices, 0]), torch.as_tensor(lengths[indices, 1])
+        attention_mask = torch.arange(int(source.max())) < source[:, None]
+        labels = torch.randint(4, VOCAB, (len(indices), int(target.max())), generator=generator)
+        return {"input_ids": torch.randint(4, VOCAB, attention_mask.shape, generator=generator).masked_fill(~attention_mask, 0),
+                "attention_mask": attention_mask.long(),
+                "labels": labels.masked_fill(torch.arange(labels.shape[1]) >= target[:, None], -100)}
+    return collate
+
+
+def compiles_over_an_epoch(lengths: np.ndarray, bucket_width: int = 8) -> tuple[int, int, int]:
+    """(frames dynamo compiled, distinct batch shapes, buckets of the sampler) over one epoch."""
+    sampler = TokenBatchSampler(lengths, max_tokens=256, shuffle=True, seed=0, bucket_width=bucket_width)
+    collate = random_batch(lengths, torch.Generator().manual_seed(0))
+    collate = PadToBucket(collate, pad_token_id=0, max_tokens=256, bucket_width=bucket_width)
+    batches = [collate(indices) for indices in sampler]
+    shapes = {(*batch["input_ids"].shape, batch["labels"].shape[1]) for batch in batches}
+    return compiled_frames(batches), len(shapes), len(np.unique(sampler.shapes, axis=0))
+
+
+def compiled_frames(batches: list[dict]) -> int:
+    """How many frames dynamo compiles running a tiny model (dynamic=False) over ``batches``."""
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, encoder_layers=1, decoder_layers=1)
+    model = VanillaTransformerForConditionalGeneration._from_config(config).eval()
+    allow_recompiles(len(batches))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(model, backend="eager", dynamic=False)
+    with torch.no_grad():
+        for batch in batches:
+            compiled(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                     decoder_input_ids=model.prepare_decoder_input_ids_from_labels(batch["labels"]))
+    return counters["frames"]["ok"]
+
+
+# Cells (8, 8) and (16, 16): batches of 32 and 16 rows, and the last pairs in a batch of their own.
+LENGTHS = np.array([(3, 4), (5, 6), (7, 7), (12, 10), (14, 15), (10, 13)] * 36)
+
+
+def test_compiled_model_compiles_once_per_bucket_shape_over_many_batches():
+    frames, shapes, buckets = compiles_over_an_epoch(LENGTHS)
+    assert shapes == buckets == 3
+    assert frames <= buckets  # 16 batches, 3 shapes: at most 3 compilations (one frame per shape)
+
+
+def test_the_counter_sees_a_compilation_at_every_new_shape():
+    """The count can fail: batches whose lengths are all different (no buckets) compile once each."""
+    lengths = np.array([(length, length + 1) for length in (5, 6, 7)] * 2)
+    collate = random_batch(lengths, torch.Generator().manual_seed(0))
+    batches = [collate([index, index + 3]) for index in range(3)]  # 3 batches of 2 rows, 3 shapes
+    assert compiled_frames(batches) == 3
+
+
+def test_torch_compile_flag_compiles_static_shapes(tmp_path):
+    args = TransformerTrainingArguments(output_dir=str(tmp_path), torch_compile=True, use_cpu=True, report_to="none",
+                                        max_tokens=256)
+    model = VanillaTransformerForConditionalGeneration._from_config(VanillaTransformerConfig.from_preset("tiny"))
+    trainer = TransformerTrainer(model=model, args=args)
+    assert trainer.accelerator.state.dynamo_plugin.dynamic is False
+    allow_recompiles(100)
+    assert torch._dynamo.config.recompile_limit >= 108

@@ -1,0 +1,89 @@
+"""Which fused kernel runs each attention call (§3.2.1, scaled dot-product attention) on a CUDA GPU.
+
+PyTorch's ``scaled_dot_product_attention`` picks one of several kernels for each call by a fixed
+priority. On Hopper GPUs it prefers cuDNN's attention, which builds an execution plan for each new
+(batch, heads, query length, key length) shape and caches it: about 0.4 s for forward and backward
+together, paid again at every shape it has not seen (pytorch/pytorch#138522, #162073, #171627,
+#155958; transformers#48163). Whether that pays depends on how many shapes a run brings:
+
+- training: `TokenBatchSampler` pads every batch to one of a few dozen bucket shapes, so cuDNN pays
+  its plans a few dozen times and then runs at its own speed; it comes first, then flash and
+  memory-efficient attention for what it cannot take.
+- anything else (evaluation, ``generate()``, translating): batch and sentence lengths are whatever the
+  input brings, and a decoding step's key length grows by one at every step, so every call could be
+  a new plan. cuDNN is left out: flash attention (no mask, e.g. causal self-attention) and
+  memory-efficient attention (any mask) take no plan per shape.
+
+The choice is one table, `BACKENDS`, keyed by (training or not, the use of the attention), so that a
+measurement (``benchmarks/gpu.py`` on a GPU) can change it in one place. It applies only to the
+``sdpa`` attention implementation on CUDA tensors outside ``torch.compile``; eager, flex,
+``output_attentions`` and every CPU call run exactly as before. This file is flat and imports
+nothing beyond torch, so that it travels with the model as Hub remote code.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+CUDNN, FLASH, EFFICIENT, MATH = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
+                                 SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+
+# The uses of attention in the model (§3.2.3).
+ENCODER = "encoder self-attention"  # with the source's padding mask
+DECODER = "decoder self-attention"  # causal, over a whole target (training, scoring)
+CROSS = "cross-attention"  # decoder queries over the encoder output, with its padding mask
+DECODING = "decoding with a cache"  # a few new query positions over the cached keys
+
+# (training, use) -> backends in order of preference; MATH last, so that every call has one that takes it.
+BACKENDS: dict[tuple[bool, str], tuple[SDPBackend, ...]] = {
+    **{(True, use): (CUDNN, FLASH, EFFICIENT, MATH) for use in (ENCODER, DECODER, CROSS, DECODING)},
+    **{(False, use): (FLASH, EFFICIENT, MATH) for use in (ENCODER, DECODER, CROSS, DECODING)},
+}
+
+_SETS_PRIORITY = "set_priority" in inspect.signature(sdpa_kernel).parameters  # torch >= 2.6
+
+
+def attention_use(module, hidden_states: torch.Tensor, cache) -> str:
+    """Which of the uses in `BACKENDS` a call of ``module`` (a VanillaTransformerAttention) on
+    ``hidden_states`` (B, T, d_model) is. Decoding: the layer's self-attention cache holds keys of
+    earlier steps besides this call's T positions (the self-attention has run, and cached, first)."""
+    if cache is not None and cache.get_seq_length(module.layer_idx) > hidden_states.shape[-2]:
+        return DECODING
+    if module.is_cross_attention:
+        return CROSS
+    return DECODER if module.is_causal else ENCODER
+
+
+def chosen_backends(module, hidden_states: torch.Tensor, cache) -> tuple[SDPBackend, ...] | None:
+    """The backends a call should be limited to, or None where the choice is left to torch (not sdpa, not
+    CUDA, under torch.compile)."""
+    if not _applies(module, hidden_states):
+        return None
+    training = module.training and torch.is_grad_enabled()
+    return BACKENDS[training, attention_use(module, hidden_states, cache)]
+
+
+def _applies(module, hidden_states) -> bool:
+    return (module.config._attn_implementation == "sdpa" and hidden_states.device.type == "cuda"
+            and not torch.compiler.is_compiling())
+
+
+def with_chosen_backends(attention, module, hidden_states: torch.Tensor, cache):
+    """``attention`` itself, or, where `chosen_backends` has a choice, ``attention`` called under it."""
+    backends = chosen_backends(module, hidden_states, cache)
+    if backends is None:
+        return attention
+    return functools.partial(_call_with_backends, attention, list(backends))
+
+
+def _call_with_backends(attention, backends: list, *args, **kwargs):
+    with sdpa_kernel(backends, set_priority=True) if _SETS_PRIORITY else sdpa_kernel(backends):
+        return attention(*args, **kwargs)
+
+
+__all__ = ["BACKENDS", "CROSS", "DECODER", "DECODING", "ENCODER", "attention_use", "chosen_backends",
+           "with_chosen_backends"]
