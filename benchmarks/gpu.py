@@ -4,6 +4,7 @@
     python benchmarks/gpu.py --presets big --modes compiled --max-tokens 16384 --output gpu.json
     python benchmarks/gpu.py --device cpu --presets tiny --dtype float32 --steps 2   # a smoke run anywhere
     python benchmarks/gpu.py --shapes-only [--pairs 4500000 --max-tokens 12288]   # the batch shapes of an epoch
+    python benchmarks/gpu.py --modes "" --no-decode --no-loop --presets big --train-run-minutes 2   # train.py only
     python benchmarks/gpu.py --loop --device cpu --presets tiny --dtype float32 --max-tokens 1024   # loop overhead
 
 Shapes: ``--shapes-only`` packs an epoch of ``--pairs`` synthetic WMT-like length pairs (lengths only, no
@@ -34,6 +35,14 @@ batches, the moving average of the weights, a budget in minutes, logging every 5
 synthetic WMT-like text, and after each update times the raw step (forward, loss, backward, optimizer)
 on the batch the loop just took, with the same model and optimizer. It reports the medians of both and
 their ratio: what the loop costs beyond the model's arithmetic.
+
+Train run: train.py itself (`vanilla_transformer.training.run.main`, what ``vanilla-transformer train``
+calls) for ``--train-run-minutes`` (``--max_train_minutes``) on ``--train-run-pairs`` synthetic pairs of
+WMT-like lengths written as text, with a BPE of ``--train-run-vocab`` tokens trained by the run, ``--bf16``
+where the device has it, no checkpoints. Reported: the target tokens/s of the run's own end-of-training
+metrics (``all_results.json``: the target tokens it trained on over ``train_runtime``, start-up and first
+shapes included), its updates, and MFU: those tokens/s times the training FLOPs per target token of the
+pairs as the run's tokenizer cut them.
 
 The weights are random: speed does not depend on them. Prints one JSON line per measurement and a
 markdown table, and writes them to --output (JSON) and the same name with .md.
@@ -85,6 +94,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--pairs", type=int, default=4_500_000, help="with --shapes-only: pairs in the epoch")
     parser.add_argument("--loop", action="store_true", help="only time train.py's loop against the raw step")
     parser.add_argument("--loop-steps", type=int, default=80, help="with --loop: updates (the first 10 warm up)")
+    parser.add_argument("--no-train-run", action="store_true", help="skip the timed train.py run")
+    parser.add_argument("--train-run-minutes", type=float, default=0.75, help="train.py's --max_train_minutes")
+    parser.add_argument("--train-run-pairs", type=int, default=40000, help="synthetic sentence pairs it trains on")
+    parser.add_argument("--train-run-vocab", type=int, help="its tokenizer's vocabulary (default: --vocab-size)")
     return parser.parse_args(argv)
 
 
@@ -289,12 +302,24 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
 WORDS = [f"w{index}" for index in range(3000)]
 
 
-def write_synthetic_text(folder: Path, pairs: int, seed: int) -> list[str]:
+def letter_words(count: int) -> list[str]:
+    """``count`` distinct words of letters (ba, bb, ... bfr): the byte-level BPE splits digits from letters."""
+    words = []
+    for index in range(26, 26 + count):
+        word = ""
+        while index:
+            index, letter = divmod(index, 26)
+            word = chr(ord("a") + letter) + word
+        words.append(word)
+    return words
+
+
+def write_synthetic_text(folder: Path, pairs: int, seed: int, words: list[str] = WORDS) -> list[str]:
     """train.src/train.tgt of ``pairs`` lines of random words with WMT-like lengths; train.py's flags for them."""
     rng = np.random.default_rng(seed)
     lengths = synthetic_lengths(pairs, seed)
     for side, name in ((0, "train.src"), (1, "train.tgt")):
-        lines = (" ".join(rng.choice(WORDS, size=int(length) - 1)) for length in lengths[:, side])  # + </s>
+        lines = (" ".join(rng.choice(words, size=int(length) - 1)) for length in lengths[:, side])  # + </s>
         (folder / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return ["--train_source_file", str(folder / "train.src"), "--train_target_file", str(folder / "train.tgt")]
 
@@ -370,6 +395,59 @@ def measure_loop(preset: str, args) -> dict:
     }
 
 
+def measure_train_run(preset: str, args) -> dict:
+    """train.py as a user runs it (`run.main`), for ``--train-run-minutes`` on synthetic WMT-like text: its
+    own end-of-training metrics (target tokens/s), and the MFU those tokens/s make."""
+    import tempfile
+
+    from transformers import AutoTokenizer
+
+    from vanilla_transformer.training import run
+
+    vocab = args.train_run_vocab or args.vocab_size
+    with tempfile.TemporaryDirectory() as folder:
+        words = letter_words(vocab // 2)  # the BPE learns them whole: about a token a word, as WMT's lengths say
+        flags = write_synthetic_text(Path(folder), pairs=args.train_run_pairs, seed=args.seed, words=words) + [
+            "--preset", preset, "--tokenizer_vocab_size", str(vocab), "--output_dir", str(Path(folder) / "run"),
+            "--max_tokens", str(args.max_tokens), "--max_train_minutes", str(args.train_run_minutes),
+            "--max_steps", "1000000", "--logging_steps", "50", "--save_strategy", "no", "--report_to", "none",
+            "--disable_tqdm", "true", "--seed", str(args.seed),
+            *(["--use_cpu"] if args.device == "cpu" else []), *(["--bf16", "true"] if bf16_supported(args) else []),
+        ]
+        run.main(flags)
+        output = Path(folder) / "run"
+        metrics = json.loads((output / "all_results.json").read_text(encoding="utf-8"))  # the run's own record
+        updates = json.loads((output / "trainer_state.json").read_text(encoding="utf-8"))["global_step"]
+        config = VanillaTransformerConfig.from_pretrained(output)
+        # The FLOPs per target token of the pairs it trained on, as the run's tokenizer cut them.
+        tokenizer = AutoTokenizer.from_pretrained(output)
+        sources = (Path(folder) / "train.src").read_text(encoding="utf-8").splitlines()
+        targets = (Path(folder) / "train.tgt").read_text(encoding="utf-8").splitlines()
+        encoded = tokenizer(sources, text_target=targets, truncation=False)
+        source_lengths = [len(ids) for ids in encoded["input_ids"]]
+        target_lengths = [len(ids) for ids in encoded["labels"]]
+    flops_per_target_token = training_flops(config, source_lengths, target_lengths) / sum(target_lengths)
+    tokens_per_second = metrics["train_target_tokens_per_second"]
+    peak = peak_tflops(args)
+    return {
+        "what": "train_run", "preset": preset, "dtype": "bfloat16" if bf16_supported(args) else "float32",
+        "max_tokens": args.max_tokens, "minutes": args.train_run_minutes, "pairs": args.train_run_pairs,
+        "vocab_size": config.vocab_size, "updates": updates,
+        "train_runtime": metrics["train_runtime"], "train_target_tokens": metrics["train_target_tokens"],
+        "target_tokens_per_second": tokens_per_second, "flops_per_target_token": flops_per_target_token,
+        "mean_source_tokens": sum(source_lengths) / len(source_lengths),
+        "mean_target_tokens": sum(target_lengths) / len(target_lengths),
+        "mfu": tokens_per_second * flops_per_target_token / (peak * 1e12) if peak else None,
+    }
+
+
+def bf16_supported(args) -> bool:
+    """Whether train.py runs with --bf16: asked for (--dtype bfloat16) and the device has it."""
+    if args.dtype != "bfloat16":
+        return False
+    return torch.cuda.is_bf16_supported() if args.device.startswith("cuda") else True
+
+
 def machine(args) -> dict:
     info = {"torch": torch.__version__, "python": platform.python_version(), "device": args.device}
     if args.device.startswith("cuda"):
@@ -396,12 +474,14 @@ def main(argv=None) -> list[dict]:
         torch.backends.cudnn.allow_tf32 = True
     results = [{"what": "machine", **machine(args)}]
     print(json.dumps(results[0]), flush=True)
-    presets, modes = args.presets.split(","), args.modes.split(",")
+    presets, modes = args.presets.split(","), [mode for mode in args.modes.split(",") if mode]  # "": neither
     jobs = [(measure_training, p, m) for p in presets for m in modes]
     if not args.no_decode:
         jobs += [(measure_decoding, p, m) for p in args.decode_presets.split(",") for m in modes]
     if not args.no_loop:
         jobs += [(lambda preset, mode, args: measure_loop(preset, args), p, "eager") for p in presets]
+    if not args.no_train_run:
+        jobs += [(lambda preset, mode, args: measure_train_run(preset, args), p, "eager") for p in presets]
     for measure, preset, mode in jobs:
         try:
             result = measure(preset, mode, args)
@@ -446,6 +526,11 @@ def markdown_table(results: list[dict]) -> str:
         elif r["what"] == "loop":
             lines.append(f"| train.py loop {r['preset']} | {r['loop_seconds_per_update'] * 1e3:.1f} ms an update, "
                          f"{r['loop_over_raw']:.2f}x the raw step ({r['raw_step_seconds'] * 1e3:.1f} ms) | | |")
+        elif r["what"] == "train_run":
+            mfu = f", MFU {r['mfu']:.1%}" if r.get("mfu") is not None else ""
+            lines.append(f"| train.py {r['preset']} {r['dtype']}, {r['minutes']:g} min on synthetic WMT-like text | "
+                         f"{r['target_tokens_per_second']:,.0f} target tok/s (its own log){mfu}, {r['updates']} "
+                         f"updates | | |")
     return "\n".join(lines) + "\n"
 
 

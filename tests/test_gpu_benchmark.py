@@ -6,6 +6,8 @@ import pytest
 
 
 from helpers import load_script
+from vanilla_transformer import VanillaTransformerConfig
+from vanilla_transformer.training.flops import training_flops_per_target_token
 
 gpu = load_script("benchmarks/gpu.py")
 
@@ -19,7 +21,7 @@ def test_a_tiny_cpu_run_measures_training_and_decoding(tmp_path):
     output = tmp_path / "gpu.json"
     results = gpu.main(["--device", "cpu", "--presets", "tiny", "--modes", "eager", "--dtype", "bfloat16",
                         "--max-tokens", "512", "--vocab-size", "1000", "--warmup", "1", "--steps", "2", "--decode-presets", "tiny",
-                        "--decode-batch", "3", "--decode-tokens", "4", "--decode-repeats", "1", "--no-loop",
+                        "--decode-batch", "3", "--decode-tokens", "4", "--decode-repeats", "1", "--no-loop", "--no-train-run",
                         "--output", str(output)])
     machine, training, decoding = results
     assert machine["device"] == "cpu" and "error" not in training and "error" not in decoding
@@ -56,3 +58,25 @@ def test_loop_times_the_training_loop_against_the_raw_step():
     assert loop["raw_step_seconds"] > 0 and loop["loop_seconds_per_update"] > 0
     assert loop["loop_over_raw"] == loop["loop_seconds_per_update"] / loop["raw_step_seconds"]
     assert loop["loop_over_raw_quartiles"][0] <= loop["loop_over_raw_quartiles"][1]
+
+
+def test_train_run_reads_target_tokens_per_second_from_the_runs_own_metrics(tmp_path):
+    """The real train.py (`run.main`) for a budget in minutes; its MFU from the pairs' FLOPs per target token."""
+    output = tmp_path / "gpu.json"
+    machine, run = gpu.main(["--device", "cpu", "--presets", "tiny", "--dtype", "float32", "--max-tokens", "512",
+                             "--no-decode", "--no-loop", "--modes", "", "--train-run-minutes", "0.1",
+                             "--train-run-pairs", "2000", "--train-run-vocab", "600", "--peak-tflops", "1",
+                             "--output", str(output)])[:2]
+    assert run["what"] == "train_run" and "error" not in run, run
+    assert run["dtype"] == "float32" and run["vocab_size"] >= 600 and run["updates"] > 0
+    assert 24 < run["mean_target_tokens"] < 34  # WMT-like after the run's BPE: about a token a word
+    # The budget of 6 s stopped training (the bound of 1,000,000 updates did not).
+    assert 0.9 * 6 <= run["train_runtime"] < 6 + 5
+    assert run["target_tokens_per_second"] == pytest.approx(run["train_target_tokens"] / run["train_runtime"], rel=1e-3)
+    # Per target token: the mean pair's FLOPs (flops.py on mean lengths), but for the quadratic attention terms.
+    mean = training_flops_per_target_token(VanillaTransformerConfig.from_preset("tiny", vocab_size=run["vocab_size"]),
+                                               run["mean_source_tokens"], run["mean_target_tokens"])
+    assert run["flops_per_target_token"] == pytest.approx(mean, rel=0.05)
+    assert run["mfu"] == pytest.approx(run["target_tokens_per_second"] * run["flops_per_target_token"] / 1e12)
+    table = output.with_suffix(".md").read_text()
+    assert "train.py tiny float32, 0.1 min on synthetic WMT-like text" in table and "MFU" in table
