@@ -28,7 +28,13 @@ Decoding: beam 4 (length penalty 0.6) with ``generate()`` over ``--decode-batch`
 synthetic lengths, exactly ``--decode-tokens`` new tokens each (random weights never stop on their
 own), for base, big and the Multi30k recipe's shape: ours holding the weights of a MarianMTModel
 (`vanilla_transformer.convert.from_marian`) against that MarianMTModel, alternating, with the dynamic
-cache ("eager") and with a static cache under ``torch.compile`` ("compiled").
+cache ("eager") and with a static cache under ``torch.compile`` ("compiled"). With the eager rows, where
+ctranslate2 imports and runs on the device, CTranslate2 too: ours exported with `to_ctranslate2` and
+loaded as float16 where its wheel has float16 on the device (CUDA), else float32 (the CPU wheels have
+float32 and int8; the row names the compute type), decoding the same sentences the same way (beam 4,
+length penalty 0.6, exactly ``--decode-tokens`` tokens), in the same alternation; reported: its
+sentences/s and how many of its hypotheses equal ours token for token (in float32 on a CPU all of
+them; in float16 against bfloat16 some differ). Otherwise the row says why it was skipped.
 
 Loop: ``--loop`` runs the real training loop (`build_trainer` of train.py, as a user's run goes: token
 batches, the moving average of the weights, a budget in minutes, logging every 50 updates) on
@@ -61,6 +67,7 @@ import numpy as np
 import torch
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.convert import CTRANSLATE2_INSTALL_HINT
 from vanilla_transformer.modeling_vanilla_transformer import label_smoothed_cross_entropy
 from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler
 from vanilla_transformer.training.flops import training_flops
@@ -258,7 +265,10 @@ DECODING_SHAPES = {"multi30k": ("base", dict(d_model=256, encoder_layers=3, deco
 
 def measure_decoding(preset: str, mode: str, args) -> dict:
     """Beam 4 with ``generate()``: ours and the MarianMTModel whose weights ours holds (`from_marian`),
-    alternating on the same sentences, the same number of new tokens each."""
+    alternating on the same sentences, the same number of new tokens each; with the eager rows, also
+    CTranslate2 holding the same weights (`to_ctranslate2`), where its wheel runs."""
+    import tempfile
+
     from vanilla_transformer.convert import from_marian
 
     torch.manual_seed(args.seed)
@@ -266,37 +276,97 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
     config = VanillaTransformerConfig.from_preset(base, vocab_size=args.vocab_size, **overrides)
     dtype = DTYPES[args.dtype]
     marian = marian_of(config).eval()
-    models = {"ours": from_marian(marian).to(args.device, dtype).eval(), "marian": marian.to(args.device, dtype)}
+    ours = from_marian(marian).eval()
     lengths = synthetic_lengths(args.decode_batch, args.seed + 1)[:, 0]
     source = torch.randint(4, args.vocab_size, (len(lengths), int(lengths.max())))
     attention_mask = (torch.arange(source.shape[1]) < torch.as_tensor(lengths)[:, None]).long()
-    inputs = {"input_ids": source.masked_fill(attention_mask == 0, 0).to(args.device),
-              "attention_mask": attention_mask.to(args.device)}
-    settings = dict(num_beams=4, length_penalty=0.6, max_new_tokens=args.decode_tokens,
-                    min_new_tokens=args.decode_tokens, early_stopping=True)
-    if mode == "compiled":
-        settings["cache_implementation"] = "static"
-        for model in models.values():
-            model.forward = torch.compile(model.forward, fullgraph=True)
-    times = {name: [] for name in models}
-    with torch.inference_mode():
-        for repeat in range(args.decode_repeats + 1):  # the first call compiles / warms up
-            for name in (("ours", "marian") if repeat % 2 == 0 else ("marian", "ours")):
-                synchronize(args.device)
-                started = time.perf_counter()
-                output = models[name].generate(**inputs, **settings)
-                synchronize(args.device)
-                if repeat:
-                    times[name].append(time.perf_counter() - started)
+    sources = [row[:length].tolist() for row, length in zip(source, lengths)]  # unpadded, for CTranslate2
+    with tempfile.TemporaryDirectory() as folder:
+        ctranslate2 = ctranslate2_decoder(ours, sources, args, Path(folder)) if mode == "eager" else None
+        models = {"ours": ours.to(args.device, dtype), "marian": marian.to(args.device, dtype)}
+        inputs = {"input_ids": source.masked_fill(attention_mask == 0, 0).to(args.device),
+                  "attention_mask": attention_mask.to(args.device)}
+        settings = dict(num_beams=4, length_penalty=0.6, max_new_tokens=args.decode_tokens,
+                        min_new_tokens=args.decode_tokens, early_stopping=True)
+        if mode == "compiled":
+            settings["cache_implementation"] = "static"
+            for model in models.values():
+                model.forward = torch.compile(model.forward, fullgraph=True)
+        runs = {name: (lambda model=model: model.generate(**inputs, **settings)) for name, model in models.items()}
+        if ctranslate2 and "translate" in ctranslate2:
+            runs["ctranslate2"] = ctranslate2.pop("translate")
+        times, outputs = {name: [] for name in runs}, {}
+        with torch.inference_mode():
+            for repeat in range(args.decode_repeats + 1):  # the first call compiles / warms up
+                for name in (list(runs) if repeat % 2 == 0 else list(reversed(runs))):  # alternating
+                    synchronize(args.device)
+                    started = time.perf_counter()
+                    outputs[name] = runs[name]()
+                    synchronize(args.device)
+                    if repeat:
+                        times[name].append(time.perf_counter() - started)
     seconds = {name: statistics.median(values) for name, values in times.items()}
-    return {
+    result = {
         "what": "decoding", "preset": preset, "mode": mode, "dtype": args.dtype, "beams": 4,
-        "sentences": len(lengths), "new_tokens": output.shape[1] - 1, "seconds": seconds["ours"],
+        "sentences": len(lengths), "new_tokens": outputs["ours"].shape[1] - 1, "seconds": seconds["ours"],
         "sentences_per_second": len(lengths) / seconds["ours"],
         "target_tokens_per_second": len(lengths) * args.decode_tokens / seconds["ours"],
         "marian_sentences_per_second": len(lengths) / seconds["marian"],
         "ours_over_marian": seconds["marian"] / seconds["ours"],
     }
+    if ctranslate2 is not None:
+        if "ctranslate2" in seconds:
+            hypotheses = ctranslate2.pop("ids")(outputs["ctranslate2"])
+            ctranslate2.update(sentences_per_second=len(lengths) / seconds["ctranslate2"],
+                               ours_over_ctranslate2=seconds["ctranslate2"] / seconds["ours"],
+                               equal_to_ours=sum(h == o for h, o in zip(hypotheses, outputs["ours"][:, 1:].tolist())),
+                               sentences=len(lengths))
+        result["ctranslate2"] = ctranslate2
+    return result
+
+
+def ctranslate2_decoder(model, sources: list[list[int]], args, folder: Path) -> dict:
+    """CTranslate2 with our model's weights on the same device, decoding as ``generate()`` does (beam 4,
+    length penalty 0.6, exactly ``--decode-tokens`` tokens): float16 where its wheel has it on the
+    device, else float32 (CPU wheels: float32 and int8 only). ``translate`` runs it on ``sources``,
+    ``ids`` turns its results into token ids; or ``skipped`` says why it cannot run here."""
+    device = "cuda" if args.device.startswith("cuda") else "cpu"
+    try:
+        import ctranslate2
+    except ImportError as error:
+        return {"skipped": f"ctranslate2 is not importable ({error}): {CTRANSLATE2_INSTALL_HINT}"}
+    try:
+        supported = ctranslate2.get_supported_compute_types(device)
+    except Exception as error:  # e.g. a wheel built without CUDA
+        return {"skipped": f"ctranslate2 {ctranslate2.__version__} does not run on {device}: "
+                           f"{type(error).__name__}: {error}"}
+    compute_type = "float16" if "float16" in supported else "float32"
+    try:
+        from vanilla_transformer.convert import to_ctranslate2
+
+        tokenizer = word_level_tokenizer(model.config.vocab_size)
+        to_ctranslate2(model, folder / "ctranslate2", tokenizer=tokenizer)
+        translator = ctranslate2.Translator(str(folder / "ctranslate2"), device=device, compute_type=compute_type,
+                                            **({"intra_threads": torch.get_num_threads()} if device == "cpu" else {}))
+    except Exception as error:
+        return {"skipped": f"export to or loading in CTranslate2 failed: {type(error).__name__}: {error}",
+                "compute_type": compute_type}
+    pieces = [tokenizer.convert_ids_to_tokens(ids) for ids in sources]
+    settings = dict(beam_size=4, length_penalty=0.6, max_decoding_length=args.decode_tokens,
+                    min_decoding_length=args.decode_tokens, return_end_token=True)
+    return {"compute_type": compute_type, "version": ctranslate2.__version__,
+            "translate": lambda: translator.translate_batch(pieces, **settings),
+            "ids": lambda results: [tokenizer.convert_tokens_to_ids(r.hypotheses[0]) for r in results]}
+
+
+def word_level_tokenizer(size: int):
+    """``size`` word pieces with the model's special ids (pad 0, unk 1, eos 2): CTranslate2 names tokens by piece."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<unk>": 1, "</s>": 2, **{f"t{index}": index for index in range(3, size)}}
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
+                                   pad_token="<pad>", unk_token="<unk>", eos_token="</s>")
 
 
 WORDS = [f"w{index}" for index in range(3000)]
@@ -474,7 +544,8 @@ def main(argv=None) -> list[dict]:
         torch.backends.cudnn.allow_tf32 = True
     results = [{"what": "machine", **machine(args)}]
     print(json.dumps(results[0]), flush=True)
-    presets, modes = args.presets.split(","), [mode for mode in args.modes.split(",") if mode]  # "": neither
+    presets = [preset for preset in args.presets.split(",") if preset]  # "": no training rows
+    modes = [mode for mode in args.modes.split(",") if mode]
     jobs = [(measure_training, p, m) for p in presets for m in modes]
     if not args.no_decode:
         jobs += [(measure_decoding, p, m) for p in args.decode_presets.split(",") for m in modes]
@@ -523,6 +594,14 @@ def markdown_table(results: list[dict]) -> str:
         elif r["what"] == "decoding":
             lines.append(f"| {name}, beam 4 | {r['sentences_per_second']:.1f} sentences/s | "
                          f"{r['marian_sentences_per_second']:.1f} sentences/s | {r['ours_over_marian']:.2f} |")
+            ct2 = r.get("ctranslate2")
+            if ct2 and "skipped" in ct2:
+                lines.append(f"| {name}, beam 4, CTranslate2 | skipped: {ct2['skipped']} | | |")
+            elif ct2:
+                lines.append(f"| {name}, beam 4, CTranslate2 {ct2['version']} {ct2['compute_type']} | "
+                             f"{ct2['sentences_per_second']:.1f} sentences/s, "
+                             f"{ct2['equal_to_ours']}/{ct2['sentences']} "
+                             f"hypotheses equal ours; its time / ours {ct2['ours_over_ctranslate2']:.2f} | | |")
         elif r["what"] == "loop":
             lines.append(f"| train.py loop {r['preset']} | {r['loop_seconds_per_update'] * 1e3:.1f} ms an update, "
                          f"{r['loop_over_raw']:.2f}x the raw step ({r['raw_step_seconds'] * 1e3:.1f} ms) | | |")

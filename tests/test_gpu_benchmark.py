@@ -80,3 +80,47 @@ def test_train_run_reads_target_tokens_per_second_from_the_runs_own_metrics(tmp_
     assert run["mfu"] == pytest.approx(run["target_tokens_per_second"] * run["flops_per_target_token"] / 1e12)
     table = output.with_suffix(".md").read_text()
     assert "train.py tiny float32, 0.1 min on synthetic WMT-like text" in table and "MFU" in table
+
+
+def test_ctranslate2_decodes_the_same_sentences_to_the_same_hypotheses(tmp_path):
+    """In float32 on the CPU, CTranslate2 holding our weights finds generate()'s beam-4 hypotheses."""
+    pytest.importorskip("ctranslate2")
+    output = tmp_path / "gpu.json"
+    results = gpu.main(["--device", "cpu", "--presets", "", "--modes", "eager", "--dtype", "float32",
+                        "--vocab-size", "1000", "--decode-presets", "tiny", "--decode-batch", "6",
+                        "--decode-tokens", "5",
+                        "--decode-repeats", "1", "--no-loop", "--no-train-run", "--output", str(output)])
+    machine, decoding = results
+    ct2 = decoding["ctranslate2"]
+    assert "skipped" not in ct2, ct2
+    assert ct2["compute_type"] == "float32" and ct2["sentences"] == 6 and ct2["sentences_per_second"] > 0
+    assert ct2["equal_to_ours"] == 6
+    assert ct2["ours_over_ctranslate2"] == pytest.approx(decoding["sentences_per_second"] / ct2["sentences_per_second"])
+    assert "decoding tiny eager, beam 4, CTranslate2" in output.with_suffix(".md").read_text()
+
+
+def refuse_export(*args, **kwargs):
+    raise ValueError("CTranslate2 has no activation_function 'tanh'")
+
+
+@pytest.mark.parametrize("case", ["not importable", "export fails"])
+def test_decoding_without_ctranslate2_says_why_and_measures_the_rest(case, monkeypatch):
+    import sys
+
+    import vanilla_transformer.convert
+
+    if case == "not importable":
+        monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` raises ImportError
+    else:
+        pytest.importorskip("ctranslate2")
+        monkeypatch.setattr(vanilla_transformer.convert, "to_ctranslate2", refuse_export)
+    machine, decoding = gpu.main(["--device", "cpu", "--presets", "", "--modes", "eager", "--dtype", "float32",
+                                  "--vocab-size", "1000", "--decode-presets", "tiny", "--decode-batch", "2",
+                                  "--decode-tokens", "2", "--decode-repeats", "1", "--no-loop", "--no-train-run"])
+    assert decoding["sentences_per_second"] > 0 and decoding["marian_sentences_per_second"] > 0
+    skipped = decoding["ctranslate2"]["skipped"]
+    if case == "not importable":
+        assert skipped.startswith("ctranslate2 is not importable") and "vanilla-transformer[ctranslate2]" in skipped
+    else:
+        assert skipped == "export to or loading in CTranslate2 failed: ValueError: CTranslate2 has no activation_function 'tanh'"
+    assert f"CTranslate2 | skipped: {skipped} |" in gpu.markdown_table([machine, decoding])
