@@ -71,7 +71,7 @@ def test_train_run_reads_target_tokens_per_second_from_the_runs_own_metrics(tmp_
     assert run["dtype"] == "float32" and run["vocab_size"] >= 600 and run["updates"] > 0
     assert 24 < run["mean_target_tokens"] < 34  # WMT-like after the run's BPE: about a token a word
     # The budget of 6 s stopped training (the bound of 1,000,000 updates did not).
-    assert 0.9 * 6 <= run["train_runtime"] < 6 + 5
+    assert 0.9 * 6 <= run["train_runtime"] < 6 + 10  # a step or two past it on a busy machine
     assert run["target_tokens_per_second"] == pytest.approx(run["train_target_tokens"] / run["train_runtime"], rel=1e-3)
     # Per target token: the mean pair's FLOPs (flops.py on mean lengths), but for the quadratic attention terms.
     mean = training_flops_per_target_token(VanillaTransformerConfig.from_preset("tiny", vocab_size=run["vocab_size"]),
