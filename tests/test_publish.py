@@ -18,11 +18,7 @@ from vanilla_transformer.cli import main as cli
 from helpers import REPO
 from hub_server import USER, LoopbackHub, client_environment
 
-MODEL_FILES = {
-    "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-    "configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py", "pipeline_vanilla_transformer.py",
-    "tokenization_vanilla_transformer.py", "README.md",
-}
+MODEL_FILES: set[str] = set()  # filled by run_folder
 # What a training run leaves next to the model (checkpointing.py, run.py, the Trainer).
 TRAINING_STATE = {
     "checkpoint-2/model.safetensors": b"weights", "checkpoint-2/optimizer.pt": b"adam", "checkpoint-2/ema.safetensors":
@@ -44,6 +40,15 @@ def run_folder(tmp_path_factory) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     write_model_card(folder, model=model, languages=("en", "de"))
+    # The reference: every file that saving the model, its tokenizer and its card writes into a folder of
+    # their own (the code files included: save_pretrained copies each relative import of the model file).
+    global MODEL_FILES
+    alone = tmp_path_factory.mktemp("alone")
+    model.save_pretrained(alone)
+    tokenizer.save_pretrained(alone)
+    write_model_card(alone, model=model, languages=("en", "de"))
+    MODEL_FILES = {path.name for path in alone.iterdir()}
+    assert {"generation_vanilla_transformer.py", "attention_backends.py"} <= MODEL_FILES
     for name, content in TRAINING_STATE.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(content)

@@ -30,8 +30,8 @@ MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "mo
 
 def model_files(folder: str | Path) -> list[str]:
     """The files of ``folder`` that make up the model: `MODEL_FILES` and weight shards where present, and
-    the Python files its ``auto_map`` and ``custom_pipelines`` name (the code that loads it without the
-    package). Top level only: nothing of ``checkpoint-*/`` or ``tokenizer/``."""
+    the Python files its ``auto_map`` and ``custom_pipelines`` name and the files they import (the code
+    that loads it without the package). Top level only: nothing of ``checkpoint-*/`` or ``tokenizer/``."""
     folder = Path(folder)
     names = {name for name in MODEL_FILES if (folder / name).is_file()}
     names |= {path.name for path in folder.glob("model-*-of-*.safetensors")}
@@ -48,7 +48,14 @@ def _code_modules(folder: Path) -> set[str]:
                 references += value if isinstance(value, list) else [value]
             references += [task.get("impl") for task in saved.get("custom_pipelines", {}).values()]
     modules = {reference.split("--")[-1].rsplit(".", 1)[0] for reference in references if reference}
-    return {module for module in modules if (folder / f"{module}.py").is_file()}
+    modules = {module for module in modules if (folder / f"{module}.py").is_file()}
+    # and the files those import relatively (the generation module, attention_backends.py...), as
+    # from_pretrained(trust_remote_code=True) will fetch them
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    for module in list(modules):
+        modules |= {Path(path).stem for path in get_relative_import_files(str(folder / f"{module}.py"))}
+    return modules
 
 
 def check_publishable(folder: str | Path) -> list[str]:
