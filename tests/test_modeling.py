@@ -330,6 +330,29 @@ def test_attention_backends_agree_with_eager_on_padded_batches(implementation):
     torch.testing.assert_close(other[1, :4], eager[1, :4], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("implementation", ["eager", "sdpa"])
+@pytest.mark.parametrize("target_length", [1, 5])
+@torch.no_grad()
+def test_an_encoder_output_shared_by_several_decodings_equals_it_repeated_for_each(implementation, target_length):
+    # three decodings of each source: the decoder gets the encoder output once per source (2 rows) and its
+    # own input in 6 rows; the reference repeats the encoder output and the source mask for every decoding
+    model = tiny_model()
+    model.set_attn_implementation(implementation)
+    input_ids, attention_mask = source_batch()
+    encoder_output = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    decoder_input_ids = torch.randint(4, VOCAB, (6, target_length), generator=torch.Generator().manual_seed(3))
+    shared = model(encoder_outputs=(encoder_output,), attention_mask=attention_mask,
+                   decoder_input_ids=decoder_input_ids, output_attentions=implementation == "eager")
+    repeated = model(encoder_outputs=(encoder_output.repeat_interleave(3, dim=0),),
+                     attention_mask=attention_mask.repeat_interleave(3, dim=0), decoder_input_ids=decoder_input_ids,
+                     output_attentions=implementation == "eager")
+    torch.testing.assert_close(shared.logits, repeated.logits, atol=1e-5, rtol=1e-5)
+    if implementation == "eager":
+        for ours, reference in zip(shared.cross_attentions, repeated.cross_attentions, strict=True):
+            assert ours.shape == (6, 4, target_length, 9)
+            torch.testing.assert_close(ours, reference)
+
+
 def test_attn_implementation_is_selectable_when_building():
     config = tiny_config()
     model = VanillaTransformerForConditionalGeneration._from_config(config, attn_implementation="eager")

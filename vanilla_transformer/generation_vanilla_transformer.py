@@ -312,8 +312,8 @@ class BeamSearch:
     transformers' own; what differs is how much the model and the vocabulary-sized tensors cost:
 
     - the first step runs the decoder on one row per sentence (its beams are copies of each other), so
-      cross-attention keys and values are projected once per sentence, then repeated for the beams and
-      never reordered (`_reorder_cache`);
+      cross-attention keys and values are projected once per sentence; they stay one row per sentence,
+      shared by its beams (the model's `share_keys`), so they are read once per step and never reordered;
     - a sentence whose hypotheses can no longer change (all its beams finished, and early stopping or
       no possible improvement) leaves the batch; generate() keeps decoding it until the last one ends;
     - the best continuations come from each beam's best tokens (`best_continuations`) instead of a
@@ -360,12 +360,15 @@ class BeamSearch:
         sentences, self.prompt_length = input_ids.shape[0] // self.beams, input_ids.shape[1]
         self.length = self.prompt_length
         self.row_offsets = torch.arange(sentences, device=input_ids.device)[:, None] * self.beams  # first row
-        self.encoder_hidden_states = model_kwargs["encoder_outputs"].last_hidden_state  # (B * beams, S, d_model)
+        # generate() repeated the source for every beam: one row per sentence is all the decoder needs
+        self.encoder_hidden_states = model_kwargs["encoder_outputs"].last_hidden_state[:: self.beams]  # (B, S, d)
+        source_mask = model_kwargs.get("attention_mask")
         # the decoder's cross-attention mask, made once (the decoder would make it again at every step):
-        # (B * beams, 1, 1, S) is the same for every query position, so it serves every step
+        # (B, 1, 1, S) is the same for every query position and beam, so it serves every step
         self.attention_mask = create_bidirectional_mask(
             config=model.config, inputs_embeds=self.encoder_hidden_states[:, :1],
-            encoder_hidden_states=self.encoder_hidden_states, attention_mask=model_kwargs.get("attention_mask"),
+            encoder_hidden_states=self.encoder_hidden_states,
+            attention_mask=source_mask[:: self.beams] if source_mask is not None else None,
         )
         self.cache = model_kwargs[CACHE]  # generate()'s, empty
         self.sentence_ids = torch.arange(sentences, device=input_ids.device)  # batch position of each kept sentence
@@ -479,12 +482,9 @@ class BeamSearch:
 
     def _reorder_cache(self, rows: torch.Tensor, first: bool) -> None:
         """Each beam's self-attention keys and values follow it (`_reorder_cache`). After the first step,
-        which ran one row per sentence, every beam gets its sentence's row, and its cross-attention keys
-        and values (the same for every beam, so never reordered afterwards)."""
-        if first:
-            rows = rows // self.beams
-            self.cache.cross_attention_cache.batch_repeat_interleave(self.beams)
-        self.model._reorder_cache(self.cache, rows)
+        which ran one row per sentence, every beam gets its sentence's row. Cross-attention keys and values
+        stay one row per sentence."""
+        self.model._reorder_cache(self.cache, rows // self.beams if first else rows)
 
     def _hits(self, token: torch.Tensor) -> torch.Tensor:
         """Which candidates hit a stopping criterion. The criteria `not_covered` admits read a sequence's
@@ -509,12 +509,10 @@ class BeamSearch:
     def _continuations(self, first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Decode one position and pick each sentence's best continuations. On the first step the beams of
         a sentence are copies of each other, so the decoder runs on one row per sentence."""
-        running, beams = self.state["running_sequences"], self.beams
+        running = self.state["running_sequences"]
         sequences = (running[:, :1] if first else running)[:, :, : self.length].flatten(0, 1)  # (rows, length)
-        rows = slice(None, None, beams) if first else slice(None)
-        mask = self.attention_mask[rows] if self.attention_mask is not None else None
-        outputs = self.model(
-            encoder_outputs=(self.encoder_hidden_states[rows],), attention_mask=mask,
+        outputs = self.model(  # one encoder row per sentence, shared by its beams
+            encoder_outputs=(self.encoder_hidden_states,), attention_mask=self.attention_mask,
             decoder_input_ids=sequences if first else sequences[:, -1:], use_cache=True, logits_to_keep=1,
             **{CACHE: self.cache},
         )
@@ -545,10 +543,10 @@ class BeamSearch:
         rows = (kept[:, None] * self.beams + torch.arange(self.beams, device=kept.device)).flatten()
         self.sentence_ids = self.sentence_ids[kept]
         self.row_offsets = self.row_offsets[: kept.shape[0]]
-        self.encoder_hidden_states = self.encoder_hidden_states[rows]
-        self.attention_mask = self.attention_mask[rows] if self.attention_mask is not None else None
+        self.encoder_hidden_states = self.encoder_hidden_states[kept]
+        self.attention_mask = self.attention_mask[kept] if self.attention_mask is not None else None
         self.cache.self_attention_cache.batch_select_indices(rows)
-        self.cache.cross_attention_cache.batch_select_indices(rows)
+        self.cache.cross_attention_cache.batch_select_indices(kept)
         return True
 
     def _store(self, sentences: torch.Tensor) -> None:

@@ -198,13 +198,42 @@ def eager_attention_forward(
     return output, weights
 
 
+# One source, several decodings (beams, sampled outputs): cross-attention may get the encoder output once per
+# source, keys and values (B, H, S, D), and the decoder's queries in G consecutive rows per source, (B * G, H, T, D).
+# Attention implementations take one batch size, so each source's G query rows become G * T query positions
+# of its one row: Eq. 1 treats every query position on its own, and the keys are read once instead of G times.
+
+
+def share_keys(query: torch.Tensor, attention_mask: torch.Tensor | None, group: int):
+    """Queries (B * G, H, T, D) -> (B, H, G * T, D), and a mask with T query positions -> G * T."""
+    if group == 1:
+        return query, attention_mask
+    rows, heads, length, dim = query.shape
+    query = query.view(rows // group, group, heads, length, dim).transpose(1, 2)
+    if attention_mask is not None and attention_mask.shape[-2] > 1:
+        attention_mask = attention_mask.repeat(1, 1, group, 1)
+    return query.reshape(rows // group, heads, group * length, dim), attention_mask
+
+
+def unshare_keys(output: torch.Tensor, weights: torch.Tensor | None, group: int):
+    """`share_keys` undone: output (B, G * T, H, D) -> (B * G, T, H, D), weights (B, H, G * T, S) -> (B * G, H, T, S)."""
+    if group == 1:
+        return output, weights
+    sources, positions, heads, dim = output.shape
+    output = output.reshape(sources * group, positions // group, heads, dim)
+    if weights is not None:
+        weights = weights.unflatten(2, (group, -1)).transpose(1, 2).flatten(0, 1)
+    return output, weights
+
+
 class VanillaTransformerAttention(nn.Module):
     """Multi-head attention (§3.2.2): h heads of width d_k, concatenated and projected back.
 
     One class serves the three uses of §3.2.3: encoder self-attention, masked decoder
     self-attention (``is_causal``) and encoder-decoder ("cross") attention. In the decoder it
     reads and writes the key/value cache: self-attention appends this step's keys and values;
-    cross-attention projects the encoder output once and reuses it at every later step.
+    cross-attention projects the encoder output once and reuses it at every later step. The encoder
+    output may have fewer rows than the decoder's input (`share_keys`).
     """
 
     def __init__(
@@ -259,10 +288,13 @@ class VanillaTransformerAttention(nn.Module):
         key, value = self._keys_and_values(source, cache)  # (B, H, S, D) each
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         attention = with_chosen_backends(attention, self, hidden_states, cache)  # sdpa on CUDA: kernels by use
+        group = query.shape[0] // key.shape[0]  # > 1: an encoder output shared by several decodings
+        query, attention_mask = share_keys(query, attention_mask, group)
         output, weights = attention(
             self, query, key, value, attention_mask,
             dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
         )
+        output, weights = unshare_keys(output, weights, group)
         output = output.reshape(*hidden_states.shape[:-1], -1)  # (B, T, H * D)
         return self.out_proj(output), weights
 
