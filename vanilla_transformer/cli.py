@@ -175,7 +175,8 @@ def reference() -> str:
     sections = ["# Command-line reference", "",
                 f"Generated from the parsers by `vanilla_transformer.cli.reference()` with transformers "
                 f"{transformers_version} (the Trainer's flags are that version's); `{PROG} COMMAND --help` prints the "
-                "same. Every flag takes both spellings (`--num_beams`, `--num-beams`).", "",
+                "same (after its first use, from a cache in `$HF_HOME/vanilla-transformer/help`, without importing "
+                "torch). Every flag takes both spellings (`--num_beams`, `--num-beams`).", "",
                 "```text", usage(), "```"]
     width, os.environ["COLUMNS"] = os.environ.get("COLUMNS"), "80"  # argparse wraps at the terminal's width
     try:
