@@ -19,6 +19,7 @@ the speed.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -112,14 +113,18 @@ class HelpScreen:
     def write(self, text: str) -> None:
         record = {"command": self.command, "sources": self.sources, "text": text,
                   "sha256": hashlib.sha256(text.encode()).hexdigest()}
+        temporary = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=self.path.parent, suffix=".tmp",
                                              delete=False) as file:
+                temporary = file.name
                 json.dump(record, file)
-            os.replace(file.name, self.path)  # whole or not at all, whoever else writes it at the same time
-        except OSError:
-            pass  # a read-only cache costs only the speed
+            os.replace(temporary, self.path)  # whole or not at all, whoever else writes it at the same time
+        except OSError:  # a read-only or full cache costs only the speed
+            if temporary is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
 
 
 if __name__ == "__main__":
