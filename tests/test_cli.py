@@ -237,3 +237,12 @@ def test_help_from_the_cache_imports_neither_torch_nor_transformers_nor_the_pack
                              "file=sys.stderr)", timeout=60)
     assert completed.returncode == 0 and completed.stderr.strip() == "[]", completed.stderr[-2000:]
     assert completed.stdout == expected
+
+
+def test_help_of_a_command_that_does_not_exist_is_the_commands_error_and_nothing_is_stored(help_cache, capsys):
+    import vanilla_transformer_command as command
+
+    with pytest.raises(SystemExit) as exit_info:
+        command.main(["trian", "--help"])
+    assert exit_info.value.code == 2 and "did you mean 'train'" in capsys.readouterr().err
+    assert not help_cache.exists() or not list(help_cache.glob("*.json"))
