@@ -1,6 +1,6 @@
 """The README's "Your own Trainer script" runs as printed: extracted from README.md, run on a tiny
 run_translation-style corpus, it trains, evaluates with BLEU and saves a model the Auto classes load; the
-README's fine-tuning script, extracted the same way, then fine-tunes that model."""
+fine-tuning script the README links to (docs/training.md), extracted the same way, then fine-tunes that model."""
 
 import json
 import random
@@ -17,11 +17,16 @@ import vanilla_transformer  # noqa: F401  (registers the Auto classes in this pr
 from helpers import REPO
 
 
+def section(path, heading: str) -> str:
+    return path.read_text(encoding="utf-8").split(f"## {heading}\n", 1)[1].split("\n## ", 1)[0]
+
+
 def readme_scripts() -> list[str]:
-    """The Python blocks of the README's "Your own Trainer script" section, in order."""
-    readme = (REPO / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Your own Trainer script", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, re.S)
+    """The Python blocks of the README's "Your own Trainer script" section, then docs/training.md's
+    "Fine-tuning a checkpoint", in order."""
+    blocks = [section(REPO / "README.md", "Your own Trainer script"),
+              section(REPO / "docs" / "training.md", "Fine-tuning a checkpoint")]
+    return [script for block in blocks for script in re.findall(r"```python\n(.*?)```", block, re.S)]
 
 
 def write_jsonl(path, count: int, seed: int) -> None:
@@ -46,6 +51,7 @@ def run_script(folder, name: str, source: str, *argv: str) -> subprocess.Complet
 
 def test_the_readme_has_the_script_and_the_fine_tuning_script():
     scripts = readme_scripts()
+    assert "(docs/training.md#fine-tuning-a-checkpoint)" in section(REPO / "README.md", "Your own Trainer script")
     assert len(scripts) == 2
     assert "train_tokenizer(" in scripts[0] and "AutoTokenizer.from_pretrained(checkpoint)" in scripts[1]
 

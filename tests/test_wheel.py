@@ -23,9 +23,11 @@ from helpers import REPO
 from test_train import reverse_pairs, write_pairs
 
 
-def run(command: list, cwd: Path, timeout: int = 300, check: bool = True, **kwargs) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what the wheel installed
-    completed = subprocess.run([str(part) for part in command], cwd=cwd, env={**env, "HF_HUB_OFFLINE": "1"},
+def run(command: list, cwd: Path, timeout: int = 300, check: bool = True, env: dict | None = None, **kwargs
+        ) -> subprocess.CompletedProcess:
+    inherited = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what the wheel installed
+    completed = subprocess.run([str(part) for part in command], cwd=cwd,
+                               env={**inherited, "HF_HUB_OFFLINE": "1", **(env or {})},
                                capture_output=True, text=True, timeout=timeout, **kwargs)
     if check:
         assert completed.returncode == 0, f"{command}:\n{completed.stdout[-2000:]}\n{completed.stderr[-4000:]}"
@@ -38,7 +40,7 @@ def wheel(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("wheel")
     source = root / "source"  # a copy of what the wheel is built from: the tree stays clean of build/
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "vanilla_transformer_command.py"):
         shutil.copy(REPO / name, source / name)
     shutil.copytree(REPO / "vanilla_transformer", source / "vanilla_transformer",
                     ignore=shutil.ignore_patterns("__pycache__"))
@@ -55,9 +57,9 @@ def test_the_wheel_holds_the_command_the_recipes_and_the_launch_configs(wheel):
     assert packaged == {f"vanilla_transformer/training/{folder}/{path.name}"
                         for folder, source in (("recipes", "recipes"), ("accelerate_configs", "accelerate"))
                         for path in (REPO / "training" / source).glob("*.yaml")}
-    assert {"vanilla_transformer/cli.py", "vanilla_transformer/publish.py",
-            "vanilla_transformer/training/options.py"} <= names
-    assert "vanilla-transformer = vanilla_transformer.cli:main" in entry_points
+    assert {"vanilla_transformer/cli.py", "vanilla_transformer/publish.py", "vanilla_transformer/training/options.py",
+            "vanilla_transformer_command.py"} <= names
+    assert "vanilla-transformer = vanilla_transformer_command:main" in entry_points
     assert "vanilla-transformer-train-tokenizer = vanilla_transformer.tokenization_vanilla_transformer:main" in entry_points
 
 
@@ -94,13 +96,18 @@ def test_the_wheel_installs_the_command_the_package_data_and_no_source_tree(inst
 
 @pytest.mark.slow
 def test_train_help_from_the_command_and_from_python_dash_m(installed, tmp_path):
-    for command in ([installed / "vanilla-transformer", "train", "--help"],
-                    [installed / "python", "-m", "vanilla_transformer.training.run", "--help"]):
-        text = run(command, cwd=tmp_path).stdout
-        headings = [line for line in text.splitlines() if line and not line.startswith(" ") and line.endswith(":")]
-        assert headings[1:6] == ["data:", "model:", "training:", "evaluation and decoding:",
-                                 "Seq2SeqTrainingArguments:"], headings
-        assert "--max_tokens" in text and "--ema_decay" in text
+    """The command renders the screen once into its cache (HF_HOME) and then reads it back: the same text
+    as `python -m`'s parser prints."""
+    env = {"HF_HOME": str(tmp_path / "hf-home"), "COLUMNS": "100"}
+    texts = [run(command, cwd=tmp_path, env=env).stdout
+             for command in ([installed / "vanilla-transformer", "train", "--help"],
+                             [installed / "vanilla-transformer", "train", "--help"],
+                             [installed / "python", "-m", "vanilla_transformer.training.run", "--help"])]
+    assert texts[0] == texts[1] == texts[2] and len(list((tmp_path / "hf-home").rglob("*.json"))) == 1
+    headings = [line for line in texts[0].splitlines() if line and not line.startswith(" ") and line.endswith(":")]
+    assert headings[1:6] == ["data:", "model:", "training:", "evaluation and decoding:",
+                             "Seq2SeqTrainingArguments:"], headings
+    assert "--max_tokens" in texts[0] and "--ema_decay" in texts[0]
 
 
 @pytest.mark.slow

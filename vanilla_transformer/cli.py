@@ -10,7 +10,9 @@
 
 Recipes (``train RECIPE``) and accelerate configs (``config NAME``) ship inside the package and are
 named, not located. Every flag takes both spellings (``--num_beams``, ``--num-beams``). Bad input
-ends in one line naming the flag and the fix, exit status 2; from Python the same calls raise.
+ends in one line naming the flag and the fix, exit status 2; from Python the same calls raise. The
+installed command starts in `vanilla_transformer_command`, which prints help screens (`help_text`)
+from a cache without importing torch.
 """
 
 from __future__ import annotations
@@ -152,6 +154,16 @@ def print_path(kind: str, argv: list[str]) -> None:
         exit_with_usage_error(f"{PROG} {kind}", error)
 
 
+def help_text(argv: list[str]) -> str | None:
+    """What `main` prints for ``--help`` (of the command, or of a tool), rendered by the parsers themselves;
+    None when ``argv`` asks for no help screen. `vanilla_transformer_command` keeps these in a cache."""
+    if argv in ([], ["-h"], ["--help"]):
+        return usage() + "\n"
+    if len(argv) == 2 and argv[0] in TOOLS and argv[1] in {"-h", "--help"}:
+        return importlib.import_module(TOOLS[argv[0]][0]).build_parser(f"{PROG} {argv[0]}").format_help()
+    return None
+
+
 def reference() -> str:
     """docs/cli.md: every command's ``--help``, as the parsers print it at a fixed width (80 columns)."""
     import contextlib
@@ -163,7 +175,8 @@ def reference() -> str:
     sections = ["# Command-line reference", "",
                 f"Generated from the parsers by `vanilla_transformer.cli.reference()` with transformers "
                 f"{transformers_version} (the Trainer's flags are that version's); `{PROG} COMMAND --help` prints the "
-                "same. Every flag takes both spellings (`--num_beams`, `--num-beams`).", "",
+                "same (after its first use, from a cache in `$HF_HOME/vanilla-transformer/help`, without importing "
+                "torch). Every flag takes both spellings (`--num_beams`, `--num-beams`).", "",
                 "```text", usage(), "```"]
     width, os.environ["COLUMNS"] = os.environ.get("COLUMNS"), "80"  # argparse wraps at the terminal's width
     try:
@@ -182,7 +195,8 @@ def reference() -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The console script: returns nothing (a value would become the exit status); use `run_command` for results."""
+    """The command (the console script starts in `vanilla_transformer_command`, which answers ``--help`` from a
+    cache); returns nothing (a value would become the exit status); use `run_command` for results."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
         print(usage())

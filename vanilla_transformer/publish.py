@@ -6,6 +6,10 @@ code that loads it without the package) next to what only training needs: ``chec
 the tokenizer in ``tokenizer/``, ``trainer_state.json``, ``*_results.json``, TensorBoard logs.
 `publish` uploads the first kind, in one commit, and names every file it leaves out in the log.
 
+The card goes up naming the task and this package in its metadata (`card_to_publish`), whoever wrote
+it: ``Seq2SeqTrainer.create_model_card``, as transformers' run_translation.py calls it, writes the
+model's tags only when it pushes to the Hub itself.
+
     vanilla-transformer publish runs/en-de --repo-id you/transformer-en-de [--private]
 
     from vanilla_transformer.publish import publish
@@ -58,6 +62,28 @@ def _code_modules(folder: Path) -> set[str]:
     return modules
 
 
+def card_to_publish(folder: str | Path) -> bytes | None:
+    """``README.md`` of ``folder`` with the package's tags (`MODEL_TAGS`: the task, the package, custom code)
+    added to its metadata, or None when it has them all already (it is uploaded as it is) or there is no card.
+
+    transformers' ``Trainer.create_model_card`` takes tags from its ``tags`` argument only, and scripts
+    such as run_translation.py give none: the model's ``model_tags`` reach the card only through
+    ``push_to_hub``. The folder's own file is left as it is."""
+    from huggingface_hub import ModelCard
+
+    from .modeling_vanilla_transformer import MODEL_TAGS
+
+    path = Path(folder) / "README.md"
+    if not path.is_file():
+        return None
+    card = ModelCard.load(path)
+    tags = list(card.data.tags or [])
+    if all(tag in tags for tag in MODEL_TAGS):
+        return None
+    card.data.tags = tags + [tag for tag in MODEL_TAGS if tag not in tags]
+    return str(card).encode("utf-8")
+
+
 def check_publishable(folder: str | Path) -> list[str]:
     """The files `publish` would upload; an error naming the fix when the folder is no complete model."""
     what = f"MODEL_DIR {folder}"
@@ -78,10 +104,14 @@ def publish(folder: str | Path, repo_id: str, *, private: bool | None = None, re
     left_out = sorted(path.name + ("/" if path.is_dir() else "") for path in folder.iterdir() if path.name not in files)
     if left_out:
         logger.info(f"not uploaded (training state and duplicates): {', '.join(left_out)}")
+    contents: dict[str, Path | bytes] = {name: folder / name for name in files}
+    if (card := card_to_publish(folder)) is not None:
+        contents["README.md"] = card
+        logger.info("README.md: the card's metadata gains the tags that name the task and the package")
     api = HfApi(token=token)
     api.create_repo(repo_id, private=private, exist_ok=True)
     commit = api.create_commit(
-        repo_id, [CommitOperationAdd(path_in_repo=name, path_or_fileobj=folder / name) for name in files],
+        repo_id, [CommitOperationAdd(path_in_repo=name, path_or_fileobj=content) for name, content in contents.items()],
         commit_message=commit_message, revision=revision,
     )
     return commit.commit_url

@@ -1,0 +1,83 @@
+"""How long the command takes to print its help, against importing what it would otherwise need.
+
+    python benchmarks/cli_startup.py                  # 7 alternating rounds, medians
+    python benchmarks/cli_startup.py --rounds 11 --markdown
+
+Each row is a fresh Python process, run in alternating rounds (so a busy neighbour on a shared machine
+slows every row alike), timed by the wall clock and by its CPU time (user + system, from the
+children's resource usage). The rows:
+
+- ``train --help`` as the installed command runs it (``vanilla_transformer_command.main``) with its help
+  screen in the cache (the cache is filled once before the rounds), and with an empty cache (a new
+  ``HF_HOME`` each round: what the first call after an install or upgrade pays);
+- ``python -m vanilla_transformer.cli train --help``: the package and the full parser, no cache;
+- ``import vanilla_transformer`` and ``import torch``: the package's import (what registers it with
+  the Auto API) and torch's alone, for scale.
+
+The cached row must not import torch, transformers or the package: that is checked, not timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+COMMAND = "import sys; from vanilla_transformer_command import main; sys.exit(main())"  # the console script
+ROWS = {
+    "`vanilla-transformer train --help`, cached": ["-c", COMMAND, "train", "--help"],
+    "`vanilla-transformer train --help`, empty cache": ["-c", COMMAND, "train", "--help"],
+    "`python -m vanilla_transformer.cli train --help`": ["-m", "vanilla_transformer.cli", "train", "--help"],
+    "`import vanilla_transformer`": ["-c", "import vanilla_transformer"],
+    "`import torch`": ["-c", "import torch"],
+}
+
+
+def timed(arguments: list[str], env: dict) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one process."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    subprocess.run([sys.executable, *arguments], env=env, stdout=subprocess.DEVNULL, check=True)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def check_cached_imports_nothing_heavy(env: dict) -> None:
+    code = (COMMAND.replace("sys.exit(main())", "main(['train', '--help'])") + "; print(sorted({'torch', "
+            "'transformers', 'vanilla_transformer'} & set(sys.modules)), file=sys.stderr)")
+    completed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    if completed.stderr.strip() != "[]":
+        raise SystemExit(f"the cached help imported {completed.stderr.strip()}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds; medians are reported")
+    parser.add_argument("--markdown", action="store_true", help="a Markdown table")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as folder:
+        cached = {**os.environ, "HF_HOME": os.path.join(folder, "cached"), "COLUMNS": "100"}
+        timed(ROWS["`vanilla-transformer train --help`, cached"], cached)  # fills the cache
+        check_cached_imports_nothing_heavy(cached)
+        times: dict[str, list[tuple[float, float]]] = {row: [] for row in ROWS}
+        for round_ in range(args.rounds):
+            for row, arguments in ROWS.items():
+                env = cached if row.endswith("cached") else {**cached, "HF_HOME": os.path.join(folder, f"empty{round_}")}
+                times[row].append(timed(arguments, env))
+    header = f"| command | wall s (median of {args.rounds}) | CPU s (median) |"
+    print(header if args.markdown else header.replace("|", " ").strip())
+    if args.markdown:
+        print("| --- | ---: | ---: |")
+    for row, samples in times.items():
+        wall, cpu = (statistics.median(values) for values in zip(*samples))
+        print(f"| {row} | {wall:.2f} | {cpu:.2f} |" if args.markdown else f"{row:<55} {wall:6.2f} {cpu:6.2f}")
+
+
+if __name__ == "__main__":
+    main()
