@@ -353,6 +353,16 @@ def test_an_encoder_output_shared_by_several_decodings_equals_it_repeated_for_ea
             torch.testing.assert_close(ours, reference)
 
 
+@pytest.mark.parametrize("decoder_rows", [1, 5])  # fewer rows than sources; not a whole number per source
+def test_decoder_rows_that_do_not_divide_among_the_sources_are_an_error(decoder_rows):
+    model = tiny_model()
+    input_ids, attention_mask = source_batch()
+    encoder_output = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+    with pytest.raises(ValueError, match=f"decoder input has {decoder_rows} rows and the encoder output 2"):
+        model(encoder_outputs=(encoder_output,), attention_mask=attention_mask,
+              decoder_input_ids=torch.randint(4, VOCAB, (decoder_rows, 3)))
+
+
 def test_attn_implementation_is_selectable_when_building():
     config = tiny_config()
     model = VanillaTransformerForConditionalGeneration._from_config(config, attn_implementation="eager")

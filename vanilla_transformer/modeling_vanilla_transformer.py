@@ -204,15 +204,22 @@ def eager_attention_forward(
 # of its one row: Eq. 1 treats every query position on its own, and the keys are read once instead of G times.
 
 
-def share_keys(query: torch.Tensor, attention_mask: torch.Tensor | None, group: int):
-    """Queries (B * G, H, T, D) -> (B, H, G * T, D), and a mask with T query positions -> G * T."""
+def share_keys(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None):
+    """Queries (B * G, H, T, D) -> (B, H, G * T, D), a mask with T query positions -> G * T, and G."""
+    group, left_over = divmod(query.shape[0], key.shape[0])
+    if group == 0 or left_over:
+        raise ValueError(
+            f"The decoder input has {query.shape[0]} rows and the encoder output {key.shape[0]}: give one encoder row "
+            "per decoder row, or one per source with the decoder rows of each source next to each other (a whole "
+            "number of them per source)."
+        )
     if group == 1:
-        return query, attention_mask
+        return query, attention_mask, group
     rows, heads, length, dim = query.shape
     query = query.view(rows // group, group, heads, length, dim).transpose(1, 2)
     if attention_mask is not None and attention_mask.shape[-2] > 1:
         attention_mask = attention_mask.repeat(1, 1, group, 1)
-    return query.reshape(rows // group, heads, group * length, dim), attention_mask
+    return query.reshape(rows // group, heads, group * length, dim), attention_mask, group
 
 
 def unshare_keys(output: torch.Tensor, weights: torch.Tensor | None, group: int):
@@ -288,8 +295,7 @@ class VanillaTransformerAttention(nn.Module):
         key, value = self._keys_and_values(source, cache)  # (B, H, S, D) each
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         attention = with_chosen_backends(attention, self, hidden_states, cache)  # sdpa on CUDA: kernels by use
-        group = query.shape[0] // key.shape[0]  # > 1: an encoder output shared by several decodings
-        query, attention_mask = share_keys(query, attention_mask, group)
+        query, attention_mask, group = share_keys(query, key, attention_mask)  # group > 1: a shared encoder output
         output, weights = attention(
             self, query, key, value, attention_mask,
             dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
