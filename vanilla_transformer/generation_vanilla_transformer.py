@@ -401,14 +401,9 @@ class BeamSearch:
         }
 
     def run(self) -> torch.LongTensor:
-        if self.lean:
-            while self._lean_step():
-                pass
-        else:
-            while True:
-                self._step()
-                if not self._unfinished() or not self._leave_out_finished_sentences():
-                    break
+        step = self._lean_step if self.lean else self._step
+        while step():
+            pass
         self._store(torch.ones_like(self.sentence_ids, dtype=torch.bool))
         returned = self.config.num_return_sequences
         sequences = self.result["sequences"][:, :returned].flatten(0, 1)
@@ -417,7 +412,8 @@ class BeamSearch:
         generated = beam_indices.max() if self.lean else (beam_indices + 1).bool().sum(dim=1).max()
         return sequences[:, : self.prompt_length + generated]
 
-    def _step(self) -> None:
+    def _step(self) -> bool:
+        """One step of `_beam_search`; says whether to go on."""
         first = self.length == self.prompt_length
         scores, beam, token = self._continuations(first)
         state, model, beams = self.state, self.model, self.beams
@@ -432,7 +428,7 @@ class BeamSearch:
             )
         )
         self._update_finished_beams(scores, candidates, candidate_indices, state["next_token_hits_stopping_criteria"])
-        self._reorder_cache(state["running_beam_indices"][..., self.length - self.prompt_length].flatten(), first)
+        rows = state["running_beam_indices"][..., self.length - self.prompt_length]  # each beam's parent row
         self.length += 1
         state["is_early_stop_heuristic_unsatisfied"] = model._check_early_stop_heuristic(
             is_early_stop_heuristic_unsatisfied=state["is_early_stop_heuristic_unsatisfied"],
@@ -441,6 +437,7 @@ class BeamSearch:
             decoder_prompt_len=self.prompt_length, early_stopping=self.config.early_stopping,
             length_penalty=self.config.length_penalty,
         )
+        return self._unfinished() and self._follow_beams(rows, first, leave=True)
 
     def _lean_step(self) -> bool:
         """`_step` for early stopping without logits processors (the paper's decoding), with the same
@@ -476,15 +473,22 @@ class BeamSearch:
         state["running_sequences"] = model._gather_beams(state["running_sequences"], parent)
         state["running_sequences"][:, :, self.length] = token.gather(1, picked)
         state["running_beam_scores"] = running_scores.gather(1, picked)
-        self._reorder_cache((parent + self.row_offsets).flatten(), first)
         self.length += 1
-        return self._leave_out_finished_sentences() if ended else True
+        return self._follow_beams(parent + self.row_offsets, first, leave=ended)
 
-    def _reorder_cache(self, rows: torch.Tensor, first: bool) -> None:
-        """Each beam's self-attention keys and values follow it (`_reorder_cache`). After the first step,
-        which ran one row per sentence, every beam gets its sentence's row. Cross-attention keys and values
-        stay one row per sentence."""
+    def _follow_beams(self, rows: torch.Tensor, first: bool, leave: bool) -> bool:
+        """Each beam's self-attention keys and values follow it (`_reorder_cache`, ``rows``: each beam's parent
+        row, (sentences, beams)); after the first step, which ran one row per sentence, every beam gets its
+        sentence's row. Cross-attention keys and values stay one row per sentence. With ``leave``, the sentences
+        done leave the batch first, in the same copy of the cache. Says whether any sentence is left."""
+        if leave:
+            kept = self._leave_out_finished_sentences()
+            if kept is not None and kept.shape[0] == 0:
+                return False
+            rows = rows if kept is None else rows[kept]
+        rows = rows.flatten()
         self.model._reorder_cache(self.cache, rows // self.beams if first else rows)
+        return True
 
     def _hits(self, token: torch.Tensor) -> torch.Tensor:
         """Which candidates hit a stopping criterion. The criteria `not_covered` admits read a sequence's
@@ -527,27 +531,26 @@ class BeamSearch:
             state["next_token_hits_stopping_criteria"], self.config.early_stopping,
         ))
 
-    def _leave_out_finished_sentences(self) -> bool:
-        """Sentences whose finished hypotheses can no longer change leave the batch (and the cache); says
-        whether any is left. One host-device synchronisation (which sentences stay)."""
+    def _leave_out_finished_sentences(self) -> torch.Tensor | None:
+        """Sentences whose finished hypotheses can no longer change leave the batch: the positions of those
+        kept, or None when all stay. The self-attention cache is left to `_follow_beams`, which copies the
+        kept rows in its reorder. One host-device synchronisation (which sentences stay)."""
         state = self.state
         improvable = state["is_early_stop_heuristic_unsatisfied"][:, 0] & (self.config.early_stopping is not True)
         done = state["is_sent_finished"].all(dim=-1) & ~improvable
         kept = (~done).nonzero().squeeze(1)
         if kept.shape[0] == done.shape[0]:
-            return True
+            return None
         self._store(done)
         if kept.shape[0] == 0:
-            return False
+            return kept
         self.state = {name: tensor[kept] for name, tensor in state.items()}
-        rows = (kept[:, None] * self.beams + torch.arange(self.beams, device=kept.device)).flatten()
         self.sentence_ids = self.sentence_ids[kept]
         self.row_offsets = self.row_offsets[: kept.shape[0]]
         self.encoder_hidden_states = self.encoder_hidden_states[kept]
         self.attention_mask = self.attention_mask[kept] if self.attention_mask is not None else None
-        self.cache.self_attention_cache.batch_select_indices(rows)
         self.cache.cross_attention_cache.batch_select_indices(kept)
-        return True
+        return kept
 
     def _store(self, sentences: torch.Tensor) -> None:
         """Copy these sentences' finished hypotheses to their batch positions in the result (without reading
