@@ -1,14 +1,22 @@
-"""The ``vanilla-transformer`` console script: help screens from a cache, everything else from the package.
+"""The ``vanilla-transformer`` console script: what needs no model answered here, everything else by the package.
 
 Python runs a package's ``__init__`` before any module in it, and ``import vanilla_transformer``
 registers the model with the Auto API, which needs torch and transformers' modeling code (seconds);
 ``train --help`` also lists the Trainer's flags of the installed transformers (seconds more). So the
-command starts here, outside the package: ``vanilla-transformer --help`` and ``vanilla-transformer
-TOOL --help`` print the screen `vanilla_transformer.cli.help_text` rendered before, as long as
-nothing it was rendered from has changed: this package's files (code, recipes), the versions of
-Python, torch, transformers, accelerate and huggingface_hub, and how it is shown (the terminal's
-width, colour settings). The first time, or after any such change, the package renders the screen
-and it is stored; every other command goes straight to `vanilla_transformer.cli.main`.
+command starts here, outside the package (installed beside it), and answers without importing it:
+
+- ``--version``, and ``recipe [NAME]`` / ``config [NAME]``, the paths of the packaged recipes and
+  launch configs (``accelerate launch --config_file $(vanilla-transformer config ddp)`` runs this
+  before every launch), from the package's folder, found and not imported. `vanilla_transformer.cli`
+  uses the same functions; anything else about these (an unknown name, a flag, more names) goes to
+  it, so its errors are the command's;
+- ``--help`` and ``TOOL --help``: the screen `vanilla_transformer.cli.help_text` rendered before, as
+  long as nothing it was rendered from has changed: this package's files (code, recipes), the
+  versions of Python, torch, transformers, accelerate and huggingface_hub, and how it is shown (the
+  terminal's width, colour settings). The first time, or after any such change, the package renders
+  the screen and it is stored.
+
+Every other command goes straight to `vanilla_transformer.cli.main`.
 
 The screens live in ``$HF_HOME/vanilla-transformer/help/`` (``HF_HOME`` defaults to
 ``$XDG_CACHE_HOME/huggingface``, else ``~/.cache/huggingface``), one JSON file per command, Python
@@ -26,16 +34,23 @@ import os
 import shutil
 import sys
 import tempfile
-from importlib import metadata, util
+from importlib import util  # importlib.metadata (~20 ms) only where versions are read
 from pathlib import Path
 
+PROG = "vanilla-transformer"
 HELP_FLAGS = ("-h", "--help")
 VERSIONED = ("torch", "transformers", "accelerate", "huggingface_hub")  # whose values the help screens list
 PACKAGE_FILES = ("*.py", "*.yaml")  # the package's code and its recipes and launch configs
+PACKAGED = {"recipe": ("training/recipes", "recipe"),  # subcommand -> (folder in the package, what it holds)
+            "config": ("training/accelerate_configs", "accelerate config")}
 
 
 def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    answer = quick_answer(argv)
+    if answer is not None:
+        sys.stdout.write(answer)
+        return
     command = help_request(argv)
     if command is None:
         from vanilla_transformer.cli import main as run
@@ -51,6 +66,55 @@ def main(argv: list[str] | None = None) -> None:
             return cli.main(argv)
         cached.write(text)
     sys.stdout.write(text)
+
+
+def quick_answer(argv: list[str]) -> str | None:
+    """What ``--version``, ``recipe [NAME]`` or ``config [NAME]`` print; None for anything else, an unknown
+    name included (the package answers those, with its errors)."""
+    if argv == ["--version"]:
+        return version_text()
+    if argv and argv[0] in PACKAGED and len(argv) <= 2 and not argv[-1].startswith("-"):
+        with contextlib.suppress(ValueError):
+            return packaged_text(*argv)
+    return None
+
+
+def version_text() -> str:
+    from importlib import metadata
+
+    return f"{PROG} {metadata.version(PROG)}\n"
+
+
+def packaged_text(kind: str, name: str | None = None) -> str:
+    """``kind``'s (recipe, config) packaged files, a name and a path a line; with ``name``, its path alone."""
+    if name is not None:
+        return f"{packaged_path(kind, name)}\n"
+    return "".join(f"{each}\t{path}\n" for each, path in packaged(kind).items())
+
+
+def packaged(kind: str) -> dict[str, Path]:
+    """The package's files of ``kind`` (recipe, config) by name, in the order of the names."""
+    folder = package_folder() / PACKAGED[kind][0]
+    return dict(sorted((path.stem, path) for path in folder.glob("*.yaml")))
+
+
+def packaged_path(kind: str, name: str) -> Path:
+    """The packaged file of ``kind`` named ``name`` (``.yaml`` optional); ValueError names the closest and all."""
+    files = packaged(kind)
+    stem = name.removesuffix(".yaml")
+    if stem not in files:
+        import difflib  # only for this error
+
+        close = difflib.get_close_matches(stem, list(files), n=1)
+        raise ValueError(f"There is no {PACKAGED[kind][1]} named {name!r}"
+                         f"{f' (did you mean {close[0]!r}?)' if close else ''}; the package has "
+                         f"{', '.join(files)}, or give the path of a .yaml file.")
+    return files[stem]
+
+
+def package_folder() -> Path:
+    """The installed package's folder, found and not imported (its import costs seconds)."""
+    return Path(util.find_spec("vanilla_transformer").origin).resolve().parent
 
 
 def help_request(argv: list[str]) -> str | None:
@@ -71,7 +135,7 @@ def cache_folder() -> Path:
 
 def sources() -> dict:
     """What a help screen is rendered from: the package's files (hashed), the versions it lists."""
-    package = Path(util.find_spec("vanilla_transformer").origin).parent  # found, not imported
+    package = package_folder()
     digest = hashlib.sha256()
     for path in sorted(path for pattern in PACKAGE_FILES for path in package.rglob(pattern)):
         digest.update(f"{path.relative_to(package)}\0".encode() + path.read_bytes() + b"\0")
@@ -86,6 +150,8 @@ def display() -> dict:
 
 
 def _version(distribution: str) -> str | None:
+    from importlib import metadata
+
     try:
         return metadata.version(distribution)
     except metadata.PackageNotFoundError:

@@ -1,4 +1,4 @@
-"""How long the command takes to print its help, against importing what it would otherwise need.
+"""How long the command takes to print its help, its version and a launch config's path, against the package.
 
     python benchmarks/cli_startup.py                  # 7 alternating rounds, medians
     python benchmarks/cli_startup.py --rounds 11 --markdown
@@ -11,10 +11,14 @@ children's resource usage). The rows:
   screen in the cache (the cache is filled once before the rounds), and with an empty cache (a new
   ``HF_HOME`` each round: what the first call after an install or upgrade pays);
 - ``python -m vanilla_transformer.cli train --help``: the package and the full parser, no cache;
+- ``--version`` and ``config ddp`` (what ``accelerate launch --config_file $(vanilla-transformer config
+  ddp)`` runs first) as the installed command answers them, and as the package's ``cli.main`` does (what
+  the command ran for them before 2026-11-26);
 - ``import vanilla_transformer`` and ``import torch``: the package's import (what registers it with
   the Auto API) and torch's alone, for scale.
 
-The cached row must not import torch, transformers or the package: that is checked, not timed.
+The command's rows but the empty cache's must not import torch, transformers or the package: that is
+checked, not timed.
 """
 
 from __future__ import annotations
@@ -29,13 +33,19 @@ import tempfile
 import time
 
 COMMAND = "import sys; from vanilla_transformer_command import main; sys.exit(main())"  # the console script
+CACHED, EMPTY_CACHE = "`vanilla-transformer train --help`, cached", "`vanilla-transformer train --help`, empty cache"
 ROWS = {
-    "`vanilla-transformer train --help`, cached": ["-c", COMMAND, "train", "--help"],
-    "`vanilla-transformer train --help`, empty cache": ["-c", COMMAND, "train", "--help"],
+    CACHED: ["-c", COMMAND, "train", "--help"],
+    EMPTY_CACHE: ["-c", COMMAND, "train", "--help"],
     "`python -m vanilla_transformer.cli train --help`": ["-m", "vanilla_transformer.cli", "train", "--help"],
+    "`vanilla-transformer --version`": ["-c", COMMAND, "--version"],
+    "`python -m vanilla_transformer.cli --version`": ["-m", "vanilla_transformer.cli", "--version"],
+    "`vanilla-transformer config ddp`": ["-c", COMMAND, "config", "ddp"],
+    "`python -m vanilla_transformer.cli config ddp`": ["-m", "vanilla_transformer.cli", "config", "ddp"],
     "`import vanilla_transformer`": ["-c", "import vanilla_transformer"],
     "`import torch`": ["-c", "import torch"],
 }
+WITHOUT_THE_PACKAGE = [row for row, arguments in ROWS.items() if arguments[1] == COMMAND and row != EMPTY_CACHE]
 
 
 def timed(arguments: list[str], env: dict) -> tuple[float, float]:
@@ -48,12 +58,13 @@ def timed(arguments: list[str], env: dict) -> tuple[float, float]:
     return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def check_cached_imports_nothing_heavy(env: dict) -> None:
-    code = (COMMAND.replace("sys.exit(main())", "main(['train', '--help'])") + "; print(sorted({'torch', "
+def check_imports_nothing_heavy(row: str, env: dict) -> None:
+    code = (COMMAND.replace("sys.exit(main())", "main(sys.argv[1:])") + "; print(sorted({'torch', "
             "'transformers', 'vanilla_transformer'} & set(sys.modules)), file=sys.stderr)")
-    completed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    completed = subprocess.run([sys.executable, "-c", code, *ROWS[row][2:]], env=env, capture_output=True, text=True,
+                               check=True)
     if completed.stderr.strip() != "[]":
-        raise SystemExit(f"the cached help imported {completed.stderr.strip()}")
+        raise SystemExit(f"{row} imported {completed.stderr.strip()}")
 
 
 def main() -> None:
@@ -63,12 +74,13 @@ def main() -> None:
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as folder:
         cached = {**os.environ, "HF_HOME": os.path.join(folder, "cached"), "COLUMNS": "100"}
-        timed(ROWS["`vanilla-transformer train --help`, cached"], cached)  # fills the cache
-        check_cached_imports_nothing_heavy(cached)
+        timed(ROWS[CACHED], cached)  # fills the cache
+        for row in WITHOUT_THE_PACKAGE:
+            check_imports_nothing_heavy(row, cached)
         times: dict[str, list[tuple[float, float]]] = {row: [] for row in ROWS}
         for round_ in range(args.rounds):
             for row, arguments in ROWS.items():
-                env = cached if row.endswith("cached") else {**cached, "HF_HOME": os.path.join(folder, f"empty{round_}")}
+                env = {**cached, "HF_HOME": os.path.join(folder, f"empty{round_}")} if row == EMPTY_CACHE else cached
                 times[row].append(timed(arguments, env))
     header = f"| command | wall s (median of {args.rounds}) | CPU s (median) |"
     print(header if args.markdown else header.replace("|", " ").strip())

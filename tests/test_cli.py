@@ -4,9 +4,11 @@ command-line reference in docs/cli.md, and several processes through `accelerate
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+from importlib import metadata
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -16,7 +18,7 @@ from vanilla_transformer.cli import TOOLS, accelerate_config_path, main as cli, 
 
 from helpers import REPO
 from test_train import reverse_pairs, tiny_args, write_pairs
-from test_translate import one_by_one, save_model
+from test_translate import save_model
 
 
 @pytest.fixture(scope="module")
@@ -246,3 +248,58 @@ def test_help_of_a_command_that_does_not_exist_is_the_commands_error_and_nothing
         command.main(["trian", "--help"])
     assert exit_info.value.code == 2 and "did you mean 'train'" in capsys.readouterr().err
     assert not help_cache.exists() or not list(help_cache.glob("*.json"))
+
+
+# ---------------------------------------------------------------------------------------------
+# --version, recipe [NAME], config [NAME] without the package (vanilla_transformer_command)
+# ---------------------------------------------------------------------------------------------
+
+QUICK_REQUESTS = [["--version"], ["recipe"], ["recipe", "multi30k"], ["config"], ["config", "ddp"],
+                  ["config", "fsdp.yaml"]]
+
+
+def expected_answer(argv: list[str]) -> str:
+    """What the command prints, from the distribution's metadata and the source tree's files themselves."""
+    if argv == ["--version"]:
+        return f"vanilla-transformer {metadata.version('vanilla-transformer')}\n"
+    folder = REPO / "vanilla_transformer" / "training" / {"recipe": "recipes", "config": "accelerate_configs"}[argv[0]]
+    if len(argv) == 2:
+        return f"{folder / argv[1].removesuffix('.yaml')}.yaml\n"
+    names = sorted(path.stem for path in folder.glob("*.yaml"))
+    return "".join(f"{name}\t{folder / name}.yaml\n" for name in names)
+
+
+@pytest.mark.parametrize("argv", QUICK_REQUESTS, ids=" ".join)
+def test_version_and_packaged_paths_are_answered_without_importing_torch_transformers_or_the_package(argv, capsys):
+    """The console script's answer in a fresh process, against `cli.main`'s (the package, in this process) and
+    against the files and metadata themselves."""
+    completed = python("-c", "import sys, vanilla_transformer_command as command; command.main(sys.argv[1:]); "
+                             "print(sorted({'torch', 'transformers', 'vanilla_transformer'} & set(sys.modules)), "
+                             "file=sys.stderr)", *argv, timeout=60)
+    assert completed.returncode == 0 and completed.stderr.strip() == "[]", completed.stderr[-2000:]
+    assert completed.stdout == printed_by(cli, argv, capsys) == expected_answer(argv)
+
+
+def test_a_listed_path_is_the_one_its_name_gives_and_lists_every_packaged_file(capsys):
+    for kind, source in (("recipe", "recipes"), ("config", "accelerate")):
+        listed = dict(line.split("\t") for line in printed_by(cli, [kind], capsys).splitlines())
+        assert set(listed) == {path.stem for path in (REPO / "training" / source).glob("*.yaml")}
+        for name, path in listed.items():
+            assert printed_by(cli, [kind, name], capsys) == path + "\n"
+            assert Path(path).read_text() == (REPO / "training" / source / f"{name}.yaml").read_text()
+
+
+@pytest.mark.parametrize("argv", [["config", "dpp"], ["recipe", "multi30x"], ["config", "ddp", "fsdp"],
+                                  ["recipe", "--name"], ["config", "-h", "x"]], ids=" ".join)
+def test_an_unknown_name_or_more_arguments_get_the_packages_error_and_exit_status(argv, capsys):
+    import vanilla_transformer_command as command
+
+    errors = []
+    for main in (command.main, cli):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        captured = capsys.readouterr()
+        errors.append((exit_info.value.code, captured.out, captured.err))
+    assert errors[0] == errors[1]
+    code, out, err = errors[0]
+    assert code == 2 and out == "" and re.fullmatch(rf"vanilla-transformer {argv[0]}: error: [^\n]+\n", err), err

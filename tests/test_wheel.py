@@ -91,6 +91,15 @@ def test_the_wheel_installs_the_command_the_package_data_and_no_source_tree(inst
     listed = run([installed / "vanilla-transformer", "recipe"], cwd=tmp_path).stdout
     assert {line.split("\t")[0] for line in listed.splitlines()} == {
         path.stem for path in (REPO / "training" / "recipes").glob("*.yaml")}
+    answered = run([installed / "python", "-c", "import sys, vanilla_transformer_command as command; "
+                    "command.main(['config', 'ddp']); "
+                    "print(sorted({'torch', 'transformers', 'vanilla_transformer'} & set(sys.modules)))"],
+                   cwd=tmp_path).stdout.splitlines()  # the console script's own answer, from beside the package
+    ddp = Path(answered[0])
+    assert answered[1:] == ["[]"] and ddp.is_relative_to(installed.parent), answered
+    assert ddp.read_text() == (REPO / "training" / "accelerate" / "ddp.yaml").read_text()
+    misspelt = run([installed / "vanilla-transformer", "config", "dpp"], cwd=tmp_path, check=False)
+    assert misspelt.returncode == 2 and "did you mean 'ddp'" in misspelt.stderr, misspelt.stderr[-2000:]
     assert (installed / "vanilla-transformer-train-tokenizer").is_file()
 
 

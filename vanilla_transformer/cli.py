@@ -11,8 +11,9 @@
 Recipes (``train RECIPE``) and accelerate configs (``config NAME``) ship inside the package and are
 named, not located. Every flag takes both spellings (``--num_beams``, ``--num-beams``). Bad input
 ends in one line naming the flag and the fix, exit status 2; from Python the same calls raise. The
-installed command starts in `vanilla_transformer_command`, which prints help screens (`help_text`)
-from a cache without importing torch.
+installed command starts in `vanilla_transformer_command` (installed beside the package), which answers
+``--version``, ``recipe`` and ``config`` and prints help screens (`help_text`) from a cache without
+importing torch; the packaged files are looked up there, by the same functions for both.
 """
 
 from __future__ import annotations
@@ -24,10 +25,7 @@ import sys
 from pathlib import Path
 from typing import NoReturn
 
-PROG = "vanilla-transformer"
-PACKAGE = Path(__file__).resolve().parent
-RECIPES = PACKAGE / "training" / "recipes"  # one YAML file of flags per run (package data)
-ACCELERATE_CONFIGS = PACKAGE / "training" / "accelerate_configs"  # for `accelerate launch --config_file`
+from vanilla_transformer_command import PROG, packaged, packaged_path, packaged_text, version_text
 
 # name -> (module with main(argv) and build_parser(prog), what it does)
 TOOLS = {
@@ -54,30 +52,21 @@ PATHS = {
 
 
 def recipe_names() -> list[str]:
-    return sorted(path.stem for path in RECIPES.glob("*.yaml"))
+    return list(packaged("recipe"))
 
 
 def accelerate_config_names() -> list[str]:
-    return sorted(path.stem for path in ACCELERATE_CONFIGS.glob("*.yaml"))
+    return list(packaged("config"))
 
 
 def recipe_path(name: str) -> Path:
     """The packaged recipe ``name`` (``multi30k``, ``wmt14-en-de-base``, ...): its YAML file of flags."""
-    return _packaged(name, RECIPES, recipe_names(), "recipe")
+    return packaged_path("recipe", name)
 
 
 def accelerate_config_path(name: str) -> Path:
     """The packaged accelerate config ``name`` (``single``, ``ddp``, ``fsdp``) for ``accelerate launch --config_file``."""
-    return _packaged(name, ACCELERATE_CONFIGS, accelerate_config_names(), "accelerate config")
-
-
-def _packaged(name: str, folder: Path, names: list[str], what: str) -> Path:
-    stem = name.removesuffix(".yaml")
-    if stem not in names:
-        close = difflib.get_close_matches(stem, names, n=1)
-        raise ValueError(f"There is no {what} named {name!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
-                         f"the package has {', '.join(names)}, or give the path of a .yaml file.")
-    return folder / f"{stem}.yaml"
+    return packaged_path("config", name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -141,15 +130,11 @@ def run_command(name: str, argv: list[str], prog: str | None = None):
 
 
 def print_path(kind: str, argv: list[str]) -> None:
-    names, lookup = (recipe_names(), recipe_path) if kind == "recipe" else (accelerate_config_names(),
-                                                                             accelerate_config_path)
-    if not argv:
-        print("\n".join(f"{name}\t{lookup(name)}" for name in names))
-        return
-    if len(argv) > 1 or argv[0].startswith("-"):
-        exit_with_usage_error(f"{PROG} {kind}", f"give one name ({', '.join(names)}), got {' '.join(argv)}")
+    """What ``recipe [NAME]`` and ``config [NAME]`` print (the console script prints it itself), or their errors."""
+    if len(argv) > 1 or (argv and argv[0].startswith("-")):
+        exit_with_usage_error(f"{PROG} {kind}", f"give one name ({', '.join(packaged(kind))}), got {' '.join(argv)}")
     try:
-        print(lookup(argv[0]))
+        sys.stdout.write(packaged_text(kind, *argv))
     except ValueError as error:
         exit_with_usage_error(f"{PROG} {kind}", error)
 
@@ -201,9 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     if not argv or argv[0] in {"-h", "--help"}:
         print(usage())
     elif argv[0] == "--version":
-        from importlib.metadata import version
-
-        print(f"{PROG} {version('vanilla-transformer')}")
+        sys.stdout.write(version_text())
     elif argv[0] in PATHS:
         print_path(argv[0], argv[1:])
     elif argv[0] in TOOLS:
