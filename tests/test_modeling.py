@@ -353,6 +353,45 @@ def test_an_encoder_output_shared_by_several_decodings_equals_it_repeated_for_ea
             torch.testing.assert_close(ours, reference)
 
 
+# torch 2.13's CPU flex attention kernel, once torch.compile recompiles it for dynamic shapes (its default at a
+# second shape), fails for some shapes ("index out of bounds ... cur_qSplitSize", or C++ that does not compile)
+# with or without shared encoder outputs: the compiled test compiles each shape on its own, and never falls back.
+static_shapes = torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64)
+
+
+@pytest.mark.parametrize("kernel", ["unfused", pytest.param("compiled", marks=pytest.mark.slow)])  # ~30 s a case
+@pytest.mark.parametrize("padded", [True, False], ids=["padded source", "unpadded source"])
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@static_shapes
+@torch.no_grad()
+def test_flex_attention_shares_an_encoder_output_as_if_it_were_repeated(padded, kernel):
+    """Flex attention's mask is a BlockMask (a mask function), not a tensor to repeat. Three decodings of each
+    source: three target tokens at once, then one more with the cache of those three, against the same calls with
+    the encoder output and the source mask repeated for every decoding. "unfused" runs flex attention's PyTorch
+    reference (torch.compile's force_eager stance), "compiled" its fused CPU kernel."""
+    if kernel == "compiled" and not flex_attention_runs():
+        pytest.skip("flex attention does not compile on this machine")
+    model = tiny_model()
+    model.set_attn_implementation("flex_attention")
+    input_ids, attention_mask = source_batch()
+    if not padded:
+        attention_mask = torch.ones_like(attention_mask)
+    decoder_input_ids = torch.randint(4, VOCAB, (6, 4), generator=torch.Generator().manual_seed(3))
+
+    def decode(encoder_output, attention_mask):
+        first = model(encoder_outputs=(encoder_output,), attention_mask=attention_mask,
+                      decoder_input_ids=decoder_input_ids[:, :3], use_cache=True)
+        second = model(encoder_outputs=(encoder_output,), attention_mask=attention_mask,
+                       decoder_input_ids=decoder_input_ids[:, 3:], use_cache=True, **{CACHE: getattr(first, CACHE)})
+        return torch.cat([first.logits, second.logits], dim=1)
+
+    with torch.compiler.set_stance("force_eager" if kernel == "unfused" else "default"):
+        encoder_output = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        shared = decode(encoder_output, attention_mask)
+        repeated = decode(encoder_output.repeat_interleave(3, dim=0), attention_mask.repeat_interleave(3, dim=0))
+    torch.testing.assert_close(shared, repeated, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("decoder_rows", [1, 5])  # fewer rows than sources; not a whole number per source
 def test_decoder_rows_that_do_not_divide_among_the_sources_are_an_error(decoder_rows):
     model = tiny_model()

@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 from safetensors import SafetensorError
 from torch import nn
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 from transformers import PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
@@ -217,9 +218,22 @@ def share_keys(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Ten
         return query, attention_mask, group
     rows, heads, length, dim = query.shape
     query = query.view(rows // group, group, heads, length, dim).transpose(1, 2)
-    if attention_mask is not None and attention_mask.shape[-2] > 1:
+    if isinstance(attention_mask, BlockMask):  # flex attention: a mask function, evaluated again over G * T
+        attention_mask = repeat_block_mask(attention_mask, length, group)
+    elif attention_mask is not None and attention_mask.shape[-2] > 1:
         attention_mask = attention_mask.repeat(1, 1, group, 1)
     return query.reshape(rows // group, heads, group * length, dim), attention_mask, group
+
+
+def repeat_block_mask(mask: BlockMask, length: int, group: int) -> BlockMask:
+    """A flex attention mask over T query positions -> the same over G * T, query position q read as q mod T."""
+    rows, heads, _, key_length = mask.shape
+
+    def mask_mod(row, head, query_position, key_position):
+        return mask.mask_mod(row, head, query_position % length, key_position)
+
+    return create_block_mask(mask_mod, rows, heads, group * length, key_length,
+                             device=mask.kv_num_blocks.device, BLOCK_SIZE=mask.BLOCK_SIZE)
 
 
 def unshare_keys(output: torch.Tensor, weights: torch.Tensor | None, group: int):
