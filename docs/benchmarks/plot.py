@@ -66,7 +66,9 @@ def decoding_speed(data: dict, path: Path) -> Path:
     axes.set_xticks(range(len(configurations)))
     axes.set_xticklabels([f"beam x batch\n{c}" for c in configurations], fontsize=8)
     axes.set_ylabel("sentences/s")
-    axes.set_title(f"Decoding Multi30k test sentences, same weights ({data['machine']}, 2 cores, {data['date']})",
+    threads = data.get("threads")  # as measured: one thread, or the machine's 2 cores
+    where = f"{threads} thread" + ("s" if threads != 1 else "") if threads else "2 cores"
+    axes.set_title(f"Decoding Multi30k test sentences, same weights ({data['machine']}, {where}, {data['date']})",
                    fontsize=9)
     axes.legend(fontsize=7)
     axes.grid(axis="y", alpha=0.3)
