@@ -212,6 +212,36 @@ def test_lean_step_merges_finished_hypotheses_only_when_one_ends_and_keeps_the_h
         assert merges["ours"] == 1 and produced.shape[1] == 1 + 12 and not (produced == EOS).any()
 
 
+SECOND_EOS = 5
+
+
+@pytest.mark.parametrize("arguments", [
+    dict(early_stopping=True), dict(early_stopping=True, num_return_sequences=2), dict(early_stopping=False),
+    dict(early_stopping=True, repetition_penalty=1.3),
+], ids=["paper", "returns-2", "not-early", "with-a-processor"])
+def test_sentences_that_end_at_the_first_step_leave_the_batch_with_transformers_hypotheses(arguments):
+    """With two end-of-sentence tokens and two beams, a sentence can have all its hypotheses end at the first
+    step, when the decoder still runs one row per sentence: it leaves in the first reorder of the cache."""
+    marian = marian_that_stops(seed=2, eos_bias=1.5)
+    with torch.no_grad():
+        marian.final_logits_bias[0, SECOND_EOS] = 1.5
+    ours = from_marian(marian)
+    stock = copy.deepcopy(ours)
+
+    class Stock(VanillaTransformerForConditionalGeneration):
+        _beam_search = GenerationMixin._beam_search
+
+    stock.__class__ = Stock
+    rows = rows_per_decoder_call(ours)
+    settings = dict(num_beams=2, max_new_tokens=6, eos_token_id=[EOS, SECOND_EOS], pad_token_id=PAD) | arguments
+    inputs = padded_sources(seed=3)
+    produced, expected = ours.generate(**inputs, **settings), stock.generate(**inputs, **settings)
+    assert torch.equal(produced, expected)
+    sentences = inputs["input_ids"].shape[0]
+    if arguments.get("early_stopping"):  # the case is a real one: some sentences left after the first step
+        assert rows[0] == sentences and rows[1] < 2 * sentences, rows  # one row per sentence, then 2 per kept one
+
+
 def test_best_continuations_equal_the_top_k_over_all_beams_and_tokens():
     generator = torch.Generator().manual_seed(0)
     sentences, beams, vocabulary, keep = 5, 4, 30, 8
