@@ -306,7 +306,14 @@ def flex_attention_runs() -> bool:
     return any(shutil.which(compiler) for compiler in (os.environ.get("CXX") or "c++", "g++", "clang++"))
 
 
+# torch 2.13's CPU flex attention kernel, once torch.compile recompiles it for dynamic shapes (its default at a
+# second shape), fails for some shapes ("index out of bounds ... cur_qSplitSize", or C++ that does not compile)
+# with or without shared encoder outputs: the flex tests compile each shape on its own and never fall back.
+static_shapes = torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64)
+
+
 @pytest.mark.parametrize("implementation", ["sdpa", "flex_attention"])
+@static_shapes
 @torch.no_grad()
 def test_attention_backends_agree_with_eager_on_padded_batches(implementation):
     if implementation == "flex_attention" and not flex_attention_runs():
@@ -347,12 +354,6 @@ def test_an_encoder_output_shared_by_several_decodings_equals_it_repeated_for_ea
         for ours, reference in zip(shared.cross_attentions, repeated.cross_attentions, strict=True):
             assert ours.shape == (6, 4, target_length, 9)
             torch.testing.assert_close(ours, reference)
-
-
-# torch 2.13's CPU flex attention kernel, once torch.compile recompiles it for dynamic shapes (its default at a
-# second shape), fails for some shapes ("index out of bounds ... cur_qSplitSize", or C++ that does not compile)
-# with or without shared encoder outputs: the compiled test compiles each shape on its own, and never falls back.
-static_shapes = torch._dynamo.config.patch(automatic_dynamic_shapes=False, recompile_limit=64)
 
 
 @pytest.mark.parametrize("kernel", ["unfused", pytest.param("compiled", marks=pytest.mark.slow)])  # ~30 s a case
