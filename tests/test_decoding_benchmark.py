@@ -10,7 +10,7 @@ import gzip
 
 import pytest
 
-from helpers import load_script
+from helpers import REPO, load_script
 
 decoding = load_script("benchmarks/decoding.py")
 
@@ -47,6 +47,27 @@ def test_every_system_decodes_and_ours_and_ctranslate2_float32_equal_marianmt(tm
         assert all(len(times) == 1 and times[0] > 0 for times in seconds.values())
     rows = [line for line in printed.splitlines() if line.startswith(("| ours |", "| CTranslate2 float32 |"))]
     assert len(rows) == 4 and all(row.rstrip().endswith("| identical |") for row in rows), rows
+
+
+def test_search_ab_compares_a_commits_search_with_the_working_trees_on_one_model(tmp_path):
+    """The A/B script runs both searches on the same batches; against HEAD (here the same code) the hypotheses
+    are identical, and a commit git cannot show is refused naming the flag."""
+    import shutil
+    import subprocess
+    import sys
+
+    if shutil.which("git") is None or subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO,
+                                                     capture_output=True).returncode:
+        pytest.skip("needs the git history of the repository")
+    write_split(tmp_path, "train", 200, seed=0)
+    write_split(tmp_path, "test_2016_flickr", 12, seed=1)
+    script = [sys.executable, str(REPO / "benchmarks" / "search_ab.py"), "--data-dir", str(tmp_path)]
+    completed = subprocess.run([*script, "--base", "HEAD", "--sentences", "8", "--rounds", "2"],
+                               capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 0, completed.stderr
+    assert "identical hypotheses: True" in completed.stdout and "base / working tree per round:" in completed.stdout
+    refused = subprocess.run([*script, "--base", "no-such-commit"], capture_output=True, text=True, timeout=600)
+    assert refused.returncode != 0 and "--base no-such-commit: git cannot show" in refused.stderr
 
 
 profile = load_script("benchmarks/profile_training_step.py")
