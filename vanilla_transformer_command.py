@@ -80,9 +80,15 @@ def quick_answer(argv: list[str]) -> str | None:
 
 
 def version_text() -> str:
+    """``vanilla-transformer X.Y.Z``, from the installed distribution's metadata; a one-line error without one."""
     from importlib import metadata
 
-    return f"{PROG} {metadata.version(PROG)}\n"
+    try:
+        return f"{PROG} {metadata.version(PROG)}\n"
+    except metadata.PackageNotFoundError:
+        print(f"{PROG}: error: the {PROG} distribution is not installed, so it has no version: run "
+              "`pip install -e .` in the clone (or `pip install vanilla-transformer`)", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def packaged_text(kind: str, name: str | None = None) -> str:

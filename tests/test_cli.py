@@ -289,6 +289,22 @@ def test_a_listed_path_is_the_one_its_name_gives_and_lists_every_packaged_file(c
             assert Path(path).read_text() == (REPO / "training" / source / f"{name}.yaml").read_text()
 
 
+def test_version_without_an_installed_distribution_is_a_one_line_error(monkeypatch, capsys):
+    """A clone run without `pip install` has no metadata to read the version from: say so and how to fix it."""
+    import vanilla_transformer_command as command
+
+    def not_installed(name):
+        raise metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(metadata, "version", not_installed)
+    for main in (command.main, cli):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["--version"])
+        error = capsys.readouterr().err
+        assert exit_info.value.code == 2 and error.count("\n") == 1
+        assert "not installed" in error and "pip install -e ." in error
+
+
 @pytest.mark.parametrize("argv", [["config", "dpp"], ["recipe", "multi30x"], ["config", "ddp", "fsdp"],
                                   ["recipe", "--name"], ["config", "-h", "x"]], ids=" ".join)
 def test_an_unknown_name_or_more_arguments_get_the_packages_error_and_exit_status(argv, capsys):
