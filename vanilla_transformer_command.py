@@ -114,7 +114,7 @@ def packaged_path(kind: str, name: str) -> Path:
         close = difflib.get_close_matches(stem, list(files), n=1)
         raise ValueError(f"There is no {PACKAGED[kind][1]} named {name!r}"
                          f"{f' (did you mean {close[0]!r}?)' if close else ''}; the package has "
-                         f"{', '.join(files)}, or give the path of a .yaml file.")
+                         f"{', '.join(files)}.")
     return files[stem]
 
 

@@ -49,6 +49,7 @@ def test_packaged_files_by_name_and_a_misspelt_name_with_the_closest(capsys):
         cli(["config", "dpp"])
     error = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and len(error.splitlines()) == 1 and "did you mean 'ddp'" in error
+    assert "path" not in error  # `config` takes names only
     with pytest.raises(SystemExit):
         cli(["trian"])
     assert "did you mean 'train'" in capsys.readouterr().err
@@ -87,7 +88,8 @@ def test_train_takes_both_spellings_and_refuses_bad_values_in_one_line(tmp_path,
                           (["--max_tokns", "300"], "--max_tokns is not a flag of vanilla-transformer train (did you "
                                                    "mean --max_tokens?)"),
                           (["--preset", "huge"], "--preset 'huge' does not exist"),
-                          (["multi30x"], "no recipe named 'multi30x' (did you mean 'multi30k'?)")):
+                          (["multi30x"], "no recipe named 'multi30x' (did you mean 'multi30k'?)"),
+                          (["multi30x"], "Or give the path of a recipe file (.yaml")):
         with pytest.raises(SystemExit) as exit_info:
             cli(["train", *argv, "--output_dir", str(tmp_path / "out")])
         error = capsys.readouterr().err.strip()

@@ -273,7 +273,7 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
     on_command_line = set(given)  # a recipe file may set model flags that a fine-tuning command does not need
     if argv and not argv[0].startswith("-"):
         first = argv.pop(0)
-        path = Path(first) if Path(first).suffix in ARGUMENT_FILE_SUFFIXES else recipe_path(first)
+        path = Path(first) if Path(first).suffix in ARGUMENT_FILE_SUFFIXES else _recipe_or_error(first)
         values = _read_argument_file(path)
         _refuse_foreign_flags(values, f"{str(path)!r}")
         if unknown := sorted(set(values) - known):
@@ -337,6 +337,14 @@ def _warn_ignored_flags(model_args: ModelArguments, given: set) -> None:
     if (model_args.tokenizer_name_or_path or loaded) and (names := sorted(given & tokenizer_flags)):
         logger.warning(f"{', '.join('--' + name for name in names)} ignored: the tokenizer is loaded (from "
                        "--tokenizer_name_or_path or --model_name_or_path), not trained")
+
+
+def _recipe_or_error(name: str) -> Path:
+    """The packaged recipe ``name``; its error adds that a recipe file is given by its path."""
+    try:
+        return recipe_path(name)
+    except ValueError as error:
+        raise ValueError(f"{error} Or give the path of a recipe file ({', '.join(ARGUMENT_FILE_SUFFIXES)}).") from None
 
 
 def _read_argument_file(path: Path) -> dict:
