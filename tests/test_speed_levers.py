@@ -7,6 +7,7 @@ the binomial law of a dropout mask, and the eager model for the compiled paths.
 """
 
 import copy
+import math
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from transformers import GenerationMixin, MarianConfig, MarianMTModel
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert import from_marian
-from vanilla_transformer.generation_vanilla_transformer import BeamSearch, best_continuations
+from vanilla_transformer.generation_vanilla_transformer import BeamSearch, best_continuations, top_tokens
 from vanilla_transformer.modeling_vanilla_transformer import Dropout, label_smoothed_cross_entropy
 
 VOCAB, PAD, EOS, START = 40, 0, 3, 0
@@ -252,6 +253,26 @@ def test_best_continuations_equal_the_top_k_over_all_beams_and_tokens():
     expected_scores, flat = torch.topk(sums, keep)
     assert torch.equal(scores, expected_scores)
     assert torch.equal(beam, flat // vocabulary) and torch.equal(token, flat % vocabulary)
+
+
+@pytest.mark.parametrize("vocabulary", [8000, 8003, 37000])  # whole blocks, a partial last block, WMT's size
+def test_top_tokens_by_blocks_equal_torch_topk_over_the_whole_vocabulary(vocabulary):
+    generator = torch.Generator().manual_seed(vocabulary)
+    log_probs = (torch.randn(64, vocabulary, generator=generator) * 4).log_softmax(-1)
+    log_probs[1, :-5] = -math.inf  # a processor left five tokens, all in the partial block when there is one
+    log_probs[2, 3::7] = -math.inf
+    log_probs[3, vocabulary - 1] = 50.0  # the best token is the last one
+    log_probs[4, 100:200] = 10.0  # more equal best scores than kept, in two blocks
+    for keep in (1, 8, 12):
+        scores, tokens = top_tokens(log_probs, keep)
+        expected_scores, expected_tokens = torch.topk(log_probs, keep)
+        assert torch.equal(scores, expected_scores)
+        assert torch.equal(log_probs.gather(1, tokens), scores)  # each token carries its score
+        assert all(len(set(row)) == keep for row in tokens.tolist())
+        # rows without equal scores among their best keep + 1 (row 1's -inf, row 4's 10.0): the same tokens
+        best = torch.topk(log_probs, keep + 1).values
+        distinct = [row for row in range(64) if len(set(best[row].tolist())) == keep + 1]
+        assert len(distinct) >= 61 and torch.equal(tokens[distinct], expected_tokens[distinct])
 
 
 def test_the_model_compiles_as_one_graph():
