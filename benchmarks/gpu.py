@@ -119,7 +119,7 @@ def synthetic_lengths(count: int, seed: int) -> np.ndarray:
 def shape_statistics(lengths: np.ndarray, max_tokens: int) -> dict:
     """The batches of one epoch as `TokenBatchSampler` packs them: how many, how many shapes, how much padding."""
     started = time.perf_counter()
-    sampler = TokenBatchSampler(lengths, max_tokens, shuffle=False)
+    sampler = TokenBatchSampler(lengths, max_tokens, shuffle=False, pad_to_buckets=True)
     shapes = sampler.shapes  # (batches, 3): rows, source length, target length
     padded = int((shapes[:, 0] * (shapes[:, 1] + shapes[:, 2])).sum())
     return {
@@ -134,7 +134,7 @@ def make_batches(lengths: np.ndarray, max_tokens: int, vocab_size: int, count: i
                  epoch: int = 0) -> list[dict]:
     """``count`` token batches as TokenBatchSampler packs them (epoch ``epoch``'s order), random ids padded
     to the batch's bucket shape by `PadToBucket`, as the Trainer's data loader pads them."""
-    sampler = TokenBatchSampler(lengths, max_tokens, shuffle=True, seed=seed)
+    sampler = TokenBatchSampler(lengths, max_tokens, shuffle=True, seed=seed, pad_to_buckets=True)
     sampler.set_epoch(epoch)
     generator = torch.Generator().manual_seed(seed + epoch)
 

@@ -502,3 +502,10 @@ def test_empty_source_tensors_get_a_clear_error(model_dir):
         model(input_ids=empty, decoder_input_ids=torch.full((2, 1), model.config.decoder_start_token_id))
     with pytest.raises(ValueError, match=r"empty sequence \(shape \(2, 0\)\)"):
         model.generate(input_ids=empty)
+
+
+def test_pad_to_buckets_outside_its_choices_is_refused_from_python_too(tmp_path):
+    from vanilla_transformer.training.trainer import TransformerTrainingArguments
+
+    with pytest.raises(ValueError, match="--pad_to_buckets must be one of auto, always, never, got 'yes'"):
+        TransformerTrainingArguments(output_dir=str(tmp_path), pad_to_buckets="yes", use_cpu=True, report_to="none")

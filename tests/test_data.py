@@ -297,32 +297,79 @@ def reference_bucket(length: int, max_tokens: int) -> int:
 CASES = [(seed, pairs) for seed in range(40) for pairs in (False, True)]
 
 
+@pytest.mark.parametrize("pad_to_buckets", [False, True])
 @pytest.mark.parametrize("seed, pairs", CASES)
-def test_sampler_properties_on_random_lengths(seed, pairs):
+def test_sampler_properties_on_random_lengths(seed, pairs, pad_to_buckets):
     rng = random.Random(seed)
     n = rng.randint(1, 300)
     lengths = random_lengths(rng, n, max_length=rng.randint(1, 120), pairs=pairs)
     longest = max(max(as_pair(x)) for x in lengths)
     max_tokens = rng.randint(longest, longest * 20)
-    sampler = TokenBatchSampler(lengths, max_tokens, seed=seed)
+    sampler = TokenBatchSampler(lengths, max_tokens, seed=seed, pad_to_buckets=pad_to_buckets)
     batches = list(sampler)
+    padded_to = (lambda length: reference_bucket(length, max_tokens)) if pad_to_buckets else (lambda length: length)
 
     assert len(sampler) == len(batches) == len(sampler.shapes)
     flat = [i for b in batches for i in b]
     assert sorted(flat) == list(range(n))  # every example exactly once
     for index, batch in enumerate(sampler.batches):
         rows, source, target = sampler.shapes[index].tolist()
-        # The shape is the buckets of the longest source and target: what PadToBucket pads the batch to.
-        assert source == reference_bucket(max(as_pair(lengths[i])[0] for i in batch), max_tokens)
-        assert target == reference_bucket(max(as_pair(lengths[i])[1] for i in batch), max_tokens)
+        # The shape is the longest source and target, or their buckets: what the batch is padded to.
+        assert source == padded_to(max(as_pair(lengths[i])[0] for i in batch))
+        assert target == padded_to(max(as_pair(lengths[i])[1] for i in batch))
         assert rows == len(batch) and rows * max(source, target) <= max_tokens
         assert padded_tokens(batch, lengths) <= max_tokens
+
+
+def greedy_batches(lengths, max_tokens: int) -> list[list[int]]:
+    """fairseq's --max-tokens batches, as the sampler made them before bucket shapes (e09363e): pairs sorted
+    by (source, target), a batch closed when one more row padded to its longest side would pass max_tokens."""
+    pairs = [as_pair(length) for length in lengths]
+    batches, batch, longest = [], [], 0
+    for index in sorted(range(len(pairs)), key=lambda i: (pairs[i], i)):
+        grown = max(longest, *pairs[index])
+        if batch and (len(batch) + 1) * grown > max_tokens:
+            batches.append(batch)
+            batch, grown = [], max(pairs[index])
+        batch.append(index)
+        longest = grown
+    return batches + [batch]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_sampler_without_buckets_makes_the_greedy_batches_of_sorted_pairs(seed):
+    rng = random.Random(seed)
+    lengths = random_lengths(rng, rng.randint(1, 400), max_length=60, pairs=True)
+    max_tokens = rng.randint(60, 600)
+    sampler = TokenBatchSampler(lengths, max_tokens, shuffle=False)
+    assert sampler.batches == greedy_batches(lengths, max_tokens)
+
+
+def multi30k_like_lengths(count: int, seed: int) -> np.ndarray:
+    """Image captions after a joint BPE: about 13-14 tokens a side, rarely over 40."""
+    rng = np.random.default_rng(seed)
+    source = np.clip(np.rint(rng.lognormal(mean=2.55, sigma=0.35, size=count)), 3, 60).astype(np.int64)
+    target = np.clip(np.rint(source * rng.uniform(0.85, 1.3, size=count)), 3, 60).astype(np.int64)
+    return np.stack([source, target], axis=1)
+
+
+def test_short_sentences_fill_a_batch_as_they_did_before_bucket_shapes():
+    """The Multi30k recipe's 1,024 padded tokens: without buckets (the default, and the trainer's choice on
+    the CPU without --torch_compile) a batch holds as many sentences as e09363e's packing; buckets cost more
+    than a tenth of them."""
+    lengths = multi30k_like_lengths(29_000, seed=0)
+    before = greedy_batches(lengths.tolist(), 1024)
+    sentences_before = len(lengths) / len(before)
+    default = TokenBatchSampler(lengths, 1024, seed=0)
+    assert len(lengths) / default.num_batches >= sentences_before
+    bucketed = TokenBatchSampler(lengths, 1024, seed=0, pad_to_buckets=True)
+    assert len(lengths) / bucketed.num_batches < 0.9 * sentences_before
 
 
 def test_sampler_batches_of_a_cell_have_one_shape_and_are_full():
     """Pairs of one (source bucket, target bucket) cell fill batches of max_tokens // longest bucket rows."""
     lengths = [(9, 12)] * 50 + [(3, 5)] * 7 + [(30, 17)] * 21  # cells (16, 16), (8, 8), (32, 24)
-    sampler = TokenBatchSampler(lengths, max_tokens=64, shuffle=False)
+    sampler = TokenBatchSampler(lengths, max_tokens=64, shuffle=False, pad_to_buckets=True)
     shapes = [tuple(shape) for shape in sampler.shapes.tolist()]
     # (8, 8): 7 pairs, fewer than its batch of 8: they wait and fill the first (16, 16) batches, each of
     # which holds one pair of its own cell; the last (16, 16) pair fills the first (32, 24) batch.
@@ -335,7 +382,7 @@ def test_sampler_on_wmt_like_lengths_has_few_shapes_and_little_padding():
     from helpers import load_script
 
     lengths = load_script("benchmarks/gpu.py").synthetic_lengths(200_000, seed=0)
-    sampler = TokenBatchSampler(lengths, max_tokens=12288, shuffle=False)
+    sampler = TokenBatchSampler(lengths, max_tokens=12288, shuffle=False, pad_to_buckets=True)
     shapes = sampler.shapes
     padded = (shapes[:, 0] * (shapes[:, 1] + shapes[:, 2])).sum()
     assert len({tuple(shape) for shape in shapes.tolist()}) <= 64  # 1,000 batches of an unbucketed packing: ~900
@@ -359,8 +406,11 @@ def test_sampler_epoch_order_is_deterministic_and_changes_between_epochs():
 
 
 def test_sampler_without_shuffle_goes_shortest_first():
-    lengths = [5, 1, 4, 2, 3, 1]  # bucket_width 1: buckets are the lengths themselves below 10
-    assert list(TokenBatchSampler(lengths, max_tokens=6, shuffle=False, bucket_width=1)) == [[3, 1, 5], [4], [2], [0]]
+    lengths = [5, 1, 4, 2, 3, 1]
+    assert list(TokenBatchSampler(lengths, max_tokens=6, shuffle=False)) == [[1, 5, 3], [4], [2], [0]]
+    # bucket_width 1: buckets are the lengths themselves below 10
+    bucketed = TokenBatchSampler(lengths, max_tokens=6, shuffle=False, pad_to_buckets=True, bucket_width=1)
+    assert list(bucketed) == [[3, 1, 5], [4], [2], [0]]
 
 
 def test_sampler_example_longer_than_max_tokens_is_an_error():
@@ -385,8 +435,11 @@ def test_sampler_rejects_bad_arguments(kwargs, match):
 
 
 def test_sampler_accepts_tensor_lengths():
-    sampler = TokenBatchSampler(torch.tensor([3, 1, 2]), max_tokens=6, shuffle=False, bucket_width=1)
-    assert list(sampler) == [[2], [0, 1]]  # 1 waits for a batch of 3s, which has room for it, not for 2
+    sampler = TokenBatchSampler(torch.tensor([3, 1, 2]), max_tokens=6, shuffle=False)
+    assert list(sampler) == [[1, 2], [0]]
+    bucketed = TokenBatchSampler(torch.tensor([3, 1, 2]), max_tokens=6, shuffle=False, pad_to_buckets=True,
+                                 bucket_width=1)
+    assert list(bucketed) == [[2], [0, 1]]  # 1 waits for a batch of 3s, which has room for it, not for 2
 
 
 def ranks(lengths, max_tokens, num_replicas, epoch=0, **kwargs):
@@ -422,7 +475,7 @@ def test_sampler_data_parallel_ranks_split_the_batches(seed, num_replicas):
 
 def test_sampler_two_ranks_disjoint_equal_and_complete():
     lengths = [5] * 60 + [10] * 40  # max_tokens 10: 30 batches of two, 40 of one, an even count
-    samplers, (rank0, rank1) = ranks(lengths, max_tokens=10, num_replicas=2, bucket_width=5)
+    samplers, (rank0, rank1) = ranks(lengths, max_tokens=10, num_replicas=2)
     assert len(samplers[0].batches) == 70
     assert len(rank0) == len(rank1) == len(samplers[0])
     seen0, seen1 = {i for b in rank0 for i in b}, {i for b in rank1 for i in b}
@@ -440,10 +493,10 @@ def test_sampler_drop_last_drops_the_remainder_equally():
 
 
 def test_sampler_fewer_batches_than_replicas(caplog):
-    _, per_rank = ranks([1, 1], max_tokens=2, num_replicas=3, bucket_width=1)  # one batch, repeated for every rank
+    _, per_rank = ranks([1, 1], max_tokens=2, num_replicas=3)  # one batch, repeated for every rank
     assert per_rank == [[[0, 1]]] * 3
     with caplog.at_level(logging.WARNING, logger="vanilla_transformer.training.batching"):
-        _, per_rank = ranks([1, 1], max_tokens=2, num_replicas=3, drop_last=True, bucket_width=1)
+        _, per_rank = ranks([1, 1], max_tokens=2, num_replicas=3, drop_last=True)
     assert per_rank == [[], [], []] and "every rank gets no batch" in caplog.text
 
 
@@ -461,7 +514,7 @@ def test_dataloader_with_collator_stays_within_max_tokens(tmp_path, cache):
     kept, counts = drop_unusable(tokenize_dataset(text, tokenizer), 40, 40)
     assert 0 < counts["empty"] < 200 - counts["kept"] < 200
     max_tokens = 160
-    sampler = TokenBatchSampler(example_lengths(kept), max_tokens=max_tokens, seed=0)
+    sampler = TokenBatchSampler(example_lengths(kept), max_tokens=max_tokens, seed=0, pad_to_buckets=True)
     features = kept.select_columns(["input_ids", "labels"])
     collator = PadToBucket(DataCollatorForSeq2Seq(tokenizer), tokenizer.pad_token_id, max_tokens)
     loader = DataLoader(features, batch_sampler=sampler, collate_fn=collator)

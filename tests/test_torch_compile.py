@@ -8,11 +8,13 @@ are dynamo's, the same as with inductor, without its code generation."""
 import numpy as np
 import pytest
 import torch
+from datasets import Dataset
 from torch._dynamo.utils import counters
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler
-from vanilla_transformer.training.trainer import TransformerTrainer, TransformerTrainingArguments, allow_recompiles
+from vanilla_transformer.training.trainer import (TransformerTrainer, TransformerTrainingArguments, allow_recompiles,
+                                                  pads_to_buckets)
 
 VOCAB = 50
 
@@ -30,7 +32,8 @@ def random_batch(lengths: np.ndarray, generator: torch.Generator):
 
 def compiles_over_an_epoch(lengths: np.ndarray, bucket_width: int = 8) -> tuple[int, int, int]:
     """(frames dynamo compiled, distinct batch shapes, buckets of the sampler) over one epoch."""
-    sampler = TokenBatchSampler(lengths, max_tokens=256, shuffle=True, seed=0, bucket_width=bucket_width)
+    sampler = TokenBatchSampler(lengths, max_tokens=256, shuffle=True, seed=0, pad_to_buckets=True,
+                                bucket_width=bucket_width)
     collate = random_batch(lengths, torch.Generator().manual_seed(0))
     collate = PadToBucket(collate, pad_token_id=0, max_tokens=256, bucket_width=bucket_width)
     batches = [collate(indices) for indices in sampler]
@@ -79,3 +82,35 @@ def test_torch_compile_flag_compiles_static_shapes(tmp_path):
     assert trainer.accelerator.state.dynamo_plugin.dynamic is False
     allow_recompiles(100)
     assert torch._dynamo.config.recompile_limit >= 108
+
+
+def pad_to_longest(features: list[dict]) -> dict:
+    """What DataCollatorForSeq2Seq does: each side padded to the batch's longest (ids 0, labels -100)."""
+    def pad(key, fill):
+        width = max(len(f[key]) for f in features)
+        return torch.tensor([f[key] + [fill] * (width - len(f[key])) for f in features])
+    input_ids = pad("input_ids", 0)
+    return {"input_ids": input_ids, "attention_mask": (input_ids != 0).long(), "labels": pad("labels", -100)}
+
+
+@pytest.mark.parametrize("torch_compile, pad_to_buckets, expected", [
+    (True, "auto", True), (False, "auto", False), (False, "always", True), (True, "never", False),
+])
+def test_batches_are_padded_to_buckets_where_a_graph_is_compiled_per_shape(tmp_path, torch_compile, pad_to_buckets,
+                                                                           expected):
+    """--pad_to_buckets auto: bucket shapes only under --torch_compile (static shapes); without it they only
+    cost real tokens (tests/test_data.py -k short_sentences). The trainer's loader pads to them or not."""
+    args = TransformerTrainingArguments(output_dir=str(tmp_path), torch_compile=torch_compile, use_cpu=True,
+                                        report_to="none", max_tokens=64, pad_to_buckets=pad_to_buckets)
+    assert pads_to_buckets(args) is expected
+    model = VanillaTransformerForConditionalGeneration._from_config(VanillaTransformerConfig.from_preset("tiny"))
+    lengths = [(3, 5), (5, 3), (9, 9), (10, 11)] * 4
+    dataset = Dataset.from_list([{"input_ids": [5] * source, "labels": [6] * target} for source, target in lengths])
+    trainer = TransformerTrainer(model=model, args=args, train_dataset=dataset, data_collator=pad_to_longest)
+    for batch in trainer.get_train_dataloader():
+        longest = (batch["attention_mask"].sum(1).max().item(), (batch["labels"] != -100).sum(1).max().item())
+        widths = (batch["input_ids"].shape[1], batch["labels"].shape[1])
+        if expected:
+            assert all(width % 8 == 0 and width >= length for width, length in zip(widths, longest))
+        else:
+            assert widths == longest

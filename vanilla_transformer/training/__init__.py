@@ -4,8 +4,8 @@ Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
 
 - `data`: text files or Hub datasets into Arrow, tokenised with ``datasets.map`` and cached; the length
   filter that counts what it drops (`parallel_text_dataset`, `tokenize_dataset`, `drop_unusable`, ...).
-- `batching`: `TokenBatchSampler`, batches of at most ``max_tokens`` padded tokens (§5.1, fairseq's --max-tokens)
-  in a few bucket shapes, and `PadToBucket`, the collator wrapper that pads a batch to its shape.
+- `batching`: `TokenBatchSampler`, batches of at most ``max_tokens`` padded tokens (§5.1, fairseq's --max-tokens),
+  optionally in a few bucket shapes, and `PadToBucket`, the collator wrapper that pads a batch to its shape.
 - `trainer`: `TransformerTrainer` and `TransformerTrainingArguments`: token batches, per-token label
   smoothing over the accumulated batch (§5.4), eq. (3) as the learning-rate schedule (§5.3).
 - `averaging`: `average_checkpoints` (§6.1).

@@ -6,12 +6,15 @@ sentences of 3 to 200 tokens wastes most of a batch on padding or runs out of me
 one. `TokenBatchSampler` groups the examples by length so that a batch's *padded* size (sentences x
 longest side, what memory depends on) stays within ``max_tokens``; the batches are shuffled each epoch.
 
-Shapes are bounded: each side is padded to a bucket length (multiples of 8, about 10% apart above
-80 tokens) and the batches of one (source bucket, target bucket) cell have one number of rows, so an
-epoch of WMT14 has a few dozen distinct (rows, source length, target length) shapes instead of one
-per batch. A GPU pays for each new shape once (an attention plan, a compiled graph, allocator
-blocks); the price is padding to the bucket, about 11% of the tokens on WMT-like lengths
-(``python benchmarks/gpu.py --shapes-only``). `PadToBucket` pads a collated batch to its shape.
+By default a batch is cut greedily from the pairs sorted by length, as fairseq does: its rows are padded
+to its own longest source and target only, so short sentences (Multi30k's ~13 tokens) waste little of it.
+``pad_to_buckets=True`` bounds the shapes instead: each side is padded to a bucket length (multiples of 8,
+about 10% apart above 80 tokens) and the batches of one (source bucket, target bucket) cell have one number
+of rows, so an epoch of WMT14 has a few dozen distinct (rows, source length, target length) shapes instead
+of one per batch. That is what a compiled graph per shape (``torch.compile`` with static shapes) needs; the
+price is the padding to the bucket: about 11% of the tokens on WMT-like lengths (``python
+benchmarks/gpu.py --shapes-only``) and 15% of the sentences of a Multi30k batch. `PadToBucket` pads a
+collated batch to its shape.
 
 Lengths come in as one array (e.g. the ``source_length``/``target_length`` columns of an Arrow
 dataset) and the batches are kept as integer arrays, not as Python lists: a sampler over the
@@ -107,15 +110,8 @@ def pack(lengths: np.ndarray, max_tokens: int, width: int = BUCKET_WIDTH,
     Batch ``b`` is ``order[starts[b]:starts[b + 1]]`` (``starts[-1] == len(order)``), padded to
     ``shapes[b] = (rows, source length, target length)``; batches are sorted by shape, shortest first.
     """
-    longest = lengths.max(axis=1)
-    if (too_long := np.flatnonzero(longest > max_tokens)).size:
-        index = too_long[0]
-        raise ValueError(
-            f"Example {index} has {longest[index]} tokens (source {lengths[index, 0]}, target "
-            f"{lengths[index, 1]}), more than max_tokens={max_tokens}, so it fits in no batch; drop long "
-            "examples with the length filter (max_source_length/max_target_length) or raise max_tokens."
-        )
-    grid = bucket_lengths(int(longest.max()), width, growth)
+    _refuse_too_long(lengths, max_tokens)
+    grid = bucket_lengths(int(lengths.max()), width, growth)
     padded = np.minimum(grid[np.searchsorted(grid, lengths)], max_tokens)  # (N, 2) each side's bucket
     code = padded[:, 0] * (max_tokens + 1) + padded[:, 1]  # one int per (source bucket, target bucket) cell
     by_cell = np.argsort(code, kind="stable")  # stable: within a cell, dataset order
@@ -175,12 +171,48 @@ def _pack_greedily(groups: list, max_tokens: int) -> tuple[list, list]:
     return batches, shapes
 
 
+def pack_sorted(lengths: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """fairseq's ``--max-tokens`` batches: ``(order, starts, shapes)`` as `pack` returns them, without buckets.
+
+    The pairs, sorted by (source, target) length, are cut greedily: a batch takes the next pair while
+    its rows, each padded to the batch's longest side, stay within ``max_tokens``. ``shapes[b]`` is
+    (rows, longest source, longest target): what the collator pads batch ``b`` to on its own.
+    """
+    _refuse_too_long(lengths, max_tokens)
+    order = np.lexsort((lengths[:, 1], lengths[:, 0]))  # stable: ties keep dataset order
+    longest = lengths.max(axis=1)[order]
+    starts, rows, batch_longest = [0], 0, 0
+    for position, length in enumerate(longest.tolist()):
+        if rows and (rows + 1) * max(batch_longest, length) > max_tokens:  # every row padded to the longest
+            starts.append(position)
+            rows, batch_longest = 0, 0
+        rows += 1
+        batch_longest = max(batch_longest, length)
+    starts = np.asarray(starts + [len(order)], dtype=np.int64)
+    sorted_lengths = lengths[order]
+    shapes = np.stack([np.diff(starts), *(np.maximum.reduceat(sorted_lengths[:, side], starts[:-1]) for side in (0, 1))],
+                      axis=1) if len(order) else np.zeros((0, 3), np.int64)
+    return order.astype(np.int64), starts, shapes.astype(np.int64)
+
+
+def _refuse_too_long(lengths: np.ndarray, max_tokens: int) -> None:
+    longest = lengths.max(axis=1)
+    if (too_long := np.flatnonzero(longest > max_tokens)).size:
+        index = too_long[0]
+        raise ValueError(
+            f"Example {index} has {longest[index]} tokens (source {lengths[index, 0]}, target "
+            f"{lengths[index, 1]}), more than max_tokens={max_tokens}, so it fits in no batch; drop long "
+            "examples with the length filter (max_source_length/max_target_length) or raise max_tokens."
+        )
+
+
 class TokenBatchSampler(Sampler[list[int]]):
     """Batch sampler that fills batches up to a number of padded tokens, like fairseq's --max-tokens.
 
-    Examples are grouped by the buckets of their (source, target) lengths (`pack`), so each batch
-    holds sentences of similar length, padded to one of a few shapes ``shapes[b] = (rows, source
-    length, target length)`` with ``rows * max(source length, target length) <= max_tokens``.
+    Examples are sorted by length and cut greedily (`pack_sorted`), or with ``pad_to_buckets`` grouped by
+    the buckets of their (source, target) lengths (`pack`), so each batch holds sentences of similar
+    length; ``shapes[b] = (rows, source length, target length)`` is what batch ``b`` is padded to, with
+    ``rows * max(source length, target length) <= max_tokens``.
     The batches are fixed at construction; each epoch only their order changes, shuffled with
     ``seed + epoch`` (call `set_epoch` every epoch, as with ``DistributedSampler``; the Trainer and
     accelerate do). Every example is in exactly one batch.
@@ -200,8 +232,10 @@ class TokenBatchSampler(Sampler[list[int]]):
             sequence, or an ``(N,)`` / ``(N, 2)`` integer array or tensor.
         max_tokens: the most padded tokens per batch, per side (the paper: about 25000).
         shuffle: shuffle the order of the batches each epoch; otherwise shortest first.
-        bucket_width: the padded lengths are multiples of this (8: what tensor cores want; 1 pads
-            short sentences least, e.g. on a CPU).
+        pad_to_buckets: pad each batch to one of a few bucket shapes (for a compiled graph per shape);
+            otherwise each batch is padded to its own longest sentences, and carries the most of them.
+        bucket_width: with ``pad_to_buckets``, the padded lengths are multiples of this (8: what tensor
+            cores want).
         seed: base of the shuffling seed; must be the same on every rank.
         num_replicas, rank: number of data-parallel processes and this one's index.
         drop_last: drop batches that do not divide evenly among ranks instead of repeating some.
@@ -216,6 +250,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         num_replicas: int = 1,
         rank: int = 0,
         drop_last: bool = False,
+        pad_to_buckets: bool = False,
         bucket_width: int = BUCKET_WIDTH,
     ):
         _positive_int("max_tokens", max_tokens)
@@ -228,8 +263,10 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.max_tokens, self.shuffle, self.seed = max_tokens, shuffle, seed
         self.num_replicas, self.rank, self.drop_last = num_replicas, rank, drop_last
         self.epoch = 0
-        self.bucket_width = bucket_width
-        self.order, self.starts, self.shapes = pack(length_pairs(lengths), max_tokens, bucket_width)
+        self.pad_to_buckets, self.bucket_width = pad_to_buckets, bucket_width
+        pairs = length_pairs(lengths)
+        packed = pack(pairs, max_tokens, bucket_width) if pad_to_buckets else pack_sorted(pairs, max_tokens)
+        self.order, self.starts, self.shapes = packed
         if drop_last and self.num_batches < num_replicas:
             logger.warning(
                 f"Only {self.num_batches} batches for {num_replicas} replicas with drop_last=True: "

@@ -36,7 +36,7 @@ from .averaging import AVERAGING_WEIGHTS
 from .checkpointing import RESUME_HINT, checkpoint_folders
 from .metrics import check_sacrebleu_tokenize
 from .moving_average import check_decay
-from .trainer import TransformerTrainingArguments, schedule_name
+from .trainer import PAD_TO_BUCKETS, TransformerTrainingArguments, schedule_name
 
 logger = logging.getLogger("vanilla_transformer.train")
 
@@ -615,6 +615,8 @@ def check_argument_ranges(args: TransformerTrainingArguments) -> None:
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ValueError(f"--{name} must be positive, got {value}.")
+    if args.pad_to_buckets not in PAD_TO_BUCKETS:
+        raise ValueError(f"--pad_to_buckets must be one of {', '.join(PAD_TO_BUCKETS)}, got {args.pad_to_buckets!r}.")
     _check_duration(args)
     _check_cooldown(args)
     _check_average_weights(args)
