@@ -46,7 +46,7 @@ from .generation_vanilla_transformer import CACHE, VanillaTransformerGenerationM
 from .private_api import require
 from .training_kernels import UniformMaskDropout, label_smoothed_cross_entropy
 
-# Overridden below for separate source and target vocabularies; checked now, not in the middle of a resize.
+# Private members overridden (vocabulary resizing) or read (the attention implementation) below: checked at import
 require("transformers.PreTrainedModel._resize_token_embeddings", "transformers.PreTrainedModel._get_resized_embeddings",
         "transformers.PreTrainedModel._get_resized_lm_head", "transformers.PretrainedConfig._attn_implementation")
 
