@@ -68,7 +68,7 @@ import torch
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert import CTRANSLATE2_INSTALL_HINT
-from vanilla_transformer.modeling_vanilla_transformer import label_smoothed_cross_entropy
+from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler
 from vanilla_transformer.training.flops import training_flops
 from vanilla_transformer.training.trainer import allow_recompiles

@@ -40,7 +40,7 @@ from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianConfig, Ma
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling_vanilla_transformer import shift_tokens_right
 
-from vanilla_transformer.modeling_vanilla_transformer import label_smoothed_cross_entropy
+from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 from vanilla_transformer.training import TokenBatchSampler, noam_learning_rate, read_parallel
 
 REPO = Path(__file__).resolve().parents[1]

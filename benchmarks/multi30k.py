@@ -478,7 +478,7 @@ def decode_ours(key: str, model_dir: str, pairs, batch_size: int, **decoding) ->
     same alpha under the other formula (one model, two decodings)."""
     from transformers import GenerationConfig
 
-    from vanilla_transformer.modeling_vanilla_transformer import penalty_formula_of
+    from vanilla_transformer.generation_vanilla_transformer import penalty_formula_of
 
     formula = decoding.get("length_penalty_formula") or penalty_formula_of(GenerationConfig.from_pretrained(model_dir))
     other = OTHER_FORMULA[formula]

@@ -38,11 +38,8 @@ from transformers.trainer_pt_utils import LabelSmoother
 
 import vanilla_transformer
 from vanilla_transformer.convert import from_marian
-from vanilla_transformer.modeling_vanilla_transformer import (
-    VanillaTransformerAttention,
-    eager_attention_forward,
-    label_smoothed_cross_entropy,
-)
+from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerAttention, eager_attention_forward
+from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 from vanilla_transformer.training import read_parallel
 from vanilla_transformer.training.flops import matmul_flops_per_second, training_flops
 

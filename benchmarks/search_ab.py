@@ -9,8 +9,8 @@ the working tree's, and rounds alternate between the two `BeamSearch` classes (A
 decoding the same batches of 32 test sentences at beam 4 with the same model (`decoding.load_models`), one
 thread, timed in CPU time. Printed: each search's median seconds, the base / working tree ratio of every round
 with its median (above 1: the working tree is faster), and whether both gave the same hypotheses. The base
-module is loaded on its own, so it must not import from the package (true of the module since it was split
-from the model file) and must fit the model's current interface: meant for nearby commits.
+module is loaded as a module of the package, so its relative imports (``from .private_api import require``)
+are the working tree's, and it must fit the model's current interface: meant for nearby commits.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def search_of(commit: str):
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "generation_base.py"
         path.write_text(source)
-        spec = importlib.util.spec_from_file_location("generation_base", path)
+        spec = importlib.util.spec_from_file_location("vanilla_transformer.generation_base", path)  # `from .x` works
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
     return module.BeamSearch

@@ -44,7 +44,7 @@ SOURCE_MODULES = [configuration_module, modeling_module, pipeline_module, tokeni
 CHECKPOINT_FILES = {
     "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
     "configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py", "generation_vanilla_transformer.py",
-    "attention_backends.py",
+    "attention_backends.py", "training_kernels.py", "private_api.py",
     "pipeline_vanilla_transformer.py", "tokenization_vanilla_transformer.py", "README.md",
 }
 NEW_REPO_FILES = {".gitattributes"}  # the Hub creates every repository with this file

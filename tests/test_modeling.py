@@ -19,7 +19,7 @@ from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.modeling_vanilla_transformer import CACHE
+from vanilla_transformer.generation_vanilla_transformer import CACHE
 
 VOCAB = 60
 

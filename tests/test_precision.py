@@ -17,7 +17,8 @@ import pytest
 import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from vanilla_transformer.modeling_vanilla_transformer import label_smoothed_cross_entropy, sinusoidal_positions
+from vanilla_transformer.modeling_vanilla_transformer import sinusoidal_positions
+from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.translation import translate
 

@@ -5,10 +5,13 @@ the installed packages. The completeness check reads the package's source indepe
 """
 
 import ast
+import importlib.util
+import sys
 from importlib.metadata import version
 from pathlib import Path
 
 import pytest
+import transformers
 
 from vanilla_transformer import private_api
 from vanilla_transformer.private_api import DUCK_TYPED, PRIVATE_MEMBERS, TESTED, PrivateMember, missing, require
@@ -107,3 +110,66 @@ def test_every_listed_member_is_still_used_or_overridden():
     stale = [member.path for member in PRIVATE_MEMBERS if member.name not in names]
     stale += [name for name in DUCK_TYPED if name not in names]
     assert stale == [], "remove these from vanilla_transformer/private_api.py: the package no longer uses them"
+
+
+def required_at_import(tree: ast.Module) -> set[str]:
+    """The paths a module passes to `require()` in its top-level statements, which run when it is imported."""
+    return {argument.value for node in tree.body
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", None) == "require"
+            for argument in node.value.args if isinstance(argument, ast.Constant)}
+
+
+def test_every_member_without_a_fallback_is_required_at_import_by_each_module_that_uses_it():
+    """A renamed member then fails as require()'s ImportError when the module is imported (before any
+    generate() or training starts), not as an AttributeError in the middle of a call."""
+    without_fallback = {member.name for member in PRIVATE_MEMBERS if member.fallback == private_api.NO_FALLBACK}
+    used_by_file = {}
+    for name, places in private_uses().items():
+        for place in places:
+            used_by_file.setdefault(place.split(":")[0], set()).add(name)
+    unchecked = {}
+    for file, names in sorted(used_by_file.items()):
+        required = {path.rsplit(".", 1)[1] for path in required_at_import(ast.parse((PACKAGE / file).read_text()))}
+        if (names & without_fallback) - required:
+            unchecked[file] = sorted((names & without_fallback) - required)
+    assert unchecked == {}, "add require(...) for these after the imports of each file"
+    assert {"generation_vanilla_transformer.py", "modeling_vanilla_transformer.py"} <= set(used_by_file)
+
+
+def test_the_generation_module_uses_only_the_listed_private_members_of_transformers_search():
+    """The search goes through the cache's public reorder_cache and the generation config's public token ids;
+    of transformers' beam search it uses the routing and the two scoring steps the GNMT penalty rescales."""
+    uses = {name for name, places in private_uses().items()
+            if any(place.startswith("generation_vanilla_transformer.py:") for place in places)}
+    assert uses == {"_beam_search", "_update_finished_beams", "_check_early_stop_heuristic", "_attn_implementation"}
+
+
+def reimport(module: str) -> None:
+    """Run a package module's file again as a new module of the same package (its relative imports resolve)."""
+    path = PACKAGE / (module.replace(".", "/") + ".py")
+    package = "vanilla_transformer" + ("." + module.rsplit(".", 1)[0] if "." in module else "")
+    spec = importlib.util.spec_from_file_location(f"{package}._reimported_{path.stem}", path)
+    sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # as an import registers it while it runs
+    try:
+        spec.loader.exec_module(sys.modules[spec.name])
+    finally:
+        del sys.modules[spec.name]
+
+
+@pytest.mark.parametrize(("module", "owner", "name"), [
+    ("generation_vanilla_transformer", transformers.GenerationMixin, "_update_finished_beams"),
+    ("generation_vanilla_transformer", transformers.GenerationMixin, "_beam_search"),
+    ("modeling_vanilla_transformer", transformers.PreTrainedModel, "_get_resized_lm_head"),
+    ("training.run", transformers.PreTrainedModel, "_from_config"),
+])
+def test_a_member_missing_from_transformers_fails_the_import_naming_it_and_the_tested_range(
+        module, owner, name, monkeypatch):
+    reimport(module)  # imports cleanly with the member
+    monkeypatch.delattr(owner, name)
+    with pytest.raises(ImportError) as raised:
+        reimport(module)
+    floor, newest = TESTED["transformers"]
+    message = str(raised.value)
+    assert f"transformers.{owner.__name__}.{name}" in message
+    assert f"Tested: transformers {floor} - {newest}" in message and f"'transformers>={floor},<={newest}'" in message

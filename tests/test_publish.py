@@ -48,7 +48,8 @@ def run_folder(tmp_path_factory) -> Path:
     tokenizer.save_pretrained(alone)
     write_model_card(alone, model=model, languages=("en", "de"))
     MODEL_FILES = {path.name for path in alone.iterdir()}
-    assert {"generation_vanilla_transformer.py", "attention_backends.py"} <= MODEL_FILES
+    assert {"generation_vanilla_transformer.py", "attention_backends.py", "training_kernels.py",
+            "private_api.py"} <= MODEL_FILES
     for name, content in TRAINING_STATE.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(content)

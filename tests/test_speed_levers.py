@@ -16,7 +16,7 @@ from transformers import GenerationMixin, MarianConfig, MarianMTModel
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert import from_marian
 from vanilla_transformer.generation_vanilla_transformer import BeamSearch, best_continuations, top_tokens
-from vanilla_transformer.modeling_vanilla_transformer import Dropout, label_smoothed_cross_entropy
+from vanilla_transformer.training_kernels import UniformMaskDropout, label_smoothed_cross_entropy
 
 VOCAB, PAD, EOS, START = 40, 0, 3, 0
 
@@ -384,7 +384,7 @@ def test_loss_divides_by_num_items_in_batch_and_needs_no_gradient_in_eval():
 
 def test_dropout_keeps_each_unit_with_probability_1_minus_p_and_scales_it():
     torch.manual_seed(0)
-    dropout = Dropout(0.3).train()
+    dropout = UniformMaskDropout(0.3).train()
     inputs = torch.full((1000, 1000), 2.0, requires_grad=True)
     outputs = dropout(inputs)
     kept = outputs != 0
@@ -397,8 +397,8 @@ def test_dropout_keeps_each_unit_with_probability_1_minus_p_and_scales_it():
 
 def test_dropout_is_the_identity_in_eval_and_at_p_0():
     inputs = torch.randn(5, 7)
-    assert Dropout(0.3).eval()(inputs) is inputs
-    assert torch.equal(Dropout(0.0).train()(inputs), inputs)
+    assert UniformMaskDropout(0.3).eval()(inputs) is inputs
+    assert torch.equal(UniformMaskDropout(0.0).train()(inputs), inputs)
 
 
 # --- compiled paths (issue 17) ----------------------------------------------------------------------

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 
 from accelerate.data_loader import prepare_data_loader
 
-from vanilla_transformer.modeling_vanilla_transformer import label_smoothed_cross_entropy
+from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.batching import TokenBatchSampler
 from vanilla_transformer.training.checkpointing import STAGING_DIR

@@ -30,6 +30,11 @@ import inspect
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from .private_api import require
+
+# Reads the attention implementation in use (private: checked at import)
+require("transformers.PretrainedConfig._attn_implementation")
+
 CUDNN, FLASH, EFFICIENT, MATH = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
                                  SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
 

@@ -21,6 +21,11 @@ import functools
 import torch
 from torch import nn
 
+from .private_api import require
+
+# A weight changed since it was packed is found through its version counter (private: checked at import)
+require("torch.Tensor._version")
+
 
 def onednn_linear(states: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """x W^T + b over the last dimension of ``states``, W reordered for oneDNN."""

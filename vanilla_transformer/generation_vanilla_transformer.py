@@ -2,15 +2,19 @@
 
 The model class inherits `VanillaTransformerGenerationMixin`, a `GenerationMixin` (as Whisper's
 ``generation_whisper.py`` does). The model knows nothing about decoding: this module talks to it
-through transformers' contracts only, its forward (``logits_to_keep``, the key/value cache) and
-``_reorder_cache``. The file loads as Hub remote code beside the model files (flat imports, no
-training dependencies).
+through its forward (``logits_to_keep``, the key/value cache) and the cache's public methods. The file
+loads as Hub remote code beside the model files (flat imports, no training dependencies).
 
 - `generate()` applies §6.1's limit (input length + 50 new tokens), the penalty the generation config
   names (``length_penalty_formula``: GNMT's, the paper's, or transformers' own), and pads what follows
   ``</s>`` with ``<pad>``.
 - `BeamSearch` gives transformers' beam-search hypotheses with less work per step; `generate()` takes it
-  for the calls it covers (`BeamSearch.covers`) and transformers' `_beam_search` for the rest.
+  for the calls it serves (`BeamSearch.not_covered` says which) and transformers' `_beam_search` for the rest.
+
+The private members of transformers this relies on (``_beam_search``, the two steps of beam search that
+the GNMT penalty rescales, ``config._attn_implementation``) are checked when this module is imported
+(`private_api.require`), so that a transformers release without them fails here, naming them and the
+tested releases, not in the middle of `generate()`.
 """
 
 from __future__ import annotations
@@ -37,6 +41,11 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 from transformers.utils import logging
+
+from .private_api import require
+
+require("transformers.GenerationMixin._beam_search", "transformers.GenerationMixin._update_finished_beams",
+        "transformers.GenerationMixin._check_early_stop_heuristic", "transformers.PretrainedConfig._attn_implementation")
 
 logger = logging.get_logger(__name__)
 
@@ -217,7 +226,8 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         )
 
     def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
-        """transformers' beam search reorders the cache through this: the cross-attention keys and values
+        """transformers' beam search reorders the cache through this where the model has it (else through the
+        cache's ``reorder_cache``, which also reorders cross-attention's): the cross-attention keys and values
         are the same for every beam of a sentence, so only self-attention's are reordered."""
         cache.self_attention_cache.reorder_cache(beam_idx)
         return cache
@@ -333,8 +343,9 @@ ROW_WISE_CRITERIA = (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)
 
 class BeamSearch:
     """`GenerationMixin._beam_search` (transformers 5) for this model: the same candidates, scores and
-    hypotheses, with less work per step. Its bookkeeping (`_update_finished_beams` and friends) is
-    transformers' own; what differs is how much the model and the vocabulary-sized tensors cost:
+    hypotheses, with less work per step. Its bookkeeping of finished hypotheses (`_update_finished_beams`, and
+    `_check_early_stop_heuristic` where it can matter) is transformers' own, called on the model so that the
+    GNMT penalty applies; what differs is how much the model and the vocabulary-sized tensors cost:
 
     - the first step runs the decoder on one row per sentence (its beams are copies of each other), so
       cross-attention keys and values are projected once per sentence; they stay one row per sentence,
@@ -344,11 +355,19 @@ class BeamSearch:
     - the best continuations come from each beam's best tokens (`best_continuations`) instead of a
       (B, beams * V) tensor of sums, and the logits are not copied first;
     - the cross-attention mask is made once per batch, not at every step;
-    - the paper's decoding (early stopping, no logits processors) takes `_lean_step`: the same
-      bookkeeping functions, called only at the steps where they can change the result.
+    - a hypothesis' beam indices are kept as their count, all that the output (a tensor, not a dict) needs;
+    - for the paper's decoding (``lean``: early stopping, no logits processor) the finished-beam merge runs
+      only at the steps where a top candidate ends, and the early-stop heuristic never.
 
-    `not_covered` says which calls it serves; the rest go to transformers' `_beam_search`. One host-device
-    synchronisation per step (whether to go on), as in transformers' loop.
+    Why ``lean`` gives the same hypotheses: with early stopping, a sentence leaves the batch as soon as all its
+    beams hold a finished hypothesis, so for every sentence still in it the early-stop heuristic holds (it fails
+    only once every beam has one), and `_update_finished_beams` adds nothing to the scores of its candidates but
+    -1e9 to those that did not just end. A step where no top candidate ends therefore changes only slots that
+    hold no finished hypothesis: they rank below every finished one, and without logits processors (no -inf
+    scores) the search always ends with finished hypotheses in the returned slots.
+
+    `not_covered` says which calls it serves; the rest go to transformers' `_beam_search`. At most two host-device
+    synchronisations per step, as in transformers' loop.
     """
 
     @staticmethod
@@ -377,10 +396,9 @@ class BeamSearch:
         self.model, self.config = model, generation_config
         self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
         self.beams = generation_config.num_beams
-        # early stopping and no logits processor (the paper's decoding): see `_lean_step`
-        self.lean = generation_config.early_stopping is True and not logits_processor
-        eos = generation_config._eos_token_tensor
-        self.keep = max(2, 1 + (eos.shape[0] if eos is not None else 0)) * self.beams  # candidates per sentence
+        self.lean = generation_config.early_stopping is True and not logits_processor  # the paper's decoding
+        end_tokens, self.fill = end_and_fill_tokens(generation_config)
+        self.keep = max(2, 1 + end_tokens) * self.beams  # candidates per sentence, as `_beam_search` keeps
         self.top_beams_mask = torch.arange(self.keep, device=input_ids.device) < self.beams
         sentences, self.prompt_length = input_ids.shape[0] // self.beams, input_ids.shape[1]
         self.length = self.prompt_length
@@ -398,121 +416,76 @@ class BeamSearch:
         self.cache = model_kwargs[CACHE]  # generate()'s, empty
         self.sentence_ids = torch.arange(sentences, device=input_ids.device)  # batch position of each kept sentence
         self.state = self._initial_state(input_ids, sentences)
-        self.result = {name: self.state[name].clone() for name in ("sequences", "beam_indices")}
+        self.result = {name: self.state[name].clone() for name in ("sequences", "generated")}
 
     def _initial_state(self, input_ids: torch.Tensor, sentences: int) -> dict[str, torch.Tensor]:
-        """The tensors `_beam_search` starts from, with the same fill values. The lean step keeps no beam
-        indices: where `_beam_search` keeps a finished hypothesis' beam indices, it keeps their count
-        (what `run` crops the output by), as a (sentences, beams, 1) tensor."""
-        pad, eos = self.config._pad_token_tensor, self.config._eos_token_tensor
-        fill = pad or eos[0] if eos is not None else -1  # as transformers writes it
+        """The tensors `_beam_search` starts from, with the same fill values; where it keeps a finished
+        hypothesis' beam indices, ``generated`` keeps their count (what `run` crops the output by)."""
         device, shape, beams = input_ids.device, (sentences, self.beams), self.beams
-        running_sequences = torch.full((*shape, self.config.max_length), fill, dtype=torch.long, device=device)
+        running_sequences = torch.full((*shape, self.config.max_length), self.fill, dtype=torch.long, device=device)
         running_sequences[:, :, : self.length] = input_ids.view(sentences, beams, -1)
         running_beam_scores = torch.zeros(shape, device=device)
         running_beam_scores[:, 1:] = -1.0e9  # only the first beam's continuations count at the first step
-        state = {
+        return {
             "running_sequences": running_sequences, "running_beam_scores": running_beam_scores,
             "sequences": running_sequences.clone(), "beam_scores": torch.full(shape, -1.0e9, device=device),
+            "generated": torch.zeros((*shape, 1), dtype=torch.long, device=device),
             "is_sent_finished": torch.zeros(shape, dtype=torch.bool, device=device),
             "is_early_stop_heuristic_unsatisfied": torch.ones((sentences, 1), dtype=torch.bool, device=device),
         }
-        if self.lean:
-            return {**state, "beam_indices": torch.zeros((*shape, 1), dtype=torch.long, device=device)}
-        indices = torch.full((*shape, self.config.max_length - self.length), -1, dtype=torch.int32, device=device)
-        return {
-            **state, "running_beam_indices": indices, "beam_indices": indices.clone(),
-            "next_token_hits_stopping_criteria": torch.zeros(shape, dtype=torch.bool, device=device),
-        }
 
     def run(self) -> torch.LongTensor:
-        step = self._lean_step if self.lean else self._step
-        while step():
+        while self._step():
             pass
         self._store(torch.ones_like(self.sentence_ids, dtype=torch.bool))
         returned = self.config.num_return_sequences
         sequences = self.result["sequences"][:, :returned].flatten(0, 1)
-        beam_indices = self.result["beam_indices"][:, :returned].flatten(0, 1)
         # as `_beam_search` crops its output: to the most generated tokens among the returned hypotheses
-        generated = beam_indices.max() if self.lean else (beam_indices + 1).bool().sum(dim=1).max()
-        return sequences[:, : self.prompt_length + generated]
+        return sequences[:, : self.prompt_length + self.result["generated"][:, :returned].max()]
 
     def _step(self) -> bool:
-        """One step of `_beam_search`; says whether to go on."""
+        """One step of `_beam_search`: decode, merge the candidates that ended into the finished hypotheses, let
+        the best that did not end go on, and let the sentences that are done leave. Says whether to go on."""
         first = self.length == self.prompt_length
-        scores, beam, token = self._continuations(first)
-        state, model, beams = self.state, self.model, self.beams
-        candidates = model._gather_beams(state["running_sequences"], beam)
-        candidates[:, :, self.length] = token
-        candidate_indices = model._gather_beams(state["running_beam_indices"], beam)
-        candidate_indices[:, :, self.length - self.prompt_length] = beam + self.row_offsets
-        state["next_token_hits_stopping_criteria"] = self._hits(token)
-        state["running_sequences"], state["running_beam_scores"], state["running_beam_indices"] = (
-            model._get_running_beams_for_next_iteration(
-                scores, candidates, candidate_indices, state["next_token_hits_stopping_criteria"], beams
-            )
-        )
-        self._update_finished_beams(scores, candidates, candidate_indices, state["next_token_hits_stopping_criteria"])
-        rows = state["running_beam_indices"][..., self.length - self.prompt_length]  # each beam's parent row
-        self.length += 1
-        state["is_early_stop_heuristic_unsatisfied"] = model._check_early_stop_heuristic(
-            is_early_stop_heuristic_unsatisfied=state["is_early_stop_heuristic_unsatisfied"],
-            running_beam_scores=state["running_beam_scores"], beam_scores=state["beam_scores"],
-            is_sent_finished=state["is_sent_finished"], cur_len=self.length, max_length=self.config.max_length,
-            decoder_prompt_len=self.prompt_length, early_stopping=self.config.early_stopping,
-            length_penalty=self.config.length_penalty,
-        )
-        return self._unfinished() and self._follow_beams(rows, first, leave=True)
-
-    def _lean_step(self) -> bool:
-        """`_step` for early stopping without logits processors (the paper's decoding), with the same
-        hypotheses and half the search's tensor operations per step; says whether to go on.
-
-        With early stopping, a sentence leaves the batch as soon as all its beams have a finished
-        hypothesis, so for every sentence still in it the early-stop heuristic holds (it fails only
-        once every beam has one), and `_update_finished_beams` adds nothing to the scores of its
-        candidates but -1e9 to those that did not just end. A step where no top candidate ends
-        therefore changes only slots that hold no finished hypothesis: they rank below every finished
-        one, and without logits processors (no -inf scores) the search always ends with finished
-        hypotheses in the returned slots. So `_update_finished_beams` runs only at the steps where a
-        hypothesis ends, `_check_early_stop_heuristic` never, and no beam indices are kept.
-        """
-        first = self.length == self.prompt_length
-        scores, beam, token = self._continuations(first)
-        state, model = self.state, self.model
+        scores, beam, token = self._continuations(first)  # (B, keep) each, best first
         hits = self._hits(token)
-        # one host-device synchronisation per step: a hypothesis ended, or all did (the length limit)
-        ended, all_ended = (hits & self.top_beams_mask).any(), hits.all()
-        ended, all_ended = torch.stack([ended, all_ended]).tolist()
-        if ended:  # transformers' merge, with each candidate's count of generated tokens as its "beam indices"
-            candidates = model._gather_beams(state["running_sequences"], beam)
-            candidates[:, :, self.length] = token
-            generated = torch.full_like(beam, self.length + 1 - self.prompt_length)[:, :, None]
-            self._update_finished_beams(scores, candidates, generated, hits)
-        if all_ended:  # no candidate can go on, as `_beam_search_has_unfinished_sequences`
+        merge = go_on = True
+        if self.lean:  # one host-device synchronisation: a top candidate ended; not all did (the length limit)
+            merge, go_on = torch.stack([(hits & self.top_beams_mask).any(), ~hits.all()]).tolist()
+        if merge:
+            self._update_finished_beams(scores, beam, token, hits)
+        if not go_on:
             return False
-        # the best `beams` candidates that did not end go on (`_get_running_beams_for_next_iteration`)
+        parent = self._continue_best(scores, beam, token, hits)
+        self.length += 1
+        if not self.lean:  # one host-device synchronisation, as `_beam_search_has_unfinished_sequences`
+            go_on = bool(self._check_early_stop_heuristic().any() & ~hits.all())
+        return go_on and self._follow_beams(parent + self.row_offsets, first, leave=merge)
+
+    def _continue_best(self, scores, beam, token, hits) -> torch.Tensor:
+        """The best ``beams`` candidates that did not end become the running beams, as in transformers'
+        `_get_running_beams_for_next_iteration`; returns each one's parent beam (B, beams)."""
+        state = self.state
         running_scores = scores + hits.to(torch.float32) * -1.0e9
         picked = torch.topk(running_scores, k=self.beams)[1]
         parent = beam.gather(1, picked)
-        state["running_sequences"] = model._gather_beams(state["running_sequences"], parent)
+        state["running_sequences"] = gather_beams(state["running_sequences"], parent)
         state["running_sequences"][:, :, self.length] = token.gather(1, picked)
         state["running_beam_scores"] = running_scores.gather(1, picked)
-        self.length += 1
-        return self._follow_beams(parent + self.row_offsets, first, leave=ended)
+        return parent
 
     def _follow_beams(self, rows: torch.Tensor, first: bool, leave: bool) -> bool:
-        """Each beam's self-attention keys and values follow it (`_reorder_cache`, ``rows``: each beam's parent
-        row, (sentences, beams)); after the first step, which ran one row per sentence, every beam gets its
-        sentence's row. Cross-attention keys and values stay one row per sentence. With ``leave``, the sentences
-        done leave the batch first, in the same copy of the cache. Says whether any sentence is left."""
+        """Each beam's self-attention keys and values follow it (the cache's ``reorder_cache``, ``rows``: each
+        beam's parent row, (sentences, beams)); after the first step, which ran one row per sentence, every beam
+        gets its sentence's row. Cross-attention keys and values stay one row per sentence. With ``leave``, the
+        sentences done leave the batch first, in the same copy of the cache. Says whether any sentence is left."""
         if leave:
             kept = self._leave_out_finished_sentences()
             if kept is not None and kept.shape[0] == 0:
                 return False
             rows = rows if kept is None else rows[kept]
         rows = rows.flatten()
-        self.model._reorder_cache(self.cache, rows // self.beams if first else rows)
+        self.cache.self_attention_cache.reorder_cache(rows // self.beams if first else rows)
         return True
 
     def _hits(self, token: torch.Tensor) -> torch.Tensor:
@@ -521,12 +494,17 @@ class BeamSearch:
         last_tokens = token.reshape(-1, 1).expand(-1, self.length + 1)
         return self.stopping_criteria(last_tokens, None).view(token.shape)
 
-    def _update_finished_beams(self, scores, candidates, candidate_indices, hits) -> None:
+    def _update_finished_beams(self, scores, beam, token, hits) -> None:
+        """transformers' merge of the candidates that ended into the finished hypotheses, each candidate's count
+        of generated tokens standing for its beam indices."""
         state = self.state
-        state["sequences"], state["beam_scores"], state["beam_indices"], state["is_sent_finished"] = (
+        candidates = gather_beams(state["running_sequences"], beam)
+        candidates[:, :, self.length] = token
+        generated = torch.full_like(beam, self.length + 1 - self.prompt_length)[:, :, None]
+        state["sequences"], state["beam_scores"], state["generated"], state["is_sent_finished"] = (
             self.model._update_finished_beams(  # by keyword, as `_beam_search` calls it (the GNMT penalty hooks in)
                 sequences=state["sequences"], topk_running_sequences=candidates, beam_scores=state["beam_scores"],
-                topk_log_probs=scores, beam_indices=state["beam_indices"], topk_running_beam_indices=candidate_indices,
+                topk_log_probs=scores, beam_indices=state["generated"], topk_running_beam_indices=generated,
                 is_early_stop_heuristic_unsatisfied=state["is_early_stop_heuristic_unsatisfied"],
                 is_sent_finished=state["is_sent_finished"], next_token_hits_stopping_criteria=hits,
                 top_num_beam_mask=self.top_beams_mask, num_beams=self.beams, cur_len=self.length,
@@ -534,6 +512,18 @@ class BeamSearch:
                 early_stopping=self.config.early_stopping,
             )
         )
+
+    def _check_early_stop_heuristic(self) -> torch.Tensor:
+        """transformers' test whether a sentence's finished hypotheses can still improve, (B, 1)."""
+        state = self.state
+        state["is_early_stop_heuristic_unsatisfied"] = self.model._check_early_stop_heuristic(
+            is_early_stop_heuristic_unsatisfied=state["is_early_stop_heuristic_unsatisfied"],
+            running_beam_scores=state["running_beam_scores"], beam_scores=state["beam_scores"],
+            is_sent_finished=state["is_sent_finished"], cur_len=self.length, max_length=self.config.max_length,
+            decoder_prompt_len=self.prompt_length, early_stopping=self.config.early_stopping,
+            length_penalty=self.config.length_penalty,
+        )
+        return state["is_early_stop_heuristic_unsatisfied"]
 
     def _continuations(self, first: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Decode one position and pick each sentence's best continuations. On the first step the beams of
@@ -548,13 +538,6 @@ class BeamSearch:
         log_probs = nn.functional.log_softmax(outputs.logits[:, -1].float(), dim=-1)  # (rows, V)
         log_probs = self.logits_processor(sequences, log_probs)
         return best_continuations(log_probs, self.state["running_beam_scores"], self.keep)
-
-    def _unfinished(self) -> bool:
-        state = self.state
-        return bool(self.model._beam_search_has_unfinished_sequences(
-            state["is_early_stop_heuristic_unsatisfied"], state["is_sent_finished"],
-            state["next_token_hits_stopping_criteria"], self.config.early_stopping,
-        ))
 
     def _leave_out_finished_sentences(self) -> torch.Tensor | None:
         """Sentences whose finished hypotheses can no longer change leave the batch: the positions of those
@@ -583,6 +566,20 @@ class BeamSearch:
         for name, tensor in self.result.items():
             chosen = sentences.view(-1, *[1] * (tensor.dim() - 1))
             tensor[self.sentence_ids] = torch.where(chosen, self.state[name], tensor[self.sentence_ids])
+
+
+def gather_beams(tensor: torch.Tensor, indices: torch.Tensor) -> torch.Tensor:
+    """``tensor[b, indices[b, k]]`` for every sentence b: the chosen beams or candidates, (B, K, ...)."""
+    return torch.take_along_dim(tensor, indices.view(*indices.shape, *[1] * (tensor.dim() - 2)), dim=1)
+
+
+def end_and_fill_tokens(generation_config: GenerationConfig) -> tuple[int, int]:
+    """How many end-of-sequence ids the call has, and the id `_beam_search` fills unwritten positions with:
+    the pad id, or the first end-of-sequence id when the pad id is unset or 0; -1 without an end id."""
+    eos = generation_config.eos_token_id
+    eos = [] if eos is None else torch.as_tensor(eos).view(-1).tolist()
+    pad = generation_config.pad_token_id
+    return len(eos), int(pad or eos[0]) if eos else -1
 
 
 __all__ = [

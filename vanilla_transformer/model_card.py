@@ -21,7 +21,8 @@ from huggingface_hub import EvalResult, ModelCardData
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .modeling_vanilla_transformer import MODEL_TAGS, penalty_formula_of
+from .generation_vanilla_transformer import penalty_formula_of
+from .modeling_vanilla_transformer import MODEL_TAGS
 from .pipeline_vanilla_transformer import REMOTE_CODE_TASK, TASK
 
 TAGS = [*MODEL_TAGS, "transformer", "attention-is-all-you-need", "seq2seq"]

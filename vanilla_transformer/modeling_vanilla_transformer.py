@@ -3,9 +3,10 @@
 Read top to bottom, the file follows the paper: positional encoding (§3.5), embeddings (§3.4),
 multi-head attention (§3.2), position-wise feed-forward network (§3.3), the residual connection
 around every sub-layer (§3.1, §5.4), encoder and decoder layers and stacks (§3.1), then the
-`PreTrainedModel` classes that plug it into the library (Auto classes, `generate()`, Trainer) and
-the one loss (label-smoothed cross-entropy, §5.4). Decoding (§6.1) lives in
-``generation_vanilla_transformer.py``, which talks to the model through its forward and the cache.
+`PreTrainedModel` classes that plug it into the library (Auto classes, `generate()`, Trainer), whose
+loss is §5.4's label-smoothed cross-entropy. Two files sit beside this one: ``training_kernels.py``
+computes dropout and that loss (torch's results, computed faster on the CPU), and
+``generation_vanilla_transformer.py`` decodes (§6.1), talking to the model through its forward and the cache.
 
 One flag changes the architecture's shape: ``config.normalize_before`` switches every residual
 connection from the paper's post-norm ``LayerNorm(x + Dropout(Sublayer(x)))`` to pre-norm
@@ -41,14 +42,13 @@ from transformers.utils.output_capturing import OutputRecorder, capture_outputs
 
 from .attention_backends import with_chosen_backends
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .generation_vanilla_transformer import (  # noqa: F401 (the formula's names, imported from here before)
-    CACHE,
-    LENGTH_PENALTY_FORMULA,
-    LENGTH_PENALTY_FORMULAS,
-    VanillaTransformerGenerationMixin,
-    paper_generation_config,
-    penalty_formula_of,
-)
+from .generation_vanilla_transformer import CACHE, VanillaTransformerGenerationMixin, paper_generation_config
+from .private_api import require
+from .training_kernels import UniformMaskDropout, label_smoothed_cross_entropy
+
+# Private members overridden (vocabulary resizing) or read (the attention implementation) below: checked at import
+require("transformers.PreTrainedModel._resize_token_embeddings", "transformers.PreTrainedModel._get_resized_embeddings",
+        "transformers.PreTrainedModel._get_resized_lm_head", "transformers.PretrainedConfig._attn_implementation")
 
 
 def accepts_past_key_values(forward: Callable) -> Callable:
@@ -109,30 +109,6 @@ POSITIONAL_ENCODINGS = {"sinusoidal": SinusoidalPositionalEncoding, "learned": L
 
 
 # ---------------------------------------------------------------------------------------------
-# §5.4 Dropout
-# ---------------------------------------------------------------------------------------------
-
-
-class Dropout(nn.Dropout):
-    """``nn.Dropout`` whose mask, on CPU, is drawn with ``torch.rand`` instead of ``bernoulli_``.
-
-    The same distribution: each unit kept with probability 1 - p (a uniform float is >= p with that
-    probability, to float precision) and scaled by 1 / (1 - p). On CPU ``F.dropout`` draws with
-    ``bernoulli_``, about three times slower than ``torch.rand``, and dropout was a tenth of a training
-    step; here the uniform draws become the scaled mask in place (kept for the backward as float32,
-    4 bytes a unit where ``F.dropout`` keeps 1). Other devices keep ``F.dropout``'s fused kernel.
-    """
-
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if not self.training or self.p == 0:  # the identity, as F.dropout returns it, without the call
-            return hidden_states
-        if hidden_states.device.type != "cpu" or not 0 < self.p < 1:
-            return super().forward(hidden_states)
-        mask = torch.rand_like(hidden_states).ge_(self.p).mul_(1 / (1 - self.p))  # 0 or 1 / (1 - p)
-        return hidden_states * mask
-
-
-# ---------------------------------------------------------------------------------------------
 # §3.4 Embeddings: token embedding * sqrt(d_model) + positional encoding, then dropout (§5.4)
 # ---------------------------------------------------------------------------------------------
 
@@ -146,7 +122,7 @@ class TransformerEmbedding(nn.Module):
         self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.positional_encoding = POSITIONAL_ENCODINGS[config.position_embedding_type](config)
         self.max_positions = config.max_position_embeddings
-        self.dropout = Dropout(config.dropout)
+        self.dropout = UniformMaskDropout(config.dropout)
 
     def forward(
         self, input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None, past_length: int | torch.Tensor = 0
@@ -331,7 +307,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = nn.Linear(config.d_model, ffn_dim)
         self.activation = ACT2FN[config.activation_function]
-        self.activation_dropout = Dropout(config.activation_dropout)
+        self.activation_dropout = UniformMaskDropout(config.activation_dropout)
         self.fc2 = nn.Linear(ffn_dim, config.d_model)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -350,7 +326,7 @@ class ResidualConnection(nn.Module):
         super().__init__()
         self.normalize_before = config.normalize_before
         self.layer_norm = nn.LayerNorm(config.d_model, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.dropout)
+        self.dropout = UniformMaskDropout(config.dropout)
 
     def forward(self, hidden_states: torch.Tensor, sublayer: Callable[[torch.Tensor], torch.Tensor]) -> torch.Tensor:
         if self.normalize_before:
@@ -712,84 +688,6 @@ class VanillaTransformerModel(VanillaTransformerPreTrainedModel):
         )
 
 
-def label_smoothed_cross_entropy(
-    logits: torch.Tensor,
-    labels: torch.Tensor,
-    num_items_in_batch: int | torch.Tensor | None = None,
-    label_smoothing: float = 0.0,
-) -> torch.Tensor:
-    """Per-token cross-entropy with label smoothing (§5.4), summed and divided by the number of tokens.
-
-    ``(1 - eps) * -log p(y) + eps * mean over the vocabulary of -log p`` (Szegedy et al., 2016; the
-    same as fairseq's and ``cross_entropy(label_smoothing=eps)``); labels of -100 are ignored. The
-    sum is divided by ``num_items_in_batch`` when given (the Trainer's count of target tokens in the
-    whole accumulated batch, over all processes), else by this batch's tokens: every token weighs
-    the same however the tokens fall into micro-batches. With ``label_smoothing=0`` it is the
-    negative log-likelihood per token, whose exp is the perplexity. Computed by `SmoothedCrossEntropy`
-    (under ``torch.compile`` by ``cross_entropy``, which the compiler fuses itself).
-    """
-    labels = labels.to(logits.device)
-    count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
-    count = count.to(logits.device) if torch.is_tensor(count) else count
-    logits, labels = logits.flatten(0, -2), labels.flatten()
-    if torch.compiler.is_compiling():
-        total = nn.functional.cross_entropy(
-            logits.float(), labels, ignore_index=-100, reduction="sum", label_smoothing=label_smoothing
-        )
-        return total / count
-    return SmoothedCrossEntropy.apply(logits, labels, label_smoothing, count)
-
-
-class SmoothedCrossEntropy(torch.autograd.Function):
-    """`label_smoothed_cross_entropy` over rows of logits (N, V), with its gradient computed in the same pass.
-
-    Per row, with L = log sum_v exp(x_v): loss = L - (1 - eps) x_y - eps mean_v(x_v), and gradient
-    softmax(x) - (1 - eps) onehot(y) - eps / V (zero for a label of -100), both divided by the token
-    count. A chunk of rows at a time, in float32, while the chunk is in cache: no (N, V) log-probability
-    tensor, no float copy of all the logits, and the backward only scales the gradient (when the loss
-    was scaled after). ``cross_entropy`` with label smoothing builds several (N, V) temporaries; on CPU
-    this takes half its time (benchmarks/profile_training_step.py).
-    """
-
-    @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, smoothing: float, count) -> torch.Tensor:
-        ignored = labels == -100
-        targets = labels.masked_fill(ignored, 0)
-        row_weight = (~ignored).float() / count
-        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
-        total = logits.new_zeros((), dtype=torch.float32)
-        for rows in _row_chunks(logits):
-            x = logits[rows].float()
-            maximum = x.amax(dim=-1, keepdim=True)
-            in_place = grad[rows] if grad is not None and grad.dtype == torch.float32 else None
-            exp = torch.sub(x, maximum, out=in_place).exp_()
-            normalizer = exp.sum(dim=-1, keepdim=True)
-            target = x.gather(1, targets[rows, None])
-            loss = maximum + normalizer.log() - (1 - smoothing) * target - smoothing * x.mean(dim=-1, keepdim=True)
-            weight = row_weight[rows, None]
-            total += (loss * weight).sum()
-            if grad is not None:  # (softmax - eps / V) * weight, then -(1 - eps) * weight at the label
-                torch.addcmul(weight * (-smoothing / x.shape[-1]), exp, weight / normalizer, out=exp)
-                exp.scatter_add_(1, targets[rows, None], weight * (smoothing - 1))
-                if in_place is None:
-                    grad[rows] = exp
-        ctx.save_for_backward(grad)
-        return total
-
-    @staticmethod
-    @torch.autograd.function.once_differentiable
-    def backward(ctx, grad_total: torch.Tensor):
-        (grad,) = ctx.saved_tensors
-        return grad if bool(grad_total == 1) else grad * grad_total, None, None, None  # loss.backward() passes 1
-
-
-def _row_chunks(logits: torch.Tensor) -> list[slice]:
-    """Slices of rows of about 2^18 elements on CPU (a core's L2 cache; measured fastest), 2^28 elsewhere."""
-    elements = 2**18 if logits.device.type == "cpu" else 2**28
-    step = max(1, elements // logits.shape[-1])
-    return [slice(start, start + step) for start in range(0, logits.shape[0], step)]
-
-
 class VanillaTransformerForConditionalGeneration(VanillaTransformerGenerationMixin, VanillaTransformerPreTrainedModel):
     """The full model: encoder-decoder + linear pre-softmax projection (§3.4), with a loss and `generate()`.
 
@@ -885,6 +783,5 @@ __all__ = [
     "VanillaTransformerForConditionalGeneration",
     "VanillaTransformerModel",
     "VanillaTransformerPreTrainedModel",
-    "label_smoothed_cross_entropy",
     "sinusoidal_positions",
 ]

@@ -6,8 +6,15 @@ ones, in the newest environment and in the floor one of ``make test``), what use
 where it is missing. `require` turns a missing member into an ``ImportError`` that names the package, the
 installed version and the tested range, at import time, instead of an ``AttributeError`` deep in a call.
 
-A model file imports it as ``from .private_api import require`` (flat and transformers-free, like the
-files copied next to the weights); the training code as ``from ..private_api import require``.
+Every module that uses a member without a fallback calls `require` for it at import, right after its
+imports (``tests/test_private_api.py`` checks this against a scan of the source): a model file as
+``from .private_api import require`` (this file is flat and transformers-free, and is copied next to the
+weights with the model files), the training code as ``from ..private_api import require``. A member with a
+fallback is not required: where it is missing, the package does what ``fallback`` says.
+
+Hooks that transformers looks for on the model and does without (``_reorder_cache``: without it, beam search
+reorders the whole cache through the cache's own ``reorder_cache``) are defined by the package, not used from
+transformers, and not listed.
 """
 
 from __future__ import annotations
@@ -75,19 +82,10 @@ PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
     # --- decoding (generation_vanilla_transformer.py): the paper's beam search on GenerationMixin's parts
     PrivateMember("transformers.GenerationMixin._beam_search", T5,
                   "generation: generate() routes beam search to the model's own search", NO_FALLBACK),
-    PrivateMember("transformers.GenerationMixin._gather_beams", T5, "generation: beam search", NO_FALLBACK),
-    PrivateMember("transformers.GenerationMixin._get_running_beams_for_next_iteration", T5,
-                  "generation: beam search", NO_FALLBACK),
     PrivateMember("transformers.GenerationMixin._check_early_stop_heuristic", T5,
                   "generation: beam search, length penalty (GNMT)", NO_FALLBACK),
     PrivateMember("transformers.GenerationMixin._update_finished_beams", T5,
                   "generation: beam search, length penalty (GNMT)", NO_FALLBACK),
-    PrivateMember("transformers.GenerationMixin._beam_search_has_unfinished_sequences", T5,
-                  "generation: beam search", NO_FALLBACK),
-    PrivateMember("transformers.GenerationConfig._eos_token_tensor", T5, "generation: beam search",
-                  NO_FALLBACK, set_in="transformers.GenerationMixin._prepare_special_tokens"),
-    PrivateMember("transformers.GenerationConfig._pad_token_tensor", T5, "generation: beam search",
-                  NO_FALLBACK, set_in="transformers.GenerationMixin._prepare_special_tokens"),
     # --- the model (modeling_vanilla_transformer.py, visualization.py, training/run.py)
     PrivateMember("transformers.PreTrainedModel._resize_token_embeddings", T5,
                   "modeling: resize_token_embeddings with separate source and target vocabularies", NO_FALLBACK),

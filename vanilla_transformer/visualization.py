@@ -29,10 +29,15 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .private_api import require
+
 if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
     from transformers import GenerationConfig, PreTrainedModel, PreTrainedTokenizerBase
+
+# Switches the attention implementation for a call and back (private: checked at import)
+require("transformers.PretrainedConfig._attn_implementation")
 
 # The three kinds of attention of §3.2.3, named like the modules of the model.
 KINDS = ("encoder_self_attention", "decoder_self_attention", "cross_attention")

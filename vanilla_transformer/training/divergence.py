@@ -29,6 +29,11 @@ import math
 import torch
 from transformers import TrainerCallback
 
+from ..private_api import require
+
+# DivergenceGuard overrides these Trainer internals (private: checked at import)
+require("transformers.Trainer._save", "transformers.Trainer._save_checkpoint")
+
 MIN_LOSS_SCALE = 1e-4  # fairseq's --min-loss-scale: below it, the loss overflows float16 at any scale
 CAUSES = ("Likely causes: too high a learning rate (lower --learning_rate or --lr_scale, or give more "
           "--warmup_steps), a float16 overflow (train with --bf16 or in float32), or a bad batch.")

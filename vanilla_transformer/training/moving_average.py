@@ -40,7 +40,11 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback
 
+from ..private_api import require
 from .divergence import refuse_non_finite
+
+# The moving average's update is one fused call of this (private: checked at import)
+require("torch._foreach_lerp_")
 
 EMA_FILE = "ema.safetensors"
 

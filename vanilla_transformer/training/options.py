@@ -30,13 +30,17 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .. import PRESETS, VanillaTransformerConfig
 from ..cli import recipe_names, recipe_path
-from ..modeling_vanilla_transformer import LENGTH_PENALTY_FORMULAS
+from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULAS
+from ..private_api import require
 from ..tokenization_vanilla_transformer import MIN_VOCAB_SIZE
 from .averaging import AVERAGING_WEIGHTS
 from .checkpointing import RESUME_HINT, checkpoint_folders
 from .metrics import check_sacrebleu_tokenize
 from .moving_average import check_decay
 from .trainer import PAD_TO_BUCKETS, TransformerTrainingArguments, schedule_name
+
+# train --help in groups reads fields through this HfArgumentParser internal (private: checked at import)
+require("transformers.HfArgumentParser._parse_dataclass_field")
 
 logger = logging.getLogger("vanilla_transformer.train")
 

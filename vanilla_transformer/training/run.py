@@ -37,7 +37,8 @@ from .. import VanillaTransformerForConditionalGeneration, check_tokenizer_match
 from ..cli import exit_with_usage_error
 from ..checkpoint_files import (check_has_tokenizer, check_model_folder, has_tokenizer, tokenizer_definition,
                                 without_runtime_settings)
-from ..modeling_vanilla_transformer import LENGTH_PENALTY_FORMULA
+from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULA
+from ..private_api import require
 from . import data
 from .averaging import MEAN_NAMES, architecture, average_checkpoints
 from .caches import dataset_cache_folder, rebuilt_if_damaged, usable_tokenizer_cache
@@ -51,6 +52,9 @@ from .options import (FINE_TUNING_LEARNING_RATE, FINE_TUNING_WARMUP_RATIO, ROLES
                       steps_to_run)
 from .trainer import TransformerTrainer, schedule_name
 from .translation import translate
+
+# A new model with a chosen attention implementation is made through this (private: checked at import)
+require("transformers.PreTrainedModel._from_config")
 
 logger = logging.getLogger("vanilla_transformer.train")
 

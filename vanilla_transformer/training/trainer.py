@@ -33,8 +33,8 @@ from torch.utils.data import DataLoader
 from transformers import ProgressCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
 from transformers.trainer_utils import seed_worker
 
-from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
 from ..private_api import require
+from ..training_kernels import label_smoothed_cross_entropy
 from .averaging import AVERAGING_WEIGHTS
 from .batching import PadToBucket, TokenBatchSampler
 from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
@@ -49,7 +49,8 @@ logger = logging.getLogger(__name__)
 require("transformers.Trainer._save", "transformers.Trainer._save_optimizer_and_scheduler",
         "transformers.Trainer._load_optimizer_and_scheduler", "transformers.Trainer._remove_unused_columns",
         "transformers.Trainer._get_collator_with_removed_columns", "transformers.Trainer._created_lr_scheduler",
-        "transformers.Seq2SeqTrainer._gen_kwargs", "accelerate.Accelerator._models")
+        "transformers.Seq2SeqTrainer._gen_kwargs", "accelerate.Accelerator._models",
+        "transformers.Trainer._build_accelerator_args")
 
 PAPER_WARMUP_STEPS = 4000
 

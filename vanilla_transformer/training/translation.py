@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint_files import check_has_tokenizer, check_model_folder, is_local
-from ..modeling_vanilla_transformer import LENGTH_PENALTY_FORMULAS
+from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULAS
 from ..pipeline_vanilla_transformer import check_tokenizer_matches_model
 from .data import decoded_lines, read_lines
 from .metrics import check_sacrebleu_tokenize
