@@ -24,8 +24,9 @@ setup: $(VENV)/.installed
 $(FLOOR_VENV)/.installed: pyproject.toml tests/floor_requirements.py
 	rm -rf $(FLOOR_VENV)
 	$(PYTHON) -m venv $(FLOOR_VENV)
-	# torch's floor comes from PyPI: a CUDA build whose import links 9 nvidia-* libraries (cuBLAS, cuDNN,
-	# NCCL...), about 3.3 GB of wheels in all; it runs on the CPU as it is. Not cached: pip would keep 3 GB.
+	# torch's floor comes from PyPI as a CUDA build (PyPI has no CPU build of it); it runs on the CPU as it is.
+	# Its import loads 11 of its 14 nvidia-* packages (cuBLAS, cuDNN, NCCL...): with the rest, 3 GB of wheels,
+	# 2-4 minutes here. Not cached (pip would keep the 3 GB).
 	$(FLOOR_PY) -m pip install -q --no-cache-dir -e '.[train]' pytest $$($(PYTHON) tests/floor_requirements.py)
 	touch $@
 
