@@ -18,8 +18,9 @@ together, paid again at every shape it has not seen (pytorch/pytorch#138522, #16
 The choice is one table, `BACKENDS`, keyed by (training or not, the use of the attention), so that a
 measurement (``benchmarks/gpu.py`` on a GPU) can change it in one place. It applies only to the
 ``sdpa`` attention implementation on CUDA tensors outside ``torch.compile``; eager, flex,
-``output_attentions`` and every CPU call run exactly as before. This file is flat and imports
-nothing beyond torch, so that it travels with the model as Hub remote code.
+``output_attentions`` and every CPU call run exactly as before (flex attention on the CPU first checks that
+torch can build its kernel). This file is flat and imports nothing beyond torch and packaging (a dependency of
+transformers), so that it travels with the model as Hub remote code.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import functools
 import inspect
 
 import torch
+from packaging.version import Version
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from .private_api import require
@@ -50,6 +52,24 @@ BACKENDS: dict[tuple[bool, str], tuple[SDPBackend, ...]] = {
 }
 
 _SETS_PRIORITY = "set_priority" in inspect.signature(sdpa_kernel).parameters  # torch >= 2.6
+
+# Flex attention on the CPU compiles a C++ kernel that torch 2.7.0, the package's torch floor, fails to build
+# (C++ errors, 2026-11-27); torch 2.9.0 builds and runs it (tests/test_modeling.py). 2.8 is untested.
+CPU_FLEX_ATTENTION_TORCH = "2.9.0"
+
+
+def torch_version() -> str:
+    return str(torch.__version__)
+
+
+def check_flex_attention_on_cpu(option: str) -> None:
+    """A one-line ``ValueError`` where flex attention on the CPU needs a newer torch than the installed one;
+    ``option`` names what asked for it, as the user wrote it (``--attn_implementation flex_attention``)."""
+    installed = torch_version()
+    if Version(installed).release < Version(CPU_FLEX_ATTENTION_TORCH).release:
+        raise ValueError(f"{option}: flex attention on the CPU needs torch >= {CPU_FLEX_ATTENTION_TORCH} (the compiled "
+                         f"kernel of torch {installed} fails to build); pip install 'torch>={CPU_FLEX_ATTENTION_TORCH}' "
+                         "or use attn_implementation='sdpa'.")
 
 
 def attention_use(module, hidden_states: torch.Tensor, cache) -> str:
@@ -79,6 +99,8 @@ def _applies(module, hidden_states) -> bool:
 
 def with_chosen_backends(attention, module, hidden_states: torch.Tensor, cache):
     """``attention`` itself, or, where `chosen_backends` has a choice, ``attention`` called under it."""
+    if module.config._attn_implementation == "flex_attention" and hidden_states.device.type == "cpu":
+        check_flex_attention_on_cpu("attn_implementation='flex_attention'")
     backends = chosen_backends(module, hidden_states, cache)
     if backends is None:
         return attention
@@ -90,5 +112,5 @@ def _call_with_backends(attention, backends: list, *args, **kwargs):
         return attention(*args, **kwargs)
 
 
-__all__ = ["BACKENDS", "CROSS", "DECODER", "DECODING", "ENCODER", "attention_use", "chosen_backends",
-           "with_chosen_backends"]
+__all__ = ["BACKENDS", "CPU_FLEX_ATTENTION_TORCH", "CROSS", "DECODER", "DECODING", "ENCODER", "attention_use",
+           "check_flex_attention_on_cpu", "chosen_backends", "with_chosen_backends"]

@@ -28,7 +28,7 @@ from importlib.metadata import PackageNotFoundError, version
 TESTED = {
     "transformers": ("5.10.1", "5.24.0"),
     "accelerate": ("1.3.0", "1.15.0"),
-    "torch": ("2.13.0", "2.13.0"),
+    "torch": ("2.7.0", "2.13.0"),
 }
 
 
@@ -130,14 +130,14 @@ PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
     PrivateMember("transformers.Trainer._get_grad_norm", "transformers 5.10.1 - 5.24.0",
                   "training/divergence.py: the gradient norm of each update, checked for non-finite values",
                   "none needed: without the hook, divergence is detected from the loss alone"),
-    PrivateMember("torch._foreach_lerp_", "torch 2.13.0",
+    PrivateMember("torch._foreach_lerp_", "torch 2.7.0 - 2.13.0",
                   "training/moving_average.py: the moving average's update, one fused call", NO_FALLBACK),
     # --- torch (cpu_decoding.py): prepacked weights for decoding on the CPU, opt-in
-    PrivateMember("torch.ops.mkldnn._linear_pointwise", "torch 2.13.0",
+    PrivateMember("torch.ops.mkldnn._linear_pointwise", "torch 2.7.0 - 2.13.0",
                   "cpu_decoding.py: prepacked weights", "checked once (onednn_linear_works): plain weights"),
-    PrivateMember("torch.ops.mkldnn._reorder_linear_weight", "torch 2.13.0",
+    PrivateMember("torch.ops.mkldnn._reorder_linear_weight", "torch 2.7.0 - 2.13.0",
                   "cpu_decoding.py: prepacked weights", "checked once (onednn_linear_works): plain weights"),
-    PrivateMember("torch.Tensor._version", "torch 2.13.0",
+    PrivateMember("torch.Tensor._version", "torch 2.7.0 - 2.13.0",
                   "cpu_decoding.py: a weight changed in place since it was packed is packed again", NO_FALLBACK),
 )
 

@@ -24,11 +24,13 @@ import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import torch
 from huggingface_hub.errors import StrictDataclassError
 from transformers import HfArgumentParser
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .. import PRESETS, VanillaTransformerConfig
+from ..attention_backends import check_flex_attention_on_cpu
 from ..cli import recipe_names, recipe_path
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULAS
 from ..private_api import require
@@ -459,6 +461,8 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, traini
     check_training_arguments(training_args)
     check_data_arguments(data_args)
     check_model_arguments(model_args)
+    if model_args.attn_implementation == "flex_attention" and (training_args.use_cpu or not torch.cuda.is_available()):
+        check_flex_attention_on_cpu("--attn_implementation flex_attention")
     max_tokens = training_args.max_tokens
     for name in ("max_source_length", "max_target_length"):
         limit = getattr(data_args, name)
