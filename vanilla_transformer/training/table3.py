@@ -30,8 +30,9 @@ BLEU per row, with the seed spread) go to ``OUTPUT``.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import difflib
+import gc
+import hashlib
 import json
 import math
 import os
@@ -46,8 +47,15 @@ from dataclasses import dataclass
 from fractions import Fraction
 from pathlib import Path
 
+import torch
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+from . import run
+from .checkpointing import RESUME_HINT, checkpoint_folders
+from .options import (ARGUMENT_FILE_SUFFIXES, _read_argument_file, _recipe_or_error, check_arguments,
+                      new_model_config, parse_arguments, parse_overrides)
+
 RESULT_FILE = "table3_row.json"  # in a row's run folder once it is trained and scored: the row is finished
-RECIPE_FILE = "recipe.yaml"  # OUTPUT/recipe.yaml: the recipe as every row trains it
 LOG_FILE = "train.log"  # a row's output when it runs in a process of its own (--devices)
 
 
@@ -229,30 +237,26 @@ def refuse_own_flags(train_flags: list[str]) -> None:
 
 
 def write_recipe(recipe: str, output_dir: Path, max_steps: int) -> Path:
-    """OUTPUT/recipe.yaml: ``recipe`` (a packaged name or a file) without its time budget, averaging and test
+    """OUTPUT/recipe-HASH.yaml: ``recipe`` (a packaged name or a file) without its time budget, averaging and test
     set, to train ``max_steps`` updates then score the validation set."""
     import yaml
-
-    from .options import ARGUMENT_FILE_SUFFIXES, _read_argument_file, _recipe_or_error
 
     path = Path(recipe) if Path(recipe).suffix in ARGUMENT_FILE_SUFFIXES else _recipe_or_error(recipe)
     values = {key: value for key, value in _read_argument_file(path).items() if key not in RECIPE_DROPPED}
     values |= RECIPE_SETTINGS | {"max_steps": max_steps}
+    text = (f"# {recipe} as every row of `vanilla-transformer table3` trains it (written by it).\n"
+            + yaml.safe_dump(values, sort_keys=False))
+    # named by its content: a row trained from another recipe has other flags, and is not taken as finished
+    target = output_dir / f"recipe-{hashlib.sha256(text.encode()).hexdigest()[:10]}.yaml"
     output_dir.mkdir(parents=True, exist_ok=True)
-    target = output_dir / RECIPE_FILE
-    target.write_text(f"# {recipe} as every row of `vanilla-transformer table3` trains it (written by it).\n"
-                      + yaml.safe_dump(values, sort_keys=False), encoding="utf-8")
+    target.write_text(text, encoding="utf-8")
     return target
 
 
 def plan(recipe_file: Path, train_flags: list[str], rows: list[str], seeds: int, output_dir: Path,
          tokenizer: str, prog: str) -> list[Job]:
     """Every (row, seed) as a run of ``train``, each checked as ``train`` checks its flags, before any training."""
-    from .options import check_arguments, parse_arguments, parse_overrides
-
     model_args, _, training_args = parse_arguments([str(recipe_file), *train_flags], prog)
-    from .options import new_model_config
-
     base_config = new_model_config(model_args)
     base_overrides = parse_overrides(model_args.config_overrides)
     jobs = []
@@ -281,16 +285,13 @@ def _describe(change: Variation) -> str:
 def shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir: Path, prog: str) -> str:
     """The tokenizer every row trains with: --tokenizer_name_or_path as given, else one joint BPE (§5.1)
     trained once on the training data with the recipe's settings, in OUTPUT/tokenizer."""
-    from .options import parse_arguments
-    from .run import load_text_datasets, prepare_tokenizer
-
     model_args, data_args, training_args = parse_arguments([str(recipe_file), *train_flags], prog)
     if model_args.tokenizer_name_or_path:
         return model_args.tokenizer_name_or_path
     folder = output_dir / "tokenizer"
     if not (folder / "tokenizer.json").is_file():
-        text = load_text_datasets(data_args, training_args.seed)
-        tokenizer = prepare_tokenizer(text["train"], vocab_size=model_args.tokenizer_vocab_size,
+        text = run.load_text_datasets(data_args, training_args.seed)
+        tokenizer = run.prepare_tokenizer(text["train"], vocab_size=model_args.tokenizer_vocab_size,
                                       min_frequency=model_args.tokenizer_min_frequency,
                                       train_pairs=model_args.tokenizer_train_pairs, seed=training_args.seed,
                                       cache_dir=data_args.cache_dir)
@@ -318,14 +319,15 @@ def finished(job: Job) -> dict | None:
 
 def run_job(job: Job, device: str | None) -> dict:
     """Train and score one row (resuming from its last checkpoint when it has one); its result, also saved."""
-    from .checkpointing import RESUME_HINT, checkpoint_folders
-
     flags = job.flags + (RESUME_HINT.split() if checkpoint_folders(job.folder) else [])
     start = time.monotonic()
     if device is None:
-        from .run import main as train
-
-        train(flags)
+        try:
+            run.main(flags)
+        finally:  # the next row starts with the memory this one held
+            gc.collect()
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
     else:
         job.folder.mkdir(parents=True, exist_ok=True)
         environment = {**os.environ, "CUDA_VISIBLE_DEVICES": device}
@@ -389,9 +391,6 @@ def run_jobs(jobs: list[Job], devices: list[str] | None, report=print) -> tuple[
 def trained_run(folder: Path) -> dict:
     """The setting and scores of a finished run, each read from what the run saved: config.json (the model),
     training_args.bin (label smoothing), trainer_state.json (updates) and all_results.json (validation)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM
-
     config = AutoConfig.from_pretrained(folder)
     with torch.device("meta"):  # the architecture's parameters, without their values
         parameters = AutoModelForSeq2SeqLM.from_config(config).num_parameters()
@@ -470,13 +469,15 @@ def markdown(summary: dict, notes: list[str]) -> str:
             cells += [""] * len(SETTING) + ["failed"] * 4 + [""] * 2
         else:
             cells += [_cell(setting[key]) if row == "base" or setting[key] != base.get(key) else "" for key in SETTING]
+            changes = ["", ""] if row == "base" else [_mean(entry["delta_perplexity"], sign=True),
+                                                      _mean(entry["delta_bleu"], sign=True)]
             cells += [_mean(entry["perplexity"]), _mean(entry["bleu"]), _mean(entry["chrf"]),
-                      f"{entry['parameters'] / 1e6:.3g}", _mean(entry["delta_perplexity"], sign=True),
-                      _mean(entry["delta_bleu"], sign=True)]
+                      f"{entry['parameters'] / 1e6:.3g}", *changes]
         paper = entry["paper"]
         cells += [f"{paper['ppl']:.2f}", f"{paper['bleu']:.1f}", "" if paper["params_millions"] is None else
-                  str(paper["params_millions"]), f"{paper['delta_ppl']:+.2f}", f"{paper['delta_bleu']:+.1f}",
-                  "" if setting is None else f"{entry['wall_seconds'] / 60:.1f}"]
+                  str(paper["params_millions"])]
+        cells += ["", ""] if row == "base" else [f"{paper['delta_ppl']:+.2f}", f"{paper['delta_bleu']:+.1f}"]
+        cells += ["" if setting is None else f"{entry['wall_seconds'] / 60:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
     failed = [f"- {row} seed {seed}: {error}" for row, entry in summary.items() for seed, error in entry["failed"].items()]
     return "\n".join([*notes, "", *lines, *(["", "Failed:", *failed] if failed else [])]) + "\n"
@@ -504,10 +505,11 @@ def plot(summary: dict, path: Path) -> Path | None:
     except ImportError:
         return None
     rows = [row for row in summary if row != "base"]
-    ours = [summary[row]["delta_bleu"] for row in rows]
+    ours = [summary[row].get("delta_bleu") for row in rows]  # None: the row failed (no bar)
     figure, axes = plt.subplots(figsize=(7, 0.35 * len(rows) + 1.5))
     positions = range(len(rows))
-    axes.barh([p - 0.2 for p in positions], [0 if d is None else d["mean"] for d in ours], height=0.4, label="ours",
+    axes.barh([p - 0.2 for p in positions], [math.nan if d is None else d["mean"] for d in ours], height=0.4,
+              label="ours",
               xerr=[0 if d is None or d["std"] is None else d["std"] for d in ours], capsize=2)
     axes.barh([p + 0.2 for p in positions], [summary[row]["paper"]["delta_bleu"] for row in rows], height=0.4,
               label="paper (newstest2013)")
