@@ -228,3 +228,14 @@ def test_rows_on_several_devices_run_as_processes_of_their_own(data_dir, tmp_pat
         assert (folder / table3.LOG_FILE).is_file() and (folder / table3.RESULT_FILE).is_file()
         setting = saved_setting(folder)
         assert {key: rows[row]["setting"][key] for key in setting} == setting
+
+
+def test_a_folder_trained_with_other_flags_is_refused_before_anything_runs(table, data_dir, monkeypatch, capsys):
+    monkeypatch.setattr(run, "main", lambda flags: pytest.fail("a row was trained"))
+    command = table3_command(data_dir, table)
+    command[command.index("--max-steps") + 1] = "4"
+    with pytest.raises(SystemExit) as exit:
+        cli.main(command)
+    error = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and len(error.splitlines()) == 1
+    assert f"{table / 'base' / 'seed-42'} holds row base (seed 42) trained with other flags" in error

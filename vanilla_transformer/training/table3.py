@@ -56,6 +56,7 @@ from .options import (ARGUMENT_FILE_SUFFIXES, _read_argument_file, _recipe_or_er
                       new_model_config, parse_arguments, parse_overrides)
 
 RESULT_FILE = "table3_row.json"  # in a row's run folder once it is trained and scored: the row is finished
+FLAGS_FILE = "table3_flags.json"  # in a row's run folder from its start: a later run must have the same flags
 LOG_FILE = "train.log"  # a row's output when it runs in a process of its own (--devices)
 
 
@@ -305,21 +306,22 @@ def shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir: Path
 
 
 def finished(job: Job) -> dict | None:
-    """The job's result when its folder holds one from the same flags; an error when it holds another's."""
-    path = job.folder / RESULT_FILE
-    if not path.is_file():
-        return None
-    result = json.loads(path.read_text(encoding="utf-8"))
-    if result.get("flags") != job.flags:
-        raise ValueError(f"{job.folder} holds row {job.row} (seed {job.seed}) trained with other flags than these "
-                         f"({' '.join(result.get('flags', []))}); give another --output-dir, or delete the folder to "
-                         "train it again.")
-    return result
+    """The job's result when its folder holds one; an error when the folder's run started with other flags."""
+    saved = {name: json.loads((job.folder / name).read_text(encoding="utf-8"))
+             for name in (FLAGS_FILE, RESULT_FILE) if (job.folder / name).is_file()}
+    for record in saved.values():
+        if record.get("flags") != job.flags:
+            raise ValueError(f"{job.folder} holds row {job.row} (seed {job.seed}) trained with other flags than these "
+                             f"({' '.join(record.get('flags', []))}); give another --output-dir, or delete the folder "
+                             "to train it again.")
+    return saved.get(RESULT_FILE)
 
 
 def run_job(job: Job, device: str | None) -> dict:
     """Train and score one row (resuming from its last checkpoint when it has one); its result, also saved."""
     flags = job.flags + (RESUME_HINT.split() if checkpoint_folders(job.folder) else [])
+    job.folder.mkdir(parents=True, exist_ok=True)
+    (job.folder / FLAGS_FILE).write_text(json.dumps({"flags": job.flags}, indent=2) + "\n", encoding="utf-8")
     start = time.monotonic()
     if device is None:
         try:
@@ -329,7 +331,6 @@ def run_job(job: Job, device: str | None) -> dict:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     else:
-        job.folder.mkdir(parents=True, exist_ok=True)
         environment = {**os.environ, "CUDA_VISIBLE_DEVICES": device}
         with open(job.folder / LOG_FILE, "a", encoding="utf-8") as log:
             done = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "train", *flags], env=environment,
@@ -560,7 +561,7 @@ def build_parser(prog: str = "vanilla-transformer table3") -> argparse.ArgumentP
                     "Other flags go to `vanilla-transformer train` for every row (data files, --preset, "
                     "--config_overrides and --label_smoothing_factor of the base).",
         epilog="Every flag is also accepted with underscores (--max_steps).")
-    parser.add_argument("--max-steps", type=int, required=True,
+    parser.add_argument("--max-steps", type=int, required=True, metavar="N",
                         help="updates every row trains (the paper: 100000; big: three times as many)")
     parser.add_argument("--rows", metavar="ROWS",
                         help=f"rows and groups, comma-separated (default: all but big): {', '.join(PAPER_ROWS)}; A-E")
