@@ -50,6 +50,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
+from ..cli import with_dashes
 from . import run
 from .checkpointing import RESUME_HINT, checkpoint_folders
 from .options import (ARGUMENT_FILE_SUFFIXES, _read_argument_file, _recipe_or_error, check_arguments,
@@ -578,7 +579,8 @@ def main(argv: list[str] | None = None, prog: str = "vanilla-transformer table3"
     """``vanilla-transformer table3``: the summary of every row (also written as table3.md/.json/.png)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     recipe = argv.pop(0) if argv and not argv[0].startswith("-") else "multi30k"
-    args, train_flags = build_parser(prog).parse_known_args(argv)
+    parser = build_parser(prog)
+    args, train_flags = parser.parse_known_args(with_dashes(argv, parser))  # --max_steps is ours: --max-steps
     rows = select_rows(args.rows)
     if args.max_steps < 1 or args.seeds < 1:
         raise ValueError(f"--max-steps and --seeds must be positive, got {args.max_steps} and {args.seeds}.")
