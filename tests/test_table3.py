@@ -130,6 +130,22 @@ def test_flags_that_would_change_what_table3_compares_are_refused(flag, capsys):
     assert exit.value.code == 2 and flag in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("flags, message", [
+    (["--max-steps", "0"], "--max-steps and --seeds must be positive"),
+    (["--max-steps", "2", "--seeds", "0"], "--max-steps and --seeds must be positive"),
+    (["--max-steps", "2", "--devices", "0,,1"], "--devices '0,,1': give GPU numbers"),
+    # 36 wide with 4 heads is a valid base; row A3's 8 heads do not divide it
+    (["--max-steps", "2", "--rows", "A3", "--preset", "tiny", "--config_overrides", "d_model=36"],
+     "row A3 at this recipe's scale (encoder_attention_heads=8, decoder_attention_heads=8"),
+])
+def test_bad_numbers_and_rows_the_base_cannot_take_exit_2_before_any_data_is_read(flags, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["table3", *flags, "--output-dir", str(tmp_path)])
+    error = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and len(error.splitlines()) == 1 and message in error, error
+    assert not (tmp_path / "tokenizer").exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # End to end: base and two rows on tiny data, then again (finished rows are not trained again)
 # ---------------------------------------------------------------------------------------------
