@@ -160,7 +160,7 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def table3_command(data_dir: Path, output_dir: Path) -> list[str]:
-    return ["table3", "multi30k", "--max-steps", "3", "--rows", "B1,D4", "--output-dir", str(output_dir),
+    return ["table3", "multi30k", "--max-steps", "2", "--rows", "B1,D4", "--output-dir", str(output_dir),
             "--dataset_name", "none", "--train_source_file", str(data_dir / "train.src"),
             "--train_target_file", str(data_dir / "train.tgt"), "--validation_source_file", str(data_dir / "valid.src"),
             "--validation_target_file", str(data_dir / "valid.tgt"), "--preset", "tiny",
@@ -209,14 +209,15 @@ def test_the_table_lists_what_each_run_folder_trained(table, data_dir):
     saved = {row: saved_setting(table / row / "seed-42") for row in rows}
     for row, entry in rows.items():
         assert {key: entry["setting"][key] for key in saved[row]} == saved[row], row
-        assert entry["setting"]["train_steps"] == 3
+        assert entry["setting"]["train_steps"] == 2
     # the rows' changes, at the tiny base's scale: d_k 8 -> 2 (a quarter), label smoothing 0.2 -> 0.4 (twice)
     assert (saved["base"]["d_k"], saved["B1"]["d_k"]) == (8, 2)
     assert (saved["base"]["label_smoothing"], saved["D4"]["label_smoothing"]) == (0.2, 0.4)
     # the markdown table: the base row in full, the other rows only where they differ from it
     lines = [line for line in (table / "table3.md").read_text().splitlines() if line.startswith("| ")]
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
-    cells = {line.strip("|").split("|")[0].strip(): [c.strip() for c in line.strip("|").split("|")] for line in lines[1:]}
+    split = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:]]
+    cells = {row_cells[0]: row_cells for row_cells in split}
     columns = {"N": "N", "d_model": "d_model", "d_ff": "d_ff", "h": "h", "d_k": "d_k", "d_v": "d_v",
                "P_drop": "dropout", "ε_ls": "label_smoothing", "positions": "positions"}
     for row in rows:
@@ -224,7 +225,8 @@ def test_the_table_lists_what_each_run_folder_trained(table, data_dir):
             shown = cells[row][header.index(column)]
             value = saved[row][key]
             differs = row == "base" or value != saved["base"][key]
-            assert shown == ((f"{value:g}" if isinstance(value, float) else str(value)) if differs else ""), (row, column)
+            written = f"{value:g}" if isinstance(value, float) else str(value)
+            assert shown == (written if differs else ""), (row, column)
     assert cells["B1"][header.index("paper BLEU")] == "25.1" and cells["B1"][header.index("paper ΔBLEU")] == "-0.7"
     # scores as the run evaluated them, and the row's change from base
     results = {row: json.loads((table / row / "seed-42" / "all_results.json").read_text()) for row in rows}
@@ -269,7 +271,7 @@ def test_rows_on_several_devices_run_as_processes_of_their_own(data_dir, tmp_pat
 def test_a_folder_trained_with_other_flags_is_refused_before_anything_runs(table, data_dir, monkeypatch, capsys):
     monkeypatch.setattr(run, "main", lambda flags: pytest.fail("a row was trained"))
     command = table3_command(data_dir, table)
-    command[command.index("--max-steps") + 1] = "4"
+    command[command.index("--max-steps") + 1] = "3"
     with pytest.raises(SystemExit) as exit:
         cli.main(command)
     error = capsys.readouterr().err.strip()

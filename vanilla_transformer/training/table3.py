@@ -187,7 +187,8 @@ def select_rows(text: str | None) -> list[str]:
             wanted |= {row for row in PAPER_ROWS if PAPER_ROWS[row].group == name.upper()}
         else:
             close = difflib.get_close_matches(name, [*PAPER_ROWS, *sorted(groups)], n=1)
-            raise ValueError(f"--rows {name!r} is not a row of Table 3{f' (did you mean {close[0]!r}?)' if close else ''}; "
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"--rows {name!r} is not a row of Table 3{hint}; "
                              f"the rows are {', '.join(PAPER_ROWS)}, and the groups {', '.join(sorted(groups))}.")
     return [name for name in PAPER_ROWS if name in wanted]
 
@@ -338,7 +339,8 @@ def run_job(job: Job, device: str | None) -> dict:
                                   stdout=log, stderr=subprocess.STDOUT)
         if done.returncode:
             lines = (job.folder / LOG_FILE).read_text(encoding="utf-8", errors="replace").strip().splitlines()
-            raise RuntimeError(f"exit status {done.returncode}: {lines[-1] if lines else ''} (see {job.folder / LOG_FILE})")
+            raise RuntimeError(f"exit status {done.returncode}: {lines[-1] if lines else ''} "
+                               f"(see {job.folder / LOG_FILE})")
     result = {"row": job.row, "seed": job.seed, "flags": job.flags, "wall_seconds": time.monotonic() - start,
               **trained_run(job.folder)}
     (job.folder / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
@@ -346,7 +348,8 @@ def run_job(job: Job, device: str | None) -> dict:
 
 
 def run_jobs(jobs: list[Job], devices: list[str] | None, report=print) -> tuple[dict, dict]:
-    """Every job not finished before: ``({(row, seed): result}, {(row, seed): error})``; a failure stops only its job."""
+    """Every job not finished before: ``({(row, seed): result}, {(row, seed): error})``; a failure stops only
+    its job."""
     results, failures, to_run = {}, {}, []
     for job in jobs:
         if (result := finished(job)) is not None:
@@ -436,7 +439,8 @@ def summarize(rows: list[str], results: dict, failures: dict) -> dict:
         entry = {"paper": {"ppl": paper.ppl, "bleu": paper.bleu, "params_millions": paper.params,
                            "delta_ppl": round(paper.ppl - PAPER_BASE.ppl, 2),
                            "delta_bleu": round(paper.bleu - PAPER_BASE.bleu, 2)},
-                 "seeds": sorted(runs), "failed": {seed: error for (name, seed), error in failures.items() if name == row}}
+                 "seeds": sorted(runs),
+                 "failed": {seed: error for (name, seed), error in failures.items() if name == row}}
         if runs:
             first = next(iter(runs.values()))
             entry["setting"] = {key: first[key] for key in SETTING}
@@ -481,7 +485,8 @@ def markdown(summary: dict, notes: list[str]) -> str:
         cells += ["", ""] if row == "base" else [f"{paper['delta_ppl']:+.2f}", f"{paper['delta_bleu']:+.1f}"]
         cells += ["" if setting is None else f"{entry['wall_seconds'] / 60:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    failed = [f"- {row} seed {seed}: {error}" for row, entry in summary.items() for seed, error in entry["failed"].items()]
+    failed = [f"- {row} seed {seed}: {error}"
+              for row, entry in summary.items() for seed, error in entry["failed"].items()]
     return "\n".join([*notes, "", *lines, *(["", "Failed:", *failed] if failed else [])]) + "\n"
 
 
@@ -508,22 +513,32 @@ def plot(summary: dict, path: Path) -> Path | None:
         return None
     rows = [row for row in summary if row != "base"]
     ours = [summary[row].get("delta_bleu") for row in rows]  # None: the row failed (no bar)
-    figure, axes = plt.subplots(figsize=(7, 0.35 * len(rows) + 1.5))
+    figure, axes = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
     positions = range(len(rows))
     axes.barh([p - 0.2 for p in positions], [math.nan if d is None else d["mean"] for d in ours], height=0.4,
-              label="ours",
-              xerr=[0 if d is None or d["std"] is None else d["std"] for d in ours], capsize=2)
+              label="ours", xerr=[0 if d is None or d["std"] is None else d["std"] for d in ours], capsize=2)
     axes.barh([p + 0.2 for p in positions], [summary[row]["paper"]["delta_bleu"] for row in rows], height=0.4,
               label="paper (newstest2013)")
-    axes.set_yticks(list(positions), rows)
+    axes.set_yticks(list(positions), [f"{row}  {_change(summary, row)}".rstrip() for row in rows])
     axes.invert_yaxis()
     axes.axvline(0, color="black", linewidth=0.8)
     axes.set_xlabel("BLEU (dev) minus the base model's")
+    axes.set_title("Table 3: each variation's change from the base model")
     axes.legend()
     figure.tight_layout()
     figure.savefig(path, dpi=120)
     plt.close(figure)
     return path
+
+
+def _change(summary: dict, row: str) -> str:
+    """What the row trained differently from our base, e.g. ``h 1, d_k 256``."""
+    setting, base = summary[row].get("setting"), summary["base"].get("setting")
+    if setting is None or base is None:
+        return ""
+    names = dict(zip(SETTING, HEADER[1:]))
+    return ", ".join(f"{names[key]} {_cell(setting[key])}" for key in SETTING
+                     if key != "d_v" and setting[key] != base[key])
 
 
 def write_outputs(output_dir: Path, summary: dict, notes: list[str], report=print) -> None:
