@@ -257,9 +257,11 @@ def write_recipe(recipe: str, output_dir: Path, max_steps: int) -> Path:
 
 
 def plan(recipe_file: Path, train_flags: list[str], rows: list[str], seeds: int, output_dir: Path,
-         tokenizer: str, prog: str) -> list[Job]:
-    """Every (row, seed) as a run of ``train``, each checked as ``train`` checks its flags, before any training."""
+         prog: str) -> list[Job]:
+    """Every (row, seed) as a run of ``train``, each checked as ``train`` checks its flags, before any training.
+    Every row trains with one tokenizer: --tokenizer_name_or_path, else OUTPUT/tokenizer (`shared_tokenizer`)."""
     model_args, _, training_args = parse_arguments([str(recipe_file), *train_flags], prog)
+    tokenizer = model_args.tokenizer_name_or_path or str(output_dir / "tokenizer")
     base_config = new_model_config(model_args)
     base_overrides = parse_overrides(model_args.config_overrides)
     jobs = []
@@ -285,21 +287,20 @@ def _describe(change: Variation) -> str:
                       f"label smoothing {change.label_smoothing:g}", f"{change.max_steps} updates"])
 
 
-def shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir: Path, prog: str) -> str:
-    """The tokenizer every row trains with: --tokenizer_name_or_path as given, else one joint BPE (§5.1)
-    trained once on the training data with the recipe's settings, in OUTPUT/tokenizer."""
+def shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir: Path, prog: str) -> None:
+    """Without --tokenizer_name_or_path, the tokenizer every row trains with: one joint BPE (§5.1) trained once
+    on the training data with the recipe's settings, in OUTPUT/tokenizer."""
     model_args, data_args, training_args = parse_arguments([str(recipe_file), *train_flags], prog)
-    if model_args.tokenizer_name_or_path:
-        return model_args.tokenizer_name_or_path
     folder = output_dir / "tokenizer"
-    if not (folder / "tokenizer.json").is_file():
+    if not model_args.tokenizer_name_or_path and not (folder / "tokenizer.json").is_file():
         text = run.load_text_datasets(data_args, training_args.seed)
         tokenizer = run.prepare_tokenizer(text["train"], vocab_size=model_args.tokenizer_vocab_size,
-                                      min_frequency=model_args.tokenizer_min_frequency,
-                                      train_pairs=model_args.tokenizer_train_pairs, seed=training_args.seed,
-                                      cache_dir=data_args.cache_dir)
-        tokenizer.save_pretrained(folder)
-    return str(folder)
+                                          min_frequency=model_args.tokenizer_min_frequency,
+                                          train_pairs=model_args.tokenizer_train_pairs, seed=training_args.seed,
+                                          cache_dir=data_args.cache_dir)
+        partial = folder.with_name("tokenizer.partial")
+        tokenizer.save_pretrained(partial)
+        partial.replace(folder)  # complete or absent: a later run never trains rows with half a tokenizer
 
 
 # ---------------------------------------------------------------------------------------------
@@ -605,11 +606,10 @@ def main(argv: list[str] | None = None, prog: str = "vanilla-transformer table3"
     refuse_own_flags(train_flags)
     output_dir = Path(args.output_dir or "runs/table3")
     recipe_file = write_recipe(recipe, output_dir, args.max_steps)
-    plan(recipe_file, train_flags, rows, args.seeds, output_dir, "tokenizer", prog)  # every row checked first
-    tokenizer = shared_tokenizer(recipe_file, train_flags, output_dir, prog)
-    jobs = plan(recipe_file, train_flags, rows, args.seeds, output_dir, tokenizer, prog)
+    jobs = plan(recipe_file, train_flags, rows, args.seeds, output_dir, prog)  # every row checked first
     for job in jobs:
         finished(job)  # a folder of another table is refused before anything runs
+    shared_tokenizer(recipe_file, train_flags, output_dir, prog)
     results, failures = run_jobs(jobs, devices)
     summary = summarize(rows, results, failures)
     write_outputs(output_dir, summary, notes_for(recipe, jobs, args.seeds))
