@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer import VanillaTransformerConfig, cli
@@ -102,6 +103,11 @@ def test_each_row_applied_to_the_multi30k_base_keeps_the_papers_ratios(row):
     change = table3.variation(table3.PAPER_ROWS[row], base, 0.2, 1000)
     config = model_config("base", {**table3_overrides(MULTI30K_BASE), **change.config})
     assert setting(config, change.label_smoothing, change.max_steps) == MULTI30K_TABLE[row]
+
+
+def test_the_multi30k_base_above_is_the_packaged_recipes():
+    recipe = yaml.safe_load(cli.recipe_path("multi30k").read_text(encoding="utf-8"))
+    assert (recipe["preset"], recipe["config_overrides"], recipe["label_smoothing_factor"]) == ("base", MULTI30K_BASE, 0.2)
 
 
 def table3_overrides(text: str) -> dict:
