@@ -14,6 +14,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer import VanillaTransformerConfig, cli
 from vanilla_transformer.training import run, table3
+from vanilla_transformer.training.checkpointing import checkpoint_folders
 from vanilla_transformer.training.options import model_config
 
 from test_train import reverse_pairs, write_pairs
@@ -242,11 +243,14 @@ def test_the_table_lists_what_each_run_folder_trained(table, data_dir):
     assert (table / "table3.png").is_file()
 
 
-def test_finished_rows_are_not_trained_again_and_a_failed_row_is_reported(table, data_dir, monkeypatch, capsys):
+def test_finished_rows_are_skipped_an_unfinished_one_resumes_and_a_failed_one_is_reported(table, data_dir, monkeypatch, capsys):
     (table / "D4" / "seed-42" / table3.RESULT_FILE).unlink()  # D4 is not finished: it runs again, and fails
+
+    assert checkpoint_folders(table / "D4" / "seed-42")  # the Trainer saved the last update
 
     def failing_run(flags):
         assert f"{table / 'D4' / 'seed-42'}" in flags, "a finished row was trained again"
+        assert flags[-2:] == ["--resume_from_checkpoint", "last"]  # an unfinished row resumes
         raise RuntimeError("out of memory")
 
     monkeypatch.setattr(run, "main", failing_run)
