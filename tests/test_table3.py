@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -287,3 +288,16 @@ def test_a_folder_trained_with_other_flags_is_refused_before_anything_runs(table
     error = capsys.readouterr().err.strip()
     assert exit.value.code == 2 and len(error.splitlines()) == 1
     assert f"{table / 'base' / 'seed-42'} holds row base (seed 42) trained with other flags" in error
+
+
+def test_without_matplotlib_the_table_is_written_and_the_picture_skipped_with_a_message(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    result = {"wall_seconds": 60.0, "parameters": 1e6, "perplexity": 5.0, "bleu": 20.0, "chrf": 40.0,
+              **dict(zip(table3.SETTING, (2, 64, 128, 4, 16, 16, 0.1, 0.1, "sinusoidal", 10)))}
+    summary = table3.summarize(["base", "A1"], {("base", 42): result, ("A1", 42): {**result, "bleu": 19.0}}, {})
+    said = []
+    table3.write_outputs(tmp_path, summary, ["notes"], report=said.append)
+    assert (tmp_path / "table3.md").is_file() and (tmp_path / "table3.json").is_file()
+    assert not (tmp_path / "table3.png").exists()
+    assert said[-1] == "no picture: matplotlib is not installed (pip install 'vanilla-transformer[plot]')"
+    assert summary["A1"]["delta_bleu"]["mean"] == -1.0
