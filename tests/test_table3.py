@@ -300,4 +300,4 @@ def test_without_matplotlib_the_table_is_written_and_the_picture_skipped_with_a_
     assert (tmp_path / "table3.md").is_file() and (tmp_path / "table3.json").is_file()
     assert not (tmp_path / "table3.png").exists()
     assert said[-1] == "no picture: matplotlib is not installed (pip install 'vanilla-transformer[plot]')"
-    assert summary["A1"]["delta_bleu"]["mean"] == -1.0
+    assert summary["A1"]["delta_bleu"]["mean"] == -1.0 and summary["A1"]["runs"][42]["bleu"] == 19.0

@@ -447,6 +447,8 @@ def summarize(rows: list[str], results: dict, failures: dict) -> dict:
             entry["setting"] = {key: first[key] for key in SETTING}
             entry["parameters"] = first["parameters"]
             entry["wall_seconds"] = statistics.fmean(run["wall_seconds"] for run in runs.values())
+            entry["runs"] = {seed: {key: run[key] for key in (*SCORES, "train_steps", "wall_seconds")}
+                             for seed, run in runs.items()}
             for key in SCORES:
                 entry[key] = _spread([run[key] for run in runs.values()])
                 paired = [runs[seed][key] - base[seed][key] for seed in runs if seed in base]
