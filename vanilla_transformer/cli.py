@@ -6,6 +6,7 @@
     vanilla-transformer tokenizer train.en train.de --vocab-size 8000 --output-dir tokenizer
     vanilla-transformer convert from-marian Helsinki-NLP/opus-mt-en-de converted
     vanilla-transformer publish run --repo-id you/en-de
+    vanilla-transformer table3 multi30k --max-steps 20000 --seeds 3 --output-dir runs/table3
     accelerate launch --config_file $(vanilla-transformer config ddp) -m vanilla_transformer.cli train ...
 
 Recipes (``train RECIPE``) and accelerate configs (``config NAME``) ship inside the package and are
@@ -39,6 +40,8 @@ TOOLS = {
     "convert": ("vanilla_transformer.convert", "import a MarianMT checkpoint exactly; export to CTranslate2"),
     "publish": ("vanilla_transformer.publish",
                 "upload a model folder to the Hub: the model's files only, never checkpoints or training state"),
+    "table3": ("vanilla_transformer.training.table3",
+               "train and score the base model and every variation of the paper's Table 3 on a recipe"),
 }
 PATHS = {
     "recipe": "print the path of a packaged recipe (without a name: list them)",

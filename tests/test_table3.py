@@ -1,0 +1,303 @@
+"""`vanilla-transformer table3`: the paper's Table 3 rows applied to a recipe's base model, checked against the
+paper's printed table; end to end on tiny data, the table checked against what each run folder saved."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+from vanilla_transformer import VanillaTransformerConfig, cli
+from vanilla_transformer.training import run, table3
+from vanilla_transformer.training.checkpointing import checkpoint_folders
+from vanilla_transformer.training.options import model_config
+
+from test_train import reverse_pairs, write_pairs
+
+# Table 3 of the paper written out in full, every unlisted value filled in from the base row:
+# row -> (N, d_model, d_ff, h, d_k, P_drop, eps_ls, positions, train steps).
+PAPER_TABLE = {
+    "base": (6, 512, 2048, 8, 64, 0.1, 0.1, "sinusoidal", 100_000),
+    "A1": (6, 512, 2048, 1, 512, 0.1, 0.1, "sinusoidal", 100_000),
+    "A2": (6, 512, 2048, 4, 128, 0.1, 0.1, "sinusoidal", 100_000),
+    "A3": (6, 512, 2048, 16, 32, 0.1, 0.1, "sinusoidal", 100_000),
+    "A4": (6, 512, 2048, 32, 16, 0.1, 0.1, "sinusoidal", 100_000),
+    "B1": (6, 512, 2048, 8, 16, 0.1, 0.1, "sinusoidal", 100_000),
+    "B2": (6, 512, 2048, 8, 32, 0.1, 0.1, "sinusoidal", 100_000),
+    "C1": (2, 512, 2048, 8, 64, 0.1, 0.1, "sinusoidal", 100_000),
+    "C2": (4, 512, 2048, 8, 64, 0.1, 0.1, "sinusoidal", 100_000),
+    "C3": (8, 512, 2048, 8, 64, 0.1, 0.1, "sinusoidal", 100_000),
+    "C4": (6, 256, 2048, 8, 32, 0.1, 0.1, "sinusoidal", 100_000),
+    "C5": (6, 1024, 2048, 8, 128, 0.1, 0.1, "sinusoidal", 100_000),
+    "C6": (6, 512, 1024, 8, 64, 0.1, 0.1, "sinusoidal", 100_000),
+    "C7": (6, 512, 4096, 8, 64, 0.1, 0.1, "sinusoidal", 100_000),
+    "D1": (6, 512, 2048, 8, 64, 0.0, 0.1, "sinusoidal", 100_000),
+    "D2": (6, 512, 2048, 8, 64, 0.2, 0.1, "sinusoidal", 100_000),
+    "D3": (6, 512, 2048, 8, 64, 0.1, 0.0, "sinusoidal", 100_000),
+    "D4": (6, 512, 2048, 8, 64, 0.1, 0.2, "sinusoidal", 100_000),
+    "E": (6, 512, 2048, 8, 64, 0.1, 0.1, "learned", 100_000),
+    "big": (6, 1024, 4096, 16, 64, 0.3, 0.1, "sinusoidal", 300_000),
+}
+# The paper's results: row -> (PPL dev, BLEU dev, params x10^6 or None where the paper leaves it blank).
+PAPER_RESULTS = {
+    "base": (4.92, 25.8, 65), "A1": (5.29, 24.9, None), "A2": (5.00, 25.5, None), "A3": (4.91, 25.8, None),
+    "A4": (5.01, 25.4, None), "B1": (5.16, 25.1, 58), "B2": (5.01, 25.4, 60), "C1": (6.11, 23.7, 36),
+    "C2": (5.19, 25.3, 50), "C3": (4.88, 25.5, 80), "C4": (5.75, 24.5, 28), "C5": (4.66, 26.0, 168),
+    "C6": (5.12, 25.4, 53), "C7": (4.75, 26.2, 90), "D1": (5.77, 24.6, None), "D2": (4.95, 25.5, None),
+    "D3": (4.67, 25.3, None), "D4": (5.47, 25.7, None), "E": (4.92, 25.7, None), "big": (4.33, 26.4, 213),
+}
+# The Multi30k recipe's base (3+3 layers, d_model 256, 4 heads, d_ff 1024, dropout 0.1, label smoothing 0.2)
+# with each row at the paper's ratio, worked out by hand (h 1/8 of 4 rounds up to 1).
+MULTI30K_TABLE = {
+    "base": (3, 256, 1024, 4, 64, 0.1, 0.2, "sinusoidal", 1000),
+    "A1": (3, 256, 1024, 1, 256, 0.1, 0.2, "sinusoidal", 1000),
+    "A2": (3, 256, 1024, 2, 128, 0.1, 0.2, "sinusoidal", 1000),
+    "A3": (3, 256, 1024, 8, 32, 0.1, 0.2, "sinusoidal", 1000),
+    "A4": (3, 256, 1024, 16, 16, 0.1, 0.2, "sinusoidal", 1000),
+    "B1": (3, 256, 1024, 4, 16, 0.1, 0.2, "sinusoidal", 1000),
+    "B2": (3, 256, 1024, 4, 32, 0.1, 0.2, "sinusoidal", 1000),
+    "C1": (1, 256, 1024, 4, 64, 0.1, 0.2, "sinusoidal", 1000),
+    "C2": (2, 256, 1024, 4, 64, 0.1, 0.2, "sinusoidal", 1000),
+    "C3": (4, 256, 1024, 4, 64, 0.1, 0.2, "sinusoidal", 1000),
+    "C4": (3, 128, 1024, 4, 32, 0.1, 0.2, "sinusoidal", 1000),
+    "C5": (3, 512, 1024, 4, 128, 0.1, 0.2, "sinusoidal", 1000),
+    "C6": (3, 256, 512, 4, 64, 0.1, 0.2, "sinusoidal", 1000),
+    "C7": (3, 256, 2048, 4, 64, 0.1, 0.2, "sinusoidal", 1000),
+    "D1": (3, 256, 1024, 4, 64, 0.0, 0.2, "sinusoidal", 1000),
+    "D2": (3, 256, 1024, 4, 64, 0.2, 0.2, "sinusoidal", 1000),
+    "D3": (3, 256, 1024, 4, 64, 0.1, 0.0, "sinusoidal", 1000),
+    "D4": (3, 256, 1024, 4, 64, 0.1, 0.4, "sinusoidal", 1000),
+    "E": (3, 256, 1024, 4, 64, 0.1, 0.2, "learned", 1000),
+    "big": (3, 512, 2048, 8, 64, 0.3, 0.2, "sinusoidal", 3000),
+}
+MULTI30K_BASE = ("d_model=256,encoder_layers=3,decoder_layers=3,encoder_attention_heads=4,decoder_attention_heads=4,"
+                 "encoder_ffn_dim=1024,decoder_ffn_dim=1024,dropout=0.1")
+
+
+def setting(config: VanillaTransformerConfig, label_smoothing: float, steps: int) -> tuple:
+    """(N, d_model, d_ff, h, d_k, P_drop, eps_ls, positions, steps) of a built config, both stacks alike."""
+    assert config.encoder_layers == config.decoder_layers and config.encoder_ffn_dim == config.decoder_ffn_dim
+    assert config.encoder_attention_heads == config.decoder_attention_heads
+    d_k = config.head_dim or config.d_model // config.encoder_attention_heads
+    return (config.encoder_layers, config.d_model, config.encoder_ffn_dim, config.encoder_attention_heads, d_k,
+            config.dropout, label_smoothing, config.position_embedding_type, steps)
+
+
+@pytest.mark.parametrize("row", list(PAPER_TABLE))
+def test_each_row_applied_to_the_papers_base_is_the_papers_row(row):
+    base = VanillaTransformerConfig.from_preset("base")
+    change = table3.variation(table3.PAPER_ROWS[row], base, 0.1, 100_000)
+    config = model_config("base", change.config)
+    assert setting(config, change.label_smoothing, change.max_steps) == PAPER_TABLE[row]
+    paper = table3.PAPER_ROWS[row]
+    assert (paper.ppl, paper.bleu, paper.params) == PAPER_RESULTS[row]
+
+
+@pytest.mark.parametrize("row", list(MULTI30K_TABLE))
+def test_each_row_applied_to_the_multi30k_base_keeps_the_papers_ratios(row):
+    base = model_config("base", MULTI30K_BASE)
+    change = table3.variation(table3.PAPER_ROWS[row], base, 0.2, 1000)
+    config = model_config("base", {**table3_overrides(MULTI30K_BASE), **change.config})
+    assert setting(config, change.label_smoothing, change.max_steps) == MULTI30K_TABLE[row]
+
+
+def test_the_multi30k_base_above_is_the_packaged_recipes():
+    recipe = yaml.safe_load(cli.recipe_path("multi30k").read_text(encoding="utf-8"))
+    assert (recipe["preset"], recipe["config_overrides"], recipe["label_smoothing_factor"]) == ("base", MULTI30K_BASE, 0.2)
+
+
+def table3_overrides(text: str) -> dict:
+    return {key: json.loads(value) for key, value in (item.split("=") for item in text.split(","))}
+
+
+def test_rows_and_groups_select_in_the_papers_order_with_the_base_first():
+    assert table3.select_rows("E,A2,B") == ["base", "A2", "B1", "B2", "E"]
+    assert table3.select_rows(None) == [row for row in PAPER_TABLE if row != "big"]
+    assert table3.select_rows("big") == ["base", "big"]
+
+
+def test_a_bad_row_name_exits_2_naming_the_valid_ones(capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["table3", "--max-steps", "2", "--rows", "A1,A9"])
+    assert exit.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and "'A9'" in error
+    assert all(name in error for name in PAPER_TABLE) and "groups A, B, C, D, E" in error
+
+
+@pytest.mark.parametrize("flag", ["--max_train_minutes", "--do_predict", "--ema_decay", "--test_source_file"])
+def test_flags_that_would_change_what_table3_compares_are_refused(flag, capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["table3", "--max-steps", "2", flag, "1"])
+    assert exit.value.code == 2 and flag in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--max-steps", "0"], "--max-steps and --seeds must be positive"),
+    (["--max-steps", "2", "--seeds", "0"], "--max-steps and --seeds must be positive"),
+    (["--max-steps", "2", "--devices", "0,,1"], "--devices '0,,1': give GPU numbers"),
+    # 36 wide with 4 heads is a valid base; row A3's 8 heads do not divide it
+    (["--max-steps", "2", "--rows", "A3", "--preset", "tiny", "--config_overrides", "d_model=36"],
+     "row A3 at this recipe's scale (encoder_attention_heads=8, decoder_attention_heads=8"),
+])
+def test_bad_numbers_and_rows_the_base_cannot_take_exit_2_before_any_data_is_read(flags, message, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["table3", *flags, "--output-dir", str(tmp_path)])
+    error = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and len(error.splitlines()) == 1 and message in error, error
+    assert not (tmp_path / "tokenizer").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# End to end: base and two rows on tiny data, then again (finished rows are not trained again)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("reverse")
+    write_pairs(folder, "train", reverse_pairs(120, seed=1))
+    write_pairs(folder, "valid", reverse_pairs(4, seed=2))
+    return folder
+
+
+def table3_command(data_dir: Path, output_dir: Path) -> list[str]:
+    return ["table3", "multi30k", "--max-steps", "2", "--rows", "B1,D4", "--output-dir", str(output_dir),
+            "--dataset_name", "none", "--train_source_file", str(data_dir / "train.src"),
+            "--train_target_file", str(data_dir / "train.tgt"), "--validation_source_file", str(data_dir / "valid.src"),
+            "--validation_target_file", str(data_dir / "valid.tgt"), "--preset", "tiny",
+            "--config_overrides", "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64", "--tokenizer_vocab_size", "280",
+            "--generation_max_length", "8", "--report_to", "none", "--use_cpu", "--disable_tqdm", "true"]
+
+
+@pytest.fixture(scope="module")
+def table(data_dir, tmp_path_factory) -> Path:
+    output_dir = tmp_path_factory.mktemp("table3")
+    cli.main(table3_command(data_dir, output_dir))
+    return output_dir
+
+
+def saved_setting(folder: Path) -> dict:
+    """A run's setting as its folder saved it: config.json, and training_args.bin for label smoothing."""
+    config = json.loads((folder / "config.json").read_text())
+    arguments = torch.load(folder / "training_args.bin", weights_only=False)
+    head_dim = config["head_dim"] or config["d_model"] // config["encoder_attention_heads"]
+    return {"N": config["encoder_layers"], "d_model": config["d_model"], "d_ff": config["encoder_ffn_dim"],
+            "h": config["encoder_attention_heads"], "d_k": head_dim, "d_v": head_dim, "dropout": config["dropout"],
+            "label_smoothing": arguments.label_smoothing_factor, "positions": config["position_embedding_type"]}
+
+
+def validation_perplexity(folder: Path, data_dir: Path) -> float:
+    """exp of the saved model's plain negative log-likelihood per target token (</s> included) on the
+    validation pairs, one sentence at a time: the perplexity, with no label smoothing in it."""
+    model = AutoModelForSeq2SeqLM.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    sources = (data_dir / "valid.src").read_text().splitlines()
+    targets = (data_dir / "valid.tgt").read_text().splitlines()
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for source, target in zip(sources, targets):
+            batch = tokenizer(source, text_target=target, return_tensors="pt")
+            decoder_input_ids = model.prepare_decoder_input_ids_from_labels(batch["labels"])
+            logits = model(input_ids=batch["input_ids"], decoder_input_ids=decoder_input_ids).logits
+            total += torch.nn.functional.cross_entropy(logits[0], batch["labels"][0], reduction="sum").item()
+            tokens += batch["labels"].numel()
+    return math.exp(total / tokens)
+
+
+def test_the_table_lists_what_each_run_folder_trained(table, data_dir):
+    rows = json.loads((table / "table3.json").read_text())["rows"]
+    assert list(rows) == ["base", "B1", "D4"]
+    saved = {row: saved_setting(table / row / "seed-42") for row in rows}
+    for row, entry in rows.items():
+        assert {key: entry["setting"][key] for key in saved[row]} == saved[row], row
+        assert entry["setting"]["train_steps"] == 2
+    # the rows' changes, at the tiny base's scale: d_k 8 -> 2 (a quarter), label smoothing 0.2 -> 0.4 (twice)
+    assert (saved["base"]["d_k"], saved["B1"]["d_k"]) == (8, 2)
+    assert (saved["base"]["label_smoothing"], saved["D4"]["label_smoothing"]) == (0.2, 0.4)
+    # the markdown table: the base row in full, the other rows only where they differ from it
+    lines = [line for line in (table / "table3.md").read_text().splitlines() if line.startswith("| ")]
+    header = [cell.strip() for cell in lines[0].strip("|").split("|")]
+    split = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:]]
+    cells = {row_cells[0]: row_cells for row_cells in split}
+    columns = {"N": "N", "d_model": "d_model", "d_ff": "d_ff", "h": "h", "d_k": "d_k", "d_v": "d_v",
+               "P_drop": "dropout", "ε_ls": "label_smoothing", "positions": "positions"}
+    for row in rows:
+        for column, key in columns.items():
+            shown = cells[row][header.index(column)]
+            value = saved[row][key]
+            differs = row == "base" or value != saved["base"][key]
+            written = f"{value:g}" if isinstance(value, float) else str(value)
+            assert shown == (written if differs else ""), (row, column)
+    assert cells["B1"][header.index("paper BLEU")] == "25.1" and cells["B1"][header.index("paper ΔBLEU")] == "-0.7"
+    # scores as the run evaluated them, and the row's change from base
+    results = {row: json.loads((table / row / "seed-42" / "all_results.json").read_text()) for row in rows}
+    assert rows["B1"]["bleu"]["mean"] == results["B1"]["eval_bleu"]
+    assert rows["B1"]["delta_bleu"]["mean"] == pytest.approx(results["B1"]["eval_bleu"] - results["base"]["eval_bleu"])
+    assert rows["D4"]["perplexity"]["mean"] == pytest.approx(validation_perplexity(table / "D4" / "seed-42", data_dir))
+    assert (table / "table3.png").is_file()
+
+
+def test_finished_rows_are_skipped_an_unfinished_one_resumes_and_a_failed_one_is_reported(table, data_dir, monkeypatch, capsys):
+    (table / "D4" / "seed-42" / table3.RESULT_FILE).unlink()  # D4 is not finished: it runs again, and fails
+
+    assert checkpoint_folders(table / "D4" / "seed-42")  # the Trainer saved the last update
+
+    def failing_run(flags):
+        assert f"{table / 'D4' / 'seed-42'}" in flags, "a finished row was trained again"
+        assert flags[-2:] == ["--resume_from_checkpoint", "last"]  # an unfinished row resumes
+        raise RuntimeError("out of memory")
+
+    monkeypatch.setattr(run, "main", failing_run)
+    with pytest.raises(SystemExit) as exit:
+        cli.main(table3_command(data_dir, table))
+    assert exit.value.code == 1
+    out = capsys.readouterr()
+    assert "base seed 42: finished before" in out.out and "B1 seed 42: finished before" in out.out
+    assert "D4 seed 42: FAILED: out of memory" in out.out
+    rows = json.loads((table / "table3.json").read_text())["rows"]
+    assert rows["B1"]["bleu"]["n"] == 1 and "setting" not in rows["D4"]
+    assert "- D4 seed 42: RuntimeError: out of memory" in (table / "table3.md").read_text()
+
+
+@pytest.mark.slow
+def test_rows_on_several_devices_run_as_processes_of_their_own(data_dir, tmp_path):
+    """--devices: one `vanilla-transformer train` process a row, two at once (here on the CPU: the processes
+    only see CUDA_VISIBLE_DEVICES); each writes its log and the same table as one process would."""
+    cli.main([*table3_command(data_dir, tmp_path), "--devices", "0,1"])
+    rows = json.loads((tmp_path / "table3.json").read_text())["rows"]
+    for row in ("base", "B1", "D4"):
+        folder = tmp_path / row / "seed-42"
+        assert (folder / table3.LOG_FILE).is_file() and (folder / table3.RESULT_FILE).is_file()
+        setting = saved_setting(folder)
+        assert {key: rows[row]["setting"][key] for key in setting} == setting
+
+
+def test_a_folder_trained_with_other_flags_is_refused_before_anything_runs(table, data_dir, monkeypatch, capsys):
+    monkeypatch.setattr(run, "main", lambda flags: pytest.fail("a row was trained"))
+    command = table3_command(data_dir, table)
+    command[command.index("--max-steps") + 1] = "3"
+    with pytest.raises(SystemExit) as exit:
+        cli.main(command)
+    error = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and len(error.splitlines()) == 1
+    assert f"{table / 'base' / 'seed-42'} holds row base (seed 42) trained with other flags" in error
+
+
+def test_without_matplotlib_the_table_is_written_and_the_picture_skipped_with_a_message(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    result = {"wall_seconds": 60.0, "parameters": 1e6, "perplexity": 5.0, "bleu": 20.0, "chrf": 40.0,
+              **dict(zip(table3.SETTING, (2, 64, 128, 4, 16, 16, 0.1, 0.1, "sinusoidal", 10)))}
+    summary = table3.summarize(["base", "A1"], {("base", 42): result, ("A1", 42): {**result, "bleu": 19.0}}, {})
+    said = []
+    table3.write_outputs(tmp_path, summary, ["notes"], report=said.append)
+    assert (tmp_path / "table3.md").is_file() and (tmp_path / "table3.json").is_file()
+    assert not (tmp_path / "table3.png").exists()
+    assert said[-1] == "no picture: matplotlib is not installed (pip install 'vanilla-transformer[plot]')"
+    assert summary["A1"]["delta_bleu"]["mean"] == -1.0 and summary["A1"]["runs"][42]["bleu"] == 19.0
