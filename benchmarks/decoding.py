@@ -350,18 +350,28 @@ def required_seconds(decode: Callable[[], list]) -> tuple[float, dict[str, float
     return wall, seconds
 
 
-def floor_text(marian_seconds: list[float], ours_seconds: list[float], profiled: tuple[float, dict]) -> str:
-    """How fast ours could be with nothing but the required work (a bound, not a measurement of a system).
-    Self CPU time of an operation is the wall time it ran, its threads together."""
+def floor(marian_seconds: list[float], ours_seconds: list[float], profiled: tuple[float, dict]) -> dict:
+    """How fast ours could be with nothing but the required work (a bound, not a measurement of a system):
+    the medians of both, ours' profiled pass ("profiled": its wall time, "required": the seconds of each
+    `REQUIRED` group, "rest": ours' median minus their sum), ours' speed over MarianMT's and the bound (MarianMT's
+    time over the required work's). Self CPU time of an operation is the wall time it ran, its threads together."""
     marian, ours = statistics.median(marian_seconds), statistics.median(ours_seconds)
     wall, seconds = profiled
     needed = sum(seconds.values())
+    return {"marian": marian, "ours": ours, "profiled": wall, "required": seconds, "rest": ours - needed,
+            "speed": marian / ours, "bound": marian / needed}
+
+
+def floor_text(found: dict) -> str:
+    """`floor` as a table of where ours' time goes, in seconds and as shares of MarianMT's."""
+    marian = found["marian"]
     return "\n".join([
-        f"\nfloor: beam 4, batch 32; ours profiled once ({wall:.2f} s under the profiler, {ours:.2f} s without)",
+        f"\nfloor: beam 4, batch 32; ours profiled once ({found['profiled']:.2f} s under the profiler, "
+        f"{found['ours']:.2f} s without)",
         f"| part of ours' decoding | seconds | of MarianMT's {marian:.2f} s |", "|---|---|---|",
-        *(f"| {name} | {value:.2f} | {value / marian:.0%} |" for name, value in seconds.items()),
-        f"| the rest (search, cache, indexing, copies, Python) | {ours - needed:.2f} | {(ours - needed) / marian:.0%} |",
-        f"ours is {marian / ours:.2f}x MarianMT; with nothing but the required work it would be {marian / needed:.2f}x",
+        *(f"| {name} | {value:.2f} | {value / marian:.0%} |" for name, value in found["required"].items()),
+        f"| the rest (search, cache, indexing, copies, Python) | {found['rest']:.2f} | {found['rest'] / marian:.0%} |",
+        f"ours is {found['speed']:.2f}x MarianMT; with nothing but the required work it would be {found['bound']:.2f}x",
     ])
 
 
@@ -395,7 +405,8 @@ def main(argv=None) -> dict | None:
         print(table(seconds, outputs, tokenizer, references, trained, len(pairs)))
         results[(beam, batch_size)] = seconds
         if args.floor and (beam, batch_size) == (4, 32):
-            print(floor_text(seconds["MarianMT"], seconds["ours"], required_seconds(decoders["ours"])))
+            results["floor"] = floor(seconds["MarianMT"], seconds["ours"], required_seconds(decoders["ours"]))
+            print(floor_text(results["floor"]))
     if args.levers or not args.no_compile:
         pairs = test[: args.sentences]
         batches = make_batches(tokenizer, pairs, 32, trained)

@@ -141,7 +141,7 @@ def check_same_computation(ours, marian, batch) -> str:
 
 
 def previous_loss(logits, labels, num_items_in_batch=None, label_smoothing=0.0):
-    """label_smoothed_cross_entropy before issue 19: PyTorch's cross_entropy on a float copy of the logits."""
+    """label_smoothed_cross_entropy before commit e8ee040: PyTorch's cross_entropy on a float copy of the logits."""
     total = nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100,
                                         reduction="sum", label_smoothing=label_smoothing)
     return total / (labels != -100).sum()

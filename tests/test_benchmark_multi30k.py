@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import random
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -123,7 +121,7 @@ def test_a_levers_table_compares_the_machine_with_the_recipes_row_and_names_dist
     assert notes(without_recipe) == []
 
 
-def test_the_tuned_marian_is_configured_as_the_issue_describes(tmp_path, monkeypatch):
+def test_the_tuned_marian_is_configured_as_the_docstring_describes(tmp_path, monkeypatch):
     """ReLU, scaled tied embeddings, dropout 0.1 (attention/activation 0), its own 8k Metaspace BPE,
     64-sentence batches grouped by length, Adam (0.9, 0.98, 1e-9), 1e-3 after 800 warm-up steps, LS 0.1."""
     import transformers
