@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
+import common
+import multi30k_systems as systems
 from helpers import REPO, load_script
 
 multi30k = load_script("benchmarks/multi30k.py")
@@ -139,7 +141,7 @@ def test_the_tuned_marian_is_configured_as_the_docstring_describes(tmp_path, mon
     write_corpus(tmp_path, {"train": 300})
     args = multi30k.parse_args(["--marian-vocab-size", "300", "--data-dir", str(tmp_path)])
     with pytest.raises(Stop):
-        multi30k.train_marian(args, tmp_path, tmp_path / "run")
+        systems.train_marian(args, tmp_path, tmp_path / "run")
     config, training_args, tokenizer = seen["config"], seen["args"], seen["tokenizer"]
     assert (config.activation_function, config.scale_embedding, config.tie_word_embeddings) == ("relu", True, True)
     assert (config.dropout, config.attention_dropout, config.activation_dropout) == (0.1, 0.0, 0.0)
@@ -173,10 +175,10 @@ def test_bf16_trains_both_systems_under_bfloat16_autocast_and_only_joins_bf16_ru
     write_corpus(tmp_path / "data", {"train": 300, "val": 3, "test_2016_flickr": 3})
     base = ["--marian-vocab-size", "300", "--data-dir", str(tmp_path / "data")]
     with pytest.raises(Stop):
-        multi30k.train_marian(multi30k.parse_args([*base, "--bf16"]), tmp_path / "data", tmp_path / "run")
+        systems.train_marian(multi30k.parse_args([*base, "--bf16"]), tmp_path / "data", tmp_path / "run")
     assert seen["args"].bf16 and seen["args"].use_cpu
     for flags, expected in (([], False), (["--bf16"], True)):
-        argv = multi30k.ours_arguments(multi30k.parse_args([*base, *flags]), tmp_path / "data", tmp_path / "ours",
+        argv = systems.ours_arguments(multi30k.parse_args([*base, *flags]), tmp_path / "data", tmp_path / "ours",
                                        multi30k.LEVERS["recipe"])
         assert parse_arguments(argv)[2].bf16 is expected
 
@@ -203,7 +205,7 @@ def test_bf16_trains_both_systems_under_bfloat16_autocast_and_only_joins_bf16_ru
 
 def test_the_metaspace_tokenizer_round_trips_and_ends_sequences():
     words = "a dog runs man woman sits on the bench two children play in park".split()
-    tokenizer = multi30k.metaspace_tokenizer(iter(words * 10), vocab_size=120)
+    tokenizer = systems.metaspace_tokenizer(iter(words * 10), vocab_size=120)
     ids = tokenizer("a dog runs in the park")["input_ids"]
     assert ids[-1] == tokenizer.eos_token_id and len(tokenizer) <= 120
     assert tokenizer.decode(ids, skip_special_tokens=True) == "a dog runs in the park"
@@ -303,7 +305,7 @@ def test_resume_keeps_finished_runs_trains_the_missing_ones_with_their_own_seeds
     trained = []
 
     def fake_run(function, name, args, data_dir, run_dir, lever):
-        assert function is multi30k.run_system
+        assert function is systems.run_system
         trained.append((name, run_dir.name, args.seed))
         return dict(result(36.0 if name == "ours" else 33.0, 35.0, 10), val={"bleu": 35.0, "chrf": 55.0,
                                                                              "bleu_signature": "sig"})
@@ -339,7 +341,7 @@ def test_redo_trains_a_finished_run_again_and_keeps_the_old_result_and_folder(tm
     trained, scores = [], iter([36.0, 33.0, 30.0])
 
     def fake_run(function, name, args, data_dir, run_dir, lever):
-        assert function is multi30k.run_system
+        assert function is systems.run_system
         trained.append((name, run_dir.name, args.seed))
         return dict(result(next(scores), 35.0, 10), val={"bleu": 35.0, "chrf": 55.0, "bleu_signature": "sig"})
 
@@ -378,8 +380,8 @@ def test_the_metaspace_lever_trains_ours_with_the_baselines_tokenizer(tmp_path):
     load = result["machine_load"]  # the machine probe around training
     assert load["matmul_gflops_before"] > 0 and load["matmul_gflops_after"] > 0
     assert all(0 <= load[key] <= 1 for key in ("others_cpu_share", "steal_share") if key in load)
-    pairs = multi30k.read_split(data, "train", "en-de")
-    baseline = multi30k.metaspace_tokenizer((text for pair in pairs for text in pair), 200)
+    pairs = common.read_split(data, "train", "en-de")
+    baseline = systems.metaspace_tokenizer((text for pair in pairs for text in pair), 200)
     saved = AutoTokenizer.from_pretrained(output / "lever-0")
     assert result["vocabulary"] == len(saved) == len(baseline)
     assert json.loads((output / "lever-0" / "tokenizer.json").read_text())["pre_tokenizer"]["type"] == "Metaspace"
@@ -395,8 +397,8 @@ def test_every_lever_is_a_valid_change_of_the_recipe(name):
 
     flags, config = multi30k.LEVERS[name]
     # the baseline's tokenizer is trained into the run folder first (test above); here, any folder name
-    flags = ["some/folder" if flag == multi30k.MARIAN_TOKENIZER else flag for flag in flags]
-    parsed = parse_arguments([str(multi30k.RECIPE), *flags, "--output_dir", "unused"])
+    flags = ["some/folder" if flag == systems.MARIAN_TOKENIZER else flag for flag in flags]
+    parsed = parse_arguments([str(systems.RECIPE), *flags, "--output_dir", "unused"])
     check_training_arguments(parsed[2])
     for flag, value in zip(flags[::2], flags[1::2]):  # each flag reaches the arguments unchanged
         holder = next(args for args in parsed if hasattr(args, flag[2:]))
@@ -423,7 +425,7 @@ def test_marian_runs_are_reused_only_from_a_comparison_with_the_same_marian_sett
     trained = []
 
     def fake_run(function, name, args, data_dir, run_dir, lever):
-        assert function is multi30k.run_system
+        assert function is systems.run_system
         trained.append((name, args.seed))
         return {"val": {"bleu": 40.0, "chrf": 60.0, "bleu_signature": "sig"}, "test": {"bleu": 41.0, "chrf": 61.0},
                 "steps": 20, "target_tokens_per_second": 2.0}
@@ -473,7 +475,7 @@ def test_the_averaging_sweep_scores_the_mean_of_each_last_k_checkpoints(tmp_path
         seen.append(loaded.model.encoder.layers[0].feed_forward.fc1.weight[0].detach().double())
         return {"bleu": float(len(pairs)), "chrf": 1.0, "examples": []}
 
-    monkeypatch.setattr(multi30k, "decode_and_score", fake_decode)
+    monkeypatch.setattr(systems, "decode_and_score", fake_decode)
     sweep = multi30k.main(["--data-dir", str(data), "--averaging", str(run), "--output-dir", str(tmp_path / "out")])
     a, b, c = biases[90], biases[100], biases[1000]
     expected = [c, (b + c) / 2, (b + 2 * c) / 3, (a + b + c) / 3, (a + 2 * b + 3 * c) / 6]
@@ -528,7 +530,7 @@ def test_the_length_penalty_sweep_decodes_one_model_at_every_alpha_under_both_fo
         seen.append((name, folder, len(pairs), settings["length_penalty_formula"], settings["length_penalty"]))
         return {"bleu": 10 * settings["length_penalty"], "chrf": 1.0, "length_ratio": 0.9, "examples": []}
 
-    monkeypatch.setattr(multi30k, "decode_and_score", fake_decode)
+    monkeypatch.setattr(systems, "decode_and_score", fake_decode)
     sweep = multi30k.main(["--data-dir", str(data), "--length-penalties", str(model_dir), "--output-dir", str(tmp_path / "out")])
     expected = [("ours", str(model_dir), 3, formula, alpha)
                 for formula in ("gnmt", "length")
@@ -560,7 +562,7 @@ def test_the_length_penalty_sweep_of_a_marian_model_decodes_it_as_marian_with_it
         seen.append((name, settings))
         return {"bleu": settings["length_penalty"], "chrf": 1.0, "length_ratio": 1.0, "examples": []}
 
-    monkeypatch.setattr(multi30k, "decode_and_score", fake_decode)
+    monkeypatch.setattr(systems, "decode_and_score", fake_decode)
     sweep = multi30k.main(["--data-dir", str(data), "--length-penalties", str(model_dir), "--output-dir", str(tmp_path / "out")])
     assert [name for name, _ in seen] == ["marian"] * 16 and all(set(s) == {"length_penalty"} for _, s in seen)
     assert sweep["system"] == "marian" and set(sweep["rows"]) == {f"length {alpha}" for alpha in multi30k.LENGTH_PENALTIES}
@@ -592,7 +594,7 @@ def test_redecode_decodes_a_comparisons_models_of_ours_with_the_recipes_decoding
         bonus = {"length": 5.0, "gnmt": 1.0}[settings.get("length_penalty_formula", "gnmt")]
         return {"bleu": 30.0 + int(Path(folder).name[-1]) + bonus, "chrf": 60.0, "bleu_signature": "sig", "examples": []}
 
-    monkeypatch.setattr(multi30k, "decode_and_score", fake_decode)
+    monkeypatch.setattr(systems, "decode_and_score", fake_decode)
     flags = ["--recipe-flag=--length_penalty", "--recipe-flag=2.5", "--recipe-flag=--length_penalty_formula",
              "--recipe-flag=length"]
     results = multi30k.main(["--data-dir", str(data), "--redecode", str(out), *flags])
