@@ -23,7 +23,6 @@ checked, not timed.
 
 from __future__ import annotations
 
-import argparse
 import os
 import resource
 import statistics
@@ -31,6 +30,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from common import argument_parser
 
 COMMAND = "import sys; from vanilla_transformer_command import main; sys.exit(main())"  # the console script
 CACHED, EMPTY_CACHE = "`vanilla-transformer train --help`, cached", "`vanilla-transformer train --help`, empty cache"
@@ -68,7 +69,7 @@ def check_imports_nothing_heavy(row: str, env: dict) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--rounds", type=int, default=7, help="alternating rounds; medians are reported")
     parser.add_argument("--markdown", action="store_true", help="a Markdown table")
     args = parser.parse_args()

@@ -27,15 +27,15 @@ from __future__ import annotations
 
 import argparse
 import json
-from typing import NamedTuple
 from pathlib import Path
+from typing import NamedTuple
 
 import yaml
+from common import REPO, argument_parser
 
 from vanilla_transformer import PRESETS, VanillaTransformerConfig
 from vanilla_transformer.training.flops import training_flops_per_target_token
 
-REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "training" / "recipes"
 WMT14_MEAN_LENGTHS = (132_886_171 / 4_500_966, 137_628_246 / 4_500_966)  # (source, target) tokens a pair
 PAPER_TOKENS_PER_UPDATE = 25_000  # target tokens (§5.1)
@@ -181,7 +181,7 @@ def markdown(rows: list[dict], gpus: tuple[int, ...]) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--gpu-json", help="a benchmarks/gpu.py --output file: training tokens/s per model")
     parser.add_argument("--tokens-per-second", help="target tokens/s of one GPU per model, e.g. base=120000,big=60000")
     parser.add_argument("--model-tflops", type=float, help="sustained model TFLOP/s of one GPU, for unmeasured models")

@@ -53,39 +53,40 @@ import gc
 import statistics
 import tempfile
 import time
-import types
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from common import (
+    MULTI30K_SHAPE,
+    add_data_dir,
+    add_timing_flags,
+    alternate,
+    argument_parser,
+    clock_of,
+    ctranslate2_translator,
+    joint_bpe,
+    marian_config,
+    multi30k_folder,
+    read_split,
+    speed_ratio,
+)
 from torch import nn
-from transformers import AutoTokenizer, MarianConfig, MarianMTModel
+from transformers import AutoTokenizer, MarianMTModel
 
-import vanilla_transformer
 from vanilla_transformer.convert import from_marian
 from vanilla_transformer.cpu_decoding import prepack_for_cpu_decoding
 from vanilla_transformer.generation_vanilla_transformer import pad_after_end_of_sequence
-from vanilla_transformer.training import read_parallel
-
-REPO = Path(__file__).resolve().parents[1]
-CLOCK = [time.perf_counter]  # time.process_time with --cpu-time
-DIMENSIONS = dict(
-    d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
-    encoder_ffn_dim=1024, decoder_ffn_dim=1024, activation_function="relu", scale_embedding=True,
-)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "multi30k"))
+    parser = argument_parser(__doc__)
+    add_data_dir(parser)
     parser.add_argument("--marian-model", help="a trained MarianMTModel folder with its tokenizer (default: random)")
     parser.add_argument("--sentences", type=int, default=256, help="test sentences decoded in batches of 32")
     parser.add_argument("--sentences-batch-1", type=int, default=32, help="test sentences decoded one at a time")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per system (median)")
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="time with the process's CPU time instead of the wall clock: steadier on a machine "
-                             "others share, meaningful with --threads 1")
-    parser.add_argument("--threads", type=int, help="torch.set_num_threads and CTranslate2's threads")
+    add_timing_flags(parser)  # --threads: CTranslate2's too
     parser.add_argument("--configurations", default="4x32,4x1,1x32,1x1",
                         help="comma-separated BEAMxBATCH to compare the systems on ('' for none)")
     parser.add_argument("--processor", action="append", default=[], metavar="NAME=VALUE",
@@ -144,14 +145,9 @@ def load_models(args, data_dir: Path):
         marian = MarianMTModel.from_pretrained(args.marian_model).eval()
         tokenizer = AutoTokenizer.from_pretrained(args.marian_model)
     else:
-        pairs = read_parallel(data_dir / "train.en.gz", data_dir / "train.de.gz")
-        tokenizer = vanilla_transformer.train_tokenizer((text for pair in pairs for text in pair), vocab_size=10000)
+        tokenizer = joint_bpe(read_split(data_dir, "train"))
         torch.manual_seed(0)
-        marian = MarianMTModel(MarianConfig(
-            vocab_size=len(tokenizer), decoder_vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
-            forced_eos_token_id=None, **DIMENSIONS,
-        )).eval()
+        marian = MarianMTModel(marian_config(tokenizer, forced_eos_token_id=None, **MULTI30K_SHAPE)).eval()
         with torch.no_grad():  # never </s>: every system decodes exactly max_new_tokens
             marian.final_logits_bias[0, tokenizer.eos_token_id] = -1e4
     return marian, from_marian(marian), tokenizer, bool(args.marian_model)
@@ -202,13 +198,9 @@ def transformers_decoder(model, tokenizer, batches, beam: int, settings: dict | 
 
 
 def ctranslate2_decoder(model, tokenizer, batches, beam: int, quantization: str, work_dir: Path):
-    import ctranslate2
-
-    from vanilla_transformer.convert import to_ctranslate2
-
-    folder = to_ctranslate2(model, work_dir / quantization, quantization=quantization, tokenizer=tokenizer, force=True)
-    translator = ctranslate2.Translator(str(folder), device="cpu", compute_type=quantization, inter_threads=1,
-                                        intra_threads=torch.get_num_threads())
+    """CTranslate2 holding our model's weights, stored and computing in ``quantization``, over the batches."""
+    translator = ctranslate2_translator(model, work_dir / quantization, tokenizer, quantization,
+                                        quantization=quantization)
 
     def decode():
         hypotheses = {}
@@ -282,22 +274,9 @@ def compiled_static(ours) -> nn.Module:
 # ---------------------------------------------------------------------------------------------
 
 
-def alternate(decoders: dict[str, Callable], repeats: int) -> tuple[dict[str, list[float]], dict[str, list]]:
-    """One untimed pass of each, then ``repeats`` timed passes in turn (ABAB...)."""
-    outputs = {name: decode() for name, decode in decoders.items()}
-    seconds = {name: [] for name in decoders}
-    for _ in range(repeats):
-        for name, decode in decoders.items():
-            started = CLOCK[0]()
-            decode()
-            seconds[name].append(CLOCK[0]() - started)
-    return seconds, outputs
-
-
 def ratio_text(slower: list[float], faster: list[float]) -> str:
     """How many times faster ``faster`` ran than ``slower``: ratio of medians (range over the repeats)."""
-    ratios = sorted(s / f for s, f in zip(slower, faster))
-    return f"{statistics.median(slower) / statistics.median(faster):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f})"
+    return "{:.2f}x ({:.2f}-{:.2f})".format(*speed_ratio(slower, faster))
 
 
 def bleu_text(tokenizer, hypotheses, references, trained: bool) -> str:
@@ -371,33 +350,39 @@ def required_seconds(decode: Callable[[], list]) -> tuple[float, dict[str, float
     return wall, seconds
 
 
-def floor_text(marian_seconds: list[float], ours_seconds: list[float], profiled: tuple[float, dict]) -> str:
-    """How fast ours could be with nothing but the required work (a bound, not a measurement of a system).
-    Self CPU time of an operation is the wall time it ran, its threads together."""
+def floor(marian_seconds: list[float], ours_seconds: list[float], profiled: tuple[float, dict]) -> dict:
+    """How fast ours could be with nothing but the required work (a bound, not a measurement of a system):
+    the medians of both, ours' profiled pass ("profiled": its wall time, "required": the seconds of each
+    `REQUIRED` group, "rest": ours' median minus their sum), ours' speed over MarianMT's and the bound (MarianMT's
+    time over the required work's). Self CPU time of an operation is the wall time it ran, its threads together."""
     marian, ours = statistics.median(marian_seconds), statistics.median(ours_seconds)
     wall, seconds = profiled
     needed = sum(seconds.values())
+    return {"marian": marian, "ours": ours, "profiled": wall, "required": seconds, "rest": ours - needed,
+            "speed": marian / ours, "bound": marian / needed}
+
+
+def floor_text(found: dict) -> str:
+    """`floor` as a table of where ours' time goes, in seconds and as shares of MarianMT's."""
+    marian = found["marian"]
     return "\n".join([
-        f"\nfloor: beam 4, batch 32; ours profiled once ({wall:.2f} s under the profiler, {ours:.2f} s without)",
+        f"\nfloor: beam 4, batch 32; ours profiled once ({found['profiled']:.2f} s under the profiler, "
+        f"{found['ours']:.2f} s without)",
         f"| part of ours' decoding | seconds | of MarianMT's {marian:.2f} s |", "|---|---|---|",
-        *(f"| {name} | {value:.2f} | {value / marian:.0%} |" for name, value in seconds.items()),
-        f"| the rest (search, cache, indexing, copies, Python) | {ours - needed:.2f} | {(ours - needed) / marian:.0%} |",
-        f"ours is {marian / ours:.2f}x MarianMT; with nothing but the required work it would be {marian / needed:.2f}x",
+        *(f"| {name} | {value:.2f} | {value / marian:.0%} |" for name, value in found["required"].items()),
+        f"| the rest (search, cache, indexing, copies, Python) | {found['rest']:.2f} | {found['rest'] / marian:.0%} |",
+        f"ours is {found['speed']:.2f}x MarianMT; with nothing but the required work it would be {found['bound']:.2f}x",
     ])
 
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
-    data_dir = Path(args.data_dir)
-    if not data_dir.is_dir():
-        print(f"Multi30k not found at {data_dir} (give --data-dir): nothing to benchmark.")
+    data_dir = multi30k_folder(args.data_dir)
+    if data_dir is None:
         return None
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.cpu_time:
-        CLOCK[0] = time.process_time
+    clock = clock_of(args)
     marian, ours, tokenizer, trained = load_models(args, data_dir)
-    test = read_parallel(data_dir / "test_2016_flickr.en.gz", data_dir / "test_2016_flickr.de.gz")
+    test = read_split(data_dir, "test_2016_flickr")
     print(f"{'trained' if trained else 'random-weight'} MarianMT, {torch.get_num_threads()} threads, "
           f"{args.repeats} repeats; {'lengths as decoded' if trained else 'fixed output lengths'}")
     work_dir = Path(tempfile.mkdtemp(prefix="decoding-benchmark-"))
@@ -407,11 +392,11 @@ def main(argv=None) -> dict | None:
         batches = make_batches(tokenizer, pairs, batch_size, trained)
         decoders = {"MarianMT": transformers_decoder(marian, tokenizer, batches, beam, args.processors),
                     "ours": transformers_decoder(ours, tokenizer, batches, beam, args.processors)}
-        seconds, outputs = alternate(decoders, args.repeats)
+        seconds, outputs = alternate(decoders, args.repeats, clock=clock)
         if not args.no_ctranslate2 and not args.processors:  # after, not alternating: a live Translator's threads slow torch here ~1.6x
             translators = {f"CTranslate2 {quantization}": ctranslate2_decoder(
                 ours, tokenizer, batches, beam, quantization, work_dir) for quantization in ("float32", "int8")}
-            more_seconds, more_outputs = alternate(translators, args.repeats)
+            more_seconds, more_outputs = alternate(translators, args.repeats, clock=clock)
             del translators  # their threads end with them
             gc.collect()
             seconds, outputs = {**seconds, **more_seconds}, {**outputs, **more_outputs}
@@ -420,7 +405,8 @@ def main(argv=None) -> dict | None:
         print(table(seconds, outputs, tokenizer, references, trained, len(pairs)))
         results[(beam, batch_size)] = seconds
         if args.floor and (beam, batch_size) == (4, 32):
-            print(floor_text(seconds["MarianMT"], seconds["ours"], required_seconds(decoders["ours"])))
+            results["floor"] = floor(seconds["MarianMT"], seconds["ours"], required_seconds(decoders["ours"]))
+            print(floor_text(results["floor"]))
     if args.levers or not args.no_compile:
         pairs = test[: args.sentences]
         batches = make_batches(tokenizer, pairs, 32, trained)
@@ -433,7 +419,7 @@ def main(argv=None) -> dict | None:
             variants["transformers' beam search, static cache + torch.compile"] = (compiled_static(ours), {})
         decoders = {name: transformers_decoder(model, tokenizer, batches, 4, {**args.processors, **settings})
                     for name, (model, settings) in variants.items()}
-        seconds, outputs = alternate(decoders, args.repeats)
+        seconds, outputs = alternate(decoders, args.repeats, clock=clock)
         references = [reference for _, reference in pairs]
         print(f"\nlevers: beam 4, batch 32, {len(pairs)} sentences")
         print(table(seconds, outputs, tokenizer, references, trained, len(pairs), levers=True))

@@ -20,7 +20,6 @@ guard's record per logging step is not an update's cost.
 
 from __future__ import annotations
 
-import argparse
 import random
 import statistics
 import tempfile
@@ -28,6 +27,7 @@ import time
 from pathlib import Path
 
 import torch
+from common import argument_parser
 from transformers import TrainerCallback
 
 from vanilla_transformer.training import run as train
@@ -95,7 +95,7 @@ def guard_microseconds(trainer, repeats: int = 2000) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--updates", type=int, default=30)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])

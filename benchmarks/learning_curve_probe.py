@@ -26,7 +26,6 @@ Prints the mean training loss of every 50 updates and writes them as JSON with -
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
 import math
@@ -34,16 +33,14 @@ import time
 from pathlib import Path
 
 import torch
+from common import add_data_dir, argument_parser, marian_config, multi30k_folder, read_split
 from torch import nn
-from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianConfig, MarianMTModel
+from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianMTModel
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling_vanilla_transformer import shift_tokens_right
-
 from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
-from vanilla_transformer.training import TokenBatchSampler, noam_learning_rate, read_parallel
-
-REPO = Path(__file__).resolve().parents[1]
+from vanilla_transformer.training import TokenBatchSampler, noam_learning_rate
 
 DIMENSIONS = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
                   encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.3)
@@ -92,10 +89,7 @@ def build(variant: str, tokenizer, seed: int) -> nn.Module:
                 "base", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
                 bos_token_id=tokenizer.bos_token_id, decoder_start_token_id=tokenizer.bos_token_id, **DIMENSIONS))
     elif system == "marian":
-        model = MarianMTModel(MarianConfig(
-            vocab_size=len(tokenizer), decoder_vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
-            activation_function="relu", scale_embedding=True, **DIMENSIONS))
+        model = MarianMTModel(marian_config(tokenizer, activation_function="relu", scale_embedding=True, **DIMENSIONS))
     else:
         raise ValueError(f"Unknown system {system!r} in variant {variant!r}: use ours[:scheme] or marian[:scheme].")
     if scheme not in ("", "default", *SCHEMES):
@@ -139,9 +133,9 @@ def run(variant: str, batches, args) -> list[float]:
 
 
 def main(argv=None) -> dict | None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--tokenizer", required=True, help="e.g. the tokenizer folder a multi30k.py run wrote")
-    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "multi30k"))
+    add_data_dir(parser)
     parser.add_argument("--variant", action="append", required=True, help="system[:init], repeatable")
     parser.add_argument("--updates", type=int, default=300)
     parser.add_argument("--max-tokens", type=int, default=1500)
@@ -151,13 +145,13 @@ def main(argv=None) -> dict | None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--output", default=None, help="write {variant: [mean loss per 50 updates]} here")
     args = parser.parse_args(argv)
-    if not Path(args.data_dir).is_dir():
-        print(f"Multi30k not found at {args.data_dir} (give --data-dir): nothing to probe.")
+    data_dir = multi30k_folder(args.data_dir, "nothing to probe")
+    if data_dir is None:
         return None
     if args.threads:
         torch.set_num_threads(args.threads)
     tokenizer = args.tokenizer_object = AutoTokenizer.from_pretrained(args.tokenizer)
-    pairs = read_parallel(Path(args.data_dir) / "train.en.gz", Path(args.data_dir) / "train.de.gz")
+    pairs = read_split(data_dir, "train")
     encoded = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs])
     examples = [{"input_ids": i, "labels": l} for i, l in zip(encoded["input_ids"], encoded["labels"])]
     sampler = TokenBatchSampler([(len(e["input_ids"]), len(e["labels"])) for e in examples], args.max_tokens,

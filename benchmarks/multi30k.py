@@ -40,41 +40,33 @@ Scores: sacreBLEU and chrF on test_2016_flickr (and on val), through the package
 ``--levers`` trains ours once per recipe change (`LEVERS`) and scores val only: the recipe is tuned
 on val, never on the test set. Writes results.json and results.md into --output-dir. Without the
 data folder it says so and exits 0 (a user's clone has no ../shared).
+
+This file holds the command line, what makes runs comparable, the sweeps without training and one function per
+mode; `multi30k_systems.py` trains, decodes and scores each system, `multi30k_report.py` writes the tables.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import os
-import platform
-import resource
-import signal
-import statistics
-import sys
 import time
 from pathlib import Path
-from queue import Empty
 
-REPO = Path(__file__).resolve().parents[1]
-RECIPE = REPO / "training" / "recipes" / "multi30k.yaml"
-PAIRS = {"en-de": ("en", "de"), "de-en": ("de", "en"), "en-fr": ("en", "fr")}
+from common import PAIRS, add_data_dir, argument_parser, machine, multi30k_folder, read_split, run_in_child
+from multi30k_report import (
+    MARIAN_SETUPS,
+    averaging_markdown,
+    finished,
+    length_penalty_markdown,
+    levers_markdown,
+    markdown,
+    median,
+    summary,
+)
+import multi30k_systems
+from multi30k_systems import BF16_FLAGS, MARIAN_TOKENIZER, OTHER_FORMULA, RECIPE
+
 DIMENSIONS = dict(d_model=256, layers=3, heads=4, ffn=1024)
-MARIAN_SETUPS = {
-    "tuned": "MarianMT as a careful user configures it: ReLU, scaled and tied embeddings, dropout 0.1 (attention and "
-             "activation 0), a joint 8k Metaspace BPE, 64-sentence batches grouped by length, Adam (0.9, 0.98, 1e-9), "
-             "peak 1e-3 after 800 warm-up steps then inverse square root, label smoothing 0.1.",
-    "paper": "MarianMT with the paper's model and optimizer (ReLU, scaled embeddings, Adam 0.9/0.98/1e-9), "
-             "64-sentence batches, peak 1e-3 after 800 warm-up steps, label smoothing 0.1, dropout 0.3.",
-    "user": "MarianMT with MarianConfig's and the Trainer's defaults (GELU, unscaled embeddings, Adam 0.9/0.999/1e-8) "
-            "apart from the dimensions, 64-sentence batches, peak 1e-3 after 800 warm-up steps, label smoothing 0.1.",
-}
-# Stands for a folder that train_ours fills first: the Metaspace BPE the MarianMT baseline trains.
-MARIAN_TOKENIZER = "<the MarianMT baseline's Metaspace BPE, trained in the run folder>"
-# bfloat16 autocast over float32 weights (the Trainer's --bf16), for CPUs that multiply bfloat16 natively
-# (AVX512-BF16, AMX); transformers takes --bf16 on a CPU only with --use_cpu.
-BF16_FLAGS = ["--bf16", "true", "--use_cpu", "true"]
 NO_EMA = ["--ema_decay", "0"]  # the recipe's moving average of the weights off
 # One recipe change each, measured by --levers against the recipe as it is: (train.py flags, which
 # override the YAML; config fields added to the recipe's --config_overrides).
@@ -113,14 +105,12 @@ LEVERS = {
     "vocabulary 4k": (["--tokenizer_vocab_size", "4000"], ""),
     "Metaspace BPE 8k, MarianMT's tokenizer": (["--tokenizer_name_or_path", MARIAN_TOKENIZER], ""),
 }
-# Both length penalties are scored on every model of ours (one training, two decodings).
-OTHER_FORMULA = {"gnmt": "length", "length": "gnmt"}
 LENGTH_PENALTIES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0)  # the paper's 0.6 and up
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "multi30k"))
+    parser = argument_parser(__doc__)
+    add_data_dir(parser)
     parser.add_argument("--pair", choices=sorted(PAIRS), default="en-de")
     parser.add_argument("--budget-minutes", type=float, default=25.0, help="training wall-clock budget per system")
     parser.add_argument("--runs", type=int, default=1, help="runs of each system (medians over them)")
@@ -215,359 +205,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 # ---------------------------------------------------------------------------------------------
-# Data
+# What makes runs comparable, and what a comparison keeps
 # ---------------------------------------------------------------------------------------------
-
-
-def split_files(data_dir: Path, split: str, source: str, target: str) -> tuple[Path, Path]:
-    return data_dir / f"{split}.{source}.gz", data_dir / f"{split}.{target}.gz"
-
-
-def read_split(data_dir: Path, split: str, pair: str, limit: int | None = None) -> list[tuple[str, str]]:
-    from vanilla_transformer.training import read_parallel
-
-    return read_parallel(*split_files(data_dir, split, *PAIRS[pair]))[:limit]
-
-
-def peak_memory_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def matmul_gflops() -> float:
-    """How fast this machine multiplies float32 matrices now: the median of 15 1024 x 1024 products."""
-    from vanilla_transformer.training.flops import matmul_flops_per_second
-
-    return median(matmul_flops_per_second()) / 1e9
-
-
-def proc_stat_ticks(text: str, cpus: set[int] | None = None) -> dict[str, int]:
-    """Clock ticks the CPUs ``cpus`` (all with None) have spent, from /proc/stat's ``cpuN`` lines (user nice
-    system idle iowait irq softirq steal guest guest_nice): busy (user, nice, system, irq, softirq; guest
-    time is already inside user and nice), steal (given by the hypervisor to other guests) and total (all
-    eight, idle and iowait included: the CPUs' capacity over the same span)."""
-    ticks = {"busy": 0, "steal": 0, "total": 0}
-    for line in text.splitlines():
-        name, *fields = line.split() or [""]
-        if not (name.startswith("cpu") and name[3:].isdigit()) or (cpus is not None and int(name[3:]) not in cpus):
-            continue
-        user, nice, system, idle, iowait, irq, softirq, steal = map(int, fields[:8])
-        ticks["busy"] += user + nice + system + irq + softirq
-        ticks["steal"] += steal
-        ticks["total"] += user + nice + system + idle + iowait + irq + softirq + steal
-    return ticks
-
-
-def cpu_seconds() -> dict[str, float]:
-    """CPU time spent so far by this process (all its threads) and its ended children, and (Linux) by the
-    CPUs it may run on: busy, steal and total (`proc_stat_ticks`); `machine_load` compares two of these.
-    Children still running (e.g. data-loader workers, 0 in the recipe) count as other processes."""
-    own = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    seconds = {"own": sum(usage.ru_utime + usage.ru_stime for usage in own)}
-    stat = Path("/proc/stat")
-    if stat.exists():
-        cpus = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else None
-        tick = os.sysconf("SC_CLK_TCK")
-        seconds.update({key: value / tick for key, value in proc_stat_ticks(stat.read_text(), cpus).items()})
-    return seconds
-
-
-def machine_load(gflops_before: float, before: dict, after: dict, gflops_after: float) -> dict:
-    """How much of the machine a run had while it trained. A time budget buys as many updates as the machine
-    gives: a slower machine (matmul GFLOP/s before and after training) or other work on its CPUs
-    (others_cpu_share: the share of the CPUs' time that other processes took; steal_share: the share the
-    hypervisor gave to other guests) lowers a run's score without any change to its recipe."""
-    load = {"matmul_gflops_before": gflops_before, "matmul_gflops_after": gflops_after}
-    capacity = after.get("total", 0.0) - before.get("total", 0.0)
-    if capacity > 0:
-        others = (after["busy"] - before["busy"]) - (after["own"] - before["own"])
-        load.update(others_cpu_share=max(others, 0.0) / capacity, steal_share=(after["steal"] - before["steal"]) / capacity)
-    return load
-
-
-class TokenCounter:
-    """Wraps a collator and counts the target tokens (labels != -100) of every batch it builds."""
-
-    def __init__(self, collator):
-        self.collator, self.target_tokens = collator, 0
-
-    def __call__(self, features):
-        batch = self.collator(features)
-        self.target_tokens += int((batch["labels"] != -100).sum())
-        return batch
-
-
-# ---------------------------------------------------------------------------------------------
-# Ours: the recipe through train.py's run
-# ---------------------------------------------------------------------------------------------
-
-
-def recipe_overrides() -> str:
-    import yaml
-
-    return yaml.safe_load(RECIPE.read_text())["config_overrides"]
-
-
-def merged_overrides(*texts: str) -> str:
-    """Several ``--config_overrides`` strings as one, later values winning."""
-    from vanilla_transformer.training.run import parse_overrides
-
-    merged = {}
-    for text in texts:
-        merged.update(parse_overrides(text))
-    return ",".join(f"{key}={json.dumps(value) if not isinstance(value, str) else value}" for key, value in merged.items())
-
-
-def ours_arguments(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], str]) -> list[str]:
-    flags, config = lever
-    source, target = PAIRS[args.pair]
-    files = {split: split_files(data_dir, split, source, target) for split in ("train", "val")}
-    overrides = [recipe_overrides()]
-    if args.dimensions:  # smoke runs: a smaller model
-        d = args.dims
-        overrides.append(f"d_model={d['d_model']},encoder_layers={d['layers']},decoder_layers={d['layers']},"
-                         f"encoder_attention_heads={d['heads']},decoder_attention_heads={d['heads']},"
-                         f"encoder_ffn_dim={d['ffn']},decoder_ffn_dim={d['ffn']}")
-    return [
-        str(RECIPE), "--output_dir", str(run_dir), "--source_lang", source, "--target_lang", target,
-        "--dataset_name", "none", "--do_predict", "false",  # local files; the test set is decoded below
-        "--train_source_file", str(files["train"][0]), "--train_target_file", str(files["train"][1]),
-        "--validation_source_file", str(files["val"][0]), "--validation_target_file", str(files["val"][1]),
-        "--config_overrides", merged_overrides(*overrides, config),
-        "--max_train_minutes", str(args.budget_minutes), "--seed", str(args.seed), "--disable_tqdm", "true",
-        *args.recipe_flag, *(BF16_FLAGS if args.bf16 else []), *flags,
-    ]
-
-
-def final_weights(training_args) -> str:
-    """What train.py saves as the final model, in words."""
-    from vanilla_transformer.training import averaging
-
-    if training_args.ema_decay:
-        return f"moving average of every update, decay {training_args.ema_decay:g}"
-    if training_args.average_checkpoints:
-        return (f"{averaging.MEAN_NAMES[training_args.average_weights]} of the last "
-                f"{training_args.average_checkpoints} checkpoints")
-    return "last"
-
-
-def train_ours(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], str]) -> dict:
-    """The recipe under the budget, then the final model as train.py saves it (the moving average of
-    the weights, or the mean of the last checkpoints, when the recipe averages)."""
-    from vanilla_transformer.training import run
-
-    flags, config = lever
-    if MARIAN_TOKENIZER in flags:  # the baseline's tokenizer, trained as train_marian trains it
-        folder = run_dir / "metaspace-tokenizer"
-        pairs = read_split(data_dir, "train", args.pair)
-        metaspace_tokenizer((text for pair in pairs for text in pair), args.marian_vocab_size).save_pretrained(folder)
-        lever = ([str(folder) if flag == MARIAN_TOKENIZER else flag for flag in flags], config)
-    model_args, data_args, training_args = run.parse_arguments(ours_arguments(args, data_dir, run_dir, lever))
-    prepared = run.build_trainer(model_args, data_args, training_args)
-    trainer = prepared.trainer
-    counter = trainer.data_collator = TokenCounter(trainer.data_collator)
-    started = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - started
-    result = {
-        "steps": trainer.state.global_step, "train_seconds": seconds, "target_tokens": counter.target_tokens,
-        "target_tokens_per_second": counter.target_tokens / seconds, "parameters": trainer.model.num_parameters(),
-        "model_dir": str(run_dir), "train_peak_memory_mib": peak_memory_mib(),
-        "vocabulary": len(prepared.tokenizer), "final_weights": final_weights(training_args),
-    }
-    run.save_final_model(trainer, prepared.tokenizer, training_args.average_checkpoints, training_args.average_weights)
-    return result
-
-
-# ---------------------------------------------------------------------------------------------
-# MarianMT
-# ---------------------------------------------------------------------------------------------
-
-
-def metaspace_tokenizer(texts, vocab_size: int):
-    """A joint BPE with sentencepiece-style spaces (Metaspace), the tokenizer most Marian users train, as
-    a `PreTrainedTokenizerFast` that appends </s>."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(models.BPE(unk_token="<unk>"))
-    backend.normalizer = normalizers.NFKC()
-    backend.pre_tokenizer = pre_tokenizers.Metaspace()
-    backend.decoder = decoders.Metaspace()
-    backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<unk>", "<s>", "</s>"]))
-    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", backend.token_to_id("</s>"))])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", clean_up_tokenization_spaces=False)
-
-
-def marian_config(setup: str, tokenizer, dims: dict):
-    from transformers import MarianConfig
-
-    shape = dict(d_model=dims["d_model"], encoder_layers=dims["layers"], decoder_layers=dims["layers"],
-                 encoder_attention_heads=dims["heads"], decoder_attention_heads=dims["heads"],
-                 encoder_ffn_dim=dims["ffn"], decoder_ffn_dim=dims["ffn"])
-    special = dict(vocab_size=len(tokenizer), decoder_vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-                   eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id,
-                   forced_eos_token_id=None, tie_word_embeddings=True, share_encoder_decoder_embeddings=True)
-    paper = dict(activation_function="relu", scale_embedding=True)
-    settings = {"tuned": {**paper, "dropout": 0.1, "attention_dropout": 0.0, "activation_dropout": 0.0},
-                "paper": {**paper, "dropout": 0.3}, "user": {}}[setup]
-    return MarianConfig(**shape, **special, **settings)
-
-
-def train_marian(args, data_dir: Path, run_dir: Path) -> dict:
-    import torch
-    from transformers import DataCollatorForSeq2Seq, MarianMTModel, Seq2SeqTrainer, Seq2SeqTrainingArguments
-
-    from vanilla_transformer.training.trainer import WallClock  # the same budget as ours
-
-    train_pairs = read_split(data_dir, "train", args.pair)
-    tokenizer = metaspace_tokenizer((text for pair in train_pairs for text in pair), args.marian_vocab_size)
-    torch.manual_seed(args.seed)
-    model = MarianMTModel(marian_config(args.marian_setup, tokenizer, args.dims))
-    encoded = tokenizer([s for s, _ in train_pairs], text_target=[t for _, t in train_pairs])
-    examples = [{"input_ids": i, "labels": l} for i, l in zip(encoded["input_ids"], encoded["labels"])]
-    paper_optimizer = {"adam_beta2": 0.98, "adam_epsilon": 1e-9} if args.marian_setup != "user" else {}
-    training_args = Seq2SeqTrainingArguments(
-        output_dir=str(run_dir), max_steps=1_000_000, per_device_train_batch_size=64, learning_rate=1e-3,
-        lr_scheduler_type="inverse_sqrt", warmup_steps=800, label_smoothing_factor=0.1,
-        train_sampling_strategy="group_by_length", save_strategy="no", logging_steps=50, report_to="none",
-        use_cpu=True, bf16=args.bf16, seed=args.seed, disable_tqdm=True, **paper_optimizer,
-    )
-    counter = TokenCounter(DataCollatorForSeq2Seq(tokenizer, model=model))
-    trainer = Seq2SeqTrainer(model=model, args=training_args, train_dataset=examples, data_collator=counter,
-                             processing_class=tokenizer, callbacks=[WallClock(max_minutes=args.budget_minutes)])
-    started = time.perf_counter()
-    trainer.train()
-    seconds = time.perf_counter() - started
-    model.save_pretrained(run_dir)
-    tokenizer.save_pretrained(run_dir)
-    return {
-        "steps": trainer.state.global_step, "train_seconds": seconds, "target_tokens": counter.target_tokens,
-        "target_tokens_per_second": counter.target_tokens / seconds, "parameters": model.num_parameters(),
-        "model_dir": str(run_dir), "train_peak_memory_mib": peak_memory_mib(), "vocabulary": len(tokenizer),
-        "final_weights": "last",
-    }
-
-
-# ---------------------------------------------------------------------------------------------
-# Decoding and scoring
-# ---------------------------------------------------------------------------------------------
-
-
-def decode_and_score(name: str, model_dir: str, pairs, batch_size: int, **settings) -> dict:
-    """Translate with batches sorted by length (`translate`) and score with sacreBLEU/chrF."""
-    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
-
-    from vanilla_transformer.training import score, translate
-
-    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
-    sources, references = [list(side) for side in zip(*pairs)]
-    if name == "marian":  # ours decodes with its own generation config; MarianMT gets the same settings spelled out
-        settings = {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True,
-                    "max_new_tokens": max(len(ids) for ids in tokenizer(sources)["input_ids"]) + 50, **settings}
-    started = time.perf_counter()
-    hypotheses = translate(model, tokenizer, sources, batch_size=batch_size, **settings)
-    seconds = time.perf_counter() - started
-    words = sum(len(text.split()) for text in hypotheses) / sum(len(text.split()) for text in references)
-    return {**score(hypotheses, references), "length_ratio": words, "decode_seconds": seconds,
-            "sentences_per_second": len(sources) / seconds, "examples": hypotheses[:3]}
-
-
-def decode_ours(key: str, model_dir: str, pairs, batch_size: int, **decoding) -> dict:
-    """``key``: ours scored with its generation config (``decoding`` over it); ``key with <other> penalty``: the
-    same alpha under the other formula (one model, two decodings)."""
-    from transformers import GenerationConfig
-
-    from vanilla_transformer.generation_vanilla_transformer import penalty_formula_of
-
-    formula = decoding.get("length_penalty_formula") or penalty_formula_of(GenerationConfig.from_pretrained(model_dir))
-    other = OTHER_FORMULA[formula]
-    return {key: decode_and_score("ours", model_dir, pairs, batch_size, **decoding),
-            f"{key} with {other} penalty": decode_and_score("ours", model_dir, pairs, batch_size,
-                                                            **{**decoding, "length_penalty_formula": other})}
-
-
-def run_system(name: str, args, data_dir: Path, run_dir: Path, lever: tuple[list[str], str]) -> dict:
-    """Train, then decode val and test; runs in its own process (peak memory = this system's)."""
-    import logging
-
-    logging.basicConfig(level=logging.WARNING)
-    gflops, before = matmul_gflops(), cpu_seconds()
-    result = train_ours(args, data_dir, run_dir, lever) if name == "ours" else train_marian(args, data_dir, run_dir)
-    result["machine_load"] = machine_load(gflops, before, cpu_seconds(), matmul_gflops())
-    splits = {"val": "val"} if args.levers else {"val": "val", "test": "test_2016_flickr"}
-    for key, split in splits.items():
-        pairs = read_split(data_dir, split, args.pair, args.test_limit)
-        if name == "ours":
-            result.update(decode_ours(key, result["model_dir"], pairs, args.decode_batch_size))
-        else:
-            result[key] = decode_and_score(name, result["model_dir"], pairs, args.decode_batch_size)
-    result["peak_memory_mib"] = peak_memory_mib()
-    return result
-
-
-def _child(queue, parent: int, function, *arguments):
-    die_with_parent(parent)
-    try:
-        queue.put(("ok", function(*arguments)))
-    except BaseException as error:  # report to the parent instead of dying silently
-        import traceback
-
-        queue.put(("error", f"{type(error).__name__}: {error}\n{traceback.format_exc()}"))
-
-
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-
-def die_with_parent(parent: int) -> None:
-    """A run must not outlive the benchmark: one left training after the benchmark was stopped would share
-    the CPU, unseen, with the next measurement (it happened: a stopped lever run kept training and halved
-    the next run's updates). On Linux the kernel sends this process SIGTERM when its parent dies."""
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    if os.getppid() != parent:  # the parent was gone before that
-        os._exit(1)
-
-
-def run_in_child(function, *arguments):
-    """``function(*arguments)`` in a fresh process (its own peak memory, no state shared with the parent),
-    which dies with this one. A child that dies without a result (killed, out of memory) is an error
-    naming its exit code, not a parent waiting forever."""
-    context = multiprocessing.get_context("spawn")
-    queue = context.Queue()
-    process = context.Process(target=_child, args=(queue, os.getpid(), function, *arguments))
-    process.start()
-    while True:
-        try:
-            status, payload = queue.get(timeout=2)
-            break
-        except Empty:
-            if not process.is_alive():
-                raise RuntimeError(f"{function.__name__}{arguments[:1]}: the child process died with exit code "
-                                   f"{process.exitcode} before it reported a result") from None
-    process.join()
-    if status != "ok":
-        raise RuntimeError(f"{arguments[0]} failed in its child process:\n{payload}")
-    return payload
-
-
-# ---------------------------------------------------------------------------------------------
-# Report
-# ---------------------------------------------------------------------------------------------
-
-
-def machine() -> str:
-    import torch
-    import transformers
-
-    cpu = platform.processor()
-    if Path("/proc/cpuinfo").exists():
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), cpu)
-    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, transformers {transformers.__version__}, "
-            f"Python {platform.python_version()}")
 
 
 def refuse_unless_comparable(flag: str, path, earlier: dict, mine: dict, keys) -> None:
@@ -585,312 +224,6 @@ def refuse_unless_comparable(flag: str, path, earlier: dict, mine: dict, keys) -
     if changed:
         raise SystemExit(f"{flag} {path}: it was run with other settings ({', '.join(changed)}: "
                          f"{ {key: theirs.get(key) for key in changed} }); give the same flags or another --output-dir")
-
-
-def median(values) -> float:
-    return statistics.median(values)
-
-
-def finished(runs: dict[str, list[dict | None]]) -> dict[str, list[dict]]:
-    """The runs without the slots that --redo emptied and has not trained again yet."""
-    return {name: [run for run in results if run is not None] for name, results in runs.items()}
-
-
-# What the comparison table shows of each run and takes the median of: label, path in a run's result, format.
-NUMBERS = [("test BLEU", ("test", "bleu"), "{:.2f}"), ("test chrF", ("test", "chrf"), "{:.2f}"),
-           ("val BLEU", ("val", "bleu"), "{:.2f}"), ("val chrF", ("val", "chrf"), "{:.2f}"), ("updates", ("steps",), "{:.0f}"),
-           ("target tokens/s", ("target_tokens_per_second",), "{:.0f}"),
-           ("fp32 matmul GFLOP/s before training", ("machine_load", "matmul_gflops_before"), "{:.0f}"),
-           ("CPU share of other processes while training", ("machine_load", "others_cpu_share"), "{:.1%}")]
-
-
-def lookup(result: dict, path: tuple[str, ...]) -> float | None:
-    """The number at ``path`` in a run's result, or None where that run did not record it."""
-    for key in path:
-        result = result.get(key) if isinstance(result, dict) else None
-    return result if isinstance(result, (int, float)) else None
-
-
-def summary(runs: dict[str, list[dict]]) -> dict:
-    """Per system: the median of each number over the runs (those all its runs recorded); and ours minus
-    MarianMT's medians."""
-    runs = finished(runs)
-    medians = {name: {label: median([lookup(r, path) for r in results]) for label, path, _ in NUMBERS
-                      if all(lookup(r, path) is not None for r in results)} for name, results in runs.items() if results}
-    if {"ours", "marian"} <= set(medians):
-        medians["difference"] = {label: medians["ours"][label] - medians["marian"][label]
-                                 for label in ("test BLEU", "test chrF", "val BLEU") if label in medians["marian"]}
-    return medians
-
-
-def markdown(results: dict) -> str:
-    runs, medians = finished(results["runs"]), results["medians"]
-    lines = [f"Multi30k {results['pair']}, {results['budget_minutes']:g} min of training per run, "
-             f"{len(next(iter(runs.values())))} run(s) per system; sacreBLEU on test_2016_flickr ({results['test_sentences']} "
-             "sentences).", "", "| | " + " | ".join(f"{name} run {i + 1}" for name in runs for i in range(len(runs[name])))
-             + " | " + " | ".join(f"{name} median" for name in runs) + " |",
-             "|---|" + "---|" * (sum(len(r) for r in runs.values()) + len(runs))]
-    for label, path, fmt in NUMBERS:
-        cells = [lookup(result, path) for results_ in runs.values() for result in results_]
-        cells += [medians[name].get(label) for name in runs]
-        lines.append(f"| {label} | " + " | ".join("–" if cell is None else fmt.format(cell) for cell in cells) + " |")
-    if "difference" in medians:
-        lines += ["", "Ours minus MarianMT (medians): " + ", ".join(
-            f"{k} {v:+.2f}" for k, v in medians["difference"].items()) + "."]
-    sources = sorted({run["from"] for run in runs.get("marian", []) if "from" in run})
-    if sources:
-        lines += ["", f"MarianMT's runs are those of {', '.join(sources)} (--marian-from): the same settings and seeds."]
-    settle = ("train both systems in one session (without --marian-from) to settle it" if sources
-              else "the machine's speed changed between the systems' runs")
-    notes = speed_notes("ours", runs.get("ours", []), "MarianMT", runs.get("marian", []), settle)
-    notes += run_notes({f"{name}-{i + 1}": run for name in runs for i, run in enumerate(runs[name]) if "from" not in run},
-                       lambda name: f"--resume --redo {name}")
-    if notes:
-        lines += [""] + notes
-    if results.get("settings", {}).get("bf16"):
-        lines += ["", "Both systems trained under bfloat16 autocast (--bf16); weights and decoding in float32."]
-    lines += ["", f"{MARIAN_SETUPS[results['marian_setup']]}", f"Machine: {results['machine']}. Date: {results['date']}.",
-              f"sacreBLEU signature: `{next(iter(runs.values()))[0]['val']['bleu_signature']}`."]
-    return "\n".join(lines) + "\n"
-
-
-# Consecutive probes differ by up to ~5% on a 2-core cloud machine: medians over runs within 5% count as the same
-# machine (beyond it, a note says which side it favours); one run's probes before and after training, within 10%.
-SPEED_TOLERANCE = 0.05
-DRIFT_TOLERANCE = 0.10
-BUSY_TOLERANCE = 0.05  # other processes and guests taking more than 5% of the CPUs while a run trained: a note
-
-
-def speed_notes(label: str, runs: list[dict], other_label: str, others: list[dict], settle: str) -> list[str]:
-    """Whether ``runs`` had the machine that ``others`` had (fp32 matmul GFLOP/s before training, medians
-    over the runs that recorded it), and which side a difference favours: a time budget buys as many
-    updates as the machine gives. ``settle`` says what would settle it."""
-    def speeds(group):
-        return [v for v in (lookup(run, ("machine_load", "matmul_gflops_before")) for run in group) if v is not None]
-
-    mine, theirs = speeds(runs), speeds(others)
-    lines = []
-    for name, group, measured in ((label, runs, mine), (other_label, others, theirs)):
-        if 0 < len(measured) < len(group):
-            lines.append(f"{len(measured)} of {len(group)} runs of {name} recorded the machine probe (the others "
-                         "predate it).")
-        elif group and not measured and (mine or theirs):
-            lines.append(f"{name}'s runs predate the machine probe: whether the machine was as fast for them is not "
-                         "recorded.")
-    if mine and theirs:
-        ratio = median(mine) / median(theirs)
-        figures = f"({median(mine):.0f} vs {median(theirs):.0f} GFLOP/s, medians before training)"
-        if abs(ratio - 1) <= SPEED_TOLERANCE:
-            lines.append(f"For {label} the machine multiplied float32 matrices as fast as for {other_label} {figures}.")
-        else:
-            slower = ratio < 1
-            lines.append(f"For {label} the machine multiplied float32 matrices {abs(ratio - 1):.0%} "
-                         f"{'slower' if slower else 'faster'} than for {other_label} {figures}: under the same time "
-                         f"budget that {'cost' if slower else 'gave'} {label} {'' if slower else 'more '}updates, so the "
-                         f"difference favours {other_label if slower else label}; {settle}.")
-    return lines
-
-
-def run_notes(runs: dict[str, dict], remedy) -> list[str]:
-    """A line for each run that shared its CPUs (other processes and the hypervisor's other guests took more
-    than `BUSY_TOLERANCE` of their time) or whose machine slowed down or sped up while it trained (matmul
-    GFLOP/s after against before, beyond `DRIFT_TOLERANCE`); ``remedy(name)`` says how to train it again."""
-    lines = []
-    for name, run in runs.items():
-        load = run.get("machine_load", {})
-        shared = load.get("others_cpu_share", 0.0) + load.get("steal_share", 0.0)
-        if shared > BUSY_TOLERANCE:
-            lines.append(f"{name} shared its CPUs: other processes and guests took {shared:.1%} of the CPUs' time "
-                         f"while it trained; train it again on a quiet machine ({remedy(name)}).")
-        before, after = load.get("matmul_gflops_before"), load.get("matmul_gflops_after")
-        if before and after and abs(after / before - 1) > DRIFT_TOLERANCE:
-            lines.append(f"{name}: the machine multiplied float32 matrices {abs(after / before - 1):.0%} "
-                         f"{'slower' if after < before else 'faster'} after training than before ({after:.0f} vs "
-                         f"{before:.0f} GFLOP/s); its speed changed during the run ({remedy(name)} to train it again).")
-    return lines
-
-
-def levers_markdown(results: dict) -> str:
-    lines = [f"Multi30k {results['pair']}, ours, {results['budget_minutes']:g} min each, scored on val "
-             "(never on the test set).", "", "| change to the recipe | val BLEU | val chrF | updates | vs recipe |",
-             "|---|---|---|---|---|"]
-    recipe = results["levers"].get("recipe")
-    base = recipe["val"]["bleu"] if recipe else None
-    rows = list(results["levers"].items())
-    if recipe:  # the other length penalty: the recipe's model decoded again, no training
-        other = next(key for key in recipe if key.startswith("val with "))
-        rows.insert(1, (f"decoded {other[4:]} (same model)", {**recipe, "val": recipe[other]}))
-    for name, result in rows:
-        delta = "" if base is None or name == "recipe" else f"{result['val']['bleu'] - base:+.2f}"
-        label = f"{name} (from {result['from']})" if "from" in result and name == "recipe" else name
-        lines.append(f"| {label} | {result['val']['bleu']:.2f} | {result['val']['chrf']:.2f} | {result['steps']} | {delta} |")
-    levers = {name: result for name, result in results["levers"].items() if name != "recipe"}
-    notes = speed_notes("the levers", list(levers.values()), "the recipe's row", [recipe] if recipe else [],
-                        "train the recipe's row in the same session (--lever recipe) to settle it")
-    notes += run_notes(levers if recipe is None or "from" in recipe else {"recipe": recipe, **levers},
-                       lambda name: f'--levers --lever "{name}" in a new --output-dir')
-    return "\n".join(lines + ([""] + notes if notes else [])) + "\n"
-
-
-def averaging_sweep(args, data_dir: Path) -> dict:
-    """Val BLEU and chrF of the mean of the last k checkpoints of one run, k = 1 .. all it kept (§6.1
-    averages the last 5 or 20), with uniform weights (the paper's) and linear ones (the k-th weighs k).
-    One trajectory, so the rows differ in the averaging alone."""
-    import tempfile
-
-    from vanilla_transformer.training import average_checkpoints
-    from vanilla_transformer.training.averaging import AVERAGING_WEIGHTS
-    from vanilla_transformer.training.checkpointing import CHECKPOINT_NAME, complete_checkpoints
-    from vanilla_transformer.training.moving_average import EMA_FILE
-
-    def step(folder: Path) -> int:
-        return int(CHECKPOINT_NAME.fullmatch(folder.name).group(1))
-
-    run_dir = Path(args.averaging)
-    checkpoints = complete_checkpoints(run_dir)  # oldest first; incomplete ones are named in the log
-    if not checkpoints:
-        raise SystemExit(f"--averaging {run_dir}: none of its checkpoint-<step> folders holds a complete model")
-    pairs = read_split(data_dir, "val", args.pair, args.test_limit)
-    rows = {}
-    with tempfile.TemporaryDirectory() as folder:
-        for last in range(1, len(checkpoints) + 1):
-            chosen = checkpoints[-last:]
-            rows[last] = {"first_step": step(chosen[0])}
-            for weights in AVERAGING_WEIGHTS if last > 1 else AVERAGING_WEIGHTS[:1]:  # one checkpoint: one model
-                model_dir = average_checkpoints(chosen, Path(folder) / f"last-{last}-{weights}", weights)
-                scored = without_examples(decode_and_score("ours", str(model_dir), pairs, args.decode_batch_size))
-                rows[last]["val" if weights == "uniform" else f"val, {weights} weights"] = scored
-                print(f"last {last} (from step {rows[last]['first_step']}), {weights} weights: val BLEU "
-                      f"{scored['bleu']:.2f}", flush=True)
-            if (chosen[0] / EMA_FILE).is_file():  # the run's own moving average at that checkpoint's update
-                model_dir = moving_average_model(chosen[0], Path(folder) / f"moving-average-{last}")
-                scored = without_examples(decode_and_score("ours", str(model_dir), pairs, args.decode_batch_size))
-                rows[last]["val, moving average"] = scored
-                print(f"the moving average at step {rows[last]['first_step']}: val BLEU {scored['bleu']:.2f}", flush=True)
-    return {"run": str(run_dir), "pair": args.pair, "last_step": step(checkpoints[-1]), "rows": rows}
-
-
-def moving_average_model(checkpoint: Path, folder: Path) -> Path:
-    """A model folder holding the moving average of the weights that ``checkpoint`` saved (`--ema_decay`),
-    with the checkpoint's tokenizer and generation config: the final model the run would have had, had it
-    stopped at that update."""
-    from transformers import AutoModelForSeq2SeqLM
-
-    from vanilla_transformer.training import ExponentialMovingAverage
-    from vanilla_transformer.training.averaging import copy_side_files
-
-    model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
-    ExponentialMovingAverage.from_checkpoint(checkpoint).copy_to(model)
-    model.save_pretrained(folder)
-    copy_side_files(checkpoint, folder)  # tokenizer and generation settings, byte for byte
-    return folder
-
-
-def averaging_markdown(sweep: dict) -> str:
-    moving = any("val, moving average" in row for row in sweep["rows"].values())
-    lines = [f"{sweep['run']} ({sweep['pair']}), its last k checkpoints averaged, scored on val; the last "
-             f"checkpoint is step {sweep['last_step']}. Uniform: the mean (§6.1); linear: the k-th oldest weighs k."
-             + (" Moving average: the run's own (--ema_decay) at the update of the k-th newest checkpoint ('from "
-                "step'), the final model had the run stopped there." if moving else ""), "",
-             "| checkpoints averaged | from step | val BLEU, uniform | chrF, uniform | val BLEU, linear | chrF, linear |"
-             + (" val BLEU, moving average | chrF, moving average |" if moving else ""),
-             "|---|---|---|---|---|---|" + ("---|---|" if moving else "")]
-    for last, row in sweep["rows"].items():
-        linear = row.get("val, linear weights", row["val"])  # one checkpoint: the same model
-        cells = [row["val"], linear] + ([row.get("val, moving average")] if moving else [])
-        lines.append(f"| {last} | {row['first_step']} | " + " | ".join(
-            "– | –" if cell is None else f"{cell['bleu']:.2f} | {cell['chrf']:.2f}" for cell in cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def length_penalty_sweep(args, data_dir: Path) -> dict:
-    """Val BLEU and chrF of one trained model decoded at each length penalty alpha (beam 4, as its generation
-    config), under GNMT's ((5 + |Y|) / 6)^alpha (§6.1's, citing Wu et al. 2016) and transformers' |Y|^alpha.
-    One model, so the rows differ in the penalty alone; alpha 0 is the same search under both."""
-    model_dir = str(args.length_penalties)
-    pairs = read_split(data_dir, "val", args.pair, args.test_limit)
-    system = "marian" if json.loads((Path(model_dir) / "config.json").read_text()).get("model_type") == "marian" else "ours"
-    rows = {}
-    for formula in OTHER_FORMULA if system == "ours" else ["length"]:  # MarianMT has transformers' penalty only
-        for alpha in LENGTH_PENALTIES:
-            formula_setting = {"length_penalty_formula": formula} if system == "ours" else {}
-            scored = decode_and_score(system, model_dir, pairs, args.decode_batch_size, length_penalty=alpha,
-                                      **formula_setting)
-            rows[f"{formula} {alpha}"] = {"formula": formula, "alpha": alpha, "val": without_examples(scored)}
-            print(f"{formula} alpha {alpha}: val BLEU {scored['bleu']:.2f}, chrF {scored['chrf']:.2f}", flush=True)
-    return {"model": model_dir, "system": system, "pair": args.pair, "rows": rows}
-
-
-def length_penalty_markdown(sweep: dict) -> str:
-    lines = [f"{sweep['model']} ({sweep['pair']}), decoded with beam 4 at each length penalty alpha, scored on val.",
-             "Length: the hypotheses' words over the references' words.", "",
-             "| alpha | GNMT ((5 + \\|Y\\|) / 6)^alpha: val BLEU | chrF | length | \\|Y\\|^alpha: val BLEU | chrF | length |",
-             "|---|---|---|---|---|---|---|"]
-    for alpha in LENGTH_PENALTIES:
-        cells = []
-        for formula in ("gnmt", "length"):
-            row = sweep["rows"].get(f"{formula} {alpha}")  # sweeps written before an alpha was added lack it
-            val = row["val"] if row else {}
-            cells.append(" | ".join(f"{val[key]:.{digits}f}" if key in val else "–"
-                                    for key, digits in (("bleu", 2), ("chrf", 2), ("length_ratio", 3))))
-        lines.append(f"| {alpha} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
-
-
-def recipe_decoding(args) -> dict:
-    """The decoding settings train.py saves in the model's generation config with the recipe and --recipe-flag
-    (``--length_penalty``, ``--length_penalty_formula``); absent: the model's own (§6.1's)."""
-    from vanilla_transformer.training.run import parse_arguments
-
-    model_args = parse_arguments([str(RECIPE), *args.recipe_flag])[0]
-    return {name: getattr(model_args, name) for name in ("length_penalty", "length_penalty_formula")
-            if getattr(model_args, name) is not None}
-
-
-def redecode(args, data_dir: Path) -> dict:
-    """An earlier comparison with its models of ours decoded again under `recipe_decoding` (val and test,
-    and the other formula at the same alpha, as `run_system` decodes); its MarianMT runs and everything
-    the runs of ours measured in training stay as they were."""
-    earlier = json.loads((Path(args.redecode) / "results.json").read_text(encoding="utf-8"))
-    decoding = recipe_decoding(args)
-    runs = {"ours": [], "marian": earlier["runs"].get("marian", [])}
-    for run in finished(earlier["runs"])["ours"]:
-        again = {key: value for key, value in run.items() if not (key.startswith("val") or key.startswith("test"))}
-        for key, split in (("val", "val"), ("test", "test_2016_flickr")):
-            pairs = read_split(data_dir, split, earlier["pair"], earlier["settings"]["test_limit"])
-            scored = decode_ours(key, run["model_dir"], pairs, args.decode_batch_size, **decoding)
-            again.update({name: without_examples(result) for name, result in scored.items()})
-            print(f"{run['model_dir']} {key}: BLEU {again[key]['bleu']:.2f} (was {run[key]['bleu']:.2f})", flush=True)
-        runs["ours"].append({**again, "decoding": decoding, "decoded_before": {k: run[k] for k in ("val", "test")}})
-    return {**earlier, "runs": runs, "medians": summary(runs), "redecoded": {"from": str(args.redecode),
-            "decoding": decoding, "date": time.strftime("%Y-%m-%d"), "machine": machine()}}
-
-
-def write_sweep(output_dir: Path, kind: str, folder: str, sweep: dict, markdown_of) -> dict:
-    """A sweep without training as KIND-PARENT-NAME.json and .md in the output folder; the table printed."""
-    name = f"{kind}-{Path(folder).parent.name}-{Path(folder).name}"
-    (output_dir / f"{name}.json").write_text(json.dumps(sweep, indent=2) + "\n", encoding="utf-8")
-    (output_dir / f"{name}.md").write_text(markdown_of(sweep), encoding="utf-8")
-    print(markdown_of(sweep))
-    return sweep
-
-
-def recipe_from(path: str, args) -> dict:
-    """The recipe's lever row from an earlier comparison run: its ours run trained with ``args.seed``, the
-    levers' seed, where it has one, else its run with the median val BLEU; refused when its runs of ours
-    were trained otherwise (`OURS_SETTINGS`: its score would not compare).
-
-    Training is deterministic for a seed (initialisation, data order, dropout masks), so a lever that
-    leaves training alone (averaging, decoding) meets the very trajectory it is compared with, and any
-    other lever differs from its recipe row in that lever only, not in the draw of a seed."""
-    earlier = json.loads(Path(path).read_text(encoding="utf-8"))
-    runs = [run for run in earlier.get("runs", {}).get("ours", []) if run is not None]
-    refuse_unless_comparable("--recipe-from", path, earlier, settings(args), OURS_SETTINGS)
-    if not runs:
-        raise SystemExit(f"--recipe-from {path}: it holds no finished run of ours")
-    same_seed = [run for run in runs if run.get("seed") == args.seed]
-    chosen = same_seed[0] if same_seed else sorted(runs, key=lambda run: run["val"]["bleu"])[(len(runs) - 1) // 2]
-    return {**chosen, "from": f"{path} ({chosen['model_dir']})"}
 
 
 def settings(args) -> dict:
@@ -922,6 +255,24 @@ def marian_runs_from(path: str, args) -> list[dict]:
     if len(runs) < args.runs:
         raise SystemExit(f"--marian-from {path}: it holds {len(runs)} MarianMT run(s); this comparison needs {args.runs}")
     return [{**run, "from": path} for run in runs[: args.runs]]
+
+
+def recipe_from(path: str, args) -> dict:
+    """The recipe's lever row from an earlier comparison run: its ours run trained with ``args.seed``, the
+    levers' seed, where it has one, else its run with the median val BLEU; refused when its runs of ours
+    were trained otherwise (`OURS_SETTINGS`: its score would not compare).
+
+    Training is deterministic for a seed (initialisation, data order, dropout masks), so a lever that
+    leaves training alone (averaging, decoding) meets the very trajectory it is compared with, and any
+    other lever differs from its recipe row in that lever only, not in the draw of a seed."""
+    earlier = json.loads(Path(path).read_text(encoding="utf-8"))
+    runs = [run for run in earlier.get("runs", {}).get("ours", []) if run is not None]
+    refuse_unless_comparable("--recipe-from", path, earlier, settings(args), OURS_SETTINGS)
+    if not runs:
+        raise SystemExit(f"--recipe-from {path}: it holds no finished run of ours")
+    same_seed = [run for run in runs if run.get("seed") == args.seed]
+    chosen = same_seed[0] if same_seed else sorted(runs, key=lambda run: run["val"]["bleu"])[(len(runs) - 1) // 2]
+    return {**chosen, "from": f"{path} ({chosen['model_dir']})"}
 
 
 def earlier_runs(args, path: Path, systems: list[str]) -> tuple[dict[str, list[dict]], list[dict]]:
@@ -964,61 +315,192 @@ def set_aside(run_dir: Path) -> Path:
     return run_dir
 
 
+# ---------------------------------------------------------------------------------------------
+# Without training: sweeps over one run's checkpoints or one model's decoding
+# ---------------------------------------------------------------------------------------------
+
+
+def averaging_sweep(args, data_dir: Path) -> dict:
+    """Val BLEU and chrF of the mean of the last k checkpoints of one run, k = 1 .. all it kept (§6.1
+    averages the last 5 or 20), with uniform weights (the paper's) and linear ones (the k-th weighs k).
+    One trajectory, so the rows differ in the averaging alone."""
+    import tempfile
+
+    from vanilla_transformer.training import average_checkpoints
+    from vanilla_transformer.training.averaging import AVERAGING_WEIGHTS
+    from vanilla_transformer.training.checkpointing import CHECKPOINT_NAME, complete_checkpoints
+    from vanilla_transformer.training.moving_average import EMA_FILE
+
+    def step(folder: Path) -> int:
+        return int(CHECKPOINT_NAME.fullmatch(folder.name).group(1))
+
+    run_dir = Path(args.averaging)
+    checkpoints = complete_checkpoints(run_dir)  # oldest first; incomplete ones are named in the log
+    if not checkpoints:
+        raise SystemExit(f"--averaging {run_dir}: none of its checkpoint-<step> folders holds a complete model")
+    pairs = read_split(data_dir, "val", args.pair, args.test_limit)
+    rows = {}
+    with tempfile.TemporaryDirectory() as folder:
+        for last in range(1, len(checkpoints) + 1):
+            chosen = checkpoints[-last:]
+            rows[last] = {"first_step": step(chosen[0])}
+            for weights in AVERAGING_WEIGHTS if last > 1 else AVERAGING_WEIGHTS[:1]:  # one checkpoint: one model
+                model_dir = average_checkpoints(chosen, Path(folder) / f"last-{last}-{weights}", weights)
+                scored = without_examples(multi30k_systems.decode_and_score("ours", str(model_dir), pairs,
+                                                                            args.decode_batch_size))
+                rows[last]["val" if weights == "uniform" else f"val, {weights} weights"] = scored
+                print(f"last {last} (from step {rows[last]['first_step']}), {weights} weights: val BLEU "
+                      f"{scored['bleu']:.2f}", flush=True)
+            if (chosen[0] / EMA_FILE).is_file():  # the run's own moving average at that checkpoint's update
+                model_dir = moving_average_model(chosen[0], Path(folder) / f"moving-average-{last}")
+                scored = without_examples(multi30k_systems.decode_and_score("ours", str(model_dir), pairs,
+                                                                            args.decode_batch_size))
+                rows[last]["val, moving average"] = scored
+                print(f"the moving average at step {rows[last]['first_step']}: val BLEU {scored['bleu']:.2f}", flush=True)
+    return {"run": str(run_dir), "pair": args.pair, "last_step": step(checkpoints[-1]), "rows": rows}
+
+
+def moving_average_model(checkpoint: Path, folder: Path) -> Path:
+    """A model folder holding the moving average of the weights that ``checkpoint`` saved (`--ema_decay`),
+    with the checkpoint's tokenizer and generation config: the final model the run would have had, had it
+    stopped at that update."""
+    from transformers import AutoModelForSeq2SeqLM
+
+    from vanilla_transformer.training import ExponentialMovingAverage
+    from vanilla_transformer.training.averaging import copy_side_files
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint)
+    ExponentialMovingAverage.from_checkpoint(checkpoint).copy_to(model)
+    model.save_pretrained(folder)
+    copy_side_files(checkpoint, folder)  # tokenizer and generation settings, byte for byte
+    return folder
+
+
+def length_penalty_sweep(args, data_dir: Path) -> dict:
+    """Val BLEU and chrF of one trained model decoded at each length penalty alpha (beam 4, as its generation
+    config), under GNMT's ((5 + |Y|) / 6)^alpha (§6.1's, citing Wu et al. 2016) and transformers' |Y|^alpha.
+    One model, so the rows differ in the penalty alone; alpha 0 is the same search under both."""
+    model_dir = str(args.length_penalties)
+    pairs = read_split(data_dir, "val", args.pair, args.test_limit)
+    system = "marian" if json.loads((Path(model_dir) / "config.json").read_text()).get("model_type") == "marian" else "ours"
+    rows = {}
+    for formula in OTHER_FORMULA if system == "ours" else ["length"]:  # MarianMT has transformers' penalty only
+        for alpha in LENGTH_PENALTIES:
+            formula_setting = {"length_penalty_formula": formula} if system == "ours" else {}
+            scored = multi30k_systems.decode_and_score(system, model_dir, pairs, args.decode_batch_size,
+                                                       length_penalty=alpha, **formula_setting)
+            rows[f"{formula} {alpha}"] = {"formula": formula, "alpha": alpha, "val": without_examples(scored)}
+            print(f"{formula} alpha {alpha}: val BLEU {scored['bleu']:.2f}, chrF {scored['chrf']:.2f}", flush=True)
+    return {"model": model_dir, "system": system, "pair": args.pair, "rows": rows}
+
+
+def recipe_decoding(args) -> dict:
+    """The decoding settings train.py saves in the model's generation config with the recipe and --recipe-flag
+    (``--length_penalty``, ``--length_penalty_formula``); absent: the model's own (§6.1's)."""
+    from vanilla_transformer.training.run import parse_arguments
+
+    model_args = parse_arguments([str(RECIPE), *args.recipe_flag])[0]
+    return {name: getattr(model_args, name) for name in ("length_penalty", "length_penalty_formula")
+            if getattr(model_args, name) is not None}
+
+
+def redecode(args, data_dir: Path) -> dict:
+    """An earlier comparison with its models of ours decoded again under `recipe_decoding` (val and test,
+    and the other formula at the same alpha, as `run_system` decodes); its MarianMT runs and everything
+    the runs of ours measured in training stay as they were."""
+    earlier = json.loads((Path(args.redecode) / "results.json").read_text(encoding="utf-8"))
+    decoding = recipe_decoding(args)
+    runs = {"ours": [], "marian": earlier["runs"].get("marian", [])}
+    for run in finished(earlier["runs"])["ours"]:
+        again = {key: value for key, value in run.items() if not (key.startswith("val") or key.startswith("test"))}
+        for key, split in (("val", "val"), ("test", "test_2016_flickr")):
+            pairs = read_split(data_dir, split, earlier["pair"], earlier["settings"]["test_limit"])
+            scored = multi30k_systems.decode_ours(key, run["model_dir"], pairs, args.decode_batch_size, **decoding)
+            again.update({name: without_examples(result) for name, result in scored.items()})
+            print(f"{run['model_dir']} {key}: BLEU {again[key]['bleu']:.2f} (was {run[key]['bleu']:.2f})", flush=True)
+        runs["ours"].append({**again, "decoding": decoding, "decoded_before": {k: run[k] for k in ("val", "test")}})
+    return {**earlier, "runs": runs, "medians": summary(runs), "redecoded": {"from": str(args.redecode),
+            "decoding": decoding, "date": time.strftime("%Y-%m-%d"), "machine": machine()}}
+
+
+def write_sweep(output_dir: Path, kind: str, folder: str, sweep: dict, markdown_of) -> dict:
+    """A sweep without training as KIND-PARENT-NAME.json and .md in the output folder; the table printed."""
+    name = f"{kind}-{Path(folder).parent.name}-{Path(folder).name}"
+    (output_dir / f"{name}.json").write_text(json.dumps(sweep, indent=2) + "\n", encoding="utf-8")
+    (output_dir / f"{name}.md").write_text(markdown_of(sweep), encoding="utf-8")
+    print(markdown_of(sweep))
+    return sweep
+
+
 def without_examples(result: dict) -> dict:
     return {k: without_examples(v) if isinstance(v, dict) else v for k, v in result.items() if k != "examples"}
 
 
-def main(argv=None) -> dict | None:
-    args = parse_args(argv)
-    data_dir = Path(args.data_dir)
-    if not data_dir.is_dir():
-        print(f"Multi30k not found at {data_dir} (give --data-dir): nothing to benchmark.")
-        return None
-    output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    results = {"pair": args.pair, "budget_minutes": args.budget_minutes, "marian_setup": args.marian_setup,
-               "machine": machine(), "date": time.strftime("%Y-%m-%d"), "arguments": vars(args),
-               "test_sentences": len(read_split(data_dir, "test_2016_flickr", args.pair, args.test_limit))}
-    if args.averaging:
-        return write_sweep(output_dir, "averaging", args.averaging, averaging_sweep(args, data_dir), averaging_markdown)
-    if args.length_penalties:
-        return write_sweep(output_dir, "length-penalties", args.length_penalties, length_penalty_sweep(args, data_dir),
-                           length_penalty_markdown)
-    if args.redecode:
-        results, folder = redecode(args, data_dir), Path(args.redecode)
-        before = median([run["decoded_before"]["test"]["bleu"] for run in results["runs"]["ours"]])
-        text = markdown(results) + (f"\nModels of ours from {folder}, decoded again with the recipe's "
-                                    f"{results['redecoded']['decoding'] or 'generation config (unchanged)'} "
-                                    f"({results['redecoded']['date']}; their test median was {before:.2f}); training "
-                                    "never decodes, so nothing else about them differs.\n")
-        decoding = results["redecoded"]["decoding"]
-        name = "redecoded-" + ("-".join(str(decoding[key]) for key in sorted(decoding)) or "generation-config")
-        (folder / f"{name}.json").write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
-        (folder / f"{name}.md").write_text(text, encoding="utf-8")
-        print(text)
-        return results
-    if args.levers:
-        results["levers"] = {}
-        if args.recipe_from:
-            results["levers"]["recipe"] = recipe_from(args.recipe_from, args)
-        for name in [name for name in args.lever or LEVERS if name not in results["levers"]]:
-            print(f"[{time.strftime('%H:%M:%S')}] lever {name!r}: {LEVERS[name]}", flush=True)
-            run_dir = output_dir / f"lever-{len(results['levers'])}"
-            results["levers"][name] = run_in_child(run_system, "ours", args, data_dir, run_dir, LEVERS[name])
-            print(json.dumps(without_examples(results["levers"][name]), default=str), flush=True)
-            (output_dir / "levers.json").write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
-        (output_dir / "levers.md").write_text(levers_markdown(results), encoding="utf-8")
-        print(levers_markdown(results))
-        return results
+# ---------------------------------------------------------------------------------------------
+# The modes
+# ---------------------------------------------------------------------------------------------
+
+
+def write_results(output_dir: Path, name: str, results: dict) -> None:
+    (output_dir / f"{name}.json").write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+
+
+def averaging(args, data_dir: Path, output_dir: Path) -> dict:
+    """--averaging: val of the last k checkpoints of one run averaged."""
+    return write_sweep(output_dir, "averaging", args.averaging, averaging_sweep(args, data_dir), averaging_markdown)
+
+
+def length_penalties(args, data_dir: Path, output_dir: Path) -> dict:
+    """--length-penalties: val of one model at each length penalty."""
+    return write_sweep(output_dir, "length-penalties", args.length_penalties, length_penalty_sweep(args, data_dir),
+                       length_penalty_markdown)
+
+
+def redecoded(args, data_dir: Path, output_dir: Path) -> dict:
+    """--redecode: a comparison's models of ours decoded again, beside its MarianMT runs; written into its folder."""
+    results, folder = redecode(args, data_dir), Path(args.redecode)
+    before = median([run["decoded_before"]["test"]["bleu"] for run in results["runs"]["ours"]])
+    text = markdown(results) + (f"\nModels of ours from {folder}, decoded again with the recipe's "
+                                f"{results['redecoded']['decoding'] or 'generation config (unchanged)'} "
+                                f"({results['redecoded']['date']}; their test median was {before:.2f}); training "
+                                "never decodes, so nothing else about them differs.\n")
+    decoding = results["redecoded"]["decoding"]
+    name = "redecoded-" + ("-".join(str(decoding[key]) for key in sorted(decoding)) or "generation-config")
+    write_results(folder, name, results)
+    (folder / f"{name}.md").write_text(text, encoding="utf-8")
+    print(text)
+    return results
+
+
+def levers(args, data_dir: Path, output_dir: Path) -> dict:
+    """--levers: ours once per recipe change, scored on val; levers.json after each, levers.md at the end."""
+    results = {**header(args, data_dir), "levers": {}}
+    if args.recipe_from:
+        results["levers"]["recipe"] = recipe_from(args.recipe_from, args)
+    for name in [name for name in args.lever or LEVERS if name not in results["levers"]]:
+        print(f"[{time.strftime('%H:%M:%S')}] lever {name!r}: {LEVERS[name]}", flush=True)
+        run_dir = output_dir / f"lever-{len(results['levers'])}"
+        results["levers"][name] = run_in_child(multi30k_systems.run_system, "ours", args, data_dir, run_dir,
+                                               LEVERS[name])
+        print(json.dumps(without_examples(results["levers"][name]), default=str), flush=True)
+        write_results(output_dir, "levers", results)
+    (output_dir / "levers.md").write_text(levers_markdown(results), encoding="utf-8")
+    print(levers_markdown(results))
+    return results
+
+
+def comparison(args, data_dir: Path, output_dir: Path) -> dict:
+    """The default: each system --runs times, alternating which trains first; results.json after each run
+    (what --resume continues), results.md at the end."""
     systems = args.systems.split(",")
-    results["settings"] = settings(args)
+    results = {**header(args, data_dir), "settings": settings(args)}
     results["runs"], replaced = earlier_runs(args, output_dir / "results.json", systems)
     if args.marian_from:
         results["runs"]["marian"] = marian_runs_from(args.marian_from, args)
     results["replaced"] = replace_runs(args.redo, results["runs"], replaced, output_dir)
     results["medians"] = summary(results["runs"])
     if args.redo:  # the emptied slots and the kept results, on disk before any training
-        (output_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+        write_results(output_dir, "results", results)
     for index in range(args.runs):
         order = systems if index % 2 == 0 else systems[::-1]  # alternate who trains first
         for name in order:
@@ -1027,7 +509,8 @@ def main(argv=None) -> dict | None:
             print(f"[{time.strftime('%H:%M:%S')}] run {index + 1}: {name}, {args.budget_minutes:g} min", flush=True)
             run_args = argparse.Namespace(**{**vars(args), "seed": args.seed + index})  # runs differ in seed
             run_dir = set_aside(output_dir / f"{name}-{index + 1}")
-            result = run_in_child(run_system, name, run_args, data_dir, run_dir, LEVERS["recipe"])
+            result = run_in_child(multi30k_systems.run_system, name, run_args, data_dir, run_dir,
+                                  LEVERS["recipe"])
             result.update(seed=run_args.seed, finished=time.strftime("%Y-%m-%d %H:%M"))
             if len(results["runs"][name]) > index:  # the slot --redo emptied
                 results["runs"][name][index] = result
@@ -1035,10 +518,29 @@ def main(argv=None) -> dict | None:
                 results["runs"][name].append(result)
             print(json.dumps(without_examples(result), default=str), flush=True)
             results["medians"] = summary(results["runs"])
-            (output_dir / "results.json").write_text(json.dumps(results, indent=2, default=str) + "\n", encoding="utf-8")
+            write_results(output_dir, "results", results)
     (output_dir / "results.md").write_text(markdown(results), encoding="utf-8")
     print(markdown(results))
     return results
+
+
+def header(args, data_dir: Path) -> dict:
+    """What every results file of a training mode begins with."""
+    return {"pair": args.pair, "budget_minutes": args.budget_minutes, "marian_setup": args.marian_setup,
+            "machine": machine(), "date": time.strftime("%Y-%m-%d"), "arguments": vars(args),
+            "test_sentences": len(read_split(data_dir, "test_2016_flickr", args.pair, args.test_limit))}
+
+
+def main(argv=None) -> dict | None:
+    args = parse_args(argv)
+    data_dir = multi30k_folder(args.data_dir)
+    if data_dir is None:
+        return None
+    output_dir = Path(args.output_dir)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    mode = (averaging if args.averaging else length_penalties if args.length_penalties else redecoded if args.redecode
+            else levers if args.levers else comparison)
+    return mode(args, data_dir, output_dir)
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ import statistics
 import time
 
 import torch
+from common import argument_parser
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.cpu_decoding import prepack_for_cpu_decoding, unprepack
@@ -35,7 +36,7 @@ def integers(text: str) -> list[int]:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--d-model", type=int, default=512)
     parser.add_argument("--ffn", type=int, default=2048)
     parser.add_argument("--layers", type=int, default=6, help="encoder and decoder layers each")

@@ -25,43 +25,43 @@ from __future__ import annotations
 import argparse
 import copy
 import statistics
-import time
 import types
 from collections.abc import Callable
-from pathlib import Path
 
 import torch
+from common import (
+    MULTI30K_SHAPE,
+    add_data_dir,
+    add_timing_flags,
+    alternate,
+    argument_parser,
+    clock_of,
+    joint_bpe,
+    marian_config,
+    multi30k_folder,
+    read_split,
+    speed_ratio,
+)
 from torch import nn
-from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianConfig, MarianMTModel
+from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianMTModel
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.trainer_pt_utils import LabelSmoother
 
-import vanilla_transformer
 from vanilla_transformer.convert import from_marian
 from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerAttention, eager_attention_forward
 from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
-from vanilla_transformer.training import read_parallel
 from vanilla_transformer.training.flops import matmul_flops_per_second, training_flops
 
-REPO = Path(__file__).resolve().parents[1]
-CLOCK = [time.perf_counter]  # time.process_time with --cpu-time
 LABEL_SMOOTHING = 0.1
-DIMENSIONS = dict(
-    d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
-    encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.3, activation_function="relu", scale_embedding=True,
-)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "multi30k"))
+    parser = argument_parser(__doc__)
+    add_data_dir(parser)
     parser.add_argument("--tokenizer", help="a tokenizer folder; default: a 10k BPE learned here from the train split")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per system and series")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation happens here)")
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="time with the process's CPU time instead of the wall clock: steadier on a machine "
-                             "others share, meaningful with --threads 1")
-    parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
+    add_timing_flags(parser)
     parser.add_argument("--levers", action="store_true", help="also time the model with each lever undone")
     parser.add_argument("--bf16", action="store_true",
                         help="also time both systems under CPU bfloat16 autocast (the Trainer's --bf16), same series")
@@ -78,7 +78,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def load_tokenizer(args, train_pairs):
     if args.tokenizer:
         return AutoTokenizer.from_pretrained(args.tokenizer)
-    return vanilla_transformer.train_tokenizer((text for pair in train_pairs for text in pair), vocab_size=10000)
+    return joint_bpe(train_pairs)
 
 
 def make_batch(tokenizer, train_pairs) -> dict:
@@ -95,11 +95,7 @@ def make_batch(tokenizer, train_pairs) -> dict:
 def build_models(tokenizer):
     """MarianMT with the paper's architecture, and ours with its very weights."""
     torch.manual_seed(0)
-    config = MarianConfig(
-        vocab_size=len(tokenizer), decoder_vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.pad_token_id, **DIMENSIONS,
-    )
-    marian = MarianMTModel(config)
+    marian = MarianMTModel(marian_config(tokenizer, dropout=0.3, **MULTI30K_SHAPE))
     return from_marian(marian), marian
 
 
@@ -142,7 +138,7 @@ def check_same_computation(ours, marian, batch) -> str:
 
 
 def previous_loss(logits, labels, num_items_in_batch=None, label_smoothing=0.0):
-    """label_smoothed_cross_entropy before issue 19: PyTorch's cross_entropy on a float copy of the logits."""
+    """label_smoothed_cross_entropy before commit e8ee040: PyTorch's cross_entropy on a float copy of the logits."""
     total = nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100,
                                         reduction="sum", label_smoothing=label_smoothing)
     return total / (labels != -100).sum()
@@ -198,33 +194,19 @@ def trainer_step(model, batch, loss_function, bf16: bool = False) -> Callable[[]
     return step
 
 
-def alternate(steps: dict[str, Callable[[], None]], count: int, warmup: int) -> dict[str, list[float]]:
-    """Run the steps in turn (ABAB...), warm-up first; seconds per step of each."""
-    for _ in range(warmup):
-        for step in steps.values():
-            step()
-    times = {name: [] for name in steps}
-    for _ in range(count):
-        for name, step in steps.items():
-            started = CLOCK[0]()
-            step()
-            times[name].append(CLOCK[0]() - started)
-    return times
-
-
-def peak_flops(size: int = 2048, repeats: int = 5) -> float:
-    """This CPU's fp32 matmul throughput, the best of a few square products: the peak for MFU."""
-    return max(matmul_flops_per_second(size, repeats, clock=CLOCK[0]))  # the clock the steps are timed by
+def peak_flops(clock, size: int = 2048, repeats: int = 5) -> float:
+    """This CPU's fp32 matmul throughput, the best of a few square products: the peak for MFU (by ``clock``, the
+    clock the steps are timed by)."""
+    return max(matmul_flops_per_second(size, repeats, clock=clock))
 
 
 def row(name: str, seconds: list[float], reference: list[float], flops: float, peak: float, tokens: int) -> str:
     """Median step, its speed relative to ``reference`` (ratio of medians, range over the ABAB pairs),
     target tokens/s, model GFLOP/s and the fraction of peak."""
     median = statistics.median(seconds)
-    ratios = sorted(r / s for r, s in zip(reference, seconds))
-    return (f"| {name} | {median * 1000:.0f} | {statistics.median(reference) / median:.2f}x "
-            f"({ratios[0]:.2f}-{ratios[-1]:.2f}) | {tokens / median:.0f} | {flops / median / 1e9:.1f} | "
-            f"{flops / median / peak:.1%} |")
+    ratio, low, high = speed_ratio(reference, seconds)
+    return (f"| {name} | {median * 1000:.0f} | {ratio:.2f}x ({low:.2f}-{high:.2f}) | {tokens / median:.0f} | "
+            f"{flops / median / 1e9:.1f} | {flops / median / peak:.1%} |")
 
 
 def lever_variants(args, marian) -> dict[str, tuple[nn.Module, Callable]]:
@@ -247,15 +229,11 @@ def previous_loss_step(model, batch) -> torch.Tensor:
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
-    data_dir = Path(args.data_dir)
-    if not data_dir.is_dir():
-        print(f"Multi30k not found at {data_dir} (give --data-dir): nothing to profile.")
+    data_dir = multi30k_folder(args.data_dir, "nothing to profile")
+    if data_dir is None:
         return None
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.cpu_time:
-        CLOCK[0] = time.process_time
-    train_pairs = read_parallel(data_dir / "train.en.gz", data_dir / "train.de.gz")
+    clock = clock_of(args)
+    train_pairs = read_split(data_dir, "train")
     tokenizer = load_tokenizer(args, train_pairs)
     batch = make_batch(tokenizer, train_pairs)
     ours, marian = build_models(tokenizer)
@@ -264,7 +242,7 @@ def main(argv=None) -> dict | None:
           f"same computation: {check_same_computation(ours, marian, batch)}")
     source_lengths = batch["attention_mask"].sum(1).tolist()
     target_lengths = (batch["labels"] != -100).sum(1).tolist()
-    flops, tokens, peak = training_flops(ours.config, source_lengths, target_lengths), sum(target_lengths), peak_flops()
+    flops, tokens, peak = training_flops(ours.config, source_lengths, target_lengths), sum(target_lengths), peak_flops(clock)
     print(f"threads {torch.get_num_threads()}, fp32 matmul peak {peak / 1e9:.0f} GFLOP/s, "
           f"{flops / 1e9:.1f} GFLOP per step, {args.steps} steps per system, alternating")
     header = ["| step | median ms | speed vs first row (range over pairs) | target tokens/s | GFLOP/s | of fp32 peak |",
@@ -274,13 +252,13 @@ def main(argv=None) -> dict | None:
     if args.bf16:  # fresh copies of the same weights; GFLOP/s and the fraction are still of the fp32 peak
         systems["MarianMT, bf16 autocast"] = trainer_step(copy.deepcopy(marian).train(), batch, marian_loss, bf16=True)
         systems["ours, bf16 autocast"] = trainer_step(from_marian(marian).train(), batch, ours_loss, bf16=True)
-    series = alternate(systems, args.steps, args.warmup)
+    series, _ = alternate(systems, args.steps, args.warmup, clock)
     print("\n".join(header + [row(name, seconds, series["MarianMT"], flops, peak, tokens)
                               for name, seconds in series.items()]))
     levers = {}
     for name, (model, loss_function) in lever_variants(args, marian).items():
-        levers[name] = alternate({"ours": trainer_step(from_marian(marian).train(), batch, ours_loss),
-                                  name: trainer_step(model, batch, loss_function)}, args.steps, args.warmup)
+        levers[name], _ = alternate({"ours": trainer_step(from_marian(marian).train(), batch, ours_loss),
+                                     name: trainer_step(model, batch, loss_function)}, args.steps, args.warmup, clock)
     if levers:
         print("\nlevers: ours against ours with the lever undone (or done), alternating")
         lines = [row(f"{name}: ours", paired["ours"], paired["ours"], flops, peak, tokens) + "\n"

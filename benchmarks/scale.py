@@ -16,7 +16,6 @@ time of the preprocessing (how many cores it kept busy), and writes ``results.js
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import os
@@ -29,8 +28,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import REPO, argument_parser
 
-REPO = Path(__file__).resolve().parents[1]
 LETTERS = "abcdefghijklmnopqrstuvwxyzäöüéè"
 FIRST_UPDATE = re.compile(r"\{'loss': ")
 
@@ -209,7 +208,7 @@ def markdown(results: list[dict]) -> str:
 
 
 def main(argv=None) -> list[dict]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--pairs", type=int, default=4_500_000, help="the large corpus (WMT14 en-de: 4.5M)")
     parser.add_argument("--baseline-pairs", type=int, default=30_000)
     parser.add_argument("--processes", type=int, nargs="+", default=[1, 2])

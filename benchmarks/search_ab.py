@@ -24,19 +24,18 @@ import time
 from pathlib import Path
 
 import torch
+from common import REPO, add_data_dir, argument_parser, multi30k_folder, read_split
 from decoding import load_models, make_batches, processor_setting, transformers_decoder
 
 import vanilla_transformer.generation_vanilla_transformer as generation
-from vanilla_transformer.training import read_parallel
 
-REPO = Path(__file__).resolve().parent.parent
 MODULE = "vanilla_transformer/generation_vanilla_transformer.py"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argument_parser(__doc__)
     parser.add_argument("--base", required=True, help="the commit whose search is compared (e.g. HEAD~1)")
-    parser.add_argument("--data-dir", default=str(REPO.parent / "shared" / "data" / "multi30k"))
+    add_data_dir(parser)
     parser.add_argument("--marian-model", help="a trained MarianMTModel folder with its tokenizer (default: random)")
     parser.add_argument("--sentences", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=7, help="timed passes per search")
@@ -65,14 +64,13 @@ def search_of(commit: str):
 
 def main(argv=None) -> dict | None:
     args = parse_args(argv)
-    data_dir = Path(args.data_dir)
-    if not data_dir.is_dir():
-        print(f"Multi30k not found at {data_dir} (give --data-dir): nothing to compare.")
+    data_dir = multi30k_folder(args.data_dir, "nothing to compare")
+    if data_dir is None:
         return None
     torch.set_num_threads(1)
     searches = {"base": search_of(args.base), "working tree": generation.BeamSearch}
     marian, ours, tokenizer, trained = load_models(args, data_dir)
-    pairs = read_parallel(data_dir / "test_2016_flickr.en.gz", data_dir / "test_2016_flickr.de.gz")[: args.sentences]
+    pairs = read_split(data_dir, "test_2016_flickr", limit=args.sentences)
     decode = transformers_decoder(ours, tokenizer, make_batches(tokenizer, pairs, 32, trained), 4,
                                   args.processors)
     seconds, hypotheses = {name: [] for name in searches}, {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 import gzip
 
 import pytest
+import torch
 
 from helpers import REPO, load_script
 
@@ -54,20 +55,22 @@ def test_search_ab_compares_a_commits_search_with_the_working_trees_on_one_model
     are identical, and a commit git cannot show is refused naming the flag."""
     import shutil
     import subprocess
-    import sys
 
     if shutil.which("git") is None or subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO,
                                                      capture_output=True).returncode:
         pytest.skip("needs the git history of the repository")
     write_split(tmp_path, "train", 200, seed=0)
     write_split(tmp_path, "test_2016_flickr", 12, seed=1)
-    script = [sys.executable, str(REPO / "benchmarks" / "search_ab.py"), "--data-dir", str(tmp_path)]
-    completed = subprocess.run([*script, "--base", "HEAD", "--sentences", "8", "--rounds", "2"],
-                               capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr
-    assert "identical hypotheses: True" in completed.stdout and "base / working tree per round:" in completed.stdout
-    refused = subprocess.run([*script, "--base", "no-such-commit"], capture_output=True, text=True, timeout=600)
-    assert refused.returncode != 0 and "--base no-such-commit: git cannot show" in refused.stderr
+    search_ab = load_script("benchmarks/search_ab.py")
+    threads = torch.get_num_threads()
+    try:  # it times one thread
+        result = search_ab.main(["--data-dir", str(tmp_path), "--base", "HEAD", "--sentences", "8", "--rounds", "2"])
+    finally:
+        torch.set_num_threads(threads)
+    assert result["identical"] and len(result["ratios"]) == 2 and set(result["medians"]) == {"base", "working tree"}
+    assert result["median_ratio"] == pytest.approx(sum(result["ratios"]) / 2)  # the median of two
+    with pytest.raises(SystemExit, match="--base no-such-commit: git cannot show"):
+        search_ab.main(["--data-dir", str(tmp_path), "--base", "no-such-commit"])
 
 
 profile = load_script("benchmarks/profile_training_step.py")
@@ -120,7 +123,6 @@ def test_configurations_are_parsed_into_beam_and_batch():
 
 
 def test_the_floor_counts_the_model_s_operations_and_the_vocabulary_softmax_and_nothing_else():
-    import torch
 
     a, b, scores = torch.randn(64, 64), torch.randn(64, 64), torch.randn(8, 1000)
     query, norm = torch.randn(1, 2, 5, 8), torch.nn.LayerNorm(64)
@@ -147,11 +149,14 @@ def test_the_floor_counts_the_model_s_operations_and_the_vocabulary_softmax_and_
 
 
 def test_the_floor_names_what_ours_spends_beyond_the_required_work_and_the_bound_it_implies():
-    text = decoding.floor_text([4.0, 4.2, 4.4], [2.0, 2.1, 2.2], (2.5, {"matrix products and attention": 1.4,
-                                                                    "layer norm": 0.2, "log-softmax": 0.2}))
-    assert "| the rest (search, cache, indexing, copies, Python) | 0.30 | 7% |" in text  # 2.1 - 1.8 of 4.2
-    assert "| layer norm | 0.20 | 5% |" in text
-    assert "ours is 2.00x MarianMT; with nothing but the required work it would be 2.33x" in text
+    found = decoding.floor([4.0, 4.2, 4.4], [2.0, 2.1, 2.2], (2.5, {"matrix products and attention": 1.4,
+                                                                   "layer norm": 0.2, "log-softmax": 0.2}))
+    assert found["marian"] == 4.2 and found["ours"] == 2.1 and found["profiled"] == 2.5  # medians; the profiled pass
+    assert found["rest"] == pytest.approx(2.1 - 1.8)
+    assert found["speed"] == pytest.approx(2.0) and found["bound"] == pytest.approx(4.2 / 1.8)
+    table = decoding.floor_text(found)
+    assert "| the rest (search, cache, indexing, copies, Python) | 0.30 | 7% |" in table  # 0.3 of 4.2
+    assert "| layer norm | 0.20 | 5% |" in table
 
 
 def test_the_floor_needs_the_beam_4_batch_32_configuration(capsys):
@@ -164,17 +169,18 @@ def test_the_floor_needs_the_beam_4_batch_32_configuration(capsys):
 def test_the_floor_runs_end_to_end_on_ours_as_shipped(tmp_path, capsys):
     write_split(tmp_path, "train", 200, seed=0)
     write_split(tmp_path, "test_2016_flickr", 32, seed=1)
-    decoding.main(["--data-dir", str(tmp_path), "--sentences", "32", "--repeats", "1", "--configurations", "4x32",
-                   "--no-compile", "--no-ctranslate2", "--floor"])
+    results = decoding.main(["--data-dir", str(tmp_path), "--sentences", "32", "--repeats", "1", "--configurations",
+                             "4x32", "--no-compile", "--no-ctranslate2", "--floor"])
+    found = results["floor"]
+    assert set(found["required"]) == set(decoding.REQUIRED) and all(value > 0 for value in found["required"].values())
+    assert found["bound"] == pytest.approx(found["marian"] / sum(found["required"].values()))
     printed = capsys.readouterr().out
-    assert "| matrix products and attention |" in printed and "| log-softmax over the vocabulary |" in printed
-    assert "with nothing but the required work it would be" in printed
+    assert all(f"| {group} | {seconds:.2f} |" in printed for group, seconds in found["required"].items())
 
 
 def test_the_stock_search_lever_runs_transformers_loop_through_generate_arguments_with_the_same_hypotheses():
     """The lever row reaches transformers' own beam search by a public generate() argument; the hypotheses
     must not change, and the decoder must really run every row at every step (no sentence leaves)."""
-    import torch
     from transformers import MarianConfig, MarianMTModel
 
     from vanilla_transformer.convert import from_marian
@@ -205,7 +211,6 @@ def test_the_stock_search_lever_runs_transformers_loop_through_generate_argument
 def test_training_step_benchmark_times_both_systems_under_bf16_autocast_with_bf16_products(tmp_path):
     """--bf16 adds both systems under CPU bfloat16 autocast (the Trainer's --bf16) to the same series,
     and their matrix products do run in bfloat16 while the weights stay float32."""
-    import torch
 
     write_split(tmp_path, "train", 1500, seed=2)
     results = profile.main(["--data-dir", str(tmp_path), "--steps", "1", "--warmup", "0", "--no-compile", "--bf16"])

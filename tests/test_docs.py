@@ -91,8 +91,8 @@ def test_every_number_drawn_is_one_the_benchmark_pages_report():
 def test_every_measurement_names_a_commit_and_a_command_the_pages_cite():
     data = json.loads((BENCHMARKS / "measurements.json").read_text(encoding="utf-8"))
     pages = "\n".join(path.read_text(encoding="utf-8") for path in BENCHMARKS.glob("*.md"))
-    records = [*data["multi30k_en_de_test_bleu"]["comparisons"],
-               *(data[key] for key in data if key != "multi30k_en_de_test_bleu")]
+    records = [*data["multi30k_en_de_test_bleu"]["comparisons"], *data["headlines"]["records"],
+               *(data[key] for key in data if key not in ("multi30k_en_de_test_bleu", "headlines"))]
     for record in records:
         assert record["commit"] in pages and record["machine"] in pages and record["date"] in pages
         assert record["command"].startswith("python benchmarks/")
@@ -147,3 +147,41 @@ def test_every_number_in_the_readmes_results_is_in_the_measurement_history():
         assert found, f"README's {number} is in no benchmark page"
     for commit in re.findall(r"\b[0-9a-f]{7}\b", "\n".join(rows)):
         assert commit in pages, f"README cites commit {commit}, which no benchmark page records"
+
+
+def readme_part(start: str, end: str) -> str:
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    return readme.split(start, 1)[1].split(end, 1)[0]
+
+
+HEADLINES = json.loads((BENCHMARKS / "measurements.json").read_text(encoding="utf-8"))["headlines"]["records"]
+
+
+@pytest.mark.parametrize("record", HEADLINES, ids=lambda record: record["name"])
+def test_every_headline_is_quoted_as_recorded_by_the_readme_and_its_page(record):
+    """One source for each headline number: measurements.json's record. README's status line and its page
+    print it as recorded; a gain is the difference of the two scores recorded with it, which the results
+    table prints."""
+    printed = record["quote"].format(record["value"])
+    found = re.compile(NUMBER.format(re.escape(printed)))
+    status = readme_part("**Status**", "\n## ")
+    results = readme_part("\n## Results\n", "\n## Troubleshooting")
+    assert found.search(status), f"README's status line does not say {printed} ({record['what']})"
+    assert found.search((BENCHMARKS / record["page"]).read_text(encoding="utf-8")), f"{record['page']}: no {printed}"
+    if "ours" in record:
+        assert record["value"] == pytest.approx(record["ours"] - record["marian"], abs=0.005)
+        row = next(line for line in results.splitlines() if f"**{record['ours']:.2f}**" in line)
+        assert f"| {record['marian']:.2f} |" in row and record["commit"] in row, row
+    else:
+        assert found.search(results), f"README's results do not say {printed} ({record['what']})"
+
+
+def test_the_readmes_status_line_quotes_only_recorded_headlines():
+    """Every speed ratio (1.23x) and BLEU gain (+1.23) the status line states is a headline of
+    measurements.json, so that a new measurement cannot leave an old figure standing there."""
+    status = readme_part("**Status**", "\n## ")
+    claims = re.findall(r"(?<![\d.])(\+?\d+\.\d+x?)", status)
+    claims = [claim for claim in claims if claim.startswith("+") or claim.endswith("x")]
+    recorded = {record["quote"].format(record["value"]) for record in HEADLINES}
+    assert len(claims) >= len(recorded) - 1, claims
+    assert set(claims) <= recorded, f"the status line states {sorted(set(claims) - recorded)}, recorded nowhere"
