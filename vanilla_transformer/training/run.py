@@ -42,6 +42,7 @@ from . import data
 from .averaging import MEAN_NAMES, architecture, average_checkpoints
 from .caches import dataset_cache_folder, rebuilt_if_damaged, usable_tokenizer_cache
 from .checkpointing import TrainingInterrupted, complete_checkpoints, resolve_checkpoint
+from .memory_check import MemoryCheckError
 from .metrics import TranslationMetrics, score
 from .moving_average import check_checkpoint as check_moving_average
 from .run_lock import hold_output_dir
@@ -496,7 +497,12 @@ def main(argv: list[str] | None = None, prog: str = "vanilla-transformer train",
             if not exit_on_bad_input:
                 raise
             exit_with_usage_error(prog, error)
-        metrics = run_steps(run, model_args, data_args, training_args)
+        try:
+            metrics = run_steps(run, model_args, data_args, training_args)
+        except MemoryCheckError as error:  # found before the first update (--memory_probe)
+            if not exit_on_bad_input:
+                raise
+            exit_with_usage_error(prog, error)
         run.trainer.accelerator.wait_for_everyone()  # leave together: no process exits mid-collective
         return metrics
     finally:
