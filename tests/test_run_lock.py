@@ -127,3 +127,12 @@ def test_every_process_of_a_launch_is_refused_when_the_main_one_is(data_dir, tmp
     assert all(f"pid {os.getpid()}," in line for line in refusals)
     assert not list(output.glob("checkpoint-*"))
 
+
+
+def test_a_folder_made_for_the_lock_goes_with_it_when_nothing_was_written(tmp_path):
+    RunLock(tmp_path / "new" / "run").acquire().release()
+    assert not (tmp_path / "new").exists()
+    lock = RunLock(tmp_path / "kept").acquire()
+    (tmp_path / "kept" / "trainer_state.json").write_text("{}")
+    lock.release()
+    assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["trainer_state.json"]

@@ -42,8 +42,13 @@ class RunLock:
         self.output_dir = Path(output_dir)
         self.path = self.output_dir / LOCK_FILE
         self._fd: int | None = None
+        self._created: list[Path] = []  # folders made for the lock, deepest first: removed with it if left empty
 
     def acquire(self) -> "RunLock":
+        folder = self.output_dir.absolute()
+        while not folder.exists():
+            self._created.append(folder)
+            folder = folder.parent
         self.output_dir.mkdir(parents=True, exist_ok=True)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -73,7 +78,8 @@ class RunLock:
         return self
 
     def release(self) -> None:
-        """Remove the file, then unlock: a process that opened it meanwhile finds it gone and opens it anew."""
+        """Remove the file, then unlock: a process that opened it meanwhile finds it gone and opens it anew.
+        A folder made for the lock and still empty goes too (a run refused for bad input leaves nothing)."""
         if self._fd is None:
             return
         try:
@@ -81,6 +87,11 @@ class RunLock:
         finally:
             os.close(self._fd)
             self._fd = None
+        for folder in self._created:
+            try:
+                folder.rmdir()
+            except OSError:  # not empty: the run wrote into it
+                break
 
     def _is_the_file(self, fd: int) -> bool:
         try:
