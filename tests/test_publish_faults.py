@@ -6,11 +6,14 @@ the repository ever had (what any reader could have seen), and the bytes of the 
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoModelForSeq2SeqLM
 
 import test_publish
 from helpers import REPO
@@ -85,3 +88,22 @@ def test_retries_end_after_the_number_given(hub, run_folder, tmp_path):
     assert [request for request in hub.requests if request[1].startswith(f"/api/models/{REPO_ID}/commit/")] == [
         ("POST", f"/api/models/{REPO_ID}/commit/main")] * 3
     assert set(hub.files(REPO_ID)) == {".gitattributes"}
+
+
+def test_a_republish_in_shards_deletes_the_old_single_file_in_the_same_commit(hub, run_folder, tmp_path):
+    """from_pretrained reads model.safetensors before an index of shards: left beside new shards, the old
+    weights would load with the new config."""
+    assert publish(hub, run_folder, tmp_path / "home").returncode == 0
+    sharded = tmp_path / "sharded"
+    shutil.copytree(run_folder, sharded, ignore=shutil.ignore_patterns("checkpoint-*", "model.safetensors"))
+    model = AutoModelForSeq2SeqLM.from_pretrained(run_folder)
+    model.save_pretrained(sharded, max_shard_size="200KB")
+    shards = sorted(path.name for path in sharded.glob("model-*-of-*.safetensors"))
+    assert len(shards) > 1 and not (sharded / "model.safetensors").exists()
+    completed = publish(hub, sharded, tmp_path / "home")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    stored = hub.files(REPO_ID)
+    assert "model.safetensors" not in stored and set(shards) | {"model.safetensors.index.json"} <= set(stored)
+    assert len(hub.commits(REPO_ID)) == 2 and "model.safetensors" in hub.commits(REPO_ID)[1][1]  # one commit
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(hub.store.root / REPO_ID / "commits" / hub.store.resolve(REPO_ID, "main"))
+    assert all(torch.equal(loaded.state_dict()[name], value) for name, value in model.state_dict().items())

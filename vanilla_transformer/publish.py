@@ -11,7 +11,9 @@ after it, never weights without their config. A connection that breaks off is re
 times, waiting 1, 2, 4, ... seconds; huggingface_hub retries its own preparatory requests, not the
 commit); a retry, or running the command again after it gave up, completes the repository, and a
 commit whose answer was lost is not made twice (huggingface_hub leaves out files the repository
-already holds, and commits nothing when that is all of them).
+already holds, and commits nothing when that is all of them). Weight files of an earlier publish
+that this one does not replace (``model.safetensors`` where the weights now come in shards) are
+deleted in the same commit: from_pretrained would otherwise read them with the new config.
 
 The card goes up naming the task and this package in its metadata (`card_to_publish`), whoever wrote
 it: ``Seq2SeqTrainer.create_model_card``, as transformers' run_translation.py calls it, writes the
@@ -29,6 +31,7 @@ import argparse
 import json
 import logging
 import time
+from fnmatch import fnmatch
 from pathlib import Path
 
 from .checkpoint_files import check_has_tokenizer, check_model_folder
@@ -108,7 +111,7 @@ def publish(folder: str | Path, repo_id: str, *, private: bool | None = None, re
     """Upload the model files of ``folder`` (`model_files`) to ``repo_id`` in one commit, creating the
     repository if needed; the URL of the commit. The rest of the folder stays where it is. A broken
     connection is retried up to ``retries`` times; then a `ConnectionError` says to run it again."""
-    from huggingface_hub import CommitOperationAdd, HfApi
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     folder = Path(folder)
     files = check_publishable(folder)
@@ -123,9 +126,11 @@ def publish(folder: str | Path, repo_id: str, *, private: bool | None = None, re
     for attempt in range(retries + 1):
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)
+            stale = stale_weights(api.list_repo_files(repo_id, revision=revision), contents)
             commit = api.create_commit(  # new operations each time: a commit marks its own as used
                 repo_id, [CommitOperationAdd(path_in_repo=name, path_or_fileobj=content)
-                          for name, content in contents.items()],
+                          for name, content in contents.items()]
+                + [CommitOperationDelete(path_in_repo=name, is_folder=False) for name in stale],
                 commit_message=commit_message, revision=revision,
             )
             return commit.commit_url
@@ -140,6 +145,15 @@ def publish(folder: str | Path, repo_id: str, *, private: bool | None = None, re
                            f"in {2 ** attempt} s")
             time.sleep(2**attempt)
     raise AssertionError("unreachable")
+
+
+def stale_weights(in_repository: list[str], uploading) -> list[str]:
+    """Weight files of an earlier publish that this one does not replace (e.g. ``model.safetensors`` when
+    the new weights come in shards): deleted in the same commit, since from_pretrained would read them
+    with the new config."""
+    weights = [name for name in in_repository if "/" not in name and (
+        name in ("model.safetensors", "model.safetensors.index.json") or fnmatch(name, "model-*-of-*.safetensors"))]
+    return sorted(name for name in weights if name not in uploading)
 
 
 def connection_broke(error: BaseException) -> bool:
