@@ -105,5 +105,6 @@ def test_a_republish_in_shards_deletes_the_old_single_file_in_the_same_commit(hu
     stored = hub.files(REPO_ID)
     assert "model.safetensors" not in stored and set(shards) | {"model.safetensors.index.json"} <= set(stored)
     assert len(hub.commits(REPO_ID)) == 2 and "model.safetensors" in hub.commits(REPO_ID)[1][1]  # one commit
-    loaded = AutoModelForSeq2SeqLM.from_pretrained(hub.store.root / REPO_ID / "commits" / hub.store.resolve(REPO_ID, "main"))
+    head = hub.store.root / REPO_ID / "commits" / hub.store.resolve(REPO_ID, "main")
+    loaded = AutoModelForSeq2SeqLM.from_pretrained(head)  # what a reader of the repository loads
     assert all(torch.equal(loaded.state_dict()[name], value) for name, value in model.state_dict().items())

@@ -101,7 +101,8 @@ def test_a_second_run_on_a_folder_in_use_exits_2_in_one_line_and_the_first_finis
     assert f"--output_dir {output} is in use" in error and f"pid {first.pid}," in error
     assert code == 0, err[-3000:]
     assert not (output / LOCK_FILE).exists()
-    assert sorted(p.name for p in output.glob("checkpoint-*")) == sorted(p.name for p in uninterrupted.glob("checkpoint-*"))
+    names = sorted(p.name for p in output.glob("checkpoint-*"))
+    assert names == sorted(p.name for p in uninterrupted.glob("checkpoint-*"))
     for checkpoint in output.glob("checkpoint-*"):
         check_resumable(checkpoint)
         assert_same_weights(checkpoint, uninterrupted / checkpoint.name)

@@ -1,7 +1,7 @@
 """One run per output folder: a lock file naming the run that holds it.
 
 Two runs started on one ``--output_dir`` (a job submitted twice, a typo) would both write checkpoints
-into it, and resuming would then pick from a mixture. `hold_output_dir` takes ``OUTPUT_DIR/run.lock``
+into it, and resuming would then pick from a mixture. `hold_output_dir` takes ``OUTPUT_DIR/_run.lock``
 when a run starts and removes it when the run ends, however it ends; a second run is refused at once,
 before any data is read, with one line naming the running one (`OutputDirInUse`).
 
@@ -28,7 +28,7 @@ from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
-LOCK_FILE = "run.lock"
+LOCK_FILE = "_run.lock"  # "_*": what the Trainer's push_to_hub leaves out, like checkpointing's STAGING_DIR
 
 
 class OutputDirInUse(ValueError):

@@ -236,9 +236,11 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
                           "this many minutes of the budget (the rate then depends on the clock, not the update alone)"},
     )
     memory_probe: str = field(
-        default="auto", metadata={"help": "before the first update, try the largest batches in one forward and "
-                                          "backward pass, so that one that runs out of memory fails at once, with a "
-                                          "--max_tokens that fits; auto: on CUDA only", "choices": list(MEMORY_PROBE_CHOICES)})
+        default="auto",
+        metadata={"help": "before the first update, try the largest batches in one forward and backward pass, so that "
+                          "one that runs out of memory fails at once, with a --max_tokens that fits; auto: on CUDA only",
+                  "choices": list(MEMORY_PROBE_CHOICES)},
+    )
     skip_oom_batches: bool = field(
         default=False, metadata={"help": "skip a batch that runs out of memory during training (with its update's "
                                          "gradients so far), count it in the logs and go on; one process only"})
