@@ -95,7 +95,8 @@ def _try(trainer, model, shape, device) -> bool:
             labels = batch.pop("labels")
             with trainer.accelerator.autocast():
                 logits = model(**batch).logits
-                loss = label_smoothed_cross_entropy(logits, labels, labels.numel(), trainer.args.label_smoothing_factor)
+            logits = logits.float()  # as accelerate returns a mixed-precision model's outputs
+            loss = label_smoothed_cross_entropy(logits, labels, labels.numel(), trainer.args.label_smoothing_factor)
             loss.backward()
             del moments, logits, loss
         return True
