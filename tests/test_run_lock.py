@@ -5,6 +5,8 @@ run's checkpoints are intact" is an uninterrupted run with the same seed and dat
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import logging
 import os
@@ -137,3 +139,17 @@ def test_a_folder_made_for_the_lock_goes_with_it_when_nothing_was_written(tmp_pa
     (tmp_path / "kept" / "trainer_state.json").write_text("{}")
     lock.release()
     assert sorted(p.name for p in (tmp_path / "kept").iterdir()) == ["trainer_state.json"]
+
+
+def test_on_a_file_system_without_locks_the_file_alone_refuses_a_live_run(tmp_path, monkeypatch, caplog):
+    def no_locks(fd, operation):
+        raise OSError(errno.ENOLCK, "No locks available")
+
+    monkeypatch.setattr(fcntl, "flock", no_locks)
+    with caplog.at_level(logging.WARNING):
+        lock = RunLock(tmp_path).acquire()
+    assert "takes no locks (No locks available)" in caplog.text
+    with pytest.raises(OutputDirInUse, match=f"pid {os.getpid()},"):  # this process is alive
+        RunLock(tmp_path).acquire()
+    lock.release()
+    RunLock(tmp_path).acquire().release()

@@ -10,7 +10,8 @@ dies; the file's content (host, process id, start time) is for the people readin
 left by a process that died without removing it (kill -9) is found unlocked and taken over with a
 warning. A file written on another host is not taken over: this host cannot tell whether that run is
 alive (network file systems may not pass locks between hosts), so the error names the host and the
-file to delete once that run is gone.
+file to delete once that run is gone. On a file system that takes no locks (a warning says so), the
+file alone decides: a run is refused while the process it names lives.
 
 Under ``accelerate launch`` only the main process locks; the others wait for its outcome (a
 broadcast) and are refused with it, so no process starts reading data while another is refused.
@@ -51,14 +52,18 @@ class RunLock:
             folder = folder.parent
         self.output_dir.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+            fd, locked = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644), True
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
                 holder = _read(fd)
                 os.close(fd)
                 raise OutputDirInUse(self._in_use(holder)) from None
-            if not self._is_the_file(fd):  # released and removed between our open and our lock: again
+            except OSError as error:  # a file system without locks (e.g. Lustre mounted without flock)
+                locked = False
+                logger.warning(f"--output_dir {self.output_dir}: the file system takes no locks ({error.strerror}); "
+                               "the lock file alone keeps a second run out while the first one's process lives")
+            if locked and not self._is_the_file(fd):  # released and removed between our open and our lock: again
                 os.close(fd)
                 continue
             break
@@ -66,6 +71,9 @@ class RunLock:
         if holder and holder.get("host") != socket.gethostname():
             os.close(fd)  # unlocks
             raise OutputDirInUse(self._held_elsewhere(holder))
+        if holder and not locked and _alive(holder.get("pid")):
+            os.close(fd)
+            raise OutputDirInUse(self._in_use(holder))
         if holder:
             alive = "still running but not holding it" if _alive(holder.get("pid")) else "no longer running"
             logger.warning(f"--output_dir {self.output_dir}: taking over the lock of process {holder.get('pid')} "
