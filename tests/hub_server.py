@@ -9,6 +9,8 @@ regular (base64, non-LFS) file, so no LFS or Xet transfer is involved.
 
 Repositories live in a directory: ``<root>/<namespace>/<name>/commits/<sha>/<files>`` holds the full
 tree of every commit and ``refs.json`` the branches. Every request is recorded in `requests`.
+`cut` makes the next requests to a route break off, as a network does: the connection is dropped
+half-way through the request, or after the server has done its work but before it answers.
 Handling is bounded: loopback only, request bodies up to `MAX_BODY_BYTES`, a socket timeout per
 connection, at most `MAX_REQUESTS` requests, and the server shuts itself down after `lifetime`
 seconds if the test session has not stopped it first.
@@ -20,6 +22,7 @@ import base64
 import hashlib
 import json
 import re
+import socket
 import threading
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -170,6 +173,11 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 match = re.fullmatch(pattern, url.path)
                 if route_method == method and match:
                     arguments = {k: unquote(v) for k, v in match.groupdict().items() if v is not None}
+                    self.cut_when = self.server.take_cut(name)
+                    if self.cut_when == "mid-request":
+                        self.rfile.read(int(self.headers.get("Content-Length") or 0) // 2)
+                        self._drop()
+                        return
                     getattr(self, name)(**arguments)
                     return
             raise HubError(HTTPStatus.NOT_FOUND, f"{method} {url.path} is not implemented by the loopback Hub")
@@ -203,7 +211,15 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":
             raise HubError(HTTPStatus.UNAUTHORIZED, "Invalid credentials in Authorization header")
 
+    def _drop(self) -> None:
+        """Close the connection without an answer, as a network that breaks off does."""
+        self.close_connection = True
+        self.connection.shutdown(socket.SHUT_RDWR)
+
     def _send(self, status: HTTPStatus, body: bytes, headers: dict[str, str]):
+        if getattr(self, "cut_when", None) == "before-answer":  # the work is done, the answer lost
+            self._drop()
+            return
         self.send_response(status)
         for name, value in headers.items():
             self.send_header(name, value)
@@ -347,6 +363,21 @@ class LoopbackHub(ThreadingHTTPServer):
         self._thread = threading.Thread(target=self.serve_forever, name="loopback-hub", daemon=True)
         self._deadline = threading.Timer(lifetime, self.stop)
         self._deadline.daemon = True
+        self._cuts: dict[str, list[str]] = {}  # route name -> how each of its next requests breaks off
+
+    def cut(self, route: str, times: int = 1, when: str = "mid-request") -> None:
+        """Break off the next ``times`` requests to ``route`` (a handler name: "commit", "preupload", ...):
+        ``when`` "mid-request" drops the connection after half the request body, with nothing done;
+        "before-answer" does the work (a commit is made) and drops the connection instead of answering."""
+        if when not in ("mid-request", "before-answer"):
+            raise ValueError(f"when must be 'mid-request' or 'before-answer', got {when!r}")
+        with self.lock:
+            self._cuts.setdefault(route, []).extend([when] * times)
+
+    def take_cut(self, route: str) -> str | None:
+        with self.lock:
+            pending = self._cuts.get(route)
+            return pending.pop(0) if pending else None
 
     @property
     def endpoint(self) -> str:
@@ -368,6 +399,11 @@ class LoopbackHub(ThreadingHTTPServer):
         """The tree of `repo_id` at `revision`, read from the store (for assertions)."""
         sha = self.store.resolve(repo_id, revision)
         return {path: file.read_bytes() for path, file in self.store.files(repo_id, sha).items()}
+
+    def trees(self, repo_id: str) -> list[set[str]]:
+        """The files of every commit ever made to `repo_id` (what a reader could have seen at some moment)."""
+        commits = self.store.root / repo_id / "commits"
+        return [set(self.store.files(repo_id, sha.name)) for sha in sorted(commits.iterdir())]
 
     def commits(self, repo_id: str) -> list[tuple[str, list[str]]]:
         """(message, paths added or deleted) of each commit to `repo_id`, oldest first."""

@@ -6,6 +6,15 @@ code that loads it without the package) next to what only training needs: ``chec
 the tokenizer in ``tokenizer/``, ``trainer_state.json``, ``*_results.json``, TensorBoard logs.
 `publish` uploads the first kind, in one commit, and names every file it leaves out in the log.
 
+All or nothing: the files go up as one commit, so a reader of the repository sees the model before or
+after it, never weights without their config. A connection that breaks off is retried (`retries`
+times, waiting 1, 2, 4, ... seconds; huggingface_hub retries its own preparatory requests, not the
+commit); a retry, or running the command again after it gave up, completes the repository, and a
+commit whose answer was lost is not made twice (huggingface_hub leaves out files the repository
+already holds, and commits nothing when that is all of them). Weight files of an earlier publish
+that this one does not replace (``model.safetensors`` where the weights now come in shards) are
+deleted in the same commit: from_pretrained would otherwise read them with the new config.
+
 The card goes up naming the task and this package in its metadata (`card_to_publish`), whoever wrote
 it: ``Seq2SeqTrainer.create_model_card``, as transformers' run_translation.py calls it, writes the
 model's tags only when it pushes to the Hub itself.
@@ -21,6 +30,8 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import time
+from fnmatch import fnmatch
 from pathlib import Path
 
 from .checkpoint_files import check_has_tokenizer, check_model_folder
@@ -30,6 +41,8 @@ logger = logging.getLogger(__name__)
 # What from_pretrained reads: the model, its decoding settings, the tokenizer, the card.
 MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
                "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "README.md")
+RETRIES = 5  # after the first try: waits of 1, 2, 4, 8, 16 seconds, about half a minute in all
+RETRY_STATUS = (408, 429, 500, 502, 503, 504)  # the answers huggingface_hub's own retries take as passing
 
 
 def model_files(folder: str | Path) -> list[str]:
@@ -94,10 +107,11 @@ def check_publishable(folder: str | Path) -> list[str]:
 
 
 def publish(folder: str | Path, repo_id: str, *, private: bool | None = None, revision: str | None = None,
-            commit_message: str = "Upload model", token: str | None = None) -> str:
+            commit_message: str = "Upload model", token: str | None = None, retries: int = RETRIES) -> str:
     """Upload the model files of ``folder`` (`model_files`) to ``repo_id`` in one commit, creating the
-    repository if needed; the URL of the commit. The rest of the folder stays where it is."""
-    from huggingface_hub import CommitOperationAdd, HfApi
+    repository if needed; the URL of the commit. The rest of the folder stays where it is. A broken
+    connection is retried up to ``retries`` times; then a `ConnectionError` says to run it again."""
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
 
     folder = Path(folder)
     files = check_publishable(folder)
@@ -109,12 +123,55 @@ def publish(folder: str | Path, repo_id: str, *, private: bool | None = None, re
         contents["README.md"] = card
         logger.info("README.md: the card's metadata gains the tags that name the task and the package")
     api = HfApi(token=token)
-    api.create_repo(repo_id, private=private, exist_ok=True)
-    commit = api.create_commit(
-        repo_id, [CommitOperationAdd(path_in_repo=name, path_or_fileobj=content) for name, content in contents.items()],
-        commit_message=commit_message, revision=revision,
-    )
-    return commit.commit_url
+    for attempt in range(retries + 1):
+        try:
+            api.create_repo(repo_id, private=private, exist_ok=True)
+            stale = stale_weights(api.list_repo_files(repo_id, revision=revision), contents)
+            commit = api.create_commit(  # new operations each time: a commit marks its own as used
+                repo_id, [CommitOperationAdd(path_in_repo=name, path_or_fileobj=content)
+                          for name, content in contents.items()]
+                + [CommitOperationDelete(path_in_repo=name, is_folder=False) for name in stale],
+                commit_message=commit_message, revision=revision,
+            )
+            return commit.commit_url
+        except Exception as error:
+            if not connection_broke(error):
+                raise
+            if attempt == retries:
+                raise ConnectionError(
+                    f"uploading to {repo_id} broke off {retries + 1} times (last: {_one_line(error)}); a publish "
+                    "commits all its files or none, so run the same command again to complete it.") from error
+            logger.warning(f"uploading to {repo_id} broke off ({_one_line(error)}); retry {attempt + 1} of {retries} "
+                           f"in {2 ** attempt} s")
+            time.sleep(2**attempt)
+    raise AssertionError("unreachable")
+
+
+def stale_weights(in_repository: list[str], uploading) -> list[str]:
+    """Weight files of an earlier publish that this one does not replace (e.g. ``model.safetensors`` when
+    the new weights come in shards): deleted in the same commit, since from_pretrained would read them
+    with the new config."""
+    weights = [name for name in in_repository if "/" not in name and (
+        name in ("model.safetensors", "model.safetensors.index.json") or fnmatch(name, "model-*-of-*.safetensors"))]
+    return sorted(name for name in weights if name not in uploading)
+
+
+def connection_broke(error: BaseException) -> bool:
+    """Whether ``error`` is a connection that failed or broke off, or an answer asking to try again: what
+    huggingface_hub's own retries pass (its HTTP library's network, timeout and protocol errors)."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if isinstance(error, HfHubHTTPError):
+        return error.response is not None and error.response.status_code in RETRY_STATUS
+    if isinstance(error, (ConnectionError, TimeoutError)):
+        return True
+    return any(kind.__name__ in {"NetworkError", "TimeoutException", "RemoteProtocolError"}
+               and kind.__module__.split(".")[0].startswith("httpx") for kind in type(error).__mro__)
+
+
+def _one_line(error: BaseException) -> str:
+    text = " ".join(str(error).split()) or type(error).__name__
+    return text if len(text) <= 200 else text[:197] + "..."
 
 
 def build_parser(prog: str = "vanilla-transformer publish") -> argparse.ArgumentParser:
@@ -126,6 +183,8 @@ def build_parser(prog: str = "vanilla-transformer publish") -> argparse.Argument
     parser.add_argument("--revision", help="the branch to commit to (default: main)")
     parser.add_argument("--commit-message", default="Upload model", help="the commit's message")
     parser.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded, upload nothing")
+    parser.add_argument("--retries", type=int, default=RETRIES,
+                        help="retry a broken connection this many times, waiting 1, 2, 4, ... s (default: %(default)s)")
     return parser
 
 
@@ -133,12 +192,14 @@ def main(argv=None, prog: str = "vanilla-transformer publish") -> str:
     """``vanilla-transformer publish``: prints the files and the commit's URL (or, with --dry-run, the files)."""
     args = build_parser(prog).parse_args(argv)
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    if args.retries < 0:
+        raise ValueError(f"--retries must be 0 or more, got {args.retries}.")
     files = check_publishable(args.model_dir)
     if args.dry_run:
         print("\n".join(files))
         return ""
     url = publish(args.model_dir, args.repo_id, private=args.private or None, revision=args.revision,
-                  commit_message=args.commit_message)
+                  commit_message=args.commit_message, retries=args.retries)
     print(f"uploaded {len(files)} files ({', '.join(files)}) to {args.repo_id}: {url}")
     return url
 

@@ -18,6 +18,8 @@ Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
 - `translation`: `translate`, batched beam search in input order.
 - `options`: the flags of a run, argument files and packaged recipes, and every check of them.
 - `progress`: progress by the clock for a budget in minutes, throughput in target tokens/s.
+- `run_lock`: one run per output folder (`RunLock`, `hold_output_dir`); `memory_check`: the largest batches
+  tried before the first update (`check_largest_batches_fit`), ``--skip_oom_batches`` (`SkipOutOfMemoryBatches`).
 - `run`: a whole training run from flags (``vanilla-transformer train``), its steps with plain parameters
   (`prepare_tokenizer`, `prepare_model`, `tokenize_pairs`) and with flags (`build_trainer`, `main`).
 """

@@ -37,6 +37,7 @@ from ..private_api import require
 from ..tokenization_vanilla_transformer import MIN_VOCAB_SIZE
 from .averaging import AVERAGING_WEIGHTS
 from .checkpointing import RESUME_HINT, checkpoint_folders
+from .memory_check import MEMORY_PROBE_CHOICES
 from .metrics import check_sacrebleu_tokenize
 from .moving_average import check_decay
 from .trainer import PAD_TO_BUCKETS, TransformerTrainingArguments, schedule_name
@@ -629,6 +630,8 @@ def check_argument_ranges(args: TransformerTrainingArguments) -> None:
     _check_cooldown(args)
     _check_average_weights(args)
     _check_ema_decay(args)
+    if args.memory_probe not in MEMORY_PROBE_CHOICES:
+        raise ValueError(f"--memory_probe must be one of {', '.join(MEMORY_PROBE_CHOICES)}, got {args.memory_probe!r}.")
 
 
 def _check_ema_decay(args: TransformerTrainingArguments) -> None:

@@ -43,8 +43,10 @@ from . import data
 from .averaging import MEAN_NAMES, architecture, average_checkpoints
 from .caches import dataset_cache_folder, rebuilt_if_damaged, usable_tokenizer_cache
 from .checkpointing import TrainingInterrupted, complete_checkpoints, resolve_checkpoint
+from .memory_check import MemoryCheckError
 from .metrics import TranslationMetrics, score
 from .moving_average import check_checkpoint as check_moving_average
+from .run_lock import hold_output_dir
 from .options import (FINE_TUNING_LEARNING_RATE, FINE_TUNING_WARMUP_RATIO, ROLES, DataArguments,  # noqa: F401
                       ModelArguments, _pairs_format, _refuse_overrides_of_a_checkpoint, _tsv_column, build_parser,
                       check_arguments, check_data_arguments, check_output_dir, check_steps_have_data,
@@ -488,19 +490,28 @@ def main(argv: list[str] | None = None, prog: str = "vanilla-transformer train",
     exits with gloo's threads still running is aborted at shutdown ("terminate called without an
     active exception", exit code -6) after a run that succeeded. Call the steps yourself
     (`build_trainer`, `run_steps`) to keep the group open."""
+    lock = None
     try:
         try:
             model_args, data_args, training_args = parse_arguments(argv, prog)
             logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+            lock = hold_output_dir(training_args)  # one run per --output_dir, before any data is read
             run = build_trainer(model_args, data_args, training_args)
         except (ValueError, OSError) as error:
             if not exit_on_bad_input:
                 raise
             exit_with_usage_error(prog, error)
-        metrics = run_steps(run, model_args, data_args, training_args)
+        try:
+            metrics = run_steps(run, model_args, data_args, training_args)
+        except MemoryCheckError as error:  # found before the first update (--memory_probe)
+            if not exit_on_bad_input:
+                raise
+            exit_with_usage_error(prog, error)
         run.trainer.accelerator.wait_for_everyone()  # leave together: no process exits mid-collective
         return metrics
     finally:
+        if lock is not None:
+            lock.release()
         close_process_group()
 
 

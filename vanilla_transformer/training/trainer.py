@@ -40,6 +40,7 @@ from .batching import PadToBucket, TokenBatchSampler
 from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
 from .data import example_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
+from .memory_check import MEMORY_PROBE_CHOICES, SkipOutOfMemoryBatches, check_largest_batches_fit
 from .moving_average import ExponentialMovingAverage, check_checkpoint
 from .progress import TargetTokens, TimeBudgetProgress, add_throughput
 
@@ -245,6 +246,15 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         metadata={"help": "with max_train_minutes and eq. (3): decay the learning rate linearly to 0 over the last "
                           "this many minutes of the budget (the rate then depends on the clock, not the update alone)"},
     )
+    memory_probe: str = field(
+        default="auto",
+        metadata={"help": "before the first update, try the largest batches in one forward and backward pass, so that "
+                          "one that runs out of memory fails at once, with a --max_tokens that fits; auto: on CUDA only",
+                  "choices": list(MEMORY_PROBE_CHOICES)},
+    )
+    skip_oom_batches: bool = field(
+        default=False, metadata={"help": "skip a batch that runs out of memory during training (with its update's "
+                                         "gradients so far), count it in the logs and go on; one process only"})
 
     def __post_init__(self):
         from .options import check_argument_ranges, check_intervals  # (options reads this class's fields)
@@ -289,7 +299,7 @@ def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> f
 # ---------------------------------------------------------------------------------------------
 
 
-class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
+class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
     """Seq2SeqTrainer with the paper's recipe: token-count batches, per-token label smoothing, eq. (3).
 
     Needs `TransformerTrainingArguments` (a `Seq2SeqTrainingArguments` with the paper's defaults).
@@ -381,6 +391,7 @@ class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
             check_checkpoint(checkpoint, self.args.ema_decay)
         elif self.moving_average is not None:  # a new run (or a retry) averages its own updates only
             self.moving_average.reset()
+        check_largest_batches_fit(self)  # --memory_probe: a batch that cannot fit fails now, not hours in
         with self.stop_on_signal.installed():
             result = super().train(None if checkpoint is None else str(checkpoint), *args, **kwargs)
         self.stop_on_signal.raise_if_stopped(self.state.global_step)

@@ -1,0 +1,133 @@
+"""Out of memory at once (vanilla_transformer.training.memory_check), simulated on the CPU: the model's
+forward raises torch.OutOfMemoryError when a training batch holds more than a number of tokens, as a
+device with that much memory would. The references: the batch shapes TokenBatchSampler makes for each
+--max_tokens, and that simulated limit; the weights before the probe or a skipped batch."""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+
+from vanilla_transformer import VanillaTransformerForConditionalGeneration
+from vanilla_transformer.training import run as train
+from vanilla_transformer.training.batching import TokenBatchSampler
+from vanilla_transformer.training.data import example_lengths
+from vanilla_transformer.training.memory_check import MemoryCheckError, check_largest_batches_fit
+from vanilla_transformer.training.trainer import TransformerTrainingArguments
+
+from test_faults import MAX_STEPS, data_dir, run_argv  # noqa: F401 (fixture)
+
+MAX_TOKENS = 200  # run_argv's
+
+
+class SimulatedMemory:
+    """Patch the model's forward: a training batch of more than ``limit`` tokens (both sides) runs out."""
+
+    def __init__(self, monkeypatch, limit: int):
+        self.limit, self.raised = limit, 0
+        original = VanillaTransformerForConditionalGeneration.forward
+
+        @functools.wraps(original)  # the Trainer keeps the dataset columns that forward's signature names
+        def forward(model, *args, **kwargs):
+            tokens = kwargs["input_ids"].numel() + kwargs["decoder_input_ids"].numel()
+            if model.training and tokens > self.limit:
+                self.raised += 1
+                raise torch.OutOfMemoryError(f"simulated: {tokens} tokens do not fit in {self.limit}")
+            return original(model, *args, **kwargs)
+
+        monkeypatch.setattr(VanillaTransformerForConditionalGeneration, "forward", forward)
+
+
+def build(data_dir, output_dir, *extra) -> train.Run:
+    return train.build_trainer(*train.parse_arguments(run_argv(data_dir, output_dir, *extra)))
+
+
+def most_tokens(lengths: np.ndarray, max_tokens: int) -> int:
+    """The most tokens (both sides, padded) in one batch of --max_tokens: from the sampler's shapes."""
+    shapes = TokenBatchSampler(lengths[lengths.max(axis=1) <= max_tokens], max_tokens).shapes
+    return int((shapes[:, 0] * (shapes[:, 1] + shapes[:, 2])).max())
+
+
+@pytest.fixture
+def probed(data_dir, tmp_path):
+    run = build(data_dir, tmp_path / "run", "--memory_probe", "on")
+    return run, example_lengths(run.trainer.train_dataset)
+
+
+def test_the_largest_bucket_that_runs_out_names_its_shape_and_a_max_tokens_that_fits(probed, monkeypatch):
+    run, lengths = probed
+    limit = most_tokens(lengths, MAX_TOKENS) - 1  # the fullest batch runs out, every other one fits
+    fitting, accumulation = MAX_TOKENS // 2, 2
+    while most_tokens(lengths, fitting) > limit:
+        fitting, accumulation = fitting // 2, accumulation * 2
+    SimulatedMemory(monkeypatch, limit)
+    before = {name: p.detach().clone() for name, p in run.trainer.model.named_parameters()}
+    with pytest.raises(MemoryCheckError) as refused:
+        check_largest_batches_fit(run.trainer)
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1 and f"the largest of --max_tokens {MAX_TOKENS}" in message
+    rows, source, target = (int(size) for size in message.split("a batch of ")[1].split(" (rows")[0].split(" x "))
+    shapes = {tuple(shape) for shape in TokenBatchSampler(lengths, MAX_TOKENS).shapes.tolist()}
+    assert (rows, source, target) in shapes and rows * (source + target) > limit
+    assert f"--max_tokens {fitting} fits" in message and f"--gradient_accumulation_steps {accumulation}" in message
+    for name, p in run.trainer.model.named_parameters():  # nothing trained, no gradient left behind
+        assert torch.equal(p, before[name]) and p.grad is None, name
+
+
+def test_a_probe_that_fits_changes_no_weight_and_no_random_stream(probed):
+    run, _ = probed
+    before = {name: p.detach().clone() for name, p in run.trainer.model.named_parameters()}
+    random_state = torch.random.get_rng_state()
+    check_largest_batches_fit(run.trainer)
+    assert torch.equal(torch.random.get_rng_state(), random_state)
+    for name, p in run.trainer.model.named_parameters():
+        assert torch.equal(p, before[name]) and p.grad is None, name
+
+
+def test_on_the_cpu_the_probe_is_off_unless_asked(data_dir, tmp_path, monkeypatch):
+    run = build(data_dir, tmp_path / "run")  # --memory_probe auto
+    SimulatedMemory(monkeypatch, 0)
+    check_largest_batches_fit(run.trainer)  # tries nothing
+
+
+def test_a_run_whose_largest_bucket_runs_out_exits_2_before_the_first_update(data_dir, tmp_path, monkeypatch,
+                                                                             capsys):
+    SimulatedMemory(monkeypatch, 1)  # no batch fits
+    output = tmp_path / "run"
+    with pytest.raises(SystemExit) as exit_info:
+        train.main(run_argv(data_dir, output, "--memory_probe", "on"), exit_on_bad_input=True)
+    error = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(error.splitlines()) == 1, error
+    assert error.startswith("vanilla-transformer train: error: a batch of ") and "runs out of cpu memory" in error
+    assert "every --max_tokens down to" in error
+    assert not list(output.glob("checkpoint-*")) and not (output / "trainer_state.json").exists()
+
+
+def test_without_skipping_a_batch_that_runs_out_of_memory_ends_training(data_dir, tmp_path, monkeypatch):
+    run = build(data_dir, tmp_path / "run")
+    SimulatedMemory(monkeypatch, 1)
+    with pytest.raises(torch.OutOfMemoryError):
+        run.trainer.train()
+
+
+def test_skipped_batches_change_no_weight_and_are_counted_in_the_logs(data_dir, tmp_path, monkeypatch):
+    run = build(data_dir, tmp_path / "run", "--skip_oom_batches", "--save_strategy", "no")
+    before = {name: p.detach().clone() for name, p in run.trainer.model.named_parameters()}
+    memory = SimulatedMemory(monkeypatch, 1)  # every batch runs out
+    run.trainer.train()
+    assert memory.raised == MAX_STEPS
+    logged = [entry["skipped_oom_batches"] for entry in run.trainer.state.log_history if "skipped_oom_batches" in entry]
+    assert logged[-1] == MAX_STEPS and logged[0] == 1  # logging_steps 1: one more each update
+    for name, p in run.trainer.model.named_parameters():  # Adam leaves a weight without a gradient as it is
+        assert torch.equal(p, before[name]), name
+
+
+def test_memory_probe_takes_auto_on_or_off(data_dir, tmp_path, capsys):
+    with pytest.raises(ValueError, match="--memory_probe must be one of auto, on, off"):  # from Python
+        TransformerTrainingArguments(output_dir=str(tmp_path), memory_probe="sometimes")
+    with pytest.raises(SystemExit) as exit_info:  # on the command line
+        train.main(run_argv(data_dir, tmp_path / "run", "--memory_probe", "sometimes"), exit_on_bad_input=True)
+    assert exit_info.value.code == 2 and "--memory_probe" in capsys.readouterr().err

@@ -1,0 +1,211 @@
+"""Out of memory at once, not hours in: the largest batches of a run tried before its first update.
+
+Token batches come in a few bucket shapes (`batching.pack`); a run meets each shape whenever the
+shuffled order first brings it, possibly hours in. `check_largest_batches_fit` runs one forward and
+backward pass on each of the largest shapes (the most padded tokens; the longest sentences, whose
+attention grows with the square of the length) before training starts, with the optimizer's two
+moments held aside (Adam allocates them at the first update), then drops the gradients: no weight
+and no random stream changes. A shape that runs out of memory ends the run with `MemoryCheckError`:
+one line naming the shape, ``--max_tokens`` and a value that fits, found by halving ``--max_tokens``
+and trying the largest batches it would make (measured, not estimated).
+
+``--memory_probe auto`` (the default) tries on CUDA only: elsewhere memory runs out differently (a CPU
+swaps). The model runs as it is before training starts: uncompiled (``--torch_compile`` usually needs
+less) and whole (not under FSDP, which shards it only when training starts: no probe there).
+
+`SkipOutOfMemoryBatches` (``--skip_oom_batches``, as fairseq recovers from an out-of-memory batch)
+drops a batch that runs out of memory during training with the gradients of its update so far,
+counts it (``skipped_oom_batches`` in the logs) and goes on; one process only.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+
+import numpy as np
+import torch
+
+from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
+from .batching import length_pairs, pack
+from .data import example_lengths
+
+logger = logging.getLogger(__name__)
+
+MEMORY_PROBE_CHOICES = ("auto", "on", "off")
+
+
+class MemoryCheckError(ValueError):
+    """Found before the first update: the largest batches run out of the device's memory, or
+    ``--skip_oom_batches`` is asked of several processes."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The probe
+# ---------------------------------------------------------------------------------------------
+
+
+def largest_shapes(shapes: np.ndarray) -> list[tuple[int, int, int]]:
+    """The (rows, source, target) shapes to try: the most padded tokens, and the longest sentences
+    (attention's scores grow with rows x length^2), each with ties to the longer target (the logits)."""
+    shapes = np.asarray(shapes, dtype=np.int64).reshape(-1, 3)
+    rows, source, target = shapes[:, 0], shapes[:, 1], shapes[:, 2]
+    chosen = []
+    for size in (rows * (source + target), rows * np.maximum(source, target) ** 2):
+        best = np.lexsort((target, size))[-1]
+        if tuple(shapes[best].tolist()) not in chosen:
+            chosen.append(tuple(shapes[best].tolist()))
+    return chosen
+
+
+def batch_of_shape(shape: tuple[int, int, int], config, device) -> dict[str, torch.Tensor]:
+    """A training batch of ``shape`` with no padding (every position counts, as in the fullest batch)."""
+    rows, source, target = shape
+    token = (config.pad_token_id + 1) % config.vocab_size if config.pad_token_id is not None else 0
+    return {"input_ids": torch.full((rows, source), token, device=device),
+            "attention_mask": torch.ones(rows, source, dtype=torch.long, device=device),
+            "decoder_input_ids": torch.full((rows, target), token, device=device),
+            "labels": torch.full((rows, target), token, device=device)}
+
+
+def fits(trainer, shape: tuple[int, int, int]) -> bool:
+    """Whether one forward and backward pass of a ``shape`` batch fits, next to Adam's moments; on every
+    process the same answer (each tries, the answers are combined)."""
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    device = next(model.parameters()).device
+    outcome = _try(trainer, model, shape, device)
+    gc.collect()  # the failed pass's tensors, held by the traceback until now
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        agreed = torch.tensor([int(outcome)], device=trainer.args.device)
+        torch.distributed.all_reduce(agreed, op=torch.distributed.ReduceOp.MIN)
+        outcome = bool(agreed.item())
+    return outcome
+
+
+def _try(trainer, model, shape, device) -> bool:
+    was_training = model.training
+    model.train()
+    batch = None
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):  # dropout's draws undone
+            moments = torch.empty(_moment_bytes(trainer, model), dtype=torch.uint8, device=device)
+            batch = batch_of_shape(shape, model.config, device)
+            labels = batch.pop("labels")
+            with trainer.accelerator.autocast():
+                logits = model(**batch).logits
+            logits = logits.float()  # as accelerate returns a mixed-precision model's outputs
+            loss = label_smoothed_cross_entropy(logits, labels, labels.numel(), trainer.args.label_smoothing_factor)
+            loss.backward()
+            del moments, logits, loss
+        return True
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        del batch
+        model.zero_grad(set_to_none=True)
+        model.train(was_training)
+
+
+def _moment_bytes(trainer, model) -> int:
+    """Adam's first and second moments, one of each per trained weight, allocated at the first update."""
+    if "adam" not in str(getattr(trainer.args.optim, "value", trainer.args.optim)).lower():
+        return 0
+    return 2 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+
+
+def probe_applies(trainer) -> bool:
+    """``--memory_probe``: on, off, or auto (on CUDA); only for token batches of a model that is whole."""
+    args = trainer.args
+    if args.memory_probe == "off" or not args.max_tokens or trainer.train_dataset is None:
+        return False
+    if trainer.is_fsdp_enabled or trainer.is_deepspeed_enabled:
+        logger.info("--memory_probe: not under FSDP or DeepSpeed (the model is sharded only when training starts)")
+        return False
+    device = next(trainer.accelerator.unwrap_model(trainer.model).parameters()).device
+    return args.memory_probe == "on" or device.type == "cuda"
+
+
+def check_largest_batches_fit(trainer) -> None:
+    """Before the first update: try the largest batch shapes of the run (`largest_shapes`); `MemoryCheckError`
+    naming the one that ran out of memory and a ``--max_tokens`` that fits (halved until one does)."""
+    if trainer.args.skip_oom_batches and trainer.accelerator.num_processes > 1:
+        raise MemoryCheckError("--skip_oom_batches works in one process only: a process that skips a batch would leave "
+                         "the others waiting for its gradients; leave it out, or lower --max_tokens.")
+    if not probe_applies(trainer):
+        return
+    max_tokens = trainer.args.max_tokens
+    lengths = length_pairs(example_lengths(trainer.train_dataset))
+    failed = _first_failing(trainer, lengths, max_tokens)
+    if failed is None:
+        logger.info(f"--memory_probe: the largest batches of --max_tokens {max_tokens} fit")
+        return
+    raise MemoryCheckError(_advice(trainer, lengths, max_tokens, failed))
+
+
+def _first_failing(trainer, lengths: np.ndarray, max_tokens: int) -> tuple[int, int, int] | None:
+    """The first of the largest shapes of ``max_tokens`` batches that runs out of memory, or None."""
+    kept = lengths[lengths.max(axis=1) <= max_tokens]  # longer pairs are left out of such a run
+    _, _, shapes = pack(kept, max_tokens)
+    for shape in largest_shapes(shapes):
+        if not fits(trainer, shape):
+            return shape
+    return None
+
+
+def _advice(trainer, lengths: np.ndarray, max_tokens: int, failed: tuple[int, int, int]) -> str:
+    rows, source, target = failed
+    device = trainer.args.device
+    said = (f"a batch of {rows} x {source} x {target} (rows x source x target tokens), the largest of --max_tokens "
+            f"{max_tokens}, runs out of {device.type} memory in one forward and backward pass (tried before the "
+            "first update)")
+    smaller, accumulation = max_tokens // 2, trainer.args.gradient_accumulation_steps
+    while smaller >= lengths.min() and (lengths.max(axis=1) <= smaller).any():
+        accumulation *= 2
+        if _first_failing(trainer, lengths, smaller) is None:
+            left_out = int((lengths.max(axis=1) > smaller).sum())
+            note = f", which leaves out the {left_out} pairs longer than {smaller} tokens" if left_out else ""
+            return (f"{said}; --max_tokens {smaller} fits (tried the same way{note}): give it, with "
+                    f"--gradient_accumulation_steps {accumulation} to keep the tokens per update.")
+        smaller //= 2
+    return (f"{said}, and so do the largest batches of every --max_tokens down to {max(smaller * 2, 1)}: use a device "
+            "with more memory, --bf16, or a smaller model.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Skipping a batch that runs out of memory during training
+# ---------------------------------------------------------------------------------------------
+
+
+class SkipOutOfMemoryBatches:
+    """A Trainer mixin: with ``--skip_oom_batches``, a micro-batch that runs out of memory is dropped with
+    the gradients of its update so far (gradients set to None: Adam then leaves every weight as it is,
+    unless later micro-batches of the update add some), the memory freed, and counted in the logs as
+    ``skipped_oom_batches``; its loss is logged as 0. fairseq drops such a batch the same way."""
+
+    skipped_oom_batches = 0
+
+    def training_step(self, model, inputs, num_items_in_batch=None):
+        if not self.args.skip_oom_batches:
+            return super().training_step(model, inputs, num_items_in_batch)
+        try:
+            return super().training_step(model, inputs, num_items_in_batch)
+        except torch.OutOfMemoryError:
+            shape = "x".join(str(size) for size in (*inputs["input_ids"].shape, inputs["labels"].shape[-1]))
+        # here, after the except block: the traceback and the tensors it held are gone
+        del inputs
+        model.zero_grad(set_to_none=True)
+        gc.collect()
+        if self.args.device.type == "cuda":
+            torch.cuda.empty_cache()
+        self.skipped_oom_batches += 1
+        logger.warning(f"update {self.state.global_step + 1}: skipped a batch of {shape} (rows x source x target) "
+                       f"that ran out of memory, with the update's gradients so far ({self.skipped_oom_batches} "
+                       "skipped in all)")
+        return torch.zeros((), device=self.args.device)
+
+    def log(self, logs: dict[str, float], *args, **kwargs) -> None:
+        if self.skipped_oom_batches and ("loss" in logs or "train_runtime" in logs):
+            logs["skipped_oom_batches"] = self.skipped_oom_batches
+        super().log(logs, *args, **kwargs)
