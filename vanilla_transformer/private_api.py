@@ -96,7 +96,8 @@ PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
     PrivateMember("transformers.PreTrainedModel._from_config", T5,
                   "training/run.py: a new model with a chosen attention implementation", NO_FALLBACK),
     PrivateMember("transformers.PretrainedConfig._attn_implementation", T5,
-                  "modeling, visualization.py: the attention implementation in use", NO_FALLBACK),
+                  "modeling, generation, attention_backends.py, visualization.py: the attention implementation in use",
+                  NO_FALLBACK),
     # --- training (training/trainer.py, training/checkpointing.py)
     PrivateMember("transformers.Trainer._save_checkpoint", T5,
                   "training/checkpointing.py: checkpoints written under a temporary name", NO_FALLBACK),
