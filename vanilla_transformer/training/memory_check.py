@@ -26,7 +26,7 @@ import logging
 import numpy as np
 import torch
 
-from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
+from ..training_kernels import label_smoothed_cross_entropy
 from .batching import length_pairs, pack
 from .data import example_lengths
 
