@@ -53,8 +53,8 @@ BACKENDS: dict[tuple[bool, str], tuple[SDPBackend, ...]] = {
 
 _SETS_PRIORITY = "set_priority" in inspect.signature(sdpa_kernel).parameters  # torch >= 2.6
 
-# Flex attention on the CPU compiles a C++ kernel that torch 2.7.0, the package's torch floor, fails to build
-# (C++ errors, 2026-11-27); torch 2.9.0 builds and runs it (tests/test_modeling.py). 2.8 is untested.
+# Flex attention on the CPU compiles a C++ kernel that torch 2.7.0 (the package's torch floor) and 2.8.0 fail to
+# build (C++ errors, 2026-11-27); torch 2.9.0 builds and runs it (tests/test_modeling.py's flex tests).
 CPU_FLEX_ATTENTION_TORCH = "2.9.0"
 
 
