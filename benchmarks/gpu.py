@@ -385,11 +385,18 @@ def letter_words(count: int) -> list[str]:
 
 
 def write_synthetic_text(folder: Path, pairs: int, seed: int, words: list[str] = WORDS) -> list[str]:
-    """train.src/train.tgt of ``pairs`` lines of random words with WMT-like lengths; train.py's flags for them."""
+    """train.src/train.tgt of ``pairs`` lines of random words with WMT-like lengths; train.py's flags for them.
+
+    One draw of word indices for all lines of a side (not one `rng.choice` per line): 80,000 lines in
+    well under a second."""
     rng = np.random.default_rng(seed)
     lengths = synthetic_lengths(pairs, seed)
+    vocabulary = np.asarray(words, dtype=object)
     for side, name in ((0, "train.src"), (1, "train.tgt")):
-        lines = (" ".join(rng.choice(words, size=int(length) - 1)) for length in lengths[:, side])  # + </s>
+        counts = lengths[:, side] - 1  # + </s>
+        drawn = vocabulary[rng.integers(0, len(vocabulary), size=int(counts.sum()))]
+        ends = np.cumsum(counts)
+        lines = (" ".join(drawn[end - count:end]) for count, end in zip(counts.tolist(), ends.tolist()))
         (folder / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return ["--train_source_file", str(folder / "train.src"), "--train_target_file", str(folder / "train.tgt")]
 
@@ -477,14 +484,18 @@ def measure_train_run(preset: str, args) -> dict:
     vocab = args.train_run_vocab or args.vocab_size
     with tempfile.TemporaryDirectory() as folder:
         words = letter_words(vocab // 2)  # the BPE learns them whole: about a token a word, as WMT's lengths say
-        flags = write_synthetic_text(Path(folder), pairs=args.train_run_pairs, seed=args.seed, words=words) + [
+        started = time.perf_counter()
+        flags = write_synthetic_text(Path(folder), pairs=args.train_run_pairs, seed=args.seed, words=words)
+        text_seconds = time.perf_counter() - started
+        flags += [
             "--preset", preset, "--tokenizer_vocab_size", str(vocab), "--output_dir", str(Path(folder) / "run"),
             "--max_tokens", str(args.max_tokens), "--max_train_minutes", str(args.train_run_minutes),
             "--max_steps", "1000000", "--logging_steps", "50", "--save_strategy", "no", "--report_to", "none",
             "--disable_tqdm", "true", "--seed", str(args.seed),
             *(["--use_cpu"] if args.device == "cpu" else []), *(["--bf16", "true"] if bf16_supported(args) else []),
         ]
-        run.main(flags)
+        with PhaseClock(run) as clock:
+            run.main(flags)
         output = Path(folder) / "run"
         metrics = json.loads((output / "all_results.json").read_text(encoding="utf-8"))  # the run's own record
         updates = json.loads((output / "trainer_state.json").read_text(encoding="utf-8"))["global_step"]
@@ -508,7 +519,79 @@ def measure_train_run(preset: str, args) -> dict:
         "mean_source_tokens": sum(source_lengths) / len(source_lengths),
         "mean_target_tokens": sum(target_lengths) / len(target_lengths),
         "mfu": tokens_per_second * flops_per_target_token / (peak * 1e12) if peak else None,
+        "phase_seconds": clock.seconds(), "text_seconds": text_seconds,
     }
+
+
+class PhaseClock:
+    """The seconds each phase of a train.py run (`run.main`) took, timed inside the run: the run module's own
+    steps (reading the data, the tokenizer, tokenising, the model, saving the final model) are wrapped with
+    a clock while the run lasts, and a callback on its trainer times the first update and the rest of
+    training. A phase whose step the run module no longer has by that name is reported as missing, not guessed."""
+
+    STEPS = {"data": "load_text_datasets", "tokenizer": "build_tokenizer", "tokenization": "tokenized",
+             "model": "build_model", "save": "save_final_model"}
+    PHASES = ("data", "tokenizer", "tokenization", "model", "first update", "training", "save")
+
+    def __init__(self, module):
+        self.module, self.spent, self.saved, self.marks = module, {}, {}, {}
+
+    def __enter__(self):
+        self.started = time.perf_counter()
+        for phase, name in self.STEPS.items():
+            if callable(getattr(self.module, name, None)):
+                self.saved[name] = getattr(self.module, name)
+                setattr(self.module, name, self._timed(phase, self.saved[name]))
+        if callable(getattr(self.module, "build_trainer", None)):
+            self.saved["build_trainer"] = build_trainer = self.module.build_trainer
+
+            def with_callback(*args, **kwargs):
+                built = build_trainer(*args, **kwargs)
+                built.trainer.add_callback(self)
+                return built
+            self.module.build_trainer = with_callback
+        return self
+
+    def __exit__(self, *exc):
+        for name, function in self.saved.items():
+            setattr(self.module, name, function)
+        self.total = time.perf_counter() - self.started
+
+    def _timed(self, phase: str, function):
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.spent[phase] = self.spent.get(phase, 0.0) + time.perf_counter() - started
+        return timed
+
+    def __getattr__(self, name):  # the TrainerCallback events this clock does not use
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.marks["begin"] = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if "first" not in self.marks:
+            synchronize(args.device.type)
+            self.marks["first"] = time.perf_counter()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.marks["end"] = time.perf_counter()
+
+    def seconds(self) -> dict:
+        """{phase: seconds, or None where the run did not reach it or the step is not found}, and the total."""
+        spent = dict(self.spent)
+        if {"begin", "first"} <= self.marks.keys():
+            spent["first update"] = self.marks["first"] - self.marks["begin"]
+        if {"first", "end"} <= self.marks.keys():
+            spent["training"] = self.marks["end"] - self.marks["first"]
+        result = {phase: (round(spent[phase], 2) if phase in spent else None) for phase in self.PHASES}
+        result["total"] = round(getattr(self, "total", time.perf_counter() - self.started), 2)
+        return result
 
 
 def bf16_supported(args) -> bool:
@@ -610,6 +693,11 @@ def markdown_table(results: list[dict]) -> str:
             lines.append(f"| train.py {r['preset']} {r['dtype']}, {r['minutes']:g} min on synthetic WMT-like text | "
                          f"{r['target_tokens_per_second']:,.0f} target tok/s (its own log){mfu}, {r['updates']} "
                          f"updates | | |")
+            if r.get("phase_seconds"):
+                phases = ", ".join(f"{phase} {'not found' if value is None else f'{value:.1f} s'}"
+                                   for phase, value in r["phase_seconds"].items())
+                lines.append(f"| train.py {r['preset']}, phases | writing the text {r['text_seconds']:.1f} s; "
+                             f"{phases} | | |")
     return "\n".join(lines) + "\n"
 
 

@@ -34,6 +34,7 @@ from transformers import ProgressCallback, Seq2SeqTrainer, Seq2SeqTrainingArgume
 from transformers.trainer_utils import seed_worker
 
 from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
+from .levers import FUSED_LOSSES, TRAINING_ATTENTION, apply_levers, check_levers, training_loss
 from ..private_api import require
 from .averaging import AVERAGING_WEIGHTS
 from .batching import PadToBucket, TokenBatchSampler
@@ -234,11 +235,23 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         metadata={"help": "with max_train_minutes and eq. (3): decay the learning rate linearly to 0 over the last "
                           "this many minutes of the budget (the rate then depends on the clock, not the update alone)"},
     )
+    # GPU speed levers (levers.py): each off by default, not measured on a GPU (benchmarks/gpu.py --levers)
+    compile_layers: bool = field(default=False, metadata={"help": "torch.compile each encoder and decoder layer "
+                                 "with dynamic shapes (regional compilation; not measured)"})
+    cuda_graphs: bool = field(default=False, metadata={"help": "CUDA graphs: torch_compile with mode "
+                              "reduce-overhead, a graph per bucket shape (CUDA only; not measured)"})
+    fused_loss: str = field(default="none", metadata={"help": "the pre-softmax projection and loss a chunk of rows "
+                            "at a time, without the full logits (not measured)", "choices": list(FUSED_LOSSES)})
+    fp8: bool = field(default=False, metadata={"help": "float8 matrix multiplies in the layers, torchao "
+                      "(compute capability 8.9+; not measured)"})
+    training_attention: str = field(default="default", metadata={"help": "the attention kernel tried first in "
+                                    "training (CUDA only; not measured)", "choices": list(TRAINING_ATTENTION)})
 
     def __post_init__(self):
         from .options import check_argument_ranges, check_intervals  # (options reads this class's fields)
 
         check_intervals(self)  # before the Trainer's own checks, which take an eval_steps of 0 as "not set"
+        check_levers(self)
         super().__post_init__()
         check_argument_ranges(self)
 
@@ -320,6 +333,7 @@ class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
             self.args.dataloader_pin_memory = False
         self.divergence = DivergenceGuard(self)  # last: it reads whether the others log, evaluate or save
         self.add_callback(self.divergence)
+        apply_levers(self.accelerator.unwrap_model(self.model), self.args)
 
     @property
     def _d_model(self) -> int:
@@ -410,6 +424,11 @@ class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
             inputs["decoder_input_ids"] = self.accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels(
                 labels
             )
+        if model.training and self.args.fused_loss != "none":  # levers.py: no full logits
+            self.target_tokens.add(labels)
+            loss = training_loss(self.accelerator.unwrap_model(model), inputs, labels, num_items_in_batch,
+                                 self.args.label_smoothing_factor, self.args.fused_loss)
+            return (loss, None) if return_outputs else loss
         outputs = model(**inputs)
         if not model.training:  # evaluation: the plain NLL, whose exp is the perplexity
             loss = self.evaluation_loss(outputs, labels)
