@@ -1,11 +1,28 @@
-"""Training and decoding speed of the paper's models on one GPU: tokens/s, MFU, beam-4 sentences/s.
+"""Training and decoding speed of the paper's models on one GPU: tokens/s, MFU, beam-4 sentences/s, levers.
 
-    python benchmarks/gpu.py                                   # base and big, bf16, eager and compiled
+    python benchmarks/gpu.py              # everything, most telling first, within --budget-minutes 7.5
+    python benchmarks/gpu.py --levers     # each training lever against the plain step and MarianMTModel
+    python benchmarks/gpu.py --profile    # torch.profiler: top kernels, launches, idle time of an update
     python benchmarks/gpu.py --presets big --modes compiled --max-tokens 16384 --output gpu.json
     python benchmarks/gpu.py --device cpu --presets tiny --dtype float32 --steps 2   # a smoke run anywhere
     python benchmarks/gpu.py --shapes-only [--pairs 4500000 --max-tokens 12288]   # the batch shapes of an epoch
-    python benchmarks/gpu.py --modes "" --no-decode --no-loop --presets big --train-run-minutes 2   # train.py only
+    python benchmarks/gpu.py --no-decode --no-loop --presets big --train-run-minutes 2   # train.py only
     python benchmarks/gpu.py --loop --device cpu --presets tiny --dtype float32 --max-tokens 1024   # loop overhead
+
+Budget: a run keeps to ``--budget-minutes`` (7.5; 0: none). Each measurement has an estimate (`ESTIMATE_SECONDS`);
+one whose estimate does not fit in what is left is skipped and named, and one that runs past the budget is
+stopped (`time_limit`) and named; the rows so far are kept. The run writes two files: ``--output`` (JSON, by
+default gpu-results/gpu.json, with --levers gpu-results/levers.json) and the markdown table beside it.
+
+Levers (``--levers``): for each preset (big and the Multi30k shape), each lever of `LEVERS` (train.py's
+``--compile_layers``, ``--fused_loss``, ``--training_attention``, ``--fp8``, ``--cuda_graphs``, and the whole model
+under torch.compile) against the plain step (ours, eager) and MarianMTModel, on the same ``--lever-steps`` batches,
+alternating, two passes: first-pass and steady target tokens/s, warm-up seconds, the peak memory of one step, and
+the loss after the same updates against the plain step's (lever and plain start from the same weights). A lever
+the device cannot run is a row with its one-line refusal.
+
+Profile (``--profile``, and in the full run on CUDA): torch.profiler over one training update and one beam-4
+decoding step: the top CUDA kernels by time (on a CPU, operators), kernel launches, and the GPU's idle time.
 
 Shapes: ``--shapes-only`` packs an epoch of ``--pairs`` synthetic WMT-like length pairs (lengths only, no
 text) with `TokenBatchSampler` and prints one JSON line: ``batches``, ``distinct_shapes`` (rows, source
@@ -48,7 +65,7 @@ WMT-like lengths written as text, with a BPE of ``--train-run-vocab`` tokens tra
 where the device has it, no checkpoints. Reported: the target tokens/s of the run's own end-of-training
 metrics (``all_results.json``: the target tokens it trained on over ``train_runtime``, start-up and first
 shapes included), its updates, and MFU: those tokens/s times the training FLOPs per target token of the
-pairs as the run's tokenizer cut them.
+pairs as the run's tokenizer cut them; and the seconds of each phase, timed inside the run (`PhaseClock`).
 
 The weights are random: speed does not depend on them. Prints one JSON line per measurement and a
 markdown table, and writes them to --output (JSON) and the same name with .md.
@@ -394,11 +411,15 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
                         order = [("lever", trainee), ("plain", plain), ("marian", marian)]
                         for who, model in (order if index % 2 == 0 else order[::-1]):
                             if who != "marian" or phase == "steady":
+                                torch.manual_seed(args.seed + index)  # the same dropout for lever and plain
                                 times[f"{who} {phase}"].append(model.step(batch))
                 with torch.no_grad():
                     trainee.model.eval(), plain.model.eval()
                     losses = [float(model.loss(batches[0], training=False)) for model in (trainee, plain)]
                 memory = {who: step_peak_gib(model, batches, args) for who, model in (("lever", trainee), ("plain", plain))}
+        except OutOfTime as stopped:
+            rows.append({"lever": name, "skipped": str(stopped), "seconds": round(time.perf_counter() - row_started, 1)})
+            continue
         except Exception as error:
             rows.append({"lever": name, "error": f"{type(error).__name__}: {error}",
                          "seconds": round(time.perf_counter() - row_started, 1)})
@@ -978,6 +999,8 @@ def main(argv=None) -> list[dict]:
             try:
                 with time_limit(left):
                     result = MEASURES[what](preset, mode, args, left)
+            except OutOfTime as stopped:
+                result = {"what": what, "preset": preset, "mode": mode, "skipped": str(stopped)}
             except Exception as error:  # one failed measurement must not lose the others
                 result = {"what": what, "preset": preset, "mode": mode, "error": f"{type(error).__name__}: {error}"}
             result["seconds_taken"] = round(time.perf_counter() - job_started, 1)

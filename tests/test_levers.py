@@ -202,3 +202,18 @@ def test_forward_and_loss_have_no_graph_break():
     explanation = torch._dynamo.explain(forward_and_loss)(inputs, labels)
     assert explanation.graph_break_count == 0, explanation.break_reasons
     assert explanation.graph_count == 1
+
+
+@pytest.mark.parametrize("flags, named", [(["--cuda_graphs", "true"], "--cuda_graphs"), (["--fp8", "true"], "--fp8"),
+                                          (["--training_attention", "cudnn"], "--training_attention"),
+                                          (["--fused_loss", "liger"], "--fused_loss liger")])
+def test_train_refuses_a_cuda_lever_on_the_cpu_in_one_line_with_status_2(flags, named, capsys, tmp_path):
+    from vanilla_transformer.training import run
+
+    argv = ["--train_file", str(tmp_path / "absent.jsonl"), "--preset", "tiny", "--output_dir", str(tmp_path / "out"),
+            "--report_to", "none", "--use_cpu", *flags]
+    with pytest.raises(SystemExit) as exit:
+        run.main(argv, exit_on_bad_input=True)
+    assert exit.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and named in error and "Traceback" not in error, error
