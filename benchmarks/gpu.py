@@ -311,7 +311,7 @@ LEVERS = {
     "training_attention efficient": dict(attention="efficient", flags=["--training_attention"]),
     "training_attention flash": dict(attention="flash", flags=["--training_attention"]),
     "fp8 + compile_layers": dict(fp8=True, compile="layers", flags=["--fp8", "--compile_layers"]),
-    "cuda_graphs": dict(compile="cuda_graphs", flags=["--cuda_graphs"]),
+    "cuda_graphs": dict(compile="cuda_graphs", flags=["--cuda_graphs"], presets=("multi30k", "tiny")),
     "fused_loss liger": dict(loss="liger", flags=["--fused_loss liger"]),
     "torch_compile (whole model, static shapes)": dict(compile="model", flags=[]),
 }
@@ -392,6 +392,8 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
     for name, lever in [("plain", {"flags": []}), *LEVERS.items()]:
         reasons = [levers.refusal(flag, args.device) for flag in lever["flags"]]
         reasons = [reason for reason in reasons if reason]
+        if preset not in lever.get("presets", (preset,)):
+            reasons.append(f"a lever for small models: measured with --presets {','.join(lever['presets'])}")
         if reasons:
             rows.append({"lever": name, "skipped": reasons[0]})
             continue
@@ -404,7 +406,8 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
         try:
             with time_limit(limit - spent - LEVER_GRACE_SECONDS):  # the rows so far stay
                 plain = LeverTrainee(copy.deepcopy(template), args)
-                trainee = LeverTrainee(copy.deepcopy(template), args, **{k: v for k, v in lever.items() if k != "flags"})
+                trainee = LeverTrainee(copy.deepcopy(template), args,
+                                   **{k: v for k, v in lever.items() if k not in ("flags", "presets")})
                 times = {key: [] for key in ("lever first", "lever steady", "plain first", "plain steady", "marian steady")}
                 for phase in ("first", "steady"):
                     for index, batch in enumerate(batches):
@@ -898,14 +901,14 @@ def machine(args) -> dict:
 # Seconds each measurement is expected to take for the big model on one H100 (guesses scaled from the H200
 # run of 2026-11-27); other models scale by SIZE. A measurement starts only where its estimate fits in what
 # is left of --budget-minutes, and is stopped where it runs past the budget (`time_limit`).
-ESTIMATE_SECONDS = {"training": 60, "training compiled": 200, "decoding": 45, "decoding compiled": 180,
-                    "loop": 60, "profile": 40, "levers": 400}
+ESTIMATE_SECONDS = {"training": 45, "training compiled": 200, "decoding": 30, "decoding compiled": 120,
+                    "loop": 45, "profile": 30, "levers": 120}
 SIZE = {"big": 1.0, "base": 0.6, "multi30k": 0.4}
 
 
 def estimate_seconds(what: str, preset: str, mode: str, args) -> float:
     if what == "train_run":
-        return 60 * args.train_run_minutes + 75 * SIZE.get(preset, 0.2)
+        return 60 * args.train_run_minutes + 60 * SIZE.get(preset, 0.2)
     key = f"{what} {mode}" if f"{what} {mode}" in ESTIMATE_SECONDS else what
     return ESTIMATE_SECONDS[key] * SIZE.get(preset, 0.2)
 
@@ -988,8 +991,11 @@ def main(argv=None) -> list[dict]:
         torch.backends.cudnn.allow_tf32 = True
     results = [{"what": "machine", **machine(args), "budget_minutes": args.budget_minutes or None}]
     print(json.dumps(results[0]), flush=True)
-    for what, preset, mode in jobs_of(args):
+    jobs = jobs_of(args)
+    for number, (what, preset, mode) in enumerate(jobs):
         left = budget - (time.perf_counter() - started)
+        if what == "levers":  # the presets' rows share what is left
+            left /= sum(1 for job in jobs[number:] if job[0] == "levers")
         estimate = estimate_seconds(what, preset, mode, args)
         if estimate > left:
             result = {"what": what, "preset": preset, "mode": mode,
