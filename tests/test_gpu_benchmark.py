@@ -221,3 +221,20 @@ def test_profile_runs_on_the_cpu(tmp_path):
     assert profile["decoding_step"]["rows"] == 8
     table = (tmp_path / "gpu.md").read_text()
     assert "one training update" in table and "one beam-4 decoding step" in table
+
+
+def test_a_stop_wrapped_by_a_library_is_still_a_stop():
+    class Wrapped(Exception):
+        def __init__(self, inner):
+            super().__init__("backend failed")
+            self.inner_exception = inner
+
+    stop = gpu.OutOfTime("stopped after 3 s, at the end of --budget-minutes")
+    assert gpu.out_of_time(Wrapped(stop)) is stop and gpu.out_of_time(ValueError("x")) is None
+    try:
+        try:
+            raise stop
+        except gpu.OutOfTime as inner:
+            raise RuntimeError("during compilation") from inner
+    except RuntimeError as outer:
+        assert gpu.out_of_time(outer) is stop
