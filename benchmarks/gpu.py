@@ -837,8 +837,8 @@ def measure_profile(preset: str, args, top: int = 12) -> dict:
 
     model = trainee.model.eval()
     rows = args.decode_batch * 4  # beam 4
-    source = batches[0]["input_ids"][:1].expand(rows, -1)
-    mask = batches[0]["attention_mask"][:1].expand(rows, -1)
+    source = batches[0]["input_ids"][:1].repeat(rows, 1)
+    mask = batches[0]["attention_mask"][:1].repeat(rows, 1)
     start = torch.full((rows, 1), config.decoder_start_token_id, device=args.device)
     with torch.inference_mode(), torch.autocast(device_type=args.device.split(":")[0], dtype=DTYPES[args.dtype],
                                                 enabled=args.dtype != "float32"):
