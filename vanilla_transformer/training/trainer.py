@@ -31,7 +31,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import ProgressCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
-from transformers.trainer_utils import seed_worker
+from transformers.trainer_utils import has_length, seed_worker
 
 from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
 from .levers import FUSED_LOSSES, TRAINING_ATTENTION, apply_levers, check_levers, training_loss
@@ -485,6 +485,22 @@ class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
         if f"{metric_key_prefix}_loss" in output.metrics:  # the Trainer's: a mean of per-batch means
             output.metrics[f"{metric_key_prefix}_loss"] = self.evaluation_loss.per_token()
         return output
+
+    def evaluate(self, *args, **kwargs):
+        """The Trainer's, over the sentences longest source first (`_get_eval_sampler`)."""
+        self._by_length = True
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            self._by_length = False
+
+    def _get_eval_sampler(self, eval_dataset):
+        """In evaluate() in one process: longest source first, so that a batch pads little and its rows end
+        decoding at about the same step. The loss, BLEU and chrF are over the whole set, in any order;
+        predict() keeps the input order, in which its predictions come back."""
+        if not getattr(self, "_by_length", False) or self.args.world_size > 1 or not has_length(eval_dataset):
+            return super()._get_eval_sampler(eval_dataset)
+        return np.argsort(-example_lengths(eval_dataset)[:, 0], kind="stable").tolist()
 
     def _sequences_per_input(self) -> int:
         """``num_return_sequences`` of the generation that evaluate() or predict() is about to run."""
