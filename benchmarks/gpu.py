@@ -862,15 +862,15 @@ def profile_summary(profiler, cuda: bool, seconds: float, top: int) -> dict:
     """The top kernels (CUDA) or operators (CPU) by self time, the kernel launches, the device's idle time."""
     averages = profiler.key_averages()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
-    if cuda:
-        averages = [a for a in averages if getattr(a, "device_type", None) == torch.autograd.DeviceType.CUDA]
+    if cuda:  # the device's own events (kernels), not the CPU operators that launched them
+        averages = [a for a in averages if getattr(a, "device_type", None) == torch.autograd.DeviceType.CUDA] or averages
     ranked = sorted(averages, key=lambda a: getattr(a, key), reverse=True)[:top]
     summary = {"top": [{"name": a.key[:90], "calls": a.count, "ms": getattr(a, key) / 1e3} for a in ranked],
                "ranked_by": "CUDA kernel self time" if cuda else "CPU operator self time",
                "kernel_launches": None, "device_idle_seconds": None}
     if cuda:
         kernels = [e for e in profiler.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-        summary["kernel_launches"] = len(kernels)
+        summary["kernel_launches"] = sum(1 for e in kernels if not e.name.startswith(("Memcpy", "Memset")))
         intervals = sorted((e.time_range.start, e.time_range.end) for e in kernels)  # microseconds
         busy, end = 0.0, -math.inf
         for begin, finish in intervals:  # the union of the kernels' intervals
