@@ -238,3 +238,18 @@ def test_a_stop_wrapped_by_a_library_is_still_a_stop():
             raise RuntimeError("during compilation") from inner
     except RuntimeError as outer:
         assert gpu.out_of_time(outer) is stop
+
+
+def test_the_default_gpu_run_orders_its_rows_and_fits_the_budget_by_estimate():
+    """`python benchmarks/gpu.py` on a GPU: the training steps, train.py's run, eager then compiled decoding, the
+    profile, the loop; the estimates of the first seven fit 7.5 minutes with room for start-up."""
+    args = gpu.parse_args(["--device", "cuda"])
+    jobs = gpu.jobs_of(args)
+    assert jobs == [("training", "big", "eager"), ("training", "base", "eager"), ("train_run", "big", "eager"),
+                    ("decoding", "big", "eager"), ("decoding", "multi30k", "eager"), ("decoding", "big", "compiled"),
+                    ("profile", "big", "eager"), ("loop", "big", "eager"), ("train_run", "base", "eager"),
+                    ("decoding", "multi30k", "compiled"), ("loop", "base", "eager")]
+    assert sum(gpu.estimate_seconds(*job, args) for job in jobs[:7]) < 7.5 * 60 - 30
+    levers = gpu.parse_args(["--levers", "--device", "cuda"])
+    assert levers.output == "gpu-results/levers.json"
+    assert gpu.jobs_of(levers) == [("levers", "big", "eager"), ("levers", "multi30k", "eager")]
