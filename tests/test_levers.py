@@ -217,3 +217,16 @@ def test_train_refuses_a_cuda_lever_on_the_cpu_in_one_line_with_status_2(flags, 
     assert exit.value.code == 2
     error = capsys.readouterr().err.strip()
     assert len(error.splitlines()) == 1 and named in error and "Traceback" not in error, error
+
+
+@pytest.mark.parametrize("fused_loss", ["none", "chunked"])
+def test_training_loss_takes_a_compiled_stand_in_for_the_model(fused_loss):
+    """``forward``: the whole model (or, with a fused loss, the encoder-decoder) under torch.compile, as the
+    Trainer's --torch_compile and --cuda_graphs run it; the same loss as eager."""
+    torch._dynamo.reset()
+    model = tiny_model().train()
+    input_ids, attention_mask, labels = batch(2, 6, 5)
+    inputs = inputs_of(model, input_ids, attention_mask, labels)
+    compiled = torch.compile(model if fused_loss == "none" else model.model, backend="eager", dynamic=False)
+    eager = levers.training_loss(model, inputs, labels, None, 0.1, fused_loss)
+    torch.testing.assert_close(levers.training_loss(model, inputs, labels, None, 0.1, fused_loss, compiled), eager)

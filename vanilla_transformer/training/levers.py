@@ -212,9 +212,9 @@ def training_loss(model, inputs: dict, labels: torch.Tensor, num_items_in_batch,
     else the decoder's last hidden states and the chunked or liger loss with the pre-softmax weight.
     ``forward``: a compiled stand-in for ``model`` ("none") or ``model.model`` (the others)."""
     if fused_loss == "none":
-        logits = (forward or model)(**inputs, use_cache=False).logits
+        logits = (model if forward is None else forward)(**inputs, use_cache=False).logits
         return label_smoothed_cross_entropy(logits, labels, num_items_in_batch, label_smoothing)
-    hidden = (forward or model.model)(**inputs, use_cache=False).last_hidden_state
+    hidden = (model.model if forward is None else forward)(**inputs, use_cache=False).last_hidden_state
     loss = chunked_linear_cross_entropy if fused_loss == "chunked" else liger_linear_cross_entropy
     return loss(hidden, model.lm_head.weight, labels, num_items_in_batch, label_smoothing)
 
