@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 FLOOR_VENV := .venv-floor
 FLOOR_PY := $(FLOOR_VENV)/bin/python
 
-.PHONY: setup setup-floor demo test test-floor test-slow clean
+.PHONY: setup setup-floor demo test test-floor test-slow test-gpu clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,10 @@ test-floor: setup-floor
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow
+
+# The tests marked `gpu` (they skip without CUDA): each training lever against the plain step on one GPU.
+test-gpu: setup
+	$(PY) -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_levers.py
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) build dist *.egg-info

@@ -1,11 +1,28 @@
-"""Training and decoding speed of the paper's models on one GPU: tokens/s, MFU, beam-4 sentences/s.
+"""Training and decoding speed of the paper's models on one GPU: tokens/s, MFU, beam-4 sentences/s, levers.
 
-    python benchmarks/gpu.py                                   # base and big, bf16, eager and compiled
+    python benchmarks/gpu.py              # everything, most telling first, within --budget-minutes 7.5
+    python benchmarks/gpu.py --levers     # each training lever against the plain step and MarianMTModel
+    python benchmarks/gpu.py --profile    # torch.profiler: top kernels, launches, idle time of an update
     python benchmarks/gpu.py --presets big --modes compiled --max-tokens 16384 --output gpu.json
     python benchmarks/gpu.py --device cpu --presets tiny --dtype float32 --steps 2   # a smoke run anywhere
     python benchmarks/gpu.py --shapes-only [--pairs 4500000 --max-tokens 12288]   # the batch shapes of an epoch
-    python benchmarks/gpu.py --modes "" --no-decode --no-loop --presets big --train-run-minutes 2   # train.py only
+    python benchmarks/gpu.py --no-decode --no-loop --presets big --train-run-minutes 2   # train.py only
     python benchmarks/gpu.py --loop --device cpu --presets tiny --dtype float32 --max-tokens 1024   # loop overhead
+
+Budget: a run keeps to ``--budget-minutes`` (7.5; 0: none). Each measurement has an estimate (`ESTIMATE_SECONDS`);
+one whose estimate does not fit in what is left is skipped and named, and one that runs past the budget is
+stopped (`time_limit`) and named; the rows so far are kept. The run writes two files: ``--output`` (JSON, by
+default gpu-results/gpu.json, with --levers gpu-results/levers.json) and the markdown table beside it.
+
+Levers (``--levers``): for each preset (big and the Multi30k shape), each lever of `LEVERS` (train.py's
+``--compile_layers``, ``--fused_loss``, ``--training_attention``, ``--fp8``, ``--cuda_graphs``, and the whole model
+under torch.compile) against the plain step (ours, eager) and MarianMTModel, on the same ``--lever-steps`` batches,
+alternating, two passes: first-pass and steady target tokens/s, warm-up seconds, the peak memory of one step, and
+the loss after the same updates against the plain step's (lever and plain start from the same weights). A lever
+the device cannot run is a row with its one-line refusal.
+
+Profile (``--profile``, and in the full run on CUDA): torch.profiler over one training update and one beam-4
+decoding step: the top CUDA kernels by time (on a CPU, operators), kernel launches, and the GPU's idle time.
 
 Shapes: ``--shapes-only`` packs an epoch of ``--pairs`` synthetic WMT-like length pairs (lengths only, no
 text) with `TokenBatchSampler` and prints one JSON line: ``batches``, ``distinct_shapes`` (rows, source
@@ -48,7 +65,7 @@ WMT-like lengths written as text, with a BPE of ``--train-run-vocab`` tokens tra
 where the device has it, no checkpoints. Reported: the target tokens/s of the run's own end-of-training
 metrics (``all_results.json``: the target tokens it trained on over ``train_runtime``, start-up and first
 shapes included), its updates, and MFU: those tokens/s times the training FLOPs per target token of the
-pairs as the run's tokenizer cut them.
+pairs as the run's tokenizer cut them; and the seconds of each phase, timed inside the run (`PhaseClock`).
 
 The weights are random: speed does not depend on them. Prints one JSON line per measurement and a
 markdown table, and writes them to --output (JSON) and the same name with .md.
@@ -57,10 +74,15 @@ markdown table, and writes them to --output (JSON) and the same name with .md.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
+import math
 import platform
+import signal
 import statistics
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -80,8 +102,10 @@ PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presets", default="base,big", help="comma-separated presets")
-    parser.add_argument("--modes", default="eager,compiled", help="comma-separated: eager, compiled")
+    parser.add_argument("--presets", help="comma-separated training presets (default: big,base; with --levers "
+                                           "big,multi30k)")
+    parser.add_argument("--modes", default="eager", help="comma-separated training modes: eager, compiled "
+                                                         "(torch.compile of the whole model, static shapes)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="autocast dtype")
     parser.add_argument("--vocab-size", type=int, default=37000)
@@ -89,13 +113,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation happens here)")
     parser.add_argument("--steps", type=int, default=30, help="timed training steps")
     parser.add_argument("--no-decode", action="store_true", help="skip the decoding measurements")
-    parser.add_argument("--decode-presets", default="base,big,multi30k", help="comma-separated: presets, multi30k")
+    parser.add_argument("--decode-presets", default="big,multi30k", help="comma-separated: presets, multi30k")
+    parser.add_argument("--decode-modes", default="eager,compiled",
+                        help="comma-separated: eager (dynamic cache), compiled (static cache, torch.compile)")
     parser.add_argument("--no-loop", action="store_true", help="skip timing train.py's loop")
     parser.add_argument("--decode-batch", type=int, default=128, help="sentences per generate() call")
     parser.add_argument("--decode-tokens", type=int, default=30, help="new tokens per sentence")
     parser.add_argument("--decode-repeats", type=int, default=3, help="timed generate() calls (median)")
     parser.add_argument("--peak-tflops", type=float, help="dense peak of the GPU for MFU (default: by its name)")
-    parser.add_argument("--output", help="write the results as JSON here")
+    parser.add_argument("--output", help="write the results as JSON here and as markdown beside it (default: "
+                                         "gpu-results/gpu.json, with --levers gpu-results/levers.json)")
+    parser.add_argument("--budget-minutes", type=float, default=7.5,
+                        help="stop starting measurements that would not end within this many minutes from the "
+                             "start, and stop one that runs past it; each skipped one is named (0: no budget)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--shapes-only", action="store_true", help="only count the batch shapes of an epoch")
     parser.add_argument("--pairs", type=int, default=4_500_000, help="with --shapes-only: pairs in the epoch")
@@ -105,7 +135,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--train-run-minutes", type=float, default=0.75, help="train.py's --max_train_minutes")
     parser.add_argument("--train-run-pairs", type=int, default=40000, help="synthetic sentence pairs it trains on")
     parser.add_argument("--train-run-vocab", type=int, help="its tokenizer's vocabulary (default: --vocab-size)")
-    return parser.parse_args(argv)
+    parser.add_argument("--levers", action="store_true",
+                        help="compare every training lever against the plain step and MarianMTModel")
+    parser.add_argument("--lever-steps", type=int, default=20, help="with --levers: batches per pass (two passes)")
+    parser.add_argument("--profile", action="store_true",
+                        help="only profile one training update and one decoding step (torch.profiler)")
+    parser.add_argument("--no-profile", action="store_true", help="leave the profile out of the full run")
+    args = parser.parse_args(argv)
+    if args.presets is None:
+        args.presets = "big,multi30k" if args.levers else "big,base"
+    if args.output is None:
+        args.output = "gpu-results/levers.json" if args.levers else "gpu-results/gpu.json"
+    return args
 
 
 def synthetic_lengths(count: int, seed: int) -> np.ndarray:
@@ -213,7 +254,7 @@ def measure_training(preset: str, mode: str, args) -> dict:
     """Ours and MarianMTModel of the same shape, alternating on the same batches: a first pass over
     batches of shapes never seen (in "compiled" mode, compilation included), then the same batches again."""
     torch.manual_seed(args.seed)
-    config = VanillaTransformerConfig.from_preset(preset, vocab_size=args.vocab_size)
+    config = config_of(preset, args)
     if mode == "compiled":
         allow_recompiles(args.warmup + args.steps)  # static shapes, one graph per bucket shape (as --torch_compile)
     models = {"ours": Trainee(VanillaTransformerForConditionalGeneration(config), mode, args),
@@ -259,8 +300,182 @@ def measure_training(preset: str, mode: str, args) -> dict:
     return result
 
 
+# The levers of training (vanilla_transformer.training.levers), each a row of --levers, the most promising
+# first: what each changes in the step, and the train.py flags that turn it on.
+LEVERS = {
+    "compile_layers": dict(compile="layers", flags=["--compile_layers"]),
+    "fused_loss chunked": dict(loss="chunked", flags=["--fused_loss chunked"]),
+    "compile_layers + fused_loss chunked": dict(compile="layers", loss="chunked",
+                                                flags=["--compile_layers", "--fused_loss chunked"]),
+    "training_attention cudnn": dict(attention="cudnn", flags=["--training_attention"]),
+    "training_attention efficient": dict(attention="efficient", flags=["--training_attention"]),
+    "training_attention flash": dict(attention="flash", flags=["--training_attention"]),
+    "fp8 + compile_layers": dict(fp8=True, compile="layers", flags=["--fp8", "--compile_layers"]),
+    "cuda_graphs": dict(compile="cuda_graphs", flags=["--cuda_graphs"], presets=("multi30k", "tiny")),
+    "fused_loss liger": dict(loss="liger", flags=["--fused_loss liger"]),
+    "torch_compile (whole model, static shapes)": dict(compile="model", flags=[]),
+}
+
+
+LEVER_GRACE_SECONDS = 10  # a lever row stops this long before the budget ends, so that the rows so far are kept
+
+
+class LeverTrainee(Trainee):
+    """A Trainee whose step takes a lever: compiled layers or model, CUDA graphs, a fused loss, float8
+    linears, the attention kernel of training; the same loss as train.py's (`levers.training_loss`)."""
+
+    def __init__(self, model, args, compile: str | None = None, loss: str = "none", fp8: bool = False,
+                 attention: str = "default", flags=()):
+        from vanilla_transformer.training import levers
+
+        self.levers, self.loss_kind, self.attention, self.compile = levers, loss, attention, compile
+        model = model.to(args.device)
+        if fp8:
+            levers.convert_to_fp8(model)
+        super().__init__(model, "eager", args)
+        target = self.model if loss == "none" else self.model.model
+        self.forward = None
+        if compile == "layers":
+            levers.compile_layers(self.model)
+        elif compile in ("model", "cuda_graphs"):
+            allow_recompiles(4 * args.lever_steps)
+            self.forward = torch.compile(target, dynamic=False,
+                                         mode="reduce-overhead" if compile == "cuda_graphs" else None)
+
+    def step(self, batch: dict) -> float:
+        from vanilla_transformer import attention_backends
+
+        synchronize(self.args.device)
+        started = time.perf_counter()
+        if self.compile == "cuda_graphs":
+            torch.compiler.cudagraph_mark_step_begin()
+        attention_backends.prefer_in_training(self.attention)
+        try:
+            self.last_loss = self.loss(batch)
+            self.last_loss.backward()
+        finally:
+            attention_backends.prefer_in_training("default")
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        synchronize(self.args.device)
+        return time.perf_counter() - started
+
+    def loss(self, batch: dict, training: bool = True) -> torch.Tensor:
+        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
+                  "decoder_input_ids": self.model.prepare_decoder_input_ids_from_labels(batch["labels"])}
+        with torch.autocast(device_type=self.args.device.split(":")[0], dtype=DTYPES[self.args.dtype],
+                            enabled=self.args.dtype != "float32"):
+            return self.levers.training_loss(self.model, inputs, batch["labels"], None, 0.1,
+                                             self.loss_kind if training else "none",
+                                             self.forward if training else None)
+
+
+def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
+    """Each lever of `LEVERS` against the plain step (ours, eager, the reference loss) and MarianMTModel, on
+    the same ``--lever-steps`` batches, alternating: a first pass (the lever's warm-up: compilation, plans)
+    and the same batches again (steady). Lever and plain start from the same weights; after both passes,
+    each one's loss on the first batch (eval mode, the plain loss) says whether the lever trains alike.
+    A lever the device cannot run, or one that would not end within the budget, is named with the reason."""
+    from vanilla_transformer.training import levers
+
+    started = time.perf_counter()
+    torch.manual_seed(args.seed)
+    config = config_of(preset, args)
+    template = VanillaTransformerForConditionalGeneration(config)  # every row starts from these weights
+    marian = Trainee(marian_of(config), "eager", args)
+    batches = make_batches(synthetic_lengths(200_000, args.seed), args.max_tokens, args.vocab_size,
+                           args.lever_steps, args.device, args.seed)
+    target_tokens = sum(sum(b["lengths"][1]) for b in batches)
+    for batch in batches[:2]:  # Marian's lazy initialisation
+        marian.step(batch)
+    rows, plain_row = [], None
+    for name, lever in [("plain", {"flags": []}), *LEVERS.items()]:
+        reasons = [levers.refusal(flag, args.device) for flag in lever["flags"]]
+        reasons = [reason for reason in reasons if reason]
+        if preset not in lever.get("presets", (preset,)):
+            reasons.append(f"a lever for small models: measured with --presets {','.join(lever['presets'])}")
+        if reasons:
+            rows.append({"lever": name, "skipped": reasons[0]})
+            continue
+        spent = time.perf_counter() - started
+        measured = [row["seconds"] for row in rows if "seconds" in row]
+        if spent + (min(measured) if measured else 0) + LEVER_GRACE_SECONDS > limit:  # not even the quickest row fits
+            rows.append({"lever": name, "skipped": f"not started: {max(limit - spent, 0):.0f} s of the budget left"})
+            continue
+        row_started = time.perf_counter()
+        torch._dynamo.reset()  # each row compiles afresh, whatever an earlier one left (a stopped compilation)
+        try:
+            with time_limit(limit - spent - LEVER_GRACE_SECONDS):  # the rows so far stay
+                plain = LeverTrainee(copy.deepcopy(template), args)
+                trainee = LeverTrainee(copy.deepcopy(template), args,
+                                   **{k: v for k, v in lever.items() if k not in ("flags", "presets")})
+                times = {key: [] for key in ("lever first", "lever steady", "plain first", "plain steady", "marian steady")}
+                for phase in ("first", "steady"):
+                    for index, batch in enumerate(batches):
+                        order = [("lever", trainee), ("plain", plain), ("marian", marian)]
+                        for who, model in (order if index % 2 == 0 else order[::-1]):
+                            if who != "marian" or phase == "steady":
+                                torch.manual_seed(args.seed + index)  # the same dropout for lever and plain
+                                times[f"{who} {phase}"].append(model.step(batch))
+                with torch.no_grad():
+                    trainee.model.eval(), plain.model.eval()
+                    losses = [float(model.loss(batches[0], training=False)) for model in (trainee, plain)]
+                memory = {who: step_peak_gib(model, batches, args) for who, model in (("lever", trainee), ("plain", plain))}
+        except Exception as error:
+            if out_of_time(error):
+                rows.append({"lever": name, "skipped": str(out_of_time(error)),
+                             "seconds": round(time.perf_counter() - row_started, 1)})
+                continue
+            rows.append({"lever": name, "error": f"{type(error).__name__}: {error}",
+                         "seconds": round(time.perf_counter() - row_started, 1)})
+            print(json.dumps(rows[-1]), flush=True)
+            continue
+        finally:
+            trainee = plain = None
+        ratios = sorted(l / p for l, p in zip(times["lever steady"], times["plain steady"]))
+        row = {"lever": name, "flags": lever["flags"], "seconds": round(time.perf_counter() - row_started, 1),
+               "first_pass_target_tokens_per_second": target_tokens / sum(times["lever first"]),
+               "steady_target_tokens_per_second": target_tokens / sum(times["lever steady"]),
+               "warmup_seconds": sum(times["lever first"]) - sum(times["lever steady"]),
+               "plain_steady_target_tokens_per_second": target_tokens / sum(times["plain steady"]),
+               "marian_steady_target_tokens_per_second": target_tokens / sum(times["marian steady"]),
+               "lever_time_over_plain": {"median": statistics.median(ratios),
+                                         "quartiles": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]]},
+               "loss_after": losses[0], "plain_loss_after": losses[1], "updates": 2 * len(batches),
+               "step_peak_gib": memory["lever"], "plain_step_peak_gib": memory["plain"]}
+        if name == "plain":
+            plain_row = row
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+        if args.device.startswith("cuda"):
+            torch.cuda.empty_cache()
+    return {"what": "levers", "preset": preset, "dtype": args.dtype, "max_tokens": args.max_tokens,
+            "batches": len(batches), "distinct_shapes": len({(*b["input_ids"].shape, b["labels"].shape[1]) for b in batches}),
+            "plain": plain_row, "rows": rows}
+
+
+def step_peak_gib(trainee, batches: list[dict], args) -> float | None:
+    """The most memory one step (on the largest batch) holds beyond what the models held before it, GiB
+    (CUDA's allocator; None elsewhere)."""
+    if not args.device.startswith("cuda"):
+        return None
+    largest = max(batches, key=lambda b: b["input_ids"].numel() + b["labels"].numel())
+    trainee.model.train()
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    trainee.step(largest)
+    return (torch.cuda.max_memory_allocated() - before) / 2**30
+
+
 DECODING_SHAPES = {"multi30k": ("base", dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
                                              decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024))}
+
+
+def config_of(preset: str, args) -> VanillaTransformerConfig:
+    """A preset's config, or the Multi30k recipe's shape ("multi30k"), with ``--vocab-size`` words."""
+    base, overrides = DECODING_SHAPES.get(preset, (preset, {}))
+    return VanillaTransformerConfig.from_preset(base, vocab_size=args.vocab_size, **overrides)
 
 
 def measure_decoding(preset: str, mode: str, args) -> dict:
@@ -272,8 +487,7 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
     from vanilla_transformer.convert import from_marian
 
     torch.manual_seed(args.seed)
-    base, overrides = DECODING_SHAPES.get(preset, (preset, {}))
-    config = VanillaTransformerConfig.from_preset(base, vocab_size=args.vocab_size, **overrides)
+    config = config_of(preset, args)
     dtype = DTYPES[args.dtype]
     marian = marian_of(config).eval()
     ours = from_marian(marian).eval()
@@ -385,11 +599,18 @@ def letter_words(count: int) -> list[str]:
 
 
 def write_synthetic_text(folder: Path, pairs: int, seed: int, words: list[str] = WORDS) -> list[str]:
-    """train.src/train.tgt of ``pairs`` lines of random words with WMT-like lengths; train.py's flags for them."""
+    """train.src/train.tgt of ``pairs`` lines of random words with WMT-like lengths; train.py's flags for them.
+
+    One draw of word indices for all lines of a side (not one `rng.choice` per line): 80,000 lines in
+    well under a second."""
     rng = np.random.default_rng(seed)
     lengths = synthetic_lengths(pairs, seed)
+    vocabulary = np.asarray(words, dtype=object)
     for side, name in ((0, "train.src"), (1, "train.tgt")):
-        lines = (" ".join(rng.choice(words, size=int(length) - 1)) for length in lengths[:, side])  # + </s>
+        counts = lengths[:, side] - 1  # + </s>
+        drawn = vocabulary[rng.integers(0, len(vocabulary), size=int(counts.sum()))]
+        ends = np.cumsum(counts)
+        lines = (" ".join(drawn[end - count:end]) for count, end in zip(counts.tolist(), ends.tolist()))
         (folder / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return ["--train_source_file", str(folder / "train.src"), "--train_target_file", str(folder / "train.tgt")]
 
@@ -477,14 +698,18 @@ def measure_train_run(preset: str, args) -> dict:
     vocab = args.train_run_vocab or args.vocab_size
     with tempfile.TemporaryDirectory() as folder:
         words = letter_words(vocab // 2)  # the BPE learns them whole: about a token a word, as WMT's lengths say
-        flags = write_synthetic_text(Path(folder), pairs=args.train_run_pairs, seed=args.seed, words=words) + [
+        started = time.perf_counter()
+        flags = write_synthetic_text(Path(folder), pairs=args.train_run_pairs, seed=args.seed, words=words)
+        text_seconds = time.perf_counter() - started
+        flags += [
             "--preset", preset, "--tokenizer_vocab_size", str(vocab), "--output_dir", str(Path(folder) / "run"),
             "--max_tokens", str(args.max_tokens), "--max_train_minutes", str(args.train_run_minutes),
             "--max_steps", "1000000", "--logging_steps", "50", "--save_strategy", "no", "--report_to", "none",
             "--disable_tqdm", "true", "--seed", str(args.seed),
             *(["--use_cpu"] if args.device == "cpu" else []), *(["--bf16", "true"] if bf16_supported(args) else []),
         ]
-        run.main(flags)
+        with PhaseClock(run) as clock:
+            run.main(flags)
         output = Path(folder) / "run"
         metrics = json.loads((output / "all_results.json").read_text(encoding="utf-8"))  # the run's own record
         updates = json.loads((output / "trainer_state.json").read_text(encoding="utf-8"))["global_step"]
@@ -508,7 +733,154 @@ def measure_train_run(preset: str, args) -> dict:
         "mean_source_tokens": sum(source_lengths) / len(source_lengths),
         "mean_target_tokens": sum(target_lengths) / len(target_lengths),
         "mfu": tokens_per_second * flops_per_target_token / (peak * 1e12) if peak else None,
+        "phase_seconds": clock.seconds(), "text_seconds": text_seconds,
     }
+
+
+class PhaseClock:
+    """The seconds each phase of a train.py run (`run.main`) took, timed inside the run: the run module's own
+    steps (reading the data, the tokenizer, tokenising, the model, saving the final model) are wrapped with
+    a clock while the run lasts, and a callback on its trainer times the first update and the rest of
+    training. A phase whose step the run module no longer has by that name is reported as missing, not guessed."""
+
+    STEPS = {"data": "load_text_datasets", "tokenizer": "build_tokenizer", "tokenization": "tokenized",
+             "model": "build_model", "save": "save_final_model"}
+    PHASES = ("data", "tokenizer", "tokenization", "model", "first update", "training", "save")
+
+    def __init__(self, module):
+        self.module, self.spent, self.saved, self.marks = module, {}, {}, {}
+
+    def __enter__(self):
+        self.started = time.perf_counter()
+        for phase, name in self.STEPS.items():
+            if callable(getattr(self.module, name, None)):
+                self.saved[name] = getattr(self.module, name)
+                setattr(self.module, name, self._timed(phase, self.saved[name]))
+        if callable(getattr(self.module, "build_trainer", None)):
+            self.saved["build_trainer"] = build_trainer = self.module.build_trainer
+
+            def with_callback(*args, **kwargs):
+                built = build_trainer(*args, **kwargs)
+                built.trainer.add_callback(self)
+                return built
+            self.module.build_trainer = with_callback
+        return self
+
+    def __exit__(self, *exc):
+        for name, function in self.saved.items():
+            setattr(self.module, name, function)
+        self.total = time.perf_counter() - self.started
+
+    def _timed(self, phase: str, function):
+        def timed(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.spent[phase] = self.spent.get(phase, 0.0) + time.perf_counter() - started
+        return timed
+
+    def __getattr__(self, name):  # the TrainerCallback events this clock does not use
+        if name.startswith("on_"):
+            return lambda *args, **kwargs: None
+        raise AttributeError(name)
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.marks["begin"] = time.perf_counter()
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if "first" not in self.marks:
+            synchronize(args.device.type)
+            self.marks["first"] = time.perf_counter()
+
+    def on_train_end(self, args, state, control, **kwargs):
+        self.marks["end"] = time.perf_counter()
+
+    def seconds(self) -> dict:
+        """{phase: seconds, or None where the run did not reach it or the step is not found}, and the total."""
+        spent = dict(self.spent)
+        if {"begin", "first"} <= self.marks.keys():
+            spent["first update"] = self.marks["first"] - self.marks["begin"]
+        if {"first", "end"} <= self.marks.keys():
+            spent["training"] = self.marks["end"] - self.marks["first"]
+        result = {phase: (round(spent[phase], 2) if phase in spent else None) for phase in self.PHASES}
+        result["total"] = round(getattr(self, "total", time.perf_counter() - self.started), 2)
+        return result
+
+
+def measure_profile(preset: str, args, top: int = 12) -> dict:
+    """torch.profiler over one training update of ``preset`` (ours, eager, --bf16 as train.py runs it, on
+    the largest of a few token batches, after two untimed updates) and one beam-4 decoding step (a
+    cached forward of one new token for ``--decode-batch`` x 4 rows): the top kernels by device time
+    (on a CPU, the top operators by CPU time), the kernel launches of the update, and the device's idle
+    time within it (the update's wall time not covered by any kernel)."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers.modeling_outputs import BaseModelOutput
+
+    from vanilla_transformer.generation_vanilla_transformer import CACHE
+
+    cuda = args.device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    torch.manual_seed(args.seed)
+    config = config_of(preset, args)
+    trainee = LeverTrainee(VanillaTransformerForConditionalGeneration(config), args)
+    batches = make_batches(synthetic_lengths(20_000, args.seed), args.max_tokens, args.vocab_size, 6, args.device,
+                           args.seed)
+    largest = max(batches, key=lambda b: b["input_ids"].numel() + b["labels"].numel())
+    for batch in (largest, largest):
+        trainee.step(batch)
+    with profile(activities=activities) as update:
+        update_seconds = trainee.step(largest)
+    result = {"what": "profile", "preset": preset, "dtype": args.dtype, "device": args.device,
+              "update": {"batch_shape": [*largest["input_ids"].shape, largest["labels"].shape[1]],
+                         "seconds": update_seconds, **profile_summary(update, cuda, update_seconds, top)}}
+
+    model = trainee.model.eval()
+    rows = args.decode_batch * 4  # beam 4
+    source = batches[0]["input_ids"][:1].repeat(rows, 1)
+    mask = batches[0]["attention_mask"][:1].repeat(rows, 1)
+    start = torch.full((rows, 1), config.decoder_start_token_id, device=args.device)
+    with torch.inference_mode(), torch.autocast(device_type=args.device.split(":")[0], dtype=DTYPES[args.dtype],
+                                                enabled=args.dtype != "float32"):
+        first = model(input_ids=source, attention_mask=mask, decoder_input_ids=start, use_cache=True)
+        encoder = BaseModelOutput(last_hidden_state=first.encoder_last_hidden_state)
+        cache = getattr(first, CACHE)
+        step = dict(encoder_outputs=encoder, attention_mask=mask, decoder_input_ids=start + 4, use_cache=True)
+        model(**step, **{CACHE: cache})  # a warm second step
+        synchronize(args.device)
+        with profile(activities=activities) as decode:
+            began = time.perf_counter()
+            model(**step, **{CACHE: cache})
+            synchronize(args.device)
+            decode_seconds = time.perf_counter() - began
+    result["decoding_step"] = {"rows": rows, "cached_positions": 2, "seconds": decode_seconds,
+                               **profile_summary(decode, cuda, decode_seconds, top)}
+    return result
+
+
+def profile_summary(profiler, cuda: bool, seconds: float, top: int) -> dict:
+    """The top kernels (CUDA) or operators (CPU) by self time, the kernel launches, the device's idle time."""
+    averages = profiler.key_averages()
+    key = "self_device_time_total" if cuda else "self_cpu_time_total"
+    if cuda:  # the device's own events (kernels), not the CPU operators that launched them
+        averages = [a for a in averages if getattr(a, "device_type", None) == torch.autograd.DeviceType.CUDA] or averages
+    ranked = sorted(averages, key=lambda a: getattr(a, key), reverse=True)[:top]
+    summary = {"top": [{"name": a.key[:90], "calls": a.count, "ms": getattr(a, key) / 1e3} for a in ranked],
+               "ranked_by": "CUDA kernel self time" if cuda else "CPU operator self time",
+               "kernel_launches": None, "device_idle_seconds": None}
+    if cuda:
+        kernels = [e for e in profiler.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+        summary["kernel_launches"] = sum(1 for e in kernels if not e.name.startswith(("Memcpy", "Memset")))
+        intervals = sorted((e.time_range.start, e.time_range.end) for e in kernels)  # microseconds
+        busy, end = 0.0, -math.inf
+        for begin, finish in intervals:  # the union of the kernels' intervals
+            if begin > end:
+                busy, end = busy + finish - begin, finish
+            elif finish > end:
+                busy, end = busy + finish - end, finish
+        summary["device_busy_seconds"] = busy / 1e6
+        summary["device_idle_seconds"] = max(seconds - busy / 1e6, 0.0)
+    return summary
 
 
 def bf16_supported(args) -> bool:
@@ -528,6 +900,92 @@ def machine(args) -> dict:
     return info
 
 
+# Seconds each measurement is expected to take for the big model on one H100 (guesses scaled from the H200
+# run of 2026-11-27); other models scale by SIZE. A measurement starts only where its estimate fits in what
+# is left of --budget-minutes, and is stopped where it runs past the budget (`time_limit`).
+ESTIMATE_SECONDS = {"training": 45, "training compiled": 200, "decoding": 30, "decoding compiled": 120,
+                    "loop": 45, "profile": 30, "levers": 120}
+SIZE = {"big": 1.0, "base": 0.6, "multi30k": 0.4}
+
+
+def estimate_seconds(what: str, preset: str, mode: str, args) -> float:
+    if what == "train_run":
+        return 60 * args.train_run_minutes + 60 * SIZE.get(preset, 0.2)
+    key = f"{what} {mode}" if f"{what} {mode}" in ESTIMATE_SECONDS else what
+    return ESTIMATE_SECONDS[key] * SIZE.get(preset, 0.2)
+
+
+class OutOfTime(Exception):
+    """A measurement ran past the time it was given (`time_limit`)."""
+
+
+def out_of_time(error: BaseException | None) -> OutOfTime | None:
+    """The `OutOfTime` behind ``error``, where a library wrapped it (torch.compile raises BackendCompilerFailed)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, OutOfTime):
+            return error
+        seen.add(id(error))
+        error = getattr(error, "inner_exception", None) or error.__cause__ or error.__context__
+    return None
+
+
+@contextmanager
+def time_limit(seconds: float):
+    """Raise `OutOfTime` in the measurement once ``seconds`` have passed (SIGALRM: Python code, compilation
+    included, stops at its next bytecode; a running kernel first finishes). No limit where infinite or
+    where no alarm can be set (another thread, Windows)."""
+    if not math.isfinite(seconds) or not hasattr(signal, "setitimer") or \
+            threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum, frame):
+        raise OutOfTime(f"stopped after {seconds:.0f} s, at the end of --budget-minutes")
+
+    outer, started = signal.getitimer(signal.ITIMER_REAL)[0], time.perf_counter()  # an enclosing limit's time
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, max(min(seconds, outer or math.inf), 0.001))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        if outer:
+            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.perf_counter() - started), 0.001))
+
+
+def jobs_of(args) -> list[tuple[str, str, str]]:
+    """(what, preset, mode) of each measurement, the most telling first: the training step of the first
+    preset against MarianMTModel, the others, train.py's own run, eager decoding, compiled decoding, the
+    profile, the loop; then the same for the other presets."""
+    presets = [preset for preset in args.presets.split(",") if preset]  # "": no training rows
+    modes = [mode for mode in args.modes.split(",") if mode]
+    if args.levers:
+        return [("levers", preset, "eager") for preset in presets]
+    if args.profile:
+        return [("profile", preset, "eager") for preset in presets[:1] or ["big"]]
+    decode_presets = [] if args.no_decode else [p for p in args.decode_presets.split(",") if p]
+    decode_modes = [mode for mode in args.decode_modes.split(",") if mode]
+    first = [("training", p, m) for p in presets for m in modes if m == "eager"]
+    later = [("training", p, m) for p in presets for m in modes if m != "eager"]
+    if not args.no_train_run:
+        first += [("train_run", p, "eager") for p in presets[:1]]
+        later += [("train_run", p, "eager") for p in presets[1:]]
+    first += [("decoding", p, m) for m in decode_modes[:1] for p in decode_presets]
+    first += [("decoding", p, m) for m in decode_modes[1:] for p in decode_presets[:1]]
+    later += [("decoding", p, m) for m in decode_modes[1:] for p in decode_presets[1:]]
+    if not args.no_profile and presets and args.device.startswith("cuda"):  # on a CPU: --profile alone
+        first.append(("profile", presets[0], "eager"))
+    if not args.no_loop:
+        first += [("loop", p, "eager") for p in presets[:1]]
+        later += [("loop", p, "eager") for p in presets[1:]]
+    return first + later
+
+
+MEASURES = {}  # what -> measure(preset, mode, args), filled below the measurements
+
+
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
     if args.shapes_only:
@@ -539,41 +997,70 @@ def main(argv=None) -> list[dict]:
         for result in results:
             print(json.dumps(result), flush=True)
         return results
+    started = time.perf_counter()
+    budget = 60 * args.budget_minutes if args.budget_minutes else math.inf
     if args.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    results = [{"what": "machine", **machine(args)}]
+    results = [{"what": "machine", **machine(args), "budget_minutes": args.budget_minutes or None}]
     print(json.dumps(results[0]), flush=True)
-    presets = [preset for preset in args.presets.split(",") if preset]  # "": no training rows
-    modes = [mode for mode in args.modes.split(",") if mode]
-    jobs = [(measure_training, p, m) for p in presets for m in modes]
-    if not args.no_decode:
-        jobs += [(measure_decoding, p, m) for p in args.decode_presets.split(",") for m in modes]
-    if not args.no_loop:
-        jobs += [(lambda preset, mode, args: measure_loop(preset, args), p, "eager") for p in presets]
-    if not args.no_train_run:
-        jobs += [(lambda preset, mode, args: measure_train_run(preset, args), p, "eager") for p in presets]
-    for measure, preset, mode in jobs:
-        try:
-            result = measure(preset, mode, args)
-        except Exception as error:  # one failed measurement must not lose the others
-            result = {"what": measure.__name__, "preset": preset, "mode": mode, "error": f"{type(error).__name__}: {error}"}
+    jobs = jobs_of(args)
+    for number, (what, preset, mode) in enumerate(jobs):
+        left = budget - (time.perf_counter() - started)
+        if what == "levers":  # the presets' rows share what is left
+            left /= sum(1 for job in jobs[number:] if job[0] == "levers")
+        estimate = estimate_seconds(what, preset, mode, args)
+        if estimate > left:
+            result = {"what": what, "preset": preset, "mode": mode,
+                      "skipped": f"expected to take {estimate:.0f} s, {max(left, 0):.0f} s of the budget left"}
+        else:
+            job_started = time.perf_counter()
+            try:
+                with time_limit(left):
+                    result = MEASURES[what](preset, mode, args, left)
+            except Exception as error:  # one failed measurement must not lose the others
+                result = {"what": what, "preset": preset, "mode": mode, "error": f"{type(error).__name__}: {error}"}
+                if out_of_time(error):
+                    result = {"what": what, "preset": preset, "mode": mode, "skipped": str(out_of_time(error))}
+            result["seconds_taken"] = round(time.perf_counter() - job_started, 1)
         results.append(result)
         print(json.dumps(result), flush=True)
-        if args.output:
-            Path(args.output).write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-            Path(args.output).with_suffix(".md").write_text(markdown_table(results), encoding="utf-8")
+        write_results(results, args.output)
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
+    results[0]["seconds"] = round(time.perf_counter() - started, 1)
+    write_results(results, args.output)
     print(markdown_table(results), flush=True)
     return results
+
+
+def write_results(results: list[dict], output: str) -> None:
+    """The JSON and, beside it, the markdown table (the only two files a run writes)."""
+    path = Path(output)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    path.with_suffix(".md").write_text(markdown_table(results), encoding="utf-8")
+
+
+MEASURES.update({
+    "training": lambda preset, mode, args, limit: measure_training(preset, mode, args),
+    "decoding": lambda preset, mode, args, limit: measure_decoding(preset, mode, args),
+    "loop": lambda preset, mode, args, limit: measure_loop(preset, args),
+    "train_run": lambda preset, mode, args, limit: measure_train_run(preset, args),
+    "profile": lambda preset, mode, args, limit: measure_profile(preset, args),
+    "levers": lambda preset, mode, args, limit: measure_levers(preset, args, limit),
+})
 
 
 def markdown_table(results: list[dict]) -> str:
     """The results as one markdown table: a row per measurement, ours next to MarianMTModel."""
     machine = results[0]
-    lines = [f"{machine.get('gpu', machine['device'])}, torch {machine['torch']}, transformers {machine['transformers']}",
+    budget = f"; budget {machine['budget_minutes']:g} min" if machine.get("budget_minutes") else ""
+    took = f", took {machine['seconds']:.0f} s" if machine.get("seconds") is not None else ""
+    lines = [f"{machine.get('gpu', machine['device'])}, torch {machine['torch']}, transformers "
+             f"{machine['transformers']}{budget}{took}",
              "", "| measurement | ours | MarianMTModel | Marian time / ours (median, quartiles) |", "|---|---|---|---|"]
+    profiles = []
 
     def tokens(entry):
         mfu = f", MFU {entry['mfu']:.1%}" if entry.get("mfu") is not None else ""
@@ -582,8 +1069,14 @@ def markdown_table(results: list[dict]) -> str:
 
     for r in results[1:]:
         name = f"{r['what']} {r.get('preset')} {r.get('mode', '')}".strip()
-        if "error" in r:
+        if "skipped" in r:
+            lines.append(f"| {name} | skipped: {r['skipped']} | | |")
+        elif "error" in r:
             lines.append(f"| {name} | {r['error']} | | |")
+        elif r["what"] == "levers":
+            lines += lever_lines(r)
+        elif r["what"] == "profile":
+            profiles.append(r)
         elif r["what"] == "training":
             ratio = r["marian_over_ours_steady"]
             lines.append(f"| {name}, shapes never seen | {tokens(r['ours_unseen'])} | {tokens(r['marian_unseen'])} | |")
@@ -610,7 +1103,52 @@ def markdown_table(results: list[dict]) -> str:
             lines.append(f"| train.py {r['preset']} {r['dtype']}, {r['minutes']:g} min on synthetic WMT-like text | "
                          f"{r['target_tokens_per_second']:,.0f} target tok/s (its own log){mfu}, {r['updates']} "
                          f"updates | | |")
+            if r.get("phase_seconds"):
+                phases = ", ".join(f"{phase} {'not found' if value is None else f'{value:.1f} s'}"
+                                   for phase, value in r["phase_seconds"].items())
+                lines.append(f"| train.py {r['preset']}, phases | writing the text {r['text_seconds']:.1f} s; "
+                             f"{phases} | | |")
+    for r in profiles:
+        lines += profile_lines(r)
     return "\n".join(lines) + "\n"
+
+
+def lever_lines(r: dict) -> list[str]:
+    """A table row per lever: first pass and steady target tok/s, warm-up, peak memory, loss vs the plain step."""
+    lines = [f"| levers {r['preset']} ({r['batches']} batches, {r['distinct_shapes']} shapes, two passes) | "
+             "see below | | |", "", f"Levers, {r['preset']} (ours; the plain step and MarianMTModel on the same "
+             "batches, alternating):", "",
+             "| lever | first pass tok/s | steady tok/s | warm-up s | lever time / plain | plain steady | "
+             "Marian steady | step peak GiB (plain) | loss after (plain) |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in r["rows"]:
+        if "skipped" in row or "error" in row:
+            lines.append(f"| {row['lever']} | {row.get('skipped') and 'skipped: ' + row['skipped'] or row['error']} "
+                         "| | | | | | | |")
+            continue
+        ratio = row["lever_time_over_plain"]
+        memory = ("" if row["step_peak_gib"] is None else
+                  f"{row['step_peak_gib']:.1f} ({row['plain_step_peak_gib']:.1f})")
+        lines.append(f"| {row['lever']} | {row['first_pass_target_tokens_per_second']:,.0f} | "
+                     f"{row['steady_target_tokens_per_second']:,.0f} | {row['warmup_seconds']:.1f} | "
+                     f"{ratio['median']:.2f} [{ratio['quartiles'][0]:.2f}, {ratio['quartiles'][1]:.2f}] | "
+                     f"{row['plain_steady_target_tokens_per_second']:,.0f} | "
+                     f"{row['marian_steady_target_tokens_per_second']:,.0f} | {memory} | "
+                     f"{row['loss_after']:.4f} ({row['plain_loss_after']:.4f}) |")
+    return lines + [""]
+
+
+def profile_lines(r: dict) -> list[str]:
+    """The profile: top kernels of one update and one decoding step, launches, device idle time."""
+    lines = ["", f"Profile, {r['preset']} {r['dtype']} on {r['device']} (torch.profiler):"]
+    for part, title in (("update", "one training update"), ("decoding_step", "one beam-4 decoding step")):
+        entry = r[part]
+        idle = ("" if entry["device_idle_seconds"] is None else
+                f"; {entry['kernel_launches']} kernel launches; device idle {entry['device_idle_seconds'] * 1e3:.1f} ms "
+                f"of {entry['seconds'] * 1e3:.1f} ms")
+        lines += ["", f"{title} ({entry['seconds'] * 1e3:.1f} ms{idle}), top by {entry['ranked_by']}:", "",
+                  "| kernel | calls | ms |", "|---|---|---|"]
+        lines += [f"| `{k['name']}` | {k['calls']} | {k['ms']:.2f} |" for k in entry["top"]]
+    return lines
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def test_a_tiny_cpu_run_measures_training_and_decoding(tmp_path):
     results = gpu.main(["--device", "cpu", "--presets", "tiny", "--modes", "eager", "--dtype", "bfloat16",
                         "--max-tokens", "512", "--vocab-size", "1000", "--warmup", "1", "--steps", "2", "--decode-presets", "tiny",
                         "--decode-batch", "3", "--decode-tokens", "4", "--decode-repeats", "1", "--no-loop", "--no-train-run",
-                        "--output", str(output)])
+                        "--decode-modes", "eager", "--no-profile", "--budget-minutes", "0", "--output", str(output)])
     machine, training, decoding = results
     assert machine["device"] == "cpu" and "error" not in training and "error" not in decoding
     assert training["steps"] == 2
@@ -66,7 +66,7 @@ def test_train_run_reads_target_tokens_per_second_from_the_runs_own_metrics(tmp_
     machine, run = gpu.main(["--device", "cpu", "--presets", "tiny", "--dtype", "float32", "--max-tokens", "512",
                              "--no-decode", "--no-loop", "--modes", "", "--train-run-minutes", "0.1",
                              "--train-run-pairs", "2000", "--train-run-vocab", "600", "--peak-tflops", "1",
-                             "--output", str(output)])[:2]
+                             "--no-profile", "--budget-minutes", "0", "--output", str(output)])[:2]
     assert run["what"] == "train_run" and "error" not in run, run
     assert run["dtype"] == "float32" and run["vocab_size"] >= 600 and run["updates"] > 0
     assert 24 < run["mean_target_tokens"] < 34  # WMT-like after the run's BPE: about a token a word
@@ -89,7 +89,8 @@ def test_ctranslate2_decodes_the_same_sentences_to_the_same_hypotheses(tmp_path)
     results = gpu.main(["--device", "cpu", "--presets", "", "--modes", "eager", "--dtype", "float32",
                         "--vocab-size", "1000", "--decode-presets", "tiny", "--decode-batch", "6",
                         "--decode-tokens", "5",
-                        "--decode-repeats", "1", "--no-loop", "--no-train-run", "--output", str(output)])
+                        "--decode-repeats", "1", "--no-loop", "--no-train-run", "--decode-modes", "eager",
+                        "--no-profile", "--output", str(output)])
     machine, decoding = results
     ct2 = decoding["ctranslate2"]
     assert "skipped" not in ct2, ct2
@@ -104,7 +105,7 @@ def refuse_export(*args, **kwargs):
 
 
 @pytest.mark.parametrize("case", ["not importable", "export fails"])
-def test_decoding_without_ctranslate2_says_why_and_measures_the_rest(case, monkeypatch):
+def test_decoding_without_ctranslate2_says_why_and_measures_the_rest(case, monkeypatch, tmp_path):
     import sys
 
     import vanilla_transformer.convert
@@ -116,7 +117,8 @@ def test_decoding_without_ctranslate2_says_why_and_measures_the_rest(case, monke
         monkeypatch.setattr(vanilla_transformer.convert, "to_ctranslate2", refuse_export)
     machine, decoding = gpu.main(["--device", "cpu", "--presets", "", "--modes", "eager", "--dtype", "float32",
                                   "--vocab-size", "1000", "--decode-presets", "tiny", "--decode-batch", "2",
-                                  "--decode-tokens", "2", "--decode-repeats", "1", "--no-loop", "--no-train-run"])
+                                  "--decode-tokens", "2", "--decode-repeats", "1", "--no-loop", "--no-train-run",
+                                  "--decode-modes", "eager", "--no-profile", "--output", str(tmp_path / "gpu.json")])
     assert decoding["sentences_per_second"] > 0 and decoding["marian_sentences_per_second"] > 0
     skipped = decoding["ctranslate2"]["skipped"]
     if case == "not importable":
@@ -124,3 +126,130 @@ def test_decoding_without_ctranslate2_says_why_and_measures_the_rest(case, monke
     else:
         assert skipped == "export to or loading in CTranslate2 failed: ValueError: CTranslate2 has no activation_function 'tanh'"
     assert f"CTranslate2 | skipped: {skipped} |" in gpu.markdown_table([machine, decoding])
+
+
+def test_synthetic_text_is_written_at_once_with_wmt_like_lengths(tmp_path):
+    """80,000 lines of an 18,500-word vocabulary in a few seconds (one draw of indices, not a
+    `rng.choice` per line), with the lengths of `synthetic_lengths` less the end-of-sentence token."""
+    import time
+
+    words = gpu.letter_words(18_500)
+    started = time.perf_counter()
+    flags = gpu.write_synthetic_text(tmp_path, pairs=80_000, seed=3, words=words)
+    assert time.perf_counter() - started < 15  # ~0.3 s alone; the per-line draw took 100-200 s
+    assert flags == ["--train_source_file", str(tmp_path / "train.src"), "--train_target_file", str(tmp_path / "train.tgt")]
+    lengths = gpu.synthetic_lengths(80_000, seed=3)
+    for side, name in ((0, "train.src"), (1, "train.tgt")):
+        lines = (tmp_path / name).read_text(encoding="utf-8").splitlines()
+        assert [len(line.split()) for line in lines] == (lengths[:, side] - 1).tolist()
+        assert set(lines[0].split()) <= set(words)
+    assert 24 < lengths.mean() < 32
+
+
+def test_the_train_run_reports_how_long_each_phase_took(tmp_path):
+    """Timed inside train.py's run: each phase has a time, and together they are no more than the whole run."""
+    machine, run = gpu.main(["--device", "cpu", "--presets", "tiny", "--dtype", "float32", "--max-tokens", "512",
+                             "--no-decode", "--no-loop", "--modes", "", "--train-run-minutes", "0.05",
+                             "--train-run-pairs", "800", "--train-run-vocab", "400", "--budget-minutes", "0",
+                             "--output", str(tmp_path / "gpu.json")])[:2]
+    assert "error" not in run, run
+    phases = run["phase_seconds"]
+    assert list(phases) == ["data", "tokenizer", "tokenization", "model", "first update", "training", "save", "total"]
+    assert all(phases[name] is not None and phases[name] >= 0 for name in phases), phases
+    assert sum(value for name, value in phases.items() if name != "total") <= phases["total"] + 0.1
+    assert phases["training"] + phases["first update"] == pytest.approx(run["train_runtime"], abs=2.0)
+    assert "train.py tiny, phases | writing the text" in (tmp_path / "gpu.md").read_text()
+
+
+def test_a_measurement_that_does_not_fit_the_budget_is_named_not_run(tmp_path):
+    """The jobs of a run, most telling first; those whose estimate exceeds what is left say so."""
+    args = gpu.parse_args([])
+    assert args.output == "gpu-results/gpu.json" and args.budget_minutes == 7.5
+    assert gpu.jobs_of(args)[:3] == [("training", "big", "eager"), ("training", "base", "eager"),
+                                     ("train_run", "big", "eager")]
+    results = gpu.main(["--device", "cpu", "--presets", "tiny", "--modes", "eager", "--no-decode", "--no-loop",
+                        "--no-train-run", "--budget-minutes", "0.01", "--output", str(tmp_path / "gpu.json")])
+    assert results[1]["what"] == "training" and results[1]["skipped"].startswith("expected to take")
+    assert len(list(tmp_path.iterdir())) == 2  # the JSON and the markdown table
+    assert "training tiny eager | skipped: expected to take" in (tmp_path / "gpu.md").read_text()
+
+
+def test_a_measurement_past_the_budget_is_stopped():
+    import time
+
+    started = time.perf_counter()
+    with pytest.raises(gpu.OutOfTime, match="stopped after 0 s"):
+        with gpu.time_limit(0.2):
+            while time.perf_counter() - started < 30:
+                pass
+    assert time.perf_counter() - started < 5
+
+
+def test_levers_run_end_to_end_on_the_cpu(tmp_path):
+    """``--levers --device cpu --presets tiny``: a row for every lever of `LEVERS` after the plain step's, each
+    measured, refused in one line naming its flag (CUDA or FP8 only), or skipped for the budget."""
+    output = tmp_path / "levers.json"
+    machine, levers = gpu.main(["--levers", "--device", "cpu", "--presets", "tiny", "--dtype", "float32",
+                                "--max-tokens", "256", "--vocab-size", "300", "--lever-steps", "2",
+                                "--budget-minutes", "1.5", "--output", str(output)])
+    assert levers["what"] == "levers" and "error" not in levers, levers
+    rows = {row["lever"]: row for row in levers["rows"]}
+    assert list(rows) == ["plain", *gpu.LEVERS]
+    plain = rows["plain"]
+    assert plain["steady_target_tokens_per_second"] > 0 and plain["marian_steady_target_tokens_per_second"] > 0
+    assert plain["loss_after"] == pytest.approx(plain["plain_loss_after"], rel=1e-4)  # the same step twice
+    for name in ("training_attention cudnn", "cuda_graphs", "fused_loss liger", "fp8 + compile_layers"):
+        assert rows[name]["skipped"].startswith(gpu.LEVERS[name]["flags"][0]), rows[name]
+    for name, row in rows.items():
+        assert "error" not in row, row
+        if "skipped" not in row:  # measured: the lever trains like the plain step on the same batches
+            assert row["loss_after"] == pytest.approx(row["plain_loss_after"], rel=0.02), name
+    table = output.with_suffix(".md").read_text()
+    assert "| lever | first pass tok/s | steady tok/s | warm-up s |" in table and "| plain |" in table
+
+
+def test_profile_runs_on_the_cpu(tmp_path):
+    """``--profile`` on a CPU: the top operators of one update and of one decoding step (no kernels, no idle time)."""
+    machine, profile = gpu.main(["--profile", "--device", "cpu", "--presets", "tiny", "--dtype", "float32",
+                                 "--max-tokens", "256", "--vocab-size", "300", "--decode-batch", "2",
+                                 "--output", str(tmp_path / "gpu.json")])
+    assert profile["what"] == "profile" and "error" not in profile, profile
+    for part in ("update", "decoding_step"):
+        entry = profile[part]
+        assert 0 < len(entry["top"]) <= 12 and entry["seconds"] > 0 and entry["kernel_launches"] is None
+        assert sum(op["ms"] for op in entry["top"]) <= entry["seconds"] * 1e3 * 1.5
+    assert profile["decoding_step"]["rows"] == 8
+    table = (tmp_path / "gpu.md").read_text()
+    assert "one training update" in table and "one beam-4 decoding step" in table
+
+
+def test_a_stop_wrapped_by_a_library_is_still_a_stop():
+    class Wrapped(Exception):
+        def __init__(self, inner):
+            super().__init__("backend failed")
+            self.inner_exception = inner
+
+    stop = gpu.OutOfTime("stopped after 3 s, at the end of --budget-minutes")
+    assert gpu.out_of_time(Wrapped(stop)) is stop and gpu.out_of_time(ValueError("x")) is None
+    try:
+        try:
+            raise stop
+        except gpu.OutOfTime as inner:
+            raise RuntimeError("during compilation") from inner
+    except RuntimeError as outer:
+        assert gpu.out_of_time(outer) is stop
+
+
+def test_the_default_gpu_run_orders_its_rows_and_fits_the_budget_by_estimate():
+    """`python benchmarks/gpu.py` on a GPU: the training steps, train.py's run, eager then compiled decoding, the
+    profile, the loop; the estimates of the first seven fit 7.5 minutes with room for start-up."""
+    args = gpu.parse_args(["--device", "cuda"])
+    jobs = gpu.jobs_of(args)
+    assert jobs == [("training", "big", "eager"), ("training", "base", "eager"), ("train_run", "big", "eager"),
+                    ("decoding", "big", "eager"), ("decoding", "multi30k", "eager"), ("decoding", "big", "compiled"),
+                    ("profile", "big", "eager"), ("loop", "big", "eager"), ("train_run", "base", "eager"),
+                    ("decoding", "multi30k", "compiled"), ("loop", "base", "eager")]
+    assert sum(gpu.estimate_seconds(*job, args) for job in jobs[:7]) < 7.5 * 60 - 30
+    levers = gpu.parse_args(["--levers", "--device", "cuda"])
+    assert levers.output == "gpu-results/levers.json"
+    assert gpu.jobs_of(levers) == [("levers", "big", "eager"), ("levers", "multi30k", "eager")]

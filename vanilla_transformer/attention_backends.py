@@ -51,6 +51,23 @@ BACKENDS: dict[tuple[bool, str], tuple[SDPBackend, ...]] = {
     (training, use): (FLASH, EFFICIENT, MATH) for training in (True, False) for use in (ENCODER, DECODER, CROSS, DECODING)
 }
 
+# The kernels by name, for a choice of the first one in training (train.py --training_attention; not measured
+# against the default but for cuDNN, see above): ``benchmarks/gpu.py --levers`` compares each as a row.
+KERNELS = {"cudnn": CUDNN, "flash": FLASH, "efficient": EFFICIENT, "math": MATH}
+DEFAULT_BACKENDS = dict(BACKENDS)
+
+
+def prefer_in_training(kernel: str) -> None:
+    """Put the kernel named ``kernel`` (a key of `KERNELS`, or "default" for the table as measured) first for
+    every use in training, the others after it in the default order; decoding and evaluation keep theirs."""
+    if kernel != "default" and kernel not in KERNELS:
+        raise ValueError(f"unknown attention kernel {kernel!r}; choose one of default, {', '.join(KERNELS)}.")
+    for (training, use), default in DEFAULT_BACKENDS.items():
+        if training:
+            first = () if kernel == "default" else (KERNELS[kernel],)
+            BACKENDS[training, use] = first + tuple(backend for backend in default if backend not in first)
+
+
 _SETS_PRIORITY = "set_priority" in inspect.signature(sdpa_kernel).parameters  # torch >= 2.6
 
 # Flex attention on the CPU compiles a C++ kernel that torch 2.7.0 (the package's torch floor) and 2.8.0 fail to
@@ -112,5 +129,5 @@ def _call_with_backends(attention, backends: list, *args, **kwargs):
         return attention(*args, **kwargs)
 
 
-__all__ = ["BACKENDS", "CPU_FLEX_ATTENTION_TORCH", "CROSS", "DECODER", "DECODING", "ENCODER", "attention_use",
-           "check_flex_attention_on_cpu", "chosen_backends", "with_chosen_backends"]
+__all__ = ["BACKENDS", "CPU_FLEX_ATTENTION_TORCH", "CROSS", "DECODER", "DECODING", "ENCODER", "KERNELS", "attention_use",
+           "check_flex_attention_on_cpu", "chosen_backends", "prefer_in_training", "with_chosen_backends"]

@@ -183,7 +183,7 @@ def eager_attention_forward(
 
 def share_keys(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None):
     """Queries (B * G, H, T, D) -> (B, H, G * T, D), a mask with T query positions -> G * T, and G."""
-    group, left_over = divmod(query.shape[0], key.shape[0])
+    group, left_over = query.shape[0] // key.shape[0], query.shape[0] % key.shape[0]  # (divmod breaks dynamo)
     if group == 0 or left_over:
         raise ValueError(
             f"The decoder input has {query.shape[0]} rows and the encoder output {key.shape[0]}: give one encoder row "

@@ -31,8 +31,9 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import ProgressCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
-from transformers.trainer_utils import seed_worker
+from transformers.trainer_utils import has_length, seed_worker
 
+from .levers import FUSED_LOSSES, TRAINING_ATTENTION, apply_levers, check_levers, training_loss
 from ..private_api import require
 from ..training_kernels import label_smoothed_cross_entropy
 from .averaging import AVERAGING_WEIGHTS
@@ -255,11 +256,23 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     skip_oom_batches: bool = field(
         default=False, metadata={"help": "skip a batch that runs out of memory during training (with its update's "
                                          "gradients so far), count it in the logs and go on; one process only"})
+    # GPU speed levers (levers.py): each off by default, not measured on a GPU (benchmarks/gpu.py --levers)
+    compile_layers: bool = field(default=False, metadata={"help": "torch.compile each encoder and decoder layer "
+                                 "with dynamic shapes (regional compilation; not measured)"})
+    cuda_graphs: bool = field(default=False, metadata={"help": "CUDA graphs: torch_compile with mode "
+                              "reduce-overhead, a graph per bucket shape (CUDA only; not measured)"})
+    fused_loss: str = field(default="none", metadata={"help": "the pre-softmax projection and loss a chunk of rows "
+                            "at a time, without the full logits (not measured)", "choices": list(FUSED_LOSSES)})
+    fp8: bool = field(default=False, metadata={"help": "float8 matrix multiplies in the layers, torchao "
+                      "(compute capability 8.9+; not measured)"})
+    training_attention: str = field(default="default", metadata={"help": "the attention kernel tried first in "
+                                    "training (CUDA only; not measured)", "choices": list(TRAINING_ATTENTION)})
 
     def __post_init__(self):
         from .options import check_argument_ranges, check_intervals  # (options reads this class's fields)
 
         check_intervals(self)  # before the Trainer's own checks, which take an eval_steps of 0 as "not set"
+        check_levers(self)
         super().__post_init__()
         check_argument_ranges(self)
 
@@ -347,6 +360,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, AtomicCheckpo
             self.args.dataloader_pin_memory = False
         self.divergence = DivergenceGuard(self)  # last: it reads whether the others log, evaluate or save
         self.add_callback(self.divergence)
+        apply_levers(self.accelerator.unwrap_model(self.model), self.args)
 
     @property
     def _d_model(self) -> int:
@@ -438,6 +452,11 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, AtomicCheckpo
             inputs["decoder_input_ids"] = self.accelerator.unwrap_model(model).prepare_decoder_input_ids_from_labels(
                 labels
             )
+        if model.training and self.args.fused_loss != "none":  # levers.py: no full logits
+            self.target_tokens.add(labels)
+            loss = training_loss(self.accelerator.unwrap_model(model), inputs, labels, num_items_in_batch,
+                                 self.args.label_smoothing_factor, self.args.fused_loss)
+            return (loss, None) if return_outputs else loss
         outputs = model(**inputs)
         if not model.training:  # evaluation: the plain NLL, whose exp is the perplexity
             loss = self.evaluation_loss(outputs, labels)
@@ -494,6 +513,22 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, AtomicCheckpo
         if f"{metric_key_prefix}_loss" in output.metrics:  # the Trainer's: a mean of per-batch means
             output.metrics[f"{metric_key_prefix}_loss"] = self.evaluation_loss.per_token()
         return output
+
+    def evaluate(self, *args, **kwargs):
+        """The Trainer's, over the sentences longest source first (`_get_eval_sampler`)."""
+        self._by_length = True
+        try:
+            return super().evaluate(*args, **kwargs)
+        finally:
+            self._by_length = False
+
+    def _get_eval_sampler(self, eval_dataset):
+        """In evaluate() in one process: longest source first, so that a batch pads little and its rows end
+        decoding at about the same step. The loss, BLEU and chrF are over the whole set, in any order;
+        predict() keeps the input order, in which its predictions come back."""
+        if not getattr(self, "_by_length", False) or self.args.world_size > 1 or not has_length(eval_dataset):
+            return super()._get_eval_sampler(eval_dataset)
+        return np.argsort(-example_lengths(eval_dataset)[:, 0], kind="stable").tolist()
 
     def _sequences_per_input(self) -> int:
         """``num_return_sequences`` of the generation that evaluate() or predict() is about to run."""

@@ -1,0 +1,129 @@
+"""The training levers on a CUDA GPU (`make test-gpu`, under 3 minutes on one GPU): each lever's loss and
+gradients against the plain step, compiled layers and CUDA graphs against eager, the float8 and fused
+kernels running. Every test here is marked ``gpu`` and skips without CUDA; their CPU counterparts are
+in tests/test_levers.py."""
+
+import pytest
+import torch
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, attention_backends
+from vanilla_transformer.modeling_vanilla_transformer import label_smoothed_cross_entropy
+from vanilla_transformer.training import levers
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
+
+
+def model_of(**overrides):
+    torch.manual_seed(0)
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=512, dropout=0.0, **overrides)
+    return VanillaTransformerForConditionalGeneration(config).cuda().train()
+
+
+def batch_of(rows: int, source: int, target: int, seed: int = 0):
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, 512, (rows, source), generator=generator)
+    labels = torch.randint(4, 512, (rows, target), generator=generator)
+    labels[0, target // 2:] = -100
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[-1, source // 2:] = 0
+    return input_ids.cuda(), attention_mask.cuda(), labels.cuda()
+
+
+def loss_and_grads(model, batch, fused_loss="none", forward=None, dtype=torch.bfloat16):
+    input_ids, attention_mask, labels = batch
+    inputs = {"input_ids": input_ids, "attention_mask": attention_mask,
+              "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels)}
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cuda", dtype=dtype):
+        loss = levers.training_loss(model, inputs, labels, None, 0.1, fused_loss, forward)
+    loss.backward()
+    return loss.detach().float(), {name: p.grad.detach().float().clone() for name, p in model.named_parameters()}
+
+
+def assert_same_training(a, b, rtol=2e-2, atol=2e-3):
+    (loss_a, grads_a), (loss_b, grads_b) = a, b
+    torch.testing.assert_close(loss_a, loss_b, rtol=rtol, atol=atol)
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=rtol, atol=atol, msg=name)
+
+
+@pytest.mark.parametrize("fused_loss", ["chunked", "liger"])
+def test_fused_losses_equal_the_plain_step(fused_loss):
+    if fused_loss == "liger":
+        pytest.importorskip("liger_kernel")
+    model, batch = model_of(), batch_of(8, 24, 20)
+    assert_same_training(loss_and_grads(model, batch, fused_loss), loss_and_grads(model, batch))
+
+
+def test_chunked_loss_holds_less_memory_than_the_full_logits():
+    hidden = torch.randn(16384, 512, device="cuda", requires_grad=True)
+    weight = torch.randn(32000, 512, device="cuda", requires_grad=True)
+    labels = torch.randint(0, 32000, (16384,), device="cuda")
+    peaks = {}
+    for chunked in (True, False):
+        hidden.grad = weight.grad = None
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = (levers.chunked_linear_cross_entropy(hidden, weight, labels, None, 0.1) if chunked else
+                    label_smoothed_cross_entropy(hidden @ weight.T, labels, None, 0.1))
+        loss.backward()
+        peaks[chunked] = torch.cuda.max_memory_allocated() - before
+    logits_bytes = 16384 * 32000 * 4
+    assert peaks[True] < logits_bytes / 2 < peaks[False]
+
+
+def test_compiled_layers_train_like_eager_over_bucket_shapes():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    eager, compiled = model_of(), model_of()
+    counter = CompileCounterWithBackend("inductor")
+    levers.compile_layers(compiled, backend=counter)
+    for index, shape in enumerate([(8, 16, 16), (4, 32, 24), (16, 8, 8), (6, 40, 32)]):
+        batch = batch_of(*shape, seed=index)
+        assert_same_training(loss_and_grads(compiled, batch), loss_and_grads(eager, batch))
+    assert counter.frame_count <= 4
+
+
+def test_cuda_graphs_train_like_eager():
+    eager, graphed = model_of(), model_of()
+    forward = torch.compile(graphed, mode="reduce-overhead", dynamic=False)
+    for index in range(3):  # the same shape: recorded once, replayed
+        batch = batch_of(8, 16, 16, seed=index)
+        torch.compiler.cudagraph_mark_step_begin()
+        assert_same_training(loss_and_grads(graphed, batch, forward=forward), loss_and_grads(eager, batch))
+
+
+@pytest.mark.parametrize("kernel", ["cudnn", "flash", "efficient", "math"])
+def test_each_attention_kernel_trains_like_the_default(kernel):
+    model, batch = model_of(), batch_of(8, 24, 20)
+    reference = loss_and_grads(model, batch)
+    try:
+        attention_backends.prefer_in_training(kernel)
+        chosen = loss_and_grads(model, batch)
+    finally:
+        attention_backends.prefer_in_training("default")
+    assert_same_training(chosen, reference)
+
+
+def test_fp8_trains_and_stays_near_bfloat16():
+    reason = levers.refusal("--fp8", "cuda")
+    if reason:
+        pytest.skip(reason)
+    overrides = dict(d_model=256, encoder_ffn_dim=1024, decoder_ffn_dim=1024)
+    plain, fp8 = model_of(**overrides), model_of(**overrides)
+    levers.convert_to_fp8(fp8)
+    assert any("Float8" in type(module).__name__ for module in fp8.modules())
+    batch = batch_of(16, 32, 32)
+    (loss, _), (loss_fp8, grads) = loss_and_grads(plain, batch), loss_and_grads(fp8, batch)
+    assert torch.isfinite(loss_fp8) and all(torch.isfinite(g).all() for g in grads.values())
+    torch.testing.assert_close(loss_fp8, loss, rtol=0.05, atol=0.05)
+
+
+def test_training_arguments_take_cuda_graphs_on_a_gpu():
+    from vanilla_transformer.training.trainer import TransformerTrainingArguments
+
+    args = TransformerTrainingArguments(output_dir="unused", cuda_graphs=True)
+    assert args.torch_compile and args.torch_compile_mode == "reduce-overhead"

@@ -1,0 +1,232 @@
+"""The GPU speed levers of training (vanilla_transformer.training.levers): each correct on the CPU
+against the plain step; those that need CUDA refused elsewhere in one line, and checked by the tests
+marked ``gpu`` (`make test-gpu`) where a GPU is at hand."""
+
+import pytest
+import torch
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, attention_backends
+from vanilla_transformer.modeling_vanilla_transformer import label_smoothed_cross_entropy
+from vanilla_transformer.training import levers
+
+CUDA = torch.cuda.is_available()
+
+
+def reference_and_chunked(hidden, weight, labels, smoothing, count=None, chunk_rows=7):
+    """Loss and gradients of (hidden, weight) by the full logits + `label_smoothed_cross_entropy`, and chunked."""
+    results = []
+    for chunked in (False, True):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if chunked:
+            loss = levers.chunked_linear_cross_entropy(h, w, labels, count, smoothing, chunk_rows=chunk_rows)
+        else:
+            loss = label_smoothed_cross_entropy(h @ w.T, labels, count, smoothing)
+        loss.backward()
+        results.append((loss.detach(), h.grad, w.grad))
+    return results
+
+
+@pytest.mark.parametrize("smoothing", [0.0, 0.1])
+def test_chunked_loss_equals_the_reference_and_its_gradients(smoothing):
+    torch.manual_seed(0)
+    hidden, weight = torch.randn(3, 11, 16, dtype=torch.float64), torch.randn(50, 16, dtype=torch.float64)
+    labels = torch.randint(0, 50, (3, 11))
+    labels[0, 5:] = -100  # padding
+    (loss, grad_h, grad_w), (chunked, chunked_h, chunked_w) = reference_and_chunked(hidden, weight, labels, smoothing)
+    torch.testing.assert_close(chunked, loss)
+    torch.testing.assert_close(chunked_h, grad_h)
+    torch.testing.assert_close(chunked_w, grad_w)
+
+
+def test_chunked_loss_divides_by_the_count_of_the_whole_batch():
+    torch.manual_seed(1)
+    hidden, weight, labels = torch.randn(4, 8, dtype=torch.float64), torch.randn(9, 8, dtype=torch.float64), torch.arange(4)
+    (loss, grad_h, _), (chunked, chunked_h, _) = reference_and_chunked(hidden, weight, labels, 0.1, count=torch.tensor(10))
+    torch.testing.assert_close(chunked, loss)
+    torch.testing.assert_close(chunked_h, grad_h)
+    assert loss < label_smoothed_cross_entropy(hidden @ weight.T, labels, None, 0.1)  # 4 tokens over 10
+
+
+def test_chunked_loss_under_bfloat16_autocast_is_close_to_the_float32_reference():
+    torch.manual_seed(2)
+    hidden, weight, labels = torch.randn(64, 32), torch.randn(300, 32) / 4, torch.randint(0, 300, (64,))
+    reference = label_smoothed_cross_entropy(hidden @ weight.T, labels, None, 0.1)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        chunked = levers.chunked_linear_cross_entropy(hidden, weight, labels, None, 0.1, chunk_rows=16)
+    assert chunked.dtype == torch.float32
+    torch.testing.assert_close(chunked, reference, rtol=2e-2, atol=2e-2)
+
+
+def peak_bytes(function) -> int:
+    """Peak bytes that torch's CPU allocator holds beyond what it held before, while ``function`` runs: its
+    memory profiler's allocation (+) and free (-) events, summed in the order they happened."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as profiler:
+        function()
+    events = [e for e in profiler.profiler.kineto_results.events() if e.name() == "[memory]"]
+    held = peak = 0
+    for event in sorted(events, key=lambda e: e.start_ns()):
+        held += event.nbytes()
+        peak = max(peak, held)
+    return peak
+
+
+def test_chunked_loss_never_holds_the_full_logits():
+    """8,192 tokens x 4,096 words: the float32 logits alone are 128 MiB. The chunked loss and its gradients,
+    256 rows a chunk, peak below a quarter of that (a few chunks of logits, the gradients of hidden and
+    weight); the reference holds the logits and more."""
+    torch.manual_seed(3)
+    hidden, weight = torch.randn(8192, 64), torch.randn(4096, 64)
+    labels = torch.randint(0, 4096, (8192,))
+    logits_bytes = 8192 * 4096 * 4
+
+    def run(chunked: bool):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        if chunked:
+            loss = levers.chunked_linear_cross_entropy(h, w, labels, None, 0.1, chunk_rows=256)
+        else:
+            loss = label_smoothed_cross_entropy(h @ w.T, labels, None, 0.1)
+        loss.backward()
+
+    chunked, reference = peak_bytes(lambda: run(True)), peak_bytes(lambda: run(False))
+    assert chunked < logits_bytes / 4 < reference
+
+
+def tiny_model(**overrides):
+    torch.manual_seed(0)
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=97, dropout=0.0, **overrides)
+    return VanillaTransformerForConditionalGeneration(config)
+
+
+def batch(rows: int, source: int, target: int, seed: int = 0) -> tuple[dict, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(4, 97, (rows, source), generator=generator)
+    labels = torch.randint(4, 97, (rows, target), generator=generator)
+    labels[0, target // 2:] = -100
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[-1, source // 2:] = 0
+    return input_ids, attention_mask, labels
+
+
+def inputs_of(model, input_ids, attention_mask, labels) -> dict:
+    return {"input_ids": input_ids, "attention_mask": attention_mask,
+            "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels)}
+
+
+def test_training_loss_with_the_chunked_loss_equals_the_plain_step():
+    """The loss and every parameter's gradient of the whole model (tied pre-softmax projection included)."""
+    plain, chunked = tiny_model(), tiny_model()
+    input_ids, attention_mask, labels = batch(3, 9, 7)
+    for model, fused in ((plain, "none"), (chunked, "chunked")):
+        model.train()
+        loss = levers.training_loss(model, inputs_of(model, input_ids, attention_mask, labels), labels, None, 0.1, fused)
+        loss.backward()
+        model.loss_ = loss.detach()
+    torch.testing.assert_close(chunked.loss_, plain.loss_)
+    for (name, p), (_, q) in zip(plain.named_parameters(), chunked.named_parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("flag", ["--cuda_graphs", "--training_attention", "--fused_loss liger", "--fp8"])
+def test_levers_that_need_cuda_are_refused_on_the_cpu_in_one_line_naming_the_flag(flag):
+    reason = levers.refusal(flag, "cpu")
+    assert reason.startswith(flag) and "\n" not in reason
+
+
+def test_training_arguments_refuse_a_cuda_lever_on_the_cpu():
+    from vanilla_transformer.training.trainer import TransformerTrainingArguments
+
+    with pytest.raises(ValueError, match=r"^--cuda_graphs needs a CUDA GPU"):
+        TransformerTrainingArguments(output_dir="unused", use_cpu=True, cuda_graphs=True)
+    with pytest.raises(ValueError, match=r"^--fp8 needs a GPU with float8"):
+        TransformerTrainingArguments(output_dir="unused", use_cpu=True, fp8=True)
+    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)  # every lever off by default
+    assert (args.compile_layers, args.cuda_graphs, args.fused_loss, args.fp8, args.training_attention) == (
+        False, False, "none", False, "default") and not args.torch_compile
+
+
+def test_the_attention_kernel_of_training_is_chosen_by_name_and_restored():
+    before = dict(attention_backends.BACKENDS)
+    try:
+        attention_backends.prefer_in_training("cudnn")
+        for (training, use), backends in attention_backends.BACKENDS.items():
+            if training:
+                assert backends[0] == attention_backends.CUDNN and backends[-1] == attention_backends.MATH
+                assert len(set(backends)) == len(backends)
+            else:
+                assert backends == before[training, use]  # decoding and evaluation keep theirs
+        attention_backends.prefer_in_training("default")
+        assert attention_backends.BACKENDS == before
+        with pytest.raises(ValueError, match="unknown attention kernel 'fast'"):
+            attention_backends.prefer_in_training("fast")
+    finally:
+        attention_backends.BACKENDS.update(before)
+
+
+def test_compiled_layers_take_few_graphs_over_all_bucket_shapes():
+    """Regional compilation with dynamic shapes: over six batch shapes (rows, source, target), the encoder
+    layer and the decoder layer compile once each (a few graphs at most, however many shapes and layers),
+    and the compiled layers train to the same loss and gradients as the eager ones."""
+    from torch._dynamo.testing import CompileCounter
+
+    torch._dynamo.reset()
+    eager, compiled = tiny_model(), tiny_model()
+    counter = CompileCounter()
+    levers.compile_layers(compiled, backend=counter)
+    shapes = [(4, 8, 8), (4, 16, 8), (2, 16, 24), (8, 8, 16), (3, 24, 24), (6, 12, 10)]
+    for index, (rows, source, target) in enumerate(shapes):
+        input_ids, attention_mask, labels = batch(rows, source, target, seed=index)
+        for model in (eager, compiled):
+            model.zero_grad()
+            loss = levers.training_loss(model, inputs_of(model, input_ids, attention_mask, labels), labels, None, 0.1)
+            loss.backward()
+            model.loss_ = loss.detach()
+        torch.testing.assert_close(compiled.loss_, eager.loss_)
+    for (name, p), (_, q) in zip(eager.named_parameters(), compiled.named_parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name, rtol=1e-4, atol=1e-6)
+    assert 2 <= counter.frame_count <= 4, f"{counter.frame_count} graphs for {len(shapes)} shapes"
+    assert set(compiled.state_dict()) == set(eager.state_dict())  # Module.compile keeps the names
+
+
+def test_forward_and_loss_have_no_graph_break():
+    """The whole training forward and the label-smoothed loss trace as one graph (torch._dynamo.explain)."""
+    model = tiny_model().train()
+    input_ids, attention_mask, labels = batch(2, 6, 5)
+    inputs = inputs_of(model, input_ids, attention_mask, labels)
+
+    def forward_and_loss(inputs, labels):
+        return label_smoothed_cross_entropy(model(**inputs).logits, labels, None, 0.1)
+
+    torch._dynamo.reset()
+    explanation = torch._dynamo.explain(forward_and_loss)(inputs, labels)
+    assert explanation.graph_break_count == 0, explanation.break_reasons
+    assert explanation.graph_count == 1
+
+
+@pytest.mark.parametrize("flags, named", [(["--cuda_graphs", "true"], "--cuda_graphs"), (["--fp8", "true"], "--fp8"),
+                                          (["--training_attention", "cudnn"], "--training_attention"),
+                                          (["--fused_loss", "liger"], "--fused_loss liger")])
+def test_train_refuses_a_cuda_lever_on_the_cpu_in_one_line_with_status_2(flags, named, capsys, tmp_path):
+    from vanilla_transformer.training import run
+
+    argv = ["--train_file", str(tmp_path / "absent.jsonl"), "--preset", "tiny", "--output_dir", str(tmp_path / "out"),
+            "--report_to", "none", "--use_cpu", *flags]
+    with pytest.raises(SystemExit) as exit:
+        run.main(argv, exit_on_bad_input=True)
+    assert exit.value.code == 2
+    error = capsys.readouterr().err.strip()
+    assert len(error.splitlines()) == 1 and named in error and "Traceback" not in error, error
+
+
+@pytest.mark.parametrize("fused_loss", ["none", "chunked"])
+def test_training_loss_takes_a_compiled_stand_in_for_the_model(fused_loss):
+    """``forward``: the whole model (or, with a fused loss, the encoder-decoder) under torch.compile, as the
+    Trainer's --torch_compile and --cuda_graphs run it; the same loss as eager."""
+    torch._dynamo.reset()
+    model = tiny_model().train()
+    input_ids, attention_mask, labels = batch(2, 6, 5)
+    inputs = inputs_of(model, input_ids, attention_mask, labels)
+    compiled = torch.compile(model if fused_loss == "none" else model.model, backend="eager", dynamic=False)
+    eager = levers.training_loss(model, inputs, labels, None, 0.1, fused_loss)
+    torch.testing.assert_close(levers.training_loss(model, inputs, labels, None, 0.1, fused_loss, compiled), eager)

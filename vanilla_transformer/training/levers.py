@@ -1,0 +1,245 @@
+"""GPU speed levers of training: each an option, off by default, until a GPU measurement decides it.
+
+None of these has been measured on a GPU yet ("not measured"): ``python benchmarks/gpu.py --levers``
+compares each against the plain step and MarianMTModel on the same batches, and docs/benchmarks/gpu.md
+records what a card decided. Each lever is correct by a CPU test (tests/test_levers.py) or, where it
+needs CUDA, by a test marked ``gpu`` (``make test-gpu``).
+
+- `compile_layers`: regional compilation (``torch.compile`` of the repeated encoder and decoder layer,
+  dynamic shapes), so that the batch shapes of a run cost a few graphs, not one each.
+- ``cuda_graphs``: the Trainer's ``torch.compile`` with mode "reduce-overhead" (CUDA graphs, one per bucket
+  shape), for small models whose update is bound by kernel launches. CUDA only.
+- `chunked_linear_cross_entropy`: the pre-softmax projection (§3.4) and the label-smoothed loss (§5.4)
+  a chunk of rows at a time, never holding the (tokens, vocabulary) logits; ``liger``: liger-kernel's
+  fused linear cross-entropy (CUDA only, the ``liger`` extra).
+- `convert_to_fp8`: the big model's linear layers in float8 (torchao's float8 training; Hopper or newer).
+- the attention kernel of training (`attention_backends.prefer_in_training`).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .. import attention_backends
+from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
+
+FUSED_LOSSES = ("none", "chunked", "liger")
+TRAINING_ATTENTION = ("default", *attention_backends.KERNELS)
+FP8_INSTALL_HINT = "pip install torchao (float8 training needs a CUDA GPU of compute capability 8.9 or more)"
+LIGER_INSTALL_HINT = "pip install 'vanilla-transformer[liger]' (liger-kernel, CUDA only)"
+
+
+# ---------------------------------------------------------------------------------------------
+# Checks: a lever the device cannot run is refused in one line naming its flag
+# ---------------------------------------------------------------------------------------------
+
+
+def refusal(flag: str, device: str | torch.device) -> str | None:
+    """Why ``flag`` cannot run on ``device`` (one line naming it), or None where it can."""
+    device = torch.device(device)
+    if flag in ("--cuda_graphs", "--training_attention") and device.type != "cuda":
+        return f"{flag} needs a CUDA GPU (the device is {device.type}); leave it out."
+    if flag == "--fused_loss liger":
+        if device.type != "cuda":
+            return f"{flag} needs a CUDA GPU (the device is {device.type}); use --fused_loss chunked."
+        try:
+            import liger_kernel  # noqa: F401
+        except ImportError:
+            return f"{flag} needs liger-kernel: {LIGER_INSTALL_HINT}; or use --fused_loss chunked."
+    if flag == "--fp8":
+        if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
+            name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+            return f"--fp8 needs a GPU with float8 matrix multiplies (compute capability 8.9+), not {name}; leave it out."
+        try:
+            import torchao.float8  # noqa: F401
+        except ImportError:
+            return f"--fp8 needs torchao: {FP8_INSTALL_HINT}."
+    return None
+
+
+def requested(args) -> list[str]:
+    """The levers that ``args`` (TransformerTrainingArguments) turn on, as their flags."""
+    flags = []
+    if getattr(args, "cuda_graphs", False):
+        flags.append("--cuda_graphs")
+    if getattr(args, "fused_loss", "none") == "liger":
+        flags.append("--fused_loss liger")
+    if getattr(args, "fp8", False):
+        flags.append("--fp8")
+    if getattr(args, "training_attention", "default") != "default":
+        flags.append("--training_attention")
+    return flags
+
+
+def check_levers(args) -> None:
+    """Refuse, before anything runs, a lever the device cannot run; turn --cuda_graphs into the Trainer's
+    ``torch_compile_mode="reduce-overhead"``. Called from TransformerTrainingArguments.__post_init__."""
+    if getattr(args, "fused_loss", "none") not in FUSED_LOSSES:
+        raise ValueError(f"--fused_loss must be one of {', '.join(FUSED_LOSSES)}, got {args.fused_loss!r}.")
+    if getattr(args, "training_attention", "default") not in TRAINING_ATTENTION:
+        raise ValueError(f"--training_attention must be one of {', '.join(TRAINING_ATTENTION)}, "
+                         f"got {args.training_attention!r}.")
+    if getattr(args, "fused_loss", "none") != "none" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        raise ValueError(f"--fused_loss {args.fused_loss} runs in one process only (it calls the model past its "
+                         "DDP/FSDP wrapper); leave it out with several processes.")
+    device = "cpu" if args.use_cpu or not torch.cuda.is_available() else "cuda"
+    for flag in requested(args):
+        reason = refusal(flag, device)
+        if reason:
+            raise ValueError(reason)
+    if getattr(args, "cuda_graphs", False):
+        args.torch_compile, args.torch_compile_mode = True, "reduce-overhead"
+
+
+def apply_levers(model, args) -> None:
+    """What the levers change on the model before training: float8 linears, compiled layers, the attention
+    kernel of training. Called by TransformerTrainer.__init__ (before the optimizer exists)."""
+    if getattr(args, "fp8", False):
+        convert_to_fp8(model)
+    if getattr(args, "compile_layers", False):
+        compile_layers(model)
+    if getattr(args, "training_attention", "default") != "default":
+        attention_backends.prefer_in_training(args.training_attention)
+
+
+# ---------------------------------------------------------------------------------------------
+# torch.compile of the repeated layer
+# ---------------------------------------------------------------------------------------------
+
+
+def layers_of(model) -> list[torch.nn.Module]:
+    """The N encoder and N decoder layers (§3.1) of a VanillaTransformerForConditionalGeneration."""
+    inner = getattr(model, "model", model)
+    return [*inner.encoder.layers, *inner.decoder.layers]
+
+
+def compile_layers(model, dynamic: bool | None = True, backend: str = "inductor", mode: str | None = None) -> None:
+    """Regional compilation: ``torch.compile`` each encoder and decoder layer in place (``Module.compile``:
+    the state dict keeps its names). The layers of a stack share their code, so dynamo builds one graph for
+    the encoder layer and one for the decoder layer, reused by every instance; with ``dynamic=True`` the
+    batch and sequence lengths are symbolic, so new bucket shapes bring no new graphs."""
+    for layer in layers_of(model):
+        layer.compile(dynamic=dynamic, backend=backend, mode=mode)
+
+
+# ---------------------------------------------------------------------------------------------
+# The pre-softmax projection and the label-smoothed loss, a chunk of rows at a time
+# ---------------------------------------------------------------------------------------------
+
+
+class ChunkedLinearCrossEntropy(torch.autograd.Function):
+    """``label_smoothed_cross_entropy(hidden @ weight.T, labels, count, eps)`` and its gradients, computed a
+    chunk of rows at a time: the logits of a chunk are made, turned into the loss and into the gradient of
+    ``hidden``'s rows and of ``weight``, and dropped. The (N, V) logits never exist, in float32 or at all.
+
+    Per row, with x = h W^T and L = log sum_v exp(x_v): loss = L - (1 - eps) x_y - eps mean_v(x_v), and
+    dloss/dx = softmax(x) - (1 - eps) onehot(y) - eps / V, divided by the token count; then dh = dx W and
+    dW = dx^T h. Under autocast the matrix multiplies run in its dtype, the softmax in float32.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, smoothing: float, count, chunk_rows: int):
+        dtype = hidden.dtype
+        if torch.is_autocast_enabled(hidden.device.type):
+            dtype = torch.get_autocast_dtype(hidden.device.type)
+        with torch.autocast(hidden.device.type, enabled=False):
+            h, w = hidden.to(dtype), weight.to(dtype)
+            ignored = labels == -100
+            targets = labels.masked_fill(ignored, 0)
+            row_weight = (~ignored).float() / count
+            needs_grad = ctx.needs_input_grad[0] or ctx.needs_input_grad[1]
+            grad_hidden = torch.empty_like(hidden) if needs_grad else None
+            grad_weight = torch.zeros_like(weight, dtype=torch.float32) if needs_grad else None
+            total = hidden.new_zeros((), dtype=torch.float32)
+            for start in range(0, h.shape[0], chunk_rows):
+                rows = slice(start, start + chunk_rows)
+                x = (h[rows] @ w.T).float()  # (rows, V): the only logits alive
+                maximum = x.amax(dim=-1, keepdim=True)
+                exp = (x - maximum).exp_()
+                normalizer = exp.sum(dim=-1, keepdim=True)
+                target = x.gather(1, targets[rows, None])
+                loss = maximum + normalizer.log() - (1 - smoothing) * target - smoothing * x.mean(dim=-1, keepdim=True)
+                weight_rows = row_weight[rows, None]
+                total += (loss * weight_rows).sum()
+                if needs_grad:
+                    exp.mul_(weight_rows / normalizer).sub_(weight_rows * (smoothing / x.shape[-1]))
+                    exp.scatter_add_(1, targets[rows, None], weight_rows * (smoothing - 1))
+                    grad_logits = exp.to(dtype)
+                    grad_hidden[rows] = grad_logits @ w
+                    grad_weight += (grad_logits.T @ h[rows]).float()
+        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None)
+        return total
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_total):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return grad_hidden * grad_total, grad_weight * grad_total, None, None, None, None
+
+
+def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                                 num_items_in_batch=None, label_smoothing: float = 0.0,
+                                 chunk_rows: int | None = None) -> torch.Tensor:
+    """`label_smoothed_cross_entropy` of the logits ``hidden @ weight.T`` (hidden (..., d), weight (V, d),
+    labels (...)), without the logits: `ChunkedLinearCrossEntropy`. ``chunk_rows`` defaults to about
+    2^24 logits a chunk (64 MiB in float32)."""
+    hidden, labels = hidden.flatten(0, -2), labels.to(hidden.device).flatten()
+    count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
+    count = count.to(hidden.device) if torch.is_tensor(count) else count
+    chunk_rows = chunk_rows or max(1, 2**24 // weight.shape[0])
+    return ChunkedLinearCrossEntropy.apply(hidden, weight, labels, label_smoothing, count, chunk_rows)
+
+
+def liger_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                               num_items_in_batch=None, label_smoothing: float = 0.0) -> torch.Tensor:
+    """The same loss by liger-kernel's fused linear cross-entropy (Triton; CUDA only): its sum over the
+    tokens, divided by the count as `label_smoothed_cross_entropy` divides it."""
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    hidden, labels = hidden.flatten(0, -2), labels.to(hidden.device).flatten()
+    count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
+    total = liger_fused_linear_cross_entropy(hidden, weight, labels, ignore_index=-100,
+                                             label_smoothing=label_smoothing, reduction="sum")
+    return total / count
+
+
+def training_loss(model, inputs: dict, labels: torch.Tensor, num_items_in_batch, label_smoothing: float,
+                  fused_loss: str = "none", forward=None) -> torch.Tensor:
+    """The training loss of ``model`` (unwrapped) on ``inputs`` (input_ids, attention_mask,
+    decoder_input_ids): with ``fused_loss`` "none" the model's logits and `label_smoothed_cross_entropy`,
+    else the decoder's last hidden states and the chunked or liger loss with the pre-softmax weight.
+    ``forward``: a compiled stand-in for ``model`` ("none") or ``model.model`` (the others)."""
+    if fused_loss == "none":
+        logits = (model if forward is None else forward)(**inputs, use_cache=False).logits
+        return label_smoothed_cross_entropy(logits, labels, num_items_in_batch, label_smoothing)
+    hidden = (model.model if forward is None else forward)(**inputs, use_cache=False).last_hidden_state
+    loss = chunked_linear_cross_entropy if fused_loss == "chunked" else liger_linear_cross_entropy
+    return loss(hidden, model.lm_head.weight, labels, num_items_in_batch, label_smoothing)
+
+
+# ---------------------------------------------------------------------------------------------
+# float8 matrix multiplies (Hopper and newer)
+# ---------------------------------------------------------------------------------------------
+
+
+def convert_to_fp8(model) -> None:
+    """torchao's float8 training on the linear layers of the encoder and decoder layers (dims multiples of
+    16, as its kernels need); the pre-softmax projection, tied to the embedding, stays as it is."""
+    reason = refusal("--fp8", next(model.parameters()).device if next(model.parameters()).is_cuda else
+                     ("cuda" if torch.cuda.is_available() else "cpu"))
+    if reason:
+        raise ValueError(reason)
+    from torchao.float8 import convert_to_float8_training
+
+    def takes(module, name: str) -> bool:
+        return (isinstance(module, torch.nn.Linear) and ".layers." in f".{name}"
+                and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+
+    convert_to_float8_training(model, module_filter_fn=takes)
+
+
+__all__ = ["FUSED_LOSSES", "TRAINING_ATTENTION", "ChunkedLinearCrossEntropy", "apply_levers", "check_levers",
+           "chunked_linear_cross_entropy", "compile_layers", "convert_to_fp8", "layers_of",
+           "liger_linear_cross_entropy", "refusal", "requested", "training_loss"]
