@@ -17,7 +17,7 @@ default gpu-results/gpu.json, with --levers gpu-results/levers.json) and the mar
 Levers (``--levers``): for each preset (big and the Multi30k shape), each lever of `LEVERS` (train.py's
 ``--compile_layers``, ``--fused_loss``, ``--training_attention``, ``--fp8``, ``--cuda_graphs``, and the whole model
 under torch.compile) against the plain step (ours, eager) and MarianMTModel, on the same ``--lever-steps`` batches,
-alternating, two passes: first-pass and steady target tokens/s, warm-up seconds, the peak memory of one step, and
+alternating (all padded to bucket shapes, which the compiled rows need), two passes: first-pass and steady target tokens/s, warm-up seconds, the peak memory of one step, and
 the loss after the same updates against the plain step's (lever and plain start from the same weights). A lever
 the device cannot run is a row with its one-line refusal.
 
@@ -25,14 +25,15 @@ Profile (``--profile``, and in the full run on CUDA): torch.profiler over one tr
 decoding step: the top CUDA kernels by time (on a CPU, operators), kernel launches, and the GPU's idle time.
 
 Shapes: ``--shapes-only`` packs an epoch of ``--pairs`` synthetic WMT-like length pairs (lengths only, no
-text) with `TokenBatchSampler` and prints one JSON line: ``batches``, ``distinct_shapes`` (rows, source
+text) with `TokenBatchSampler` into bucket shapes (``--pad_to_buckets always``) and prints one JSON line: ``batches``, ``distinct_shapes`` (rows, source
 length, target length) and ``padding_fraction`` (padded tokens that are not real ones, both sides).
 
 Training: the step a `TransformerTrainer --bf16` run takes (autocast to bfloat16 over float32
 weights; forward, the package's label-smoothed loss over the batch's target tokens, backward, fused
 AdamW (0.9, 0.98, 1e-9)) on token-count batches of ``--max-tokens`` padded tokens per side built by
 `TokenBatchSampler` from synthetic pairs with WMT14-like lengths (a 37k vocabulary; mean about 28
-tokens a side). "compiled" wraps the model and the loss in ``torch.compile`` with static shapes (one
+tokens a side), each padded to its own longest sentences as train.py pads them by default. "compiled" wraps
+the model and the loss in ``torch.compile`` with static shapes over batches padded to bucket shapes (one
 graph per bucket shape, as ``train.py --torch_compile``). Ours and a MarianMTModel of the same shape
 step alternately on the same batches: first over ``--steps`` batches whose shapes no step has seen
 (the first-pass cost: attention plans, compilation), then over the same batches again (steady state).
@@ -172,10 +173,11 @@ def shape_statistics(lengths: np.ndarray, max_tokens: int) -> dict:
 
 
 def make_batches(lengths: np.ndarray, max_tokens: int, vocab_size: int, count: int, device, seed: int,
-                 epoch: int = 0) -> list[dict]:
+                 epoch: int = 0, pad_to_buckets: bool = True) -> list[dict]:
     """``count`` token batches as TokenBatchSampler packs them (epoch ``epoch``'s order), random ids padded
-    to the batch's bucket shape by `PadToBucket`, as the Trainer's data loader pads them."""
-    sampler = TokenBatchSampler(lengths, max_tokens, shuffle=True, seed=seed, pad_to_buckets=True)
+    to the batch's shape (its bucket's with ``pad_to_buckets``, by `PadToBucket`), as the Trainer's data
+    loader pads them."""
+    sampler = TokenBatchSampler(lengths, max_tokens, shuffle=True, seed=seed, pad_to_buckets=pad_to_buckets)
     sampler.set_epoch(epoch)
     generator = torch.Generator().manual_seed(seed + epoch)
 
@@ -187,7 +189,7 @@ def make_batches(lengths: np.ndarray, max_tokens: int, vocab_size: int, count: i
         return {"input_ids": input_ids.masked_fill(~attention_mask, 0), "attention_mask": attention_mask.long(),
                 "labels": labels.masked_fill(torch.arange(labels.shape[1]) >= target[:, None], -100)}
 
-    pad = PadToBucket(collate, pad_token_id=0, max_tokens=max_tokens)
+    pad = PadToBucket(collate, pad_token_id=0, max_tokens=max_tokens) if pad_to_buckets else collate
     batches = []
     for _, indices in zip(range(count), sampler):
         batch = {key: value.to(device) for key, value in pad(indices).items()}
@@ -259,8 +261,9 @@ def measure_training(preset: str, mode: str, args) -> dict:
         allow_recompiles(args.warmup + args.steps)  # static shapes, one graph per bucket shape (as --torch_compile)
     models = {"ours": Trainee(VanillaTransformerForConditionalGeneration(config), mode, args),
               "marian": Trainee(marian_of(config), mode, args)}
+    # train.py's batches: padded to bucket shapes under torch.compile only (--pad_to_buckets auto)
     batches = make_batches(synthetic_lengths(200_000, args.seed), args.max_tokens, args.vocab_size,
-                           args.warmup + args.steps, args.device, args.seed)
+                           args.warmup + args.steps, args.device, args.seed, pad_to_buckets=mode == "compiled")
     for batch in batches[: args.warmup]:  # lazy initialisation, and the shapes these batches bring
         for model in models.values():
             model.step(batch)
