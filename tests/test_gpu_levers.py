@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, attention_backends
-from vanilla_transformer.modeling_vanilla_transformer import label_smoothed_cross_entropy
+from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 from vanilla_transformer.training import levers
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]

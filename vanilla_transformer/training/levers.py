@@ -23,7 +23,7 @@ import os
 import torch
 
 from .. import attention_backends
-from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
+from ..training_kernels import label_smoothed_cross_entropy
 
 FUSED_LOSSES = ("none", "chunked", "liger")
 TRAINING_ATTENTION = ("default", *attention_backends.KERNELS)

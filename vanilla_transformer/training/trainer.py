@@ -52,7 +52,7 @@ require("transformers.Trainer._save", "transformers.Trainer._save_optimizer_and_
         "transformers.Trainer._load_optimizer_and_scheduler", "transformers.Trainer._remove_unused_columns",
         "transformers.Trainer._get_collator_with_removed_columns", "transformers.Trainer._created_lr_scheduler",
         "transformers.Seq2SeqTrainer._gen_kwargs", "accelerate.Accelerator._models",
-        "transformers.Trainer._build_accelerator_args")
+        "transformers.Trainer._build_accelerator_args", "transformers.Trainer._get_eval_sampler")
 
 PAPER_WARMUP_STEPS = 4000
 
@@ -523,10 +523,10 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, AtomicCheckpo
             self._by_length = False
 
     def _get_eval_sampler(self, eval_dataset):
-        """In evaluate() in one process: longest source first, so that a batch pads little and its rows end
-        decoding at about the same step. The loss, BLEU and chrF are over the whole set, in any order;
+        """In evaluate(): longest source first, so that a batch pads little and its rows end decoding at about
+        the same step (several processes take the same batches in turn). The loss, BLEU and chrF are over the whole set, in any order;
         predict() keeps the input order, in which its predictions come back."""
-        if not getattr(self, "_by_length", False) or self.args.world_size > 1 or not has_length(eval_dataset):
+        if not getattr(self, "_by_length", False) or not has_length(eval_dataset):
             return super()._get_eval_sampler(eval_dataset)
         return np.argsort(-example_lengths(eval_dataset)[:, 0], kind="stable").tolist()
 
