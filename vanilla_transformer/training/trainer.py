@@ -37,7 +37,7 @@ from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
 from ..private_api import require
 from .averaging import AVERAGING_WEIGHTS
 from .batching import PadToBucket, TokenBatchSampler
-from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
+from .checkpointing import CheckpointPolicy, StopOnSignal, is_sharded, plain_copy, resolve_checkpoint
 from .data import example_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
 from .moving_average import ExponentialMovingAverage, check_checkpoint
@@ -46,8 +46,7 @@ from .progress import TargetTokens, TimeBudgetProgress, add_throughput
 logger = logging.getLogger(__name__)
 
 # TransformerTrainer overrides or reads these internals: fail at import, naming the versions, where they are gone
-require("transformers.Trainer._save", "transformers.Trainer._save_optimizer_and_scheduler",
-        "transformers.Trainer._load_optimizer_and_scheduler", "transformers.Trainer._remove_unused_columns",
+require("transformers.Trainer._remove_unused_columns",
         "transformers.Trainer._get_collator_with_removed_columns", "transformers.Trainer._created_lr_scheduler",
         "transformers.Seq2SeqTrainer._gen_kwargs", "accelerate.Accelerator._models")
 
@@ -234,6 +233,13 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         metadata={"help": "with max_train_minutes and eq. (3): decay the learning rate linearly to 0 over the last "
                           "this many minutes of the budget (the rate then depends on the clock, not the update alone)"},
     )
+    preemption_grace_seconds: float = field(
+        default=25.0,
+        metadata={"help": "on SIGTERM (a scheduler's preemption), finish the update and save a checkpoint within this "
+                          "many seconds of the signal, what resumes best first (weights, optimizer, trainer state), "
+                          "the moving average only if it fits; then exit with status 143 (requeue). Set it below the "
+                          "scheduler's grace period (SLURM's GraceTime, Kubernetes' terminationGracePeriodSeconds)"},
+    )
 
     def __post_init__(self):
         from .options import check_argument_ranges, check_intervals  # (options reads this class's fields)
@@ -272,17 +278,18 @@ def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> f
 # ---------------------------------------------------------------------------------------------
 
 
-class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
+class TransformerTrainer(StopOnDivergence, CheckpointPolicy, Seq2SeqTrainer):
     """Seq2SeqTrainer with the paper's recipe: token-count batches, per-token label smoothing, eq. (3).
 
     Needs `TransformerTrainingArguments` (a `Seq2SeqTrainingArguments` with the paper's defaults).
     ``lr_scheduler_type="inverse_sqrt"`` runs eq. (3) through `noam_schedule` (transformers' own
     inverse_sqrt starts at a rate of 0); any other type is the Trainer's.
 
-    Faults (`checkpointing`): checkpoints appear only complete; Ctrl-C or SIGTERM saves one and
-    raises `TrainingInterrupted`; resuming skips incomplete checkpoints. A non-finite loss or gradient
-    (`divergence`) raises `TrainingDiverged` at the next logging, evaluation or saving step, before
-    anything is saved.
+    Checkpoints (`CheckpointPolicy`, the one place that decides what they hold and how they are
+    written): they appear only complete; Ctrl-C or SIGTERM saves one (after SIGTERM within
+    ``preemption_grace_seconds``) and raises `TrainingInterrupted`; resuming skips incomplete
+    checkpoints. A non-finite loss or gradient (`divergence`) raises `TrainingDiverged` at the next
+    logging, evaluation or saving step, before anything is saved.
     """
 
     loss_is_scaled_for_ga = True  # compute_loss divides by the tokens of the whole accumulated batch
@@ -301,7 +308,7 @@ class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
         # Always count the target tokens of each accumulated batch: compute_loss normalises by them.
         self.model_accepts_loss_kwargs = True
         refuse_ignored_precision_or_sharding(self.args, self.accelerator, self.is_fsdp_enabled)
-        self.stop_on_signal = StopOnSignal(self)
+        self.stop_on_signal = StopOnSignal(self, self.args.preemption_grace_seconds)
         self.add_callback(self.stop_on_signal)
         self.moving_average = None
         if self.args.ema_decay:
@@ -372,17 +379,6 @@ class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
             logger.info(f"the model now holds the moving average of its weights over {self.moving_average.updates} "
                         f"updates (decay {self.moving_average.decay:g}); the checkpoints hold the trained weights")
         return result
-
-    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
-        """The training state of a checkpoint, with the moving average of the weights (``--ema_decay``)."""
-        super()._save_optimizer_and_scheduler(output_dir)
-        if self.moving_average is not None and self.args.should_save:
-            self.moving_average.save(output_dir)
-
-    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if self.moving_average is not None and checkpoint is not None:
-            self.moving_average.load(checkpoint)
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.args.lr_scheduler_type != "inverse_sqrt":
@@ -514,21 +510,6 @@ class TransformerTrainer(StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
     # Sharded models (FSDP): checkpoints and the final model stay Hub folders
     # -----------------------------------------------------------------------------------------
 
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Under FSDP, write the gathered weights (FULL_STATE_DICT) from a plain copy of the model.
-
-        FSDP 2 swaps the model's class for ``FSDP<Name>(FSDPModule, <Name>)``; ``save_pretrained`` on it
-        would copy torch's ``_fsdp_*.py`` files into the folder as remote code, and the gathered state
-        dict holds the tied embedding matrix (§3.4) once per tie. The plain copy saves as any other model.
-        """
-        if not (self.is_fsdp_enabled and state_dict is not None and self.args.should_save):
-            return super()._save(output_dir, state_dict)
-        sharded, self.model = self.model, plain_copy(self.accelerator.unwrap_model(self.model), state_dict)
-        try:
-            super()._save(output_dir)
-        finally:
-            self.model = sharded
-
     def load_full_weights(self, state_dict: dict) -> None:
         """Put full (unsharded) weights, e.g. the average of checkpoints, into the trained model; every
         process calls it with the same ``state_dict``."""
@@ -636,22 +617,3 @@ def refuse_ignored_precision_or_sharding(args, accelerator, is_fsdp_enabled: boo
         raise ValueError(f"--ema_decay {args.ema_decay} is not supported under FSDP (each process holds a shard of the "
                          "weights): use --average_checkpoints N, or launch with the ddp config "
                          "($(vanilla-transformer config ddp)).")
-
-
-def is_sharded(model) -> bool:
-    """Whether FSDP 2 has sharded ``model`` (its class then derives from ``FSDPModule``)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
-def plain_copy(model, state_dict: dict):
-    """A new, unsharded model of ``model``'s own class with the weights of a full ``state_dict``."""
-    from torch.distributed.fsdp import FSDPModule
-
-    plain_class = next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
-    with torch.random.fork_rng(devices=[]):  # its throw-away initialisation must not move training's RNG
-        plain = plain_class(model.config)
-    plain.load_state_dict(state_dict)
-    plain.generation_config = copy.deepcopy(model.generation_config)
-    return plain
