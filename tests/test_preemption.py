@@ -73,7 +73,8 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def start(data_dir: Path, output_dir: Path, *extra: str, pause: float = 0.0, sigterm_while_saving: int = -1):
+def start(data_dir: Path, output_dir: Path, *extra: str, pause: float = 0.0, sigterm_while_saving: int = -1,
+          own_process_group: bool = False):
     """As test_faults.start (the final model: the mean of checkpoints 4, 8 and 12), with the hooks above."""
     driver = data_dir / "preemption_driver.py"
     driver.write_text(DRIVER)
@@ -83,7 +84,7 @@ def start(data_dir: Path, output_dir: Path, *extra: str, pause: float = 0.0, sig
                *run_argv(data_dir, output_dir, "--average_checkpoints", "3", *extra)]
     log = output_dir.with_name(output_dir.name + ".log")  # a file, not a pipe: a full pipe would stall the run
     attempt = len(list(log.parent.glob(log.name + "*")))
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True,
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, start_new_session=own_process_group,
                                stderr=open(f"{log}{attempt}", "w", encoding="utf-8"))
     process.log = Path(f"{log}{attempt}")
     return process
@@ -134,6 +135,19 @@ def test_sigterm_while_a_checkpoint_is_written_stops_after_it_and_resume_gives_t
     assert sorted(p.name for p in output.glob("checkpoint-*")) == [f"checkpoint-{SAVE_STEPS}", checkpoint.name]
     resume_to_the_end(data_dir, output)
     assert_same_weights(output, uninterrupted)
+
+
+def test_sigterm_to_every_process_of_the_job_data_loader_workers_too_still_saves(data_dir, tmp_path):
+    """SLURM signals every process of a job step, the data loader's workers too. A worker killed by it would end
+    the run before the checkpoint (torch raises "DataLoader worker ... is killed by signal" in the main process)."""
+    output = tmp_path / "whole-group"
+    process = start(data_dir, output, "--dataloader_num_workers", "1", pause=0.3, own_process_group=True)
+    wait_for_updates(process, 2)
+    os.killpg(process.pid, signal.SIGTERM)
+    code, _, err = finish(process)
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err
+    check_resumable(output / f"checkpoint-{stopped_at(err)}")
 
 
 class SignalAt(train.TrainerCallback):
