@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, seed_worker
 
 from ..checkpoint_files import check_json, check_model_folder, check_torch_archive
 from ..private_api import require
@@ -497,3 +497,15 @@ class StopOnSignal(TrainerCallback):
     def raise_if_stopped(self, step: int) -> None:
         if self.received is not None:
             raise TrainingInterrupted(self.received, step, self.saved)
+
+
+def start_worker(worker_id: int, num_workers: int, rank: int) -> None:
+    """A data loader worker's start (``worker_init_fn``): the Trainer's seeding, and SIGTERM left to the main process.
+
+    SLURM signals every process of a job step, the loader's workers too. torch's worker handler dies of a
+    SIGTERM that its parent did not send, and the main process then raises "DataLoader worker ... is killed
+    by signal" in the middle of the update, before any checkpoint. Ignored here, the signal reaches the main
+    process alone, which saves, stops and shuts its workers down as at the end of any run.
+    """
+    seed_worker(worker_id, num_workers=num_workers, rank=rank)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

@@ -31,13 +31,12 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import ProgressCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
-from transformers.trainer_utils import seed_worker
 
 from ..modeling_vanilla_transformer import label_smoothed_cross_entropy
 from ..private_api import require
 from .averaging import AVERAGING_WEIGHTS
 from .batching import PadToBucket, TokenBatchSampler
-from .checkpointing import CheckpointPolicy, StopOnSignal, is_sharded, plain_copy, resolve_checkpoint
+from .checkpointing import CheckpointPolicy, StopOnSignal, is_sharded, plain_copy, resolve_checkpoint, start_worker
 from .data import example_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
 from .moving_average import ExponentialMovingAverage, check_checkpoint
@@ -502,7 +501,7 @@ class TransformerTrainer(StopOnDivergence, CheckpointPolicy, Seq2SeqTrainer):
             pin_memory=self.args.dataloader_pin_memory,
             persistent_workers=self.args.dataloader_persistent_workers,
             prefetch_factor=self.args.dataloader_prefetch_factor,
-            worker_init_fn=partial(seed_worker, num_workers=self.args.dataloader_num_workers, rank=self.args.process_index),
+            worker_init_fn=partial(start_worker, num_workers=self.args.dataloader_num_workers, rank=self.args.process_index),
         )
         return self.accelerator.prepare(loader)
 
