@@ -19,8 +19,9 @@ run of ~170 updates a minute do. It costs one float32 copy of the parameters and
 With `TransformerTrainer` (``--ema_decay``), the average is written into every checkpoint
 (``ema.safetensors``, unless ``--save_only_model``; a resumed run goes on averaging from where it
 stopped; a checkpoint saved after SIGTERM may leave it out for lack of time, and a run resumed from
-that one starts the average again, saying so), and ``train()`` ends by putting it into the model, which ``save_model`` then saves;
-checkpoints themselves hold the trained weights, as always, and so do evaluations during training.
+that one starts the average again, saying so), and ``train()`` ends by putting it into the model,
+which ``save_model`` then saves; checkpoints themselves hold the trained weights, as always, and so
+do evaluations during training.
 With another Trainer the callback averages alike, but saving and loading the average are yours
 (`save`, `load`, `copy_to`). An update the float16 loss scaler skips still counts as one (the
 weights are then folded in twice), which at a decay near 1 is negligible.
