@@ -19,6 +19,7 @@ Here:
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import logging
