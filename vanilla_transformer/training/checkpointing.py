@@ -1,23 +1,25 @@
-"""Checkpoints that survive crashes, full disks and Ctrl-C; which checkpoint to resume from.
+"""Checkpoints: one policy for what they hold and how they are written; which one to resume from.
 
 transformers' Trainer writes ``checkpoint-<step>`` in place, file after file, and picks the
 highest step to resume from. A run killed while it writes (``kill -9``, an out-of-memory kill, a
 power cut) leaves a half-written folder with the highest step, which ``resume`` would then take.
 Here:
 
-- `AtomicCheckpoints` (a Trainer mixin) writes each checkpoint under ``_checkpoint_in_progress/``,
-  flushes it to disk and renames it to ``checkpoint-<step>`` only when every file is written; older
-  checkpoints are deleted (``save_total_limit``) only after that. A failed write (a full disk)
-  removes the partial folder and raises `CheckpointWriteError`, which names the folder, the free
-  space and the checkpoint that is still intact.
+- `CheckpointPolicy` (a Trainer mixin) is the one place that decides what a checkpoint holds and how
+  it is written, in one visible order: the divergence check, what resuming needs, the moving average
+  (as a SIGTERM's grace budget allows), then the staged write published by one rename, then rotation.
+  A failed write (a full disk) removes the partial folder and raises `CheckpointWriteError`, which
+  names the folder, the free space and the checkpoint that is still intact.
 - `last_complete_checkpoint` skips (and names in the log) any ``checkpoint-<step>`` that is
   incomplete, e.g. one written in place by an older version or another tool.
 - `StopOnSignal` (a callback) turns Ctrl-C (SIGINT) or SIGTERM into "finish this update, save a
-  checkpoint, stop"; the trainer then raises `TrainingInterrupted`, which says where the checkpoint is.
+  checkpoint, stop", a SIGTERM within ``--preemption_grace_seconds``; the trainer then raises
+  `TrainingInterrupted`, which says where the checkpoint is.
 """
 
 from __future__ import annotations
 
+import copy
 import errno
 import json
 import logging
@@ -26,25 +28,30 @@ import re
 import shutil
 import signal
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 from transformers import TrainerCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, seed_worker
 
 from ..checkpoint_files import check_json, check_model_folder, check_torch_archive
 from ..private_api import require
+from .divergence import TrainingDiverged, refuse_non_finite
+from .moving_average import EMA_FILE
 
-# AtomicCheckpoints overrides these Trainer internals: fail at import, naming the versions, where they are gone
+# CheckpointPolicy overrides these Trainer internals: fail at import, naming the versions, where they are gone
 require("transformers.Trainer._save_checkpoint", "transformers.Trainer._get_output_dir",
-        "transformers.Trainer._push_from_checkpoint")
+        "transformers.Trainer._push_from_checkpoint", "transformers.Trainer._save",
+        "transformers.Trainer._load_optimizer_and_scheduler")
 
 logger = logging.getLogger(__name__)
 
 STAGING_DIR = "_checkpoint_in_progress"  # "_*" is also what push_to_hub leaves out
 TRAINER_STATE_NAME = "trainer_state.json"  # the Trainer writes it last into a checkpoint
 RESUME_POINT_NAME = "resume_point_only.json"  # marks a checkpoint saved on a signal between regular saves
+LEFT_OUT_NAME = "left_out.json"  # what a checkpoint saved after SIGTERM had no time for, and why
 CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 RESUME_HINT = "--resume_from_checkpoint last"
 FSDP_MODEL_NAME = "pytorch_model_fsdp"  # transformers' prefix for FSDP's sharded model state
@@ -190,17 +197,99 @@ def publish(staged: Path, final: Path) -> None:
     _fsync_directory(final.parent)
 
 
-class AtomicCheckpoints:
-    """Trainer mixin: ``checkpoint-<step>`` appears only complete, and a failed write leaves the older ones intact.
+class CheckpointPolicy:
+    """Trainer mixin: the one place that decides what a checkpoint holds and how it is written.
 
-    The Trainer's own ``_save_checkpoint`` runs unchanged with its output folder pointed at
-    ``<output_dir>/_checkpoint_in_progress``; then every process waits, the main one flushes the
-    files, renames the folder into place, and only then rotates old checkpoints (``save_total_limit``).
+    When: at the Trainer's ``save_steps`` (``save_strategy``) and wherever a callback sets
+    ``control.should_save`` (`WallClock`'s minutes, `StopOnSignal`'s stop). What and how, in
+    `_save_checkpoint`'s order:
+
+    1. nothing after a non-finite update, nor non-finite weights (``divergence``, a `DivergenceGuard`);
+    2. what resuming needs, by the Trainer's own writer, into ``<output_dir>/_checkpoint_in_progress/``:
+       the weights (`_save`), optimizer and scheduler, loss scaler, RNG states, trainer state;
+    3. the moving average of the weights (``moving_average``, ``--ema_decay``), unless a SIGTERM's grace
+       budget (``--preemption_grace_seconds``) has no room left for it at the write speed just measured:
+       then ``left_out.json`` says so, and a run resumed from it starts the average again;
+    4. every file flushed to disk, the folder renamed to ``checkpoint-<step>`` (`publish`); only then are
+       passed resume points removed, old checkpoints rotated (``save_total_limit``) and the checkpoint pushed.
+
+    A failed write removes the partial folder and raises `CheckpointWriteError`; older checkpoints stay intact.
     """
 
+    divergence = None  # a DivergenceGuard among the callbacks (TransformerTrainer's)
+    moving_average = None  # an ExponentialMovingAverage among the callbacks (--ema_decay)
+    stop_on_signal: StopOnSignal | None = None  # its SIGTERM grace budget bounds the checkpoint written then
+    resume_point_only = False  # the next save is only a point to resume from (set by `StopOnSignal`)
     _writing_checkpoint = False
     _push_when_published = False
-    resume_point_only = False  # the next save is only a point to resume from (set by `StopOnSignal`)
+
+    def _save_checkpoint(self, model, trial) -> None:
+        if self.divergence is not None:  # 1. never a checkpoint of a diverged run
+            self.divergence.check(self.state.global_step, self._weights_to_check())
+        run_dir = Path(super()._get_output_dir(trial))
+        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        staged = run_dir / STAGING_DIR / name
+        if self.args.should_save:
+            shutil.rmtree(staged.parent, ignore_errors=True)  # what a run killed while saving left behind
+        self.accelerator.wait_for_everyone()
+        self._writing_checkpoint = True
+        try:
+            left_out = self._write_checkpoint(model, trial, staged)  # 2. and 3.
+        except Exception as error:
+            if self.args.should_save:
+                shutil.rmtree(staged.parent, ignore_errors=True)
+            if isinstance(error, TrainingDiverged):  # refused, not failed: its own message
+                raise
+            raise CheckpointWriteError(_write_failure(error, run_dir, name)) from error
+        finally:
+            self._writing_checkpoint = False
+        self.accelerator.wait_for_everyone()
+        if self.args.should_save:  # 4.
+            self._publish_checkpoint(staged, run_dir / name, left_out)
+        self.accelerator.wait_for_everyone()
+        if self._push_when_published:
+            self._push_when_published = False
+            super()._push_from_checkpoint(str(run_dir / name))
+        if self.args.should_save and self.stop_on_signal is not None and self.stop_on_signal.deadline() is not None:
+            taken = time.monotonic() - self.stop_on_signal.received_at
+            logger.warning(f"saved {run_dir / name} {taken:.1f} s after SIGTERM (grace budget "
+                           f"{self.stop_on_signal.grace_seconds:g} s, --preemption_grace_seconds)")
+
+    def _write_checkpoint(self, model, trial, staged: Path) -> dict[str, str]:
+        """Steps 2 and 3 into ``staged``; what was left out for lack of time, each with why."""
+        start = time.monotonic()
+        super()._save_checkpoint(model, trial)  # 2. into staging: _get_output_dir points there meanwhile
+        if not self.args.should_save or self.moving_average is None or self.args.save_only_model:
+            return {}
+        deadline = self.stop_on_signal.deadline() if self.stop_on_signal is not None else None  # after a SIGTERM
+        if deadline is not None:  # 3. only as the budget allows, at the speed the pieces so far were written
+            _fsync_tree(staged)  # the disk's speed, not the page cache's
+            speed = _size(staged) / max(time.monotonic() - start, 1e-6)
+            needed, left = self.moving_average.nbytes / speed, deadline - time.monotonic()
+            if needed > left:
+                why = (f"{max(left, 0):.1f} s were left of the {self.stop_on_signal.grace_seconds:g} s grace budget "
+                       f"after SIGTERM (--preemption_grace_seconds), and writing it takes about {needed:.1f} s at "
+                       f"the {speed / 2**20:,.1f} MiB/s just measured")
+                logger.warning(f"{staged.name} holds what resuming needs, but not the moving average of the weights "
+                               f"({EMA_FILE}): {why}. A run resumed from it starts the average again.")
+                return {EMA_FILE: why}
+        self.moving_average.save(staged)
+        return {}
+
+    def _publish_checkpoint(self, staged: Path, final: Path, left_out: dict[str, str]) -> None:
+        if self.state.best_model_checkpoint == str(staged):  # the Trainer recorded where it wrote
+            self.state.best_model_checkpoint = str(final)
+            self.state.save_to_json(str(staged / TRAINER_STATE_NAME))
+        if self.resume_point_only:
+            (staged / RESUME_POINT_NAME).write_text(json.dumps({"step": self.state.global_step}) + "\n")
+        if left_out:
+            (staged / LEFT_OUT_NAME).write_text(json.dumps(left_out, indent=1) + "\n")
+        publish(staged, final)
+        shutil.rmtree(staged.parent, ignore_errors=True)
+        if not self.resume_point_only:
+            remove_resume_points(final)
+        rotate_checkpoints(output_dir=str(final.parent), save_total_limit=self.args.save_total_limit,
+                           best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
 
     def _get_output_dir(self, trial) -> str:
         run_dir = super()._get_output_dir(trial)
@@ -213,42 +302,71 @@ class AtomicCheckpoints:
         else:
             super()._push_from_checkpoint(checkpoint_folder)
 
-    def _save_checkpoint(self, model, trial) -> None:
-        run_dir = super()._get_output_dir(trial)
-        staging = os.path.join(run_dir, STAGING_DIR)
-        name = f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        if self.args.should_save:
-            shutil.rmtree(staging, ignore_errors=True)  # what a run killed while saving left behind
-        self.accelerator.wait_for_everyone()
-        self._writing_checkpoint = True
-        try:
-            super()._save_checkpoint(model, trial)
-        except Exception as error:
-            if self.args.should_save:
-                shutil.rmtree(staging, ignore_errors=True)
-            raise CheckpointWriteError(_write_failure(error, Path(run_dir), name)) from error
-        finally:
-            self._writing_checkpoint = False
-        self.accelerator.wait_for_everyone()
-        if self.args.should_save:
-            self._publish_checkpoint(Path(staging) / name, Path(run_dir) / name)
-        self.accelerator.wait_for_everyone()
-        if self._push_when_published:
-            self._push_when_published = False
-            super()._push_from_checkpoint(os.path.join(run_dir, name))
+    def _weights_to_check(self) -> dict[str, torch.Tensor]:
+        weights = {name: p.detach() for name, p in self.accelerator.unwrap_model(self.model).named_parameters()}
+        if self.moving_average is not None:
+            weights.update({f"moving average of {name}": t for name, t in self.moving_average.average.items()})
+        return weights
 
-    def _publish_checkpoint(self, staged: Path, final: Path) -> None:
-        if self.state.best_model_checkpoint == str(staged):  # the Trainer recorded where it wrote
-            self.state.best_model_checkpoint = str(final)
-            self.state.save_to_json(str(staged / TRAINER_STATE_NAME))
-        if self.resume_point_only:
-            (staged / RESUME_POINT_NAME).write_text(json.dumps({"step": self.state.global_step}) + "\n")
-        publish(staged, final)
-        shutil.rmtree(staged.parent, ignore_errors=True)
-        if not self.resume_point_only:
-            remove_resume_points(final)
-        rotate_checkpoints(output_dir=str(final.parent), save_total_limit=self.args.save_total_limit,
-                           best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+        """The weights, into a checkpoint or the final model's folder: never non-finite ones, and under FSDP the
+        gathered ones (FULL_STATE_DICT) from a plain copy of the model.
+
+        FSDP 2 swaps the model's class for ``FSDP<Name>(FSDPModule, <Name>)``; ``save_pretrained`` on it
+        would copy torch's ``_fsdp_*.py`` files into the folder as remote code, and the gathered state
+        dict holds the tied embedding matrix (§3.4) once per tie. The plain copy saves as any other model.
+        """
+        if self.divergence is not None:  # this process's own weights, or the gathered ones (FSDP)
+            model = self.accelerator.unwrap_model(self.model)
+            tensors = state_dict if state_dict is not None else dict(model.named_parameters())
+            refuse_non_finite({name: t.detach() for name, t in tensors.items() if isinstance(t, torch.Tensor)},
+                              f"the model to save in {output_dir or self.args.output_dir}", self.args.output_dir)
+        if not (self.is_fsdp_enabled and state_dict is not None and self.args.should_save):
+            return super()._save(output_dir, state_dict)
+        sharded, self.model = self.model, plain_copy(self.accelerator.unwrap_model(self.model), state_dict)
+        try:
+            super()._save(output_dir)
+        finally:
+            self.model = sharded
+
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """The training state of a checkpoint, with the moving average of the weights (``--ema_decay``)."""
+        super()._load_optimizer_and_scheduler(checkpoint)
+        if self.moving_average is None or checkpoint is None:
+            return
+        if EMA_FILE in left_out(checkpoint):
+            self.moving_average.reset()  # check_checkpoint has said so in the log
+        else:
+            self.moving_average.load(checkpoint)
+
+
+def left_out(folder: str | os.PathLike) -> dict[str, str]:
+    """The files a checkpoint was saved without for lack of time (after SIGTERM), each with why."""
+    path = Path(folder) / LEFT_OUT_NAME
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+
+
+def _size(folder: Path) -> int:
+    return sum(path.stat().st_size for path in folder.rglob("*") if path.is_file())
+
+
+def is_sharded(model) -> bool:
+    """Whether FSDP 2 has sharded ``model`` (its class then derives from ``FSDPModule``)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return isinstance(model, FSDPModule)
+
+
+def plain_copy(model, state_dict: dict):
+    """A new, unsharded model of ``model``'s own class with the weights of a full ``state_dict``."""
+    from torch.distributed.fsdp import FSDPModule
+
+    plain_class = next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
+    with torch.random.fork_rng(devices=[]):  # its throw-away initialisation must not move training's RNG
+        plain = plain_class(model.config)
+    plain.load_state_dict(state_dict)
+    plain.generation_config = copy.deepcopy(model.generation_config)
+    return plain
 
 
 def remove_resume_points(newest: Path) -> None:
@@ -295,23 +413,29 @@ class TrainingInterrupted(KeyboardInterrupt):
 class StopOnSignal(TrainerCallback):
     """On Ctrl-C (SIGINT) or SIGTERM: finish the current update, save a checkpoint, stop training.
 
-    A second signal acts at once (the previous handlers are back), for when saving is not wanted.
-    With several processes they agree at every update whether any of them got a signal, so that
-    all stop at the same step and write one checkpoint together.
+    SIGTERM is how schedulers preempt (SLURM, Kubernetes, spot instances: SIGKILL follows after a grace
+    period), so after it the checkpoint must be written within ``grace_seconds`` of the signal: what
+    resumes best first, the rest as the budget allows (`CheckpointPolicy`). A signal during a regular
+    save stops right after it, without another update. A second signal acts at once (the previous
+    handlers are back), for when saving is not wanted. With several processes they agree at every
+    update and save whether any of them got a signal (SIGTERM over SIGINT), so that all stop at the
+    same step and write one checkpoint together.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
-    def __init__(self, trainer):
+    def __init__(self, trainer, grace_seconds: float | None = None):
         self.trainer = trainer
+        self.grace_seconds = grace_seconds
         self.received: int | None = None
+        self.received_at: float | None = None  # time.monotonic() when this process learnt of the signal
         self.saved: Path | None = None
         self._previous: dict = {}
 
     @contextmanager
     def installed(self):
         """Handle the signals while the block runs (only the main thread may install handlers)."""
-        self.received, self.saved, self.trainer.resume_point_only = None, None, False
+        self.received, self.received_at, self.saved, self.trainer.resume_point_only = None, None, None, False
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -329,29 +453,41 @@ class StopOnSignal(TrainerCallback):
         self._previous = {}
 
     def _handle(self, number, frame) -> None:
-        self.received = number
+        self.received, self.received_at = number, time.monotonic()
         self._restore()
-        logger.warning(f"{signal.Signals(number).name} received: finishing this update, then saving a checkpoint "
-                       "and stopping (send it again to stop at once, without saving).")
+        budget = (f" within {self.grace_seconds:g} s (--preemption_grace_seconds)"
+                  if number == signal.SIGTERM and self.grace_seconds else "")
+        logger.warning(f"{signal.Signals(number).name} received: finishing this update, then saving a checkpoint"
+                       f"{budget} and stopping (send it again to stop at once, without saving).")
+
+    def deadline(self) -> float | None:
+        """When a checkpoint written now must be done (on the time.monotonic() clock): a SIGTERM's grace
+        budget; None without one (no signal, or Ctrl-C, whose user can wait)."""
+        if self.received != signal.SIGTERM or not self.grace_seconds:
+            return None
+        return self.received_at + self.grace_seconds
 
     def _stop_requested(self) -> bool:
-        stop = self.received is not None
+        """Whether any process got a signal (one all-reduce with several); all then hold the same one."""
         if self.trainer.args.world_size > 1:
-            flag = torch.tensor([float(stop)], device=self.trainer.accelerator.device)
-            stop = bool(self.trainer.accelerator.reduce(flag, reduction="sum").item() > 0)
-        return stop
+            got = torch.tensor([self.received == signal.SIGINT, self.received == signal.SIGTERM],
+                               dtype=torch.float32, device=self.trainer.accelerator.device)
+            got = self.trainer.accelerator.reduce(got, reduction="sum").tolist()
+            if any(got):
+                self.received = signal.SIGTERM if got[1] else signal.SIGINT
+                self.received_at = self.received_at or time.monotonic()  # another process got it
+        return self.received is not None
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._stop_requested():
-            if self.received is None:  # another process got the signal
-                self.received = signal.SIGINT
             self.trainer.resume_point_only = not control.should_save  # not a save the run makes anyway
             control.should_save, control.should_training_stop, control.should_evaluate = True, True, False
         return control
 
     def on_save(self, args, state, control, **kwargs):
-        if self.received is not None:
+        if self.saved is None and self._stop_requested():  # also a signal during a regular save: stop after it
             self.saved = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            control.should_training_stop = True
         return control
 
     def on_epoch_end(self, args, state, control, **kwargs):
@@ -362,3 +498,15 @@ class StopOnSignal(TrainerCallback):
     def raise_if_stopped(self, step: int) -> None:
         if self.received is not None:
             raise TrainingInterrupted(self.received, step, self.saved)
+
+
+def start_worker(worker_id: int, num_workers: int, rank: int) -> None:
+    """A data loader worker's start (``worker_init_fn``): the Trainer's seeding, and SIGTERM left to the main process.
+
+    SLURM signals every process of a job step, the loader's workers too. torch's worker handler dies of a
+    SIGTERM that its parent did not send, and the main process then raises "DataLoader worker ... is killed
+    by signal" in the middle of the update, before any checkpoint. Ignored here, the signal reaches the main
+    process alone, which saves, stops and shuts its workers down as at the end of any run.
+    """
+    seed_worker(worker_id, num_workers=num_workers, rank=rank)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)

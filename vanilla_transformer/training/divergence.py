@@ -10,8 +10,10 @@ stall a GPU run. So nothing is read per update: `DivergenceGuard` keeps, on the 
 the Trainer computes anyway (each micro-batch's loss, the gradient norm), whether every update so
 far was finite, the last finite one and the first that was not. It reads that record (one
 synchronisation) only where the Trainer reads values itself: at logging, evaluation and saving steps
-and at the end of training; before a checkpoint is written it also checks the weights and the moving
-average (``--ema_decay``). Detection therefore comes at the next of those steps, never after a save.
+and at the end of training; before a checkpoint is written, the checkpoint policy
+(`checkpointing.CheckpointPolicy`) has it check the weights and the moving average (``--ema_decay``)
+too, and refuses non-finite weights to ``save_model``. Detection therefore comes at the next of
+those steps, never after a save.
 
 With float16's loss scaler, an update whose gradients overflow is skipped by the scaler, which then
 lowers the scale: that is normal, and counted in the log (``skipped_updates``). The run has diverged
@@ -49,7 +51,7 @@ class TrainingDiverged(FloatingPointError):
 
 def _last_checkpoint(output_dir) -> str:
     """Where to continue from: the newest checkpoint of ``output_dir`` (None: a folder not known here)."""
-    from .checkpointing import checkpoint_folders  # written complete or not at all (AtomicCheckpoints)
+    from .checkpointing import checkpoint_folders  # written complete or not at all (CheckpointPolicy)
 
     if output_dir is None:
         return ""
@@ -203,11 +205,10 @@ class DivergenceGuard(TrainerCallback):
 
 class StopOnDivergence:
     """Trainer mixin: feeds ``self.divergence`` (a `DivergenceGuard` among the callbacks) each micro-batch's
-    loss and each update's gradient norm, and refuses to write a checkpoint or a model with non-finite
-    weights or after a non-finite update. ``self.divergence = None`` turns it off."""
+    loss and each update's gradient norm. ``self.divergence = None`` turns it off. The checkpoint policy
+    (`checkpointing.CheckpointPolicy`) asks it, before anything is written, whether the run is still finite."""
 
     divergence: DivergenceGuard | None = None
-    moving_average = None  # an ExponentialMovingAverage that checkpoints hold (TransformerTrainer's --ema_decay)
 
     def training_step(self, *args, **kwargs):
         loss = super().training_step(*args, **kwargs)
@@ -225,27 +226,6 @@ class StopOnDivergence:
         if self.divergence is not None and "loss" in logs and self.accelerator.scaler is not None:
             logs["skipped_updates"] = self.divergence.skipped  # float16: updates whose gradients overflowed
         super().log(logs, *args, **kwargs)
-
-    def _save_checkpoint(self, model, trial) -> None:
-        if self.divergence is not None:
-            self.divergence.check(self.state.global_step, self._weights_to_save())
-        super()._save_checkpoint(model, trial)
-
-    def _unwrapped_parameters(self):
-        return self.accelerator.unwrap_model(self.model).named_parameters()
-
-    def _weights_to_save(self) -> dict[str, torch.Tensor]:
-        weights = {name: p.detach() for name, p in self._unwrapped_parameters()}
-        if self.moving_average is not None:
-            weights.update({f"moving average of {name}": t for name, t in self.moving_average.average.items()})
-        return weights
-
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        if self.divergence is not None:  # the weights to write: this process's own, or the gathered ones (FSDP)
-            tensors = state_dict if state_dict is not None else dict(self._unwrapped_parameters())
-            refuse_non_finite({name: t.detach() for name, t in tensors.items() if isinstance(t, torch.Tensor)},
-                              f"the model to save in {output_dir or self.args.output_dir}", self.args.output_dir)
-        super()._save(output_dir, state_dict)
 
 
 __all__ = ["MIN_LOSS_SCALE", "DivergenceGuard", "StopOnDivergence", "TrainingDiverged", "refuse_non_finite"]

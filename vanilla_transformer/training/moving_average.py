@@ -18,8 +18,10 @@ run of ~170 updates a minute do. It costs one float32 copy of the parameters and
 
 With `TransformerTrainer` (``--ema_decay``), the average is written into every checkpoint
 (``ema.safetensors``, unless ``--save_only_model``; a resumed run goes on averaging from where it
-stopped), and ``train()`` ends by putting it into the model, which ``save_model`` then saves;
-checkpoints themselves hold the trained weights, as always, and so do evaluations during training.
+stopped; a checkpoint saved after SIGTERM may leave it out for lack of time, and a run resumed from
+that one starts the average again, saying so), and ``train()`` ends by putting it into the model,
+which ``save_model`` then saves; checkpoints themselves hold the trained weights, as always, and so
+do evaluations during training.
 With another Trainer the callback averages alike, but saving and loading the average are yours
 (`save`, `load`, `copy_to`). An update the float16 loss scaler skips still counts as one (the
 weights are then folded in twice), which at a decay near 1 is negligible.
@@ -66,6 +68,11 @@ class ExponentialMovingAverage(TrainerCallback):
     @staticmethod
     def _parameters(model) -> dict[str, torch.Tensor]:
         return {name: p for name, p in model.named_parameters() if p.requires_grad}  # a tied matrix once (§3.4)
+
+    @property
+    def nbytes(self) -> int:
+        """The size of the average on disk (float32), to tell whether writing it fits a time budget."""
+        return sum(t.numel() * t.element_size() for t in self.average.values())
 
     def reset(self) -> None:
         """Forget every update: the next one starts a new average."""
@@ -137,7 +144,7 @@ class ExponentialMovingAverage(TrainerCallback):
         path = Path(folder) / EMA_FILE
         if not path.is_file():
             raise ValueError(f"{folder} holds no moving average ({EMA_FILE}): it was trained without --ema_decay "
-                             "(or saved with --save_only_model).")
+                             "(or saved with --save_only_model, or after SIGTERM without time for it: left_out.json).")
         average = cls(float(_metadata(path)["decay"]))
         average.load(folder)
         return average
@@ -169,6 +176,11 @@ def check_checkpoint(folder: str | Path, decay: float) -> None:
                              f"--ema_decay {decay}, or the average would be dropped (to drop it on purpose, delete "
                              f"{path}).")
         return
+    if not path.is_file() and EMA_FILE in _left_out(folder):
+        logger.warning(f"{folder} was saved after SIGTERM without its moving average of the weights ({EMA_FILE}: "
+                       f"{_left_out(folder)[EMA_FILE]}): the average starts again from its update, so the final "
+                       "model averages the updates from there on.")
+        return
     if not path.is_file():
         raise ValueError(f"--ema_decay {decay}: {folder} holds no moving average ({EMA_FILE}); it was trained "
                          "without --ema_decay (or saved with --save_only_model). Resume without the flag, or start a "
@@ -177,6 +189,12 @@ def check_checkpoint(folder: str | Path, decay: float) -> None:
     if stored != decay:
         raise ValueError(f"--ema_decay {decay}: {path} averages with decay {stored}; resume with --ema_decay {stored} "
                          "(a moving average cannot change its decay half-way).")
+
+
+def _left_out(folder: str | Path) -> dict[str, str]:
+    from .checkpointing import left_out  # (checkpointing writes this module's file into checkpoints)
+
+    return left_out(folder)
 
 
 def _metadata(path: Path) -> dict[str, str]:

@@ -620,12 +620,16 @@ def check_argument_ranges(args: TransformerTrainingArguments) -> None:
         if not 0 <= value < 1:
             raise ValueError(f"--{name} must be in [0, 1), got {value} (the paper: label smoothing 0.1, Adam betas "
                              "0.9 and 0.98).")
-    for name in ("learning_rate", "lr_scale", "save_minutes", "max_train_minutes", "cooldown_minutes"):
+    for name in ("learning_rate", "lr_scale", "save_minutes", "max_train_minutes", "cooldown_minutes",
+                 "preemption_grace_seconds"):
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ValueError(f"--{name} must be positive, got {value}.")
     if args.pad_to_buckets not in PAD_TO_BUCKETS:
         raise ValueError(f"--pad_to_buckets must be one of {', '.join(PAD_TO_BUCKETS)}, got {args.pad_to_buckets!r}.")
+    if args.enable_jit_checkpoint:  # the Trainer's own SIGTERM save: in place, mid-update, without a budget
+        raise ValueError("--enable_jit_checkpoint: the trainer saves a checkpoint on SIGTERM itself (complete, after "
+                         "the update, within --preemption_grace_seconds); leave the flag out.")
     _check_duration(args)
     _check_cooldown(args)
     _check_average_weights(args)

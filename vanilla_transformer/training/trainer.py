@@ -31,14 +31,14 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import ProgressCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
-from transformers.trainer_utils import has_length, seed_worker
+from transformers.trainer_utils import has_length
 
 from .levers import FUSED_LOSSES, TRAINING_ATTENTION, apply_levers, check_levers, training_loss
 from ..private_api import require
 from ..training_kernels import label_smoothed_cross_entropy
 from .averaging import AVERAGING_WEIGHTS
 from .batching import PadToBucket, TokenBatchSampler
-from .checkpointing import AtomicCheckpoints, StopOnSignal, resolve_checkpoint
+from .checkpointing import CheckpointPolicy, StopOnSignal, is_sharded, plain_copy, resolve_checkpoint, start_worker
 from .data import example_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
 from .memory_check import MEMORY_PROBE_CHOICES, SkipOutOfMemoryBatches, check_largest_batches_fit
@@ -48,8 +48,7 @@ from .progress import TargetTokens, TimeBudgetProgress, add_throughput
 logger = logging.getLogger(__name__)
 
 # TransformerTrainer overrides or reads these internals: fail at import, naming the versions, where they are gone
-require("transformers.Trainer._save", "transformers.Trainer._save_optimizer_and_scheduler",
-        "transformers.Trainer._load_optimizer_and_scheduler", "transformers.Trainer._remove_unused_columns",
+require("transformers.Trainer._remove_unused_columns",
         "transformers.Trainer._get_collator_with_removed_columns", "transformers.Trainer._created_lr_scheduler",
         "transformers.Seq2SeqTrainer._gen_kwargs", "accelerate.Accelerator._models",
         "transformers.Trainer._build_accelerator_args", "transformers.Trainer._get_eval_sampler")
@@ -267,6 +266,13 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
                       "(compute capability 8.9+; not measured)"})
     training_attention: str = field(default="default", metadata={"help": "the attention kernel tried first in "
                                     "training (CUDA only; not measured)", "choices": list(TRAINING_ATTENTION)})
+    preemption_grace_seconds: float = field(
+        default=25.0,
+        metadata={"help": "on SIGTERM (a scheduler's preemption), finish the update and save a checkpoint within this "
+                          "many seconds of the signal, what resumes best first (weights, optimizer, trainer state), "
+                          "the moving average only if it fits; then exit with status 143 (requeue). Set it below the "
+                          "scheduler's grace period (SLURM's GraceTime, Kubernetes' terminationGracePeriodSeconds)"},
+    )
 
     def __post_init__(self):
         from .options import check_argument_ranges, check_intervals  # (options reads this class's fields)
@@ -312,17 +318,18 @@ def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> f
 # ---------------------------------------------------------------------------------------------
 
 
-class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, AtomicCheckpoints, Seq2SeqTrainer):
+class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPolicy, Seq2SeqTrainer):
     """Seq2SeqTrainer with the paper's recipe: token-count batches, per-token label smoothing, eq. (3).
 
     Needs `TransformerTrainingArguments` (a `Seq2SeqTrainingArguments` with the paper's defaults).
     ``lr_scheduler_type="inverse_sqrt"`` runs eq. (3) through `noam_schedule` (transformers' own
     inverse_sqrt starts at a rate of 0); any other type is the Trainer's.
 
-    Faults (`checkpointing`): checkpoints appear only complete; Ctrl-C or SIGTERM saves one and
-    raises `TrainingInterrupted`; resuming skips incomplete checkpoints. A non-finite loss or gradient
-    (`divergence`) raises `TrainingDiverged` at the next logging, evaluation or saving step, before
-    anything is saved.
+    Checkpoints (`CheckpointPolicy`, the one place that decides what they hold and how they are
+    written): they appear only complete; Ctrl-C or SIGTERM saves one (after SIGTERM within
+    ``preemption_grace_seconds``) and raises `TrainingInterrupted`; resuming skips incomplete
+    checkpoints. A non-finite loss or gradient (`divergence`) raises `TrainingDiverged` at the next
+    logging, evaluation or saving step, before anything is saved.
     """
 
     loss_is_scaled_for_ga = True  # compute_loss divides by the tokens of the whole accumulated batch
@@ -341,7 +348,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, AtomicCheckpo
         # Always count the target tokens of each accumulated batch: compute_loss normalises by them.
         self.model_accepts_loss_kwargs = True
         refuse_ignored_precision_or_sharding(self.args, self.accelerator, self.is_fsdp_enabled)
-        self.stop_on_signal = StopOnSignal(self)
+        self.stop_on_signal = StopOnSignal(self, self.args.preemption_grace_seconds)
         self.add_callback(self.stop_on_signal)
         self.moving_average = None
         if self.args.ema_decay:
@@ -414,17 +421,6 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, AtomicCheckpo
             logger.info(f"the model now holds the moving average of its weights over {self.moving_average.updates} "
                         f"updates (decay {self.moving_average.decay:g}); the checkpoints hold the trained weights")
         return result
-
-    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
-        """The training state of a checkpoint, with the moving average of the weights (``--ema_decay``)."""
-        super()._save_optimizer_and_scheduler(output_dir)
-        if self.moving_average is not None and self.args.should_save:
-            self.moving_average.save(output_dir)
-
-    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if self.moving_average is not None and checkpoint is not None:
-            self.moving_average.load(checkpoint)
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.args.lr_scheduler_type != "inverse_sqrt":
@@ -572,28 +568,13 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, AtomicCheckpo
             pin_memory=self.args.dataloader_pin_memory,
             persistent_workers=self.args.dataloader_persistent_workers,
             prefetch_factor=self.args.dataloader_prefetch_factor,
-            worker_init_fn=partial(seed_worker, num_workers=self.args.dataloader_num_workers, rank=self.args.process_index),
+            worker_init_fn=partial(start_worker, num_workers=self.args.dataloader_num_workers, rank=self.args.process_index),
         )
         return self.accelerator.prepare(loader)
 
     # -----------------------------------------------------------------------------------------
     # Sharded models (FSDP): checkpoints and the final model stay Hub folders
     # -----------------------------------------------------------------------------------------
-
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """Under FSDP, write the gathered weights (FULL_STATE_DICT) from a plain copy of the model.
-
-        FSDP 2 swaps the model's class for ``FSDP<Name>(FSDPModule, <Name>)``; ``save_pretrained`` on it
-        would copy torch's ``_fsdp_*.py`` files into the folder as remote code, and the gathered state
-        dict holds the tied embedding matrix (§3.4) once per tie. The plain copy saves as any other model.
-        """
-        if not (self.is_fsdp_enabled and state_dict is not None and self.args.should_save):
-            return super()._save(output_dir, state_dict)
-        sharded, self.model = self.model, plain_copy(self.accelerator.unwrap_model(self.model), state_dict)
-        try:
-            super()._save(output_dir)
-        finally:
-            self.model = sharded
 
     def load_full_weights(self, state_dict: dict) -> None:
         """Put full (unsharded) weights, e.g. the average of checkpoints, into the trained model; every
@@ -702,22 +683,3 @@ def refuse_ignored_precision_or_sharding(args, accelerator, is_fsdp_enabled: boo
         raise ValueError(f"--ema_decay {args.ema_decay} is not supported under FSDP (each process holds a shard of the "
                          "weights): use --average_checkpoints N, or launch with the ddp config "
                          "($(vanilla-transformer config ddp)).")
-
-
-def is_sharded(model) -> bool:
-    """Whether FSDP 2 has sharded ``model`` (its class then derives from ``FSDPModule``)."""
-    from torch.distributed.fsdp import FSDPModule
-
-    return isinstance(model, FSDPModule)
-
-
-def plain_copy(model, state_dict: dict):
-    """A new, unsharded model of ``model``'s own class with the weights of a full ``state_dict``."""
-    from torch.distributed.fsdp import FSDPModule
-
-    plain_class = next(cls for cls in type(model).__mro__ if not issubclass(cls, FSDPModule))
-    with torch.random.fork_rng(devices=[]):  # its throw-away initialisation must not move training's RNG
-        plain = plain_class(model.config)
-    plain.load_state_dict(state_dict)
-    plain.generation_config = copy.deepcopy(model.generation_config)
-    return plain

@@ -1,0 +1,216 @@
+"""Preemption: SIGTERM saves a resumable checkpoint within --preemption_grace_seconds and exits 143.
+
+A scheduler preempts with SIGTERM and, a grace period later, SIGKILL. The reference for "the run
+finishes as if nothing happened" is an uninterrupted run with the same seed and data, in a separate
+process like the interrupted one (test_faults' fixture): the final weights must be equal. A budget
+too small for the whole checkpoint is simulated by a grace of a microsecond: the checkpoint then
+holds what resuming needs, and leaves the moving average out, saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+from safetensors import safe_open
+from test_bad_input import refused_before_reading, train_argv
+from test_faults import (  # noqa: F401 - data_dir and uninterrupted are fixtures
+    MAX_STEPS,
+    REPO,
+    SAVE_STEPS,
+    assert_same_weights,
+    build,
+    data_dir,
+    finish,
+    run_argv,
+    uninterrupted,
+    wait_for_updates,
+)
+
+from vanilla_transformer.training import run as train
+from vanilla_transformer.training.checkpointing import (
+    LEFT_OUT_NAME,
+    RESUME_POINT_NAME,
+    TrainingInterrupted,
+    check_resumable,
+)
+from vanilla_transformer.training.moving_average import EMA_FILE, ExponentialMovingAverage
+
+# training/train.py as a user starts it, with two test hooks set by the environment: a pause before each
+# update that prints the updates done (so that a signal lands mid-run), and a SIGTERM to itself in the
+# middle of writing one checkpoint (the weights written, the optimizer state not yet).
+DRIVER = textwrap.dedent("""
+    import os, runpy, signal, sys, time
+    from vanilla_transformer.training.trainer import TransformerTrainer
+
+    pause = float(os.environ.get("PREEMPT_PAUSE", "0"))
+    signal_at = int(os.environ.get("PREEMPT_SIGTERM_WHILE_SAVING", "-1"))
+    training_step = TransformerTrainer.training_step
+    save_optimizer = TransformerTrainer._save_optimizer_and_scheduler
+
+    def paused_step(self, *args, **kwargs):
+        print(f"updates done: {self.state.global_step}", flush=True)
+        time.sleep(pause)
+        return training_step(self, *args, **kwargs)
+
+    def signalled_while_saving(self, output_dir):
+        if self.state.global_step == signal_at:
+            os.kill(os.getpid(), signal.SIGTERM)
+        save_optimizer(self, output_dir)
+
+    TransformerTrainer.training_step = paused_step
+    TransformerTrainer._save_optimizer_and_scheduler = signalled_while_saving
+    sys.argv = [sys.argv[1], *sys.argv[2:]]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+
+
+def start(data_dir: Path, output_dir: Path, *extra: str, pause: float = 0.0, sigterm_while_saving: int = -1,
+          own_process_group: bool = False):
+    """As test_faults.start (the final model: the mean of checkpoints 4, 8 and 12), with the hooks above."""
+    driver = data_dir / "preemption_driver.py"
+    driver.write_text(DRIVER)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
+           "PREEMPT_PAUSE": str(pause), "PREEMPT_SIGTERM_WHILE_SAVING": str(sigterm_while_saving)}
+    command = [sys.executable, str(driver), str(REPO / "training/train.py"),
+               *run_argv(data_dir, output_dir, "--average_checkpoints", "3", *extra)]
+    log = output_dir.with_name(output_dir.name + ".log")  # a file, not a pipe: a full pipe would stall the run
+    attempt = len(list(log.parent.glob(log.name + "*")))
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, start_new_session=own_process_group,
+                               stderr=open(f"{log}{attempt}", "w", encoding="utf-8"))
+    process.log = Path(f"{log}{attempt}")
+    return process
+
+
+def resume_to_the_end(data_dir: Path, output: Path) -> str:
+    code, _, err = finish(start(data_dir, output, "--resume_from_checkpoint", "last"))
+    assert code == 0, err[-3000:]
+    return err
+
+
+def stopped_at(err: str) -> int:
+    return int(err.split("Training stopped by SIGTERM at step ")[1].split()[0])
+
+
+def test_sigterm_saves_within_the_budget_exits_143_and_resume_gives_the_uninterrupted_model(data_dir, uninterrupted):
+    output = data_dir / "preempted"
+    process = start(data_dir, output, pause=0.3)
+    wait_for_updates(process, SAVE_STEPS + 2)  # between two regular checkpoints
+    sent = time.monotonic()
+    process.send_signal(signal.SIGTERM)
+    code, _, err = finish(process)
+    assert time.monotonic() - sent < 25  # the default budget, process exit included
+    assert code == 128 + signal.SIGTERM, err[-3000:]  # 143: the requeue code (docs/training.md)
+    step = stopped_at(err)
+    assert step % SAVE_STEPS and step < MAX_STEPS  # saved where it stopped, not at a regular step
+    assert f"saved a resumable checkpoint, {output / f'checkpoint-{step}'}" in err
+    assert "within 25 s (--preemption_grace_seconds)" in err and "Traceback" not in err
+    check_resumable(output / f"checkpoint-{step}")
+    assert not (output / f"checkpoint-{step}" / LEFT_OUT_NAME).exists()  # nothing left out: there was time
+    assert not (output / "model.safetensors").exists()  # an interrupted run is not a final model
+    resume_to_the_end(data_dir, output)
+    names = sorted(p.name for p in uninterrupted.glob("checkpoint-*"))
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == names  # the point saved on SIGTERM: gone
+    assert_same_weights(output, uninterrupted)
+
+
+def test_sigterm_while_a_checkpoint_is_written_stops_after_it_and_resume_gives_the_uninterrupted_model(
+        data_dir, uninterrupted):
+    output = data_dir / "preempted-while-saving"
+    code, out, err = finish(start(data_dir, output, sigterm_while_saving=2 * SAVE_STEPS))
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    # The regular checkpoint being written is finished and is the one to resume from: no further update.
+    assert stopped_at(err) == 2 * SAVE_STEPS and "Traceback" not in err
+    assert f"updates done: {2 * SAVE_STEPS}" not in out
+    checkpoint = output / f"checkpoint-{2 * SAVE_STEPS}"
+    check_resumable(checkpoint)
+    assert not (checkpoint / RESUME_POINT_NAME).exists()  # a regular checkpoint, kept by the resumed run
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == [f"checkpoint-{SAVE_STEPS}", checkpoint.name]
+    resume_to_the_end(data_dir, output)
+    assert_same_weights(output, uninterrupted)
+
+
+def test_sigterm_to_every_process_of_the_job_data_loader_workers_too_still_saves(data_dir, tmp_path):
+    """SLURM signals every process of a job step, the data loader's workers too. A worker killed by it would end
+    the run before the checkpoint (torch raises "DataLoader worker ... is killed by signal" in the main process)."""
+    output = tmp_path / "whole-group"
+    process = start(data_dir, output, "--dataloader_num_workers", "1", pause=0.3, own_process_group=True)
+    wait_for_updates(process, 2)
+    os.killpg(process.pid, signal.SIGTERM)
+    code, _, err = finish(process)
+    assert code == 128 + signal.SIGTERM, err[-3000:]
+    assert "Traceback" not in err
+    check_resumable(output / f"checkpoint-{stopped_at(err)}")
+
+
+class SignalAt(train.TrainerCallback):
+    def __init__(self, step: int, number: int = signal.SIGTERM):
+        self.step, self.number = step, number
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if state.global_step == self.step:
+            os.kill(os.getpid(), self.number)
+
+
+def ema_updates(folder: Path) -> int:
+    with safe_open(str(folder / EMA_FILE), framework="pt") as file:
+        return int(file.metadata()["updates"])
+
+
+def test_with_time_to_spare_a_sigterm_checkpoint_holds_the_moving_average(data_dir, tmp_path):
+    trainer = build(data_dir, tmp_path / "run", "--ema_decay", "0.9").trainer
+    trainer.add_callback(SignalAt(2))
+    with pytest.raises(TrainingInterrupted) as interrupted:
+        trainer.train()
+    checkpoint = interrupted.value.checkpoint
+    assert checkpoint == tmp_path / "run" / "checkpoint-3" and interrupted.value.signal_number == signal.SIGTERM
+    assert ema_updates(checkpoint) == 3 and not (checkpoint / LEFT_OUT_NAME).exists()
+
+
+def test_a_budget_too_small_for_the_whole_checkpoint_saves_what_resumes_says_so_and_resumes(data_dir, tmp_path, caplog):
+    extra = ("--ema_decay", "0.9", "--preemption_grace_seconds", "1e-6")
+    reference = build(data_dir, tmp_path / "uninterrupted", *extra).trainer
+    reference.train()
+    output = tmp_path / "run"
+    trainer = build(data_dir, output, *extra).trainer
+    trainer.add_callback(SignalAt(SAVE_STEPS + 1))
+    with caplog.at_level(logging.WARNING), pytest.raises(TrainingInterrupted) as interrupted:
+        trainer.train()
+    step = interrupted.value.step
+    checkpoint = output / f"checkpoint-{step}"
+    assert interrupted.value.checkpoint == checkpoint and step == SAVE_STEPS + 2
+    check_resumable(checkpoint)  # weights, optimizer, scheduler, RNG and trainer state: all there
+    assert not (checkpoint / EMA_FILE).exists()
+    assert "grace budget" in json.loads((checkpoint / LEFT_OUT_NAME).read_text())[EMA_FILE]
+    assert any(f"not the moving average of the weights ({EMA_FILE})" in record.message for record in caplog.records)
+    assert ema_updates(output / f"checkpoint-{SAVE_STEPS}") == SAVE_STEPS  # a regular save has no budget
+    with pytest.raises(ValueError, match=LEFT_OUT_NAME):
+        ExponentialMovingAverage.from_checkpoint(checkpoint)
+    # Resuming takes it, says that the average starts again, and trains as the uninterrupted run did.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        resumed = build(data_dir, output, *extra, "--resume_from_checkpoint", "last")
+        assert resumed.resume == checkpoint
+        resumed.trainer.train(resume_from_checkpoint=str(resumed.resume))
+    assert any("the average starts again" in record.message for record in caplog.records)
+    last = f"checkpoint-{MAX_STEPS}"
+    assert_same_weights(output / last, tmp_path / "uninterrupted" / last)  # checkpoints hold the trained weights
+    assert ema_updates(output / last) == MAX_STEPS - step  # the average of the updates since the resume
+    assert ema_updates(tmp_path / "uninterrupted" / last) == MAX_STEPS
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--preemption_grace_seconds", "0"], "--preemption_grace_seconds must be positive"),
+    (["--preemption_grace_seconds", "nan"], "--preemption_grace_seconds must be positive"),
+    (["--enable_jit_checkpoint"], "--enable_jit_checkpoint: the trainer saves a checkpoint on SIGTERM itself"),
+])
+def test_preemption_flags_out_of_range_are_refused_before_reading_data(flags, message):
+    assert message in refused_before_reading(train_argv(*flags))
