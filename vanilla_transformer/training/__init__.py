@@ -6,8 +6,10 @@ Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
   filter that counts what it drops (`parallel_text_dataset`, `tokenize_dataset`, `drop_unusable`, ...).
 - `batching`: `TokenBatchSampler`, batches of at most ``max_tokens`` padded tokens (§5.1, fairseq's --max-tokens)
   in a few bucket shapes, and `PadToBucket`, the collator wrapper that pads a batch to its shape.
-- `trainer`: `TransformerTrainer` and `TransformerTrainingArguments`: token batches, per-token label
-  smoothing over the accumulated batch (§5.4), eq. (3) as the learning-rate schedule (§5.3).
+- `arguments`: `TransformerTrainingArguments`, the Trainer's arguments with the paper's defaults, and
+  every check of their ranges.
+- `trainer`: `TransformerTrainer`: token batches, per-token label smoothing over the accumulated batch
+  (§5.4), eq. (3) as the learning-rate schedule (§5.3).
 - `averaging`: `average_checkpoints` (§6.1).
 - `divergence`: a non-finite loss or gradient stops training with `TrainingDiverged`, saving nothing of it;
   `caches`: damaged Arrow and tokenizer caches are rebuilt, with a warning naming them.
@@ -38,7 +40,8 @@ from .data import (
 from .divergence import TrainingDiverged
 from .metrics import TranslationMetrics, load_translation_metric, score
 from .moving_average import ExponentialMovingAverage
-from .trainer import TransformerTrainer, TransformerTrainingArguments, noam_learning_rate, noam_schedule
+from .arguments import TransformerTrainingArguments
+from .trainer import TransformerTrainer, noam_learning_rate, noam_schedule
 from .translation import translate
 
 __all__ = [

@@ -7,7 +7,8 @@ of them, in one place: what ``vanilla-transformer train`` parses before any data
 - `build_parser`: `HfArgumentParser` with the recipe's own flags first, in groups (data, model,
   training, evaluation and decoding), then the rest of `Seq2SeqTrainingArguments`.
 - ``check_*``: ranges, names with the closest match, combinations that would be accepted and then do
-  nothing; each error names the flag and the fix (`check_arguments` runs those that need the flags alone).
+  nothing; each error names the flag and the fix (`check_arguments` runs those that need the flags alone;
+  the training flags' own ranges are `arguments`', run when `TransformerTrainingArguments` is made).
 """
 
 from __future__ import annotations
@@ -32,11 +33,9 @@ from .. import PRESETS, VanillaTransformerConfig
 from ..cli import recipe_names, recipe_path
 from ..modeling_vanilla_transformer import LENGTH_PENALTY_FORMULAS
 from ..tokenization_vanilla_transformer import MIN_VOCAB_SIZE
-from .averaging import AVERAGING_WEIGHTS
+from .arguments import TransformerTrainingArguments, check_training_arguments
 from .checkpointing import RESUME_HINT, checkpoint_folders
 from .metrics import check_sacrebleu_tokenize
-from .moving_average import check_decay
-from .trainer import TransformerTrainingArguments, schedule_name
 
 logger = logging.getLogger("vanilla_transformer.train")
 
@@ -362,27 +361,6 @@ def _read_argument_file(path: Path) -> dict:
     return values
 
 
-def check_training_arguments(training_args: TransformerTrainingArguments) -> None:
-    """Refuse combinations where a flag would be accepted and then have no effect."""
-    defaults = {f.name: f.default for f in dataclasses.fields(TransformerTrainingArguments)}
-    if training_args.max_tokens:
-        for name in ("per_device_train_batch_size", "train_sampling_strategy", "dataloader_drop_last"):
-            if getattr(training_args, name) != defaults[name]:
-                raise ValueError(
-                    f"--{name} applies to batches of sentences, but --max_tokens {training_args.max_tokens} makes "
-                    "batches by token count; drop it, or pass --max_tokens 0 for sentence batches."
-                )
-    if training_args.average_checkpoints:
-        if training_args.save_strategy == "no":
-            raise ValueError("--average_checkpoints needs checkpoints: set --save_strategy steps and --save_steps.")
-        limit = training_args.save_total_limit
-        if limit is not None and limit < training_args.average_checkpoints:
-            raise ValueError(
-                f"--save_total_limit {limit} keeps fewer checkpoints than --average_checkpoints "
-                f"{training_args.average_checkpoints} averages; raise the limit."
-            )
-
-
 def check_data_arguments(args: DataArguments) -> None:
     """Counts, lengths and names of the data flags, refused before any file is read."""
     for name in ("max_source_length", "max_target_length", "max_train_samples", "max_eval_samples",
@@ -570,110 +548,3 @@ def check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict) 
                              f"--{role}_file or --{role}_split of a Hub dataset.")
     if not do_train and not model_args.model_name_or_path:
         raise ValueError("Without training, --do_eval/--do_predict need the model: give --model_name_or_path.")
-
-
-
-# ---------------------------------------------------------------------------------------------
-# Ranges of the training flags (run by TransformerTrainingArguments itself)
-# ---------------------------------------------------------------------------------------------
-
-
-# Counts that only make sense positive (None: not given). A 0 or a negative one would otherwise be
-# taken as "not set", divide by zero mid-run, or end up as a Python slice from the end.
-POSITIVE_COUNTS = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                   "generation_num_beams", "generation_max_length", "save_total_limit")
-# name -> (lowest allowed, highest allowed or None, what the bounds mean)
-RANGES = {
-    "max_tokens": (0, None, "padded tokens per batch, or 0 for sentence batches"),
-    "average_checkpoints": (0, None, "checkpoints to average, or 0 for none"),
-    "dataloader_num_workers": (0, None, "worker processes, or 0 to load in the main process"),
-    "max_grad_norm": (0, None, "the gradient norm to clip to, or 0 for no clipping"),
-    "weight_decay": (0, None, "a decay rate"),
-    "adam_epsilon": (0, None, "Adam's epsilon"),
-    "seed": (0, 2**32 - 1, "a random seed"),
-}
-OPEN_FRACTIONS = ("label_smoothing_factor", "adam_beta1", "adam_beta2")  # in [0, 1)
-
-
-def check_argument_ranges(args: TransformerTrainingArguments) -> None:
-    """Refuse numbers outside what they can mean, naming the flag, before any data is read."""
-    for name in POSITIVE_COUNTS:
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be a positive number, got {value}; leave it out for the default.")
-    for name, (low, high, meaning) in RANGES.items():
-        value = getattr(args, name)
-        if value is not None and (value < low or high is not None and value > high):
-            bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise ValueError(f"--{name} is {meaning}: it must be {bounds}, got {value}.")
-    for name in OPEN_FRACTIONS:
-        value = getattr(args, name)
-        if not 0 <= value < 1:
-            raise ValueError(f"--{name} must be in [0, 1), got {value} (the paper: label smoothing 0.1, Adam betas "
-                             "0.9 and 0.98).")
-    for name in ("learning_rate", "lr_scale", "save_minutes", "max_train_minutes", "cooldown_minutes"):
-        value = getattr(args, name)
-        if value is not None and not value > 0:
-            raise ValueError(f"--{name} must be positive, got {value}.")
-    _check_duration(args)
-    _check_cooldown(args)
-    _check_average_weights(args)
-    _check_ema_decay(args)
-
-
-def _check_ema_decay(args: TransformerTrainingArguments) -> None:
-    check_decay(args.ema_decay)
-    if not args.ema_decay:
-        return
-    if args.load_best_model_at_end:
-        raise ValueError(f"--ema_decay {args.ema_decay} makes the moving average the final model, and "
-                         "--load_best_model_at_end the best checkpoint: give one of them.")
-    if args.average_checkpoints:
-        raise ValueError(f"--ema_decay {args.ema_decay} and --average_checkpoints {args.average_checkpoints} each make "
-                         "the final model (a moving average of every update, or the mean of the last checkpoints): "
-                         "give one of them.")
-
-
-def _check_average_weights(args: TransformerTrainingArguments) -> None:
-    if args.average_weights not in AVERAGING_WEIGHTS:
-        raise ValueError(f"--average_weights must be one of {', '.join(AVERAGING_WEIGHTS)}, got {args.average_weights!r}.")
-    if args.average_weights != "uniform" and not args.average_checkpoints:
-        raise ValueError(f"--average_weights {args.average_weights} weighs the checkpoints that --average_checkpoints "
-                         "averages, but it is 0 (no averaging): give --average_checkpoints N, or drop --average_weights.")
-
-
-def _check_cooldown(args: TransformerTrainingArguments) -> None:
-    if args.cooldown_minutes is None:
-        return
-    if not args.max_train_minutes:
-        raise ValueError(f"--cooldown_minutes {args.cooldown_minutes} decays the learning rate over the end of a "
-                         "budget in minutes: give --max_train_minutes too (for a budget in updates, use "
-                         "--lr_scheduler_type linear or cosine with --max_steps).")
-    if args.cooldown_minutes > args.max_train_minutes:
-        raise ValueError(f"--cooldown_minutes {args.cooldown_minutes} is longer than --max_train_minutes "
-                         f"{args.max_train_minutes}: the decay must fit inside the budget.")
-    if args.lr_scheduler_type != "inverse_sqrt":
-        raise ValueError(f"--cooldown_minutes decays eq. (3) (--lr_scheduler_type inverse_sqrt), got "
-                         f"--lr_scheduler_type {schedule_name(args)}; leave one of them out.")
-
-
-def _check_duration(args: TransformerTrainingArguments) -> None:
-    """How long to train, and the intervals of warm-up, saving and evaluation."""
-    if args.max_steps == 0 or args.max_steps < -1:
-        raise ValueError(f"--max_steps must be a positive number of updates (or -1, the default, to train for "
-                         f"--num_train_epochs epochs), got {args.max_steps}.")
-    if args.max_steps == -1 and not args.num_train_epochs > 0:
-        raise ValueError(f"--num_train_epochs must be positive, got {args.num_train_epochs}; or give --max_steps.")
-    if args.warmup_steps >= 1 and not float(args.warmup_steps).is_integer():
-        raise ValueError(f"--warmup_steps {args.warmup_steps}: give a whole number of updates, or a fraction below 1 "
-                         "of the training updates.")
-
-
-def check_intervals(args: TransformerTrainingArguments) -> None:
-    for name in ("save_steps", "eval_steps", "logging_steps"):
-        value = getattr(args, name)
-        if value is not None and not value > 0:
-            raise ValueError(f"--{name} must be a positive number of updates (or a fraction below 1 of them), got "
-                             f"{value}.")
-
-

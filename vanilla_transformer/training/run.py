@@ -49,7 +49,8 @@ from .options import (FINE_TUNING_LEARNING_RATE, FINE_TUNING_WARMUP_RATIO, ROLES
                       check_arguments, check_data_arguments, check_output_dir, check_steps_have_data,
                       check_training_arguments, model_config, new_model_config, parse_arguments, parse_overrides,
                       steps_to_run)
-from .trainer import TransformerTrainer, schedule_name
+from .arguments import schedule_name
+from .trainer import TransformerTrainer
 from .translation import translate
 
 logger = logging.getLogger("vanilla_transformer.train")
