@@ -3,7 +3,8 @@
 Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
 
 - `data`: text files or Hub datasets into Arrow, tokenised with ``datasets.map`` and cached; the length
-  filter that counts what it drops (`parallel_text_dataset`, `tokenize_dataset`, `drop_unusable`, ...).
+  filter that counts what it drops (`parallel_text_dataset`, `tokenize_dataset`, `drop_unusable`, ...);
+  a run's data from its flags (`load_text_datasets`, `tokenize_pairs`).
 - `batching`: `TokenBatchSampler`, batches of at most ``max_tokens`` padded tokens (§5.1, fairseq's --max-tokens)
   in a few bucket shapes, and `PadToBucket`, the collator wrapper that pads a batch to its shape.
 - `arguments`: `TransformerTrainingArguments`, the Trainer's arguments with the paper's defaults, and
@@ -20,8 +21,10 @@ Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
 - `translation`: `translate`, batched beam search in input order.
 - `options`: the flags of a run, argument files and packaged recipes, and every check of them.
 - `progress`: progress by the clock for a budget in minutes, throughput in target tokens/s.
-- `run`: a whole training run from flags (``vanilla-transformer train``), its steps with plain parameters
-  (`prepare_tokenizer`, `prepare_model`, `tokenize_pairs`) and with flags (`build_trainer`, `main`).
+- `run`: a whole training run from flags (``vanilla-transformer train``, `main`, which reads top to
+  bottom), its steps with plain parameters (`data.load_text_datasets`, `prepare_tokenizer`,
+  `prepare_model`, `data.tokenize_pairs`, `set_decoding`, `predict`) and `build_trainer`, `main` up to a
+  ready trainer.
 """
 
 from .averaging import average_checkpoints

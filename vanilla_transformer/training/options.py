@@ -30,16 +30,15 @@ from transformers import HfArgumentParser
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .. import PRESETS, VanillaTransformerConfig
-from ..cli import recipe_names, recipe_path
+from ..command_line import recipe_names, recipe_path
 from ..modeling_vanilla_transformer import LENGTH_PENALTY_FORMULAS
 from ..tokenization_vanilla_transformer import MIN_VOCAB_SIZE
 from .arguments import TransformerTrainingArguments, check_training_arguments
 from .checkpointing import RESUME_HINT, checkpoint_folders
-from .metrics import check_sacrebleu_tokenize
+from .data import check_data_arguments
 
 logger = logging.getLogger("vanilla_transformer.train")
 
-ROLES = ("train", "validation", "test")
 ATTENTION_IMPLEMENTATIONS = ALL_ATTENTION_FUNCTIONS.valid_keys()
 ARGUMENT_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 # Fine-tuning (--model_name_or_path) without --learning_rate / --warmup_steps: the paper's 4000
@@ -361,41 +360,17 @@ def _read_argument_file(path: Path) -> dict:
     return values
 
 
-def check_data_arguments(args: DataArguments) -> None:
-    """Counts, lengths and names of the data flags, refused before any file is read."""
-    for name in ("max_source_length", "max_target_length", "max_train_samples", "max_eval_samples",
-                 "max_predict_samples", "preprocessing_num_workers"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be a positive number, got {value}; leave it out for the default.")
-    if args.validation_size < 0:
-        raise ValueError(f"--validation_size must be 0 or a positive number of pairs, got {args.validation_size}.")
-    if args.validation_size and (args.validation_source_file or args.validation_file or args.validation_split):
-        raise ValueError("Give validation data or --validation_size (held out from training), not both.")
-    for name in ("source_lang", "target_lang"):
-        if not getattr(args, name).strip():
-            raise ValueError(f"--{name} is empty; give a language code such as en or de.")
-    if any(_pairs_format(path) == ".tsv" for path in (args.train_file, args.validation_file, args.test_file) if path):
-        _tsv_column(args.source_column, "--source_column", 0)
-        _tsv_column(args.target_column, "--target_column", 1)
-    if args.source_column is not None and args.source_column == args.target_column:
-        raise ValueError(f"--source_column and --target_column are both {args.source_column!r}: the model would "
-                         "learn to copy. Give the target's column.")
-    if args.sacrebleu_tokenize is not None:
-        check_sacrebleu_tokenize(args.sacrebleu_tokenize, "--sacrebleu_tokenize")
-
-
 def check_model_arguments(model_args: ModelArguments) -> None:
     """The new model's preset and overrides (built once, without weights), the tokenizer's sizes and the
     attention implementation, refused before any data is read."""
     if model_args.model_name_or_path:
-        _refuse_overrides_of_a_checkpoint(model_args)
+        refuse_overrides_of_a_checkpoint(model_args.config_overrides)
     else:
         if model_args.preset not in PRESETS:
             close = difflib.get_close_matches(model_args.preset, PRESETS, n=1)
             raise ValueError(f"--preset {model_args.preset!r} does not exist"
                              f"{f' (did you mean {close[0]!r}?)' if close else ''}; choose one of {', '.join(PRESETS)}.")
-        new_model_config(model_args)  # a value the config refuses fails now, not after tokenising
+        model_config(model_args.preset, model_args.config_overrides)  # a value the config refuses fails now
     if model_args.tokenizer_vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(f"--tokenizer_vocab_size {model_args.tokenizer_vocab_size} cannot hold the 256 bytes and 4 "
                          f"special tokens every vocabulary starts with; give at least {MIN_VOCAB_SIZE} (the paper: 37000).")
@@ -441,28 +416,18 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, traini
                              f"batch; lower --{name} to at most {max_tokens}, or raise --max_tokens.")
 
 
-def steps_to_run(training_args) -> tuple[bool, bool, bool]:
-    """(train, evaluate, predict): the --do_* flags, or train (and evaluate) when none is given."""
+def steps_to_run(training_args, data_args: DataArguments) -> tuple[bool, bool, bool]:
+    """(train, evaluate, predict): the --do_* flags, or when none is given, train, and evaluate when
+    validation data is given."""
     if training_args.do_train or training_args.do_eval or training_args.do_predict:
         return training_args.do_train, training_args.do_eval, training_args.do_predict
-    return True, None, False  # None: evaluate when there is validation data
+    return True, bool(validation_given(data_args)), False
 
 
-
-def _pairs_format(path: str) -> str | None:
-    """".tsv" or ".jsonl" (".json" counts as JSON Lines) by suffix, ".gz" aside; None for anything else."""
-    suffixes = [suffix for suffix in Path(path).suffixes if suffix != ".gz"]
-    suffix = suffixes[-1] if suffixes else None
-    return ".jsonl" if suffix == ".json" else suffix if suffix in {".tsv", ".jsonl"} else None
-
-
-
-def _tsv_column(value: str | None, flag: str, default: int) -> int:
-    if value is None:
-        return default
-    if not value.isdigit():
-        raise ValueError(f"{flag} {value!r}: a TSV column is a 0-based number (e.g. 0 or 1).")
-    return int(value)
+def validation_given(data_args: DataArguments) -> bool:
+    """Whether the flags name validation data: files, a Hub split, or pairs held out of the training data."""
+    return bool(data_args.validation_source_file or data_args.validation_file or data_args.validation_split
+                or data_args.validation_size)
 
 
 
@@ -495,11 +460,6 @@ def parse_overrides(text: str | None) -> dict:
     return overrides
 
 
-def new_model_config(model_args: ModelArguments, tokenizer=None) -> VanillaTransformerConfig:
-    """`model_config` from --preset and --config_overrides."""
-    return model_config(model_args.preset, model_args.config_overrides, tokenizer)
-
-
 def model_config(preset: str = "base", config_overrides: str | dict | None = None, tokenizer=None
                  ) -> VanillaTransformerConfig:
     """The config of a new model: the preset, the tokenizer's size and special ids, then the overrides (a dict,
@@ -522,8 +482,9 @@ def model_config(preset: str = "base", config_overrides: str | dict | None = Non
                          f"gives an invalid config: {error.__cause__ or error}") from None
 
 
-def _refuse_overrides_of_a_checkpoint(model_args: ModelArguments) -> None:
-    if model_args.config_overrides:
+def refuse_overrides_of_a_checkpoint(config_overrides: str | dict | None) -> None:
+    """--config_overrides builds a new model; a checkpoint's architecture is its own."""
+    if config_overrides:
         raise ValueError("--config_overrides applies to a new model; a checkpoint (--model_name_or_path) keeps its "
                          "architecture.")
 
@@ -532,8 +493,7 @@ def check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict) 
     """Each step asked for has its data (and evaluation alone has a model), from the flags alone."""
     given = {
         "train": data_args.train_source_file or data_args.train_file or data_args.dataset_name,
-        "validation": (data_args.validation_source_file or data_args.validation_file or data_args.validation_split
-                       or data_args.validation_size),
+        "validation": validation_given(data_args),
         "test": data_args.test_source_file or data_args.test_file or data_args.test_split,
     }
     if do_train and not given["train"]:
