@@ -7,11 +7,13 @@ string columns, ``source`` and ``target`` (`parallel_text_dataset`, `tsv_dataset
 says how many. Every step is cached on disk under a fingerprint of its inputs (file path, size
 and modification time; the tokenizer's JSON; the limits), so a second run, and the other processes
 of a data-parallel run, memory-map the result instead of computing it again (a damaged cache entry is
-rebuilt, with a warning naming it: `caches`). The sampler gets the
-lengths as one array (`example_lengths`). A run's flags (`options.DataArguments`) name the files or
-Hub splits of each role: `load_text_datasets` reads them all, checking each file's first record for
-its columns or keys, and `tokenize_pairs` tokenises and filters one role for a model. Disk: the text once (as Arrow) plus the token ids
-(4 bytes a token), e.g. about 1.3 GB + 1.1 GB for WMT14 en-de (4.5M pairs).
+rebuilt, with a warning naming it: `caches`). The sampler gets the lengths as one array
+(`example_lengths`). Disk: the text once (as Arrow) plus the token ids (4 bytes a token), e.g. about
+1.3 GB + 1.1 GB for WMT14 en-de (4.5M pairs).
+
+A run's flags (`options.DataArguments`) name the files or Hub splits of each role (train, validation,
+test): `load_text_datasets` reads them all, checking each file's first record for its columns or
+keys before reading it whole, and `tokenize_pairs` tokenises one role for a model and filters it.
 
 Reading rules, the same for every text format: UTF-8 (a byte-order mark at the start is dropped;
 invalid bytes are an error naming the line); lines end at "\\n" only ("\\r\\n" loses its "\\r"; a
