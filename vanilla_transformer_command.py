@@ -7,16 +7,18 @@ command starts here, outside the package (installed beside it), and answers with
 
 - ``--version``, and ``recipe [NAME]`` / ``config [NAME]``, the paths of the packaged recipes and
   launch configs (``accelerate launch --config_file $(vanilla-transformer config ddp)`` runs this
-  before every launch), from the package's folder, found and not imported. `vanilla_transformer.cli`
-  uses the same functions; anything else about these (an unknown name, a flag, more names) goes to
-  it, so its errors are the command's;
+  before every launch), through `vanilla_transformer.command_line` (standard library only), loaded
+  from the package's folder without importing the package. `vanilla_transformer.cli` uses the same
+  module; anything else about these (an unknown name, a flag, more names) goes to it, so its errors
+  are the command's;
 - ``--help`` and ``TOOL --help``: the screen `vanilla_transformer.cli.help_text` rendered before, as
   long as nothing it was rendered from has changed: this package's files (code, recipes), the
   versions of Python, torch, transformers, accelerate and huggingface_hub, and how it is shown (the
   terminal's width, colour settings). The first time, or after any such change, the package renders
   the screen and it is stored.
 
-Every other command goes straight to `vanilla_transformer.cli.main`.
+Every other command goes straight to `vanilla_transformer.cli.main`. Nothing imports this module: it is
+the entry point only.
 
 The screens live in ``$HF_HOME/vanilla-transformer/help/`` (``HF_HOME`` defaults to
 ``$XDG_CACHE_HOME/huggingface``, else ``~/.cache/huggingface``), one JSON file per command, Python
@@ -37,12 +39,9 @@ import tempfile
 from importlib import util  # importlib.metadata (~20 ms) only where versions are read
 from pathlib import Path
 
-PROG = "vanilla-transformer"
 HELP_FLAGS = ("-h", "--help")
 VERSIONED = ("torch", "transformers", "accelerate", "huggingface_hub")  # whose values the help screens list
 PACKAGE_FILES = ("*.py", "*.yaml")  # the package's code and its recipes and launch configs
-PACKAGED = {"recipe": ("training/recipes", "recipe"),  # subcommand -> (folder in the package, what it holds)
-            "config": ("training/accelerate_configs", "accelerate config")}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -72,54 +71,28 @@ def quick_answer(argv: list[str]) -> str | None:
     """What ``--version``, ``recipe [NAME]`` or ``config [NAME]`` print; None for anything else, an unknown
     name included (the package answers those, with its errors)."""
     if argv == ["--version"]:
-        return version_text()
-    if argv and argv[0] in PACKAGED and len(argv) <= 2 and not argv[-1].startswith("-"):
+        return shared().version_text()
+    if argv and argv[0] in shared().PACKAGED and len(argv) <= 2 and not argv[-1].startswith("-"):
         with contextlib.suppress(ValueError):
-            return packaged_text(*argv)
+            return shared().packaged_text(*argv)
     return None
 
 
-def version_text() -> str:
-    """``vanilla-transformer X.Y.Z``, from the installed distribution's metadata; a one-line error without one."""
-    from importlib import metadata
-
-    try:
-        return f"{PROG} {metadata.version(PROG)}\n"
-    except metadata.PackageNotFoundError:
-        print(f"{PROG}: error: the {PROG} distribution is not installed, so it has no version: run "
-              "`pip install -e .` in the clone (or `pip install vanilla-transformer`)", file=sys.stderr)
-        raise SystemExit(2) from None
-
-
-def packaged_text(kind: str, name: str | None = None) -> str:
-    """``kind``'s (recipe, config) packaged files, a name and a path a line; with ``name``, its path alone."""
-    if name is not None:
-        return f"{packaged_path(kind, name)}\n"
-    return "".join(f"{each}\t{path}\n" for each, path in packaged(kind).items())
-
-
-def packaged(kind: str) -> dict[str, Path]:
-    """The package's files of ``kind`` (recipe, config) by name, in the order of the names."""
-    folder = package_folder() / PACKAGED[kind][0]
-    return dict(sorted((path.stem, path) for path in folder.glob("*.yaml")))
-
-
-def packaged_path(kind: str, name: str) -> Path:
-    """The packaged file of ``kind`` named ``name`` (``.yaml`` optional); ValueError names the closest and all."""
-    files = packaged(kind)
-    stem = name.removesuffix(".yaml")
-    if stem not in files:
-        import difflib  # only for this error
-
-        close = difflib.get_close_matches(stem, list(files), n=1)
-        raise ValueError(f"There is no {PACKAGED[kind][1]} named {name!r}"
-                         f"{f' (did you mean {close[0]!r}?)' if close else ''}; the package has "
-                         f"{', '.join(files)}.")
-    return files[stem]
+def shared():
+    """`vanilla_transformer.command_line`, loaded from the package's folder without importing the package
+    (``import vanilla_transformer`` imports torch and registers the model: seconds). The package's own
+    imports of it then find this module."""
+    name = "vanilla_transformer.command_line"
+    if name not in sys.modules:
+        spec = util.spec_from_file_location(name, package_folder() / "command_line.py")
+        module = util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def package_folder() -> Path:
-    """The installed package's folder, found and not imported (its import costs seconds)."""
+    """The installed package's folder, found and not imported."""
     return Path(util.find_spec("vanilla_transformer").origin).resolve().parent
 
 

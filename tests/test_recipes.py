@@ -18,6 +18,7 @@ from sacremoses import MosesTokenizer
 
 from helpers import load_script
 from vanilla_transformer import VanillaTransformerConfig
+from vanilla_transformer.training import data
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.batching import TokenBatchSampler
 from vanilla_transformer.training.bleu_chrf import split_compounds
@@ -152,7 +153,7 @@ def test_recipe_trains_evaluates_and_predicts_on_a_tiny_local_slice(recipe, tiny
     def no_hub(*args, **kwargs):
         raise AssertionError("with --dataset_name none the recipe must not read the Hub")
 
-    monkeypatch.setattr(train.data, "hub_dataset", no_hub)
+    monkeypatch.setattr(data, "hub_dataset", no_hub)
     output = tmp_path / "run"
     metrics = train.main([str(recipe), "--use_cpu", *tiny_overrides(tiny_slice, output)])
     paper = PAPER[recipe.stem]
@@ -174,7 +175,7 @@ def test_the_multi30k_recipe_runs_on_a_tiny_local_slice_under_its_clock(tiny_sli
     assert args.ema_decay == 0.998
     assert (model_args.length_penalty, model_args.length_penalty_formula) == (0.6, "gnmt")  # spelled out in the file
     assert (args.max_tokens, args.learning_rate, args.warmup_steps, args.max_grad_norm) == (1024, 2e-3, 800, 0.0)
-    config = train.new_model_config(model_args)
+    config = train.model_config(model_args.preset, model_args.config_overrides)
     assert (config.d_model, config.encoder_layers, config.encoder_attention_heads, config.encoder_ffn_dim) == (256, 3, 4, 1024)
     output = tmp_path / "run"
     overrides = [flag for flag in tiny_overrides(tiny_slice, output)]
@@ -225,7 +226,8 @@ def test_predict_reports_tokenized_bleu_as_the_paper_scored_it(tiny_slice, tmp_p
     hypotheses = [reference.replace("-", " ") for reference in references]
     assert hypotheses != references
     monkeypatch.setattr(train, "translate", lambda model, tokenizer, sources, *args, **kwargs: hypotheses)
-    results = train.predict(prepared, data_args)
+    results = train.predict(prepared.trainer, prepared.tokenizer, prepared.text["test"], data_args.sacrebleu_tokenize,
+                            data_args.target_lang)  # the recipe's --compound_split_bleu
     moses = MosesTokenizer(lang="de")
     split = perl_split([moses.tokenize(line, return_str=True, escape=False) for line in hypotheses + references])
     expected = sacrebleu.corpus_bleu(split[:len(hypotheses)], [split[len(hypotheses):]], tokenize="none").score

@@ -8,7 +8,8 @@ from transformers import DataCollatorForSeq2Seq, set_seed
 
 from vanilla_transformer.training import TransformerTrainer, TransformerTrainingArguments, parallel_text_dataset
 from vanilla_transformer.training import run as train
-from vanilla_transformer.training.run import prepare_model, prepare_tokenizer, tokenize_pairs
+from vanilla_transformer.training.data import tokenize_pairs
+from vanilla_transformer.training.run import prepare_model, prepare_tokenizer, set_decoding
 
 from test_train import reverse_pairs, tiny_args, write_pairs
 
@@ -28,12 +29,13 @@ def test_the_steps_with_plain_parameters_build_what_the_flags_build(data_dir, tm
     set_seed(42)
     text = parallel_text_dataset(data_dir / "train.src", data_dir / "train.tgt", cache_dir=str(tmp_path / "cache"))
     tokenizer = prepare_tokenizer(text, vocab_size=280, seed=42, cache_dir=str(tmp_path / "cache"))
-    model = prepare_model(tokenizer, preset="tiny", config_overrides={"dropout": 0.0}, length_penalty=1.2)
+    model = prepare_model(tokenizer, preset="tiny", config_overrides={"dropout": 0.0})
     ids = tokenize_pairs(text, tokenizer, model.config, max_tokens=4096)
     args = TransformerTrainingArguments(output_dir=str(tmp_path / "script"), max_steps=2, warmup_steps=1,
                                         report_to="none", use_cpu=True, save_strategy="no")
     trainer = TransformerTrainer(model=model, args=args, train_dataset=ids, processing_class=tokenizer,
                                  data_collator=DataCollatorForSeq2Seq(tokenizer, model=model))
+    set_decoding(trainer.model, length_penalty=1.2)
 
     assert tokenizer.backend_tokenizer.to_str() == flags.tokenizer.backend_tokenizer.to_str()
     reference = flags.trainer.model

@@ -14,7 +14,8 @@ named, not located. Every flag takes both spellings (``--num_beams``, ``--num-be
 ends in one line naming the flag and the fix, exit status 2; from Python the same calls raise. The
 installed command starts in `vanilla_transformer_command` (installed beside the package), which answers
 ``--version``, ``recipe`` and ``config`` and prints help screens (`help_text`) from a cache without
-importing torch; the packaged files are looked up there, by the same functions for both.
+importing torch; the packaged files are found by `vanilla_transformer.command_line` for both. The
+library never imports this module: it runs the tools, they do not run it.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ import argparse
 import difflib
 import importlib
 import sys
-from pathlib import Path
-from typing import NoReturn
 
-from vanilla_transformer_command import PROG, packaged, packaged_path, packaged_text, version_text
+from .command_line import (PROG, accelerate_config_names, accelerate_config_path,  # noqa: F401 (imported from here)
+                           exit_with_usage_error, option_strings, packaged, packaged_text, recipe_names, recipe_path,
+                           subcommand_parsers, version_text, with_dashes)
 
 # name -> (module with main(argv) and build_parser(prog), what it does)
 TOOLS = {
@@ -50,59 +51,8 @@ PATHS = {
 
 
 # ---------------------------------------------------------------------------------------------
-# Packaged recipes and launch configs, by name
+# Spellings, the same in every tool
 # ---------------------------------------------------------------------------------------------
-
-
-def recipe_names() -> list[str]:
-    return list(packaged("recipe"))
-
-
-def accelerate_config_names() -> list[str]:
-    return list(packaged("config"))
-
-
-def recipe_path(name: str) -> Path:
-    """The packaged recipe ``name`` (``multi30k``, ``wmt14-en-de-base``, ...): its YAML file of flags."""
-    return packaged_path("recipe", name)
-
-
-def accelerate_config_path(name: str) -> Path:
-    """The packaged accelerate config ``name`` (``single``, ``ddp``, ``fsdp``) for ``accelerate launch --config_file``."""
-    return packaged_path("config", name)
-
-
-# ---------------------------------------------------------------------------------------------
-# Errors and spellings, the same in every tool
-# ---------------------------------------------------------------------------------------------
-
-
-def exit_with_usage_error(prog: str, error: BaseException | str) -> NoReturn:
-    """One line on stderr, ``PROG: error: MESSAGE``, and exit status 2 (argparse's convention)."""
-    print(f"{prog}: error: {error}", file=sys.stderr)
-    raise SystemExit(2)
-
-
-def option_strings(parser: argparse.ArgumentParser) -> set[str]:
-    """Every option string of ``parser`` and of its subcommands' parsers."""
-    return set(parser._option_string_actions).union(*map(option_strings, subcommand_parsers(parser)))
-
-
-def subcommand_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
-    return [subparser for action in parser._actions if isinstance(action, argparse._SubParsersAction)
-            for subparser in action.choices.values()]
-
-
-def with_dashes(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
-    """``--num_beams 4`` as ``--num-beams 4`` for a parser that spells its flags with dashes."""
-    known = option_strings(parser)
-    spelt = []
-    for token in argv:
-        flag, equals, value = token.partition("=")
-        dashed = "--" + flag[2:].replace("_", "-")
-        spelt.append(dashed + equals + value if token.startswith("--") and flag not in known and dashed in known
-                     else token)
-    return spelt
 
 
 # ---------------------------------------------------------------------------------------------

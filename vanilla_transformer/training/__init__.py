@@ -3,11 +3,14 @@
 Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
 
 - `data`: text files or Hub datasets into Arrow, tokenised with ``datasets.map`` and cached; the length
-  filter that counts what it drops (`parallel_text_dataset`, `tokenize_dataset`, `drop_unusable`, ...).
+  filter that counts what it drops (`parallel_text_dataset`, `tokenize_dataset`, `drop_unusable`, ...);
+  a run's data from its flags (`load_text_datasets`, `tokenize_pairs`).
 - `batching`: `TokenBatchSampler`, batches of at most ``max_tokens`` padded tokens (§5.1, fairseq's --max-tokens),
   optionally in a few bucket shapes, and `PadToBucket`, the collator wrapper that pads a batch to its shape.
-- `trainer`: `TransformerTrainer` and `TransformerTrainingArguments`: token batches, per-token label
-  smoothing over the accumulated batch (§5.4), eq. (3) as the learning-rate schedule (§5.3).
+- `arguments`: `TransformerTrainingArguments`, the Trainer's arguments with the paper's defaults, and
+  every check of their ranges.
+- `trainer`: `TransformerTrainer`: token batches, per-token label smoothing over the accumulated batch
+  (§5.4), eq. (3) as the learning-rate schedule (§5.3).
 - `averaging`: `average_checkpoints` (§6.1).
 - `divergence`: a non-finite loss or gradient stops training with `TrainingDiverged`, saving nothing of it;
   `caches`: damaged Arrow and tokenizer caches are rebuilt, with a warning naming them.
@@ -20,8 +23,12 @@ Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
 - `progress`: progress by the clock for a budget in minutes, throughput in target tokens/s.
 - `run_lock`: one run per output folder (`RunLock`, `hold_output_dir`); `memory_check`: the largest batches
   tried before the first update (`check_largest_batches_fit`), ``--skip_oom_batches`` (`SkipOutOfMemoryBatches`).
-- `run`: a whole training run from flags (``vanilla-transformer train``), its steps with plain parameters
-  (`prepare_tokenizer`, `prepare_model`, `tokenize_pairs`) and with flags (`build_trainer`, `main`).
+- `levers`: GPU speed levers of training (``--compile_layers``, ``--fused_loss``, ``--cuda_graphs``, ``--fp8``,
+  ``--training_attention``), each off by default.
+- `run`: a whole training run from flags (``vanilla-transformer train``, `main`, which reads top to
+  bottom), its steps with plain parameters (`data.load_text_datasets`, `prepare_tokenizer`,
+  `prepare_model`, `data.tokenize_pairs`, `set_decoding`, `predict`) and `build_trainer`, `main` up to a
+  ready trainer.
 """
 
 from .averaging import average_checkpoints
@@ -40,7 +47,8 @@ from .data import (
 from .divergence import TrainingDiverged
 from .metrics import TranslationMetrics, load_translation_metric, score
 from .moving_average import ExponentialMovingAverage
-from .trainer import TransformerTrainer, TransformerTrainingArguments, noam_learning_rate, noam_schedule
+from .arguments import TransformerTrainingArguments
+from .trainer import TransformerTrainer, noam_learning_rate, noam_schedule
 from .translation import translate
 
 __all__ = [

@@ -7,9 +7,13 @@ string columns, ``source`` and ``target`` (`parallel_text_dataset`, `tsv_dataset
 says how many. Every step is cached on disk under a fingerprint of its inputs (file path, size
 and modification time; the tokenizer's JSON; the limits), so a second run, and the other processes
 of a data-parallel run, memory-map the result instead of computing it again (a damaged cache entry is
-rebuilt, with a warning naming it: `caches`). The sampler gets the
-lengths as one array (`example_lengths`). Disk: the text once (as Arrow) plus the token ids
-(4 bytes a token), e.g. about 1.3 GB + 1.1 GB for WMT14 en-de (4.5M pairs).
+rebuilt, with a warning naming it: `caches`). The sampler gets the lengths as one array
+(`example_lengths`). Disk: the text once (as Arrow) plus the token ids (4 bytes a token), e.g. about
+1.3 GB + 1.1 GB for WMT14 en-de (4.5M pairs).
+
+A run's flags (`options.DataArguments`) name the files or Hub splits of each role (train, validation,
+test): `load_text_datasets` reads them all, checking each file's first record for its columns or
+keys before reading it whole, and `tokenize_pairs` tokenises one role for a model and filters it.
 
 Reading rules, the same for every text format: UTF-8 (a byte-order mark at the start is dropped;
 invalid bytes are an error naming the line); lines end at "\\n" only ("\\r\\n" loses its "\\r"; a
@@ -34,6 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from .caches import dataset_cache_folder, generator_cache_folder, rebuilt_if_damaged
+from .metrics import check_sacrebleu_tokenize
 
 logger = logging.getLogger(__name__)
 
@@ -455,3 +460,170 @@ def tokenizer_cache_dir(text, settings: dict, cache_dir: str | None = None) -> P
 
     root = Path(cache_dir) if cache_dir else Path(config.HF_DATASETS_CACHE)
     return root / "vanilla_transformer_tokenizers" / Hasher.hash([CACHE_VERSION, text._fingerprint, sorted(settings.items())])
+
+
+# ---------------------------------------------------------------------------------------------
+# The data of a run, from its flags (`options.DataArguments`): each role's text as Arrow, then token ids
+# ---------------------------------------------------------------------------------------------
+
+ROLES = ("train", "validation", "test")
+
+
+def pairs_format(path: str) -> str | None:
+    """".tsv" or ".jsonl" (".json" counts as JSON Lines) by suffix, ".gz" aside; None for anything else."""
+    suffixes = [suffix for suffix in Path(path).suffixes if suffix != ".gz"]
+    suffix = suffixes[-1] if suffixes else None
+    return ".jsonl" if suffix == ".json" else suffix if suffix in {".tsv", ".jsonl"} else None
+
+
+def tsv_column(value: str | None, flag: str, default: int) -> int:
+    """The 0-based TSV column ``value`` of ``flag`` (``default`` when not given)."""
+    if value is None:
+        return default
+    if not value.isdigit():
+        raise ValueError(f"{flag} {value!r}: a TSV column is a 0-based number (e.g. 0 or 1).")
+    return int(value)
+
+
+def check_data_arguments(args) -> None:
+    """Counts, lengths and names of the data flags (``args``: `options.DataArguments`), refused before any
+    file is read."""
+    for name in ("max_source_length", "max_target_length", "max_train_samples", "max_eval_samples",
+                 "max_predict_samples", "preprocessing_num_workers"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise ValueError(f"--{name} must be a positive number, got {value}; leave it out for the default.")
+    if args.validation_size < 0:
+        raise ValueError(f"--validation_size must be 0 or a positive number of pairs, got {args.validation_size}.")
+    if args.validation_size and (args.validation_source_file or args.validation_file or args.validation_split):
+        raise ValueError("Give validation data or --validation_size (held out from training), not both.")
+    for name in ("source_lang", "target_lang"):
+        if not getattr(args, name).strip():
+            raise ValueError(f"--{name} is empty; give a language code such as en or de.")
+    if any(pairs_format(path) == ".tsv" for path in (args.train_file, args.validation_file, args.test_file) if path):
+        tsv_column(args.source_column, "--source_column", 0)
+        tsv_column(args.target_column, "--target_column", 1)
+    if args.source_column is not None and args.source_column == args.target_column:
+        raise ValueError(f"--source_column and --target_column are both {args.source_column!r}: the model would "
+                         "learn to copy. Give the target's column.")
+    if args.sacrebleu_tokenize is not None:
+        check_sacrebleu_tokenize(args.sacrebleu_tokenize, "--sacrebleu_tokenize")
+
+
+def local_dataset(args, role: str):
+    """The role's local files as an Arrow dataset of (source, target), or None when none are given."""
+    source_file, target_file = getattr(args, f"{role}_source_file"), getattr(args, f"{role}_target_file")
+    pairs_file = getattr(args, f"{role}_file")
+    if (source_file is None) != (target_file is None):
+        raise ValueError(f"Give both --{role}_source_file and --{role}_target_file, or neither.")
+    if source_file and pairs_file:
+        raise ValueError(f"Give --{role}_source_file/--{role}_target_file or --{role}_file, not both.")
+    if source_file:
+        return parallel_text_dataset(source_file, target_file, (f"--{role}_source_file", f"--{role}_target_file"),
+                                     cache_dir=args.cache_dir)
+    if not pairs_file:
+        return None
+    what = f"--{role}_file"
+    if pairs_format(pairs_file) == ".tsv":
+        columns = [tsv_column(args.source_column, "--source_column", 0), tsv_column(args.target_column, "--target_column", 1)]
+        _check_tsv_columns(pairs_file, what, columns)
+        return tsv_dataset(pairs_file, *columns, what=what, cache_dir=args.cache_dir)
+    if pairs_format(pairs_file) == ".jsonl":
+        keys = _json_keys(args, first_json_record(pairs_file, what), f"{what} {pairs_file!r}, first record")
+        return jsonl_dataset(pairs_file, *keys, what=what, cache_dir=args.cache_dir)
+    raise ValueError(f"{what} {pairs_file!r}: use a .tsv or .jsonl file (optionally .gz).")
+
+
+def _check_tsv_columns(path: str, what: str, columns: list[int]) -> None:
+    """The columns exist on the first line (the reader then holds every line to the same fields)."""
+    _, first = next(numbered_lines(path, what))
+    fields = len(first.split("\t"))
+    for flag, column in zip(("--source_column", "--target_column"), columns):
+        if column >= fields:
+            raise ValueError(f"{flag} {column}: {what} {path!r} has {fields} tab-separated field(s) on line 1, "
+                             f"columns 0 to {fields - 1}; give the 0-based column of each side.")
+
+
+def _json_keys(args, record: dict, where: str) -> tuple[str, str]:
+    """The source and target keys for JSON records (given, or from the language codes), checked on one record."""
+    keys = []
+    for side in ("source", "target"):
+        given, language = getattr(args, f"{side}_column"), getattr(args, f"{side}_lang")
+        key = given or default_key(language, record)
+        try:
+            json_field(record, key, where)
+        except ValueError as error:
+            origin = f"--{side}_column {given}" if given else f"--{side}_lang {language}"
+            raise ValueError(f"{error} The key {key!r} comes from {origin}: give --{side}_column with the key "
+                             f"(dotted for nesting, e.g. translation.{language}), or check --{side}_lang.") from None
+        keys.append(key)
+    if keys[0] == keys[1]:
+        raise ValueError(f"Source and target would both be read from {keys[0]!r} ({where}): give different "
+                         "--source_lang/--target_lang or --source_column/--target_column.")
+    return keys[0], keys[1]
+
+
+def _hub_split(args, split: str):
+    return hub_dataset(args.dataset_name, args.dataset_config_name, split, args.source_column, args.target_column,
+                       (args.source_lang, args.target_lang), args.preprocessing_num_workers, args.cache_dir)
+
+
+def _first(dataset, count: int | None, flag: str):
+    if count is None:
+        return dataset
+    if count > len(dataset):
+        logger.info(f"{flag} {count}: there are only {len(dataset)} pairs; using them all")
+    return dataset.select(range(min(count, len(dataset))))
+
+
+def load_text_datasets(args, seed: int) -> dict:
+    """``{"train": ..., "validation": ..., "test": ...}`` Arrow datasets of (source, target); None where absent.
+
+    ``args`` is `options.DataArguments`: local files for each role, or a Hub dataset's splits; a validation
+    set held out of the training pairs (``validation_size``, shuffled with ``seed``); the first N of each.
+    """
+    check_data_arguments(args)
+    local = {role: local_dataset(args, role) for role in ROLES}
+    if local["train"] is not None and args.dataset_name:
+        raise ValueError("Give training data as files or as --dataset_name, not both.")
+    datasets = dict(local)
+    if args.dataset_name:
+        train_split = args.train_split + (f"[:{args.max_train_samples}]" if args.max_train_samples else "")
+        datasets["train"] = _hub_split(args, train_split)  # read only what is asked for
+        for role, split in (("validation", args.validation_split), ("test", args.test_split)):
+            if datasets[role] is None and split:
+                datasets[role] = _hub_split(args, split)
+    if args.validation_size:
+        if datasets["train"] is None:
+            raise ValueError("--validation_size holds out training pairs, but no training data is given.")
+        if args.validation_size >= len(datasets["train"]):
+            raise ValueError(f"--validation_size {args.validation_size} leaves no training data "
+                             f"({len(datasets['train'])} pairs).")
+        split = rebuilt_if_damaged(lambda: datasets["train"].train_test_split(  # a damaged cached split: rebuilt
+            test_size=args.validation_size, shuffle=True, seed=seed), dataset_cache_folder(datasets["train"]))
+        datasets["train"], datasets["validation"] = split["train"], split["test"]
+    for role, count in (("train", args.max_train_samples), ("validation", args.max_eval_samples),
+                        ("test", args.max_predict_samples)):
+        if datasets[role] is not None:
+            datasets[role] = _first(datasets[role], count, {"train": "--max_train_samples",
+                                                            "validation": "--max_eval_samples",
+                                                            "test": "--max_predict_samples"}[role])
+    return datasets
+
+
+def tokenize_pairs(dataset, tokenizer, config, role: str = "train", *, max_source_length: int | None = None,
+                   max_target_length: int | None = None, max_tokens: int | None = None, num_proc: int | None = None):
+    """Token ids of one role's (source, target) pairs, without the empty and too-long ones (counted in the log).
+
+    Too long: beyond ``max_source_length``/``max_target_length``, by default the model's positions, or
+    ``max_tokens`` (the batch size) when that is smaller, since such a pair fits in no batch.
+    """
+    limits = []
+    for name, given in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
+        if given is not None and given > config.max_position_embeddings:
+            raise ValueError(f"--{name} {given} is more than the model's {config.max_position_embeddings} positions "
+                             f"(max_position_embeddings); give at most {config.max_position_embeddings}.")
+        limits.append(given or min(config.max_position_embeddings, max_tokens or config.max_position_embeddings))
+    ids = tokenize_dataset(dataset, tokenizer, num_proc, desc=f"tokenizing {role}")
+    kept, _ = drop_unusable(ids, *limits, role)
+    return kept

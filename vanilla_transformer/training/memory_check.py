@@ -1,7 +1,7 @@
 """Out of memory at once, not hours in: the largest batches of a run tried before its first update.
 
-Token batches come in a few bucket shapes (`batching.pack`); a run meets each shape whenever the
-shuffled order first brings it, possibly hours in. `check_largest_batches_fit` runs one forward and
+A run meets its largest token batch (`TokenBatchSampler`) whenever the shuffled order first brings it,
+possibly hours in. `check_largest_batches_fit` runs one forward and
 backward pass on each of the largest shapes (the most padded tokens; the longest sentences, whose
 attention grows with the square of the length) before training starts, with the optimizer's two
 moments held aside (Adam allocates them at the first update), then drops the gradients: no weight
@@ -27,12 +27,12 @@ import numpy as np
 import torch
 
 from ..training_kernels import label_smoothed_cross_entropy
-from .batching import length_pairs, pack
+from .arguments import pads_to_buckets
+from .batching import TokenBatchSampler, length_pairs
 from .data import example_lengths
 
 logger = logging.getLogger(__name__)
 
-MEMORY_PROBE_CHOICES = ("auto", "on", "off")
 
 
 class MemoryCheckError(ValueError):
@@ -147,7 +147,7 @@ def check_largest_batches_fit(trainer) -> None:
 def _first_failing(trainer, lengths: np.ndarray, max_tokens: int) -> tuple[int, int, int] | None:
     """The first of the largest shapes of ``max_tokens`` batches that runs out of memory, or None."""
     kept = lengths[lengths.max(axis=1) <= max_tokens]  # longer pairs are left out of such a run
-    _, _, shapes = pack(kept, max_tokens)
+    shapes = TokenBatchSampler(kept, max_tokens, pad_to_buckets=pads_to_buckets(trainer.args)).shapes  # the run's
     for shape in largest_shapes(shapes):
         if not fits(trainer, shape):
             return shape

@@ -7,7 +7,8 @@ of them, in one place: what ``vanilla-transformer train`` parses before any data
 - `build_parser`: `HfArgumentParser` with the recipe's own flags first, in groups (data, model,
   training, evaluation and decoding), then the rest of `Seq2SeqTrainingArguments`.
 - ``check_*``: ranges, names with the closest match, combinations that would be accepted and then do
-  nothing; each error names the flag and the fix (`check_arguments` runs those that need the flags alone).
+  nothing; each error names the flag and the fix (`check_arguments` runs those that need the flags alone;
+  the training flags' own ranges are `arguments`', run when `TransformerTrainingArguments` is made).
 """
 
 from __future__ import annotations
@@ -31,23 +32,20 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .. import PRESETS, VanillaTransformerConfig
 from ..attention_backends import check_flex_attention_on_cpu
-from ..cli import recipe_names, recipe_path
+from ..command_line import recipe_names, recipe_path
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULAS
 from ..private_api import require
 from ..tokenization_vanilla_transformer import MIN_VOCAB_SIZE
-from .averaging import AVERAGING_WEIGHTS
+from .arguments import TransformerTrainingArguments, check_training_arguments
 from .checkpointing import RESUME_HINT, checkpoint_folders
-from .memory_check import MEMORY_PROBE_CHOICES
+from .data import check_data_arguments
 from .metrics import check_sacrebleu_tokenize
-from .moving_average import check_decay
-from .trainer import PAD_TO_BUCKETS, TransformerTrainingArguments, schedule_name
 
 # train --help in groups reads fields through this HfArgumentParser internal (private: checked at import)
 require("transformers.HfArgumentParser._parse_dataclass_field")
 
 logger = logging.getLogger("vanilla_transformer.train")
 
-ROLES = ("train", "validation", "test")
 ATTENTION_IMPLEMENTATIONS = ALL_ATTENTION_FUNCTIONS.valid_keys()
 ARGUMENT_FILE_SUFFIXES = (".yaml", ".yml", ".json")
 # Fine-tuning (--model_name_or_path) without --learning_rate / --warmup_steps: the paper's 4000
@@ -280,8 +278,8 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
     on_command_line = set(given)  # a recipe file may set model flags that a fine-tuning command does not need
     if argv and not argv[0].startswith("-"):
         first = argv.pop(0)
-        path = Path(first) if Path(first).suffix in ARGUMENT_FILE_SUFFIXES else _recipe_or_error(first)
-        values = _read_argument_file(path)
+        path = Path(first) if Path(first).suffix in ARGUMENT_FILE_SUFFIXES else recipe_or_error(first)
+        values = read_argument_file(path)
         _refuse_foreign_flags(values, f"{str(path)!r}")
         if unknown := sorted(set(values) - known):
             raise ValueError(f"{str(path)!r} has unknown argument(s) {unknown}; see `{prog} --help` for the names.")
@@ -346,7 +344,7 @@ def _warn_ignored_flags(model_args: ModelArguments, given: set) -> None:
                        "--tokenizer_name_or_path or --model_name_or_path), not trained")
 
 
-def _recipe_or_error(name: str) -> Path:
+def recipe_or_error(name: str) -> Path:
     """The packaged recipe ``name``; its error adds that a recipe file is given by its path."""
     try:
         return recipe_path(name)
@@ -354,7 +352,7 @@ def _recipe_or_error(name: str) -> Path:
         raise ValueError(f"{error} Or give the path of a recipe file ({', '.join(ARGUMENT_FILE_SUFFIXES)}).") from None
 
 
-def _read_argument_file(path: Path) -> dict:
+def read_argument_file(path: Path) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"Argument file {str(path)!r} does not exist.")
     text = path.read_text(encoding="utf-8")
@@ -369,62 +367,17 @@ def _read_argument_file(path: Path) -> dict:
     return values
 
 
-def check_training_arguments(training_args: TransformerTrainingArguments) -> None:
-    """Refuse combinations where a flag would be accepted and then have no effect."""
-    defaults = {f.name: f.default for f in dataclasses.fields(TransformerTrainingArguments)}
-    if training_args.max_tokens:
-        for name in ("per_device_train_batch_size", "train_sampling_strategy", "dataloader_drop_last"):
-            if getattr(training_args, name) != defaults[name]:
-                raise ValueError(
-                    f"--{name} applies to batches of sentences, but --max_tokens {training_args.max_tokens} makes "
-                    "batches by token count; drop it, or pass --max_tokens 0 for sentence batches."
-                )
-    if training_args.average_checkpoints:
-        if training_args.save_strategy == "no":
-            raise ValueError("--average_checkpoints needs checkpoints: set --save_strategy steps and --save_steps.")
-        limit = training_args.save_total_limit
-        if limit is not None and limit < training_args.average_checkpoints:
-            raise ValueError(
-                f"--save_total_limit {limit} keeps fewer checkpoints than --average_checkpoints "
-                f"{training_args.average_checkpoints} averages; raise the limit."
-            )
-
-
-def check_data_arguments(args: DataArguments) -> None:
-    """Counts, lengths and names of the data flags, refused before any file is read."""
-    for name in ("max_source_length", "max_target_length", "max_train_samples", "max_eval_samples",
-                 "max_predict_samples", "preprocessing_num_workers"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be a positive number, got {value}; leave it out for the default.")
-    if args.validation_size < 0:
-        raise ValueError(f"--validation_size must be 0 or a positive number of pairs, got {args.validation_size}.")
-    if args.validation_size and (args.validation_source_file or args.validation_file or args.validation_split):
-        raise ValueError("Give validation data or --validation_size (held out from training), not both.")
-    for name in ("source_lang", "target_lang"):
-        if not getattr(args, name).strip():
-            raise ValueError(f"--{name} is empty; give a language code such as en or de.")
-    if any(_pairs_format(path) == ".tsv" for path in (args.train_file, args.validation_file, args.test_file) if path):
-        _tsv_column(args.source_column, "--source_column", 0)
-        _tsv_column(args.target_column, "--target_column", 1)
-    if args.source_column is not None and args.source_column == args.target_column:
-        raise ValueError(f"--source_column and --target_column are both {args.source_column!r}: the model would "
-                         "learn to copy. Give the target's column.")
-    if args.sacrebleu_tokenize is not None:
-        check_sacrebleu_tokenize(args.sacrebleu_tokenize, "--sacrebleu_tokenize")
-
-
 def check_model_arguments(model_args: ModelArguments) -> None:
     """The new model's preset and overrides (built once, without weights), the tokenizer's sizes and the
     attention implementation, refused before any data is read."""
     if model_args.model_name_or_path:
-        _refuse_overrides_of_a_checkpoint(model_args)
+        refuse_overrides_of_a_checkpoint(model_args.config_overrides)
     else:
         if model_args.preset not in PRESETS:
             close = difflib.get_close_matches(model_args.preset, PRESETS, n=1)
             raise ValueError(f"--preset {model_args.preset!r} does not exist"
                              f"{f' (did you mean {close[0]!r}?)' if close else ''}; choose one of {', '.join(PRESETS)}.")
-        new_model_config(model_args)  # a value the config refuses fails now, not after tokenising
+        model_config(model_args.preset, model_args.config_overrides)  # a value the config refuses fails now
     if model_args.tokenizer_vocab_size < MIN_VOCAB_SIZE:
         raise ValueError(f"--tokenizer_vocab_size {model_args.tokenizer_vocab_size} cannot hold the 256 bytes and 4 "
                          f"special tokens every vocabulary starts with; give at least {MIN_VOCAB_SIZE} (the paper: 37000).")
@@ -472,28 +425,18 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, traini
                              f"batch; lower --{name} to at most {max_tokens}, or raise --max_tokens.")
 
 
-def steps_to_run(training_args) -> tuple[bool, bool, bool]:
-    """(train, evaluate, predict): the --do_* flags, or train (and evaluate) when none is given."""
+def steps_to_run(training_args, data_args: DataArguments) -> tuple[bool, bool, bool]:
+    """(train, evaluate, predict): the --do_* flags, or when none is given, train, and evaluate when
+    validation data is given."""
     if training_args.do_train or training_args.do_eval or training_args.do_predict:
         return training_args.do_train, training_args.do_eval, training_args.do_predict
-    return True, None, False  # None: evaluate when there is validation data
+    return True, bool(validation_given(data_args)), False
 
 
-
-def _pairs_format(path: str) -> str | None:
-    """".tsv" or ".jsonl" (".json" counts as JSON Lines) by suffix, ".gz" aside; None for anything else."""
-    suffixes = [suffix for suffix in Path(path).suffixes if suffix != ".gz"]
-    suffix = suffixes[-1] if suffixes else None
-    return ".jsonl" if suffix == ".json" else suffix if suffix in {".tsv", ".jsonl"} else None
-
-
-
-def _tsv_column(value: str | None, flag: str, default: int) -> int:
-    if value is None:
-        return default
-    if not value.isdigit():
-        raise ValueError(f"{flag} {value!r}: a TSV column is a 0-based number (e.g. 0 or 1).")
-    return int(value)
+def validation_given(data_args: DataArguments) -> bool:
+    """Whether the flags name validation data: files, a Hub split, or pairs held out of the training data."""
+    return bool(data_args.validation_source_file or data_args.validation_file or data_args.validation_split
+                or data_args.validation_size)
 
 
 
@@ -526,11 +469,6 @@ def parse_overrides(text: str | None) -> dict:
     return overrides
 
 
-def new_model_config(model_args: ModelArguments, tokenizer=None) -> VanillaTransformerConfig:
-    """`model_config` from --preset and --config_overrides."""
-    return model_config(model_args.preset, model_args.config_overrides, tokenizer)
-
-
 def model_config(preset: str = "base", config_overrides: str | dict | None = None, tokenizer=None
                  ) -> VanillaTransformerConfig:
     """The config of a new model: the preset, the tokenizer's size and special ids, then the overrides (a dict,
@@ -553,8 +491,9 @@ def model_config(preset: str = "base", config_overrides: str | dict | None = Non
                          f"gives an invalid config: {error.__cause__ or error}") from None
 
 
-def _refuse_overrides_of_a_checkpoint(model_args: ModelArguments) -> None:
-    if model_args.config_overrides:
+def refuse_overrides_of_a_checkpoint(config_overrides: str | dict | None) -> None:
+    """--config_overrides builds a new model; a checkpoint's architecture is its own."""
+    if config_overrides:
         raise ValueError("--config_overrides applies to a new model; a checkpoint (--model_name_or_path) keeps its "
                          "architecture.")
 
@@ -563,8 +502,7 @@ def check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict) 
     """Each step asked for has its data (and evaluation alone has a model), from the flags alone."""
     given = {
         "train": data_args.train_source_file or data_args.train_file or data_args.dataset_name,
-        "validation": (data_args.validation_source_file or data_args.validation_file or data_args.validation_split
-                       or data_args.validation_size),
+        "validation": validation_given(data_args),
         "test": data_args.test_source_file or data_args.test_file or data_args.test_split,
     }
     if do_train and not given["train"]:
@@ -579,118 +517,3 @@ def check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict) 
                              f"--{role}_file or --{role}_split of a Hub dataset.")
     if not do_train and not model_args.model_name_or_path:
         raise ValueError("Without training, --do_eval/--do_predict need the model: give --model_name_or_path.")
-
-
-
-# ---------------------------------------------------------------------------------------------
-# Ranges of the training flags (run by TransformerTrainingArguments itself)
-# ---------------------------------------------------------------------------------------------
-
-
-# Counts that only make sense positive (None: not given). A 0 or a negative one would otherwise be
-# taken as "not set", divide by zero mid-run, or end up as a Python slice from the end.
-POSITIVE_COUNTS = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                   "generation_num_beams", "generation_max_length", "save_total_limit")
-# name -> (lowest allowed, highest allowed or None, what the bounds mean)
-RANGES = {
-    "max_tokens": (0, None, "padded tokens per batch, or 0 for sentence batches"),
-    "average_checkpoints": (0, None, "checkpoints to average, or 0 for none"),
-    "dataloader_num_workers": (0, None, "worker processes, or 0 to load in the main process"),
-    "max_grad_norm": (0, None, "the gradient norm to clip to, or 0 for no clipping"),
-    "weight_decay": (0, None, "a decay rate"),
-    "adam_epsilon": (0, None, "Adam's epsilon"),
-    "seed": (0, 2**32 - 1, "a random seed"),
-}
-OPEN_FRACTIONS = ("label_smoothing_factor", "adam_beta1", "adam_beta2")  # in [0, 1)
-
-
-def check_argument_ranges(args: TransformerTrainingArguments) -> None:
-    """Refuse numbers outside what they can mean, naming the flag, before any data is read."""
-    for name in POSITIVE_COUNTS:
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise ValueError(f"--{name} must be a positive number, got {value}; leave it out for the default.")
-    for name, (low, high, meaning) in RANGES.items():
-        value = getattr(args, name)
-        if value is not None and (value < low or high is not None and value > high):
-            bounds = f"between {low} and {high}" if high is not None else f"at least {low}"
-            raise ValueError(f"--{name} is {meaning}: it must be {bounds}, got {value}.")
-    for name in OPEN_FRACTIONS:
-        value = getattr(args, name)
-        if not 0 <= value < 1:
-            raise ValueError(f"--{name} must be in [0, 1), got {value} (the paper: label smoothing 0.1, Adam betas "
-                             "0.9 and 0.98).")
-    for name in ("learning_rate", "lr_scale", "save_minutes", "max_train_minutes", "cooldown_minutes",
-                 "preemption_grace_seconds"):
-        value = getattr(args, name)
-        if value is not None and not value > 0:
-            raise ValueError(f"--{name} must be positive, got {value}.")
-    if args.pad_to_buckets not in PAD_TO_BUCKETS:
-        raise ValueError(f"--pad_to_buckets must be one of {', '.join(PAD_TO_BUCKETS)}, got {args.pad_to_buckets!r}.")
-    if args.enable_jit_checkpoint:  # the Trainer's own SIGTERM save: in place, mid-update, without a budget
-        raise ValueError("--enable_jit_checkpoint: the trainer saves a checkpoint on SIGTERM itself (complete, after "
-                         "the update, within --preemption_grace_seconds); leave the flag out.")
-    _check_duration(args)
-    _check_cooldown(args)
-    _check_average_weights(args)
-    _check_ema_decay(args)
-    if args.memory_probe not in MEMORY_PROBE_CHOICES:
-        raise ValueError(f"--memory_probe must be one of {', '.join(MEMORY_PROBE_CHOICES)}, got {args.memory_probe!r}.")
-
-
-def _check_ema_decay(args: TransformerTrainingArguments) -> None:
-    check_decay(args.ema_decay)
-    if not args.ema_decay:
-        return
-    if args.load_best_model_at_end:
-        raise ValueError(f"--ema_decay {args.ema_decay} makes the moving average the final model, and "
-                         "--load_best_model_at_end the best checkpoint: give one of them.")
-    if args.average_checkpoints:
-        raise ValueError(f"--ema_decay {args.ema_decay} and --average_checkpoints {args.average_checkpoints} each make "
-                         "the final model (a moving average of every update, or the mean of the last checkpoints): "
-                         "give one of them.")
-
-
-def _check_average_weights(args: TransformerTrainingArguments) -> None:
-    if args.average_weights not in AVERAGING_WEIGHTS:
-        raise ValueError(f"--average_weights must be one of {', '.join(AVERAGING_WEIGHTS)}, got {args.average_weights!r}.")
-    if args.average_weights != "uniform" and not args.average_checkpoints:
-        raise ValueError(f"--average_weights {args.average_weights} weighs the checkpoints that --average_checkpoints "
-                         "averages, but it is 0 (no averaging): give --average_checkpoints N, or drop --average_weights.")
-
-
-def _check_cooldown(args: TransformerTrainingArguments) -> None:
-    if args.cooldown_minutes is None:
-        return
-    if not args.max_train_minutes:
-        raise ValueError(f"--cooldown_minutes {args.cooldown_minutes} decays the learning rate over the end of a "
-                         "budget in minutes: give --max_train_minutes too (for a budget in updates, use "
-                         "--lr_scheduler_type linear or cosine with --max_steps).")
-    if args.cooldown_minutes > args.max_train_minutes:
-        raise ValueError(f"--cooldown_minutes {args.cooldown_minutes} is longer than --max_train_minutes "
-                         f"{args.max_train_minutes}: the decay must fit inside the budget.")
-    if args.lr_scheduler_type != "inverse_sqrt":
-        raise ValueError(f"--cooldown_minutes decays eq. (3) (--lr_scheduler_type inverse_sqrt), got "
-                         f"--lr_scheduler_type {schedule_name(args)}; leave one of them out.")
-
-
-def _check_duration(args: TransformerTrainingArguments) -> None:
-    """How long to train, and the intervals of warm-up, saving and evaluation."""
-    if args.max_steps == 0 or args.max_steps < -1:
-        raise ValueError(f"--max_steps must be a positive number of updates (or -1, the default, to train for "
-                         f"--num_train_epochs epochs), got {args.max_steps}.")
-    if args.max_steps == -1 and not args.num_train_epochs > 0:
-        raise ValueError(f"--num_train_epochs must be positive, got {args.num_train_epochs}; or give --max_steps.")
-    if args.warmup_steps >= 1 and not float(args.warmup_steps).is_integer():
-        raise ValueError(f"--warmup_steps {args.warmup_steps}: give a whole number of updates, or a fraction below 1 "
-                         "of the training updates.")
-
-
-def check_intervals(args: TransformerTrainingArguments) -> None:
-    for name in ("save_steps", "eval_steps", "logging_steps"):
-        value = getattr(args, name)
-        if value is not None and not value > 0:
-            raise ValueError(f"--{name} must be a positive number of updates (or a fraction below 1 of them), got "
-                             f"{value}.")
-
-

@@ -1,9 +1,11 @@
 """A training run with the paper's recipe, from flags to a Hub folder: what ``vanilla-transformer train`` runs.
 
-Flags (`options`) -> data (Arrow) -> tokenizer -> model -> `TransformerTrainer` -> Hub folder, one
-step a function, each usable from a script of your own (`load_text_datasets`, `build_tokenizer`,
-`build_model`, `build_trainer`, `save_final_model`, `predict`). The flags follow transformers'
-``run_translation.py`` where they mean the same (``--source_lang``, ``--train_file``,
+`main` reads as transformers' ``run_translation.py`` does, top to bottom: parse the flags (`options`),
+check them, read the data (`data.load_text_datasets`), load or train the tokenizer (`prepare_tokenizer`),
+build or load the model (`prepare_model`), tokenise (`data.tokenize_pairs`), make the trainer (all of
+that is `build_trainer`, for a script that wants a ready trainer), then train, evaluate, predict and
+save. Each step is a function with plain parameters, usable from a script of your own. The flags
+follow ``run_translation.py`` where they mean the same (``--source_lang``, ``--train_file``,
 ``--do_train/--do_eval/--do_predict``, ``--test_file``, ``--max_source_length``,
 ``--preprocessing_num_workers``, ``--predict_with_generate``, every `Seq2SeqTrainingArguments` flag);
 those of its flags that mean something else here are refused with the flag to use instead.
@@ -34,25 +36,24 @@ from transformers import (AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, Data
                           TrainerCallback, set_seed)
 
 from .. import VanillaTransformerForConditionalGeneration, check_tokenizer_matches_model, train_tokenizer
-from ..cli import exit_with_usage_error
 from ..checkpoint_files import (check_has_tokenizer, check_model_folder, has_tokenizer, tokenizer_definition,
                                 without_runtime_settings)
+from ..command_line import exit_with_usage_error
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULA
 from ..private_api import require
-from . import data
+from .arguments import schedule_name
 from .averaging import MEAN_NAMES, architecture, average_checkpoints
-from .caches import dataset_cache_folder, rebuilt_if_damaged, usable_tokenizer_cache
+from .caches import usable_tokenizer_cache
 from .checkpointing import TrainingInterrupted, complete_checkpoints, resolve_checkpoint
+from .data import ROLES, load_text_datasets, tokenize_pairs, tokenizer_cache_dir, tokenizer_training_texts
 from .memory_check import MemoryCheckError
 from .metrics import TranslationMetrics, score
 from .moving_average import check_checkpoint as check_moving_average
+from .options import (FINE_TUNING_LEARNING_RATE, build_parser, check_arguments,  # noqa: F401 (imported from here)
+                      check_output_dir, check_steps_have_data, check_training_arguments, model_config,
+                      parse_arguments, parse_overrides, refuse_overrides_of_a_checkpoint, steps_to_run)
 from .run_lock import hold_output_dir
-from .options import (FINE_TUNING_LEARNING_RATE, FINE_TUNING_WARMUP_RATIO, ROLES, DataArguments,  # noqa: F401
-                      ModelArguments, _pairs_format, _refuse_overrides_of_a_checkpoint, _tsv_column, build_parser,
-                      check_arguments, check_data_arguments, check_output_dir, check_steps_have_data,
-                      check_training_arguments, model_config, new_model_config, parse_arguments, parse_overrides,
-                      steps_to_run)
-from .trainer import TransformerTrainer, schedule_name
+from .trainer import TransformerTrainer
 from .translation import translate
 
 # A new model with a chosen attention implementation is made through this (private: checked at import)
@@ -63,150 +64,142 @@ logger = logging.getLogger("vanilla_transformer.train")
 PREDICTIONS_FILE = "generated_predictions.txt"  # run_translation.py's name
 
 
-# ---------------------------------------------------------------------------------------------
-# Data: text -> Arrow, for each role
-# ---------------------------------------------------------------------------------------------
+def main(argv: list[str] | None = None, prog: str = "vanilla-transformer train", exit_on_bad_input: bool = False
+         ) -> dict:
+    """``vanilla-transformer train``: train (or fine-tune), evaluate and predict as the flags say; the metrics.
 
-
-def _local_dataset(args: DataArguments, role: str):
-    """The role's local files as an Arrow dataset of (source, target), or None when none are given."""
-    source_file, target_file = getattr(args, f"{role}_source_file"), getattr(args, f"{role}_target_file")
-    pairs_file = getattr(args, f"{role}_file")
-    if (source_file is None) != (target_file is None):
-        raise ValueError(f"Give both --{role}_source_file and --{role}_target_file, or neither.")
-    if source_file and pairs_file:
-        raise ValueError(f"Give --{role}_source_file/--{role}_target_file or --{role}_file, not both.")
-    if source_file:
-        return data.parallel_text_dataset(source_file, target_file, (f"--{role}_source_file", f"--{role}_target_file"),
-                                          cache_dir=args.cache_dir)
-    if not pairs_file:
-        return None
-    what = f"--{role}_file"
-    if _pairs_format(pairs_file) == ".tsv":
-        columns = [_tsv_column(args.source_column, "--source_column", 0), _tsv_column(args.target_column, "--target_column", 1)]
-        _check_tsv_columns(pairs_file, what, columns)
-        return data.tsv_dataset(pairs_file, *columns, what=what, cache_dir=args.cache_dir)
-    if _pairs_format(pairs_file) == ".jsonl":
-        keys = _json_keys(args, data.first_json_record(pairs_file, what), f"{what} {pairs_file!r}, first record")
-        return data.jsonl_dataset(pairs_file, *keys, what=what, cache_dir=args.cache_dir)
-    raise ValueError(f"{what} {pairs_file!r}: use a .tsv or .jsonl file (optionally .gz).")
-
-
-
-def _check_tsv_columns(path: str, what: str, columns: list[int]) -> None:
-    """The columns exist on the first line (the reader then holds every line to the same fields)."""
-    _, first = next(data.numbered_lines(path, what))
-    fields = len(first.split("\t"))
-    for flag, column in zip(("--source_column", "--target_column"), columns):
-        if column >= fields:
-            raise ValueError(f"{flag} {column}: {what} {path!r} has {fields} tab-separated field(s) on line 1, "
-                             f"columns 0 to {fields - 1}; give the 0-based column of each side.")
-
-
-def _json_keys(args: DataArguments, record: dict, where: str) -> tuple[str, str]:
-    """The source and target keys for JSON records (given, or from the language codes), checked on one record."""
-    keys = []
-    for side in ("source", "target"):
-        given, language = getattr(args, f"{side}_column"), getattr(args, f"{side}_lang")
-        key = given or data.default_key(language, record)
+    Every check runs before training starts; its error is raised, or with ``exit_on_bad_input`` (the
+    command line) printed as one line naming the flag, exiting with status 2. Under several
+    processes it ends by closing the process group, as a script's last line should: a process that
+    exits with gloo's threads still running is aborted at shutdown ("terminate called without an
+    active exception", exit code -6) after a run that succeeded."""
+    lock = None
+    try:
         try:
-            data.json_field(record, key, where)
-        except ValueError as error:
-            origin = f"--{side}_column {given}" if given else f"--{side}_lang {language}"
-            raise ValueError(f"{error} The key {key!r} comes from {origin}: give --{side}_column with the key "
-                             f"(dotted for nesting, e.g. translation.{language}), or check --{side}_lang.") from None
-        keys.append(key)
-    if keys[0] == keys[1]:
-        raise ValueError(f"Source and target would both be read from {keys[0]!r} ({where}): give different "
-                         "--source_lang/--target_lang or --source_column/--target_column.")
-    return keys[0], keys[1]
+            model_args, data_args, training_args = parse_arguments(argv, prog)
+            logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+            lock = hold_output_dir(training_args)  # one run per --output_dir, before any data is read
+            run = build_trainer(model_args, data_args, training_args)  # data, tokenizer, model, trainer
+        except (ValueError, OSError) as error:
+            if not exit_on_bad_input:
+                raise
+            exit_with_usage_error(prog, error)
+        trainer, tokenizer = run.trainer, run.tokenizer
+        do_train, do_eval, do_predict = steps_to_run(training_args, data_args)
+        log_the_run(trainer, run.datasets["train"])
+        metrics: dict = {}
+        if do_train:
+            try:
+                result = trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
+            except TrainingInterrupted as interrupted:  # Ctrl-C or SIGTERM, after saving a checkpoint
+                logger.warning(str(interrupted))
+                raise SystemExit(128 + interrupted.signal_number) from None
+            except MemoryCheckError as error:  # the largest batches tried before the first update (--memory_probe)
+                if not exit_on_bad_input:
+                    raise
+                exit_with_usage_error(prog, error)
+            metrics.update(result.metrics)
+            trainer.save_state()  # trainer_state.json: the logged loss curve, next to the model
+            save_final_model(trainer, tokenizer, training_args.average_checkpoints, training_args.average_weights)
+        if do_eval:
+            evaluation = trainer.evaluate(metric_key_prefix="eval")
+            evaluation["eval_perplexity"] = math.exp(min(evaluation["eval_loss"], 50.0))
+            metrics.update(evaluation)
+        if do_predict:
+            metrics.update(predict(trainer, tokenizer, run.text["test"], data_args.sacrebleu_tokenize,
+                                   data_args.target_lang if data_args.compound_split_bleu else None))
+        trainer.save_metrics("all", metrics)
+        if do_train and trainer.is_world_process_zero():
+            write_card(Path(training_args.output_dir), trainer, model_args, data_args, metrics)
+            logger.info(f"saved the model, tokenizer and generation config to {training_args.output_dir}")
+        if trainer.is_world_process_zero():
+            logger.info("metrics: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
+                                                  for k, v in metrics.items()}))
+        trainer.accelerator.wait_for_everyone()  # leave together: no process exits mid-collective
+        return metrics
+    finally:
+        if lock is not None:
+            lock.release()
+        close_process_group()
 
 
-def _hub_split(args: DataArguments, split: str):
-    return data.hub_dataset(args.dataset_name, args.dataset_config_name, split, args.source_column,
-                            args.target_column, (args.source_lang, args.target_lang),
-                            args.preprocessing_num_workers, args.cache_dir)
+def build_trainer(model_args, data_args, training_args) -> Run:
+    """`main` up to a ready trainer, for a script of yours. Flags, the checkpoint to resume from and any model
+    or tokenizer to load are checked before the data is read. In several processes, the first one reads and
+    tokenises the data (and trains the tokenizer) while the others wait, then they memory-map its cache."""
+    check_arguments(model_args, data_args, training_args)
+    set_seed(training_args.seed)
+    do_train, do_eval, do_predict = steps_to_run(training_args, data_args)
+    check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict)
+    resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir) if do_train else None
+    if resume is not None:
+        check_moving_average(resume, training_args.ema_decay)  # before the data is read
+    if do_train:
+        check_output_dir(training_args, resuming=resume is not None)
+    if model_args.model_name_or_path:
+        check_model_folder(model_args.model_name_or_path, f"--model_name_or_path {model_args.model_name_or_path}")
 
-
-def _first(dataset, count: int | None, flag: str):
-    if count is None:
-        return dataset
-    if count > len(dataset):
-        logger.info(f"{flag} {count}: there are only {len(dataset)} pairs; using them all")
-    return dataset.select(range(min(count, len(dataset))))
-
-
-def load_text_datasets(args: DataArguments, seed: int) -> dict:
-    """``{"train": ..., "validation": ..., "test": ...}`` Arrow datasets of (source, target); None where absent."""
-    check_data_arguments(args)
-    local = {role: _local_dataset(args, role) for role in ROLES}
-    if local["train"] is not None and args.dataset_name:
-        raise ValueError("Give training data as files or as --dataset_name, not both.")
-    datasets = dict(local)
-    if args.dataset_name:
-        train_split = args.train_split + (f"[:{args.max_train_samples}]" if args.max_train_samples else "")
-        datasets["train"] = _hub_split(args, train_split)  # read only what is asked for
-        for role, split in (("validation", args.validation_split), ("test", args.test_split)):
-            if datasets[role] is None and split:
-                datasets[role] = _hub_split(args, split)
-    if args.validation_size:
-        if datasets["train"] is None:
-            raise ValueError("--validation_size holds out training pairs, but no training data is given.")
-        if args.validation_size >= len(datasets["train"]):
-            raise ValueError(f"--validation_size {args.validation_size} leaves no training data "
-                             f"({len(datasets['train'])} pairs).")
-        split = rebuilt_if_damaged(lambda: datasets["train"].train_test_split(  # a damaged cached split: rebuilt
-            test_size=args.validation_size, shuffle=True, seed=seed), dataset_cache_folder(datasets["train"]))
-        datasets["train"], datasets["validation"] = split["train"], split["test"]
-    for role, count in (("train", args.max_train_samples), ("validation", args.max_eval_samples),
-                        ("test", args.max_predict_samples)):
-        if datasets[role] is not None:
-            datasets[role] = _first(datasets[role], count, {"train": "--max_train_samples",
-                                                            "validation": "--max_eval_samples",
-                                                            "test": "--max_predict_samples"}[role])
-    return datasets
-
-
-def tokenized(dataset, tokenizer, config, args: DataArguments, role: str, max_tokens: int | None = None):
-    """`tokenize_pairs` with the data flags."""
-    return tokenize_pairs(dataset, tokenizer, config, role, max_source_length=args.max_source_length,
-                          max_target_length=args.max_target_length, max_tokens=max_tokens,
-                          num_proc=args.preprocessing_num_workers)
-
-
-def tokenize_pairs(dataset, tokenizer, config, role: str = "train", *, max_source_length: int | None = None,
-                   max_target_length: int | None = None, max_tokens: int | None = None, num_proc: int | None = None):
-    """Token ids of one role's (source, target) pairs, without the empty and too-long ones (counted in the log).
-
-    Too long: beyond ``max_source_length``/``max_target_length``, by default the model's positions, or
-    ``max_tokens`` (the batch size) when that is smaller, since such a pair fits in no batch.
-    """
-    limits = []
-    for name, given in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
-        if given is not None and given > config.max_position_embeddings:
-            raise ValueError(f"--{name} {given} is more than the model's {config.max_position_embeddings} positions "
-                             f"(max_position_embeddings); give at most {config.max_position_embeddings}.")
-        limits.append(given or min(config.max_position_embeddings, max_tokens or config.max_position_embeddings))
-    ids = data.tokenize_dataset(dataset, tokenizer, num_proc, desc=f"tokenizing {role}")
-    kept, _ = data.drop_unusable(ids, *limits, role)
-    return kept
-
-
-# ---------------------------------------------------------------------------------------------
-# Tokenizer and model
-# ---------------------------------------------------------------------------------------------
-
-
-def build_tokenizer(model_args: ModelArguments, training_args, train_text, seed: int, checkpoint: Path | None = None,
-                    cache_dir: str | None = None):
-    """`prepare_tokenizer` with the model and training flags."""
-    return prepare_tokenizer(
-        train_text, name_or_path=model_args.tokenizer_name_or_path or model_args.model_name_or_path,
+    tokenizer_source = dict(
+        name_or_path=model_args.tokenizer_name_or_path or model_args.model_name_or_path,
         flag="--tokenizer_name_or_path" if model_args.tokenizer_name_or_path else "--model_name_or_path",
-        checkpoint=checkpoint, output_dir=training_args.output_dir, vocab_size=model_args.tokenizer_vocab_size,
-        min_frequency=model_args.tokenizer_min_frequency, train_pairs=model_args.tokenizer_train_pairs, seed=seed,
-        cache_dir=cache_dir, main_process_first=training_args.main_process_first,
+        checkpoint=resume, output_dir=training_args.output_dir, vocab_size=model_args.tokenizer_vocab_size,
+        min_frequency=model_args.tokenizer_min_frequency, train_pairs=model_args.tokenizer_train_pairs,
+        seed=training_args.seed, cache_dir=data_args.cache_dir, main_process_first=training_args.main_process_first,
         process_index=training_args.process_index)
+    loads_tokenizer = tokenizer_source["name_or_path"] or resume  # loaded (and checked) before the data is read
+    tokenizer = prepare_tokenizer(**tokenizer_source) if loads_tokenizer else None
+    with training_args.main_process_first(desc="reading the data"):
+        text = load_text_datasets(data_args, training_args.seed)
+    if tokenizer is None:
+        tokenizer = prepare_tokenizer(text["train"], **tokenizer_source)
+
+    model = prepare_model(tokenizer, checkpoint=model_args.model_name_or_path, preset=model_args.preset,
+                          config_overrides=model_args.config_overrides,
+                          attn_implementation=model_args.attn_implementation, resume=resume)
+    if resume is not None:
+        check_resume_matches(resume, model, tokenizer)
+    tokenizer.model_max_length = model.config.max_position_embeddings  # so that truncation=True means something
+
+    wanted = {"train": do_train, "validation": do_eval, "test": False}  # the test set is translated from its text
+    with training_args.main_process_first(desc="tokenizing"):
+        datasets = {role: tokenize_pairs(text[role], tokenizer, model.config, role,
+                                         max_source_length=data_args.max_source_length,
+                                         max_target_length=data_args.max_target_length,
+                                         max_tokens=training_args.max_tokens if role == "train" else None,  # eval: sentences
+                                         num_proc=data_args.preprocessing_num_workers)
+                    if wanted[role] and text[role] is not None else None for role in ROLES}
+
+    trainer = TransformerTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=datasets["train"],
+        eval_dataset=datasets["validation"],
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        processing_class=tokenizer,
+        compute_metrics=(TranslationMetrics(tokenizer, tokenize=data_args.sacrebleu_tokenize)
+                         if datasets["validation"] is not None and training_args.predict_with_generate else None),
+        callbacks=[SaveLastStep()] if training_args.average_checkpoints else None,
+    )
+    # after the Trainer, which replaces the model's generation config with --generation_config's
+    set_decoding(trainer.model, model_args.length_penalty, model_args.length_penalty_formula)
+    return Run(trainer, tokenizer, datasets, text, resume)
+
+
+def log_the_run(trainer, train_dataset) -> None:
+    """Who runs what: the process, the model's size, the learning-rate schedule, the training pairs."""
+    args, model = trainer.args, trainer.accelerator.unwrap_model(trainer.model)
+    logger.info(f"process {args.process_index} of {args.world_size}")
+    logger.info(
+        f"model: {model.num_parameters():,} parameters; schedule: {schedule_name(args)}, peak learning rate "
+        f"{args.learning_rate:.3g} after {args.warmup_steps:g} warm-up "
+        f"{'steps' if args.warmup_steps >= 1 else 'of the updates'}"
+        + ("" if train_dataset is None else f"; {len(train_dataset)} training pairs")
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The steps, with plain parameters
+# ---------------------------------------------------------------------------------------------
 
 
 def prepare_tokenizer(train_text=None, *, name_or_path: str | None = None, flag: str = "--tokenizer_name_or_path",
@@ -234,7 +227,7 @@ def prepare_tokenizer(train_text=None, *, name_or_path: str | None = None, flag:
         raise ValueError("No tokenizer to load and no training data to train one on: give --tokenizer_name_or_path "
                          "or --model_name_or_path.")
     settings = {"vocab_size": vocab_size, "min_frequency": min_frequency, "pairs": train_pairs, "seed": seed}
-    cached = data.tokenizer_cache_dir(train_text, settings, cache_dir)
+    cached = tokenizer_cache_dir(train_text, settings, cache_dir)
     with main_process_first(desc="training the tokenizer"):  # once; the other processes load it
         if usable_tokenizer_cache(cached):  # a damaged one is deleted (with a warning) and trained again
             logger.info(f"using the tokenizer trained before on the same data with the same settings, {cached}")
@@ -242,7 +235,7 @@ def prepare_tokenizer(train_text=None, *, name_or_path: str | None = None, flag:
         elif process_index == 0:
             logger.info(f"training a joint BPE tokenizer on {min(train_pairs, len(train_text))} of {len(train_text)} "
                         "training pairs (--tokenizer_train_pairs)")
-            tokenizer = train_tokenizer(data.tokenizer_training_texts(train_text, train_pairs, seed),
+            tokenizer = train_tokenizer(tokenizer_training_texts(train_text, train_pairs, seed),
                                         vocab_size=vocab_size, min_frequency=min_frequency)
             logger.info(f"trained a joint BPE tokenizer of {len(tokenizer)} tokens")
             partial = cached.with_name(cached.name + ".partial")
@@ -255,26 +248,15 @@ def prepare_tokenizer(train_text=None, *, name_or_path: str | None = None, flag:
     return tokenizer
 
 
-def build_model(model_args: ModelArguments, tokenizer, resume: Path | None = None
-                ) -> VanillaTransformerForConditionalGeneration:
-    """`prepare_model` with the model flags."""
-    if model_args.model_name_or_path:
-        _refuse_overrides_of_a_checkpoint(model_args)
-    return prepare_model(tokenizer, checkpoint=model_args.model_name_or_path, preset=model_args.preset,
-                         config_overrides=model_args.config_overrides,
-                         attn_implementation=model_args.attn_implementation, length_penalty=model_args.length_penalty,
-                         length_penalty_formula=model_args.length_penalty_formula, resume=resume)
-
-
 def prepare_model(tokenizer, *, checkpoint: str | None = None, preset: str = "base",
                   config_overrides: str | dict | None = None, attn_implementation: str | None = None,
-                  length_penalty: float | None = None, length_penalty_formula: str | None = None,
                   resume: Path | None = None) -> VanillaTransformerForConditionalGeneration:
     """A new model from ``preset`` (and ``config_overrides``) sized to the tokenizer, or ``checkpoint`` to
-    fine-tune; resuming (``resume``, a checkpoint folder), the generation config that run saved; the length
-    penalty and its formula, where given, set in it (saved with the model)."""
+    fine-tune; resuming (``resume``, a checkpoint folder), with the generation config that run saved. Its
+    decoding settings (length penalty) are `set_decoding`'s, once the trainer is made."""
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if checkpoint:
+        refuse_overrides_of_a_checkpoint(config_overrides)
         model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint, **extra)
         check_tokenizer_matches_model(tokenizer, model.config)
     else:
@@ -283,12 +265,13 @@ def prepare_model(tokenizer, *, checkpoint: str | None = None, preset: str = "ba
         model = VanillaTransformerForConditionalGeneration._from_config(config, **extra)
     if resume is not None and (resume / "generation_config.json").is_file():  # the Trainer restores weights only
         model.generation_config = GenerationConfig.from_pretrained(resume)
-    set_decoding(model, length_penalty, length_penalty_formula)
     return model
 
 
 def set_decoding(model, length_penalty: float | None = None, length_penalty_formula: str | None = None) -> None:
-    """The length penalty (alpha, §6.1) and its formula, where given, into the model's generation config."""
+    """The length penalty (alpha, §6.1) and its formula, where given, into the model's generation config (saved
+    with the model, read by evaluation, prediction and generate() later). After making a `Seq2SeqTrainer`, whose
+    ``generation_config`` argument replaces the model's."""
     if length_penalty is not None:
         model.generation_config.length_penalty = length_penalty
     if length_penalty_formula is not None:
@@ -311,9 +294,14 @@ def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
                              "given now; drop --tokenizer_name_or_path to use the checkpoint's.")
 
 
-# ---------------------------------------------------------------------------------------------
-# The trainer, and what happens after training
-# ---------------------------------------------------------------------------------------------
+def resolve_resume(value, output_dir: str | Path) -> Path | None:
+    """--resume_from_checkpoint ``value``: a PATH (checked to be complete), or 'last' / 'true' for the newest
+    complete checkpoint in ``output_dir`` (incomplete ones, e.g. of a run killed while saving, are skipped and
+    logged); None for no value, 'false' or 'none'."""
+    if value is None or str(value).lower() in {"false", "none", ""}:
+        return None
+    checkpoint = True if str(value).lower() in {"last", "true"} else value
+    return resolve_checkpoint(checkpoint, output_dir, "--resume_from_checkpoint")
 
 
 class SaveLastStep(TrainerCallback):
@@ -335,65 +323,6 @@ class Run:
     datasets: dict  # role -> tokenized Arrow dataset (None where absent)
     text: dict  # role -> Arrow dataset of (source, target) text (None where absent)
     resume: Path | None = None
-
-
-
-def build_trainer(model_args, data_args, training_args) -> Run:
-    """Everything up to a ready trainer. Flags, the checkpoint to resume from and any model or tokenizer
-    to load are checked before the data is read. In several processes, the first one reads and
-    tokenises the data while the others wait, then they memory-map its cache."""
-    check_arguments(model_args, data_args, training_args)
-    set_seed(training_args.seed)
-    do_train, do_eval, do_predict = steps_to_run(training_args)
-    check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict)
-    resume = resolve_resume(training_args) if do_train else None
-    if resume is not None:
-        check_moving_average(resume, training_args.ema_decay)  # before the data is read
-    if do_train:
-        check_output_dir(training_args, resuming=resume is not None)
-    if model_args.model_name_or_path:
-        check_model_folder(model_args.model_name_or_path, f"--model_name_or_path {model_args.model_name_or_path}")
-    trains_tokenizer = not (model_args.tokenizer_name_or_path or model_args.model_name_or_path or resume)
-    tokenizer = None if trains_tokenizer else build_tokenizer(model_args, training_args, None, training_args.seed, resume)
-    with training_args.main_process_first(desc="reading the data"):
-        text = load_text_datasets(data_args, training_args.seed)
-    if tokenizer is None:
-        tokenizer = build_tokenizer(model_args, training_args, text["train"], training_args.seed,
-                                    cache_dir=data_args.cache_dir)
-    model = build_model(model_args, tokenizer, resume)
-    if resume is not None:
-        check_resume_matches(resume, model, tokenizer)
-    tokenizer.model_max_length = model.config.max_position_embeddings  # so that truncation=True means something
-    roles = [role for role, wanted in (("train", do_train), ("validation", do_eval is not False)) if wanted]
-    with training_args.main_process_first(desc="tokenizing"):
-        datasets = {role: tokenized(text[role], tokenizer, model.config, data_args, role,
-                                    training_args.max_tokens if role == "train" else None)  # eval: sentence batches
-                    if role in roles and text[role] is not None else None for role in ROLES}
-    metrics = (TranslationMetrics(tokenizer, tokenize=data_args.sacrebleu_tokenize)
-               if datasets["validation"] is not None and training_args.predict_with_generate else None)
-    trainer = TransformerTrainer(
-        model=model,
-        args=training_args,
-        train_dataset=datasets["train"],
-        eval_dataset=datasets["validation"],
-        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
-        processing_class=tokenizer,
-        compute_metrics=metrics,
-        callbacks=[SaveLastStep()] if training_args.average_checkpoints else None,
-    )
-    # again: --generation_config replaced the model's in the Trainer
-    set_decoding(trainer.model, model_args.length_penalty, model_args.length_penalty_formula)
-    return Run(trainer, tokenizer, datasets, text, resume)
-
-
-def resolve_resume(training_args) -> Path | None:
-    """--resume_from_checkpoint PATH (checked to be complete), or 'last' / 'true' for the newest complete
-    checkpoint in output_dir (incomplete ones, e.g. of a run killed while saving, are skipped and logged)."""
-    value = training_args.resume_from_checkpoint
-    if value is None or str(value).lower() in {"false", "none", ""}:
-        return None
-    checkpoint = True if str(value).lower() in {"last", "true"} else value
-    return resolve_checkpoint(checkpoint, training_args.output_dir, "--resume_from_checkpoint")
 
 
 def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "uniform") -> Path:
@@ -421,22 +350,24 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
     return output_dir
 
 
-def predict(run: Run, data_args: DataArguments) -> dict:
-    """Translate the test sources in input order into ``generated_predictions.txt`` and score them."""
-    trainer, test = run.trainer, run.text["test"]
+def predict(trainer, tokenizer, test, sacrebleu_tokenize: str | None = None,
+            compound_split_language: str | None = None) -> dict:
+    """Translate the ``test`` sources (an Arrow dataset of (source, target)) in input order into
+    ``generated_predictions.txt`` and score them against the targets: sacreBLEU (``sacrebleu_tokenize``) and
+    chrF, and with ``compound_split_language`` also the paper's tokenized BLEU of that language."""
     output_dir = Path(trainer.args.output_dir)
     model = trainer.model_for_one_process()  # every process: a sharded model is gathered
     if not trainer.is_world_process_zero():
         trainer.accelerator.wait_for_everyone()
         return {}
     sources, references = test["source"], test["target"]
-    hypotheses = translate(model, run.tokenizer, list(sources), trainer.args.per_device_eval_batch_size,
+    hypotheses = translate(model, tokenizer, list(sources), trainer.args.per_device_eval_batch_size,
                            progress=not trainer.args.disable_tqdm)
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / PREDICTIONS_FILE).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-    scores = score(hypotheses, list(references), tokenize=data_args.sacrebleu_tokenize,
-                   **({"compound_split_bleu": True, "language": data_args.target_lang}
-                      if data_args.compound_split_bleu else {}))
+    scores = score(hypotheses, list(references), tokenize=sacrebleu_tokenize,
+                   **({"compound_split_bleu": True, "language": compound_split_language}
+                      if compound_split_language else {}))
     results = {f"predict_{key}": value for key, value in scores.items()}
     results["predict_samples"] = len(hypotheses)
     trainer.save_metrics("predict", results)
@@ -480,86 +411,11 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
     )
 
 
-def main(argv: list[str] | None = None, prog: str = "vanilla-transformer train", exit_on_bad_input: bool = False
-         ) -> dict:
-    """``vanilla-transformer train``: train (or fine-tune), evaluate and predict as the flags say; the metrics.
-
-    Every check runs before training starts; its error is raised, or with ``exit_on_bad_input`` (the
-    command line) printed as one line naming the flag, exiting with status 2. Under several
-    processes it ends by closing the process group, as a script's last line should: a process that
-    exits with gloo's threads still running is aborted at shutdown ("terminate called without an
-    active exception", exit code -6) after a run that succeeded. Call the steps yourself
-    (`build_trainer`, `run_steps`) to keep the group open."""
-    lock = None
-    try:
-        try:
-            model_args, data_args, training_args = parse_arguments(argv, prog)
-            logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-            lock = hold_output_dir(training_args)  # one run per --output_dir, before any data is read
-            run = build_trainer(model_args, data_args, training_args)
-        except (ValueError, OSError) as error:
-            if not exit_on_bad_input:
-                raise
-            exit_with_usage_error(prog, error)
-        try:
-            metrics = run_steps(run, model_args, data_args, training_args)
-        except MemoryCheckError as error:  # found before the first update (--memory_probe)
-            if not exit_on_bad_input:
-                raise
-            exit_with_usage_error(prog, error)
-        run.trainer.accelerator.wait_for_everyone()  # leave together: no process exits mid-collective
-        return metrics
-    finally:
-        if lock is not None:
-            lock.release()
-        close_process_group()
-
-
 def close_process_group() -> None:
     """Destroy the default process group if this process joined one (a no-op in a single process)."""
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         PartialState().destroy_process_group()
 
 
-def run_steps(run: Run, model_args: ModelArguments, data_args: DataArguments, training_args) -> dict:
-    """Train, evaluate and predict as `steps_to_run` says, save the model and its card; the metrics."""
-    trainer, tokenizer = run.trainer, run.tokenizer
-    do_train, do_eval, do_predict = steps_to_run(training_args)
-    model = trainer.accelerator.unwrap_model(trainer.model)
-    logger.info(f"process {training_args.process_index} of {training_args.world_size}")
-    logger.info(
-        f"model: {model.num_parameters():,} parameters; schedule: "
-        f"{schedule_name(training_args)}, "
-        f"peak learning rate {training_args.learning_rate:.3g} after {training_args.warmup_steps:g} warm-up "
-        f"{'steps' if training_args.warmup_steps >= 1 else 'of the updates'}"
-        + ("" if run.datasets["train"] is None else f"; {len(run.datasets['train'])} training pairs")
-    )
-    metrics: dict = {}
-    if do_train:
-        try:
-            result = trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
-        except TrainingInterrupted as interrupted:  # Ctrl-C or SIGTERM, after saving a checkpoint
-            logger.warning(str(interrupted))
-            raise SystemExit(128 + interrupted.signal_number) from None
-        metrics.update(result.metrics)
-        trainer.save_state()  # trainer_state.json: the logged loss curve, next to the model
-        save_final_model(trainer, tokenizer, training_args.average_checkpoints, training_args.average_weights)
-    if run.datasets["validation"] is not None and do_eval is not False:
-        evaluation = trainer.evaluate(metric_key_prefix="eval")
-        evaluation["eval_perplexity"] = math.exp(min(evaluation["eval_loss"], 50.0))
-        metrics.update(evaluation)
-    if do_predict:
-        metrics.update(predict(run, data_args))
-    trainer.save_metrics("all", metrics)
-    if do_train and trainer.is_world_process_zero():
-        write_card(Path(training_args.output_dir), trainer, model_args, data_args, metrics)
-        logger.info(f"saved the model, tokenizer and generation config to {training_args.output_dir}")
-    if trainer.is_world_process_zero():
-        logger.info("metrics: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()}))
-    return metrics
-
-
-if __name__ == "__main__":
-    from vanilla_transformer.cli import run_command
-
-    run_command("train", sys.argv[1:])
+if __name__ == "__main__":  # python -m vanilla_transformer.training.run
+    main(sys.argv[1:], exit_on_bad_input=True)

@@ -50,11 +50,11 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-from ..cli import with_dashes
+from ..command_line import with_dashes
 from . import run
 from .checkpointing import RESUME_HINT, checkpoint_folders
-from .options import (ARGUMENT_FILE_SUFFIXES, _read_argument_file, _recipe_or_error, check_arguments,
-                      new_model_config, parse_arguments, parse_overrides)
+from .options import (ARGUMENT_FILE_SUFFIXES, read_argument_file, recipe_or_error, check_arguments,
+                      model_config, parse_arguments, parse_overrides)
 
 RESULT_FILE = "table3_row.json"  # in a row's run folder once it is trained and scored: the row is finished
 FLAGS_FILE = "table3_flags.json"  # in a row's run folder from its start: a later run must have the same flags
@@ -244,8 +244,8 @@ def write_recipe(recipe: str, output_dir: Path, max_steps: int) -> Path:
     set, to train ``max_steps`` updates then score the validation set."""
     import yaml
 
-    path = Path(recipe) if Path(recipe).suffix in ARGUMENT_FILE_SUFFIXES else _recipe_or_error(recipe)
-    values = {key: value for key, value in _read_argument_file(path).items() if key not in RECIPE_DROPPED}
+    path = Path(recipe) if Path(recipe).suffix in ARGUMENT_FILE_SUFFIXES else recipe_or_error(recipe)
+    values = {key: value for key, value in read_argument_file(path).items() if key not in RECIPE_DROPPED}
     values |= RECIPE_SETTINGS | {"max_steps": max_steps}
     text = (f"# {recipe} as every row of `vanilla-transformer table3` trains it (written by it).\n"
             + yaml.safe_dump(values, sort_keys=False))
@@ -262,7 +262,7 @@ def plan(recipe_file: Path, train_flags: list[str], rows: list[str], seeds: int,
     Every row trains with one tokenizer: --tokenizer_name_or_path, else OUTPUT/tokenizer (`shared_tokenizer`)."""
     model_args, _, training_args = parse_arguments([str(recipe_file), *train_flags], prog)
     tokenizer = model_args.tokenizer_name_or_path or str(output_dir / "tokenizer")
-    base_config = new_model_config(model_args)
+    base_config = model_config(model_args.preset, model_args.config_overrides)
     base_overrides = parse_overrides(model_args.config_overrides)
     jobs = []
     for row in rows:

@@ -1,8 +1,9 @@
 """The paper's training recipe (§5) on `Seq2SeqTrainer`: the pieces a user's own script needs.
 
-- `TransformerTrainingArguments`: `Seq2SeqTrainingArguments` with the paper's values as defaults
-  (Adam 0.9/0.98/1e-9, 4000 warm-up steps, label smoothing 0.1, no gradient clipping) plus
-  ``max_tokens`` (token-count batches), ``lr_scale`` and ``average_checkpoints``.
+- `TransformerTrainingArguments` (defined in `arguments`, importable from here too):
+  `Seq2SeqTrainingArguments` with the paper's values as defaults (Adam 0.9/0.98/1e-9, 4000 warm-up
+  steps, label smoothing 0.1, no gradient clipping) plus ``max_tokens`` (token-count batches),
+  ``lr_scale`` and ``average_checkpoints``.
 - `TransformerTrainer`: `Seq2SeqTrainer` that batches by token count (`TokenBatchSampler`), smooths
   the labels per target token over the whole accumulated batch (the model file's
   `label_smoothed_cross_entropy`, the package's one loss), runs eq. (3) itself as the
@@ -23,25 +24,24 @@ import os
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
-from transformers import ProgressCallback, Seq2SeqTrainer, Seq2SeqTrainingArguments, TrainerCallback
+from transformers import ProgressCallback, Seq2SeqTrainer, TrainerCallback
 from transformers.trainer_utils import has_length
 
-from .levers import FUSED_LOSSES, TRAINING_ATTENTION, apply_levers, check_levers, training_loss
+from .levers import apply_levers, training_loss
 from ..private_api import require
 from ..training_kernels import label_smoothed_cross_entropy
-from .averaging import AVERAGING_WEIGHTS
+from .arguments import TransformerTrainingArguments, pads_to_buckets
 from .batching import PadToBucket, TokenBatchSampler
 from .checkpointing import CheckpointPolicy, StopOnSignal, is_sharded, plain_copy, resolve_checkpoint, start_worker
 from .data import example_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
-from .memory_check import MEMORY_PROBE_CHOICES, SkipOutOfMemoryBatches, check_largest_batches_fit
+from .memory_check import SkipOutOfMemoryBatches, check_largest_batches_fit
 from .moving_average import ExponentialMovingAverage, check_checkpoint
 from .progress import TargetTokens, TimeBudgetProgress, add_throughput
 
@@ -52,9 +52,6 @@ require("transformers.Trainer._remove_unused_columns",
         "transformers.Trainer._get_collator_with_removed_columns", "transformers.Trainer._created_lr_scheduler",
         "transformers.Seq2SeqTrainer._gen_kwargs", "accelerate.Accelerator._models",
         "transformers.Trainer._build_accelerator_args", "transformers.Trainer._get_eval_sampler")
-
-PAPER_WARMUP_STEPS = 4000
-
 
 # ---------------------------------------------------------------------------------------------
 # §5.3 The learning rate
@@ -173,129 +170,6 @@ def allow_recompiles(shapes: int) -> None:
 
 def _several_processes() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
-
-
-# ---------------------------------------------------------------------------------------------
-# Arguments
-# ---------------------------------------------------------------------------------------------
-
-
-PAD_TO_BUCKETS = ("auto", "always", "never")  # --pad_to_buckets: auto pads to buckets only with --torch_compile
-
-
-@dataclass
-class TransformerTrainingArguments(Seq2SeqTrainingArguments):
-    """Seq2SeqTrainingArguments with the paper's values as defaults (§5.3, §5.4) and token-count batches."""
-
-    adam_beta2: float = field(default=0.98, metadata={"help": "Adam beta2 (paper: 0.98)"})
-    adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam epsilon (paper: 1e-9)"})
-    learning_rate: float | None = field(
-        default=None,
-        metadata={"help": "peak learning rate, reached after the warm-up; default lr_scale * d_model^-0.5 * "
-                          "warmup_steps^-0.5, the peak of eq. (3)"},
-    )
-    lr_scale: float = field(default=1.0, metadata={"help": "multiplies the paper's learning-rate formula"})
-    lr_scheduler_type: str = field(
-        default="inverse_sqrt",
-        metadata={"help": "inverse_sqrt: eq. (3), linear warm-up then inverse square root, from the first update on"},
-    )
-    warmup_steps: float = field(default=PAPER_WARMUP_STEPS, metadata={"help": "warm-up steps (paper: 4000)"})
-    label_smoothing_factor: float = field(default=0.1, metadata={"help": "label smoothing (paper: 0.1)"})
-    max_grad_norm: float = field(
-        default=0.0, metadata={"help": "clip the gradient to this norm; 0: no clipping (the paper clips none)"}
-    )
-    max_tokens: int | None = field(
-        default=4096, metadata={"help": "padded tokens per batch and side (fairseq --max-tokens); 0: sentence batches"}
-    )
-    pad_to_buckets: str = field(
-        default="auto",
-        metadata={"help": "pad token batches to a few bucket shapes, so that a graph compiled per shape is reused; "
-                          "they then hold fewer real tokens (a Multi30k batch 15 in 100 fewer sentences); "
-                          "auto: only with --torch_compile",
-                  "choices": list(PAD_TO_BUCKETS)},
-    )
-    average_checkpoints: int = field(
-        default=0, metadata={"help": "save the mean of the last N checkpoints as the final model (paper: 5 base, 20 big)"}
-    )
-    average_weights: str = field(
-        default="uniform",
-        metadata={"help": "with average_checkpoints: uniform, the mean (paper); linear, the k-th of the last N weighs k",
-                  "choices": list(AVERAGING_WEIGHTS)},
-    )
-    ema_decay: float = field(
-        default=0.0,
-        metadata={"help": "keep an exponential moving average of the weights, updated every update with this decay "
-                          "(0.998: about the last 500 updates), and save it as the final model instead of the last "
-                          "weights (checkpoints and evaluations during training keep the trained weights); 0: none "
-                          "(an alternative to --average_checkpoints)"},
-    )
-    predict_with_generate: bool = field(default=True, metadata={"help": "evaluate BLEU/chrF by decoding"})
-    logging_nan_inf_filter: bool = field(
-        default=False,
-        metadata={"help": "log the mean of earlier losses in place of a NaN or infinite one (the Trainer's default); "
-                  "off: a diverging run shows in its log, and no update waits for the device to check its loss"},
-    )
-    save_minutes: float | None = field(
-        default=None, metadata={"help": "also save a checkpoint every this many minutes (§6.1: every 10 minutes)"}
-    )
-    max_train_minutes: float | None = field(
-        default=None, metadata={"help": "stop training after this many minutes (or max_steps, whichever comes first)"}
-    )
-    cooldown_minutes: float | None = field(
-        default=None,
-        metadata={"help": "with max_train_minutes and eq. (3): decay the learning rate linearly to 0 over the last "
-                          "this many minutes of the budget (the rate then depends on the clock, not the update alone)"},
-    )
-    memory_probe: str = field(
-        default="auto",
-        metadata={"help": "before the first update, try the largest batches in one forward and backward pass, so that "
-                          "one that runs out of memory fails at once, with a --max_tokens that fits; auto: on CUDA only",
-                  "choices": list(MEMORY_PROBE_CHOICES)},
-    )
-    skip_oom_batches: bool = field(
-        default=False, metadata={"help": "skip a batch that runs out of memory during training (with its update's "
-                                         "gradients so far), count it in the logs and go on; one process only"})
-    # GPU speed levers (levers.py): each off by default, not measured on a GPU (benchmarks/gpu.py --levers)
-    compile_layers: bool = field(default=False, metadata={"help": "torch.compile each encoder and decoder layer "
-                                 "with dynamic shapes (regional compilation; not measured)"})
-    cuda_graphs: bool = field(default=False, metadata={"help": "CUDA graphs: torch_compile with mode "
-                              "reduce-overhead, a graph per bucket shape (CUDA only; not measured)"})
-    fused_loss: str = field(default="none", metadata={"help": "the pre-softmax projection and loss a chunk of rows "
-                            "at a time, without the full logits (not measured)", "choices": list(FUSED_LOSSES)})
-    fp8: bool = field(default=False, metadata={"help": "float8 matrix multiplies in the layers, torchao "
-                      "(compute capability 8.9+; not measured)"})
-    training_attention: str = field(default="default", metadata={"help": "the attention kernel tried first in "
-                                    "training (CUDA only; not measured)", "choices": list(TRAINING_ATTENTION)})
-    preemption_grace_seconds: float = field(
-        default=25.0,
-        metadata={"help": "on SIGTERM (a scheduler's preemption), finish the update and save a checkpoint within this "
-                          "many seconds of the signal, what resumes best first (weights, optimizer, trainer state), "
-                          "the moving average only if it fits; then exit with status 143 (requeue). Set it below the "
-                          "scheduler's grace period (SLURM's GraceTime, Kubernetes' terminationGracePeriodSeconds)"},
-    )
-
-    def __post_init__(self):
-        from .options import check_argument_ranges, check_intervals  # (options reads this class's fields)
-
-        check_intervals(self)  # before the Trainer's own checks, which take an eval_steps of 0 as "not set"
-        check_levers(self)
-        super().__post_init__()
-        check_argument_ranges(self)
-
-
-def pads_to_buckets(args: TransformerTrainingArguments) -> bool:
-    """Whether token batches are padded to bucket shapes: where a graph per shape is compiled, buckets bound
-    the graphs; elsewhere they only cost real tokens (15% of a Multi30k batch's sentences)."""
-    return args.pad_to_buckets == "always" or (args.pad_to_buckets == "auto" and bool(args.torch_compile))
-
-
-def schedule_name(args: TransformerTrainingArguments) -> str:
-    """The learning-rate schedule in words, for logs and model cards."""
-    if args.lr_scheduler_type != "inverse_sqrt":
-        return str(getattr(args.lr_scheduler_type, "value", args.lr_scheduler_type))  # the Trainer makes it an enum
-    if args.cooldown_minutes:
-        return f"eq. (3), decaying linearly to 0 over the last {args.cooldown_minutes:g} minutes"
-    return "eq. (3)"
 
 
 def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> float:

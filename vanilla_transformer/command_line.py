@@ -1,0 +1,106 @@
+"""What the ``vanilla-transformer`` command and the library share, on the standard library alone: the
+program's name, the packaged recipes and accelerate configs by name, ``--version``'s answer, and the
+one-line usage error (``PROG: error: MESSAGE``, exit status 2).
+
+The console script (`vanilla_transformer_command`, beside the package) loads this file without importing
+the package, whose ``__init__`` imports torch and registers the model (seconds), so that
+``vanilla-transformer config ddp``, which ``accelerate launch --config_file $(vanilla-transformer config ddp)``
+runs before every launch, answers at once. Hence no imports from the package here, and the files are
+found beside this one rather than through ``importlib.resources`` (which would import the package).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NoReturn
+
+PROG = "vanilla-transformer"
+# kind -> (folder in the package, what it holds)
+PACKAGED = {"recipe": ("training/recipes", "recipe"), "config": ("training/accelerate_configs", "accelerate config")}
+
+
+def packaged(kind: str) -> dict[str, Path]:
+    """The package's files of ``kind`` (recipe, config) by name, in the order of the names."""
+    folder = Path(__file__).resolve().parent / PACKAGED[kind][0]
+    return dict(sorted((path.stem, path) for path in folder.glob("*.yaml")))
+
+
+def packaged_path(kind: str, name: str) -> Path:
+    """The packaged file of ``kind`` named ``name`` (``.yaml`` optional); ValueError names the closest and all."""
+    files = packaged(kind)
+    stem = name.removesuffix(".yaml")
+    if stem not in files:
+        import difflib  # only for this error
+
+        close = difflib.get_close_matches(stem, list(files), n=1)
+        raise ValueError(f"There is no {PACKAGED[kind][1]} named {name!r}"
+                         f"{f' (did you mean {close[0]!r}?)' if close else ''}; the package has "
+                         f"{', '.join(files)}.")
+    return files[stem]
+
+
+def packaged_text(kind: str, name: str | None = None) -> str:
+    """What ``recipe [NAME]`` and ``config [NAME]`` print: each file's name and path a line; with ``name``,
+    its path alone."""
+    if name is not None:
+        return f"{packaged_path(kind, name)}\n"
+    return "".join(f"{each}\t{path}\n" for each, path in packaged(kind).items())
+
+
+def recipe_names() -> list[str]:
+    return list(packaged("recipe"))
+
+
+def recipe_path(name: str) -> Path:
+    """The packaged recipe ``name`` (``multi30k``, ``wmt14-en-de-base``, ...): its YAML file of flags."""
+    return packaged_path("recipe", name)
+
+
+def accelerate_config_names() -> list[str]:
+    return list(packaged("config"))
+
+
+def accelerate_config_path(name: str) -> Path:
+    """The packaged accelerate config ``name`` (``single``, ``ddp``, ``fsdp``) for ``accelerate launch --config_file``."""
+    return packaged_path("config", name)
+
+
+def version_text() -> str:
+    """``vanilla-transformer X.Y.Z``, from the installed distribution's metadata; a one-line error without one."""
+    from importlib import metadata  # ~20 ms, only here
+
+    try:
+        return f"{PROG} {metadata.version(PROG)}\n"
+    except metadata.PackageNotFoundError:
+        exit_with_usage_error(PROG, f"the {PROG} distribution is not installed, so it has no version: run "
+                                    "`pip install -e .` in the clone (or `pip install vanilla-transformer`)")
+
+
+def exit_with_usage_error(prog: str, error: BaseException | str) -> NoReturn:
+    """One line on stderr, ``PROG: error: MESSAGE``, and exit status 2 (argparse's convention)."""
+    print(f"{prog}: error: {error}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def option_strings(parser: argparse.ArgumentParser) -> set[str]:
+    """Every option string of ``parser`` and of its subcommands' parsers."""
+    return set(parser._option_string_actions).union(*map(option_strings, subcommand_parsers(parser)))
+
+
+def subcommand_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    return [subparser for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for subparser in action.choices.values()]
+
+
+def with_dashes(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
+    """``--num_beams 4`` as ``--num-beams 4`` for a parser that spells its flags with dashes."""
+    known = option_strings(parser)
+    spelt = []
+    for token in argv:
+        flag, equals, value = token.partition("=")
+        dashed = "--" + flag[2:].replace("_", "-")
+        spelt.append(dashed + equals + value if token.startswith("--") and flag not in known and dashed in known
+                     else token)
+    return spelt
