@@ -16,12 +16,17 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import zipfile
 from pathlib import Path
+
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 CONFIG_NAME = "config.json"
 SAFETENSORS_NAME = "model.safetensors"
 SAFETENSORS_INDEX_NAME = "model.safetensors.index.json"
+CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")  # the Trainer's checkpoint-<step> folders
+LEFT_OUT_NAME = "left_out.json"  # what a checkpoint saved after SIGTERM had no time for, and why
 TORCH_WEIGHTS_NAME = "pytorch_model.bin"  # older checkpoints (e.g. opus-mt), a torch zip archive
 # Any one of these makes AutoTokenizer.from_pretrained find a tokenizer in a folder.
 TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "source.spm", "spiece.model")
@@ -185,3 +190,17 @@ def tokenizer_difference(folder: Path, reference: Path) -> str | None:
             return f"their tokenizer.json files differ in {', '.join(parts)}"
         return f"their {name} files differ"
     return None
+
+
+def checkpoint_folders(root: str | os.PathLike) -> list[Path]:
+    """The ``checkpoint-<step>`` folders of a Trainer output_dir, oldest first (by integer step)."""
+    root = Path(root)
+    found = [(int(match.group(1)), path) for path in (root.iterdir() if root.is_dir() else [])
+             if path.is_dir() and (match := CHECKPOINT_NAME.fullmatch(path.name))]
+    return [path for _, path in sorted(found)]
+
+
+def left_out(folder: str | os.PathLike) -> dict[str, str]:
+    """The files a checkpoint was saved without for lack of time (after SIGTERM), each with why."""
+    path = Path(folder) / LEFT_OUT_NAME
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}

@@ -36,7 +36,8 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, seed_worker
 
-from ..checkpoint_files import check_json, check_model_folder, check_torch_archive
+from ..checkpoint_files import (CHECKPOINT_NAME, LEFT_OUT_NAME, check_json, check_model_folder, check_torch_archive,
+                                checkpoint_folders, left_out)
 from ..private_api import require
 from .divergence import TrainingDiverged, refuse_non_finite
 from .moving_average import EMA_FILE
@@ -51,8 +52,6 @@ logger = logging.getLogger(__name__)
 STAGING_DIR = "_checkpoint_in_progress"  # "_*" is also what push_to_hub leaves out
 TRAINER_STATE_NAME = "trainer_state.json"  # the Trainer writes it last into a checkpoint
 RESUME_POINT_NAME = "resume_point_only.json"  # marks a checkpoint saved on a signal between regular saves
-LEFT_OUT_NAME = "left_out.json"  # what a checkpoint saved after SIGTERM had no time for, and why
-CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")
 RESUME_HINT = "--resume_from_checkpoint last"
 FSDP_MODEL_NAME = "pytorch_model_fsdp"  # transformers' prefix for FSDP's sharded model state
 
@@ -60,14 +59,6 @@ FSDP_MODEL_NAME = "pytorch_model_fsdp"  # transformers' prefix for FSDP's sharde
 # ---------------------------------------------------------------------------------------------
 # Which checkpoints are complete
 # ---------------------------------------------------------------------------------------------
-
-
-def checkpoint_folders(root: str | os.PathLike) -> list[Path]:
-    """The ``checkpoint-<step>`` folders of a Trainer output_dir, oldest first (by integer step)."""
-    root = Path(root)
-    found = [(int(match.group(1)), path) for path in (root.iterdir() if root.is_dir() else [])
-             if path.is_dir() and (match := CHECKPOINT_NAME.fullmatch(path.name))]
-    return [path for _, path in sorted(found)]
 
 
 def check_resumable(folder: str | os.PathLike, what: str = "--resume_from_checkpoint") -> Path:
@@ -338,12 +329,6 @@ class CheckpointPolicy:
             self.moving_average.reset()  # check_checkpoint has said so in the log
         else:
             self.moving_average.load(checkpoint)
-
-
-def left_out(folder: str | os.PathLike) -> dict[str, str]:
-    """The files a checkpoint was saved without for lack of time (after SIGTERM), each with why."""
-    path = Path(folder) / LEFT_OUT_NAME
-    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
 
 
 def _size(folder: Path) -> int:

@@ -31,6 +31,7 @@ import math
 import torch
 from transformers import TrainerCallback
 
+from ..checkpoint_files import checkpoint_folders
 from ..private_api import require
 
 # DivergenceGuard overrides these Trainer internals (private: checked at import)
@@ -51,8 +52,6 @@ class TrainingDiverged(FloatingPointError):
 
 def _last_checkpoint(output_dir) -> str:
     """Where to continue from: the newest checkpoint of ``output_dir`` (None: a folder not known here)."""
-    from .checkpointing import checkpoint_folders  # written complete or not at all (CheckpointPolicy)
-
     if output_dir is None:
         return ""
     folders = checkpoint_folders(output_dir)

@@ -42,6 +42,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback
 
+from ..checkpoint_files import left_out
 from ..private_api import require
 from .divergence import refuse_non_finite
 
@@ -176,9 +177,9 @@ def check_checkpoint(folder: str | Path, decay: float) -> None:
                              f"--ema_decay {decay}, or the average would be dropped (to drop it on purpose, delete "
                              f"{path}).")
         return
-    if not path.is_file() and EMA_FILE in _left_out(folder):
+    if not path.is_file() and EMA_FILE in left_out(folder):
         logger.warning(f"{folder} was saved after SIGTERM without its moving average of the weights ({EMA_FILE}: "
-                       f"{_left_out(folder)[EMA_FILE]}): the average starts again from its update, so the final "
+                       f"{left_out(folder)[EMA_FILE]}): the average starts again from its update, so the final "
                        "model averages the updates from there on.")
         return
     if not path.is_file():
@@ -189,12 +190,6 @@ def check_checkpoint(folder: str | Path, decay: float) -> None:
     if stored != decay:
         raise ValueError(f"--ema_decay {decay}: {path} averages with decay {stored}; resume with --ema_decay {stored} "
                          "(a moving average cannot change its decay half-way).")
-
-
-def _left_out(folder: str | Path) -> dict[str, str]:
-    from .checkpointing import left_out  # (checkpointing writes this module's file into checkpoints)
-
-    return left_out(folder)
 
 
 def _metadata(path: Path) -> dict[str, str]:
