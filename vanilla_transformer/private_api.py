@@ -124,8 +124,6 @@ PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
                   set_in="accelerate.Accelerator.__init__"),
     PrivateMember("transformers.Trainer._build_accelerator_args", "transformers 5.10.1 - 5.24.0",
                   "training/trainer.py: --torch_compile with token batches compiles static shapes", NO_FALLBACK),
-    PrivateMember("transformers.Trainer._get_eval_sampler", "transformers 5.10.1 - 5.24.0",
-                  "training/trainer.py: evaluation decodes the longest sources first", NO_FALLBACK),
     PrivateMember("transformers.HfArgumentParser._parse_dataclass_field", "transformers 5.10.1 - 5.24.0",
                   "training/options.py: train --help in groups", NO_FALLBACK),
     PrivateMember("transformers.Trainer._get_grad_norm", "transformers 5.10.1 - 5.24.0",

@@ -31,7 +31,6 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import ProgressCallback, Seq2SeqTrainer, TrainerCallback
-from transformers.trainer_utils import has_length
 
 from .levers import apply_levers, training_loss
 from ..private_api import require
@@ -51,7 +50,7 @@ logger = logging.getLogger(__name__)
 require("transformers.Trainer._remove_unused_columns",
         "transformers.Trainer._get_collator_with_removed_columns", "transformers.Trainer._created_lr_scheduler",
         "transformers.Seq2SeqTrainer._gen_kwargs", "accelerate.Accelerator._models",
-        "transformers.Trainer._build_accelerator_args", "transformers.Trainer._get_eval_sampler")
+        "transformers.Trainer._build_accelerator_args")
 
 # ---------------------------------------------------------------------------------------------
 # §5.3 The learning rate
@@ -383,22 +382,6 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         if f"{metric_key_prefix}_loss" in output.metrics:  # the Trainer's: a mean of per-batch means
             output.metrics[f"{metric_key_prefix}_loss"] = self.evaluation_loss.per_token()
         return output
-
-    def evaluate(self, *args, **kwargs):
-        """The Trainer's, over the sentences longest source first (`_get_eval_sampler`)."""
-        self._by_length = True
-        try:
-            return super().evaluate(*args, **kwargs)
-        finally:
-            self._by_length = False
-
-    def _get_eval_sampler(self, eval_dataset):
-        """In evaluate(): longest source first, so that a batch pads little and its rows end decoding at about
-        the same step (several processes take the same batches in turn). The loss, BLEU and chrF are over the whole set, in any order;
-        predict() keeps the input order, in which its predictions come back."""
-        if not getattr(self, "_by_length", False) or not has_length(eval_dataset):
-            return super()._get_eval_sampler(eval_dataset)
-        return np.argsort(-example_lengths(eval_dataset)[:, 0], kind="stable").tolist()
 
     def _sequences_per_input(self) -> int:
         """``num_return_sequences`` of the generation that evaluate() or predict() is about to run."""
