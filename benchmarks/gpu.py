@@ -746,8 +746,8 @@ class PhaseClock:
     a clock while the run lasts, and a callback on its trainer times the first update and the rest of
     training. A phase whose step the run module no longer has by that name is reported as missing, not guessed."""
 
-    STEPS = {"data": "load_text_datasets", "tokenizer": "build_tokenizer", "tokenization": "tokenized",
-             "model": "build_model", "save": "save_final_model"}
+    STEPS = {"data": "load_text_datasets", "tokenizer": "prepare_tokenizer", "tokenization": "tokenize_pairs",
+             "model": "prepare_model", "save": "save_final_model"}
     PHASES = ("data", "tokenizer", "tokenization", "model", "first update", "training", "save")
 
     def __init__(self, module):

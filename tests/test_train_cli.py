@@ -5,6 +5,7 @@ what fine-tuning applies."""
 from __future__ import annotations
 
 import json
+import types
 import logging
 from pathlib import Path
 
@@ -161,7 +162,7 @@ def test_a_time_budget_stops_training_and_checkpoints_follow_the_clock(data_dir,
         now[0] += 20.0
         return now[0]
 
-    monkeypatch.setattr(trainer_module.time, "monotonic", tick)
+    monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(monotonic=tick))  # the run's clock only
     output = tmp_path / "run"
     run.main(tiny_args(data_dir, output, "--max_steps", "1000", "--max_tokens", "300", "--save_strategy", "steps",
                        "--save_steps", "100000", "--save_minutes", "1", "--max_train_minutes", "2.5"))
