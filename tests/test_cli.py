@@ -31,7 +31,7 @@ def python(*arguments, timeout: int = 300) -> subprocess.CompletedProcess:
 
 
 def test_docs_cli_md_is_the_reference_the_parsers_print():
-    """Regenerate with: python -c "from vanilla_transformer.cli import reference; open('docs/cli.md', 'w').write(reference())" """
+    """Regenerate (with help_screens.json, from the same rendering) with: python -c "from vanilla_transformer.cli import help_screens, reference; open('docs/cli.md', 'w').write(reference()); open('vanilla_transformer/help_screens.json', 'w').write(help_screens())" """
     import transformers
 
     written = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
@@ -162,10 +162,9 @@ def packaged_screens() -> dict:
 
 
 def test_packaged_help_screens_are_what_the_parsers_print(capsys, monkeypatch):
-    """Regenerate with: python -c "from vanilla_transformer.cli import help_screens; open('vanilla_transformer/help_screens.json', 'w').write(help_screens())"
-
-    Against `cli.main`'s --help (argparse's own help action, through each tool's main) at the same width,
-    and printed by the console script from the package data without rendering anything."""
+    """Regenerated with docs/cli.md (test_docs_cli_md_is_the_reference_the_parsers_print says how). Against
+    `cli.main`'s --help (argparse's own help action, through each tool's main) at the same width, and printed
+    by the console script from the package data without rendering anything."""
     import vanilla_transformer_command as command
     from vanilla_transformer.cli import help_screens
 

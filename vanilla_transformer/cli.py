@@ -135,10 +135,10 @@ def reference() -> str:
     from transformers import __version__ as transformers_version
 
     sections = ["# Command-line reference", "",
-                f"Generated from the parsers by `vanilla_transformer.cli.reference()` with transformers "
-                f"{transformers_version} (the Trainer's flags are that version's); `{PROG} COMMAND --help` prints the "
-                "same (with these versions installed, from screens rendered with the package, without importing "
-                "torch). Every flag takes both spellings (`--num_beams`, `--num-beams`).", "",
+                (f"Generated from the parsers by `vanilla_transformer.cli.reference()` with transformers "
+                 f"{transformers_version} (the Trainer's flags are that version's); `{PROG} COMMAND --help` prints the "
+                 "same (with these versions installed, from screens rendered with the package, without importing "
+                 "torch). Every flag takes both spellings (`--num_beams`, `--num-beams`)."), "",
                 "```text", usage(), "```"]
     for name, texts in rendered_screens().items():
         summary = TOOLS[name][1]
