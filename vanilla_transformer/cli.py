@@ -15,8 +15,7 @@ ends in one line naming the flag and the fix, exit status 2; from Python the sam
 installed command starts in `vanilla_transformer_command` (installed beside the package), which answers
 ``--version``, ``recipe`` and ``config`` and prints the help screens rendered with the package
 (`help_screens`) without importing torch; the packaged files are found by `vanilla_transformer.command_line`
-for both. The
-library never imports this module: it runs the tools, they do not run it.
+for both. The library never imports this module: it runs the tools, they do not run it.
 """
 
 from __future__ import annotations
