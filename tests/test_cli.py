@@ -5,12 +5,10 @@ command-line reference in docs/cli.md, and several processes through `accelerate
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from importlib import metadata
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
@@ -33,7 +31,7 @@ def python(*arguments, timeout: int = 300) -> subprocess.CompletedProcess:
 
 
 def test_docs_cli_md_is_the_reference_the_parsers_print():
-    """Regenerate with: python -c "from vanilla_transformer.cli import reference; open('docs/cli.md', 'w').write(reference())" """
+    """Regenerate (with help_screens.json, from the same rendering) with: python -c "from vanilla_transformer.cli import help_screens, reference; open('docs/cli.md', 'w').write(reference()); open('vanilla_transformer/help_screens.json', 'w').write(help_screens())" """
     import transformers
 
     written = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
@@ -138,20 +136,10 @@ def test_accelerate_launch_dash_m_trains_on_two_processes_with_the_packaged_conf
 
 
 # ---------------------------------------------------------------------------------------------
-# Help screens from the cache (vanilla_transformer_command, the console script)
+# Help screens shipped in the package (vanilla_transformer_command, the console script)
 # ---------------------------------------------------------------------------------------------
 
 HELP_REQUESTS = [["--help"], *([tool, "--help"] for tool in TOOLS)]
-
-
-@pytest.fixture
-def help_cache(tmp_path, monkeypatch) -> Path:
-    """An empty cache folder (HF_HOME) and a fixed width; where the screens go."""
-    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
-    monkeypatch.setenv("COLUMNS", "100")
-    import vanilla_transformer_command
-
-    return vanilla_transformer_command.cache_folder()
 
 
 def printed_by(function, argv, capsys) -> str:
@@ -163,93 +151,86 @@ def printed_by(function, argv, capsys) -> str:
     return capsys.readouterr().out
 
 
-def test_help_screens_from_the_cache_are_what_the_parsers_print(help_cache, capsys, monkeypatch):
-    """The console script's screens, rendered once and then read back, against `cli.main`'s --help
-    (argparse's own help action, through each tool's main) at the same width."""
-    import vanilla_transformer_command as command
+def packaged_screens() -> dict:
+    """help_screens.json as shipped; skips where the installed versions are not those it was rendered with."""
+    from vanilla_transformer.command_line import HELP_SCREENS, help_rendered_with
 
+    packaged = json.loads(HELP_SCREENS.read_text(encoding="utf-8"))
+    if packaged["rendered_with"] != help_rendered_with():  # e.g. the lowest supported versions
+        pytest.skip(f"help_screens.json was rendered with {packaged['rendered_with']}, not {help_rendered_with()}")
+    return packaged
+
+
+def test_packaged_help_screens_are_what_the_parsers_print(capsys, monkeypatch):
+    """Regenerated with docs/cli.md (test_docs_cli_md_is_the_reference_the_parsers_print says how). Against
+    `cli.main`'s --help (argparse's own help action, through each tool's main) at the same width, and printed
+    by the console script from the package data without rendering anything."""
+    import vanilla_transformer_command as command
+    from vanilla_transformer.cli import help_screens
+
+    packaged = packaged_screens()
+    assert (REPO / "vanilla_transformer" / "help_screens.json").read_text(encoding="utf-8") == help_screens(), \
+        "vanilla_transformer/help_screens.json is out of date"
+    monkeypatch.setenv("COLUMNS", str(packaged["columns"]))
+    monkeypatch.setattr("vanilla_transformer.cli.help_text", lambda argv: pytest.fail(f"{argv} rendered"))
     for argv in HELP_REQUESTS:
-        printed_by(command.main, argv, capsys)  # renders and stores it
-    assert len(list(help_cache.glob("*.json"))) == len(HELP_REQUESTS)
-    monkeypatch.setattr("vanilla_transformer.cli.help_text", lambda argv: pytest.fail(f"{argv} rendered again"))
-    for argv in HELP_REQUESTS:
-        from_cache = printed_by(command.main, argv, capsys)
-        assert from_cache == printed_by(cli, argv, capsys), argv
+        screen = packaged["screens"]["" if argv == ["--help"] else argv[0]]
+        assert printed_by(command.main, argv, capsys) == screen == printed_by(cli, argv, capsys), argv
     assert printed_by(command.main, [], capsys) == printed_by(command.main, ["-h"], capsys) == printed_by(cli, [], capsys)
     headings = [line for line in printed_by(command.main, ["train", "-h"], capsys).splitlines() if line.endswith(":")
                 and not line.startswith(" ")]
     assert headings[1:6] == ["data:", "model:", "training:", "evaluation and decoding:", "Seq2SeqTrainingArguments:"]
 
 
-def test_a_damaged_or_stale_help_screen_is_rendered_again(help_cache, capsys, monkeypatch):
-    import vanilla_transformer.cli as cli_module
-    import vanilla_transformer_command as command
-
-    fresh = printed_by(command.main, ["average", "--help"], capsys)
-    (path,) = help_cache.glob("*.json")
-    good = json.loads(path.read_text())
-    damages = {
-        "not JSON": b"\x00\xff{",
-        "cut short": path.read_bytes()[:-40],
-        "a list": b"[]",
-        "text changed, checksum not": json.dumps({**good, "text": good["text"].replace("average", "avg")}).encode(),
-        "another transformers": json.dumps({**good, "sources": {**good["sources"], "transformers": "4.0.0"}}).encode(),
-        "other package files": json.dumps({**good, "sources": {**good["sources"], "files": "0" * 64}}).encode(),
-        "another command's": json.dumps({**good, "command": "publish"}).encode(),
-    }
-    rendered = []
-    real = cli_module.help_text
-    monkeypatch.setattr(cli_module, "help_text", lambda argv: rendered.append(argv) or real(argv))
-    for damage, content in damages.items():
-        path.write_bytes(content)
-        assert printed_by(command.main, ["average", "--help"], capsys) == fresh, damage
-        assert json.loads(path.read_text()) == good, damage  # replaced by a whole, current one
-    assert len(rendered) == len(damages)
+def test_docs_cli_md_holds_the_packaged_help_screens():
+    """docs/cli.md and help_screens.json come from one rendering (`cli.rendered_screens`), regenerated together."""
+    packaged = json.loads((REPO / "vanilla_transformer" / "help_screens.json").read_text(encoding="utf-8"))
+    written = (REPO / "docs" / "cli.md").read_text(encoding="utf-8")
+    assert f"with transformers {packaged['rendered_with']['transformers']} " in written
+    assert f"```text\n{packaged['screens']['']}" in written
+    for tool in TOOLS:
+        assert f"## vanilla-transformer {tool}\n" in written and f"```text\n{packaged['screens'][tool]}" in written, tool
 
 
-def test_help_screens_are_stored_per_width_and_not_where_the_cache_cannot_be_written(help_cache, capsys, monkeypatch):
-    import vanilla_transformer_command as command
-
-    wide = printed_by(command.main, ["publish", "--help"], capsys)
-    monkeypatch.setenv("COLUMNS", "60")
-    narrow = printed_by(command.main, ["publish", "--help"], capsys)
-    assert narrow == printed_by(cli, ["publish", "--help"], capsys) != wide
-    assert len(list(help_cache.glob("*.json"))) == 2
-    monkeypatch.setenv("HF_HOME", "/proc/no-such-folder")  # cannot be created: the screen is printed anyway
-    assert printed_by(command.main, ["publish", "--help"], capsys) == narrow
-
-
-def test_the_package_files_are_part_of_what_a_screen_is_rendered_from(tmp_path, monkeypatch):
-    """A changed recipe or module (an editable install, an upgrade to the same version) renders anew."""
-    import vanilla_transformer_command as command
-
-    copy = tmp_path / "vanilla_transformer"
-    shutil.copytree(REPO / "vanilla_transformer", copy, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.setattr(command.util, "find_spec", lambda name: SimpleNamespace(origin=str(copy / "__init__.py")))
-    before = command.sources()
-    recipe = copy / "training" / "recipes" / "multi30k.yaml"
-    recipe.write_text(recipe.read_text() + "# edited\n")
-    assert command.sources()["files"] != before["files"]
-
-
-def test_help_from_the_cache_imports_neither_torch_nor_transformers_nor_the_package(help_cache, capsys):
-    import vanilla_transformer_command as command
-
-    expected = printed_by(command.main, ["train", "--help"], capsys)  # stored here, read by the process below
+def test_help_from_the_package_data_imports_neither_torch_nor_transformers_nor_the_package():
+    packaged = packaged_screens()
     completed = python("-c", "import sys, vanilla_transformer_command as command; command.main(['train', '--help']); "
                              "print(sorted({'torch', 'transformers', 'vanilla_transformer'} & set(sys.modules)), "
                              "file=sys.stderr)", timeout=60)
     assert completed.returncode == 0 and completed.stderr.strip() == "[]", completed.stderr[-2000:]
-    assert completed.stdout == expected
+    assert completed.stdout == packaged["screens"]["train"]
 
 
-def test_help_of_a_command_that_does_not_exist_is_the_commands_error_and_nothing_is_stored(help_cache, capsys):
+@pytest.mark.parametrize("damage", ["another transformers", "another Python", "no file", "not JSON"])
+def test_help_is_rendered_by_the_parsers_where_the_package_data_does_not_fit(damage, tmp_path, capsys, monkeypatch):
+    """Other installed versions (or no readable screens): the parsers render the screen, at the terminal's width."""
+    import vanilla_transformer.cli as cli_module
+    import vanilla_transformer_command as command
+    from vanilla_transformer import command_line
+
+    recorded = json.loads(command_line.HELP_SCREENS.read_text(encoding="utf-8"))
+    recorded["rendered_with"] = {**command_line.help_rendered_with(), **{"another transformers": {"transformers": "4.0.0"},
+                                                "another Python": {"python": "3.99"}}.get(damage, {})}
+    for each in recorded["screens"]:
+        recorded["screens"][each] = "stale\n"  # printed only if the versions are wrongly taken to match
+    changed = tmp_path / "help_screens.json"
+    if damage != "no file":
+        changed.write_bytes(b"\x00\xff{" if damage == "not JSON" else json.dumps(recorded).encode())
+    monkeypatch.setattr(command_line, "HELP_SCREENS", changed)
+    monkeypatch.setenv("COLUMNS", "60")
+    rendered = []
+    real = cli_module.help_text
+    monkeypatch.setattr(cli_module, "help_text", lambda argv: rendered.append(argv) or real(argv))
+    assert printed_by(command.main, ["average", "--help"], capsys) == printed_by(cli, ["average", "--help"], capsys)
+    assert rendered == [["average", "--help"]]
+
+
+def test_help_of_a_command_that_does_not_exist_is_the_commands_error(capsys):
     import vanilla_transformer_command as command
 
     with pytest.raises(SystemExit) as exit_info:
         command.main(["trian", "--help"])
     assert exit_info.value.code == 2 and "did you mean 'train'" in capsys.readouterr().err
-    assert not help_cache.exists() or not list(help_cache.glob("*.json"))
 
 
 # ---------------------------------------------------------------------------------------------

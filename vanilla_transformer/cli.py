@@ -13,9 +13,9 @@ Recipes (``train RECIPE``) and accelerate configs (``config NAME``) ship inside 
 named, not located. Every flag takes both spellings (``--num_beams``, ``--num-beams``). Bad input
 ends in one line naming the flag and the fix, exit status 2; from Python the same calls raise. The
 installed command starts in `vanilla_transformer_command` (installed beside the package), which answers
-``--version``, ``recipe`` and ``config`` and prints help screens (`help_text`) from a cache without
-importing torch; the packaged files are found by `vanilla_transformer.command_line` for both. The
-library never imports this module: it runs the tools, they do not run it.
+``--version``, ``recipe`` and ``config`` and prints the help screens rendered with the package
+(`help_screens`) without importing torch; the packaged files are found by `vanilla_transformer.command_line`
+for both. The library never imports this module: it runs the tools, they do not run it.
 """
 
 from __future__ import annotations
@@ -25,9 +25,9 @@ import difflib
 import importlib
 import sys
 
-from .command_line import (PROG, accelerate_config_names, accelerate_config_path,  # noqa: F401 (imported from here)
-                           exit_with_usage_error, option_strings, packaged, packaged_text, recipe_names, recipe_path,
-                           subcommand_parsers, version_text, with_dashes)
+from .command_line import (HELP_COLUMNS, PROG, accelerate_config_names,  # noqa: F401 (imported from here)
+                           accelerate_config_path, exit_with_usage_error, help_rendered_with, option_strings, packaged,
+                           packaged_text, recipe_names, recipe_path, subcommand_parsers, version_text, with_dashes)
 
 # name -> (module with main(argv) and build_parser(prog), what it does)
 TOOLS = {
@@ -93,8 +93,9 @@ def print_path(kind: str, argv: list[str]) -> None:
 
 
 def help_text(argv: list[str]) -> str | None:
-    """What `main` prints for ``--help`` (of the command, or of a tool), rendered by the parsers themselves;
-    None when ``argv`` asks for no help screen. `vanilla_transformer_command` keeps these in a cache."""
+    """What `main` prints for ``--help`` (of the command, or of a tool), rendered by the parsers themselves at
+    the terminal's width; None when ``argv`` asks for no help screen. `vanilla_transformer_command` prints the
+    packaged screens (`help_screens`) instead where the installed versions are those they were rendered with."""
     if argv in ([], ["-h"], ["--help"]):
         return usage() + "\n"
     if len(argv) == 2 and argv[0] in TOOLS and argv[1] in {"-h", "--help"}:
@@ -102,39 +103,52 @@ def help_text(argv: list[str]) -> str | None:
     return None
 
 
-def reference() -> str:
-    """docs/cli.md: every command's ``--help``, as the parsers print it at a fixed width (80 columns)."""
-    import contextlib
-    import io
+def rendered_screens() -> dict[str, list[str]]:
+    """Each tool's ``--help`` screens (its own, then its subcommands') as the parsers print them at
+    `HELP_COLUMNS` columns: the one rendering behind docs/cli.md and the packaged help_screens.json."""
     import os
 
+    width, os.environ["COLUMNS"] = os.environ.get("COLUMNS"), str(HELP_COLUMNS)  # argparse wraps at COLUMNS
+    try:
+        screens = {}
+        for name, (module, _) in TOOLS.items():
+            parser = importlib.import_module(module).build_parser(f"{PROG} {name}")
+            screens[name] = [each.format_help() for each in [parser, *subcommand_parsers(parser)]]
+        return screens
+    finally:
+        os.environ.pop("COLUMNS") if width is None else os.environ.update(COLUMNS=width)
+
+
+def help_screens() -> str:
+    """vanilla_transformer/help_screens.json: the screens the console script prints for ``--help`` and
+    ``TOOL --help``, and the versions they were rendered with (`help_rendered_with`)."""
+    import json
+
+    screens = {"": usage() + "\n", **{name: texts[0] for name, texts in rendered_screens().items()}}
+    return json.dumps({"rendered_with": help_rendered_with(), "columns": HELP_COLUMNS, "screens": screens},
+                      indent=1, ensure_ascii=False) + "\n"
+
+
+def reference() -> str:
+    """docs/cli.md: every command's ``--help``, as the parsers print it at a fixed width (`HELP_COLUMNS`)."""
     from transformers import __version__ as transformers_version
 
     sections = ["# Command-line reference", "",
-                f"Generated from the parsers by `vanilla_transformer.cli.reference()` with transformers "
-                f"{transformers_version} (the Trainer's flags are that version's); `{PROG} COMMAND --help` prints the "
-                "same (after its first use, from a cache in `$HF_HOME/vanilla-transformer/help`, without importing "
-                "torch). Every flag takes both spellings (`--num_beams`, `--num-beams`).", "",
+                (f"Generated from the parsers by `vanilla_transformer.cli.reference()` with transformers "
+                 f"{transformers_version} (the Trainer's flags are that version's); `{PROG} COMMAND --help` prints the "
+                 "same (with these versions installed, from screens rendered with the package, without importing "
+                 "torch). Every flag takes both spellings (`--num_beams`, `--num-beams`)."), "",
                 "```text", usage(), "```"]
-    width, os.environ["COLUMNS"] = os.environ.get("COLUMNS"), "80"  # argparse wraps at the terminal's width
-    try:
-        for name, (module, summary) in TOOLS.items():
-            parser = importlib.import_module(module).build_parser(f"{PROG} {name}")
-            printed = io.StringIO()
-            with contextlib.redirect_stdout(printed):
-                for each in [parser, *subcommand_parsers(parser)]:
-                    each.print_help()
-                    print()
-            sections += ["", f"## {PROG} {name}", "", summary[0].upper() + summary[1:] + ".", "", "```text",
-                         printed.getvalue().rstrip(), "```"]
-    finally:
-        os.environ.pop("COLUMNS") if width is None else os.environ.update(COLUMNS=width)
+    for name, texts in rendered_screens().items():
+        summary = TOOLS[name][1]
+        sections += ["", f"## {PROG} {name}", "", summary[0].upper() + summary[1:] + ".", "", "```text",
+                     "".join(text + "\n" for text in texts).rstrip(), "```"]
     return "\n".join(sections) + "\n"
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The command (the console script starts in `vanilla_transformer_command`, which answers ``--help`` from a
-    cache); returns nothing (a value would become the exit status); use `run_command` for results."""
+    """The command (the console script starts in `vanilla_transformer_command`, which answers ``--help`` from the
+    packaged screens); returns nothing (a value would become the exit status); use `run_command` for results."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help"}:
         print(usage())

@@ -1,6 +1,6 @@
 """What the ``vanilla-transformer`` command and the library share, on the standard library alone: the
-program's name, the packaged recipes and accelerate configs by name, ``--version``'s answer, and the
-one-line usage error (``PROG: error: MESSAGE``, exit status 2).
+program's name, the packaged recipes and accelerate configs by name, ``--version``'s answer, the packaged
+help screens (``help_screens.json``) and the one-line usage error (``PROG: error: MESSAGE``, exit status 2).
 
 The console script (`vanilla_transformer_command`, beside the package) loads this file without importing
 the package, whose ``__init__`` imports torch and registers the model (seconds), so that
@@ -19,6 +19,11 @@ from typing import NoReturn
 PROG = "vanilla-transformer"
 # kind -> (folder in the package, what it holds)
 PACKAGED = {"recipe": ("training/recipes", "recipe"), "config": ("training/accelerate_configs", "accelerate config")}
+HELP_SCREENS = Path(__file__).resolve().parent / "help_screens.json"  # written by `vanilla_transformer.cli.help_screens`
+HELP_COLUMNS = 80  # the width the packaged screens and docs/cli.md are rendered at (argparse reads COLUMNS)
+# whose versions the help screens depend on: the Trainer's flags (transformers, its defaults from accelerate,
+# huggingface_hub, torch); Python's argparse formats them
+HELP_DEPENDS_ON = ("torch", "transformers", "accelerate", "huggingface_hub")
 
 
 def packaged(kind: str) -> dict[str, Path]:
@@ -76,6 +81,35 @@ def version_text() -> str:
     except metadata.PackageNotFoundError:
         exit_with_usage_error(PROG, f"the {PROG} distribution is not installed, so it has no version: run "
                                     "`pip install -e .` in the clone (or `pip install vanilla-transformer`)")
+
+
+def help_rendered_with() -> dict[str, str | None]:
+    """The versions a help screen rendered now depends on: Python's (major.minor) and the installed
+    distributions' (release, without a local label such as ``+cpu``), read from metadata, not imported."""
+    from importlib import metadata
+
+    def release(distribution: str) -> str | None:
+        try:
+            return metadata.version(distribution).split("+")[0]
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {"python": f"{sys.version_info.major}.{sys.version_info.minor}",
+            **{name: release(name) for name in HELP_DEPENDS_ON}}
+
+
+def packaged_help(command: str) -> str | None:
+    """The packaged ``--help`` screen of ``command`` ("" for the command list), or None when the installed
+    versions are not those it was rendered with (or there is none): then the parsers must render it."""
+    import json
+
+    try:
+        packaged_screens = json.loads(HELP_SCREENS.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if packaged_screens.get("rendered_with") != help_rendered_with():
+        return None
+    return packaged_screens.get("screens", {}).get(command)
 
 
 def exit_with_usage_error(prog: str, error: BaseException | str) -> NoReturn:
