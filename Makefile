@@ -35,8 +35,13 @@ setup-floor: $(FLOOR_VENV)/.installed
 demo: setup
 	$(PY) training/demo.py $(ARGS)
 
-# The whole suite on the newest versions, then the tests marked `floor` on the oldest ones.
-test: setup
+# ruff's lint and format check (configured in pyproject.toml); `ruff format .` and `ruff check --fix .` mend most.
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+# The linter, the whole suite on the newest versions, then the tests marked `floor` on the oldest ones.
+test: lint
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-floor
 

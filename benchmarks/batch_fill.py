@@ -45,8 +45,11 @@ def corpus_lengths(args) -> np.ndarray:
 def fill(lengths: np.ndarray, max_tokens: int, pad_to_buckets: bool) -> dict:
     sampler = TokenBatchSampler(lengths, max_tokens, pad_to_buckets=pad_to_buckets)
     return {
-        "pad_to_buckets": pad_to_buckets, "max_tokens": max_tokens, "pairs": len(lengths),
-        "batches": sampler.num_batches, "sentences_per_batch": round(len(lengths) / sampler.num_batches, 1),
+        "pad_to_buckets": pad_to_buckets,
+        "max_tokens": max_tokens,
+        "pairs": len(lengths),
+        "batches": sampler.num_batches,
+        "sentences_per_batch": round(len(lengths) / sampler.num_batches, 1),
         "real_share_of_padded_tokens": round(float(lengths.sum()) / (2 * max_tokens * sampler.num_batches), 4),
     }
 

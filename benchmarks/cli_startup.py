@@ -56,13 +56,18 @@ def timed(arguments: list[str], env: dict) -> tuple[float, float]:
 
 
 def check_imports_nothing_heavy(row: str, env: dict) -> None:
-    code = (COMMAND.replace("sys.exit(main())", "main(sys.argv[1:])") + "; print(sorted({'torch', "
-            "'transformers', 'vanilla_transformer'} & set(sys.modules)), file=sys.stderr)")
-    completed = subprocess.run([sys.executable, "-c", code, *ROWS[row][2:]], env=env, capture_output=True, text=True,
-                               check=True)
+    code = (
+        COMMAND.replace("sys.exit(main())", "main(sys.argv[1:])") + "; print(sorted({'torch', "
+        "'transformers', 'vanilla_transformer'} & set(sys.modules)), file=sys.stderr)"
+    )
+    completed = subprocess.run(
+        [sys.executable, "-c", code, *ROWS[row][2:]], env=env, capture_output=True, text=True, check=True
+    )
     if completed.stderr.strip() != "[]":
-        raise SystemExit(f"{row} imported {completed.stderr.strip()} (for --help: are the installed versions those "
-                         "vanilla_transformer/help_screens.json was rendered with?)")
+        raise SystemExit(
+            f"{row} imported {completed.stderr.strip()} (for --help: are the installed versions those "
+            "vanilla_transformer/help_screens.json was rendered with?)"
+        )
 
 
 def main() -> None:

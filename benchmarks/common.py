@@ -26,8 +26,15 @@ PAIRS = {"en-de": ("en", "de"), "de-en": ("de", "en"), "en-fr": ("en", "fr")}
 # The Multi30k benchmark's model in MarianConfig's words: d_model 256, 3+3 layers, 4 heads, FFN 1024, ReLU,
 # embeddings scaled by sqrt(d_model) (the paper's architecture at a small size).
 MULTI30K_SHAPE = dict(
-    d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
-    encoder_ffn_dim=1024, decoder_ffn_dim=1024, activation_function="relu", scale_embedding=True,
+    d_model=256,
+    encoder_layers=3,
+    decoder_layers=3,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=1024,
+    decoder_ffn_dim=1024,
+    activation_function="relu",
+    scale_embedding=True,
 )
 
 
@@ -47,9 +54,12 @@ def add_data_dir(parser: argparse.ArgumentParser) -> None:
 
 def add_timing_flags(parser: argparse.ArgumentParser) -> None:
     """``--threads`` and ``--cpu-time``, read by `clock_of`."""
-    parser.add_argument("--cpu-time", action="store_true",
-                        help="time with the process's CPU time instead of the wall clock: steadier on a machine "
-                             "others share, meaningful with --threads 1")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time with the process's CPU time instead of the wall clock: steadier on a machine "
+        "others share, meaningful with --threads 1",
+    )
     parser.add_argument("--threads", type=int, help="torch.set_num_threads (default: torch's)")
 
 
@@ -99,13 +109,19 @@ def marian_config(tokenizer, **settings):
     MarianMT), with ``settings`` (the shape, dropout, ...)."""
     from transformers import MarianConfig
 
-    return MarianConfig(vocab_size=len(tokenizer), decoder_vocab_size=len(tokenizer),
-                        pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                        decoder_start_token_id=tokenizer.pad_token_id, **settings)
+    return MarianConfig(
+        vocab_size=len(tokenizer),
+        decoder_vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.pad_token_id,
+        **settings,
+    )
 
 
-def ctranslate2_translator(model, folder: Path, tokenizer, compute_type: str, device: str = "cpu",
-                           quantization: str | None = None):
+def ctranslate2_translator(
+    model, folder: Path, tokenizer, compute_type: str, device: str = "cpu", quantization: str | None = None
+):
     """``model`` exported by `vanilla_transformer.convert.to_ctranslate2` into ``folder`` (weights stored as
     ``quantization``, None: as they are) and loaded as a `ctranslate2.Translator` computing in
     ``compute_type``; on the CPU one translation at a time on torch's threads."""
@@ -124,8 +140,9 @@ def ctranslate2_translator(model, folder: Path, tokenizer, compute_type: str, de
 # ---------------------------------------------------------------------------------------------
 
 
-def alternate(tasks: dict[str, Callable], repeats: int, warmup: int = 1, clock: Callable[[], float] = time.perf_counter
-              ) -> tuple[dict[str, list[float]], dict]:
+def alternate(
+    tasks: dict[str, Callable], repeats: int, warmup: int = 1, clock: Callable[[], float] = time.perf_counter
+) -> tuple[dict[str, list[float]], dict]:
     """``warmup`` untimed passes of every task, then ``repeats`` timed passes in turn (ABAB...), so that a
     slow drift of the machine hits every task alike: the seconds of each pass, and each task's last output."""
     outputs = {}
@@ -159,10 +176,18 @@ def machine() -> str:
 
     cpu = platform.processor()
     if Path("/proc/cpuinfo").exists():
-        cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                    if line.startswith("model name")), cpu)
-    return (f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, transformers {transformers.__version__}, "
-            f"Python {platform.python_version()}")
+        cpu = next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            cpu,
+        )
+    return (
+        f"{cpu}, {os.cpu_count()} cores, torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"Python {platform.python_version()}"
+    )
 
 
 def machine_info(device: str) -> dict:
@@ -205,8 +230,9 @@ def cpu_seconds() -> dict[str, float]:
     busy = ("user", "nice", "system", "irq", "softirq")
     seconds["busy"] = sum(cpu.get(name, 0.0) for cpu in times for name in busy)
     seconds["steal"] = sum(cpu.get("steal", 0.0) for cpu in times)
-    seconds["total"] = seconds["busy"] + seconds["steal"] + sum(cpu.get("idle", 0.0) + cpu.get("iowait", 0.0)
-                                                                for cpu in times)
+    seconds["total"] = (
+        seconds["busy"] + seconds["steal"] + sum(cpu.get("idle", 0.0) + cpu.get("iowait", 0.0) for cpu in times)
+    )
     return seconds
 
 
@@ -219,7 +245,9 @@ def machine_load(gflops_before: float, before: dict, after: dict, gflops_after: 
     capacity = after.get("total", 0.0) - before.get("total", 0.0)
     if capacity > 0:
         others = (after["busy"] - before["busy"]) - (after["own"] - before["own"])
-        load.update(others_cpu_share=max(others, 0.0) / capacity, steal_share=(after["steal"] - before["steal"]) / capacity)
+        load.update(
+            others_cpu_share=max(others, 0.0) / capacity, steal_share=(after["steal"] - before["steal"]) / capacity
+        )
     return load
 
 
@@ -268,8 +296,10 @@ def run_in_child(function, *arguments):
             break
         except Empty:
             if not process.is_alive():
-                raise RuntimeError(f"{function.__name__}{arguments[:1]}: the child process died with exit code "
-                                   f"{process.exitcode} before it reported a result") from None
+                raise RuntimeError(
+                    f"{function.__name__}{arguments[:1]}: the child process died with exit code "
+                    f"{process.exitcode} before it reported a result"
+                ) from None
     process.join()
     if status != "ok":
         raise RuntimeError(f"{arguments[0]} failed in its child process:\n{payload}")

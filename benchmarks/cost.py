@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import yaml
-from common import REPO, argument_parser
 
+from common import REPO, argument_parser
 from vanilla_transformer import PRESETS, VanillaTransformerConfig
 from vanilla_transformer.training.flops import training_flops_per_target_token
 
@@ -62,8 +62,14 @@ def read_recipes(folder: Path = RECIPES) -> list[Recipe]:
     recipes = []
     for path in sorted(Path(folder).glob("wmt14-*.yaml")):
         values = yaml.safe_load(path.read_text(encoding="utf-8"))
-        recipes.append(Recipe(path.stem, values.get("preset", "base"), int(values["max_steps"]),
-                              int(values.get("tokenizer_vocab_size", 37000))))
+        recipes.append(
+            Recipe(
+                path.stem,
+                values.get("preset", "base"),
+                int(values["max_steps"]),
+                int(values.get("tokenizer_vocab_size", 37000)),
+            )
+        )
     if not recipes:
         raise ValueError(f"No wmt14-*.yaml recipes in {folder}.")
     return recipes
@@ -84,8 +90,10 @@ def parse_tokens_per_second(text: str | None) -> dict[str, float]:
         except ValueError:
             rates[preset] = -1.0
         if preset not in PRESETS or rates[preset] <= 0:
-            raise ValueError(f"--tokens-per-second item {item!r}: write PRESET=TOKENS with a positive number, e.g. "
-                             f"big=150000 (presets: {', '.join(PRESETS)}).")
+            raise ValueError(
+                f"--tokens-per-second item {item!r}: write PRESET=TOKENS with a positive number, e.g. "
+                f"big=150000 (presets: {', '.join(PRESETS)})."
+            )
     return rates
 
 
@@ -106,8 +114,9 @@ def throughputs_from_gpu_json(path: str | Path) -> tuple[dict[str, float], str]:
     return {preset: r["target_tokens_per_second"] for preset, r in best.items()}, f"measured on {where} ({modes})"
 
 
-def tokens_per_second(recipe: Recipe, measured: dict[str, float], source: str, model_tflops: float | None,
-                      recipes: list[Recipe]) -> tuple[float | None, str]:
+def tokens_per_second(
+    recipe: Recipe, measured: dict[str, float], source: str, model_tflops: float | None, recipes: list[Recipe]
+) -> tuple[float | None, str]:
     """One GPU's target tokens/s for the recipe's model, and where the number comes from."""
     if recipe.preset in measured:
         return measured[recipe.preset], source
@@ -125,8 +134,9 @@ def tokens_per_second(recipe: Recipe, measured: dict[str, float], source: str, m
 # ---------------------------------------------------------------------------------------------
 
 
-def training_hours(updates: int, tokens_per_update: float, tokens_per_second: float, gpus: int,
-                   scaling: float = 1.0) -> float:
+def training_hours(
+    updates: int, tokens_per_update: float, tokens_per_second: float, gpus: int, scaling: float = 1.0
+) -> float:
     """Wall-clock hours of ``updates`` updates on ``gpus`` GPUs of ``tokens_per_second`` each."""
     return updates * tokens_per_update / (tokens_per_second * gpus * scaling) / 3600
 
@@ -135,20 +145,35 @@ def paper_throughput(recipe: Recipe) -> dict:
     """What the paper's step time implies: target tokens/s of its 8 P100s, model TFLOP/s per GPU, share of peak."""
     tokens = PAPER_TOKENS_PER_UPDATE / PAPER[recipe.preset]["seconds_per_update"]
     per_gpu_tflops = tokens * recipe.flops_per_token / PAPER_GPUS / 1e12
-    return {"tokens_per_second_8_gpus": tokens, "model_tflops_per_gpu": per_gpu_tflops,
-            "share_of_p100_peak": per_gpu_tflops / P100_PEAK_TFLOPS}
+    return {
+        "tokens_per_second_8_gpus": tokens,
+        "model_tflops_per_gpu": per_gpu_tflops,
+        "share_of_p100_peak": per_gpu_tflops / P100_PEAK_TFLOPS,
+    }
 
 
-def cost_table(recipes: list[Recipe], measured: dict[str, float], source: str, model_tflops: float | None,
-               gpus: tuple[int, ...], tokens_per_update: float, scaling: float) -> list[dict]:
+def cost_table(
+    recipes: list[Recipe],
+    measured: dict[str, float],
+    source: str,
+    model_tflops: float | None,
+    gpus: tuple[int, ...],
+    tokens_per_update: float,
+    scaling: float,
+) -> list[dict]:
     rows = []
     for recipe in recipes:
         rate, where = tokens_per_second(recipe, measured, source, model_tflops, recipes)
-        row = {**recipe._asdict(), "flops_per_target_token": recipe.flops_per_token,
-               "training_flops": recipe.updates * tokens_per_update * recipe.flops_per_token,
-               "tokens_per_second_per_gpu": rate, "throughput_from": where,
-               "paper_hours_8_p100": PAPER[recipe.preset]["hours"],
-               "paper_gpu_hours": PAPER[recipe.preset]["hours"] * PAPER_GPUS, "paper": paper_throughput(recipe)}
+        row = {
+            **recipe._asdict(),
+            "flops_per_target_token": recipe.flops_per_token,
+            "training_flops": recipe.updates * tokens_per_update * recipe.flops_per_token,
+            "tokens_per_second_per_gpu": rate,
+            "throughput_from": where,
+            "paper_hours_8_p100": PAPER[recipe.preset]["hours"],
+            "paper_gpu_hours": PAPER[recipe.preset]["hours"] * PAPER_GPUS,
+            "paper": paper_throughput(recipe),
+        }
         for count in gpus:
             hours = training_hours(recipe.updates, tokens_per_update, rate, count, scaling) if rate else None
             row[f"hours_{count}_gpus"] = hours
@@ -162,22 +187,32 @@ def markdown(rows: list[dict], gpus: tuple[int, ...]) -> str:
         return "n/a" if value is None else f"{value:,.{digits}f}"
 
     head = ["recipe", "updates", "GFLOP / target token", "training EFLOP", "tokens/s/GPU"]
-    head += [f"hours on {g} GPU{'s' * (g > 1)}" for g in gpus] + ["GPU-hours", "paper: hours on 8 P100", "paper: GPU-hours"]
+    head += [f"hours on {g} GPU{'s' * (g > 1)}" for g in gpus] + [
+        "GPU-hours",
+        "paper: hours on 8 P100",
+        "paper: GPU-hours",
+    ]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for row in rows:
-        cells = [row["name"], f"{row['updates']:,}", number(row["flops_per_target_token"] / 1e9, 2),
-                 number(row["training_flops"] / 1e18, 2), number(row["tokens_per_second_per_gpu"], 0)]
+        cells = [
+            row["name"],
+            f"{row['updates']:,}",
+            number(row["flops_per_target_token"] / 1e9, 2),
+            number(row["training_flops"] / 1e18, 2),
+            number(row["tokens_per_second_per_gpu"], 0),
+        ]
         cells += [number(row[f"hours_{g}_gpus"]) for g in gpus] + [number(row[f"gpu_hours_{gpus[-1]}_gpus"])]
         cells += [number(row["paper_hours_8_p100"], 0), number(row["paper_gpu_hours"], 0)]
         lines.append("| " + " | ".join(cells) + " |")
     sources = sorted({f"{row['name']}: {row['throughput_from']}" for row in rows})
-    paper = [f"{row['name']}: {row['paper']['tokens_per_second_8_gpus']:,.0f} target tokens/s on 8 P100 = "
-             f"{row['paper']['model_tflops_per_gpu']:.2f} model TFLOP/s per GPU "
-             f"({row['paper']['share_of_p100_peak']:.0%} of 9.5); Table 2's training cost, hours x 8 x 9.5 TFLOP/s, "
-             f"is {row['paper_hours_8_p100'] * 3600 * PAPER_GPUS * P100_PEAK_TFLOPS * 1e12:.1e} FLOPs"
-             for row in rows]
+    paper = [
+        f"{row['name']}: {row['paper']['tokens_per_second_8_gpus']:,.0f} target tokens/s on 8 P100 = "
+        f"{row['paper']['model_tflops_per_gpu']:.2f} model TFLOP/s per GPU "
+        f"({row['paper']['share_of_p100_peak']:.0%} of 9.5); Table 2's training cost, hours x 8 x 9.5 TFLOP/s, "
+        f"is {row['paper_hours_8_p100'] * 3600 * PAPER_GPUS * P100_PEAK_TFLOPS * 1e12:.1e} FLOPs"
+        for row in rows
+    ]
     return "\n".join(lines + ["", "Throughput: " + "; ".join(sources), "", "The paper's step times imply:", *paper])
-
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -203,8 +238,15 @@ def main(argv=None) -> list[dict]:
     if args.gpu_json:
         measured, source = throughputs_from_gpu_json(args.gpu_json)
     gpus = tuple(int(g) for g in args.gpus.split(","))
-    rows = cost_table(read_recipes(Path(args.recipes)), measured, source, args.model_tflops, gpus,
-                      args.tokens_per_update, args.scaling)
+    rows = cost_table(
+        read_recipes(Path(args.recipes)),
+        measured,
+        source,
+        args.model_tflops,
+        gpus,
+        args.tokens_per_update,
+        args.scaling,
+    )
     print(markdown(rows, gpus))
     if args.output:
         Path(args.output).write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")

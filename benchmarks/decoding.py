@@ -57,6 +57,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from torch import nn
+from transformers import AutoTokenizer, MarianMTModel
+
 from common import (
     MULTI30K_SHAPE,
     add_data_dir,
@@ -71,9 +74,6 @@ from common import (
     read_split,
     speed_ratio,
 )
-from torch import nn
-from transformers import AutoTokenizer, MarianMTModel
-
 from vanilla_transformer.convert import from_marian
 from vanilla_transformer.cpu_decoding import prepack_for_cpu_decoding
 from vanilla_transformer.generation_vanilla_transformer import pad_after_end_of_sequence
@@ -87,19 +87,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sentences-batch-1", type=int, default=32, help="test sentences decoded one at a time")
     parser.add_argument("--repeats", type=int, default=3, help="timed passes per system (median)")
     add_timing_flags(parser)  # --threads: CTranslate2's too
-    parser.add_argument("--configurations", default="4x32,4x1,1x32,1x1",
-                        help="comma-separated BEAMxBATCH to compare the systems on ('' for none)")
-    parser.add_argument("--processor", action="append", default=[], metavar="NAME=VALUE",
-                        help="a generate() setting that adds a logits processor, for every system (repeatable), "
-                             "e.g. min_new_tokens=5, no_repeat_ngram_size=3, repetition_penalty=1.2")
+    parser.add_argument(
+        "--configurations",
+        default="4x32,4x1,1x32,1x1",
+        help="comma-separated BEAMxBATCH to compare the systems on ('' for none)",
+    )
+    parser.add_argument(
+        "--processor",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a generate() setting that adds a logits processor, for every system (repeatable), "
+        "e.g. min_new_tokens=5, no_repeat_ngram_size=3, repetition_penalty=1.2",
+    )
     parser.add_argument("--levers", action="store_true", help="also time our model with each lever")
-    parser.add_argument("--lever", action="append", metavar="NAME",
-                        help=f"with --levers: only this one (repeat for more); one of: {'; '.join(LEVERS)}")
+    parser.add_argument(
+        "--lever",
+        action="append",
+        metavar="NAME",
+        help=f"with --levers: only this one (repeat for more); one of: {'; '.join(LEVERS)}",
+    )
     parser.add_argument("--no-compile", action="store_true", help="skip the static cache + torch.compile lever")
     parser.add_argument("--no-ctranslate2", action="store_true", help="skip the CTranslate2 rows")
-    parser.add_argument("--floor", action="store_true",
-                        help="profile ours at beam 4 x 32: the time of the work any implementation must do, and "
-                             "the most a faster search could gain over MarianMT with it")
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="profile ours at beam 4 x 32: the time of the work any implementation must do, and "
+        "the most a faster search could gain over MarianMT with it",
+    )
     args = parser.parse_args(argv)
     args.configurations = [configuration(text, parser) for text in filter(None, args.configurations.split(","))]
     if args.lever and not args.levers:
@@ -159,12 +174,14 @@ def make_batches(tokenizer, pairs, batch_size: int, trained: bool) -> list[dict]
     order = sorted(range(len(sources)), key=lambda i: len(tokenizer(sources[i])["input_ids"]))
     batches = []
     for start in range(0, len(order), batch_size):
-        indices = order[start:start + batch_size]
+        indices = order[start : start + batch_size]
         inputs = tokenizer([sources[i] for i in indices], return_tensors="pt", padding=True)
         if trained:  # the paper's limit (§6.1), spelled out for MarianMT
             length = dict(max_new_tokens=inputs["input_ids"].shape[1] + 50)
         else:  # random weights that never emit </s>: the longest reference's length, for every system
-            length = dict(max_new_tokens=max(len(ids) for ids in tokenizer([pairs[i][1] for i in indices])["input_ids"]))
+            length = dict(
+                max_new_tokens=max(len(ids) for ids in tokenizer([pairs[i][1] for i in indices])["input_ids"])
+            )
         batches.append({"indices": indices, "inputs": dict(inputs), "length": length})
     return batches
 
@@ -178,8 +195,9 @@ def beam_settings(beam: int) -> dict:
 # ---------------------------------------------------------------------------------------------
 
 
-def transformers_decoder(model, tokenizer, batches, beam: int, settings: dict | None = None
-                         ) -> Callable[[], list[list[int]]]:
+def transformers_decoder(
+    model, tokenizer, batches, beam: int, settings: dict | None = None
+) -> Callable[[], list[list[int]]]:
     """generate() over the batches, with the beam's settings, ``settings`` (e.g. logits processors) added."""
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
 
@@ -199,18 +217,26 @@ def transformers_decoder(model, tokenizer, batches, beam: int, settings: dict | 
 
 def ctranslate2_decoder(model, tokenizer, batches, beam: int, quantization: str, work_dir: Path):
     """CTranslate2 holding our model's weights, stored and computing in ``quantization``, over the batches."""
-    translator = ctranslate2_translator(model, work_dir / quantization, tokenizer, quantization,
-                                        quantization=quantization)
+    translator = ctranslate2_translator(
+        model, work_dir / quantization, tokenizer, quantization, quantization=quantization
+    )
 
     def decode():
         hypotheses = {}
         for batch in batches:
-            tokens = [tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
-                      for ids, mask in zip(batch["inputs"]["input_ids"], batch["inputs"]["attention_mask"])]
+            tokens = [
+                tokenizer.convert_ids_to_tokens(ids[mask.bool()].tolist())
+                for ids, mask in zip(batch["inputs"]["input_ids"], batch["inputs"]["attention_mask"])
+            ]
             length = batch["length"]
             results = translator.translate_batch(
-                tokens, max_batch_size=len(tokens), beam_size=beam, length_penalty=0.6, return_end_token=True,
-                min_decoding_length=0, max_decoding_length=length["max_new_tokens"],
+                tokens,
+                max_batch_size=len(tokens),
+                beam_size=beam,
+                length_penalty=0.6,
+                return_end_token=True,
+                min_decoding_length=0,
+                max_decoding_length=length["max_new_tokens"],
             )
             for index, result in zip(batch["indices"], results):
                 hypotheses[index] = tokenizer.convert_tokens_to_ids(result.hypotheses[0])
@@ -298,8 +324,11 @@ def table(seconds, outputs, tokenizer, references, trained, sentences, levers: b
     shipped model) is than the row, i.e. what the row's lever is worth."""
     first = next(iter(seconds))
     speed = "shipped vs this (range over repeats)" if levers else f"speed vs {first} (range over repeats)"
-    lines = [f"| {'ours with this lever' if levers else 'system'} | sentences/s | target tokens/s | {speed} "
-             f"| BLEU | hypotheses vs {first} |", "|---|---|---|---|---|---|"]
+    lines = [
+        f"| {'ours with this lever' if levers else 'system'} | sentences/s | target tokens/s | {speed} "
+        f"| BLEU | hypotheses vs {first} |",
+        "|---|---|---|---|---|---|",
+    ]
     for name in seconds:
         median = statistics.median(seconds[name])
         tokens = sum(len(h) for h in outputs[name])
@@ -318,9 +347,20 @@ def table(seconds, outputs, tokenizer, references, trained, sentences, levers: b
 # else is search, cache and framework overhead.
 REQUIRED = {
     "matrix products and attention": {
-        "aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::_softmax", "mkldnn::_linear_pointwise"},
+        "aten::mm",
+        "aten::addmm",
+        "aten::bmm",
+        "aten::baddbmm",
+        "aten::_softmax",
+        "mkldnn::_linear_pointwise",
+    },
     "layer norm, residual adds, ReLU, embedding": {
-        "aten::native_layer_norm", "aten::add", "aten::clamp_min", "aten::relu", "aten::embedding"},
+        "aten::native_layer_norm",
+        "aten::add",
+        "aten::clamp_min",
+        "aten::relu",
+        "aten::embedding",
+    },
     "log-softmax over the vocabulary": {"aten::_log_softmax"},
 }
 ATTENTION_KERNELS = "aten::_scaled_dot_product_"  # _flash_attention_for_cpu, _attention_math, ...
@@ -358,21 +398,31 @@ def floor(marian_seconds: list[float], ours_seconds: list[float], profiled: tupl
     marian, ours = statistics.median(marian_seconds), statistics.median(ours_seconds)
     wall, seconds = profiled
     needed = sum(seconds.values())
-    return {"marian": marian, "ours": ours, "profiled": wall, "required": seconds, "rest": ours - needed,
-            "speed": marian / ours, "bound": marian / needed}
+    return {
+        "marian": marian,
+        "ours": ours,
+        "profiled": wall,
+        "required": seconds,
+        "rest": ours - needed,
+        "speed": marian / ours,
+        "bound": marian / needed,
+    }
 
 
 def floor_text(found: dict) -> str:
     """`floor` as a table of where ours' time goes, in seconds and as shares of MarianMT's."""
     marian = found["marian"]
-    return "\n".join([
-        f"\nfloor: beam 4, batch 32; ours profiled once ({found['profiled']:.2f} s under the profiler, "
-        f"{found['ours']:.2f} s without)",
-        f"| part of ours' decoding | seconds | of MarianMT's {marian:.2f} s |", "|---|---|---|",
-        *(f"| {name} | {value:.2f} | {value / marian:.0%} |" for name, value in found["required"].items()),
-        f"| the rest (search, cache, indexing, copies, Python) | {found['rest']:.2f} | {found['rest'] / marian:.0%} |",
-        f"ours is {found['speed']:.2f}x MarianMT; with nothing but the required work it would be {found['bound']:.2f}x",
-    ])
+    return "\n".join(
+        [
+            f"\nfloor: beam 4, batch 32; ours profiled once ({found['profiled']:.2f} s under the profiler, "
+            f"{found['ours']:.2f} s without)",
+            f"| part of ours' decoding | seconds | of MarianMT's {marian:.2f} s |",
+            "|---|---|---|",
+            *(f"| {name} | {value:.2f} | {value / marian:.0%} |" for name, value in found["required"].items()),
+            f"| the rest (search, cache, indexing, copies, Python) | {found['rest']:.2f} | {found['rest'] / marian:.0%} |",
+            f"ours is {found['speed']:.2f}x MarianMT; with nothing but the required work it would be {found['bound']:.2f}x",
+        ]
+    )
 
 
 def main(argv=None) -> dict | None:
@@ -383,19 +433,29 @@ def main(argv=None) -> dict | None:
     clock = clock_of(args)
     marian, ours, tokenizer, trained = load_models(args, data_dir)
     test = read_split(data_dir, "test_2016_flickr")
-    print(f"{'trained' if trained else 'random-weight'} MarianMT, {torch.get_num_threads()} threads, "
-          f"{args.repeats} repeats; {'lengths as decoded' if trained else 'fixed output lengths'}")
+    print(
+        f"{'trained' if trained else 'random-weight'} MarianMT, {torch.get_num_threads()} threads, "
+        f"{args.repeats} repeats; {'lengths as decoded' if trained else 'fixed output lengths'}"
+    )
     work_dir = Path(tempfile.mkdtemp(prefix="decoding-benchmark-"))
     results = {}
     for beam, batch_size in args.configurations:
         pairs = test[: args.sentences if batch_size > 1 else args.sentences_batch_1]
         batches = make_batches(tokenizer, pairs, batch_size, trained)
-        decoders = {"MarianMT": transformers_decoder(marian, tokenizer, batches, beam, args.processors),
-                    "ours": transformers_decoder(ours, tokenizer, batches, beam, args.processors)}
+        decoders = {
+            "MarianMT": transformers_decoder(marian, tokenizer, batches, beam, args.processors),
+            "ours": transformers_decoder(ours, tokenizer, batches, beam, args.processors),
+        }
         seconds, outputs = alternate(decoders, args.repeats, clock=clock)
-        if not args.no_ctranslate2 and not args.processors:  # after, not alternating: a live Translator's threads slow torch here ~1.6x
-            translators = {f"CTranslate2 {quantization}": ctranslate2_decoder(
-                ours, tokenizer, batches, beam, quantization, work_dir) for quantization in ("float32", "int8")}
+        if (
+            not args.no_ctranslate2 and not args.processors
+        ):  # after, not alternating: a live Translator's threads slow torch here ~1.6x
+            translators = {
+                f"CTranslate2 {quantization}": ctranslate2_decoder(
+                    ours, tokenizer, batches, beam, quantization, work_dir
+                )
+                for quantization in ("float32", "int8")
+            }
             more_seconds, more_outputs = alternate(translators, args.repeats, clock=clock)
             del translators  # their threads end with them
             gc.collect()
@@ -417,8 +477,10 @@ def main(argv=None) -> dict | None:
             variants.update(lever_variants(ours, args.lever))
         if not args.no_compile:
             variants["transformers' beam search, static cache + torch.compile"] = (compiled_static(ours), {})
-        decoders = {name: transformers_decoder(model, tokenizer, batches, 4, {**args.processors, **settings})
-                    for name, (model, settings) in variants.items()}
+        decoders = {
+            name: transformers_decoder(model, tokenizer, batches, 4, {**args.processors, **settings})
+            for name, (model, settings) in variants.items()
+        }
         seconds, outputs = alternate(decoders, args.repeats, clock=clock)
         references = [reference for _, reference in pairs]
         print(f"\nlevers: beam 4, batch 32, {len(pairs)} sentences")

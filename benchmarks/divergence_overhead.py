@@ -27,9 +27,9 @@ import time
 from pathlib import Path
 
 import torch
-from common import argument_parser
 from transformers import TrainerCallback
 
+from common import argument_parser
 from vanilla_transformer.training import run as train
 
 LETTERS = "a b c d e f g h i j".split()
@@ -55,11 +55,37 @@ def tiny_trainer(folder: Path, updates: int, device: str):
         words = [rng.choice(LETTERS) for _ in range(rng.randint(3, 12))]
         lines.append(f"{' '.join(words)}\t{' '.join(reversed(words))}\n")
     (folder / "train.tsv").write_text("".join(lines), encoding="utf-8")
-    argv = ["--train_file", str(folder / "train.tsv"), "--preset", "tiny", "--tokenizer_vocab_size", "280",
-            "--output_dir", str(folder / "run"), "--report_to", "none", "--disable_tqdm", "true",
-            "--eval_strategy", "no", "--save_strategy", "no", "--max_steps", str(updates), "--logging_steps",
-            str(updates), "--max_tokens", "1000", "--cache_dir", str(folder / "cache"), "--learning_rate", "0.001",
-            "--warmup_steps", "4", *(["--use_cpu"] if device == "cpu" else [])]
+    argv = [
+        "--train_file",
+        str(folder / "train.tsv"),
+        "--preset",
+        "tiny",
+        "--tokenizer_vocab_size",
+        "280",
+        "--output_dir",
+        str(folder / "run"),
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--eval_strategy",
+        "no",
+        "--save_strategy",
+        "no",
+        "--max_steps",
+        str(updates),
+        "--logging_steps",
+        str(updates),
+        "--max_tokens",
+        "1000",
+        "--cache_dir",
+        str(folder / "cache"),
+        "--learning_rate",
+        "0.001",
+        "--warmup_steps",
+        "4",
+        *(["--use_cpu"] if device == "cpu" else []),
+    ]
     return train.build_trainer(*train.parse_arguments(argv)).trainer
 
 

@@ -91,10 +91,10 @@ import torch
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert import CTRANSLATE2_INSTALL_HINT
-from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler
 from vanilla_transformer.training.flops import training_flops
 from vanilla_transformer.training.trainer import allow_recompiles
+from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 # Dense bf16 peak by the vendors' datasheets (TFLOP/s), for MFU.
@@ -103,10 +103,14 @@ PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--presets", help="comma-separated training presets (default: big,base; with --levers "
-                                           "big,multi30k)")
-    parser.add_argument("--modes", default="eager", help="comma-separated training modes: eager, compiled "
-                                                         "(torch.compile of the whole model, static shapes)")
+    parser.add_argument(
+        "--presets", help="comma-separated training presets (default: big,base; with --levers big,multi30k)"
+    )
+    parser.add_argument(
+        "--modes",
+        default="eager",
+        help="comma-separated training modes: eager, compiled (torch.compile of the whole model, static shapes)",
+    )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="autocast dtype")
     parser.add_argument("--vocab-size", type=int, default=37000)
@@ -115,18 +119,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=30, help="timed training steps")
     parser.add_argument("--no-decode", action="store_true", help="skip the decoding measurements")
     parser.add_argument("--decode-presets", default="big,multi30k", help="comma-separated: presets, multi30k")
-    parser.add_argument("--decode-modes", default="eager,compiled",
-                        help="comma-separated: eager (dynamic cache), compiled (static cache, torch.compile)")
+    parser.add_argument(
+        "--decode-modes",
+        default="eager,compiled",
+        help="comma-separated: eager (dynamic cache), compiled (static cache, torch.compile)",
+    )
     parser.add_argument("--no-loop", action="store_true", help="skip timing train.py's loop")
     parser.add_argument("--decode-batch", type=int, default=128, help="sentences per generate() call")
     parser.add_argument("--decode-tokens", type=int, default=30, help="new tokens per sentence")
     parser.add_argument("--decode-repeats", type=int, default=3, help="timed generate() calls (median)")
     parser.add_argument("--peak-tflops", type=float, help="dense peak of the GPU for MFU (default: by its name)")
-    parser.add_argument("--output", help="write the results as JSON here and as markdown beside it (default: "
-                                         "gpu-results/gpu.json, with --levers gpu-results/levers.json)")
-    parser.add_argument("--budget-minutes", type=float, default=7.5,
-                        help="stop starting measurements that would not end within this many minutes from the "
-                             "start, and stop one that runs past it; each skipped one is named (0: no budget)")
+    parser.add_argument(
+        "--output",
+        help="write the results as JSON here and as markdown beside it (default: "
+        "gpu-results/gpu.json, with --levers gpu-results/levers.json)",
+    )
+    parser.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=7.5,
+        help="stop starting measurements that would not end within this many minutes from the "
+        "start, and stop one that runs past it; each skipped one is named (0: no budget)",
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--shapes-only", action="store_true", help="only count the batch shapes of an epoch")
     parser.add_argument("--pairs", type=int, default=4_500_000, help="with --shapes-only: pairs in the epoch")
@@ -136,11 +150,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--train-run-minutes", type=float, default=0.75, help="train.py's --max_train_minutes")
     parser.add_argument("--train-run-pairs", type=int, default=40000, help="synthetic sentence pairs it trains on")
     parser.add_argument("--train-run-vocab", type=int, help="its tokenizer's vocabulary (default: --vocab-size)")
-    parser.add_argument("--levers", action="store_true",
-                        help="compare every training lever against the plain step and MarianMTModel")
+    parser.add_argument(
+        "--levers", action="store_true", help="compare every training lever against the plain step and MarianMTModel"
+    )
     parser.add_argument("--lever-steps", type=int, default=20, help="with --levers: batches per pass (two passes)")
-    parser.add_argument("--profile", action="store_true",
-                        help="only profile one training update and one decoding step (torch.profiler)")
+    parser.add_argument(
+        "--profile", action="store_true", help="only profile one training update and one decoding step (torch.profiler)"
+    )
     parser.add_argument("--no-profile", action="store_true", help="leave the profile out of the full run")
     args = parser.parse_args(argv)
     if args.presets is None:
@@ -165,15 +181,27 @@ def shape_statistics(lengths: np.ndarray, max_tokens: int) -> dict:
     shapes = sampler.shapes  # (batches, 3): rows, source length, target length
     padded = int((shapes[:, 0] * (shapes[:, 1] + shapes[:, 2])).sum())
     return {
-        "what": "shapes", "pairs": len(lengths), "max_tokens": max_tokens, "batches": sampler.num_batches,
-        "distinct_shapes": len(np.unique(shapes, axis=0)), "padding_fraction": round(1 - int(lengths.sum()) / padded, 4),
+        "what": "shapes",
+        "pairs": len(lengths),
+        "max_tokens": max_tokens,
+        "batches": sampler.num_batches,
+        "distinct_shapes": len(np.unique(shapes, axis=0)),
+        "padding_fraction": round(1 - int(lengths.sum()) / padded, 4),
         "real_tokens_per_batch_and_side": round(int(lengths.sum()) / 2 / sampler.num_batches, 1),
         "seconds": round(time.perf_counter() - started, 2),
     }
 
 
-def make_batches(lengths: np.ndarray, max_tokens: int, vocab_size: int, count: int, device, seed: int,
-                 epoch: int = 0, pad_to_buckets: bool = True) -> list[dict]:
+def make_batches(
+    lengths: np.ndarray,
+    max_tokens: int,
+    vocab_size: int,
+    count: int,
+    device,
+    seed: int,
+    epoch: int = 0,
+    pad_to_buckets: bool = True,
+) -> list[dict]:
     """``count`` token batches as TokenBatchSampler packs them (epoch ``epoch``'s order), random ids padded
     to the batch's shape (its bucket's with ``pad_to_buckets``, by `PadToBucket`), as the Trainer's data
     loader pads them."""
@@ -186,8 +214,11 @@ def make_batches(lengths: np.ndarray, max_tokens: int, vocab_size: int, count: i
         attention_mask = torch.arange(int(source.max())) < source[:, None]
         labels = torch.randint(4, vocab_size, (len(indices), int(target.max())), generator=generator)
         input_ids = torch.randint(4, vocab_size, attention_mask.shape, generator=generator)
-        return {"input_ids": input_ids.masked_fill(~attention_mask, 0), "attention_mask": attention_mask.long(),
-                "labels": labels.masked_fill(torch.arange(labels.shape[1]) >= target[:, None], -100)}
+        return {
+            "input_ids": input_ids.masked_fill(~attention_mask, 0),
+            "attention_mask": attention_mask.long(),
+            "labels": labels.masked_fill(torch.arange(labels.shape[1]) >= target[:, None], -100),
+        }
 
     pad = PadToBucket(collate, pad_token_id=0, max_tokens=max_tokens) if pad_to_buckets else collate
     batches = []
@@ -216,14 +247,28 @@ def marian_of(config: VanillaTransformerConfig):
     """A MarianMTModel of the same shape (post-LN, sinusoidal positions, one shared vocabulary)."""
     from transformers import MarianConfig, MarianMTModel
 
-    return MarianMTModel(MarianConfig(
-        vocab_size=config.vocab_size, d_model=config.d_model, encoder_layers=config.encoder_layers,
-        decoder_layers=config.decoder_layers, encoder_attention_heads=config.encoder_attention_heads,
-        decoder_attention_heads=config.decoder_attention_heads, encoder_ffn_dim=config.encoder_ffn_dim,
-        decoder_ffn_dim=config.decoder_ffn_dim, activation_function="relu", dropout=config.dropout,
-        attention_dropout=0.0, activation_dropout=0.0, max_position_embeddings=1024, scale_embedding=True,
-        pad_token_id=0, eos_token_id=2, decoder_start_token_id=0, forced_eos_token_id=None,
-    ))
+    return MarianMTModel(
+        MarianConfig(
+            vocab_size=config.vocab_size,
+            d_model=config.d_model,
+            encoder_layers=config.encoder_layers,
+            decoder_layers=config.decoder_layers,
+            encoder_attention_heads=config.encoder_attention_heads,
+            decoder_attention_heads=config.decoder_attention_heads,
+            encoder_ffn_dim=config.encoder_ffn_dim,
+            decoder_ffn_dim=config.decoder_ffn_dim,
+            activation_function="relu",
+            dropout=config.dropout,
+            attention_dropout=0.0,
+            activation_dropout=0.0,
+            max_position_embeddings=1024,
+            scale_embedding=True,
+            pad_token_id=0,
+            eos_token_id=2,
+            decoder_start_token_id=0,
+            forced_eos_token_id=None,
+        )
+    )
 
 
 class Trainee:
@@ -231,8 +276,14 @@ class Trainee:
 
     def __init__(self, model, mode: str, args):
         self.model, self.args = model.to(args.device).train(), args
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9,
-                                           weight_decay=0.0, fused=args.device.startswith("cuda"))
+        self.optimizer = torch.optim.AdamW(
+            self.model.parameters(),
+            lr=1e-4,
+            betas=(0.9, 0.98),
+            eps=1e-9,
+            weight_decay=0.0,
+            fused=args.device.startswith("cuda"),
+        )
         self.forward = torch.compile(self.model, dynamic=False) if mode == "compiled" else self.model
 
     def step(self, batch: dict) -> float:
@@ -240,10 +291,16 @@ class Trainee:
         synchronize(self.args.device)
         started = time.perf_counter()
         decoder_input_ids = self.model.prepare_decoder_input_ids_from_labels(batch["labels"])
-        with torch.autocast(device_type=self.args.device.split(":")[0], dtype=DTYPES[self.args.dtype],
-                            enabled=self.args.dtype != "float32"):
-            logits = self.forward(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                  decoder_input_ids=decoder_input_ids).logits
+        with torch.autocast(
+            device_type=self.args.device.split(":")[0],
+            dtype=DTYPES[self.args.dtype],
+            enabled=self.args.dtype != "float32",
+        ):
+            logits = self.forward(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                decoder_input_ids=decoder_input_ids,
+            ).logits
             loss = label_smoothed_cross_entropy(logits, batch["labels"], (batch["labels"] != -100).sum(), 0.1)
         loss.backward()
         self.optimizer.step()
@@ -259,41 +316,61 @@ def measure_training(preset: str, mode: str, args) -> dict:
     config = config_of(preset, args)
     if mode == "compiled":
         allow_recompiles(args.warmup + args.steps)  # static shapes, one graph per bucket shape (as --torch_compile)
-    models = {"ours": Trainee(VanillaTransformerForConditionalGeneration(config), mode, args),
-              "marian": Trainee(marian_of(config), mode, args)}
+    models = {
+        "ours": Trainee(VanillaTransformerForConditionalGeneration(config), mode, args),
+        "marian": Trainee(marian_of(config), mode, args),
+    }
     # train.py's batches: padded to bucket shapes under torch.compile only (--pad_to_buckets auto)
-    batches = make_batches(synthetic_lengths(200_000, args.seed), args.max_tokens, args.vocab_size,
-                           args.warmup + args.steps, args.device, args.seed, pad_to_buckets=mode == "compiled")
+    batches = make_batches(
+        synthetic_lengths(200_000, args.seed),
+        args.max_tokens,
+        args.vocab_size,
+        args.warmup + args.steps,
+        args.device,
+        args.seed,
+        pad_to_buckets=mode == "compiled",
+    )
     for batch in batches[: args.warmup]:  # lazy initialisation, and the shapes these batches bring
         for model in models.values():
             model.step(batch)
-    timed = batches[args.warmup:]
+    timed = batches[args.warmup :]
     if args.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
     times = {(name, phase): [] for name in models for phase in ("unseen", "steady")}
     for phase in ("unseen", "steady"):  # the second pass sees every shape again
         for index, batch in enumerate(timed):
-            for name in (("ours", "marian") if index % 2 == 0 else ("marian", "ours")):  # alternating
+            for name in ("ours", "marian") if index % 2 == 0 else ("marian", "ours"):  # alternating
                 times[name, phase].append(models[name].step(batch))
     source_tokens = sum(sum(b["lengths"][0]) for b in timed)
     target_tokens = sum(sum(b["lengths"][1]) for b in timed)
     flops = sum(training_flops(config, *b["lengths"]) for b in timed)
     peak = peak_tflops(args)
-    result = {"what": "training", "preset": preset, "mode": mode, "dtype": args.dtype, "max_tokens": args.max_tokens,
-              "parameters": models["ours"].model.num_parameters(), "steps": len(timed),
-              "distinct_shapes": len({(*b["input_ids"].shape, b["labels"].shape[1]) for b in timed}),
-              "padding_fraction": 1 - (source_tokens + target_tokens) / sum(
-                  b["input_ids"].numel() + b["labels"].numel() for b in timed)}
+    result = {
+        "what": "training",
+        "preset": preset,
+        "mode": mode,
+        "dtype": args.dtype,
+        "max_tokens": args.max_tokens,
+        "parameters": models["ours"].model.num_parameters(),
+        "steps": len(timed),
+        "distinct_shapes": len({(*b["input_ids"].shape, b["labels"].shape[1]) for b in timed}),
+        "padding_fraction": 1
+        - (source_tokens + target_tokens) / sum(b["input_ids"].numel() + b["labels"].numel() for b in timed),
+    }
     for (name, phase), seconds in times.items():
         total = sum(seconds)
         result[f"{name}_{phase}"] = {
-            "target_tokens_per_second": target_tokens / total, "tokens_per_second": (source_tokens + target_tokens) / total,
-            "median_step_seconds": statistics.median(seconds), "worst_step_seconds": max(seconds),
+            "target_tokens_per_second": target_tokens / total,
+            "tokens_per_second": (source_tokens + target_tokens) / total,
+            "median_step_seconds": statistics.median(seconds),
+            "worst_step_seconds": max(seconds),
             "mfu": flops / total / (peak * 1e12) if peak else None,
         }
     ratios = sorted(m / o for m, o in zip(times["marian", "steady"], times["ours", "steady"]))
-    result["marian_over_ours_steady"] = {"median": statistics.median(ratios),
-                                         "quartiles": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]]}
+    result["marian_over_ours_steady"] = {
+        "median": statistics.median(ratios),
+        "quartiles": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]],
+    }
     result["unseen_over_steady_ours"] = sum(times["ours", "unseen"]) / sum(times["ours", "steady"])
     # kept for readers of earlier results: ours at steady state
     result["target_tokens_per_second"] = result["ours_steady"]["target_tokens_per_second"]
@@ -308,8 +385,9 @@ def measure_training(preset: str, mode: str, args) -> dict:
 LEVERS = {
     "compile_layers": dict(compile="layers", flags=["--compile_layers"]),
     "fused_loss chunked": dict(loss="chunked", flags=["--fused_loss chunked"]),
-    "compile_layers + fused_loss chunked": dict(compile="layers", loss="chunked",
-                                                flags=["--compile_layers", "--fused_loss chunked"]),
+    "compile_layers + fused_loss chunked": dict(
+        compile="layers", loss="chunked", flags=["--compile_layers", "--fused_loss chunked"]
+    ),
     "training_attention cudnn": dict(attention="cudnn", flags=["--training_attention"]),
     "training_attention efficient": dict(attention="efficient", flags=["--training_attention"]),
     "training_attention flash": dict(attention="flash", flags=["--training_attention"]),
@@ -327,8 +405,16 @@ class LeverTrainee(Trainee):
     """A Trainee whose step takes a lever: compiled layers or model, CUDA graphs, a fused loss, float8
     linears, the attention kernel of training; the same loss as train.py's (`levers.training_loss`)."""
 
-    def __init__(self, model, args, compile: str | None = None, loss: str = "none", fp8: bool = False,
-                 attention: str = "default", flags=()):
+    def __init__(
+        self,
+        model,
+        args,
+        compile: str | None = None,
+        loss: str = "none",
+        fp8: bool = False,
+        attention: str = "default",
+        flags=(),
+    ):
         from vanilla_transformer.training import levers
 
         self.levers, self.loss_kind, self.attention, self.compile = levers, loss, attention, compile
@@ -342,8 +428,9 @@ class LeverTrainee(Trainee):
             levers.compile_layers(self.model)
         elif compile in ("model", "cuda_graphs"):
             allow_recompiles(4 * args.lever_steps)
-            self.forward = torch.compile(target, dynamic=False,
-                                         mode="reduce-overhead" if compile == "cuda_graphs" else None)
+            self.forward = torch.compile(
+                target, dynamic=False, mode="reduce-overhead" if compile == "cuda_graphs" else None
+            )
 
     def step(self, batch: dict) -> float:
         from vanilla_transformer import attention_backends
@@ -364,13 +451,25 @@ class LeverTrainee(Trainee):
         return time.perf_counter() - started
 
     def loss(self, batch: dict, training: bool = True) -> torch.Tensor:
-        inputs = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"],
-                  "decoder_input_ids": self.model.prepare_decoder_input_ids_from_labels(batch["labels"])}
-        with torch.autocast(device_type=self.args.device.split(":")[0], dtype=DTYPES[self.args.dtype],
-                            enabled=self.args.dtype != "float32"):
-            return self.levers.training_loss(self.model, inputs, batch["labels"], None, 0.1,
-                                             self.loss_kind if training else "none",
-                                             self.forward if training else None)
+        inputs = {
+            "input_ids": batch["input_ids"],
+            "attention_mask": batch["attention_mask"],
+            "decoder_input_ids": self.model.prepare_decoder_input_ids_from_labels(batch["labels"]),
+        }
+        with torch.autocast(
+            device_type=self.args.device.split(":")[0],
+            dtype=DTYPES[self.args.dtype],
+            enabled=self.args.dtype != "float32",
+        ):
+            return self.levers.training_loss(
+                self.model,
+                inputs,
+                batch["labels"],
+                None,
+                0.1,
+                self.loss_kind if training else "none",
+                self.forward if training else None,
+            )
 
 
 def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
@@ -386,8 +485,14 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
     config = config_of(preset, args)
     template = VanillaTransformerForConditionalGeneration(config)  # every row starts from these weights
     marian = Trainee(marian_of(config), "eager", args)
-    batches = make_batches(synthetic_lengths(200_000, args.seed), args.max_tokens, args.vocab_size,
-                           args.lever_steps, args.device, args.seed)
+    batches = make_batches(
+        synthetic_lengths(200_000, args.seed),
+        args.max_tokens,
+        args.vocab_size,
+        args.lever_steps,
+        args.device,
+        args.seed,
+    )
     target_tokens = sum(sum(b["lengths"][1]) for b in batches)
     for batch in batches[:2]:  # Marian's lazy initialisation
         marian.step(batch)
@@ -410,51 +515,82 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
         try:
             with time_limit(limit - spent - LEVER_GRACE_SECONDS):  # the rows so far stay
                 plain = LeverTrainee(copy.deepcopy(template), args)
-                trainee = LeverTrainee(copy.deepcopy(template), args,
-                                   **{k: v for k, v in lever.items() if k not in ("flags", "presets")})
-                times = {key: [] for key in ("lever first", "lever steady", "plain first", "plain steady", "marian steady")}
+                trainee = LeverTrainee(
+                    copy.deepcopy(template), args, **{k: v for k, v in lever.items() if k not in ("flags", "presets")}
+                )
+                times = {
+                    key: [] for key in ("lever first", "lever steady", "plain first", "plain steady", "marian steady")
+                }
                 for phase in ("first", "steady"):
                     for index, batch in enumerate(batches):
                         order = [("lever", trainee), ("plain", plain), ("marian", marian)]
-                        for who, model in (order if index % 2 == 0 else order[::-1]):
+                        for who, model in order if index % 2 == 0 else order[::-1]:
                             if who != "marian" or phase == "steady":
                                 torch.manual_seed(args.seed + index)  # the same dropout for lever and plain
                                 times[f"{who} {phase}"].append(model.step(batch))
                 with torch.no_grad():
                     trainee.model.eval(), plain.model.eval()
                     losses = [float(model.loss(batches[0], training=False)) for model in (trainee, plain)]
-                memory = {who: step_peak_gib(model, batches, args) for who, model in (("lever", trainee), ("plain", plain))}
+                memory = {
+                    who: step_peak_gib(model, batches, args) for who, model in (("lever", trainee), ("plain", plain))
+                }
         except Exception as error:
             if out_of_time(error):
-                rows.append({"lever": name, "skipped": str(out_of_time(error)),
-                             "seconds": round(time.perf_counter() - row_started, 1)})
+                rows.append(
+                    {
+                        "lever": name,
+                        "skipped": str(out_of_time(error)),
+                        "seconds": round(time.perf_counter() - row_started, 1),
+                    }
+                )
                 continue
-            rows.append({"lever": name, "error": f"{type(error).__name__}: {error}",
-                         "seconds": round(time.perf_counter() - row_started, 1)})
+            rows.append(
+                {
+                    "lever": name,
+                    "error": f"{type(error).__name__}: {error}",
+                    "seconds": round(time.perf_counter() - row_started, 1),
+                }
+            )
             print(json.dumps(rows[-1]), flush=True)
             continue
         finally:
             trainee = plain = None
-        ratios = sorted(l / p for l, p in zip(times["lever steady"], times["plain steady"]))
-        row = {"lever": name, "flags": lever["flags"], "seconds": round(time.perf_counter() - row_started, 1),
-               "first_pass_target_tokens_per_second": target_tokens / sum(times["lever first"]),
-               "steady_target_tokens_per_second": target_tokens / sum(times["lever steady"]),
-               "warmup_seconds": sum(times["lever first"]) - sum(times["lever steady"]),
-               "plain_steady_target_tokens_per_second": target_tokens / sum(times["plain steady"]),
-               "marian_steady_target_tokens_per_second": target_tokens / sum(times["marian steady"]),
-               "lever_time_over_plain": {"median": statistics.median(ratios),
-                                         "quartiles": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]]},
-               "loss_after": losses[0], "plain_loss_after": losses[1], "updates": 2 * len(batches),
-               "step_peak_gib": memory["lever"], "plain_step_peak_gib": memory["plain"]}
+        ratios = sorted(lever / plain for lever, plain in zip(times["lever steady"], times["plain steady"]))
+        row = {
+            "lever": name,
+            "flags": lever["flags"],
+            "seconds": round(time.perf_counter() - row_started, 1),
+            "first_pass_target_tokens_per_second": target_tokens / sum(times["lever first"]),
+            "steady_target_tokens_per_second": target_tokens / sum(times["lever steady"]),
+            "warmup_seconds": sum(times["lever first"]) - sum(times["lever steady"]),
+            "plain_steady_target_tokens_per_second": target_tokens / sum(times["plain steady"]),
+            "marian_steady_target_tokens_per_second": target_tokens / sum(times["marian steady"]),
+            "lever_time_over_plain": {
+                "median": statistics.median(ratios),
+                "quartiles": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]],
+            },
+            "loss_after": losses[0],
+            "plain_loss_after": losses[1],
+            "updates": 2 * len(batches),
+            "step_peak_gib": memory["lever"],
+            "plain_step_peak_gib": memory["plain"],
+        }
         if name == "plain":
             plain_row = row
         rows.append(row)
         print(json.dumps(row), flush=True)
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
-    return {"what": "levers", "preset": preset, "dtype": args.dtype, "max_tokens": args.max_tokens,
-            "batches": len(batches), "distinct_shapes": len({(*b["input_ids"].shape, b["labels"].shape[1]) for b in batches}),
-            "plain": plain_row, "rows": rows}
+    return {
+        "what": "levers",
+        "preset": preset,
+        "dtype": args.dtype,
+        "max_tokens": args.max_tokens,
+        "batches": len(batches),
+        "distinct_shapes": len({(*b["input_ids"].shape, b["labels"].shape[1]) for b in batches}),
+        "plain": plain_row,
+        "rows": rows,
+    }
 
 
 def step_peak_gib(trainee, batches: list[dict], args) -> float | None:
@@ -471,8 +607,20 @@ def step_peak_gib(trainee, batches: list[dict], args) -> float | None:
     return (torch.cuda.max_memory_allocated() - before) / 2**30
 
 
-DECODING_SHAPES = {"multi30k": ("base", dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4,
-                                             decoder_attention_heads=4, encoder_ffn_dim=1024, decoder_ffn_dim=1024))}
+DECODING_SHAPES = {
+    "multi30k": (
+        "base",
+        dict(
+            d_model=256,
+            encoder_layers=3,
+            decoder_layers=3,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=1024,
+            decoder_ffn_dim=1024,
+        ),
+    )
+}
 
 
 def config_of(preset: str, args) -> VanillaTransformerConfig:
@@ -501,10 +649,17 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
     with tempfile.TemporaryDirectory() as folder:
         ctranslate2 = ctranslate2_decoder(ours, sources, args, Path(folder)) if mode == "eager" else None
         models = {"ours": ours.to(args.device, dtype), "marian": marian.to(args.device, dtype)}
-        inputs = {"input_ids": source.masked_fill(attention_mask == 0, 0).to(args.device),
-                  "attention_mask": attention_mask.to(args.device)}
-        settings = dict(num_beams=4, length_penalty=0.6, max_new_tokens=args.decode_tokens,
-                        min_new_tokens=args.decode_tokens, early_stopping=True)
+        inputs = {
+            "input_ids": source.masked_fill(attention_mask == 0, 0).to(args.device),
+            "attention_mask": attention_mask.to(args.device),
+        }
+        settings = dict(
+            num_beams=4,
+            length_penalty=0.6,
+            max_new_tokens=args.decode_tokens,
+            min_new_tokens=args.decode_tokens,
+            early_stopping=True,
+        )
         if mode == "compiled":
             settings["cache_implementation"] = "static"
             for model in models.values():
@@ -515,7 +670,7 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
         times, outputs = {name: [] for name in runs}, {}
         with torch.inference_mode():
             for repeat in range(args.decode_repeats + 1):  # the first call compiles / warms up
-                for name in (list(runs) if repeat % 2 == 0 else list(reversed(runs))):  # alternating
+                for name in list(runs) if repeat % 2 == 0 else list(reversed(runs)):  # alternating
                     synchronize(args.device)
                     started = time.perf_counter()
                     outputs[name] = runs[name]()
@@ -524,8 +679,14 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
                         times[name].append(time.perf_counter() - started)
     seconds = {name: statistics.median(values) for name, values in times.items()}
     result = {
-        "what": "decoding", "preset": preset, "mode": mode, "dtype": args.dtype, "beams": 4,
-        "sentences": len(lengths), "new_tokens": outputs["ours"].shape[1] - 1, "seconds": seconds["ours"],
+        "what": "decoding",
+        "preset": preset,
+        "mode": mode,
+        "dtype": args.dtype,
+        "beams": 4,
+        "sentences": len(lengths),
+        "new_tokens": outputs["ours"].shape[1] - 1,
+        "seconds": seconds["ours"],
         "sentences_per_second": len(lengths) / seconds["ours"],
         "target_tokens_per_second": len(lengths) * args.decode_tokens / seconds["ours"],
         "marian_sentences_per_second": len(lengths) / seconds["marian"],
@@ -534,10 +695,12 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
     if ctranslate2 is not None:
         if "ctranslate2" in seconds:
             hypotheses = ctranslate2.pop("ids")(outputs["ctranslate2"])
-            ctranslate2.update(sentences_per_second=len(lengths) / seconds["ctranslate2"],
-                               ours_over_ctranslate2=seconds["ctranslate2"] / seconds["ours"],
-                               equal_to_ours=sum(h == o for h, o in zip(hypotheses, outputs["ours"][:, 1:].tolist())),
-                               sentences=len(lengths))
+            ctranslate2.update(
+                sentences_per_second=len(lengths) / seconds["ctranslate2"],
+                ours_over_ctranslate2=seconds["ctranslate2"] / seconds["ours"],
+                equal_to_ours=sum(h == o for h, o in zip(hypotheses, outputs["ours"][:, 1:].tolist())),
+                sentences=len(lengths),
+            )
         result["ctranslate2"] = ctranslate2
     return result
 
@@ -555,25 +718,41 @@ def ctranslate2_decoder(model, sources: list[list[int]], args, folder: Path) -> 
     try:
         supported = ctranslate2.get_supported_compute_types(device)
     except Exception as error:  # e.g. a wheel built without CUDA
-        return {"skipped": f"ctranslate2 {ctranslate2.__version__} does not run on {device}: "
-                           f"{type(error).__name__}: {error}"}
+        return {
+            "skipped": f"ctranslate2 {ctranslate2.__version__} does not run on {device}: "
+            f"{type(error).__name__}: {error}"
+        }
     compute_type = "float16" if "float16" in supported else "float32"
     try:
         from vanilla_transformer.convert import to_ctranslate2
 
         tokenizer = word_level_tokenizer(model.config.vocab_size)
         to_ctranslate2(model, folder / "ctranslate2", tokenizer=tokenizer)
-        translator = ctranslate2.Translator(str(folder / "ctranslate2"), device=device, compute_type=compute_type,
-                                            **({"intra_threads": torch.get_num_threads()} if device == "cpu" else {}))
+        translator = ctranslate2.Translator(
+            str(folder / "ctranslate2"),
+            device=device,
+            compute_type=compute_type,
+            **({"intra_threads": torch.get_num_threads()} if device == "cpu" else {}),
+        )
     except Exception as error:
-        return {"skipped": f"export to or loading in CTranslate2 failed: {type(error).__name__}: {error}",
-                "compute_type": compute_type}
+        return {
+            "skipped": f"export to or loading in CTranslate2 failed: {type(error).__name__}: {error}",
+            "compute_type": compute_type,
+        }
     pieces = [tokenizer.convert_ids_to_tokens(ids) for ids in sources]
-    settings = dict(beam_size=4, length_penalty=0.6, max_decoding_length=args.decode_tokens,
-                    min_decoding_length=args.decode_tokens, return_end_token=True)
-    return {"compute_type": compute_type, "version": ctranslate2.__version__,
-            "translate": lambda: translator.translate_batch(pieces, **settings),
-            "ids": lambda results: [tokenizer.convert_tokens_to_ids(r.hypotheses[0]) for r in results]}
+    settings = dict(
+        beam_size=4,
+        length_penalty=0.6,
+        max_decoding_length=args.decode_tokens,
+        min_decoding_length=args.decode_tokens,
+        return_end_token=True,
+    )
+    return {
+        "compute_type": compute_type,
+        "version": ctranslate2.__version__,
+        "translate": lambda: translator.translate_batch(pieces, **settings),
+        "ids": lambda results: [tokenizer.convert_tokens_to_ids(r.hypotheses[0]) for r in results],
+    }
 
 
 def word_level_tokenizer(size: int):
@@ -582,8 +761,12 @@ def word_level_tokenizer(size: int):
     from transformers import PreTrainedTokenizerFast
 
     vocab = {"<pad>": 0, "<unk>": 1, "</s>": 2, **{f"t{index}": index for index in range(3, size)}}
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
-                                   pad_token="<pad>", unk_token="<unk>", eos_token="</s>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
+        pad_token="<pad>",
+        unk_token="<unk>",
+        eos_token="</s>",
+    )
 
 
 WORDS = [f"w{index}" for index in range(3000)]
@@ -613,7 +796,7 @@ def write_synthetic_text(folder: Path, pairs: int, seed: int, words: list[str] =
         counts = lengths[:, side] - 1  # + </s>
         drawn = vocabulary[rng.integers(0, len(vocabulary), size=int(counts.sum()))]
         ends = np.cumsum(counts)
-        lines = (" ".join(drawn[end - count:end]) for count, end in zip(counts.tolist(), ends.tolist()))
+        lines = (" ".join(drawn[end - count : end]) for count, end in zip(counts.tolist(), ends.tolist()))
         (folder / name).write_text("".join(line + "\n" for line in lines), encoding="utf-8")
     return ["--train_source_file", str(folder / "train.src"), "--train_target_file", str(folder / "train.tgt")]
 
@@ -647,8 +830,11 @@ class RawStepTimer:
         started = time.perf_counter()
         labels = batch["labels"]
         with self.trainer.autocast_smart_context_manager():
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           decoder_input_ids=batch["decoder_input_ids"]).logits
+            logits = model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                decoder_input_ids=batch["decoder_input_ids"],
+            ).logits
             loss = label_smoothed_cross_entropy(logits, labels, (labels != -100).sum(), args.label_smoothing_factor)
         loss.backward()
         optimizer.step()
@@ -665,11 +851,32 @@ def measure_loop(preset: str, args) -> dict:
 
     with tempfile.TemporaryDirectory() as folder:
         flags = write_synthetic_text(Path(folder), pairs=4000, seed=args.seed) + [
-            "--preset", preset, "--tokenizer_vocab_size", "4000", "--output_dir", str(Path(folder) / "run"),
-            "--max_tokens", str(args.max_tokens), "--max_steps", str(args.loop_steps), "--ema_decay", "0.998",
-            "--max_train_minutes", "60", "--logging_steps", "50", "--save_strategy", "no", "--report_to", "none",
-            "--disable_tqdm", "true", "--seed", str(args.seed),
-            *(["--use_cpu"] if args.device == "cpu" else []), *(["--bf16", "true"] if args.dtype == "bfloat16" else []),
+            "--preset",
+            preset,
+            "--tokenizer_vocab_size",
+            "4000",
+            "--output_dir",
+            str(Path(folder) / "run"),
+            "--max_tokens",
+            str(args.max_tokens),
+            "--max_steps",
+            str(args.loop_steps),
+            "--ema_decay",
+            "0.998",
+            "--max_train_minutes",
+            "60",
+            "--logging_steps",
+            "50",
+            "--save_strategy",
+            "no",
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "true",
+            "--seed",
+            str(args.seed),
+            *(["--use_cpu"] if args.device == "cpu" else []),
+            *(["--bf16", "true"] if args.dtype == "bfloat16" else []),
         ]
         run = build_trainer(*parse_arguments(flags))
         trainer = run.trainer
@@ -681,10 +888,16 @@ def measure_loop(preset: str, args) -> dict:
         trainer.add_callback(timer)
         trainer.train()
     loop, raw = statistics.median(timer.loop), statistics.median(timer.raw)
-    ratios = sorted(l / r for l, r in zip(timer.loop, timer.raw))
+    ratios = sorted(looped / raw for looped, raw in zip(timer.loop, timer.raw))
     return {
-        "what": "loop", "preset": preset, "dtype": args.dtype, "max_tokens": args.max_tokens, "updates": len(timer.loop),
-        "loop_seconds_per_update": loop, "raw_step_seconds": raw, "loop_over_raw": loop / raw,
+        "what": "loop",
+        "preset": preset,
+        "dtype": args.dtype,
+        "max_tokens": args.max_tokens,
+        "updates": len(timer.loop),
+        "loop_seconds_per_update": loop,
+        "raw_step_seconds": raw,
+        "loop_over_raw": loop / raw,
         "loop_over_raw_quartiles": [ratios[len(ratios) // 4], ratios[(3 * len(ratios)) // 4]],
     }
 
@@ -705,11 +918,30 @@ def measure_train_run(preset: str, args) -> dict:
         flags = write_synthetic_text(Path(folder), pairs=args.train_run_pairs, seed=args.seed, words=words)
         text_seconds = time.perf_counter() - started
         flags += [
-            "--preset", preset, "--tokenizer_vocab_size", str(vocab), "--output_dir", str(Path(folder) / "run"),
-            "--max_tokens", str(args.max_tokens), "--max_train_minutes", str(args.train_run_minutes),
-            "--max_steps", "1000000", "--logging_steps", "50", "--save_strategy", "no", "--report_to", "none",
-            "--disable_tqdm", "true", "--seed", str(args.seed),
-            *(["--use_cpu"] if args.device == "cpu" else []), *(["--bf16", "true"] if bf16_supported(args) else []),
+            "--preset",
+            preset,
+            "--tokenizer_vocab_size",
+            str(vocab),
+            "--output_dir",
+            str(Path(folder) / "run"),
+            "--max_tokens",
+            str(args.max_tokens),
+            "--max_train_minutes",
+            str(args.train_run_minutes),
+            "--max_steps",
+            "1000000",
+            "--logging_steps",
+            "50",
+            "--save_strategy",
+            "no",
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "true",
+            "--seed",
+            str(args.seed),
+            *(["--use_cpu"] if args.device == "cpu" else []),
+            *(["--bf16", "true"] if bf16_supported(args) else []),
         ]
         with PhaseClock(run) as clock:
             run.main(flags)
@@ -728,15 +960,23 @@ def measure_train_run(preset: str, args) -> dict:
     tokens_per_second = metrics["train_target_tokens_per_second"]
     peak = peak_tflops(args)
     return {
-        "what": "train_run", "preset": preset, "dtype": "bfloat16" if bf16_supported(args) else "float32",
-        "max_tokens": args.max_tokens, "minutes": args.train_run_minutes, "pairs": args.train_run_pairs,
-        "vocab_size": config.vocab_size, "updates": updates,
-        "train_runtime": metrics["train_runtime"], "train_target_tokens": metrics["train_target_tokens"],
-        "target_tokens_per_second": tokens_per_second, "flops_per_target_token": flops_per_target_token,
+        "what": "train_run",
+        "preset": preset,
+        "dtype": "bfloat16" if bf16_supported(args) else "float32",
+        "max_tokens": args.max_tokens,
+        "minutes": args.train_run_minutes,
+        "pairs": args.train_run_pairs,
+        "vocab_size": config.vocab_size,
+        "updates": updates,
+        "train_runtime": metrics["train_runtime"],
+        "train_target_tokens": metrics["train_target_tokens"],
+        "target_tokens_per_second": tokens_per_second,
+        "flops_per_target_token": flops_per_target_token,
         "mean_source_tokens": sum(source_lengths) / len(source_lengths),
         "mean_target_tokens": sum(target_lengths) / len(target_lengths),
         "mfu": tokens_per_second * flops_per_target_token / (peak * 1e12) if peak else None,
-        "phase_seconds": clock.seconds(), "text_seconds": text_seconds,
+        "phase_seconds": clock.seconds(),
+        "text_seconds": text_seconds,
     }
 
 
@@ -746,8 +986,13 @@ class PhaseClock:
     a clock while the run lasts, and a callback on its trainer times the first update and the rest of
     training. A phase whose step the run module no longer has by that name is reported as missing, not guessed."""
 
-    STEPS = {"data": "load_text_datasets", "tokenizer": "prepare_tokenizer", "tokenization": "tokenize_pairs",
-             "model": "prepare_model", "save": "save_final_model"}
+    STEPS = {
+        "data": "load_text_datasets",
+        "tokenizer": "prepare_tokenizer",
+        "tokenization": "tokenize_pairs",
+        "model": "prepare_model",
+        "save": "save_final_model",
+    }
     PHASES = ("data", "tokenizer", "tokenization", "model", "first update", "training", "save")
 
     def __init__(self, module):
@@ -766,6 +1011,7 @@ class PhaseClock:
                 built = build_trainer(*args, **kwargs)
                 built.trainer.add_callback(self)
                 return built
+
             self.module.build_trainer = with_callback
         return self
 
@@ -781,6 +1027,7 @@ class PhaseClock:
                 return function(*args, **kwargs)
             finally:
                 self.spent[phase] = self.spent.get(phase, 0.0) + time.perf_counter() - started
+
         return timed
 
     def __getattr__(self, name):  # the TrainerCallback events this clock does not use
@@ -827,24 +1074,37 @@ def measure_profile(preset: str, args, top: int = 12) -> dict:
     torch.manual_seed(args.seed)
     config = config_of(preset, args)
     trainee = LeverTrainee(VanillaTransformerForConditionalGeneration(config), args)
-    batches = make_batches(synthetic_lengths(20_000, args.seed), args.max_tokens, args.vocab_size, 6, args.device,
-                           args.seed)
+    batches = make_batches(
+        synthetic_lengths(20_000, args.seed), args.max_tokens, args.vocab_size, 6, args.device, args.seed
+    )
     largest = max(batches, key=lambda b: b["input_ids"].numel() + b["labels"].numel())
     for batch in (largest, largest):
         trainee.step(batch)
     with profile(activities=activities) as update:
         update_seconds = trainee.step(largest)
-    result = {"what": "profile", "preset": preset, "dtype": args.dtype, "device": args.device,
-              "update": {"batch_shape": [*largest["input_ids"].shape, largest["labels"].shape[1]],
-                         "seconds": update_seconds, **profile_summary(update, cuda, update_seconds, top)}}
+    result = {
+        "what": "profile",
+        "preset": preset,
+        "dtype": args.dtype,
+        "device": args.device,
+        "update": {
+            "batch_shape": [*largest["input_ids"].shape, largest["labels"].shape[1]],
+            "seconds": update_seconds,
+            **profile_summary(update, cuda, update_seconds, top),
+        },
+    }
 
     model = trainee.model.eval()
     rows = args.decode_batch * 4  # beam 4
     source = batches[0]["input_ids"][:1].repeat(rows, 1)
     mask = batches[0]["attention_mask"][:1].repeat(rows, 1)
     start = torch.full((rows, 1), config.decoder_start_token_id, device=args.device)
-    with torch.inference_mode(), torch.autocast(device_type=args.device.split(":")[0], dtype=DTYPES[args.dtype],
-                                                enabled=args.dtype != "float32"):
+    with (
+        torch.inference_mode(),
+        torch.autocast(
+            device_type=args.device.split(":")[0], dtype=DTYPES[args.dtype], enabled=args.dtype != "float32"
+        ),
+    ):
         first = model(input_ids=source, attention_mask=mask, decoder_input_ids=start, use_cache=True)
         encoder = BaseModelOutput(last_hidden_state=first.encoder_last_hidden_state)
         cache = getattr(first, CACHE)
@@ -856,8 +1116,12 @@ def measure_profile(preset: str, args, top: int = 12) -> dict:
             model(**step, **{CACHE: cache})
             synchronize(args.device)
             decode_seconds = time.perf_counter() - began
-    result["decoding_step"] = {"rows": rows, "cached_positions": 2, "seconds": decode_seconds,
-                               **profile_summary(decode, cuda, decode_seconds, top)}
+    result["decoding_step"] = {
+        "rows": rows,
+        "cached_positions": 2,
+        "seconds": decode_seconds,
+        **profile_summary(decode, cuda, decode_seconds, top),
+    }
     return result
 
 
@@ -866,11 +1130,16 @@ def profile_summary(profiler, cuda: bool, seconds: float, top: int) -> dict:
     averages = profiler.key_averages()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     if cuda:  # the device's own events (kernels), not the CPU operators that launched them
-        averages = [a for a in averages if getattr(a, "device_type", None) == torch.autograd.DeviceType.CUDA] or averages
+        averages = [
+            a for a in averages if getattr(a, "device_type", None) == torch.autograd.DeviceType.CUDA
+        ] or averages
     ranked = sorted(averages, key=lambda a: getattr(a, key), reverse=True)[:top]
-    summary = {"top": [{"name": a.key[:90], "calls": a.count, "ms": getattr(a, key) / 1e3} for a in ranked],
-               "ranked_by": "CUDA kernel self time" if cuda else "CPU operator self time",
-               "kernel_launches": None, "device_idle_seconds": None}
+    summary = {
+        "top": [{"name": a.key[:90], "calls": a.count, "ms": getattr(a, key) / 1e3} for a in ranked],
+        "ranked_by": "CUDA kernel self time" if cuda else "CPU operator self time",
+        "kernel_launches": None,
+        "device_idle_seconds": None,
+    }
     if cuda:
         kernels = [e for e in profiler.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         summary["kernel_launches"] = sum(1 for e in kernels if not e.name.startswith(("Memcpy", "Memset")))
@@ -906,8 +1175,15 @@ def machine(args) -> dict:
 # Seconds each measurement is expected to take for the big model on one H100 (guesses scaled from the H200
 # run of 2026-11-27); other models scale by SIZE. A measurement starts only where its estimate fits in what
 # is left of --budget-minutes, and is stopped where it runs past the budget (`time_limit`).
-ESTIMATE_SECONDS = {"training": 45, "training compiled": 200, "decoding": 30, "decoding compiled": 120,
-                    "loop": 45, "profile": 30, "levers": 120}
+ESTIMATE_SECONDS = {
+    "training": 45,
+    "training compiled": 200,
+    "decoding": 30,
+    "decoding compiled": 120,
+    "loop": 45,
+    "profile": 30,
+    "levers": 120,
+}
 SIZE = {"big": 1.0, "base": 0.6, "multi30k": 0.4}
 
 
@@ -938,8 +1214,11 @@ def time_limit(seconds: float):
     """Raise `OutOfTime` in the measurement once ``seconds`` have passed (SIGALRM: Python code, compilation
     included, stops at its next bytecode; a running kernel first finishes). No limit where infinite or
     where no alarm can be set (another thread, Windows)."""
-    if not math.isfinite(seconds) or not hasattr(signal, "setitimer") or \
-            threading.current_thread() is not threading.main_thread():
+    if (
+        not math.isfinite(seconds)
+        or not hasattr(signal, "setitimer")
+        or threading.current_thread() is not threading.main_thread()
+    ):
         yield
         return
 
@@ -996,7 +1275,9 @@ def main(argv=None) -> list[dict]:
         print(json.dumps(result), flush=True)
         return [result]
     if args.loop:
-        results = [{"what": "machine", **machine(args)}] + [measure_loop(preset, args) for preset in args.presets.split(",")]
+        results = [{"what": "machine", **machine(args)}] + [
+            measure_loop(preset, args) for preset in args.presets.split(",")
+        ]
         for result in results:
             print(json.dumps(result), flush=True)
         return results
@@ -1014,8 +1295,12 @@ def main(argv=None) -> list[dict]:
             left /= sum(1 for job in jobs[number:] if job[0] == "levers")
         estimate = estimate_seconds(what, preset, mode, args)
         if estimate > left:
-            result = {"what": what, "preset": preset, "mode": mode,
-                      "skipped": f"expected to take {estimate:.0f} s, {max(left, 0):.0f} s of the budget left"}
+            result = {
+                "what": what,
+                "preset": preset,
+                "mode": mode,
+                "skipped": f"expected to take {estimate:.0f} s, {max(left, 0):.0f} s of the budget left",
+            }
         else:
             job_started = time.perf_counter()
             try:
@@ -1045,14 +1330,16 @@ def write_results(results: list[dict], output: str) -> None:
     path.with_suffix(".md").write_text(markdown_table(results), encoding="utf-8")
 
 
-MEASURES.update({
-    "training": lambda preset, mode, args, limit: measure_training(preset, mode, args),
-    "decoding": lambda preset, mode, args, limit: measure_decoding(preset, mode, args),
-    "loop": lambda preset, mode, args, limit: measure_loop(preset, args),
-    "train_run": lambda preset, mode, args, limit: measure_train_run(preset, args),
-    "profile": lambda preset, mode, args, limit: measure_profile(preset, args),
-    "levers": lambda preset, mode, args, limit: measure_levers(preset, args, limit),
-})
+MEASURES.update(
+    {
+        "training": lambda preset, mode, args, limit: measure_training(preset, mode, args),
+        "decoding": lambda preset, mode, args, limit: measure_decoding(preset, mode, args),
+        "loop": lambda preset, mode, args, limit: measure_loop(preset, args),
+        "train_run": lambda preset, mode, args, limit: measure_train_run(preset, args),
+        "profile": lambda preset, mode, args, limit: measure_profile(preset, args),
+        "levers": lambda preset, mode, args, limit: measure_levers(preset, args, limit),
+    }
+)
 
 
 def markdown_table(results: list[dict]) -> str:
@@ -1060,15 +1347,21 @@ def markdown_table(results: list[dict]) -> str:
     machine = results[0]
     budget = f"; budget {machine['budget_minutes']:g} min" if machine.get("budget_minutes") else ""
     took = f", took {machine['seconds']:.0f} s" if machine.get("seconds") is not None else ""
-    lines = [f"{machine.get('gpu', machine['device'])}, torch {machine['torch']}, transformers "
-             f"{machine['transformers']}{budget}{took}",
-             "", "| measurement | ours | MarianMTModel | Marian time / ours (median, quartiles) |", "|---|---|---|---|"]
+    lines = [
+        f"{machine.get('gpu', machine['device'])}, torch {machine['torch']}, transformers "
+        f"{machine['transformers']}{budget}{took}",
+        "",
+        "| measurement | ours | MarianMTModel | Marian time / ours (median, quartiles) |",
+        "|---|---|---|---|",
+    ]
     profiles = []
 
     def tokens(entry):
         mfu = f", MFU {entry['mfu']:.1%}" if entry.get("mfu") is not None else ""
-        return (f"{entry['target_tokens_per_second']:,.0f} target tok/s (median step {entry['median_step_seconds'] * 1e3:.0f} ms, "
-                f"worst {entry['worst_step_seconds'] * 1e3:.0f} ms{mfu})")
+        return (
+            f"{entry['target_tokens_per_second']:,.0f} target tok/s (median step {entry['median_step_seconds'] * 1e3:.0f} ms, "
+            f"worst {entry['worst_step_seconds'] * 1e3:.0f} ms{mfu})"
+        )
 
     for r in results[1:]:
         name = f"{r['what']} {r.get('preset')} {r.get('mode', '')}".strip()
@@ -1083,34 +1376,47 @@ def markdown_table(results: list[dict]) -> str:
         elif r["what"] == "training":
             ratio = r["marian_over_ours_steady"]
             lines.append(f"| {name}, shapes never seen | {tokens(r['ours_unseen'])} | {tokens(r['marian_unseen'])} | |")
-            lines.append(f"| {name}, steady state | {tokens(r['ours_steady'])} | {tokens(r['marian_steady'])} | "
-                         f"{ratio['median']:.2f} [{ratio['quartiles'][0]:.2f}, {ratio['quartiles'][1]:.2f}] |")
+            lines.append(
+                f"| {name}, steady state | {tokens(r['ours_steady'])} | {tokens(r['marian_steady'])} | "
+                f"{ratio['median']:.2f} [{ratio['quartiles'][0]:.2f}, {ratio['quartiles'][1]:.2f}] |"
+            )
             if r.get("peak_memory_gib") is not None:
                 lines.append(f"| {name}, peak memory | {r['peak_memory_gib']:.1f} GiB (both models) | | |")
         elif r["what"] == "decoding":
-            lines.append(f"| {name}, beam 4 | {r['sentences_per_second']:.1f} sentences/s | "
-                         f"{r['marian_sentences_per_second']:.1f} sentences/s | {r['ours_over_marian']:.2f} |")
+            lines.append(
+                f"| {name}, beam 4 | {r['sentences_per_second']:.1f} sentences/s | "
+                f"{r['marian_sentences_per_second']:.1f} sentences/s | {r['ours_over_marian']:.2f} |"
+            )
             ct2 = r.get("ctranslate2")
             if ct2 and "skipped" in ct2:
                 lines.append(f"| {name}, beam 4, CTranslate2 | skipped: {ct2['skipped']} | | |")
             elif ct2:
-                lines.append(f"| {name}, beam 4, CTranslate2 {ct2['version']} {ct2['compute_type']} | "
-                             f"{ct2['sentences_per_second']:.1f} sentences/s, "
-                             f"{ct2['equal_to_ours']}/{ct2['sentences']} "
-                             f"hypotheses equal ours; its time / ours {ct2['ours_over_ctranslate2']:.2f} | | |")
+                lines.append(
+                    f"| {name}, beam 4, CTranslate2 {ct2['version']} {ct2['compute_type']} | "
+                    f"{ct2['sentences_per_second']:.1f} sentences/s, "
+                    f"{ct2['equal_to_ours']}/{ct2['sentences']} "
+                    f"hypotheses equal ours; its time / ours {ct2['ours_over_ctranslate2']:.2f} | | |"
+                )
         elif r["what"] == "loop":
-            lines.append(f"| train.py loop {r['preset']} | {r['loop_seconds_per_update'] * 1e3:.1f} ms an update, "
-                         f"{r['loop_over_raw']:.2f}x the raw step ({r['raw_step_seconds'] * 1e3:.1f} ms) | | |")
+            lines.append(
+                f"| train.py loop {r['preset']} | {r['loop_seconds_per_update'] * 1e3:.1f} ms an update, "
+                f"{r['loop_over_raw']:.2f}x the raw step ({r['raw_step_seconds'] * 1e3:.1f} ms) | | |"
+            )
         elif r["what"] == "train_run":
             mfu = f", MFU {r['mfu']:.1%}" if r.get("mfu") is not None else ""
-            lines.append(f"| train.py {r['preset']} {r['dtype']}, {r['minutes']:g} min on synthetic WMT-like text | "
-                         f"{r['target_tokens_per_second']:,.0f} target tok/s (its own log){mfu}, {r['updates']} "
-                         f"updates | | |")
+            lines.append(
+                f"| train.py {r['preset']} {r['dtype']}, {r['minutes']:g} min on synthetic WMT-like text | "
+                f"{r['target_tokens_per_second']:,.0f} target tok/s (its own log){mfu}, {r['updates']} "
+                f"updates | | |"
+            )
             if r.get("phase_seconds"):
-                phases = ", ".join(f"{phase} {'not found' if value is None else f'{value:.1f} s'}"
-                                   for phase, value in r["phase_seconds"].items())
-                lines.append(f"| train.py {r['preset']}, phases | writing the text {r['text_seconds']:.1f} s; "
-                             f"{phases} | | |")
+                phases = ", ".join(
+                    f"{phase} {'not found' if value is None else f'{value:.1f} s'}"
+                    for phase, value in r["phase_seconds"].items()
+                )
+                lines.append(
+                    f"| train.py {r['preset']}, phases | writing the text {r['text_seconds']:.1f} s; {phases} | | |"
+                )
     for r in profiles:
         lines += profile_lines(r)
     return "\n".join(lines) + "\n"
@@ -1118,25 +1424,34 @@ def markdown_table(results: list[dict]) -> str:
 
 def lever_lines(r: dict) -> list[str]:
     """A table row per lever: first pass and steady target tok/s, warm-up, peak memory, loss vs the plain step."""
-    lines = [f"| levers {r['preset']} ({r['batches']} batches, {r['distinct_shapes']} shapes, two passes) | "
-             "see below | | |", "", f"Levers, {r['preset']} (ours; the plain step and MarianMTModel on the same "
-             "batches, alternating):", "",
-             "| lever | first pass tok/s | steady tok/s | warm-up s | lever time / plain | plain steady | "
-             "Marian steady | step peak GiB (plain) | loss after (plain) |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| levers {r['preset']} ({r['batches']} batches, {r['distinct_shapes']} shapes, two passes) | see below | | |",
+        "",
+        f"Levers, {r['preset']} (ours; the plain step and MarianMTModel on the same batches, alternating):",
+        "",
+        "| lever | first pass tok/s | steady tok/s | warm-up s | lever time / plain | plain steady | "
+        "Marian steady | step peak GiB (plain) | loss after (plain) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for row in r["rows"]:
         if "skipped" in row or "error" in row:
-            lines.append(f"| {row['lever']} | {row.get('skipped') and 'skipped: ' + row['skipped'] or row['error']} "
-                         "| | | | | | | |")
+            lines.append(
+                f"| {row['lever']} | {row.get('skipped') and 'skipped: ' + row['skipped'] or row['error']} "
+                "| | | | | | | |"
+            )
             continue
         ratio = row["lever_time_over_plain"]
-        memory = ("" if row["step_peak_gib"] is None else
-                  f"{row['step_peak_gib']:.1f} ({row['plain_step_peak_gib']:.1f})")
-        lines.append(f"| {row['lever']} | {row['first_pass_target_tokens_per_second']:,.0f} | "
-                     f"{row['steady_target_tokens_per_second']:,.0f} | {row['warmup_seconds']:.1f} | "
-                     f"{ratio['median']:.2f} [{ratio['quartiles'][0]:.2f}, {ratio['quartiles'][1]:.2f}] | "
-                     f"{row['plain_steady_target_tokens_per_second']:,.0f} | "
-                     f"{row['marian_steady_target_tokens_per_second']:,.0f} | {memory} | "
-                     f"{row['loss_after']:.4f} ({row['plain_loss_after']:.4f}) |")
+        memory = (
+            "" if row["step_peak_gib"] is None else f"{row['step_peak_gib']:.1f} ({row['plain_step_peak_gib']:.1f})"
+        )
+        lines.append(
+            f"| {row['lever']} | {row['first_pass_target_tokens_per_second']:,.0f} | "
+            f"{row['steady_target_tokens_per_second']:,.0f} | {row['warmup_seconds']:.1f} | "
+            f"{ratio['median']:.2f} [{ratio['quartiles'][0]:.2f}, {ratio['quartiles'][1]:.2f}] | "
+            f"{row['plain_steady_target_tokens_per_second']:,.0f} | "
+            f"{row['marian_steady_target_tokens_per_second']:,.0f} | {memory} | "
+            f"{row['loss_after']:.4f} ({row['plain_loss_after']:.4f}) |"
+        )
     return lines + [""]
 
 
@@ -1145,11 +1460,19 @@ def profile_lines(r: dict) -> list[str]:
     lines = ["", f"Profile, {r['preset']} {r['dtype']} on {r['device']} (torch.profiler):"]
     for part, title in (("update", "one training update"), ("decoding_step", "one beam-4 decoding step")):
         entry = r[part]
-        idle = ("" if entry["device_idle_seconds"] is None else
-                f"; {entry['kernel_launches']} kernel launches; device idle {entry['device_idle_seconds'] * 1e3:.1f} ms "
-                f"of {entry['seconds'] * 1e3:.1f} ms")
-        lines += ["", f"{title} ({entry['seconds'] * 1e3:.1f} ms{idle}), top by {entry['ranked_by']}:", "",
-                  "| kernel | calls | ms |", "|---|---|---|"]
+        idle = (
+            ""
+            if entry["device_idle_seconds"] is None
+            else f"; {entry['kernel_launches']} kernel launches; device idle {entry['device_idle_seconds'] * 1e3:.1f} ms "
+            f"of {entry['seconds'] * 1e3:.1f} ms"
+        )
+        lines += [
+            "",
+            f"{title} ({entry['seconds'] * 1e3:.1f} ms{idle}), top by {entry['ranked_by']}:",
+            "",
+            "| kernel | calls | ms |",
+            "|---|---|---|",
+        ]
         lines += [f"| `{k['name']}` | {k['calls']} | {k['ms']:.2f} |" for k in entry["top"]]
     return lines
 

@@ -33,17 +33,25 @@ import time
 from pathlib import Path
 
 import torch
-from common import add_data_dir, argument_parser, marian_config, multi30k_folder, read_split
 from torch import nn
 from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianMTModel
 
+from common import add_data_dir, argument_parser, marian_config, multi30k_folder, read_split
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.modeling_vanilla_transformer import shift_tokens_right
-from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 from vanilla_transformer.training import TokenBatchSampler, noam_learning_rate
+from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
-DIMENSIONS = dict(d_model=256, encoder_layers=3, decoder_layers=3, encoder_attention_heads=4, decoder_attention_heads=4,
-                  encoder_ffn_dim=1024, decoder_ffn_dim=1024, dropout=0.3)
+DIMENSIONS = dict(
+    d_model=256,
+    encoder_layers=3,
+    decoder_layers=3,
+    encoder_attention_heads=4,
+    decoder_attention_heads=4,
+    encoder_ffn_dim=1024,
+    decoder_ffn_dim=1024,
+    dropout=0.3,
+)
 
 
 XAVIER = None  # a linear's std of None means Xavier-uniform
@@ -86,8 +94,15 @@ def build(variant: str, tokenizer, seed: int) -> nn.Module:
     if system == "ours":
         model = VanillaTransformerForConditionalGeneration(
             VanillaTransformerConfig.from_preset(
-                "base", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                bos_token_id=tokenizer.bos_token_id, decoder_start_token_id=tokenizer.bos_token_id, **DIMENSIONS))
+                "base",
+                vocab_size=len(tokenizer),
+                pad_token_id=tokenizer.pad_token_id,
+                eos_token_id=tokenizer.eos_token_id,
+                bos_token_id=tokenizer.bos_token_id,
+                decoder_start_token_id=tokenizer.bos_token_id,
+                **DIMENSIONS,
+            )
+        )
     elif system == "marian":
         model = MarianMTModel(marian_config(tokenizer, activation_function="relu", scale_embedding=True, **DIMENSIONS))
     else:
@@ -115,10 +130,12 @@ def run(variant: str, batches, args) -> list[float]:
         for group in optimizer.param_groups:
             group["lr"] = learning_rate(update, args.peak_lr, args.warmup)
         # each system's own start token, as in multi30k.py: <s> for ours, <pad> for MarianMT
-        decoder_input_ids = shift_tokens_right(batch["labels"], model.config.pad_token_id,
-                                               model.config.decoder_start_token_id)
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       decoder_input_ids=decoder_input_ids).logits
+        decoder_input_ids = shift_tokens_right(
+            batch["labels"], model.config.pad_token_id, model.config.decoder_start_token_id
+        )
+        logits = model(
+            input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], decoder_input_ids=decoder_input_ids
+        ).logits
         loss = label_smoothed_cross_entropy(logits, batch["labels"], label_smoothing=0.1)
         loss.backward()
         optimizer.step()
@@ -127,8 +144,10 @@ def run(variant: str, batches, args) -> list[float]:
         if update % 50 == 0:
             means.append(sum(window) / len(window))
             window = []
-            print(f"{variant:>20} update {update:4d}: loss {means[-1]:.3f} ({time.perf_counter() - started:.0f} s)",
-                  flush=True)
+            print(
+                f"{variant:>20} update {update:4d}: loss {means[-1]:.3f} ({time.perf_counter() - started:.0f} s)",
+                flush=True,
+            )
     return means
 
 
@@ -153,15 +172,18 @@ def main(argv=None) -> dict | None:
     tokenizer = args.tokenizer_object = AutoTokenizer.from_pretrained(args.tokenizer)
     pairs = read_split(data_dir, "train")
     encoded = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs])
-    examples = [{"input_ids": i, "labels": l} for i, l in zip(encoded["input_ids"], encoded["labels"])]
-    sampler = TokenBatchSampler([(len(e["input_ids"]), len(e["labels"])) for e in examples], args.max_tokens,
-                                seed=args.seed)
+    examples = [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
+    sampler = TokenBatchSampler(
+        [(len(e["input_ids"]), len(e["labels"])) for e in examples], args.max_tokens, seed=args.seed
+    )
     collate = DataCollatorForSeq2Seq(tokenizer)  # pads; run() builds each system's decoder inputs
     batches = []
     for epoch in range(args.updates):  # as many epochs as --updates needs, each reshuffled
         sampler.set_epoch(epoch)
-        batches += [collate([examples[i] for i in indices])
-                    for indices in itertools.islice(sampler, args.updates - len(batches))]
+        batches += [
+            collate([examples[i] for i in indices])
+            for indices in itertools.islice(sampler, args.updates - len(batches))
+        ]
         if len(batches) == args.updates:
             break
     results = {variant: run(variant, batches, args) for variant in args.variant}

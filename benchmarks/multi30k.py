@@ -52,6 +52,7 @@ import json
 import time
 from pathlib import Path
 
+import multi30k_systems
 from common import PAIRS, add_data_dir, argument_parser, machine, multi30k_folder, read_split, run_in_child
 from multi30k_report import (
     MARIAN_SETUPS,
@@ -63,7 +64,6 @@ from multi30k_report import (
     median,
     summary,
 )
-import multi30k_systems
 from multi30k_systems import BF16_FLAGS, MARIAN_TOKENIZER, OTHER_FORMULA, RECIPE
 
 DIMENSIONS = dict(d_model=256, layers=3, heads=4, ffn=1024)
@@ -87,7 +87,9 @@ LEVERS = {
     "moving average decay 0.995": (["--ema_decay", "0.995"], ""),
     # §6.1's checkpoint means instead of the moving average (one checkpoint a minute, the last 10 kept)
     "checkpoints instead: linear weights over the last 10": (
-        NO_EMA + ["--average_checkpoints", "10", "--average_weights", "linear"], ""),
+        NO_EMA + ["--average_checkpoints", "10", "--average_weights", "linear"],
+        "",
+    ),
     "uniform weights: the mean of the last 10 (the paper's)": (NO_EMA + ["--average_checkpoints", "10"], ""),
     "average the last 5": (NO_EMA + ["--average_checkpoints", "5", "--save_total_limit", "5"], ""),
     "average the last 20": (NO_EMA + ["--average_checkpoints", "20", "--save_total_limit", "20"], ""),
@@ -105,7 +107,24 @@ LEVERS = {
     "vocabulary 4k": (["--tokenizer_vocab_size", "4000"], ""),
     "Metaspace BPE 8k, MarianMT's tokenizer": (["--tokenizer_name_or_path", MARIAN_TOKENIZER], ""),
 }
-LENGTH_PENALTIES = (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0)  # the paper's 0.6 and up
+LENGTH_PENALTIES = (
+    0.0,
+    0.2,
+    0.4,
+    0.6,
+    0.8,
+    1.0,
+    1.2,
+    1.4,
+    1.6,
+    1.8,
+    2.0,
+    2.5,
+    3.0,
+    3.5,
+    4.0,
+    5.0,
+)  # the paper's 0.6 and up
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -120,38 +139,66 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--marian-vocab-size", type=int, default=8000, help="MarianMT's joint Metaspace BPE")
     parser.add_argument("--levers", action="store_true", help="ours alone, once per recipe change in LEVERS, on val")
     parser.add_argument("--lever", action="append", help="with --levers: only these (names of LEVERS)")
-    parser.add_argument("--recipe-from", help="with --levers: the recipe's row from this comparison run's results.json "
-                                              "(its ours run with --seed, else the one with the median val BLEU) instead of training it again")
+    parser.add_argument(
+        "--recipe-from",
+        help="with --levers: the recipe's row from this comparison run's results.json "
+        "(its ours run with --seed, else the one with the median val BLEU) instead of training it again",
+    )
     parser.add_argument("--recipe-flag", action="append", default=[], help="extra train.py flag for ours (repeat)")
-    parser.add_argument("--averaging", metavar="RUN_DIR",
-                        help="no training: score val with the mean of the last k checkpoints of this run of ours, "
-                             "for every k it kept, uniform and linearly weighted (how many to average, and how, "
-                             "measured on one training trajectory)")
-    parser.add_argument("--length-penalties", metavar="MODEL_DIR",
-                        help="no training: score val with this trained model of ours decoded at each length penalty "
-                             f"alpha in {LENGTH_PENALTIES}, under GNMT's formula and under transformers' |Y|^alpha "
-                             "(a MarianMT model of this benchmark: |Y|^alpha, the only one it has)")
-    parser.add_argument("--redecode", metavar="RUN_DIR",
-                        help="no training: decode val and test again with each model of ours in this comparison "
-                             "(its results.json), with the decoding the recipe (and --recipe-flag) now sets, and "
-                             "compare the medians with its MarianMT runs as they were (training never decodes, so "
-                             "a decoding setting changes nothing else)")
-    parser.add_argument("--marian-from", metavar="RESULTS_JSON",
-                        help="take MarianMT's runs from this comparison's results.json instead of training them again "
-                             "(refused unless MarianMT's settings, seeds included, are this run's; our recipe may differ)")
+    parser.add_argument(
+        "--averaging",
+        metavar="RUN_DIR",
+        help="no training: score val with the mean of the last k checkpoints of this run of ours, "
+        "for every k it kept, uniform and linearly weighted (how many to average, and how, "
+        "measured on one training trajectory)",
+    )
+    parser.add_argument(
+        "--length-penalties",
+        metavar="MODEL_DIR",
+        help="no training: score val with this trained model of ours decoded at each length penalty "
+        f"alpha in {LENGTH_PENALTIES}, under GNMT's formula and under transformers' |Y|^alpha "
+        "(a MarianMT model of this benchmark: |Y|^alpha, the only one it has)",
+    )
+    parser.add_argument(
+        "--redecode",
+        metavar="RUN_DIR",
+        help="no training: decode val and test again with each model of ours in this comparison "
+        "(its results.json), with the decoding the recipe (and --recipe-flag) now sets, and "
+        "compare the medians with its MarianMT runs as they were (training never decodes, so "
+        "a decoding setting changes nothing else)",
+    )
+    parser.add_argument(
+        "--marian-from",
+        metavar="RESULTS_JSON",
+        help="take MarianMT's runs from this comparison's results.json instead of training them again "
+        "(refused unless MarianMT's settings, seeds included, are this run's; our recipe may differ)",
+    )
     parser.add_argument("--decode-batch-size", type=int, default=64)
     parser.add_argument("--test-limit", type=int, help="decode only the first N sentences of val and test (smoke runs)")
-    parser.add_argument("--dimensions", default=None, help="smoke runs: d_model,layers,heads,ffn instead of 256,3,4,1024")
+    parser.add_argument(
+        "--dimensions", default=None, help="smoke runs: d_model,layers,heads,ffn instead of 256,3,4,1024"
+    )
     parser.add_argument("--seed", type=int, default=1, help="run i (from 1) trains with seed + i - 1")
-    parser.add_argument("--bf16", action="store_true",
-                        help="both systems train under bfloat16 autocast (the Trainer's --bf16; weights, checkpoint "
-                             "averaging and decoding stay float32), for CPUs that multiply bfloat16 natively")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the comparison in --output-dir: keep its finished runs, train the missing ones "
-                             "(refused on another machine, torch or transformers than its own)")
-    parser.add_argument("--redo", action="append", default=[], metavar="SYSTEM-RUN",
-                        help="with --resume: train this finished run again (e.g. ours-1, after the machine was "
-                             "disturbed during it); its old result and folder are kept under replaced")
+    parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help="both systems train under bfloat16 autocast (the Trainer's --bf16; weights, checkpoint "
+        "averaging and decoding stay float32), for CPUs that multiply bfloat16 natively",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue the comparison in --output-dir: keep its finished runs, train the missing ones "
+        "(refused on another machine, torch or transformers than its own)",
+    )
+    parser.add_argument(
+        "--redo",
+        action="append",
+        default=[],
+        metavar="SYSTEM-RUN",
+        help="with --resume: train this finished run again (e.g. ours-1, after the machine was "
+        "disturbed during it); its old result and folder are kept under replaced",
+    )
     args = parser.parse_args(argv)
     for name in ("budget_minutes", "runs", "marian_vocab_size", "decode_batch_size"):
         if getattr(args, name) <= 0:
@@ -160,44 +207,63 @@ def parse_args(argv=None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown --lever {unknown}; choose from {sorted(LEVERS)}")
     if args.recipe_from and not (args.levers and Path(args.recipe_from).is_file()):
-        parser.error(f"--recipe-from {args.recipe_from}: give it with --levers and the results.json of a run of "
-                     "this benchmark (e.g. runs/multi30k/results.json)")
+        parser.error(
+            f"--recipe-from {args.recipe_from}: give it with --levers and the results.json of a run of "
+            "this benchmark (e.g. runs/multi30k/results.json)"
+        )
     for name in args.redo:
         system, _, run = name.rpartition("-")
         if not (args.resume and system in ("ours", "marian") and run.isdigit() and 1 <= int(run) <= args.runs):
             parser.error(f"--redo {name}: give it with --resume, as ours-N or marian-N with N from 1 to --runs")
-    if args.marian_from and (args.levers or "marian" not in args.systems.split(",")
-                             or not Path(args.marian_from).is_file()):
-        parser.error(f"--marian-from {args.marian_from}: give it for a comparison that includes marian (not --levers), "
-                     "naming the results.json of an earlier comparison")
+    if args.marian_from and (
+        args.levers or "marian" not in args.systems.split(",") or not Path(args.marian_from).is_file()
+    ):
+        parser.error(
+            f"--marian-from {args.marian_from}: give it for a comparison that includes marian (not --levers), "
+            "naming the results.json of an earlier comparison"
+        )
     if args.averaging:
         from vanilla_transformer.training.checkpointing import checkpoint_folders
 
         if args.levers or args.marian_from or args.resume:
             parser.error("--averaging trains nothing: give it without --levers, --marian-from and --resume")
         if not checkpoint_folders(args.averaging):
-            parser.error(f"--averaging {args.averaging}: give the folder of a run of ours that kept its checkpoint-<step> "
-                         "folders (e.g. runs/levers6/lever-1)")
+            parser.error(
+                f"--averaging {args.averaging}: give the folder of a run of ours that kept its checkpoint-<step> "
+                "folders (e.g. runs/levers6/lever-1)"
+            )
     if args.length_penalties:
         if args.levers or args.marian_from or args.resume or args.averaging:
-            parser.error("--length-penalties trains nothing: give it without --levers, --averaging, --marian-from "
-                         "and --resume")
+            parser.error(
+                "--length-penalties trains nothing: give it without --levers, --averaging, --marian-from and --resume"
+            )
         if not (Path(args.length_penalties) / "config.json").is_file():
-            parser.error(f"--length-penalties {args.length_penalties}: give the folder of a model this benchmark "
-                         "trained (e.g. runs/multi30k/ours-1 or marian-1, which hold config.json)")
+            parser.error(
+                f"--length-penalties {args.length_penalties}: give the folder of a model this benchmark "
+                "trained (e.g. runs/multi30k/ours-1 or marian-1, which hold config.json)"
+            )
     if args.redecode:
         if args.levers or args.marian_from or args.resume or args.averaging or args.length_penalties:
-            parser.error("--redecode trains nothing: give it without --levers, --averaging, --length-penalties, "
-                         "--marian-from and --resume")
+            parser.error(
+                "--redecode trains nothing: give it without --levers, --averaging, --length-penalties, "
+                "--marian-from and --resume"
+            )
         if not (Path(args.redecode) / "results.json").is_file():
-            parser.error(f"--redecode {args.redecode}: give the --output-dir of a comparison run of this benchmark "
-                         "(it holds results.json); redecoded-<its settings>.json and .md go there")
+            parser.error(
+                f"--redecode {args.redecode}: give the --output-dir of a comparison run of this benchmark "
+                "(it holds results.json); redecoded-<its settings>.json and .md go there"
+            )
         earlier = json.loads((Path(args.redecode) / "results.json").read_text(encoding="utf-8"))
-        missing = [run["model_dir"] for run in earlier.get("runs", {}).get("ours", [])
-                   if run is not None and not (Path(run["model_dir"]) / "config.json").is_file()]
+        missing = [
+            run["model_dir"]
+            for run in earlier.get("runs", {}).get("ours", [])
+            if run is not None and not (Path(run["model_dir"]) / "config.json").is_file()
+        ]
         if missing:  # folders are recorded relative to where the comparison ran
-            parser.error(f"--redecode {args.redecode}: no model in {', '.join(missing)}; run from the folder the "
-                         "comparison ran in (its model folders are recorded relative to it)")
+            parser.error(
+                f"--redecode {args.redecode}: no model in {', '.join(missing)}; run from the folder the "
+                "comparison ran in (its model folders are recorded relative to it)"
+            )
     if args.resume and args.levers:
         parser.error("--resume continues a comparison run; --levers runs are repeated per --lever instead")
     args.dims = DIMENSIONS if args.dimensions is None else dict(zip(DIMENSIONS, map(int, args.dimensions.split(","))))
@@ -216,33 +282,62 @@ def refuse_unless_comparable(flag: str, path, earlier: dict, mine: dict, keys) -
     compare the machines."""
     here = machine()
     if earlier.get("machine") != here:
-        raise SystemExit(f"{flag} {path}: its runs were trained on {earlier.get('machine') or 'an unrecorded machine'}; "
-                         f"this is {here}. Under a time budget they do not compare: train them all on one "
-                         "machine (another --output-dir here, or finish the comparison where it began)")
+        raise SystemExit(
+            f"{flag} {path}: its runs were trained on {earlier.get('machine') or 'an unrecorded machine'}; "
+            f"this is {here}. Under a time budget they do not compare: train them all on one "
+            "machine (another --output-dir here, or finish the comparison where it began)"
+        )
     theirs = earlier.get("settings", {})
     changed = sorted(key for key in keys if theirs.get(key) != mine.get(key))
     if changed:
-        raise SystemExit(f"{flag} {path}: it was run with other settings ({', '.join(changed)}: "
-                         f"{ {key: theirs.get(key) for key in changed} }); give the same flags or another --output-dir")
+        raise SystemExit(
+            f"{flag} {path}: it was run with other settings ({', '.join(changed)}: "
+            f"{ {key: theirs.get(key) for key in changed} }); give the same flags or another --output-dir"
+        )
 
 
 def settings(args) -> dict:
     """What must be equal for two runs to belong to one comparison (the recipe file by its hash)."""
     import hashlib
 
-    return {"pair": args.pair, "budget_minutes": args.budget_minutes, "marian_setup": args.marian_setup,
-            "marian_vocab_size": args.marian_vocab_size, "recipe_flag": args.recipe_flag, "dims": args.dims,
-            "seed": args.seed, "test_limit": args.test_limit, "decode_batch_size": args.decode_batch_size,
-            "recipe_sha256": hashlib.sha256(RECIPE.read_bytes()).hexdigest(),
-            **({"bf16": True} if args.bf16 else {})}  # absent when off: earlier results.json files have no such key
+    return {
+        "pair": args.pair,
+        "budget_minutes": args.budget_minutes,
+        "marian_setup": args.marian_setup,
+        "marian_vocab_size": args.marian_vocab_size,
+        "recipe_flag": args.recipe_flag,
+        "dims": args.dims,
+        "seed": args.seed,
+        "test_limit": args.test_limit,
+        "decode_batch_size": args.decode_batch_size,
+        "recipe_sha256": hashlib.sha256(RECIPE.read_bytes()).hexdigest(),
+        **({"bf16": True} if args.bf16 else {}),
+    }  # absent when off: earlier results.json files have no such key
 
 
 # What MarianMT's runs depend on: all the settings but our recipe (its flags and file).
-MARIAN_SETTINGS = ("pair", "budget_minutes", "marian_setup", "marian_vocab_size", "dims", "seed", "test_limit",
-                   "decode_batch_size", "bf16")
+MARIAN_SETTINGS = (
+    "pair",
+    "budget_minutes",
+    "marian_setup",
+    "marian_vocab_size",
+    "dims",
+    "seed",
+    "test_limit",
+    "decode_batch_size",
+    "bf16",
+)
 # What a run of ours depends on, the seed aside (--levers picks the run of its own seed, or the median run).
-OURS_SETTINGS = ("pair", "budget_minutes", "dims", "test_limit", "decode_batch_size", "bf16", "recipe_flag",
-                 "recipe_sha256")
+OURS_SETTINGS = (
+    "pair",
+    "budget_minutes",
+    "dims",
+    "test_limit",
+    "decode_batch_size",
+    "bf16",
+    "recipe_flag",
+    "recipe_sha256",
+)
 
 
 def marian_runs_from(path: str, args) -> list[dict]:
@@ -253,7 +348,9 @@ def marian_runs_from(path: str, args) -> list[dict]:
     refuse_unless_comparable("--marian-from", path, earlier, settings(args), MARIAN_SETTINGS)
     runs = [run for run in earlier.get("runs", {}).get("marian", []) if run is not None]
     if len(runs) < args.runs:
-        raise SystemExit(f"--marian-from {path}: it holds {len(runs)} MarianMT run(s); this comparison needs {args.runs}")
+        raise SystemExit(
+            f"--marian-from {path}: it holds {len(runs)} MarianMT run(s); this comparison needs {args.runs}"
+        )
     return [{**run, "from": path} for run in runs[: args.runs]]
 
 
@@ -300,8 +397,9 @@ def replace_runs(redo: list[str], runs: dict[str, list], replaced: list[dict], o
         kept = output_dir / f"{name}.replaced-{len(replaced) + 1}"
         if folder.exists():
             folder.rename(kept)
-        replaced.append({**runs[system][index], "run": name, "folder_now": str(kept),
-                         "replaced": time.strftime("%Y-%m-%d %H:%M")})
+        replaced.append(
+            {**runs[system][index], "run": name, "folder_now": str(kept), "replaced": time.strftime("%Y-%m-%d %H:%M")}
+        )
         runs[system][index] = None
     return replaced
 
@@ -346,17 +444,24 @@ def averaging_sweep(args, data_dir: Path) -> dict:
             rows[last] = {"first_step": step(chosen[0])}
             for weights in AVERAGING_WEIGHTS if last > 1 else AVERAGING_WEIGHTS[:1]:  # one checkpoint: one model
                 model_dir = average_checkpoints(chosen, Path(folder) / f"last-{last}-{weights}", weights)
-                scored = without_examples(multi30k_systems.decode_and_score("ours", str(model_dir), pairs,
-                                                                            args.decode_batch_size))
+                scored = without_examples(
+                    multi30k_systems.decode_and_score("ours", str(model_dir), pairs, args.decode_batch_size)
+                )
                 rows[last]["val" if weights == "uniform" else f"val, {weights} weights"] = scored
-                print(f"last {last} (from step {rows[last]['first_step']}), {weights} weights: val BLEU "
-                      f"{scored['bleu']:.2f}", flush=True)
+                print(
+                    f"last {last} (from step {rows[last]['first_step']}), {weights} weights: val BLEU "
+                    f"{scored['bleu']:.2f}",
+                    flush=True,
+                )
             if (chosen[0] / EMA_FILE).is_file():  # the run's own moving average at that checkpoint's update
                 model_dir = moving_average_model(chosen[0], Path(folder) / f"moving-average-{last}")
-                scored = without_examples(multi30k_systems.decode_and_score("ours", str(model_dir), pairs,
-                                                                            args.decode_batch_size))
+                scored = without_examples(
+                    multi30k_systems.decode_and_score("ours", str(model_dir), pairs, args.decode_batch_size)
+                )
                 rows[last]["val, moving average"] = scored
-                print(f"the moving average at step {rows[last]['first_step']}: val BLEU {scored['bleu']:.2f}", flush=True)
+                print(
+                    f"the moving average at step {rows[last]['first_step']}: val BLEU {scored['bleu']:.2f}", flush=True
+                )
     return {"run": str(run_dir), "pair": args.pair, "last_step": step(checkpoints[-1]), "rows": rows}
 
 
@@ -382,13 +487,16 @@ def length_penalty_sweep(args, data_dir: Path) -> dict:
     One model, so the rows differ in the penalty alone; alpha 0 is the same search under both."""
     model_dir = str(args.length_penalties)
     pairs = read_split(data_dir, "val", args.pair, args.test_limit)
-    system = "marian" if json.loads((Path(model_dir) / "config.json").read_text()).get("model_type") == "marian" else "ours"
+    system = (
+        "marian" if json.loads((Path(model_dir) / "config.json").read_text()).get("model_type") == "marian" else "ours"
+    )
     rows = {}
     for formula in OTHER_FORMULA if system == "ours" else ["length"]:  # MarianMT has transformers' penalty only
         for alpha in LENGTH_PENALTIES:
             formula_setting = {"length_penalty_formula": formula} if system == "ours" else {}
-            scored = multi30k_systems.decode_and_score(system, model_dir, pairs, args.decode_batch_size,
-                                                       length_penalty=alpha, **formula_setting)
+            scored = multi30k_systems.decode_and_score(
+                system, model_dir, pairs, args.decode_batch_size, length_penalty=alpha, **formula_setting
+            )
             rows[f"{formula} {alpha}"] = {"formula": formula, "alpha": alpha, "val": without_examples(scored)}
             print(f"{formula} alpha {alpha}: val BLEU {scored['bleu']:.2f}, chrF {scored['chrf']:.2f}", flush=True)
     return {"model": model_dir, "system": system, "pair": args.pair, "rows": rows}
@@ -400,8 +508,11 @@ def recipe_decoding(args) -> dict:
     from vanilla_transformer.training.run import parse_arguments
 
     model_args = parse_arguments([str(RECIPE), *args.recipe_flag])[0]
-    return {name: getattr(model_args, name) for name in ("length_penalty", "length_penalty_formula")
-            if getattr(model_args, name) is not None}
+    return {
+        name: getattr(model_args, name)
+        for name in ("length_penalty", "length_penalty_formula")
+        if getattr(model_args, name) is not None
+    }
 
 
 def redecode(args, data_dir: Path) -> dict:
@@ -419,8 +530,17 @@ def redecode(args, data_dir: Path) -> dict:
             again.update({name: without_examples(result) for name, result in scored.items()})
             print(f"{run['model_dir']} {key}: BLEU {again[key]['bleu']:.2f} (was {run[key]['bleu']:.2f})", flush=True)
         runs["ours"].append({**again, "decoding": decoding, "decoded_before": {k: run[k] for k in ("val", "test")}})
-    return {**earlier, "runs": runs, "medians": summary(runs), "redecoded": {"from": str(args.redecode),
-            "decoding": decoding, "date": time.strftime("%Y-%m-%d"), "machine": machine()}}
+    return {
+        **earlier,
+        "runs": runs,
+        "medians": summary(runs),
+        "redecoded": {
+            "from": str(args.redecode),
+            "decoding": decoding,
+            "date": time.strftime("%Y-%m-%d"),
+            "machine": machine(),
+        },
+    }
 
 
 def write_sweep(output_dir: Path, kind: str, folder: str, sweep: dict, markdown_of) -> dict:
@@ -452,18 +572,25 @@ def averaging(args, data_dir: Path, output_dir: Path) -> dict:
 
 def length_penalties(args, data_dir: Path, output_dir: Path) -> dict:
     """--length-penalties: val of one model at each length penalty."""
-    return write_sweep(output_dir, "length-penalties", args.length_penalties, length_penalty_sweep(args, data_dir),
-                       length_penalty_markdown)
+    return write_sweep(
+        output_dir,
+        "length-penalties",
+        args.length_penalties,
+        length_penalty_sweep(args, data_dir),
+        length_penalty_markdown,
+    )
 
 
 def redecoded(args, data_dir: Path, output_dir: Path) -> dict:
     """--redecode: a comparison's models of ours decoded again, beside its MarianMT runs; written into its folder."""
     results, folder = redecode(args, data_dir), Path(args.redecode)
     before = median([run["decoded_before"]["test"]["bleu"] for run in results["runs"]["ours"]])
-    text = markdown(results) + (f"\nModels of ours from {folder}, decoded again with the recipe's "
-                                f"{results['redecoded']['decoding'] or 'generation config (unchanged)'} "
-                                f"({results['redecoded']['date']}; their test median was {before:.2f}); training "
-                                "never decodes, so nothing else about them differs.\n")
+    text = markdown(results) + (
+        f"\nModels of ours from {folder}, decoded again with the recipe's "
+        f"{results['redecoded']['decoding'] or 'generation config (unchanged)'} "
+        f"({results['redecoded']['date']}; their test median was {before:.2f}); training "
+        "never decodes, so nothing else about them differs.\n"
+    )
     decoding = results["redecoded"]["decoding"]
     name = "redecoded-" + ("-".join(str(decoding[key]) for key in sorted(decoding)) or "generation-config")
     write_results(folder, name, results)
@@ -480,8 +607,9 @@ def levers(args, data_dir: Path, output_dir: Path) -> dict:
     for name in [name for name in args.lever or LEVERS if name not in results["levers"]]:
         print(f"[{time.strftime('%H:%M:%S')}] lever {name!r}: {LEVERS[name]}", flush=True)
         run_dir = output_dir / f"lever-{len(results['levers'])}"
-        results["levers"][name] = run_in_child(multi30k_systems.run_system, "ours", args, data_dir, run_dir,
-                                               LEVERS[name])
+        results["levers"][name] = run_in_child(
+            multi30k_systems.run_system, "ours", args, data_dir, run_dir, LEVERS[name]
+        )
         print(json.dumps(without_examples(results["levers"][name]), default=str), flush=True)
         write_results(output_dir, "levers", results)
     (output_dir / "levers.md").write_text(levers_markdown(results), encoding="utf-8")
@@ -509,8 +637,7 @@ def comparison(args, data_dir: Path, output_dir: Path) -> dict:
             print(f"[{time.strftime('%H:%M:%S')}] run {index + 1}: {name}, {args.budget_minutes:g} min", flush=True)
             run_args = argparse.Namespace(**{**vars(args), "seed": args.seed + index})  # runs differ in seed
             run_dir = set_aside(output_dir / f"{name}-{index + 1}")
-            result = run_in_child(multi30k_systems.run_system, name, run_args, data_dir, run_dir,
-                                  LEVERS["recipe"])
+            result = run_in_child(multi30k_systems.run_system, name, run_args, data_dir, run_dir, LEVERS["recipe"])
             result.update(seed=run_args.seed, finished=time.strftime("%Y-%m-%d %H:%M"))
             if len(results["runs"][name]) > index:  # the slot --redo emptied
                 results["runs"][name][index] = result
@@ -526,9 +653,15 @@ def comparison(args, data_dir: Path, output_dir: Path) -> dict:
 
 def header(args, data_dir: Path) -> dict:
     """What every results file of a training mode begins with."""
-    return {"pair": args.pair, "budget_minutes": args.budget_minutes, "marian_setup": args.marian_setup,
-            "machine": machine(), "date": time.strftime("%Y-%m-%d"), "arguments": vars(args),
-            "test_sentences": len(read_split(data_dir, "test_2016_flickr", args.pair, args.test_limit))}
+    return {
+        "pair": args.pair,
+        "budget_minutes": args.budget_minutes,
+        "marian_setup": args.marian_setup,
+        "machine": machine(),
+        "date": time.strftime("%Y-%m-%d"),
+        "arguments": vars(args),
+        "test_sentences": len(read_split(data_dir, "test_2016_flickr", args.pair, args.test_limit)),
+    }
 
 
 def main(argv=None) -> dict | None:
@@ -538,8 +671,17 @@ def main(argv=None) -> dict | None:
         return None
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
-    mode = (averaging if args.averaging else length_penalties if args.length_penalties else redecoded if args.redecode
-            else levers if args.levers else comparison)
+    mode = (
+        averaging
+        if args.averaging
+        else length_penalties
+        if args.length_penalties
+        else redecoded
+        if args.redecode
+        else levers
+        if args.levers
+        else comparison
+    )
     return mode(args, data_dir, output_dir)
 
 

@@ -60,7 +60,9 @@ def merged_overrides(*texts: str) -> str:
     merged = {}
     for text in texts:
         merged.update(parse_overrides(text))
-    return ",".join(f"{key}={json.dumps(value) if not isinstance(value, str) else value}" for key, value in merged.items())
+    return ",".join(
+        f"{key}={json.dumps(value) if not isinstance(value, str) else value}" for key, value in merged.items()
+    )
 
 
 def ours_arguments(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], str]) -> list[str]:
@@ -70,17 +72,42 @@ def ours_arguments(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], 
     overrides = [recipe_overrides()]
     if args.dimensions:  # smoke runs: a smaller model
         d = args.dims
-        overrides.append(f"d_model={d['d_model']},encoder_layers={d['layers']},decoder_layers={d['layers']},"
-                         f"encoder_attention_heads={d['heads']},decoder_attention_heads={d['heads']},"
-                         f"encoder_ffn_dim={d['ffn']},decoder_ffn_dim={d['ffn']}")
+        overrides.append(
+            f"d_model={d['d_model']},encoder_layers={d['layers']},decoder_layers={d['layers']},"
+            f"encoder_attention_heads={d['heads']},decoder_attention_heads={d['heads']},"
+            f"encoder_ffn_dim={d['ffn']},decoder_ffn_dim={d['ffn']}"
+        )
     return [
-        str(RECIPE), "--output_dir", str(run_dir), "--source_lang", source, "--target_lang", target,
-        "--dataset_name", "none", "--do_predict", "false",  # local files; the test set is decoded below
-        "--train_source_file", str(files["train"][0]), "--train_target_file", str(files["train"][1]),
-        "--validation_source_file", str(files["val"][0]), "--validation_target_file", str(files["val"][1]),
-        "--config_overrides", merged_overrides(*overrides, config),
-        "--max_train_minutes", str(args.budget_minutes), "--seed", str(args.seed), "--disable_tqdm", "true",
-        *args.recipe_flag, *(BF16_FLAGS if args.bf16 else []), *flags,
+        str(RECIPE),
+        "--output_dir",
+        str(run_dir),
+        "--source_lang",
+        source,
+        "--target_lang",
+        target,
+        "--dataset_name",
+        "none",
+        "--do_predict",
+        "false",  # local files; the test set is decoded below
+        "--train_source_file",
+        str(files["train"][0]),
+        "--train_target_file",
+        str(files["train"][1]),
+        "--validation_source_file",
+        str(files["val"][0]),
+        "--validation_target_file",
+        str(files["val"][1]),
+        "--config_overrides",
+        merged_overrides(*overrides, config),
+        "--max_train_minutes",
+        str(args.budget_minutes),
+        "--seed",
+        str(args.seed),
+        "--disable_tqdm",
+        "true",
+        *args.recipe_flag,
+        *(BF16_FLAGS if args.bf16 else []),
+        *flags,
     ]
 
 
@@ -91,8 +118,10 @@ def final_weights(training_args) -> str:
     if training_args.ema_decay:
         return f"moving average of every update, decay {training_args.ema_decay:g}"
     if training_args.average_checkpoints:
-        return (f"{averaging.MEAN_NAMES[training_args.average_weights]} of the last "
-                f"{training_args.average_checkpoints} checkpoints")
+        return (
+            f"{averaging.MEAN_NAMES[training_args.average_weights]} of the last "
+            f"{training_args.average_checkpoints} checkpoints"
+        )
     return "last"
 
 
@@ -115,10 +144,15 @@ def train_ours(args, data_dir: Path, run_dir: Path, lever: tuple[list[str], str]
     trainer.train()
     seconds = time.perf_counter() - started
     result = {
-        "steps": trainer.state.global_step, "train_seconds": seconds, "target_tokens": counter.target_tokens,
-        "target_tokens_per_second": counter.target_tokens / seconds, "parameters": trainer.model.num_parameters(),
-        "model_dir": str(run_dir), "train_peak_memory_mib": peak_memory_mib(),
-        "vocabulary": len(prepared.tokenizer), "final_weights": final_weights(training_args),
+        "steps": trainer.state.global_step,
+        "train_seconds": seconds,
+        "target_tokens": counter.target_tokens,
+        "target_tokens_per_second": counter.target_tokens / seconds,
+        "parameters": trainer.model.num_parameters(),
+        "model_dir": str(run_dir),
+        "train_peak_memory_mib": peak_memory_mib(),
+        "vocabulary": len(prepared.tokenizer),
+        "final_weights": final_weights(training_args),
     }
     run.save_final_model(trainer, prepared.tokenizer, training_args.average_checkpoints, training_args.average_weights)
     return result
@@ -139,23 +173,48 @@ def metaspace_tokenizer(texts, vocab_size: int):
     backend.normalizer = normalizers.NFKC()
     backend.pre_tokenizer = pre_tokenizers.Metaspace()
     backend.decoder = decoders.Metaspace()
-    backend.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<unk>", "<s>", "</s>"]))
-    backend.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", backend.token_to_id("</s>"))])
-    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>", bos_token="<s>",
-                                   eos_token="</s>", clean_up_tokenization_spaces=False)
+    backend.train_from_iterator(
+        texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<pad>", "<unk>", "<s>", "</s>"])
+    )
+    backend.post_processor = processors.TemplateProcessing(
+        single="$A </s>", special_tokens=[("</s>", backend.token_to_id("</s>"))]
+    )
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        pad_token="<pad>",
+        unk_token="<unk>",
+        bos_token="<s>",
+        eos_token="</s>",
+        clean_up_tokenization_spaces=False,
+    )
 
 
 def marian_setup(setup: str, tokenizer, dims: dict):
     """MarianMT's config in the set-up ``--marian-setup`` names (`MARIAN_SETUPS`), at ``dims``, with one shared and
     tied vocabulary."""
-    shape = dict(d_model=dims["d_model"], encoder_layers=dims["layers"], decoder_layers=dims["layers"],
-                 encoder_attention_heads=dims["heads"], decoder_attention_heads=dims["heads"],
-                 encoder_ffn_dim=dims["ffn"], decoder_ffn_dim=dims["ffn"])
+    shape = dict(
+        d_model=dims["d_model"],
+        encoder_layers=dims["layers"],
+        decoder_layers=dims["layers"],
+        encoder_attention_heads=dims["heads"],
+        decoder_attention_heads=dims["heads"],
+        encoder_ffn_dim=dims["ffn"],
+        decoder_ffn_dim=dims["ffn"],
+    )
     paper = dict(activation_function="relu", scale_embedding=True)
-    settings = {"tuned": {**paper, "dropout": 0.1, "attention_dropout": 0.0, "activation_dropout": 0.0},
-                "paper": {**paper, "dropout": 0.3}, "user": {}}[setup]
-    return marian_config(tokenizer, forced_eos_token_id=None, tie_word_embeddings=True,
-                         share_encoder_decoder_embeddings=True, **shape, **settings)
+    settings = {
+        "tuned": {**paper, "dropout": 0.1, "attention_dropout": 0.0, "activation_dropout": 0.0},
+        "paper": {**paper, "dropout": 0.3},
+        "user": {},
+    }[setup]
+    return marian_config(
+        tokenizer,
+        forced_eos_token_id=None,
+        tie_word_embeddings=True,
+        share_encoder_decoder_embeddings=True,
+        **shape,
+        **settings,
+    )
 
 
 def train_marian(args, data_dir: Path, run_dir: Path) -> dict:
@@ -169,26 +228,49 @@ def train_marian(args, data_dir: Path, run_dir: Path) -> dict:
     torch.manual_seed(args.seed)
     model = MarianMTModel(marian_setup(args.marian_setup, tokenizer, args.dims))
     encoded = tokenizer([s for s, _ in train_pairs], text_target=[t for _, t in train_pairs])
-    examples = [{"input_ids": i, "labels": l} for i, l in zip(encoded["input_ids"], encoded["labels"])]
+    examples = [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
     paper_optimizer = {"adam_beta2": 0.98, "adam_epsilon": 1e-9} if args.marian_setup != "user" else {}
     training_args = Seq2SeqTrainingArguments(
-        output_dir=str(run_dir), max_steps=1_000_000, per_device_train_batch_size=64, learning_rate=1e-3,
-        lr_scheduler_type="inverse_sqrt", warmup_steps=800, label_smoothing_factor=0.1,
-        train_sampling_strategy="group_by_length", save_strategy="no", logging_steps=50, report_to="none",
-        use_cpu=True, bf16=args.bf16, seed=args.seed, disable_tqdm=True, **paper_optimizer,
+        output_dir=str(run_dir),
+        max_steps=1_000_000,
+        per_device_train_batch_size=64,
+        learning_rate=1e-3,
+        lr_scheduler_type="inverse_sqrt",
+        warmup_steps=800,
+        label_smoothing_factor=0.1,
+        train_sampling_strategy="group_by_length",
+        save_strategy="no",
+        logging_steps=50,
+        report_to="none",
+        use_cpu=True,
+        bf16=args.bf16,
+        seed=args.seed,
+        disable_tqdm=True,
+        **paper_optimizer,
     )
     counter = TokenCounter(DataCollatorForSeq2Seq(tokenizer, model=model))
-    trainer = Seq2SeqTrainer(model=model, args=training_args, train_dataset=examples, data_collator=counter,
-                             processing_class=tokenizer, callbacks=[WallClock(max_minutes=args.budget_minutes)])
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=training_args,
+        train_dataset=examples,
+        data_collator=counter,
+        processing_class=tokenizer,
+        callbacks=[WallClock(max_minutes=args.budget_minutes)],
+    )
     started = time.perf_counter()
     trainer.train()
     seconds = time.perf_counter() - started
     model.save_pretrained(run_dir)
     tokenizer.save_pretrained(run_dir)
     return {
-        "steps": trainer.state.global_step, "train_seconds": seconds, "target_tokens": counter.target_tokens,
-        "target_tokens_per_second": counter.target_tokens / seconds, "parameters": model.num_parameters(),
-        "model_dir": str(run_dir), "train_peak_memory_mib": peak_memory_mib(), "vocabulary": len(tokenizer),
+        "steps": trainer.state.global_step,
+        "train_seconds": seconds,
+        "target_tokens": counter.target_tokens,
+        "target_tokens_per_second": counter.target_tokens / seconds,
+        "parameters": model.num_parameters(),
+        "model_dir": str(run_dir),
+        "train_peak_memory_mib": peak_memory_mib(),
+        "vocabulary": len(tokenizer),
         "final_weights": "last",
     }
 
@@ -207,14 +289,24 @@ def decode_and_score(name: str, model_dir: str, pairs, batch_size: int, **settin
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(model_dir).eval(), AutoTokenizer.from_pretrained(model_dir)
     sources, references = [list(side) for side in zip(*pairs)]
     if name == "marian":  # ours decodes with its own generation config; MarianMT gets the same settings spelled out
-        settings = {"num_beams": 4, "length_penalty": 0.6, "early_stopping": True,
-                    "max_new_tokens": max(len(ids) for ids in tokenizer(sources)["input_ids"]) + 50, **settings}
+        settings = {
+            "num_beams": 4,
+            "length_penalty": 0.6,
+            "early_stopping": True,
+            "max_new_tokens": max(len(ids) for ids in tokenizer(sources)["input_ids"]) + 50,
+            **settings,
+        }
     started = time.perf_counter()
     hypotheses = translate(model, tokenizer, sources, batch_size=batch_size, **settings)
     seconds = time.perf_counter() - started
     words = sum(len(text.split()) for text in hypotheses) / sum(len(text.split()) for text in references)
-    return {**score(hypotheses, references), "length_ratio": words, "decode_seconds": seconds,
-            "sentences_per_second": len(sources) / seconds, "examples": hypotheses[:3]}
+    return {
+        **score(hypotheses, references),
+        "length_ratio": words,
+        "decode_seconds": seconds,
+        "sentences_per_second": len(sources) / seconds,
+        "examples": hypotheses[:3],
+    }
 
 
 def decode_ours(key: str, model_dir: str, pairs, batch_size: int, **decoding) -> dict:
@@ -226,9 +318,12 @@ def decode_ours(key: str, model_dir: str, pairs, batch_size: int, **decoding) ->
 
     formula = decoding.get("length_penalty_formula") or penalty_formula_of(GenerationConfig.from_pretrained(model_dir))
     other = OTHER_FORMULA[formula]
-    return {key: decode_and_score("ours", model_dir, pairs, batch_size, **decoding),
-            f"{key} with {other} penalty": decode_and_score("ours", model_dir, pairs, batch_size,
-                                                            **{**decoding, "length_penalty_formula": other})}
+    return {
+        key: decode_and_score("ours", model_dir, pairs, batch_size, **decoding),
+        f"{key} with {other} penalty": decode_and_score(
+            "ours", model_dir, pairs, batch_size, **{**decoding, "length_penalty_formula": other}
+        ),
+    }
 
 
 def run_system(name: str, args, data_dir: Path, run_dir: Path, lever: tuple[list[str], str]) -> dict:

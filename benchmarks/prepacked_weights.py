@@ -23,8 +23,8 @@ import statistics
 import time
 
 import torch
-from common import argument_parser
 
+from common import argument_parser
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.cpu_decoding import prepack_for_cpu_decoding, unprepack
 
@@ -53,13 +53,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def timed_generate(model, input_ids: torch.Tensor, new_tokens: int, prepacked: bool, processor: bool = False
-                   ) -> tuple[float, torch.Tensor]:
+def timed_generate(
+    model, input_ids: torch.Tensor, new_tokens: int, prepacked: bool, processor: bool = False
+) -> tuple[float, torch.Tensor]:
     """generate() on ``model`` with its FFN and output-projection weights prepacked (the switch on) or plain."""
     (prepack_for_cpu_decoding if prepacked else unprepack)(model)
     at_least = {"min_new_tokens": new_tokens} if processor else {}
     started = time.perf_counter()
-    output = model.generate(input_ids=input_ids, num_beams=4, max_new_tokens=new_tokens, early_stopping=True, **at_least)
+    output = model.generate(
+        input_ids=input_ids, num_beams=4, max_new_tokens=new_tokens, early_stopping=True, **at_least
+    )
     return time.perf_counter() - started, output
 
 
@@ -69,23 +72,37 @@ def main(argv=None) -> list[dict]:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     config = VanillaTransformerConfig(
-        vocab_size=args.vocab, d_model=args.d_model, encoder_ffn_dim=args.ffn, decoder_ffn_dim=args.ffn,
-        encoder_layers=args.layers, decoder_layers=args.layers, encoder_attention_heads=args.heads,
+        vocab_size=args.vocab,
+        d_model=args.d_model,
+        encoder_ffn_dim=args.ffn,
+        decoder_ffn_dim=args.ffn,
+        encoder_layers=args.layers,
+        decoder_layers=args.layers,
+        encoder_attention_heads=args.heads,
         decoder_attention_heads=args.heads,
     )
     model = VanillaTransformerForConditionalGeneration(config).eval()
-    print(f"d_model {args.d_model}, FFN {args.ffn}, {args.layers}+{args.layers} layers, vocabulary {args.vocab}; "
-          f"beam 4, source {SOURCE_TOKENS} tokens; {'with' if args.processor else 'no'} min_new_tokens processor; "
-          f"{torch.get_num_threads()} threads, {args.repeats} repeats\n")
-    print("| sentences per call | new tokens (decoded) | plain weights ms | prepacked ms | prepacked speed-up | outputs |")
+    print(
+        f"d_model {args.d_model}, FFN {args.ffn}, {args.layers}+{args.layers} layers, vocabulary {args.vocab}; "
+        f"beam 4, source {SOURCE_TOKENS} tokens; {'with' if args.processor else 'no'} min_new_tokens processor; "
+        f"{torch.get_num_threads()} threads, {args.repeats} repeats\n"
+    )
+    print(
+        "| sentences per call | new tokens (decoded) | plain weights ms | prepacked ms | prepacked speed-up | outputs |"
+    )
     print("|---|---|---|---|---|---|")
     rows = []
     try:
         for batch in args.batches:
-            input_ids = torch.randint(4, args.vocab, (batch, SOURCE_TOKENS), generator=torch.Generator().manual_seed(batch))
+            input_ids = torch.randint(
+                4, args.vocab, (batch, SOURCE_TOKENS), generator=torch.Generator().manual_seed(batch)
+            )
             for new_tokens in args.new_tokens:
                 seconds = {True: [], False: []}
-                outputs = {flag: timed_generate(model, input_ids, new_tokens, flag, args.processor)[1] for flag in (True, False)}
+                outputs = {
+                    flag: timed_generate(model, input_ids, new_tokens, flag, args.processor)[1]
+                    for flag in (True, False)
+                }
                 for _ in range(args.repeats):
                     for flag in (True, False):
                         elapsed, outputs[flag] = timed_generate(model, input_ids, new_tokens, flag, args.processor)
@@ -93,10 +110,21 @@ def main(argv=None) -> list[dict]:
                 plain, packed = statistics.median(seconds[False]), statistics.median(seconds[True])
                 identical = torch.equal(outputs[True], outputs[False])
                 decoded = outputs[True].shape[1] - 1  # after the start token
-                rows.append({"batch": batch, "new_tokens": new_tokens, "decoded": decoded, "plain": plain,
-                             "prepacked": packed, "identical": identical})
-                print(f"| {batch} | {new_tokens} ({decoded}) | {plain * 1e3:.0f} | {packed * 1e3:.0f} | {plain / packed:.2f}x | "
-                      f"{'identical' if identical else 'DIFFERENT'} |", flush=True)
+                rows.append(
+                    {
+                        "batch": batch,
+                        "new_tokens": new_tokens,
+                        "decoded": decoded,
+                        "plain": plain,
+                        "prepacked": packed,
+                        "identical": identical,
+                    }
+                )
+                print(
+                    f"| {batch} | {new_tokens} ({decoded}) | {plain * 1e3:.0f} | {packed * 1e3:.0f} | {plain / packed:.2f}x | "
+                    f"{'identical' if identical else 'DIFFERENT'} |",
+                    flush=True,
+                )
     finally:
         unprepack(model)
     return rows

@@ -29,6 +29,11 @@ import types
 from collections.abc import Callable
 
 import torch
+from torch import nn
+from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianMTModel
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.trainer_pt_utils import LabelSmoother
+
 from common import (
     MULTI30K_SHAPE,
     add_data_dir,
@@ -42,15 +47,10 @@ from common import (
     read_split,
     speed_ratio,
 )
-from torch import nn
-from transformers import AutoTokenizer, DataCollatorForSeq2Seq, MarianMTModel
-from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.trainer_pt_utils import LabelSmoother
-
 from vanilla_transformer.convert import from_marian
 from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerAttention, eager_attention_forward
-from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 from vanilla_transformer.training.flops import matmul_flops_per_second, training_flops
+from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
 LABEL_SMOOTHING = 0.1
 
@@ -63,8 +63,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation happens here)")
     add_timing_flags(parser)
     parser.add_argument("--levers", action="store_true", help="also time the model with each lever undone")
-    parser.add_argument("--bf16", action="store_true",
-                        help="also time both systems under CPU bfloat16 autocast (the Trainer's --bf16), same series")
+    parser.add_argument(
+        "--bf16",
+        action="store_true",
+        help="also time both systems under CPU bfloat16 autocast (the Trainer's --bf16), same series",
+    )
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile row")
     parser.add_argument("--profile", choices=["ours", "marian"], help="print torch.profiler's table of 3 steps")
     return parser.parse_args(argv)
@@ -86,7 +89,7 @@ def make_batch(tokenizer, train_pairs) -> dict:
     pairs = train_pairs[:3000]
     encoded = tokenizer([s for s, _ in pairs], text_target=[t for _, t in pairs])
     examples = sorted(
-        ({"input_ids": i, "labels": l} for i, l in zip(encoded["input_ids"], encoded["labels"])),
+        ({"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])),
         key=lambda e: max(len(e["input_ids"]), len(e["labels"])),
     )[1200:1400]
     return dict(DataCollatorForSeq2Seq(tokenizer)(examples))
@@ -101,15 +104,21 @@ def build_models(tokenizer):
 
 def ours_loss(model, batch) -> torch.Tensor:
     """TransformerTrainer.compute_loss: logits, then the per-token label-smoothed loss."""
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   decoder_input_ids=batch["decoder_input_ids"]).logits
+    logits = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        decoder_input_ids=batch["decoder_input_ids"],
+    ).logits
     return label_smoothed_cross_entropy(logits, batch["labels"], None, LABEL_SMOOTHING)
 
 
 def marian_loss(model, batch) -> torch.Tensor:
     """Seq2SeqTrainer.compute_loss with label_smoothing_factor: the labels go to its LabelSmoother."""
-    outputs = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                    decoder_input_ids=batch["decoder_input_ids"])
+    outputs = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        decoder_input_ids=batch["decoder_input_ids"],
+    )
     return LabelSmoother(epsilon=LABEL_SMOOTHING)(outputs, batch["labels"])
 
 
@@ -127,8 +136,9 @@ def check_same_computation(ours, marian, batch) -> str:
         model.train()
     (loss_a, norm_a), (loss_b, norm_b) = results
     if abs(loss_a - loss_b) > 1e-5 * abs(loss_b) or abs(norm_a - norm_b) > 1e-4 * norm_b:
-        raise RuntimeError(f"ours and MarianMT disagree on this batch: loss {loss_a} vs {loss_b}, "
-                           f"gradient norm {norm_a} vs {norm_b}")
+        raise RuntimeError(
+            f"ours and MarianMT disagree on this batch: loss {loss_a} vs {loss_b}, gradient norm {norm_a} vs {norm_b}"
+        )
     return f"loss {loss_a:.6f} vs {loss_b:.6f}, gradient norm {norm_a:.6f} vs {norm_b:.6f}"
 
 
@@ -139,8 +149,13 @@ def check_same_computation(ours, marian, batch) -> str:
 
 def previous_loss(logits, labels, num_items_in_batch=None, label_smoothing=0.0):
     """label_smoothed_cross_entropy before commit e8ee040: PyTorch's cross_entropy on a float copy of the logits."""
-    total = nn.functional.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=-100,
-                                        reduction="sum", label_smoothing=label_smoothing)
+    total = nn.functional.cross_entropy(
+        logits.float().flatten(0, 1),
+        labels.flatten(),
+        ignore_index=-100,
+        reduction="sum",
+        label_smoothing=label_smoothing,
+    )
     return total / (labels != -100).sum()
 
 
@@ -162,15 +177,22 @@ def with_fused_projections(model):
     return model
 
 
-def _fused_self_attention(self, hidden_states, attention_mask=None, encoder_hidden_states=None,
-                          cache=None, **kwargs):
+def _fused_self_attention(self, hidden_states, attention_mask=None, encoder_hidden_states=None, cache=None, **kwargs):
     weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight])
     bias = torch.cat([self.q_proj.bias, self.k_proj.bias, self.v_proj.bias])
     projected = nn.functional.linear(hidden_states, weight, bias)  # (B, T, 3 * H * D)
     query, key, value = (self._split_heads(part) for part in projected.chunk(3, dim=-1))
     attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-    output, weights = attention(self, query, key, value, attention_mask, scaling=self.scaling,
-                                dropout=self.attention_dropout if self.training else 0.0, **kwargs)
+    output, weights = attention(
+        self,
+        query,
+        key,
+        value,
+        attention_mask,
+        scaling=self.scaling,
+        dropout=self.attention_dropout if self.training else 0.0,
+        **kwargs,
+    )
     return self.out_proj(output.reshape(*hidden_states.shape[:-1], -1)), weights
 
 
@@ -205,8 +227,10 @@ def row(name: str, seconds: list[float], reference: list[float], flops: float, p
     target tokens/s, model GFLOP/s and the fraction of peak."""
     median = statistics.median(seconds)
     ratio, low, high = speed_ratio(reference, seconds)
-    return (f"| {name} | {median * 1000:.0f} | {ratio:.2f}x ({low:.2f}-{high:.2f}) | {tokens / median:.0f} | "
-            f"{flops / median / 1e9:.1f} | {flops / median / peak:.1%} |")
+    return (
+        f"| {name} | {median * 1000:.0f} | {ratio:.2f}x ({low:.2f}-{high:.2f}) | {tokens / median:.0f} | "
+        f"{flops / median / 1e9:.1f} | {flops / median / peak:.1%} |"
+    )
 
 
 def lever_variants(args, marian) -> dict[str, tuple[nn.Module, Callable]]:
@@ -222,8 +246,11 @@ def lever_variants(args, marian) -> dict[str, tuple[nn.Module, Callable]]:
 
 
 def previous_loss_step(model, batch) -> torch.Tensor:
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   decoder_input_ids=batch["decoder_input_ids"]).logits
+    logits = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        decoder_input_ids=batch["decoder_input_ids"],
+    ).logits
     return previous_loss(logits, batch["labels"], label_smoothing=LABEL_SMOOTHING)
 
 
@@ -238,32 +265,57 @@ def main(argv=None) -> dict | None:
     batch = make_batch(tokenizer, train_pairs)
     ours, marian = build_models(tokenizer)
     batch["decoder_input_ids"] = ours.prepare_decoder_input_ids_from_labels(batch["labels"])
-    print(f"batch: {tuple(batch['input_ids'].shape)} -> {tuple(batch['labels'].shape)}; "
-          f"same computation: {check_same_computation(ours, marian, batch)}")
+    print(
+        f"batch: {tuple(batch['input_ids'].shape)} -> {tuple(batch['labels'].shape)}; "
+        f"same computation: {check_same_computation(ours, marian, batch)}"
+    )
     source_lengths = batch["attention_mask"].sum(1).tolist()
     target_lengths = (batch["labels"] != -100).sum(1).tolist()
-    flops, tokens, peak = training_flops(ours.config, source_lengths, target_lengths), sum(target_lengths), peak_flops(clock)
-    print(f"threads {torch.get_num_threads()}, fp32 matmul peak {peak / 1e9:.0f} GFLOP/s, "
-          f"{flops / 1e9:.1f} GFLOP per step, {args.steps} steps per system, alternating")
-    header = ["| step | median ms | speed vs first row (range over pairs) | target tokens/s | GFLOP/s | of fp32 peak |",
-              "|---|---|---|---|---|---|"]
-    systems = {"MarianMT": trainer_step(marian.train(), batch, marian_loss),
-               "ours": trainer_step(ours.train(), batch, ours_loss)}
+    flops, tokens, peak = (
+        training_flops(ours.config, source_lengths, target_lengths),
+        sum(target_lengths),
+        peak_flops(clock),
+    )
+    print(
+        f"threads {torch.get_num_threads()}, fp32 matmul peak {peak / 1e9:.0f} GFLOP/s, "
+        f"{flops / 1e9:.1f} GFLOP per step, {args.steps} steps per system, alternating"
+    )
+    header = [
+        "| step | median ms | speed vs first row (range over pairs) | target tokens/s | GFLOP/s | of fp32 peak |",
+        "|---|---|---|---|---|---|",
+    ]
+    systems = {
+        "MarianMT": trainer_step(marian.train(), batch, marian_loss),
+        "ours": trainer_step(ours.train(), batch, ours_loss),
+    }
     if args.bf16:  # fresh copies of the same weights; GFLOP/s and the fraction are still of the fp32 peak
         systems["MarianMT, bf16 autocast"] = trainer_step(copy.deepcopy(marian).train(), batch, marian_loss, bf16=True)
         systems["ours, bf16 autocast"] = trainer_step(from_marian(marian).train(), batch, ours_loss, bf16=True)
     series, _ = alternate(systems, args.steps, args.warmup, clock)
-    print("\n".join(header + [row(name, seconds, series["MarianMT"], flops, peak, tokens)
-                              for name, seconds in series.items()]))
+    print(
+        "\n".join(
+            header + [row(name, seconds, series["MarianMT"], flops, peak, tokens) for name, seconds in series.items()]
+        )
+    )
     levers = {}
     for name, (model, loss_function) in lever_variants(args, marian).items():
-        levers[name], _ = alternate({"ours": trainer_step(from_marian(marian).train(), batch, ours_loss),
-                                     name: trainer_step(model, batch, loss_function)}, args.steps, args.warmup, clock)
+        levers[name], _ = alternate(
+            {
+                "ours": trainer_step(from_marian(marian).train(), batch, ours_loss),
+                name: trainer_step(model, batch, loss_function),
+            },
+            args.steps,
+            args.warmup,
+            clock,
+        )
     if levers:
         print("\nlevers: ours against ours with the lever undone (or done), alternating")
-        lines = [row(f"{name}: ours", paired["ours"], paired["ours"], flops, peak, tokens) + "\n"
-                 + row(f"{name}: this", paired[name], paired["ours"], flops, peak, tokens)
-                 for name, paired in levers.items()]
+        lines = [
+            row(f"{name}: ours", paired["ours"], paired["ours"], flops, peak, tokens)
+            + "\n"
+            + row(f"{name}: this", paired[name], paired["ours"], flops, peak, tokens)
+            for name, paired in levers.items()
+        ]
         print("\n".join(header + lines))
     if args.profile:
         model, loss_function = (ours, ours_loss) if args.profile == "ours" else (marian, marian_loss)

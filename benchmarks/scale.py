@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from common import REPO, argument_parser
 
 LETTERS = "abcdefghijklmnopqrstuvwxyzäöüéè"
@@ -66,7 +67,7 @@ def write_corpus(folder: Path, pairs: int, seed: int = 0, chunk: int = 100_000) 
                 counts = np.clip(np.rint(lengths * scale), 1, 150).astype(int)
                 words = vocabulary[side][rng.choice(50_000, size=int(counts.sum()), p=zipf)]
                 ends = np.cumsum(counts)
-                handle.write("".join(" ".join(words[end - n:end]) + "\n" for n, end in zip(counts, ends)))
+                handle.write("".join(" ".join(words[end - n : end]) + "\n" for n, end in zip(counts, ends)))
     stamp.write_text(f"{pairs} {seed}")
     return source, target
 
@@ -126,23 +127,63 @@ class MemoryWatcher(threading.Thread):
                     self.anonymous[pid] = max(self.anonymous.get(pid, 0), anon or 0)
                     if pid not in self.names:
                         try:
-                            self.names[pid] = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+                            self.names[pid] = (
+                                Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:200]
+                            )
                         except OSError:
                             self.names[pid] = "?"
             time.sleep(self.interval)
 
 
 def train_command(processes: int, source: Path, target: Path, output_dir: Path, cache_dir: Path) -> list[str]:
-    script = [str(REPO / "training/train.py"), "--train_source_file", str(source), "--train_target_file", str(target),
-              "--output_dir", str(output_dir), "--cache_dir", str(cache_dir), "--preset", "tiny",
-              "--tokenizer_vocab_size", "37000", "--max_tokens", "1024", "--max_steps", "1", "--logging_steps", "1",
-              "--save_strategy", "no", "--eval_strategy", "no", "--report_to", "none", "--use_cpu",
-              "--disable_tqdm", "true", "--learning_rate", "1e-3", "--warmup_steps", "1"]
+    script = [
+        str(REPO / "training/train.py"),
+        "--train_source_file",
+        str(source),
+        "--train_target_file",
+        str(target),
+        "--output_dir",
+        str(output_dir),
+        "--cache_dir",
+        str(cache_dir),
+        "--preset",
+        "tiny",
+        "--tokenizer_vocab_size",
+        "37000",
+        "--max_tokens",
+        "1024",
+        "--max_steps",
+        "1",
+        "--logging_steps",
+        "1",
+        "--save_strategy",
+        "no",
+        "--eval_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "--disable_tqdm",
+        "true",
+        "--learning_rate",
+        "1e-3",
+        "--warmup_steps",
+        "1",
+    ]
     if processes == 1:
         return [sys.executable, *script]
-    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-            str(REPO / "training/accelerate/ddp.yaml"), "--num_processes", str(processes), "--main_process_port",
-            "29581", *script]
+    return [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(REPO / "training/accelerate/ddp.yaml"),
+        "--num_processes",
+        str(processes),
+        "--main_process_port",
+        "29581",
+        *script,
+    ]
 
 
 def run_once(processes: int, source: Path, target: Path, work: Path, cache_dir: Path) -> dict:
@@ -152,8 +193,13 @@ def run_once(processes: int, source: Path, target: Path, work: Path, cache_dir: 
     environment = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)}
     started = time.perf_counter()
     cpu_before = os.times()
-    process = subprocess.Popen(train_command(processes, source, target, output_dir, cache_dir), env=environment,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        train_command(processes, source, target, output_dir, cache_dir),
+        env=environment,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     watcher = MemoryWatcher(process.pid)
     watcher.start()
     first_update, log = None, []
@@ -171,9 +217,13 @@ def run_once(processes: int, source: Path, target: Path, work: Path, cache_dir: 
     runs_train = {pid for pid, name in watcher.names.items() if "train.py" in name and "accelerate" not in name}
     # The training processes; processes they fork (the tokenising workers of datasets.map) share their pages.
     trainers = {pid: watcher.peak[pid] for pid in runs_train if watcher.parents.get(pid) not in runs_train}
-    cpu = (cpu_after.children_user - cpu_before.children_user) + (cpu_after.children_system - cpu_before.children_system)
+    cpu = (cpu_after.children_user - cpu_before.children_user) + (
+        cpu_after.children_system - cpu_before.children_system
+    )
     return {
-        "processes": processes, "seconds_to_first_update": first_update, "seconds_total": seconds,
+        "processes": processes,
+        "seconds_to_first_update": first_update,
+        "seconds_total": seconds,
         "peak_memory_mib_per_process": sorted(round(kib / 1024) for kib in trainers.values()),
         "peak_anonymous_mib_per_process": sorted(round(watcher.anonymous[pid] / 1024) for pid in trainers),
         "cores_busy": cpu / seconds,  # CPU time of every process over the wall time of the whole run
@@ -184,8 +234,11 @@ def measure(pairs: int, args) -> list[dict]:
     corpus = Path(args.output_dir) / f"corpus-{pairs}"
     started = time.perf_counter()
     source, target = write_corpus(corpus, pairs, args.seed)
-    print(f"[{pairs} pairs] corpus ready in {time.perf_counter() - started:.0f} s ({source.stat().st_size >> 20} MiB"
-          f" + {target.stat().st_size >> 20} MiB gzip)", flush=True)
+    print(
+        f"[{pairs} pairs] corpus ready in {time.perf_counter() - started:.0f} s ({source.stat().st_size >> 20} MiB"
+        f" + {target.stat().st_size >> 20} MiB gzip)",
+        flush=True,
+    )
     results = []
     for processes in args.processes:
         cache_dir = Path(args.output_dir) / f"cache-{pairs}-{processes}"
@@ -198,12 +251,17 @@ def measure(pairs: int, args) -> list[dict]:
 
 
 def markdown(results: list[dict]) -> str:
-    rows = ["| pairs | processes | run | to first update (s) | peak memory per process (MiB) | of it anonymous (MiB) "
-            "| cores busy |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    rows = [
+        "| pairs | processes | run | to first update (s) | peak memory per process (MiB) | of it anonymous (MiB) "
+        "| cores busy |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
     for r in results:
-        rows.append(f"| {r['pairs']:,} | {r['processes']} | {r['run']} | {r['seconds_to_first_update']:.0f} | "
-                    f"{', '.join(map(str, r['peak_memory_mib_per_process']))} | "
-                    f"{', '.join(map(str, r['peak_anonymous_mib_per_process']))} | {r['cores_busy']:.2f} |")
+        rows.append(
+            f"| {r['pairs']:,} | {r['processes']} | {r['run']} | {r['seconds_to_first_update']:.0f} | "
+            f"{', '.join(map(str, r['peak_memory_mib_per_process']))} | "
+            f"{', '.join(map(str, r['peak_anonymous_mib_per_process']))} | {r['cores_busy']:.2f} |"
+        )
     return "\n".join(rows) + "\n"
 
 

@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 import torch
-from common import REPO, add_data_dir, argument_parser, multi30k_folder, read_split
-from decoding import load_models, make_batches, processor_setting, transformers_decoder
 
 import vanilla_transformer.generation_vanilla_transformer as generation
+from common import REPO, add_data_dir, argument_parser, multi30k_folder, read_split
+from decoding import load_models, make_batches, processor_setting, transformers_decoder
 
 MODULE = "vanilla_transformer/generation_vanilla_transformer.py"
 
@@ -39,8 +39,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--marian-model", help="a trained MarianMTModel folder with its tokenizer (default: random)")
     parser.add_argument("--sentences", type=int, default=256)
     parser.add_argument("--rounds", type=int, default=7, help="timed passes per search")
-    parser.add_argument("--processor", action="append", default=[], metavar="NAME=VALUE",
-                        help="a generate() setting that adds a logits processor (repeatable), as in decoding.py")
+    parser.add_argument(
+        "--processor",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a generate() setting that adds a logits processor (repeatable), as in decoding.py",
+    )
     args = parser.parse_args(argv)
     args.processors = dict(processor_setting(text, parser) for text in args.processor)
     return args
@@ -49,8 +54,9 @@ def parse_args(argv=None) -> argparse.Namespace:
 def search_of(commit: str):
     """The `BeamSearch` class of ``commit``'s generation module."""
     try:
-        source = subprocess.run(["git", "show", f"{commit}:{MODULE}"], cwd=REPO, check=True, capture_output=True,
-                                text=True).stdout
+        source = subprocess.run(
+            ["git", "show", f"{commit}:{MODULE}"], cwd=REPO, check=True, capture_output=True, text=True
+        ).stdout
     except subprocess.CalledProcessError as error:
         raise SystemExit(f"--base {commit}: git cannot show {MODULE} there ({error.stderr.strip()})") from None
     with tempfile.TemporaryDirectory() as folder:
@@ -71,8 +77,7 @@ def main(argv=None) -> dict | None:
     searches = {"base": search_of(args.base), "working tree": generation.BeamSearch}
     marian, ours, tokenizer, trained = load_models(args, data_dir)
     pairs = read_split(data_dir, "test_2016_flickr", limit=args.sentences)
-    decode = transformers_decoder(ours, tokenizer, make_batches(tokenizer, pairs, 32, trained), 4,
-                                  args.processors)
+    decode = transformers_decoder(ours, tokenizer, make_batches(tokenizer, pairs, 32, trained), 4, args.processors)
     seconds, hypotheses = {name: [] for name in searches}, {}
     try:
         for round_ in range(args.rounds):
@@ -84,13 +89,18 @@ def main(argv=None) -> dict | None:
     finally:
         generation.BeamSearch = searches["working tree"]
     ratios = [base / new for base, new in zip(seconds["base"], seconds["working tree"])]
-    result = {"medians": {name: statistics.median(times) for name, times in seconds.items()},
-              "ratios": ratios, "median_ratio": statistics.median(ratios),
-              "identical": hypotheses["base"] == hypotheses["working tree"]}
+    result = {
+        "medians": {name: statistics.median(times) for name, times in seconds.items()},
+        "ratios": ratios,
+        "median_ratio": statistics.median(ratios),
+        "identical": hypotheses["base"] == hypotheses["working tree"],
+    }
     print(f"median seconds: base {result['medians']['base']:.3f}, working tree {result['medians']['working tree']:.3f}")
-    print(f"base / working tree per round: {', '.join(f'{r:.3f}' for r in ratios)}; median "
-          f"{result['median_ratio']:.3f} ({min(ratios):.2f}-{max(ratios):.2f}); identical hypotheses: "
-          f"{result['identical']}")
+    print(
+        f"base / working tree per round: {', '.join(f'{r:.3f}' for r in ratios)}; median "
+        f"{result['median_ratio']:.3f} ({min(ratios):.2f}-{max(ratios):.2f}); identical hypotheses: "
+        f"{result['identical']}"
+    )
     return result
 
 

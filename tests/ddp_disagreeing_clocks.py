@@ -38,8 +38,11 @@ if __name__ == "__main__":
     clock = UpdateTakes()
     trainer.add_callback(clock)
     trainer.train()
-    weights = sum(float(p.detach().double().sum()) for p in trainer.accelerator.unwrap_model(trainer.model).parameters())
-    Path(trainer.args.output_dir, f"rank-{RANK}.json").write_text(json.dumps(
-        {"rates": clock.rates, "steps": trainer.state.global_step, "weights": weights}))
+    weights = sum(
+        float(p.detach().double().sum()) for p in trainer.accelerator.unwrap_model(trainer.model).parameters()
+    )
+    Path(trainer.args.output_dir, f"rank-{RANK}.json").write_text(
+        json.dumps({"rates": clock.rates, "steps": trainer.state.global_step, "weights": weights})
+    )
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()

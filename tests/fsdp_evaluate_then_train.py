@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import fsdp_on_cpu  # noqa: F401  (lets accelerate run FSDP on CPU processes)
-
 from vanilla_transformer.training import run as train
 
 if __name__ == "__main__":

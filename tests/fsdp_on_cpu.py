@@ -36,4 +36,6 @@ if __name__ == "__main__":
     # For the test: main() must return with the process group closed, or gloo's threads can abort
     # this process at exit after a run that succeeded.
     output_dir = Path(sys.argv[sys.argv.index("--output_dir") + 1])
-    (output_dir / f"process_group_open_after_main.rank{os.environ['RANK']}").write_text(str(torch.distributed.is_initialized()))
+    (output_dir / f"process_group_open_after_main.rank{os.environ['RANK']}").write_text(
+        str(torch.distributed.is_initialized())
+    )

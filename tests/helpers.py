@@ -28,7 +28,11 @@ def run_without_package(code: str, cwd, timeout: int = 300) -> str:
     env["HF_HUB_OFFLINE"] = "1"
     result = subprocess.run(
         [sys.executable, "-c", _BLOCK_PACKAGE + textwrap.dedent(code)],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
     assert result.returncode == 0, f"subprocess failed:\n{result.stderr[-4000:]}"
     return result.stdout

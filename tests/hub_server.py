@@ -133,7 +133,7 @@ class RepoStore:
 class HubRequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive, as the client expects; every answer has a Content-Length
     timeout = SOCKET_TIMEOUT_SECONDS
-    server: "LoopbackHub"
+    server: LoopbackHub
 
     # (method, path pattern, handler name)
     ROUTES = [
@@ -205,7 +205,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         try:
             return json.loads(self._body() or b"{}")
         except json.JSONDecodeError as error:
-            raise HubError(HTTPStatus.BAD_REQUEST, f"invalid JSON body: {error}")
+            raise HubError(HTTPStatus.BAD_REQUEST, f"invalid JSON body: {error}") from None
 
     def _require_token(self) -> None:
         if self.headers.get("Authorization") != f"Bearer {TOKEN}":
@@ -238,10 +238,16 @@ class HubRequestHandler(BaseHTTPRequestHandler):
 
     def whoami(self):
         self._require_token()
-        self._send_json({
-            "type": "user", "id": "0", "name": USER, "fullname": "Test User", "orgs": [],
-            "auth": {"type": "access_token", "accessToken": {"displayName": "tests", "role": "write"}},
-        })
+        self._send_json(
+            {
+                "type": "user",
+                "id": "0",
+                "name": USER,
+                "fullname": "Test User",
+                "orgs": [],
+                "auth": {"type": "access_token", "accessToken": {"displayName": "tests", "role": "write"}},
+            }
+        )
 
     def create_repo(self):
         self._require_token()
@@ -277,16 +283,20 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         sha = self.server.store.resolve(repo, revision)
         existing = self.server.store.files(repo, sha)
         files = self._json_body().get("files", [])
-        self._send_json({
-            "files": [
-                {
-                    "path": file["path"], "uploadMode": "regular", "shouldIgnore": False,
-                    "oid": git_blob_oid(existing[file["path"]].read_bytes()) if file["path"] in existing else None,
-                }
-                for file in files
-            ],
-            "commitOid": sha,
-        })
+        self._send_json(
+            {
+                "files": [
+                    {
+                        "path": file["path"],
+                        "uploadMode": "regular",
+                        "shouldIgnore": False,
+                        "oid": git_blob_oid(existing[file["path"]].read_bytes()) if file["path"] in existing else None,
+                    }
+                    for file in files
+                ],
+                "commitOid": sha,
+            }
+        )
 
     def commit(self, repo: str, revision: str):
         self._require_token()
@@ -306,18 +316,32 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         if parent is not None and parent != self.server.store.resolve(repo, revision):
             raise HubError(HTTPStatus.PRECONDITION_FAILED, "parentCommit is not the head of the branch")
         sha = self.server.store.commit(repo, revision, changes, header["summary"])
-        self._send_json({
-            "success": True, "commitOid": sha, "commitUrl": f"{self._endpoint()}/{repo}/commit/{sha}",
-            "pullRequestUrl": None,
-        })
+        self._send_json(
+            {
+                "success": True,
+                "commitOid": sha,
+                "commitUrl": f"{self._endpoint()}/{repo}/commit/{sha}",
+                "pullRequestUrl": None,
+            }
+        )
 
     def repo_info(self, repo: str, revision: str = "main"):
         sha = self.server.store.resolve(repo, revision)
-        self._send_json({
-            "id": repo, "modelId": repo, "author": repo.split("/")[0], "sha": sha, "private": False,
-            "disabled": False, "gated": False, "downloads": 0, "likes": 0, "tags": [],
-            "siblings": [{"rfilename": path} for path in self.server.store.files(repo, sha)],
-        })
+        self._send_json(
+            {
+                "id": repo,
+                "modelId": repo,
+                "author": repo.split("/")[0],
+                "sha": sha,
+                "private": False,
+                "disabled": False,
+                "gated": False,
+                "downloads": 0,
+                "likes": 0,
+                "tags": [],
+                "siblings": [{"rfilename": path} for path in self.server.store.files(repo, sha)],
+            }
+        )
 
     def tree(self, repo: str, revision: str, path: str = ""):
         sha = self.server.store.resolve(repo, revision)
@@ -327,7 +351,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         for file_path, file in self.server.store.files(repo, sha).items():
             if not file_path.startswith(prefix):
                 continue
-            rest = file_path[len(prefix):]
+            rest = file_path[len(prefix) :]
             if "/" in rest and not recursive:
                 folders.add(prefix + rest.split("/")[0])
                 continue
@@ -345,7 +369,9 @@ class HubRequestHandler(BaseHTTPRequestHandler):
             raise HubError(HTTPStatus.NOT_FOUND, f"{path} does not exist at {revision}", "EntryNotFound", sha)
         content = file.read_bytes()
         headers = {
-            "X-Repo-Commit": sha, "ETag": f'"{git_blob_oid(content)}"', "Content-Type": "application/octet-stream"
+            "X-Repo-Commit": sha,
+            "ETag": f'"{git_blob_oid(content)}"',
+            "Content-Type": "application/octet-stream",
         }
         self._send(HTTPStatus.OK, content, headers)
 
@@ -384,7 +410,7 @@ class LoopbackHub(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         return f"http://{host}:{port}"
 
-    def start(self) -> "LoopbackHub":
+    def start(self) -> LoopbackHub:
         self._thread.start()
         self._deadline.start()
         return self

@@ -32,7 +32,9 @@ def applied_on_cpu(monkeypatch):
     """Let the choice apply to CPU calls, recording (training, use) of each call."""
     calls = []
     use = backends.attention_use
-    monkeypatch.setattr(backends, "_applies", lambda module, hidden_states: module.config._attn_implementation == "sdpa")
+    monkeypatch.setattr(
+        backends, "_applies", lambda module, hidden_states: module.config._attn_implementation == "sdpa"
+    )
 
     def recorded(module, hidden_states, cache):
         calls.append((module.training and torch.is_grad_enabled(), use(module, hidden_states, cache)))
@@ -45,7 +47,9 @@ def applied_on_cpu(monkeypatch):
 def test_no_use_plans_cudnn_attention_per_shape():
     """Measured on an H200 (docs/benchmarks/gpu.md, 2026-11-27): cuDNN first in training made the first pass over
     new batch shapes 3.6x slower and the steady state 4% slower; no use of attention takes it."""
-    assert set(BACKENDS) == {(training, use) for training in (True, False) for use in (ENCODER, DECODER, CROSS, DECODING)}
+    assert set(BACKENDS) == {
+        (training, use) for training in (True, False) for use in (ENCODER, DECODER, CROSS, DECODING)
+    }
     for choice in BACKENDS.values():
         assert choice[-1] == MATH  # every call has a kernel that takes it
         assert CUDNN not in choice
@@ -62,14 +66,22 @@ def test_decoding_steps_are_classified_as_decoding_with_a_cache(applied_on_cpu):
     model = tiny_model().eval()
     batch = inputs()
     with torch.no_grad():
-        model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], num_beams=1,
-                       do_sample=False, max_new_tokens=4, min_new_tokens=4)
+        model.generate(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            num_beams=1,
+            do_sample=False,
+            max_new_tokens=4,
+            min_new_tokens=4,
+        )
     uses = [use for training, use in applied_on_cpu]
     assert not any(training for training, _ in applied_on_cpu)
     decoder_layers = model.config.decoder_layers
-    first_step = 2 * decoder_layers  # the first step's self-attention has no earlier keys; cross-attention fills the cache
+    first_step = (
+        2 * decoder_layers
+    )  # the first step's self-attention has no earlier keys; cross-attention fills the cache
     assert uses[: model.config.encoder_layers] == [ENCODER] * model.config.encoder_layers
-    assert set(uses[model.config.encoder_layers + first_step:]) == {DECODING}
+    assert set(uses[model.config.encoder_layers + first_step :]) == {DECODING}
 
 
 def test_outputs_are_the_same_with_the_chosen_kernels(applied_on_cpu):

@@ -6,7 +6,6 @@ a model whose state dict is set to that mean, and the files of the input checkpo
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
-
 from vanilla_transformer.training.averaging import average_checkpoints, average_tensors, last_checkpoints, main
 
 SOURCE = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
@@ -110,7 +108,9 @@ def test_cli_weights_flag(checkpoints, tmp_path, capsys):
     assert "linear weights" in capsys.readouterr().out
     states = [model.state_dict() for model in models[:2]]
     name = "model.shared.weight"
-    assert torch.equal(stored(tmp_path / "avg")[name], ((states[0][name].double() + 2 * states[1][name].double()) / 3).float())
+    assert torch.equal(
+        stored(tmp_path / "avg")[name], ((states[0][name].double() + 2 * states[1][name].double()) / 3).float()
+    )
     with pytest.raises(SystemExit):  # argparse names the flag and its choices
         main(["--inputs", str(folders[0]), "--output-dir", str(tmp_path / "x"), "--weights", "exp"])
 
@@ -232,12 +232,15 @@ def test_cli_with_explicit_inputs(checkpoints, tmp_path, capsys):
     assert all(torch.equal(t, expected[name]) for name, t in stored(output).items())
 
 
-@pytest.mark.parametrize("argv", [
-    ["--checkpoint-root", "x", "--output-dir", "o"],
-    ["--last", "5", "--inputs", "a", "--output-dir", "o"],
-    ["--inputs", "a", "--checkpoint-root", "x", "--last", "1", "--output-dir", "o"],
-    ["--inputs", "a"],
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--checkpoint-root", "x", "--output-dir", "o"],
+        ["--last", "5", "--inputs", "a", "--output-dir", "o"],
+        ["--inputs", "a", "--checkpoint-root", "x", "--last", "1", "--output-dir", "o"],
+        ["--inputs", "a"],
+    ],
+)
 def test_cli_rejects_inconsistent_arguments(argv):
     with pytest.raises(SystemExit):
         main(argv)
@@ -287,10 +290,13 @@ def rewrite_weights(folder: Path, tmp_path: Path, change) -> Path:
     return copy
 
 
-@pytest.mark.parametrize("change, difference", [
-    (lambda t: t.pop(FC1_BIAS), rf"lacks \['{FC1_BIAS}'\]"),
-    (lambda t: t.update({"lm_head.weight": t["model.shared.weight"].clone()}), r"has extra \['lm_head.weight'\]"),
-])
+@pytest.mark.parametrize(
+    "change, difference",
+    [
+        (lambda t: t.pop(FC1_BIAS), rf"lacks \['{FC1_BIAS}'\]"),
+        (lambda t: t.update({"lm_head.weight": t["model.shared.weight"].clone()}), r"has extra \['lm_head.weight'\]"),
+    ],
+)
 def test_refuses_different_tensor_names(checkpoints, tmp_path, change, difference):
     _, folders = checkpoints
     changed = rewrite_weights(folders[1], tmp_path, change)
@@ -307,10 +313,13 @@ def test_refuses_different_shapes(checkpoints, tmp_path):
         average_checkpoints([folders[0], changed], tmp_path / "avg")
 
 
-@pytest.mark.parametrize("overrides, field", [
-    (dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64), "d_model: 64 vs 32"),
-    (dict(encoder_attention_heads=2), "encoder_attention_heads: 4 vs 2"),  # same shapes, other model
-])
+@pytest.mark.parametrize(
+    "overrides, field",
+    [
+        (dict(d_model=32, encoder_ffn_dim=64, decoder_ffn_dim=64), "d_model: 64 vs 32"),
+        (dict(encoder_attention_heads=2), "encoder_attention_heads: 4 vs 2"),  # same shapes, other model
+    ],
+)
 def test_refuses_different_architectures(checkpoints, tmp_path, overrides, field):
     _, folders = checkpoints
     other = save(tiny_model(5, **overrides), tmp_path / "other")

@@ -9,10 +9,10 @@ files themselves (bytes written, folders left untouched) and the flags as given.
 from __future__ import annotations
 
 import io
-import re
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -26,9 +26,8 @@ import vanilla_transformer
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.checkpoint_files import DamagedFileError, check_safetensors
 from vanilla_transformer.convert import main as convert_main
-from vanilla_transformer.training import averaging, data
+from vanilla_transformer.training import averaging, translation
 from vanilla_transformer.training import run as train
-from vanilla_transformer.training import translation
 
 REPO = Path(__file__).resolve().parents[1]
 SENTENCES = ["a b c d", "b c d e", "c d e f", "d e f g", "e f g h", "f g h i"]
@@ -38,10 +37,17 @@ NOWHERE = "/nonexistent/train.tsv"  # a flag error must be found before this fil
 def save_tiny_model(folder: Path, tokenizer=None, seed: int = 0, **overrides) -> Path:
     tokenizer = tokenizer or vanilla_transformer.train_tokenizer(iter(SENTENCES * 3), vocab_size=280)
     torch.manual_seed(seed)
-    config = VanillaTransformerConfig.from_preset("tiny", **{
-        "vocab_size": len(tokenizer), "pad_token_id": tokenizer.pad_token_id, "eos_token_id": tokenizer.eos_token_id,
-        "bos_token_id": tokenizer.bos_token_id, "decoder_start_token_id": tokenizer.bos_token_id, **overrides,
-    })
+    config = VanillaTransformerConfig.from_preset(
+        "tiny",
+        **{
+            "vocab_size": len(tokenizer),
+            "pad_token_id": tokenizer.pad_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "bos_token_id": tokenizer.bos_token_id,
+            "decoder_start_token_id": tokenizer.bos_token_id,
+            **overrides,
+        },
+    )
     model = VanillaTransformerForConditionalGeneration(config)
     model.generation_config.max_new_tokens = 4
     model.save_pretrained(folder)
@@ -60,8 +66,22 @@ def truncate(path: Path, keep: float = 0.5) -> None:
 
 
 def train_argv(*extra: str, train_file: str = NOWHERE, output_dir: str = "/nonexistent/out") -> list[str]:
-    return ["--train_file", train_file, "--preset", "tiny", "--output_dir", output_dir, "--report_to", "none",
-            "--use_cpu", "--save_strategy", "no", "--eval_strategy", "no", *extra]
+    return [
+        "--train_file",
+        train_file,
+        "--preset",
+        "tiny",
+        "--output_dir",
+        output_dir,
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "--save_strategy",
+        "no",
+        "--eval_strategy",
+        "no",
+        *extra,
+    ]
 
 
 def refused_before_reading(argv: list[str]) -> str:
@@ -123,7 +143,8 @@ def test_train_numbers_out_of_range_name_the_flag_before_reading_data(flag, valu
 def test_zero_intervals_are_refused_not_taken_as_unset(flag):
     """The Trainer takes eval_steps=0 as "use logging_steps", and save_steps=0 divides by zero mid-run."""
     assert f"{flag} must be a positive number" in refused_before_reading(
-        train_argv("--save_strategy", "steps", "--eval_strategy", "steps", flag, "0"))
+        train_argv("--save_strategy", "steps", "--eval_strategy", "steps", flag, "0")
+    )
 
 
 def test_a_length_limit_above_the_batch_size_is_refused():
@@ -155,15 +176,18 @@ def test_a_misspelt_config_override_is_refused_with_the_close_match():
     assert "no field 'd_modle'" in message and "'d_model'" in message
 
 
-@pytest.mark.parametrize("overrides, message", [
-    ("vocab_sise=300", "'vocab_size'"),
-    ("dropuot=0.3", "'dropout'"),
-    ("banana=1", "no field 'banana'"),
-    ("d_model=64,d_model=32", "sets d_model twice"),
-    ("d_model=60,encoder_attention_heads=8", "d_model=60 is not divisible"),
-    ("dropout=1.5", r"dropout must be in \[0, 1\)"),
-    ("d_model=abc", "d_model must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ("vocab_sise=300", "'vocab_size'"),
+        ("dropuot=0.3", "'dropout'"),
+        ("banana=1", "no field 'banana'"),
+        ("d_model=64,d_model=32", "sets d_model twice"),
+        ("d_model=60,encoder_attention_heads=8", "d_model=60 is not divisible"),
+        ("dropout=1.5", r"dropout must be in \[0, 1\)"),
+        ("d_model=abc", "d_model must be a positive integer"),
+    ],
+)
 def test_config_overrides_are_checked_before_reading_data(overrides, message):
     assert re.search(message, refused_before_reading(train_argv("--config_overrides", overrides)))
 
@@ -176,7 +200,9 @@ def test_a_config_override_typo_never_reaches_config_json(tmp_path):
         train.parse_overrides("d_modle=32")
 
 
-@pytest.mark.parametrize("preset, message", [("huge", "--preset 'huge' does not exist"), ("bas", "did you mean 'base'")])
+@pytest.mark.parametrize(
+    "preset, message", [("huge", "--preset 'huge' does not exist"), ("bas", "did you mean 'base'")]
+)
 def test_unknown_preset_is_refused_before_reading_data(preset, message):
     assert message in refused_before_reading(train_argv("--preset", preset))
 
@@ -184,13 +210,15 @@ def test_unknown_preset_is_refused_before_reading_data(preset, message):
 def test_a_length_penalty_that_is_not_a_number_or_an_unknown_formula_is_refused_before_reading_data():
     assert "--length_penalty must be a finite number" in refused_before_reading(train_argv("--length_penalty", "nan"))
     assert "--length_penalty_formula 'wu' does not exist; choose gnmt" in refused_before_reading(
-        train_argv("--length_penalty_formula", "wu"))
+        train_argv("--length_penalty_formula", "wu")
+    )
 
 
 def test_unknown_attention_implementation_and_sacrebleu_tokenizer():
     assert "--attn_implementation 'bogus'" in refused_before_reading(train_argv("--attn_implementation", "bogus"))
     assert "--sacrebleu_tokenize 'bogus' does not exist" in refused_before_reading(
-        train_argv("--sacrebleu_tokenize", "bogus"))
+        train_argv("--sacrebleu_tokenize", "bogus")
+    )
 
 
 def test_unknown_averaging_weights_are_refused_by_flag_and_in_python(capsys):
@@ -202,7 +230,9 @@ def test_unknown_averaging_weights_are_refused_by_flag_and_in_python(capsys):
     error = capsys.readouterr().err
     assert "--average_weights" in error and "invalid choice: 'exponential' (choose from 'uniform', 'linear')" in error
     with pytest.raises(ValueError, match="--average_weights must be one of uniform, linear, got 'exponential'"):
-        TransformerTrainingArguments(output_dir="/nonexistent/out", average_checkpoints=3, average_weights="exponential")
+        TransformerTrainingArguments(
+            output_dir="/nonexistent/out", average_checkpoints=3, average_weights="exponential"
+        )
 
 
 def test_new_model_flags_with_a_checkpoint_and_tokenizer_flags_with_a_tokenizer_are_named(model_dir, caplog):
@@ -213,8 +243,11 @@ def test_new_model_flags_with_a_checkpoint_and_tokenizer_flags_with_a_tokenizer_
     assert any(m.startswith("--preset is ignored") for m in messages)
     assert any(m.startswith("--tokenizer_vocab_size ignored") for m in messages)
     with pytest.raises(ValueError, match="--config_overrides applies to a new model"):
-        train.build_trainer(*train.parse_arguments(train_argv("--model_name_or_path", str(model_dir),
-                                                              "--config_overrides", "dropout=0.2")))
+        train.build_trainer(
+            *train.parse_arguments(
+                train_argv("--model_name_or_path", str(model_dir), "--config_overrides", "dropout=0.2")
+            )
+        )
 
 
 def write(path: Path, text: str | bytes) -> str:
@@ -242,11 +275,14 @@ def test_jsonl_missing_nested_key_later_names_the_line(tmp_path):
         train.load_text_datasets(args, seed=0)
 
 
-@pytest.mark.parametrize("flags, message", [
-    (("--target_column", "5"), "--target_column 5: .* has 2 tab-separated field"),
-    (("--source_column", "1", "--target_column", "1"), "both '1'"),
-    (("--source_column", "x"), "--source_column 'x': a TSV column is a 0-based number"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (("--target_column", "5"), "--target_column 5: .* has 2 tab-separated field"),
+        (("--source_column", "1", "--target_column", "1"), "both '1'"),
+        (("--source_column", "x"), "--source_column 'x': a TSV column is a 0-based number"),
+    ],
+)
 def test_tsv_columns_that_do_not_exist_are_named(tmp_path, flags, message):
     path = write(tmp_path / "train.tsv", "".join(f"{s}\t{s.upper()}\n" for s in SENTENCES))
     with pytest.raises(ValueError, match=message):
@@ -265,8 +301,16 @@ def test_hub_style_dataset_with_an_unknown_language_is_refused_on_the_first_row(
     """A local folder loads through the same `datasets.load_dataset` call as a Hub name (no network)."""
     records = [{"translation": {"en": s, "de": s.upper()}} for s in SENTENCES]
     write(tmp_path / "hub" / "train.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    argv = ["--dataset_name", str(tmp_path / "hub"), "--target_lang", "fr", "--output_dir", str(tmp_path / "o"),
-            "--cache_dir", str(tmp_path / "cache")]
+    argv = [
+        "--dataset_name",
+        str(tmp_path / "hub"),
+        "--target_lang",
+        "fr",
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--cache_dir",
+        str(tmp_path / "cache"),
+    ]
     with pytest.raises(ValueError, match=r"row 0: missing key 'translation.fr'.*--source_lang/--target_lang"):
         train.load_text_datasets(train.parse_arguments(argv)[1], seed=0)
     argv[argv.index("fr")] = "de"
@@ -276,8 +320,10 @@ def test_hub_style_dataset_with_an_unknown_language_is_refused_on_the_first_row(
 
 def test_bom_and_crlf_are_read_as_the_text(tmp_path):
     """Correct result: the byte-order mark and the carriage returns are not part of any sentence."""
-    path = write(tmp_path / "train.jsonl", b"\xef\xbb\xbf" + b"".join(
-        json.dumps({"en": s, "de": s.upper()}).encode() + b"\r\n" for s in SENTENCES))
+    path = write(
+        tmp_path / "train.jsonl",
+        b"\xef\xbb\xbf" + b"".join(json.dumps({"en": s, "de": s.upper()}).encode() + b"\r\n" for s in SENTENCES),
+    )
     text = train.load_text_datasets(train.parse_arguments(train_argv(train_file=path))[1], seed=0)["train"]
     assert text["source"] == SENTENCES and text["target"] == [s.upper() for s in SENTENCES]
 
@@ -307,9 +353,15 @@ def test_train_cli_exits_with_the_message_and_no_output(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
     output = tmp_path / "out"
     completed = subprocess.run(
-        [sys.executable, str(REPO / "training/train.py"),
-         *train_argv("--config_overrides", "d_modle=32", output_dir=str(output))],
-        env=env, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(REPO / "training/train.py"),
+            *train_argv("--config_overrides", "d_modle=32", output_dir=str(output)),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert completed.returncode != 0
     assert "did you mean 'd_model'" in completed.stderr.strip().splitlines()[-1]
@@ -332,7 +384,7 @@ def test_safetensors_check_agrees_with_the_format(model_dir, tmp_path):
         damaged.write_bytes(intact.read_bytes()[:keep])
         with pytest.raises(DamagedFileError, match=f"{damaged}"):
             check_safetensors(damaged)
-        with pytest.raises(Exception):
+        with pytest.raises(Exception):  # noqa: B017 (whatever safetensors raises: the point is that it fails late)
             load_file(damaged)
     grown = tmp_path / "grown.safetensors"
     grown.write_bytes(intact.read_bytes() + b"\0" * 8)
@@ -373,7 +425,9 @@ def test_averaging_the_last_skips_an_incomplete_checkpoint_and_says_so(model_dir
 def test_averaging_last_zero_or_negative_is_refused(model_dir, tmp_path, last):
     checkpoint_copies(model_dir, tmp_path / "run")
     with pytest.raises(SystemExit):
-        averaging.main(["--checkpoint-root", str(tmp_path / "run"), "--last", last, "--output-dir", str(tmp_path / "a")])
+        averaging.main(
+            ["--checkpoint-root", str(tmp_path / "run"), "--last", last, "--output-dir", str(tmp_path / "a")]
+        )
     with pytest.raises(ValueError, match="--last must be at least 1"):
         averaging.last_checkpoints(tmp_path / "run", int(last))
     assert not (tmp_path / "a").exists()
@@ -401,7 +455,9 @@ def test_averaging_refuses_duplicates_and_an_existing_model(model_dir, tmp_path)
 
 def test_averaging_root_that_does_not_exist(tmp_path):
     with pytest.raises(FileNotFoundError, match="--checkpoint-root .* does not exist"):
-        averaging.main(["--checkpoint-root", str(tmp_path / "none"), "--last", "2", "--output-dir", str(tmp_path / "a")])
+        averaging.main(
+            ["--checkpoint-root", str(tmp_path / "none"), "--last", "2", "--output-dir", str(tmp_path / "a")]
+        )
 
 
 def test_translate_a_model_folder_without_tokenizer_says_to_give_one(model_dir, tmp_path):
@@ -412,8 +468,19 @@ def test_translate_a_model_folder_without_tokenizer_says_to_give_one(model_dir, 
     source = write(tmp_path / "in.txt", "a b c\n")
     with pytest.raises(FileNotFoundError, match=f"--model {bare}: .* has no tokenizer.*--tokenizer"):
         translation.main(["--model", str(bare), "--input", source, "--output", str(tmp_path / "out.txt")])
-    translation.main(["--model", str(bare), "--tokenizer", str(model_dir), "--input", source,
-                      "--output", str(tmp_path / "out.txt"), "--no-progress"])
+    translation.main(
+        [
+            "--model",
+            str(bare),
+            "--tokenizer",
+            str(model_dir),
+            "--input",
+            source,
+            "--output",
+            str(tmp_path / "out.txt"),
+            "--no-progress",
+        ]
+    )
     assert len((tmp_path / "out.txt").read_text().splitlines()) == 1
 
 

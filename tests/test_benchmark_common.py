@@ -23,8 +23,9 @@ def test_alternate_times_the_tasks_in_turn_after_untimed_warm_up_passes():
     def task(name):
         return lambda: calls.append(name) or len(calls)
 
-    seconds, outputs = common.alternate({"a": task("a"), "b": task("b")}, repeats=3, warmup=2,
-                                        clock=lambda: next(ticks))
+    seconds, outputs = common.alternate(
+        {"a": task("a"), "b": task("b")}, repeats=3, warmup=2, clock=lambda: next(ticks)
+    )
     assert calls == ["a", "b"] * 5  # two untimed passes, then three timed ones, ABAB
     assert seconds == {"a": [1, 1, 1], "b": [1, 1, 1]}  # each pass between two reads of the clock
     assert outputs == {"a": 9, "b": 10}  # the last pass's
@@ -42,10 +43,13 @@ def test_machine_load_is_other_processes_cpu_time_over_the_cpus_capacity():
     before = {"own": 2.0, "busy": 1000.0, "steal": 7.0, "total": 5000.0}
     after = {"own": 152.0, "busy": 1180.0, "steal": 17.0, "total": 5200.0}
     load = common.machine_load(120.0, before, after, 110.0)
-    assert load == pytest.approx({"matmul_gflops_before": 120.0, "matmul_gflops_after": 110.0,
-                                  "others_cpu_share": 0.15, "steal_share": 0.05})
-    assert common.machine_load(1.0, {"own": 0.0}, {"own": 1.0}, 1.0) == {"matmul_gflops_before": 1.0,
-                                                                        "matmul_gflops_after": 1.0}  # no CPU counters
+    assert load == pytest.approx(
+        {"matmul_gflops_before": 120.0, "matmul_gflops_after": 110.0, "others_cpu_share": 0.15, "steal_share": 0.05}
+    )
+    assert common.machine_load(1.0, {"own": 0.0}, {"own": 1.0}, 1.0) == {
+        "matmul_gflops_before": 1.0,
+        "matmul_gflops_after": 1.0,
+    }  # no CPU counters
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the per-CPU counters of a Linux kernel")
@@ -103,7 +107,9 @@ def test_a_run_s_child_process_dies_with_a_stopped_benchmark(tmp_path):
     deadline, children = time.time() + 60, []
     while not children and time.time() < deadline:  # the spawned child, not multiprocessing's resource tracker
         time.sleep(0.2)
-        children = [pid for pid in children_of(parent.pid) if b"tracker_fd" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        children = [
+            pid for pid in children_of(parent.pid) if b"tracker_fd" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        ]
     assert children, "the child never started"
     time.sleep(2)  # past its start-up, into the run
     parent.send_signal(signal.SIGKILL)  # nothing of the parent runs: no exit handler can stop the child

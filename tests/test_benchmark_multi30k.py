@@ -29,50 +29,89 @@ def test_missing_data_folder_is_reported_not_an_error(tmp_path, capsys):
 
 
 def result(test_bleu: float, val_bleu: float, steps: int) -> dict:
-    return {"test": {"bleu": test_bleu, "chrf": test_bleu + 20}, "val": {"bleu": val_bleu, "chrf": val_bleu + 20},
-            "steps": steps, "target_tokens_per_second": 10.0 * steps}
+    return {
+        "test": {"bleu": test_bleu, "chrf": test_bleu + 20},
+        "val": {"bleu": val_bleu, "chrf": val_bleu + 20},
+        "steps": steps,
+        "target_tokens_per_second": 10.0 * steps,
+    }
 
 
 def test_medians_over_runs_and_the_difference_of_the_medians():
-    runs = {"ours": [result(37.0, 38.0, 5), result(35.0, 36.5, 7), result(36.0, 36.0, 6)],
-            "marian": [result(33.0, 34.0, 3), result(32.0, 33.0, 4), result(34.5, 35.0, 2)]}
+    runs = {
+        "ours": [result(37.0, 38.0, 5), result(35.0, 36.5, 7), result(36.0, 36.0, 6)],
+        "marian": [result(33.0, 34.0, 3), result(32.0, 33.0, 4), result(34.5, 35.0, 2)],
+    }
     medians = multi30k.summary(runs)
     assert medians["ours"]["test BLEU"] == 36.0 and medians["marian"]["test BLEU"] == 33.0
     assert medians["ours"]["updates"] == 6 and medians["marian"]["val BLEU"] == 34.0
     assert medians["difference"] == pytest.approx({"test BLEU": 3.0, "test chrF": 3.0, "val BLEU": 2.5})
-    table = multi30k.markdown({"runs": runs, "medians": medians, "pair": "en-de", "budget_minutes": 25,
-                               "test_sentences": 1000, "marian_setup": "tuned", "machine": "m", "date": "d"}
-                              | {"runs": {k: [dict(r, val=dict(r["val"], bleu_signature="sig")) for r in v]
-                                          for k, v in runs.items()}})
+    table = multi30k.markdown(
+        {
+            "runs": runs,
+            "medians": medians,
+            "pair": "en-de",
+            "budget_minutes": 25,
+            "test_sentences": 1000,
+            "marian_setup": "tuned",
+            "machine": "m",
+            "date": "d",
+        }
+        | {"runs": {k: [dict(r, val=dict(r["val"], bleu_signature="sig")) for r in v] for k, v in runs.items()}}
+    )
     assert "| test BLEU | 37.00 | 35.00 | 36.00 | 33.00 | 32.00 | 34.50 | 36.00 | 33.00 |" in table
     assert "test BLEU +3.00" in table
 
 
 def run_with_load(bleu, gflops=None, others=0.0, name="run", after=None, steal=0.0):
-    load = {} if gflops is None else {"machine_load": {
-        "matmul_gflops_before": gflops, "matmul_gflops_after": after or gflops, "others_cpu_share": others,
-        "steal_share": steal}}
+    load = (
+        {}
+        if gflops is None
+        else {
+            "machine_load": {
+                "matmul_gflops_before": gflops,
+                "matmul_gflops_after": after or gflops,
+                "others_cpu_share": others,
+                "steal_share": steal,
+            }
+        }
+    )
     return {**result(bleu, bleu, 100), "model_dir": name, **load}
 
 
 def comparison_table(ours, marian, reused=True):
     runs = {"ours": ours, "marian": [dict(r, **({"from": "old/results.json"} if reused else {})) for r in marian]}
     runs = {k: [dict(r, val=dict(r["val"], bleu_signature="sig")) for r in v] for k, v in runs.items()}
-    return multi30k.markdown({"runs": runs, "medians": multi30k.summary(runs), "pair": "en-de", "budget_minutes": 25,
-                              "test_sentences": 1000, "marian_setup": "tuned", "machine": "m", "date": "d"})
+    return multi30k.markdown(
+        {
+            "runs": runs,
+            "medians": multi30k.summary(runs),
+            "pair": "en-de",
+            "budget_minutes": 25,
+            "test_sentences": 1000,
+            "marian_setup": "tuned",
+            "machine": "m",
+            "date": "d",
+        }
+    )
 
 
 def notes(table: str) -> list[str]:
     """The lines of a table's notes: after the table, before the MarianMT set-up's description."""
-    return [line for line in table.split("\n\n") if not line.startswith("|") and ("GFLOP/s" in line or "CPUs" in line
-                                                                                   or "probe" in line)]
+    return [
+        line
+        for line in table.split("\n\n")
+        if not line.startswith("|") and ("GFLOP/s" in line or "CPUs" in line or "probe" in line)
+    ]
 
 
 def test_the_machine_probe_says_which_side_a_slower_machine_favours():
     """fp32 matmul GFLOP/s before training, medians: within 5% the same machine; beyond, the side it was
     faster for is favoured (a time budget buys as many updates as the machine gives)."""
     speeds = multi30k_report.machine_speeds
-    slower = speeds([run_with_load(37, 90.0), run_with_load(38, 91.0), run_with_load(37.5, 89.0)], [run_with_load(34, 100.0)])
+    slower = speeds(
+        [run_with_load(37, 90.0), run_with_load(38, 91.0), run_with_load(37.5, 89.0)], [run_with_load(34, 100.0)]
+    )
     assert slower.pop("recorded") == {"runs": (3, 3), "others": (1, 1)}
     assert slower == pytest.approx({"median": 90.0, "others_median": 100.0, "ratio": 0.9, "favours": "others"})
     assert speeds([run_with_load(37, 111.0)], [run_with_load(34, 100.0)])["favours"] == "runs"
@@ -84,9 +123,14 @@ def test_the_machine_probe_says_which_side_a_slower_machine_favours():
 def test_a_run_that_shared_its_cpus_or_saw_the_machine_change_speed_is_named_with_its_figures():
     """Other processes and guests over 5% of the CPUs' time, or a probe after training more than 10% off the
     one before: named, with the share and the drift."""
-    runs = {"ours-1": run_with_load(37, 100.0, others=0.2), "ours-2": run_with_load(37, 100.0, others=0.04),
-            "ours-3": run_with_load(37, 100.0, steal=0.06), "ours-4": run_with_load(37, 100.0, after=80.0),
-            "ours-5": run_with_load(37, 100.0, after=105.0), "ours-6": run_with_load(37)}
+    runs = {
+        "ours-1": run_with_load(37, 100.0, others=0.2),
+        "ours-2": run_with_load(37, 100.0, others=0.04),
+        "ours-3": run_with_load(37, 100.0, steal=0.06),
+        "ours-4": run_with_load(37, 100.0, after=80.0),
+        "ours-5": run_with_load(37, 100.0, after=105.0),
+        "ours-6": run_with_load(37),
+    }
     found = multi30k_report.disturbed_runs(runs)
     assert set(found) == {"ours-1", "ours-3", "ours-4"}
     assert found["ours-1"] == pytest.approx({"shared": 0.2}) and found["ours-3"] == pytest.approx({"shared": 0.06})
@@ -94,32 +138,53 @@ def test_a_run_that_shared_its_cpus_or_saw_the_machine_change_speed_is_named_wit
 
 
 def test_a_comparison_table_prints_each_runs_probe_and_load_and_a_note_for_each_finding():
-    slower = comparison_table([run_with_load(37, 90.0), run_with_load(38, 91.0, 0.2), run_with_load(37.5, 89.0, 0.04)],
-                              [run_with_load(34, 100.0, 0.3)] * 3)
+    slower = comparison_table(
+        [run_with_load(37, 90.0), run_with_load(38, 91.0, 0.2), run_with_load(37.5, 89.0, 0.04)],
+        [run_with_load(34, 100.0, 0.3)] * 3,
+    )
     assert "| fp32 matmul GFLOP/s before training | 90 | 91 | 89 | 100 | 100 | 100 | 90 | 100 |" in slower
     assert "| CPU share of other processes while training | 0.0% | 20.0% | 4.0% | 30.0% |" in slower
-    found = notes(slower)[0].splitlines()  # the slower machine for ours; ours-2 shared its CPUs (reused runs: not ours to redo)
+    found = notes(slower)[
+        0
+    ].splitlines()  # the slower machine for ours; ours-2 shared its CPUs (reused runs: not ours to redo)
     assert len(found) == 2 and "90 vs 100 GFLOP/s" in found[0] and "favours MarianMT" in found[0]
     assert found[1].startswith("ours-2") and "20.0%" in found[1] and "--resume --redo ours-2" in found[1]
     quiet = comparison_table([run_with_load(37, 97.0)], [run_with_load(34, 100.0)], reused=False)
     assert "favours" not in quiet and len(notes(quiet)[0].splitlines()) == 1  # the same machine, said once
-    alone = multi30k.markdown({"runs": {"ours": [dict(run_with_load(37, 97.0), val={"bleu": 37, "chrf": 57,
-                                                                                       "bleu_signature": "sig"})]},
-                               "medians": {"ours": {}}, "pair": "en-de", "budget_minutes": 25, "test_sentences": 1000,
-                               "marian_setup": "tuned", "machine": "m", "date": "d"})
+    alone = multi30k.markdown(
+        {
+            "runs": {"ours": [dict(run_with_load(37, 97.0), val={"bleu": 37, "chrf": 57, "bleu_signature": "sig"})]},
+            "medians": {"ours": {}},
+            "pair": "en-de",
+            "budget_minutes": 25,
+            "test_sentences": 1000,
+            "marian_setup": "tuned",
+            "machine": "m",
+            "date": "d",
+        }
+    )
     assert notes(alone) == []  # --systems ours: nothing to compare with
 
 
 def test_a_levers_table_compares_the_machine_with_the_recipes_row_and_names_disturbed_levers():
     recipe = {**run_with_load(36, 100.0), "val with length penalty": {"bleu": 35.5, "chrf": 59.8}}
-    levers = multi30k.levers_markdown({"pair": "en-de", "budget_minutes": 25, "levers": {
-        "recipe": {**recipe, "from": "old/results.json (ours-1)"}, "dropout 0.3": run_with_load(36.4, 120.0, 0.1)}})
+    levers = multi30k.levers_markdown(
+        {
+            "pair": "en-de",
+            "budget_minutes": 25,
+            "levers": {
+                "recipe": {**recipe, "from": "old/results.json (ours-1)"},
+                "dropout 0.3": run_with_load(36.4, 120.0, 0.1),
+            },
+        }
+    )
     assert "| dropout 0.3 | 36.40 | 56.40 | 100 | +0.40 |" in levers
     found = notes(levers)[0].splitlines()
     assert len(found) == 2 and "120 vs 100 GFLOP/s" in found[0] and "favours the levers" in found[0]
     assert found[1].startswith("dropout 0.3") and '--levers --lever "dropout 0.3"' in found[1]
-    without_recipe = multi30k.levers_markdown({"pair": "en-de", "budget_minutes": 25,
-                                               "levers": {"dropout 0.3": run_with_load(36.4, 120.0)}})
+    without_recipe = multi30k.levers_markdown(
+        {"pair": "en-de", "budget_minutes": 25, "levers": {"dropout 0.3": run_with_load(36.4, 120.0)}}
+    )
     assert notes(without_recipe) == []
 
 
@@ -145,11 +210,19 @@ def test_the_tuned_marian_is_configured_as_the_docstring_describes(tmp_path, mon
     config, training_args, tokenizer = seen["config"], seen["args"], seen["tokenizer"]
     assert (config.activation_function, config.scale_embedding, config.tie_word_embeddings) == ("relu", True, True)
     assert (config.dropout, config.attention_dropout, config.activation_dropout) == (0.1, 0.0, 0.0)
-    assert (config.d_model, config.encoder_layers, config.encoder_attention_heads, config.encoder_ffn_dim) == (256, 3, 4, 1024)
+    assert (config.d_model, config.encoder_layers, config.encoder_attention_heads, config.encoder_ffn_dim) == (
+        256,
+        3,
+        4,
+        1024,
+    )
     assert config.decoder_start_token_id == tokenizer.pad_token_id
     assert (training_args.per_device_train_batch_size, training_args.train_sampling_strategy) == (64, "group_by_length")
     assert (training_args.learning_rate, training_args.warmup_steps, training_args.lr_scheduler_type) == (
-        1e-3, 800, "inverse_sqrt")
+        1e-3,
+        800,
+        "inverse_sqrt",
+    )
     assert (training_args.adam_beta1, training_args.adam_beta2, training_args.adam_epsilon) == (0.9, 0.98, 1e-9)
     assert training_args.label_smoothing_factor == 0.1
     assert not training_args.bf16
@@ -178,13 +251,15 @@ def test_bf16_trains_both_systems_under_bfloat16_autocast_and_only_joins_bf16_ru
         systems.train_marian(multi30k.parse_args([*base, "--bf16"]), tmp_path / "data", tmp_path / "run")
     assert seen["args"].bf16 and seen["args"].use_cpu
     for flags, expected in (([], False), (["--bf16"], True)):
-        argv = systems.ours_arguments(multi30k.parse_args([*base, *flags]), tmp_path / "data", tmp_path / "ours",
-                                       multi30k.LEVERS["recipe"])
+        argv = systems.ours_arguments(
+            multi30k.parse_args([*base, *flags]), tmp_path / "data", tmp_path / "ours", multi30k.LEVERS["recipe"]
+        )
         assert parse_arguments(argv)[2].bf16 is expected
 
     def fake_run(function, name, args, data_dir, run_dir, lever):
-        return dict(result(36.0, 35.0, 10), val={"bleu": 35.0, "chrf": 55.0, "bleu_signature": "sig"},
-                    model_dir=run_dir.name)
+        return dict(
+            result(36.0, 35.0, 10), val={"bleu": 35.0, "chrf": 55.0, "bleu_signature": "sig"}, model_dir=run_dir.name
+        )
 
     monkeypatch.setattr(multi30k, "run_in_child", fake_run)
     for first, then in (([], ["--bf16"]), (["--bf16"], [])):
@@ -193,8 +268,16 @@ def test_bf16_trains_both_systems_under_bfloat16_autocast_and_only_joins_bf16_ru
         with pytest.raises(SystemExit, match="--resume .*other settings.*bf16"):
             multi30k.main([*base, *output, *then, "--runs", "2", "--resume"])
         with pytest.raises(SystemExit, match="--marian-from .*bf16"):
-            multi30k.main([*base, *then, "--output-dir", str(tmp_path / "new"), "--marian-from",
-                           str(tmp_path / f"out{len(first)}" / "results.json")])
+            multi30k.main(
+                [
+                    *base,
+                    *then,
+                    "--output-dir",
+                    str(tmp_path / "new"),
+                    "--marian-from",
+                    str(tmp_path / f"out{len(first)}" / "results.json"),
+                ]
+            )
     bf16_levers = multi30k.parse_args([*base, "--bf16"])
     with pytest.raises(SystemExit, match="--recipe-from .*other settings \\(bf16:"):  # bf16 levers, a float32 row
         multi30k.recipe_from(str(tmp_path / "out0" / "results.json"), bf16_levers)
@@ -214,10 +297,18 @@ def test_the_metaspace_tokenizer_round_trips_and_ends_sequences():
 
 
 def test_the_levers_table_adds_the_other_length_penalty_of_the_same_model():
-    results = {"pair": "en-de", "budget_minutes": 25, "levers": {
-        "recipe": {"val": {"bleu": 36.0, "chrf": 60.0}, "val with length penalty": {"bleu": 35.5, "chrf": 59.8},
-                   "steps": 3000},
-        "dropout 0.3": {"val": {"bleu": 36.4, "chrf": 60.1}, "steps": 2990}}}
+    results = {
+        "pair": "en-de",
+        "budget_minutes": 25,
+        "levers": {
+            "recipe": {
+                "val": {"bleu": 36.0, "chrf": 60.0},
+                "val with length penalty": {"bleu": 35.5, "chrf": 59.8},
+                "steps": 3000,
+            },
+            "dropout 0.3": {"val": {"bleu": 36.4, "chrf": 60.1}, "steps": 2990},
+        },
+    }
     table = multi30k.levers_markdown(results)
     assert "| decoded with length penalty (same model) | 35.50 | 59.80 | 3000 | -0.50 |" in table
     assert "| dropout 0.3 | 36.40 | 60.10 | 2990 | +0.40 |" in table
@@ -226,8 +317,15 @@ def test_the_levers_table_adds_the_other_length_penalty_of_the_same_model():
 def test_the_recipe_row_can_come_from_a_comparison_run_and_must_measure_the_same_thing(tmp_path):
     """The run of the levers' seed, else the median one, from a comparison whose runs of ours were trained as
     the levers will be: same machine, pair, budget, shape, precision, recipe file and flags."""
-    runs = [{"val": {"bleu": bleu, "chrf": 60.0}, "val with length penalty": {"bleu": bleu, "chrf": 60.0},
-             "steps": 100, "model_dir": f"ours-{index}"} for index, bleu in enumerate((38.0, 36.0, 37.0), 1)]
+    runs = [
+        {
+            "val": {"bleu": bleu, "chrf": 60.0},
+            "val with length penalty": {"bleu": bleu, "chrf": 60.0},
+            "steps": 100,
+            "model_dir": f"ours-{index}",
+        }
+        for index, bleu in enumerate((38.0, 36.0, 37.0), 1)
+    ]
     path = tmp_path / "results.json"
     here, levers = multi30k.machine(), multi30k.parse_args(["--seed", "1"])
 
@@ -239,9 +337,13 @@ def test_the_recipe_row_can_come_from_a_comparison_run_and_must_measure_the_same
     assert chosen["val"]["bleu"] == 37.0 and chosen["model_dir"] == "ours-3"  # unseeded runs: the median of 36, 37, 38
     table = multi30k.levers_markdown({"pair": "en-de", "budget_minutes": 25, "levers": {"recipe": chosen}})
     assert f"| recipe (from {path} (ours-3)) | 37.00 |" in table
-    for flags, setting in ((["--pair", "de-en"], "pair"), (["--budget-minutes", "10"], "budget_minutes"),
-                           (["--bf16"], "bf16"), (["--recipe-flag=--max_tokens", "--recipe-flag=512"], "recipe_flag"),
-                           (["--dimensions", "32,1,2,64"], "dims")):
+    for flags, setting in (
+        (["--pair", "de-en"], "pair"),
+        (["--budget-minutes", "10"], "budget_minutes"),
+        (["--bf16"], "bf16"),
+        (["--recipe-flag=--max_tokens", "--recipe-flag=512"], "recipe_flag"),
+        (["--dimensions", "32,1,2,64"], "dims"),
+    ):
         with pytest.raises(SystemExit, match=f"--recipe-from {path}: it was run with other settings \\({setting}:"):
             multi30k.recipe_from(str(path), multi30k.parse_args(flags))
     path.write_text(json.dumps(comparison(runs, settings={**multi30k.settings(levers), "recipe_sha256": "0" * 64})))
@@ -253,7 +355,9 @@ def test_the_recipe_row_can_come_from_a_comparison_run_and_must_measure_the_same
     assert multi30k.recipe_from(str(path), multi30k.parse_args(["--seed", "7"]))["model_dir"] == "ours-3"  # the median
     for elsewhere in ({"machine": "Intel Xeon, 2 cores, torch 2.13.0+cpu"}, {"machine": None}):  # another, unknown
         path.write_text(json.dumps(comparison(seeded, **elsewhere)))
-        with pytest.raises(SystemExit, match=f"--recipe-from {path}: its runs were trained on .*; this is {re.escape(here)}"):
+        with pytest.raises(
+            SystemExit, match=f"--recipe-from {path}: its runs were trained on .*; this is {re.escape(here)}"
+        ):
             multi30k.recipe_from(str(path), levers)
     path.write_text(json.dumps(comparison([])))
     with pytest.raises(SystemExit, match="no finished run of ours"):
@@ -279,12 +383,29 @@ def test_benchmark_runs_both_systems_and_writes_the_table(tmp_path):
     data = tmp_path / "multi30k"
     write_corpus(data, {"train": 300, "val": 12, "test_2016_flickr": 12})
     output = tmp_path / "out"
-    completed = subprocess.run([  # as a user runs it: the systems train in child processes of the script
-        sys.executable, str(REPO / "benchmarks/multi30k.py"), "--data-dir", str(data), "--output-dir", str(output),
-        "--budget-minutes", "0.1", "--dimensions", "32,1,2,64", "--marian-vocab-size", "200",
-        "--recipe-flag=--tokenizer_vocab_size", "--recipe-flag=300", "--recipe-flag=--save_minutes",
-        "--recipe-flag=0.02",
-    ], capture_output=True, text=True, timeout=900)
+    completed = subprocess.run(
+        [  # as a user runs it: the systems train in child processes of the script
+            sys.executable,
+            str(REPO / "benchmarks/multi30k.py"),
+            "--data-dir",
+            str(data),
+            "--output-dir",
+            str(output),
+            "--budget-minutes",
+            "0.1",
+            "--dimensions",
+            "32,1,2,64",
+            "--marian-vocab-size",
+            "200",
+            "--recipe-flag=--tokenizer_vocab_size",
+            "--recipe-flag=300",
+            "--recipe-flag=--save_minutes",
+            "--recipe-flag=0.02",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert completed.returncode == 0, completed.stderr[-4000:]
     results = json.loads((output / "results.json").read_text())
     for name, [run] in results["runs"].items():
@@ -307,8 +428,10 @@ def test_resume_keeps_finished_runs_trains_the_missing_ones_with_their_own_seeds
     def fake_run(function, name, args, data_dir, run_dir, lever):
         assert function is systems.run_system
         trained.append((name, run_dir.name, args.seed))
-        return dict(result(36.0 if name == "ours" else 33.0, 35.0, 10), val={"bleu": 35.0, "chrf": 55.0,
-                                                                             "bleu_signature": "sig"})
+        return dict(
+            result(36.0 if name == "ours" else 33.0, 35.0, 10),
+            val={"bleu": 35.0, "chrf": 55.0, "bleu_signature": "sig"},
+        )
 
     monkeypatch.setattr(multi30k, "run_in_child", fake_run)
     base = ["--data-dir", str(data), "--output-dir", str(tmp_path / "out"), "--seed", "7"]
@@ -328,8 +451,12 @@ def test_resume_keeps_finished_runs_trains_the_missing_ones_with_their_own_seeds
     assert len(trained) == 2
     (tmp_path / "out" / "ours-2").mkdir()  # left by a run that was stopped: set aside, never trained into
     results = multi30k.main(base + ["--runs", "3", "--resume"])
-    assert trained[2:] == [("marian", "marian-2", 8), ("ours", "ours-2", 8), ("ours", "ours-3", 9),
-                           ("marian", "marian-3", 9)]  # run 2 alternates the order; each run its own seed
+    assert trained[2:] == [
+        ("marian", "marian-2", 8),
+        ("ours", "ours-2", 8),
+        ("ours", "ours-3", 9),
+        ("marian", "marian-3", 9),
+    ]  # run 2 alternates the order; each run its own seed
     assert [run["seed"] for run in results["runs"]["ours"]] == [7, 8, 9]
     assert json.loads((tmp_path / "out" / "results.json").read_text())["medians"]["difference"]["test BLEU"] == 3.0
     assert (tmp_path / "out" / "ours-2.incomplete-1").is_dir()
@@ -369,11 +496,30 @@ def test_the_metaspace_lever_trains_ours_with_the_baselines_tokenizer(tmp_path):
     write_corpus(data, {"train": 300, "val": 12, "test_2016_flickr": 12})
     output = tmp_path / "out"
     name = "Metaspace BPE 8k, MarianMT's tokenizer"
-    completed = subprocess.run([
-        sys.executable, str(REPO / "benchmarks/multi30k.py"), "--data-dir", str(data), "--output-dir", str(output),
-        "--budget-minutes", "0.05", "--dimensions", "32,1,2,64", "--marian-vocab-size", "200", "--levers",
-        "--lever", name, "--recipe-flag=--save_minutes", "--recipe-flag=0.02",
-    ], capture_output=True, text=True, timeout=900)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "benchmarks/multi30k.py"),
+            "--data-dir",
+            str(data),
+            "--output-dir",
+            str(output),
+            "--budget-minutes",
+            "0.05",
+            "--dimensions",
+            "32,1,2,64",
+            "--marian-vocab-size",
+            "200",
+            "--levers",
+            "--lever",
+            name,
+            "--recipe-flag=--save_minutes",
+            "--recipe-flag=0.02",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert completed.returncode == 0, completed.stderr[-4000:]
     result = json.loads((output / "levers.json").read_text())["levers"][name]
     assert result["steps"] > 0 and 0 <= result["val"]["bleu"] <= 100
@@ -418,8 +564,16 @@ def test_marian_runs_are_reused_only_from_a_comparison_with_the_same_marian_sett
     write_corpus(data, {"train": 10, "val": 3, "test_2016_flickr": 3})
     arguments = ["--data-dir", str(data), "--runs", "2", "--recipe-flag=--max_tokens", "--recipe-flag=512"]
     earlier = tmp_path / "earlier.json"
-    marian = [{"val": {"bleu": 30.0 + i, "chrf": 50.0, "bleu_signature": "sig"}, "test": {"bleu": 31.0 + i, "chrf": 51.0},
-               "steps": 10, "target_tokens_per_second": 1.0, "seed": i + 1} for i in range(2)]
+    marian = [
+        {
+            "val": {"bleu": 30.0 + i, "chrf": 50.0, "bleu_signature": "sig"},
+            "test": {"bleu": 31.0 + i, "chrf": 51.0},
+            "steps": 10,
+            "target_tokens_per_second": 1.0,
+            "seed": i + 1,
+        }
+        for i in range(2)
+    ]
     settings = multi30k.settings(multi30k.parse_args(["--data-dir", str(data)]))  # no recipe flag: ours differs
     earlier.write_text(json.dumps({"settings": settings, "runs": {"marian": marian}, "machine": multi30k.machine()}))
     trained = []
@@ -427,8 +581,12 @@ def test_marian_runs_are_reused_only_from_a_comparison_with_the_same_marian_sett
     def fake_run(function, name, args, data_dir, run_dir, lever):
         assert function is systems.run_system
         trained.append((name, args.seed))
-        return {"val": {"bleu": 40.0, "chrf": 60.0, "bleu_signature": "sig"}, "test": {"bleu": 41.0, "chrf": 61.0},
-                "steps": 20, "target_tokens_per_second": 2.0}
+        return {
+            "val": {"bleu": 40.0, "chrf": 60.0, "bleu_signature": "sig"},
+            "test": {"bleu": 41.0, "chrf": 61.0},
+            "steps": 20,
+            "target_tokens_per_second": 2.0,
+        }
 
     monkeypatch.setattr(multi30k, "run_in_child", fake_run)
     output = tmp_path / "out"
@@ -446,8 +604,11 @@ def test_marian_runs_are_reused_only_from_a_comparison_with_the_same_marian_sett
     with pytest.raises(SystemExit, match="--marian-from .*trained on AMD EPYC, 2 cores; this is"):
         multi30k.main([*arguments, "--output-dir", str(tmp_path / "y"), "--marian-from", str(elsewhere)])
     assert trained == [("ours", 1), ("ours", 2)]
-    for extra in (["--levers", "--marian-from", str(earlier)], ["--systems", "ours", "--marian-from", str(earlier)],
-                  ["--marian-from", str(tmp_path / "absent.json")]):  # refused before any training
+    for extra in (
+        ["--levers", "--marian-from", str(earlier)],
+        ["--systems", "ours", "--marian-from", str(earlier)],
+        ["--marian-from", str(tmp_path / "absent.json")],
+    ):  # refused before any training
         with pytest.raises(SystemExit):
             multi30k.parse_args(["--data-dir", str(data), *extra])
 
@@ -502,7 +663,9 @@ def test_the_averaging_sweep_scores_the_mean_of_each_last_k_checkpoints(tmp_path
     assert len(seen) == len(expected) + 1
     assert torch.allclose(seen[3], averaged.model.encoder.layers[0].feed_forward.fc1.weight[0].detach().double())
     table = (tmp_path / "out" / "averaging-levers-lever-1.md").read_text()
-    assert "moving average |" in table and "| 1 | 1000 |" in table and table.count("– | –") == 2  # k = 1 and 3 have none
+    assert (
+        "moving average |" in table and "| 1 | 1000 |" in table and table.count("– | –") == 2
+    )  # k = 1 and 3 have none
     with pytest.raises(SystemExit):  # a folder without checkpoints is refused before any work
         multi30k.parse_args(["--averaging", str(tmp_path / "out")])
     for other in (["--levers"], ["--resume"]):  # it trains nothing: flags it would ignore are refused
@@ -531,13 +694,20 @@ def test_the_length_penalty_sweep_decodes_one_model_at_every_alpha_under_both_fo
         return {"bleu": 10 * settings["length_penalty"], "chrf": 1.0, "length_ratio": 0.9, "examples": []}
 
     monkeypatch.setattr(systems, "decode_and_score", fake_decode)
-    sweep = multi30k.main(["--data-dir", str(data), "--length-penalties", str(model_dir), "--output-dir", str(tmp_path / "out")])
-    expected = [("ours", str(model_dir), 3, formula, alpha)
-                for formula in ("gnmt", "length")
-                for alpha in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0)]
+    sweep = multi30k.main(
+        ["--data-dir", str(data), "--length-penalties", str(model_dir), "--output-dir", str(tmp_path / "out")]
+    )
+    expected = [
+        ("ours", str(model_dir), 3, formula, alpha)
+        for formula in ("gnmt", "length")
+        for alpha in (0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.5, 3.0, 3.5, 4.0, 5.0)
+    ]
     assert seen == expected  # val only (3 sentences), every alpha, both formulas
     assert sweep["rows"]["gnmt 0.6"]["val"]["bleu"] == 6.0
-    assert "| 0.6 | 6.00 | 1.00 | 0.900 | 6.00 | 1.00 | 0.900 |" in (tmp_path / "out" / "length-penalties-runs-ours-1.md").read_text()
+    assert (
+        "| 0.6 | 6.00 | 1.00 | 0.900 | 6.00 | 1.00 | 0.900 |"
+        in (tmp_path / "out" / "length-penalties-runs-ours-1.md").read_text()
+    )
     with pytest.raises(SystemExit):  # a folder without a model is refused before any work
         multi30k.parse_args(["--length-penalties", str(tmp_path / "out")])
     for other in (["--levers"], ["--resume"], ["--averaging", str(model_dir)]):  # flags it would ignore
@@ -553,9 +723,20 @@ def test_the_length_penalty_sweep_of_a_marian_model_decodes_it_as_marian_with_it
     data = tmp_path / "multi30k"
     write_corpus(data, {"train": 4, "val": 3, "test_2016_flickr": 3})
     model_dir = tmp_path / "runs" / "marian-1"
-    MarianMTModel(MarianConfig(vocab_size=50, d_model=16, encoder_layers=1, decoder_layers=1, encoder_ffn_dim=16,
-                               decoder_ffn_dim=16, encoder_attention_heads=2, decoder_attention_heads=2,
-                               pad_token_id=1, decoder_start_token_id=1)).save_pretrained(model_dir)
+    MarianMTModel(
+        MarianConfig(
+            vocab_size=50,
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_ffn_dim=16,
+            decoder_ffn_dim=16,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            pad_token_id=1,
+            decoder_start_token_id=1,
+        )
+    ).save_pretrained(model_dir)
     seen = []
 
     def fake_decode(name, folder, pairs, batch_size, **settings):
@@ -563,14 +744,22 @@ def test_the_length_penalty_sweep_of_a_marian_model_decodes_it_as_marian_with_it
         return {"bleu": settings["length_penalty"], "chrf": 1.0, "length_ratio": 1.0, "examples": []}
 
     monkeypatch.setattr(systems, "decode_and_score", fake_decode)
-    sweep = multi30k.main(["--data-dir", str(data), "--length-penalties", str(model_dir), "--output-dir", str(tmp_path / "out")])
+    sweep = multi30k.main(
+        ["--data-dir", str(data), "--length-penalties", str(model_dir), "--output-dir", str(tmp_path / "out")]
+    )
     assert [name for name, _ in seen] == ["marian"] * 16 and all(set(s) == {"length_penalty"} for _, s in seen)
-    assert sweep["system"] == "marian" and set(sweep["rows"]) == {f"length {alpha}" for alpha in multi30k.LENGTH_PENALTIES}
-    assert "| 3.0 | – | – | – | 3.00 | 1.00 | 1.000 |" in (tmp_path / "out" / "length-penalties-runs-marian-1.md").read_text()
+    assert sweep["system"] == "marian" and set(sweep["rows"]) == {
+        f"length {alpha}" for alpha in multi30k.LENGTH_PENALTIES
+    }
+    assert (
+        "| 3.0 | – | – | – | 3.00 | 1.00 | 1.000 |"
+        in (tmp_path / "out" / "length-penalties-runs-marian-1.md").read_text()
+    )
 
 
 def test_redecode_decodes_a_comparisons_models_of_ours_with_the_recipes_decoding_and_keeps_the_rest(
-        tmp_path, monkeypatch, capsys):
+    tmp_path, monkeypatch, capsys
+):
     """--redecode: each run of ours decoded again (val and test, and the other formula) with the decoding the
     recipe and --recipe-flag set; the medians against MarianMT's runs as they were; what training measured
     kept; redecoded.json and .md written into the comparison's folder. Refused with flags that train."""
@@ -581,9 +770,14 @@ def test_redecode_decodes_a_comparisons_models_of_ours_with_the_recipes_decoding
     out = tmp_path / "out"
 
     def fake_run(function, name, args, data_dir, run_dir, lever):
-        VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny")).save_pretrained(run_dir)
-        return dict(result(30.0 + args.seed if name == "ours" else 33.0, 35.0, 100 + args.seed),
-                    model_dir=str(run_dir), val={"bleu": 35.0, "chrf": 55.0, "bleu_signature": "sig"})
+        VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny")).save_pretrained(
+            run_dir
+        )
+        return dict(
+            result(30.0 + args.seed if name == "ours" else 33.0, 35.0, 100 + args.seed),
+            model_dir=str(run_dir),
+            val={"bleu": 35.0, "chrf": 55.0, "bleu_signature": "sig"},
+        )
 
     monkeypatch.setattr(multi30k, "run_in_child", fake_run)
     multi30k.main(["--data-dir", str(data), "--output-dir", str(out), "--runs", "3"])
@@ -592,15 +786,28 @@ def test_redecode_decodes_a_comparisons_models_of_ours_with_the_recipes_decoding
     def fake_decode(name, folder, pairs, batch_size, **settings):
         decoded.append((name, Path(folder).name, len(pairs), settings))
         bonus = {"length": 5.0, "gnmt": 1.0}[settings.get("length_penalty_formula", "gnmt")]
-        return {"bleu": 30.0 + int(Path(folder).name[-1]) + bonus, "chrf": 60.0, "bleu_signature": "sig", "examples": []}
+        return {
+            "bleu": 30.0 + int(Path(folder).name[-1]) + bonus,
+            "chrf": 60.0,
+            "bleu_signature": "sig",
+            "examples": [],
+        }
 
     monkeypatch.setattr(systems, "decode_and_score", fake_decode)
-    flags = ["--recipe-flag=--length_penalty", "--recipe-flag=2.5", "--recipe-flag=--length_penalty_formula",
-             "--recipe-flag=length"]
+    flags = [
+        "--recipe-flag=--length_penalty",
+        "--recipe-flag=2.5",
+        "--recipe-flag=--length_penalty_formula",
+        "--recipe-flag=length",
+    ]
     results = multi30k.main(["--data-dir", str(data), "--redecode", str(out), *flags])
     asked = {"length_penalty": 2.5, "length_penalty_formula": "length"}
-    assert decoded == [("ours", f"ours-{i}", size, settings) for i in (1, 2, 3) for size in (3, 4)
-                       for settings in (asked, {**asked, "length_penalty_formula": "gnmt"})]
+    assert decoded == [
+        ("ours", f"ours-{i}", size, settings)
+        for i in (1, 2, 3)
+        for size in (3, 4)
+        for settings in (asked, {**asked, "length_penalty_formula": "gnmt"})
+    ]
     ours, marian = results["runs"]["ours"], results["runs"]["marian"]
     assert [run["test"]["bleu"] for run in ours] == [36.0, 37.0, 38.0]  # formula "length": +5
     assert [run["test with gnmt penalty"]["bleu"] for run in ours] == [32.0, 33.0, 34.0]

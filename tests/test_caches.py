@@ -13,18 +13,35 @@ from pathlib import Path
 
 import pytest
 
+from test_faults import reverse_pairs
 from vanilla_transformer.checkpoint_files import DamagedFileError
 from vanilla_transformer.training import caches
 from vanilla_transformer.training import run as train
 
-from test_faults import reverse_pairs
-
 
 def argv(data_dir: Path, cache: Path, output_dir: Path) -> list[str]:
     return [
-        "--train_file", str(data_dir / "train.tsv"), "--validation_size", "20", "--preset", "tiny",
-        "--tokenizer_vocab_size", "280", "--output_dir", str(output_dir), "--report_to", "none", "--use_cpu",
-        "--disable_tqdm", "true", "--max_steps", "1", "--max_tokens", "200", "--cache_dir", str(cache),
+        "--train_file",
+        str(data_dir / "train.tsv"),
+        "--validation_size",
+        "20",
+        "--preset",
+        "tiny",
+        "--tokenizer_vocab_size",
+        "280",
+        "--output_dir",
+        str(output_dir),
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "--disable_tqdm",
+        "true",
+        "--max_steps",
+        "1",
+        "--max_tokens",
+        "200",
+        "--cache_dir",
+        str(cache),
     ]
 
 
@@ -33,8 +50,10 @@ def prepared(data_dir: Path, cache: Path, output_dir: Path) -> train.Run:
 
 
 def token_ids(run: train.Run) -> dict:
-    return {role: (list(run.datasets[role]["input_ids"]), list(run.datasets[role]["labels"]))
-            for role in ("train", "validation")}
+    return {
+        role: (list(run.datasets[role]["input_ids"]), list(run.datasets[role]["labels"]))
+        for role in ("train", "validation")
+    }
 
 
 @pytest.fixture(scope="module")
@@ -67,8 +86,16 @@ def damaged_copy(first_run, tmp_path, entry: str, how: str) -> tuple[Path, Path]
     return cache, path
 
 
-@pytest.mark.parametrize("entry", ["the text of the data file", "its dataset_info.json", "the --validation_size split",
-                                   "the token ids", "the tokenizer"])
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "the text of the data file",
+        "its dataset_info.json",
+        "the --validation_size split",
+        "the token ids",
+        "the tokenizer",
+    ],
+)
 def test_a_truncated_cache_entry_is_rebuilt_with_a_warning_naming_it(first_run, tmp_path, caplog, entry):
     folder, ids, tokenizer, _ = first_run
     cache, path = damaged_copy(first_run, tmp_path, entry, "truncated")

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from vanilla_transformer.cli import TOOLS, accelerate_config_path, main as cli, recipe_path, reference
-
 from helpers import REPO
 from test_train import reverse_pairs, tiny_args, write_pairs
 from test_translate import save_model
+from vanilla_transformer.cli import TOOLS, accelerate_config_path, recipe_path, reference
+from vanilla_transformer.cli import main as cli
 
 
 @pytest.fixture(scope="module")
@@ -26,8 +26,9 @@ def model_dir(tmp_path_factory) -> Path:
 
 def python(*arguments, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
-    return subprocess.run([sys.executable, *map(str, arguments)], env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, *map(str, arguments)], env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_docs_cli_md_is_the_reference_the_parsers_print():
@@ -68,8 +69,18 @@ def test_every_tool_takes_both_spellings(model_dir, tmp_path, monkeypatch):
     source = tmp_path / "in.txt"
     source.write_text("a b c\n")
     for spelling in (["--num_beams", "3", "--no_progress"], ["--num-beams", "3", "--no-progress"]):
-        cli(["translate", "--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "out"),
-             *spelling])
+        cli(
+            [
+                "translate",
+                "--model",
+                str(model_dir),
+                "--input",
+                str(source),
+                "--output",
+                str(tmp_path / "out"),
+                *spelling,
+            ]
+        )
     assert calls == [(3, False), (3, False)]
     checkpoints = tmp_path / "checkpoints"
     with pytest.raises(SystemExit):  # parsed (both spellings), then refused for the missing folder, not the flag
@@ -82,12 +93,13 @@ def test_train_takes_both_spellings_and_refuses_bad_values_in_one_line(tmp_path,
     _, _, dashed = parse_arguments(["--max-tokens", "300", "--output-dir", str(tmp_path)])
     _, _, underscored = parse_arguments(["--max_tokens", "300", "--output_dir", str(tmp_path)])
     assert dashed.max_tokens == underscored.max_tokens == 300 and dashed.output_dir == underscored.output_dir
-    for argv, message in ((["--max_tokens", "many"], "--max_tokens: invalid int value: 'many'"),
-                          (["--max_tokns", "300"], "--max_tokns is not a flag of vanilla-transformer train (did you "
-                                                   "mean --max_tokens?)"),
-                          (["--preset", "huge"], "--preset 'huge' does not exist"),
-                          (["multi30x"], "no recipe named 'multi30x' (did you mean 'multi30k'?)"),
-                          (["multi30x"], "Or give the path of a recipe file (.yaml")):
+    for argv, message in (
+        (["--max_tokens", "many"], "--max_tokens: invalid int value: 'many'"),
+        (["--max_tokns", "300"], "--max_tokns is not a flag of vanilla-transformer train (did you mean --max_tokens?)"),
+        (["--preset", "huge"], "--preset 'huge' does not exist"),
+        (["multi30x"], "no recipe named 'multi30x' (did you mean 'multi30k'?)"),
+        (["multi30x"], "Or give the path of a recipe file (.yaml"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             cli(["train", *argv, "--output_dir", str(tmp_path / "out")])
         error = capsys.readouterr().err.strip()
@@ -106,15 +118,35 @@ def test_per_device_train_batch_size_shows_no_default_that_max_tokens_overrides(
     assert "default: 8" not in described and "--max_tokens 0" in described, described
 
 
-@pytest.mark.parametrize("module", ["vanilla_transformer.training.run", *(  # a process each, importing torch
-    pytest.param(module, marks=pytest.mark.slow) for module in (
-        "vanilla_transformer.training.translation", "vanilla_transformer.training.averaging", "vanilla_transformer.convert",
-        "vanilla_transformer.publish", "vanilla_transformer.tokenization_vanilla_transformer", "vanilla_transformer.cli"))])
+@pytest.mark.parametrize(
+    "module",
+    [
+        "vanilla_transformer.training.run",
+        *(  # a process each, importing torch
+            pytest.param(module, marks=pytest.mark.slow)
+            for module in (
+                "vanilla_transformer.training.translation",
+                "vanilla_transformer.training.averaging",
+                "vanilla_transformer.convert",
+                "vanilla_transformer.publish",
+                "vanilla_transformer.tokenization_vanilla_transformer",
+                "vanilla_transformer.cli",
+            )
+        ),
+    ],
+)
 def test_python_dash_m_on_each_module_prints_its_help(module):
     completed = python("-m", module, *(["train"] if module.endswith(".cli") else []), "--help")
     assert completed.returncode == 0, completed.stderr[-2000:]
-    name = {"run": "train", "translation": "translate", "averaging": "average", "convert": "convert", "cli": "train",
-            "publish": "publish", "tokenization_vanilla_transformer": "tokenizer"}[module.rsplit(".", 1)[-1]]
+    name = {
+        "run": "train",
+        "translation": "translate",
+        "averaging": "average",
+        "convert": "convert",
+        "cli": "train",
+        "publish": "publish",
+        "tokenization_vanilla_transformer": "tokenizer",
+    }[module.rsplit(".", 1)[-1]]
     assert name in TOOLS and completed.stdout.startswith(f"usage: vanilla-transformer {name}"), completed.stdout[:300]
 
 
@@ -127,10 +159,21 @@ def test_accelerate_launch_dash_m_trains_on_two_processes_with_the_packaged_conf
     write_pairs(data, "train", reverse_pairs(200, seed=1))
     config = python("-m", "vanilla_transformer.cli", "config", "ddp").stdout.strip()
     output = tmp_path / "run"
-    completed = python("-m", "accelerate.commands.launch", "--config_file", config, "--num_processes", "2",
-                       "--main_process_port", "29571", "-m", "vanilla_transformer.cli", "train",
-                       *tiny_args(data, output, "--max_steps", "2", "--max_tokens", "150", "--warmup_steps", "2"),
-                       timeout=600)
+    completed = python(
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        config,
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        "29571",
+        "-m",
+        "vanilla_transformer.cli",
+        "train",
+        *tiny_args(data, output, "--max_steps", "2", "--max_tokens", "150", "--warmup_steps", "2"),
+        timeout=600,
+    )
     assert completed.returncode == 0, completed.stderr[-4000:]
     assert "process 1 of 2" in completed.stderr and (output / "model.safetensors").is_file()
 
@@ -169,16 +212,22 @@ def test_packaged_help_screens_are_what_the_parsers_print(capsys, monkeypatch):
     from vanilla_transformer.cli import help_screens
 
     packaged = packaged_screens()
-    assert (REPO / "vanilla_transformer" / "help_screens.json").read_text(encoding="utf-8") == help_screens(), \
+    assert (REPO / "vanilla_transformer" / "help_screens.json").read_text(encoding="utf-8") == help_screens(), (
         "vanilla_transformer/help_screens.json is out of date"
+    )
     monkeypatch.setenv("COLUMNS", str(packaged["columns"]))
     monkeypatch.setattr("vanilla_transformer.cli.help_text", lambda argv: pytest.fail(f"{argv} rendered"))
     for argv in HELP_REQUESTS:
         screen = packaged["screens"]["" if argv == ["--help"] else argv[0]]
         assert printed_by(command.main, argv, capsys) == screen == printed_by(cli, argv, capsys), argv
-    assert printed_by(command.main, [], capsys) == printed_by(command.main, ["-h"], capsys) == printed_by(cli, [], capsys)
-    headings = [line for line in printed_by(command.main, ["train", "-h"], capsys).splitlines() if line.endswith(":")
-                and not line.startswith(" ")]
+    assert (
+        printed_by(command.main, [], capsys) == printed_by(command.main, ["-h"], capsys) == printed_by(cli, [], capsys)
+    )
+    headings = [
+        line
+        for line in printed_by(command.main, ["train", "-h"], capsys).splitlines()
+        if line.endswith(":") and not line.startswith(" ")
+    ]
     assert headings[1:6] == ["data:", "model:", "training:", "evaluation and decoding:", "Seq2SeqTrainingArguments:"]
 
 
@@ -189,14 +238,20 @@ def test_docs_cli_md_holds_the_packaged_help_screens():
     assert f"with transformers {packaged['rendered_with']['transformers']} " in written
     assert f"```text\n{packaged['screens']['']}" in written
     for tool in TOOLS:
-        assert f"## vanilla-transformer {tool}\n" in written and f"```text\n{packaged['screens'][tool]}" in written, tool
+        assert f"## vanilla-transformer {tool}\n" in written and f"```text\n{packaged['screens'][tool]}" in written, (
+            tool
+        )
 
 
 def test_help_from_the_package_data_imports_neither_torch_nor_transformers_nor_the_package():
     packaged = packaged_screens()
-    completed = python("-c", "import sys, vanilla_transformer_command as command; command.main(['train', '--help']); "
-                             "print(sorted({'torch', 'transformers', 'vanilla_transformer'} & set(sys.modules)), "
-                             "file=sys.stderr)", timeout=60)
+    completed = python(
+        "-c",
+        "import sys, vanilla_transformer_command as command; command.main(['train', '--help']); "
+        "print(sorted({'torch', 'transformers', 'vanilla_transformer'} & set(sys.modules)), "
+        "file=sys.stderr)",
+        timeout=60,
+    )
     assert completed.returncode == 0 and completed.stderr.strip() == "[]", completed.stderr[-2000:]
     assert completed.stdout == packaged["screens"]["train"]
 
@@ -209,8 +264,10 @@ def test_help_is_rendered_by_the_parsers_where_the_package_data_does_not_fit(dam
     from vanilla_transformer import command_line
 
     recorded = json.loads(command_line.HELP_SCREENS.read_text(encoding="utf-8"))
-    recorded["rendered_with"] = {**command_line.help_rendered_with(), **{"another transformers": {"transformers": "4.0.0"},
-                                                "another Python": {"python": "3.99"}}.get(damage, {})}
+    recorded["rendered_with"] = {
+        **command_line.help_rendered_with(),
+        **{"another transformers": {"transformers": "4.0.0"}, "another Python": {"python": "3.99"}}.get(damage, {}),
+    }
     for each in recorded["screens"]:
         recorded["screens"][each] = "stale\n"  # printed only if the versions are wrongly taken to match
     changed = tmp_path / "help_screens.json"
@@ -237,8 +294,14 @@ def test_help_of_a_command_that_does_not_exist_is_the_commands_error(capsys):
 # --version, recipe [NAME], config [NAME] without the package (vanilla_transformer_command)
 # ---------------------------------------------------------------------------------------------
 
-QUICK_REQUESTS = [["--version"], ["recipe"], ["recipe", "multi30k"], ["config"], ["config", "ddp"],
-                  ["config", "fsdp.yaml"]]
+QUICK_REQUESTS = [
+    ["--version"],
+    ["recipe"],
+    ["recipe", "multi30k"],
+    ["config"],
+    ["config", "ddp"],
+    ["config", "fsdp.yaml"],
+]
 
 
 def expected_answer(argv: list[str]) -> str:
@@ -256,9 +319,14 @@ def expected_answer(argv: list[str]) -> str:
 def test_version_and_packaged_paths_are_answered_without_importing_torch_transformers_or_the_package(argv, capsys):
     """The console script's answer in a fresh process, against `cli.main`'s (the package, in this process) and
     against the files and metadata themselves."""
-    completed = python("-c", "import sys, vanilla_transformer_command as command; command.main(sys.argv[1:]); "
-                             "print(sorted({'torch', 'transformers', 'vanilla_transformer'} & set(sys.modules)), "
-                             "file=sys.stderr)", *argv, timeout=60)
+    completed = python(
+        "-c",
+        "import sys, vanilla_transformer_command as command; command.main(sys.argv[1:]); "
+        "print(sorted({'torch', 'transformers', 'vanilla_transformer'} & set(sys.modules)), "
+        "file=sys.stderr)",
+        *argv,
+        timeout=60,
+    )
     assert completed.returncode == 0 and completed.stderr.strip() == "[]", completed.stderr[-2000:]
     assert completed.stdout == printed_by(cli, argv, capsys) == expected_answer(argv)
 
@@ -288,8 +356,11 @@ def test_version_without_an_installed_distribution_is_a_one_line_error(monkeypat
         assert "not installed" in error and "pip install -e ." in error
 
 
-@pytest.mark.parametrize("argv", [["config", "dpp"], ["recipe", "multi30x"], ["config", "ddp", "fsdp"],
-                                  ["recipe", "--name"], ["config", "-h", "x"]], ids=" ".join)
+@pytest.mark.parametrize(
+    "argv",
+    [["config", "dpp"], ["recipe", "multi30x"], ["config", "ddp", "fsdp"], ["recipe", "--name"], ["config", "-h", "x"]],
+    ids=" ".join,
+)
 def test_an_unknown_name_or_more_arguments_get_the_packages_error_and_exit_status(argv, capsys):
     import vanilla_transformer_command as command
 

@@ -46,7 +46,9 @@ def layer_norm_parameters(d_model: int) -> int:
 def paper_parameter_count(vocab: int, d_model: int, d_ff: int, encoder_layers: int, decoder_layers: int) -> int:
     """The post-LN Transformer with one embedding matrix shared by source, target and pre-softmax
     projection (§3.4) and parameter-free sinusoidal positions (§3.5); no final LayerNorm."""
-    encoder_layer = attention_parameters(d_model) + feed_forward_parameters(d_model, d_ff) + 2 * layer_norm_parameters(d_model)
+    encoder_layer = (
+        attention_parameters(d_model) + feed_forward_parameters(d_model, d_ff) + 2 * layer_norm_parameters(d_model)
+    )
     decoder_layer = (
         2 * attention_parameters(d_model) + feed_forward_parameters(d_model, d_ff) + 3 * layer_norm_parameters(d_model)
     )
@@ -209,9 +211,17 @@ def test_head_dim_allows_a_head_count_that_does_not_divide_d_model():
 
 
 SIZE_FIELDS = [
-    "vocab_size", "decoder_vocab_size", "d_model", "encoder_layers", "decoder_layers",
-    "encoder_attention_heads", "decoder_attention_heads", "head_dim", "encoder_ffn_dim",
-    "decoder_ffn_dim", "max_position_embeddings",
+    "vocab_size",
+    "decoder_vocab_size",
+    "d_model",
+    "encoder_layers",
+    "decoder_layers",
+    "encoder_attention_heads",
+    "decoder_attention_heads",
+    "head_dim",
+    "encoder_ffn_dim",
+    "decoder_ffn_dim",
+    "max_position_embeddings",
 ]
 
 
@@ -246,7 +256,9 @@ def test_sinusoidal_positions_need_an_even_d_model():
 
 
 def test_odd_d_model_is_fine_with_learned_positions():
-    config = build_tiny(d_model=63, encoder_attention_heads=1, decoder_attention_heads=1, position_embedding_type="learned")
+    config = build_tiny(
+        d_model=63, encoder_attention_heads=1, decoder_attention_heads=1, position_embedding_type="learned"
+    )
     assert config.d_model == 63
 
 
@@ -262,20 +274,39 @@ def test_shared_embeddings_need_one_joint_vocabulary():
         ({"bos_token_id": 1000}, r"bos_token_id=1000 is outside the target vocabulary of size 1000"),
         # Separate vocabularies: pad and eos are checked on both sides, bos and decoder start on the target side.
         (
-            {"share_encoder_decoder_embeddings": False, "vocab_size": 10, "decoder_vocab_size": 100, "pad_token_id": 50},
+            {
+                "share_encoder_decoder_embeddings": False,
+                "vocab_size": 10,
+                "decoder_vocab_size": 100,
+                "pad_token_id": 50,
+            },
             r"pad_token_id=50 is outside the source vocabulary of size 10",
         ),
         (
-            {"share_encoder_decoder_embeddings": False, "vocab_size": 100, "decoder_vocab_size": 10, "eos_token_id": 50},
+            {
+                "share_encoder_decoder_embeddings": False,
+                "vocab_size": 100,
+                "decoder_vocab_size": 10,
+                "eos_token_id": 50,
+            },
             r"eos_token_id=50 is outside the target vocabulary of size 10",
         ),
         (
-            {"share_encoder_decoder_embeddings": False, "vocab_size": 100, "decoder_vocab_size": 10, "bos_token_id": 50},
+            {
+                "share_encoder_decoder_embeddings": False,
+                "vocab_size": 100,
+                "decoder_vocab_size": 10,
+                "bos_token_id": 50,
+            },
             r"bos_token_id=50 is outside the target vocabulary of size 10",
         ),
         (
-            {"share_encoder_decoder_embeddings": False, "vocab_size": 100, "decoder_vocab_size": 10,
-             "decoder_start_token_id": 50},
+            {
+                "share_encoder_decoder_embeddings": False,
+                "vocab_size": 100,
+                "decoder_vocab_size": 10,
+                "decoder_start_token_id": 50,
+            },
             r"decoder_start_token_id=50 is outside the target vocabulary of size 10",
         ),
     ],
@@ -285,8 +316,13 @@ def test_special_token_ids_must_lie_in_their_vocabulary(overrides, message):
 
 
 def test_target_only_ids_may_exceed_the_source_vocabulary():
-    config = build_tiny(share_encoder_decoder_embeddings=False, vocab_size=10, decoder_vocab_size=100,
-                        bos_token_id=50, decoder_start_token_id=60)
+    config = build_tiny(
+        share_encoder_decoder_embeddings=False,
+        vocab_size=10,
+        decoder_vocab_size=100,
+        bos_token_id=50,
+        decoder_start_token_id=60,
+    )
     assert (config.bos_token_id, config.decoder_start_token_id) == (50, 60)
 
 
@@ -324,10 +360,23 @@ def comparable(config) -> dict:
     "overrides",
     [
         {},
-        dict(share_encoder_decoder_embeddings=False, decoder_vocab_size=900, tie_word_embeddings=False,
-             position_embedding_type="learned", normalize_before=True, head_dim=8, decoder_layers=3,
-             decoder_attention_heads=2, activation_function="gelu", scale_embedding=False, init_std=0.02,
-             attention_dropout=0.1, activation_dropout=0.2, layer_norm_eps=1e-6, linear_init="xavier_uniform"),
+        dict(
+            share_encoder_decoder_embeddings=False,
+            decoder_vocab_size=900,
+            tie_word_embeddings=False,
+            position_embedding_type="learned",
+            normalize_before=True,
+            head_dim=8,
+            decoder_layers=3,
+            decoder_attention_heads=2,
+            activation_function="gelu",
+            scale_embedding=False,
+            init_std=0.02,
+            attention_dropout=0.1,
+            activation_dropout=0.2,
+            layer_norm_eps=1e-6,
+            linear_init="xavier_uniform",
+        ),
     ],
     ids=["paper", "every-variant"],
 )

@@ -37,10 +37,22 @@ def one_thread():
 
 def random_marian(seed: int = 0, final_logits_bias: bool = False, **overrides) -> MarianMTModel:
     defaults = dict(
-        vocab_size=MARIAN_VOCAB, d_model=16, encoder_layers=2, decoder_layers=3, encoder_attention_heads=2,
-        decoder_attention_heads=4, encoder_ffn_dim=24, decoder_ffn_dim=20, max_position_embeddings=64,
-        pad_token_id=MARIAN_PAD, eos_token_id=MARIAN_EOS, decoder_start_token_id=MARIAN_PAD,
-        activation_function="swish", scale_embedding=True, dropout=0.1, attention_dropout=0.1,
+        vocab_size=MARIAN_VOCAB,
+        d_model=16,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_attention_heads=2,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=24,
+        decoder_ffn_dim=20,
+        max_position_embeddings=64,
+        pad_token_id=MARIAN_PAD,
+        eos_token_id=MARIAN_EOS,
+        decoder_start_token_id=MARIAN_PAD,
+        activation_function="swish",
+        scale_embedding=True,
+        dropout=0.1,
+        attention_dropout=0.1,
     )
     torch.manual_seed(seed)
     marian = MarianMTModel(MarianConfig(**{**defaults, **overrides})).eval()
@@ -112,8 +124,12 @@ def test_marian_position_table_is_ours_with_sines_and_cosines_in_halves():
 
 @pytest.mark.parametrize(
     "share, tie, expected",
-    [(True, True, (True, True)), (False, True, (False, True)), (False, False, (False, False)),
-     (True, False, (False, False))],  # transformers 5 unties all three matrices when tie_word_embeddings=False
+    [
+        (True, True, (True, True)),
+        (False, True, (False, True)),
+        (False, False, (False, False)),
+        (True, False, (False, False)),
+    ],  # transformers 5 unties all three matrices when tie_word_embeddings=False
 )
 def test_sharing_and_tying_follow_the_tensors_marian_uses(share, tie, expected):
     overrides = {**({} if share else SEPARATE), "share_encoder_decoder_embeddings": share, "tie_word_embeddings": tie}
@@ -168,8 +184,11 @@ REFUSALS = {
     "layerdrop": (dict(encoder_layerdrop=0.1), lambda m: m, "encoder_layerdrop"),
     "several-eos": (dict(eos_token_id=[0, 1]), lambda m: m, "eos_token_id"),
     "odd-d-model": (dict(d_model=15, encoder_attention_heads=3, decoder_attention_heads=3), lambda m: m, "d_model=15"),
-    "shared-with-two-sizes": (dict(decoder_vocab_size=40, pad_token_id=39, decoder_start_token_id=39), lambda m: m,
-                              "decoder_vocab_size=40"),
+    "shared-with-two-sizes": (
+        dict(decoder_vocab_size=40, pad_token_id=39, decoder_start_token_id=39),
+        lambda m: m,
+        "decoder_vocab_size=40",
+    ),
     "tampered-positions": (dict(), tamper_positions, "embed_positions"),
     "bias-with-zero-layer-norm-weight": (dict(final_logits_bias=True), zero_layer_norm_weight, "final_logits_bias"),
 }
@@ -238,8 +257,17 @@ def tokenizer():
 
 
 def random_model(vocab_size: int, seed: int = 0, **overrides) -> VanillaTransformerForConditionalGeneration:
-    defaults = dict(vocab_size=vocab_size, d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
-                    decoder_attention_heads=2, encoder_ffn_dim=64, decoder_ffn_dim=48, max_position_embeddings=64)
+    defaults = dict(
+        vocab_size=vocab_size,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=48,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(seed)
     model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig(**{**defaults, **overrides})).eval()
     with torch.no_grad():
@@ -281,8 +309,9 @@ EXPORT_CASES = {
     "pre-LN": dict(normalize_before=True),
     "learned-positions-swish": dict(position_embedding_type="learned", activation_function="swish"),
     "head-dim-4": dict(head_dim=4),
-    "separate-vocabularies-padded": dict(share_encoder_decoder_embeddings=False, tie_word_embeddings=False,
-                                         vocab_size=263, decoder_vocab_size=270),
+    "separate-vocabularies-padded": dict(
+        share_encoder_decoder_embeddings=False, tie_word_embeddings=False, vocab_size=263, decoder_vocab_size=270
+    ),
 }
 
 
@@ -327,9 +356,17 @@ def trained(request, tokenizer):
     """A model trained for 120 steps to copy its input: about half its copies are exact, none degenerate."""
     torch.manual_seed(0)
     config = VanillaTransformerConfig(
-        vocab_size=len(tokenizer), d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
-        decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=64,
-        dropout=0.0, normalize_before=request.param,
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        dropout=0.0,
+        normalize_before=request.param,
     )
     model = VanillaTransformerForConditionalGeneration(config)
     optimizer = torch.optim.Adam(model.parameters(), lr=4e-3)
@@ -353,13 +390,25 @@ def test_ctranslate2_decodes_like_generate(trained, beams, tokenizer, tmp_path):
     input_ids, attention_mask, _ = copy_batch(torch.Generator().manual_seed(7), 8)
     # CTranslate2 divides by |Y| ** alpha, transformers' formula, not the paper's (GNMT's) default one
     paper = dict(length_penalty=0.6, early_stopping=True, length_penalty_formula="length") if beams > 1 else {}
-    out = trained.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=beams, max_new_tokens=20,
-                           output_scores=True, return_dict_in_generate=True, **paper)
+    out = trained.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        num_beams=beams,
+        max_new_tokens=20,
+        output_scores=True,
+        return_dict_in_generate=True,
+        **paper,
+    )
     ours = [until_eos(row[1:].tolist()) for row in out.sequences]  # drop the start token <s>
     sources = [tokenizer.convert_ids_to_tokens(row[row != 0].tolist()) for row in input_ids]  # unpadded
     results = translator(tmp_path).translate_batch(
-        sources, beam_size=beams, length_penalty=0.6, return_end_token=True, min_decoding_length=0,
-        max_decoding_length=20, return_scores=True,
+        sources,
+        beam_size=beams,
+        length_penalty=0.6,
+        return_end_token=True,
+        min_decoding_length=0,
+        max_decoding_length=20,
+        return_scores=True,
     )
     theirs = [tokenizer.convert_tokens_to_ids(result.hypotheses[0]) for result in results]
     assert theirs == ours

@@ -55,12 +55,34 @@ def test_every_recipe_on_1_and_8_gpus_beside_the_paper(tmp_path):
 
 def test_reads_the_fastest_training_measurement_of_benchmarks_gpu_py(tmp_path):
     output = tmp_path / "gpu.json"
-    results = gpu.main(["--device", "cpu", "--presets", "tiny", "--modes", "eager", "--dtype", "float32",
-                        "--max-tokens", "256", "--warmup", "1", "--steps", "1", "--no-decode", "--no-loop",
-                        "--no-train-run", "--output", str(output)])
+    results = gpu.main(
+        [
+            "--device",
+            "cpu",
+            "--presets",
+            "tiny",
+            "--modes",
+            "eager",
+            "--dtype",
+            "float32",
+            "--max-tokens",
+            "256",
+            "--warmup",
+            "1",
+            "--steps",
+            "1",
+            "--no-decode",
+            "--no-loop",
+            "--no-train-run",
+            "--output",
+            str(output),
+        ]
+    )
     # a slower second mode and a failed one must not count
     slower = {**results[1], "mode": "compiled", "target_tokens_per_second": results[1]["target_tokens_per_second"] / 2}
-    output.write_text(json.dumps([*results, slower, {"what": "training", "preset": "big", "mode": "eager", "error": "x"}]))
+    output.write_text(
+        json.dumps([*results, slower, {"what": "training", "preset": "big", "mode": "eager", "error": "x"}])
+    )
     rates, where = cost.throughputs_from_gpu_json(output)
     assert rates == {"tiny": results[1]["target_tokens_per_second"]}
     assert "cpu" in where and "tiny: eager float32" in where

@@ -9,10 +9,9 @@ import copy
 import pytest
 import torch
 
-from vanilla_transformer.cpu_decoding import PrepackedLinear, onednn_linear_works, prepack_for_cpu_decoding, unprepack
-from vanilla_transformer.convert import from_marian
-
 from test_speed_levers import BEAM_CASES, marian_that_stops, padded_sources
+from vanilla_transformer.convert import from_marian
+from vanilla_transformer.cpu_decoding import PrepackedLinear, onednn_linear_works, prepack_for_cpu_decoding, unprepack
 
 needs_onednn = pytest.mark.skipif(not onednn_linear_works(), reason="torch without oneDNN's linear operators")
 

@@ -98,9 +98,11 @@ def test_a_changed_file_is_read_again_not_taken_from_the_cache(tmp_path, cache):
 def test_missing_file_is_file_not_found_with_the_path_and_flag(tmp_path, cache):
     missing = tmp_path / "nope.en"
     other = write(tmp_path / "ok.de", ["x"])
-    for call in (lambda: parallel_text_dataset(missing, other, ("--train_source_file", "--t"), cache_dir=cache),
-                 lambda: tsv_dataset(missing, what="--train_source_file", cache_dir=cache),
-                 lambda: jsonl_dataset(missing, "en", "de", what="--train_source_file", cache_dir=cache)):
+    for call in (
+        lambda: parallel_text_dataset(missing, other, ("--train_source_file", "--t"), cache_dir=cache),
+        lambda: tsv_dataset(missing, what="--train_source_file", cache_dir=cache),
+        lambda: jsonl_dataset(missing, "en", "de", what="--train_source_file", cache_dir=cache),
+    ):
         with pytest.raises(FileNotFoundError, match="--train_source_file.*nope.en"):
             call()
 
@@ -128,8 +130,12 @@ def test_other_compressions_empty_files_and_directories_are_refused(tmp_path, ca
     empty.write_bytes(b"")
     fifo = tmp_path / "pipe"
     os.mkfifo(fifo)
-    for path, expected in ((packed, "bzip2-compressed"), (empty, "is empty"), (tmp_path, "is a directory"),
-                           (fifo, "not a regular file")):
+    for path, expected in (
+        (packed, "bzip2-compressed"),
+        (empty, "is empty"),
+        (tmp_path, "is a directory"),
+        (fifo, "not a regular file"),
+    ):
         with pytest.raises((ValueError, OSError), match=expected):
             parallel_text_dataset(path, ok, ("--train_source_file", "--train_target_file"), cache_dir=cache)
 
@@ -161,8 +167,11 @@ def test_tsv_too_few_fields_or_a_tab_inside_a_sentence_names_the_line(tmp_path, 
 
 
 def test_jsonl_flat_nested_and_blank_lines(tmp_path, cache):
-    lines = [json.dumps({"en": "A dog.", "de": "Ein Hund.", "id": 1}), "",
-             json.dumps({"en": "Ä", "de": "B", "translation": {"en": "x"}})]
+    lines = [
+        json.dumps({"en": "A dog.", "de": "Ein Hund.", "id": 1}),
+        "",
+        json.dumps({"en": "Ä", "de": "B", "translation": {"en": "x"}}),
+    ]
     path = write(tmp_path / "pairs.jsonl", lines)
     assert pairs(jsonl_dataset(path, "en", "de", cache_dir=cache)) == [("A dog.", "Ein Hund."), ("Ä", "B")]
     nested = write(tmp_path / "wmt.jsonl.gz", [json.dumps({"translation": {"de": "Hallo", "en": "Hello"}})], True)
@@ -206,8 +215,9 @@ def test_token_ids_are_the_tokenizers_and_stored_as_int32(tmp_path, cache, token
 
 
 def test_tokenising_twice_reuses_the_cache_and_another_tokenizer_does_not(tmp_path, cache, tokenizer):
-    text = parallel_text_dataset(write(tmp_path / "s", ["the dog"] * 3), write(tmp_path / "t", ["Hund"] * 3),
-                                 cache_dir=cache)
+    text = parallel_text_dataset(
+        write(tmp_path / "s", ["the dog"] * 3), write(tmp_path / "t", ["Hund"] * 3), cache_dir=cache
+    )
     first, second = tokenize_dataset(text, tokenizer), tokenize_dataset(text, tokenizer)
     assert first._fingerprint == second._fingerprint and first.cache_files == second.cache_files
     other = train_tokenizer(iter(["something else entirely"] * 5), vocab_size=270)
@@ -223,8 +233,11 @@ def test_drop_unusable_counts_and_logs_what_it_drops(tmp_path, cache, tokenizer,
     with caplog.at_level(logging.INFO, logger=data.__name__):
         kept, counts = drop_unusable(tokenize_dataset(text, tokenizer), 9, 11, role="train")
     # Reference: the tokenizer called on each pair, the limits applied in plain Python.
-    expected = [i for i, (s, t) in enumerate(zip(sources, targets))
-                if s.strip() and len(tokenizer(s)["input_ids"]) <= 9 and len(tokenizer(t)["input_ids"]) <= 11]
+    expected = [
+        i
+        for i, (s, t) in enumerate(zip(sources, targets))
+        if s.strip() and len(tokenizer(s)["input_ids"]) <= 9 and len(tokenizer(t)["input_ids"]) <= 11
+    ]
     assert kept["input_ids"][:] == [tokenizer(sources[i])["input_ids"] for i in expected]  # order kept
     empty = sum(not s.strip() for s in sources)
     assert counts == {"kept": len(expected), "empty": empty, "too_long": 300 - len(expected) - empty}
@@ -232,7 +245,9 @@ def test_drop_unusable_counts_and_logs_what_it_drops(tmp_path, cache, tokenizer,
     assert f"dropped {300 - len(expected)} ({empty} empty" in caplog.text
 
 
-def test_drop_unusable_logs_even_when_nothing_is_dropped_and_refuses_to_leave_nothing(tmp_path, cache, tokenizer, caplog):
+def test_drop_unusable_logs_even_when_nothing_is_dropped_and_refuses_to_leave_nothing(
+    tmp_path, cache, tokenizer, caplog
+):
     text = parallel_text_dataset(write(tmp_path / "s", ["the dog"]), write(tmp_path / "t", ["Hund"]), cache_dir=cache)
     ids = tokenize_dataset(text, tokenizer)
     with caplog.at_level(logging.INFO, logger=data.__name__):
@@ -247,8 +262,11 @@ def test_drop_unusable_logs_even_when_nothing_is_dropped_and_refuses_to_leave_no
 def test_example_lengths_from_columns_from_ids_and_from_lists(tmp_path, cache, tokenizer):
     from datasets import Dataset
 
-    text = parallel_text_dataset(write(tmp_path / "s", ["the dog", "a", "x y z"]),
-                                 write(tmp_path / "t", ["Hund", "Katze läuft", "b"]), cache_dir=cache)
+    text = parallel_text_dataset(
+        write(tmp_path / "s", ["the dog", "a", "x y z"]),
+        write(tmp_path / "t", ["Hund", "Katze läuft", "b"]),
+        cache_dir=cache,
+    )
     ids = tokenize_dataset(text, tokenizer)
     expected = [[len(r["input_ids"]), len(r["labels"])] for r in ids]
     assert example_lengths(ids).tolist() == expected
@@ -260,8 +278,11 @@ def test_example_lengths_from_columns_from_ids_and_from_lists(tmp_path, cache, t
 
 def test_tokenizer_sample_takes_whole_blocks_up_to_the_requested_pairs(tmp_path, cache):
     count = 5000
-    text = parallel_text_dataset(write(tmp_path / "s", [f"s{i}" for i in range(count)]),
-                                 write(tmp_path / "t", [f"t{i}" for i in range(count)]), cache_dir=cache)
+    text = parallel_text_dataset(
+        write(tmp_path / "s", [f"s{i}" for i in range(count)]),
+        write(tmp_path / "t", [f"t{i}" for i in range(count)]),
+        cache_dir=cache,
+    )
     sample = list(data.tokenizer_training_texts(text, 1500, seed=3, block=500))
     sources = [int(s[1:]) for s in sample if s.startswith("s")]
     assert len(sample) == 2 * 1500 and len(set(sources)) == 1500
@@ -437,14 +458,16 @@ def test_sampler_rejects_bad_arguments(kwargs, match):
 def test_sampler_accepts_tensor_lengths():
     sampler = TokenBatchSampler(torch.tensor([3, 1, 2]), max_tokens=6, shuffle=False)
     assert list(sampler) == [[1, 2], [0]]
-    bucketed = TokenBatchSampler(torch.tensor([3, 1, 2]), max_tokens=6, shuffle=False, pad_to_buckets=True,
-                                 bucket_width=1)
+    bucketed = TokenBatchSampler(
+        torch.tensor([3, 1, 2]), max_tokens=6, shuffle=False, pad_to_buckets=True, bucket_width=1
+    )
     assert list(bucketed) == [[2], [0, 1]]  # 1 waits for a batch of 3s, which has room for it, not for 2
 
 
 def ranks(lengths, max_tokens, num_replicas, epoch=0, **kwargs):
-    samplers = [TokenBatchSampler(lengths, max_tokens, num_replicas=num_replicas, rank=r, **kwargs)
-                for r in range(num_replicas)]
+    samplers = [
+        TokenBatchSampler(lengths, max_tokens, num_replicas=num_replicas, rank=r, **kwargs) for r in range(num_replicas)
+    ]
     for sampler in samplers:
         sampler.set_epoch(epoch)
     return samplers, [list(s) for s in samplers]
@@ -508,8 +531,9 @@ def test_dataloader_with_collator_stays_within_max_tokens(tmp_path, cache):
     words = "the a dog cat runs sleeps over under big small red house tree river".split()
     sources = [" ".join(rng.choices(words, k=rng.randint(0, 25))) for _ in range(200)]
     targets = [" ".join(rng.choices(words, k=rng.randint(1, 25)))[::-1] for _ in range(200)]
-    text = parallel_text_dataset(write(tmp_path / "train.en", sources),
-                                 write(tmp_path / "train.de.gz", targets, compress=True), cache_dir=cache)
+    text = parallel_text_dataset(
+        write(tmp_path / "train.en", sources), write(tmp_path / "train.de.gz", targets, compress=True), cache_dir=cache
+    )
     tokenizer = train_tokenizer(iter(sources + targets), vocab_size=300)
     kept, counts = drop_unusable(tokenize_dataset(text, tokenizer), 40, 40)
     assert 0 < counts["empty"] < 200 - counts["kept"] < 200
@@ -532,8 +556,11 @@ def test_dataloader_with_collator_stays_within_max_tokens(tmp_path, cache):
 
 def test_pad_to_bucket_pads_each_side_to_its_bucket_and_refuses_what_it_cannot_pad():
     def collate(features):
-        return {"input_ids": torch.ones(2, 9, dtype=torch.long), "attention_mask": torch.ones(2, 9, dtype=torch.long),
-                "labels": torch.full((2, 3), 7)}
+        return {
+            "input_ids": torch.ones(2, 9, dtype=torch.long),
+            "attention_mask": torch.ones(2, 9, dtype=torch.long),
+            "labels": torch.full((2, 3), 7),
+        }
 
     batch = PadToBucket(collate, pad_token_id=5, max_tokens=100)(None)
     assert batch["input_ids"].shape == batch["attention_mask"].shape == (2, 16) and batch["labels"].shape == (2, 8)

@@ -37,10 +37,21 @@ def test_every_system_decodes_and_ours_and_ctranslate2_float32_equal_marianmt(tm
     pytest.importorskip("ctranslate2")
     write_split(tmp_path, "train", 200, seed=0)
     write_split(tmp_path, "test_2016_flickr", 12, seed=1)
-    results = decoding.main([
-        "--data-dir", str(tmp_path), "--sentences", "8", "--sentences-batch-1", "2", "--repeats", "1",
-        "--configurations", "4x4,1x1", "--no-compile",
-    ])
+    results = decoding.main(
+        [
+            "--data-dir",
+            str(tmp_path),
+            "--sentences",
+            "8",
+            "--sentences-batch-1",
+            "2",
+            "--repeats",
+            "1",
+            "--configurations",
+            "4x4,1x1",
+            "--no-compile",
+        ]
+    )
     printed = capsys.readouterr().out
     assert set(results) == {(4, 4), (1, 1)}
     for seconds in results.values():
@@ -56,8 +67,10 @@ def test_search_ab_compares_a_commits_search_with_the_working_trees_on_one_model
     import shutil
     import subprocess
 
-    if shutil.which("git") is None or subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO,
-                                                     capture_output=True).returncode:
+    if (
+        shutil.which("git") is None
+        or subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True).returncode
+    ):
         pytest.skip("needs the git history of the repository")
     write_split(tmp_path, "train", 200, seed=0)
     write_split(tmp_path, "test_2016_flickr", 12, seed=1)
@@ -135,22 +148,36 @@ def test_the_floor_counts_the_model_s_operations_and_the_vocabulary_softmax_and_
 
     _, seconds = decoding.required_seconds(required_only)
     assert set(seconds) == set(decoding.REQUIRED) and all(value > 0 for value in seconds.values()), seconds
-    _, seconds = decoding.required_seconds(lambda: (torch.cumsum(scores, 1), scores.topk(4), torch.cat([a, b]),
-                                                    a.index_select(0, torch.tensor([1, 0])), a.add_(1)))
+    _, seconds = decoding.required_seconds(
+        lambda: (
+            torch.cumsum(scores, 1),
+            scores.topk(4),
+            torch.cat([a, b]),
+            a.index_select(0, torch.tensor([1, 0])),
+            a.add_(1),
+        )
+    )
     assert set(seconds.values()) == {0.0}
     # each operation counts once, in its own group: addmm is a matrix product, not an add
     assert decoding.required_group("aten::addmm") == "matrix products and attention"
     assert decoding.required_group("mkldnn::_linear_pointwise") == "matrix products and attention"  # prepacked
     assert decoding.required_group("aten::add") == "layer norm, residual adds, ReLU, embedding"
-    assert decoding.required_group("aten::_scaled_dot_product_flash_attention_for_cpu") == "matrix products and attention"
-    assert decoding.required_group("aten::add_") is decoding.required_group("aten::scaled_dot_product_attention") is None
+    assert (
+        decoding.required_group("aten::_scaled_dot_product_flash_attention_for_cpu") == "matrix products and attention"
+    )
+    assert (
+        decoding.required_group("aten::add_") is decoding.required_group("aten::scaled_dot_product_attention") is None
+    )
     _, seconds = decoding.required_seconds(lambda: torch.addmm(torch.zeros(64), a, b))
     assert seconds["matrix products and attention"] > 0 and seconds["layer norm, residual adds, ReLU, embedding"] == 0
 
 
 def test_the_floor_names_what_ours_spends_beyond_the_required_work_and_the_bound_it_implies():
-    found = decoding.floor([4.0, 4.2, 4.4], [2.0, 2.1, 2.2], (2.5, {"matrix products and attention": 1.4,
-                                                                   "layer norm": 0.2, "log-softmax": 0.2}))
+    found = decoding.floor(
+        [4.0, 4.2, 4.4],
+        [2.0, 2.1, 2.2],
+        (2.5, {"matrix products and attention": 1.4, "layer norm": 0.2, "log-softmax": 0.2}),
+    )
     assert found["marian"] == 4.2 and found["ours"] == 2.1 and found["profiled"] == 2.5  # medians; the profiled pass
     assert found["rest"] == pytest.approx(2.1 - 1.8)
     assert found["speed"] == pytest.approx(2.0) and found["bound"] == pytest.approx(4.2 / 1.8)
@@ -169,8 +196,21 @@ def test_the_floor_needs_the_beam_4_batch_32_configuration(capsys):
 def test_the_floor_runs_end_to_end_on_ours_as_shipped(tmp_path, capsys):
     write_split(tmp_path, "train", 200, seed=0)
     write_split(tmp_path, "test_2016_flickr", 32, seed=1)
-    results = decoding.main(["--data-dir", str(tmp_path), "--sentences", "32", "--repeats", "1", "--configurations",
-                             "4x32", "--no-compile", "--no-ctranslate2", "--floor"])
+    results = decoding.main(
+        [
+            "--data-dir",
+            str(tmp_path),
+            "--sentences",
+            "32",
+            "--repeats",
+            "1",
+            "--configurations",
+            "4x32",
+            "--no-compile",
+            "--no-ctranslate2",
+            "--floor",
+        ]
+    )
     found = results["floor"]
     assert set(found["required"]) == set(decoding.REQUIRED) and all(value > 0 for value in found["required"].values())
     assert found["bound"] == pytest.approx(found["marian"] / sum(found["required"].values()))
@@ -186,11 +226,26 @@ def test_the_stock_search_lever_runs_transformers_loop_through_generate_argument
     from vanilla_transformer.convert import from_marian
 
     torch.manual_seed(0)
-    marian = MarianMTModel(MarianConfig(
-        vocab_size=40, decoder_vocab_size=40, d_model=32, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        pad_token_id=0, eos_token_id=3, decoder_start_token_id=0, forced_eos_token_id=None,
-        activation_function="relu", scale_embedding=True, init_std=0.1)).eval()
+    marian = MarianMTModel(
+        MarianConfig(
+            vocab_size=40,
+            decoder_vocab_size=40,
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            pad_token_id=0,
+            eos_token_id=3,
+            decoder_start_token_id=0,
+            forced_eos_token_id=None,
+            activation_function="relu",
+            scale_embedding=True,
+            init_std=0.1,
+        )
+    ).eval()
     with torch.no_grad():
         marian.final_logits_bias[0, 3] = 1.2  # sentences end at different steps
     ours = from_marian(marian)
@@ -199,10 +254,11 @@ def test_the_stock_search_lever_runs_transformers_loop_through_generate_argument
     settings = dict(num_beams=4, length_penalty=0.6, early_stopping=True, max_new_tokens=12)
     expected = ours.generate(input_ids=input_ids, **settings)
     assert (expected == 3).any(dim=1).sum() > 1
-    (model, added), = decoding.lever_variants(ours, [decoding.STOCK_SEARCH]).values()
+    ((model, added),) = decoding.lever_variants(ours, [decoding.STOCK_SEARCH]).values()
     rows = []
     model.model.decoder.register_forward_pre_hook(
-        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
     assert torch.equal(model.generate(input_ids=input_ids, **settings, **added).sequences, expected)
     assert set(rows) == {6 * 4}
     assert set(decoding.lever_variants(ours)) == set(decoding.LEVERS)

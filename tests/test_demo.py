@@ -7,13 +7,35 @@ demo = load_script("training/demo.py")
 
 def test_demo_trains_saves_reloads_and_translates(tmp_path, capsys):
     output_dir = tmp_path / "demo"
-    demo.main(["--output-dir", str(output_dir), "--train-size", "200", "--test-size", "8",
-               "--max-steps", "20", "--max-tokens", "256", "--warmup-steps", "5", "--disable_tqdm", "true"])
+    demo.main(
+        [
+            "--output-dir",
+            str(output_dir),
+            "--train-size",
+            "200",
+            "--test-size",
+            "8",
+            "--max-steps",
+            "20",
+            "--max-tokens",
+            "256",
+            "--warmup-steps",
+            "5",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     printed = capsys.readouterr().out
     saved = {p.name for p in output_dir.iterdir()}
     # the Hub format: weights, config with auto_map, generation settings, tokenizer, remote code
-    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json",
-            "tokenizer_config.json", "modeling_vanilla_transformer.py"} <= saved
+    assert {
+        "model.safetensors",
+        "config.json",
+        "generation_config.json",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "modeling_vanilla_transformer.py",
+    } <= saved
     assert "reloaded with the Auto classes: VanillaTransformerForConditionalGeneration" in printed
     assert "held-out exact match:" in printed and "character BLEU" in printed
     assert printed.count(" -> ") == 8  # one beam-search translation per held-out number
@@ -24,10 +46,30 @@ def test_demo_trains_on_the_users_files_when_given(tmp_path, capsys):
     source.write_text("".join(f"number {i}\n" for i in range(60)))
     target.write_text("".join(f"Nummer {i}\n" for i in range(60)))
     output_dir = tmp_path / "mine"
-    demo.main(["--output-dir", str(output_dir), "--max-steps", "5", "--warmup-steps", "2",
-               "--train_source_file", str(source), "--train_target_file", str(target),
-               "--validation_source_file", str(source), "--validation_target_file", str(target),
-               "--max_eval_samples", "4", "--disable_tqdm", "true", "--tokenizer_vocab_size", "300"])
+    demo.main(
+        [
+            "--output-dir",
+            str(output_dir),
+            "--max-steps",
+            "5",
+            "--warmup-steps",
+            "2",
+            "--train_source_file",
+            str(source),
+            "--train_target_file",
+            str(target),
+            "--validation_source_file",
+            str(source),
+            "--validation_target_file",
+            str(target),
+            "--max_eval_samples",
+            "4",
+            "--disable_tqdm",
+            "true",
+            "--tokenizer_vocab_size",
+            "300",
+        ]
+    )
     printed = capsys.readouterr().out
     assert not (output_dir / "data").exists()  # no generated task
     assert "held-out BLEU:" in printed and printed.count(" -> ") == 4

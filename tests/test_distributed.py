@@ -22,7 +22,10 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.modeling_vanilla_transformer import VanillaTransformerDecoderLayer, VanillaTransformerEncoderLayer
+from vanilla_transformer.modeling_vanilla_transformer import (
+    VanillaTransformerDecoderLayer,
+    VanillaTransformerEncoderLayer,
+)
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.averaging import average_checkpoints
 
@@ -69,7 +72,9 @@ def test_fsdp_config_shards_each_layer_and_saves_full_state_dicts(monkeypatch):
     model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=50))
     policy = fsdp2_prepare_auto_wrap_policy(plugin, model)
     wrapped = [module for module in model.modules() if policy(module)]
-    layers = [m for m in model.modules() if isinstance(m, (VanillaTransformerEncoderLayer, VanillaTransformerDecoderLayer))]
+    layers = [
+        m for m in model.modules() if isinstance(m, (VanillaTransformerEncoderLayer, VanillaTransformerDecoderLayer))
+    ]
     assert wrapped == layers and len(layers) == 4
 
 
@@ -77,10 +82,23 @@ def test_fsdp_launch_on_the_cpu_is_refused_rather_than_run_as_ddp(tmp_path, monk
     launcher_environment(FSDP_CONFIG, monkeypatch)
     source, target = write_reversal_task(tmp_path, "train", 50, seed=1)
     with pytest.raises(ValueError, match="does not shard on cpu.*ddp config"):
-        train.build_trainer(*train.parse_arguments([
-            "--train_source_file", source, "--train_target_file", target, "--preset", "tiny",
-            "--tokenizer_vocab_size", "270", "--output_dir", str(tmp_path / "out"), "--use_cpu",
-        ]))
+        train.build_trainer(
+            *train.parse_arguments(
+                [
+                    "--train_source_file",
+                    source,
+                    "--train_target_file",
+                    target,
+                    "--preset",
+                    "tiny",
+                    "--tokenizer_vocab_size",
+                    "270",
+                    "--output_dir",
+                    str(tmp_path / "out"),
+                    "--use_cpu",
+                ]
+            )
+        )
 
 
 def noise_only(weights: dict) -> set[str]:
@@ -93,8 +111,17 @@ def noise_only(weights: dict) -> set[str]:
 def launch_on_two_processes(config: Path, script: Path, arguments: list[str]) -> subprocess.CompletedProcess:
     """`accelerate launch --config_file config --num_processes 2 script arguments`, which must succeed."""
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config), "--num_processes", "2",
-        "--main_process_port", str(free_port()), str(script), *arguments,
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(config),
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        str(free_port()),
+        str(script),
+        *arguments,
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -119,18 +146,67 @@ def test_fsdp_on_two_processes_follows_one_process_and_writes_hub_folders(tmp_pa
     valid_files = write_reversal_task(data, "valid", 24, seed=2)  # 24 = 3 steps x 4 sentences x 2 processes
     tokenizer_dir = tmp_path / "tokenizer"
     common = [
-        "--train_source_file", train_files[0], "--train_target_file", train_files[1],
-        "--validation_source_file", valid_files[0], "--validation_target_file", valid_files[1],
-        "--test_source_file", valid_files[0], "--test_target_file", valid_files[1],
-        "--do_train", "--do_eval", "--do_predict", "--preset", "tiny", "--config_overrides", "dropout=0.0",
-        "--tokenizer_name_or_path", str(tokenizer_dir), "--max_steps", "6", "--max_tokens", "150",
-        "--learning_rate", "0.003", "--warmup_steps", "3", "--save_strategy", "steps", "--save_steps", "2",
-        "--average_checkpoints", "2", "--per_device_eval_batch_size", "4", "--generation_num_beams", "1",
-        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--logging_steps", "1",
+        "--train_source_file",
+        train_files[0],
+        "--train_target_file",
+        train_files[1],
+        "--validation_source_file",
+        valid_files[0],
+        "--validation_target_file",
+        valid_files[1],
+        "--test_source_file",
+        valid_files[0],
+        "--test_target_file",
+        valid_files[1],
+        "--do_train",
+        "--do_eval",
+        "--do_predict",
+        "--preset",
+        "tiny",
+        "--config_overrides",
+        "dropout=0.0",
+        "--tokenizer_name_or_path",
+        str(tokenizer_dir),
+        "--max_steps",
+        "6",
+        "--max_tokens",
+        "150",
+        "--learning_rate",
+        "0.003",
+        "--warmup_steps",
+        "3",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--average_checkpoints",
+        "2",
+        "--per_device_eval_batch_size",
+        "4",
+        "--generation_num_beams",
+        "1",
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "--disable_tqdm",
+        "true",
+        "--logging_steps",
+        "1",
     ]
-    train.build_trainer(*train.parse_arguments([
-        *common[:4], "--preset", "tiny", "--tokenizer_vocab_size", "270", "--output_dir", str(tmp_path / "t"), "--use_cpu",
-    ])).tokenizer.save_pretrained(tokenizer_dir)
+    train.build_trainer(
+        *train.parse_arguments(
+            [
+                *common[:4],
+                "--preset",
+                "tiny",
+                "--tokenizer_vocab_size",
+                "270",
+                "--output_dir",
+                str(tmp_path / "t"),
+                "--use_cpu",
+            ]
+        )
+    ).tokenizer.save_pretrained(tokenizer_dir)
 
     one = tmp_path / "one"
     one_metrics = train.main([*common, "--output_dir", str(one), "--gradient_accumulation_steps", "2"])
@@ -181,21 +257,63 @@ def test_fsdp_trains_sharded_after_evaluating_first(tmp_path):
     valid_files = write_reversal_task(data, "valid", 23, seed=2)
     tokenizer_dir = tmp_path / "tokenizer"
     common = [
-        "--train_source_file", train_files[0], "--train_target_file", train_files[1],
-        "--validation_source_file", valid_files[0], "--validation_target_file", valid_files[1],
-        "--preset", "tiny", "--config_overrides", "dropout=0.0", "--tokenizer_name_or_path", str(tokenizer_dir),
-        "--max_steps", "4", "--max_tokens", "150", "--learning_rate", "0.003", "--warmup_steps", "3",
-        "--save_strategy", "steps", "--save_steps", "2", "--per_device_eval_batch_size", "4",
-        "--generation_num_beams", "1", "--report_to", "none", "--use_cpu", "--disable_tqdm", "true",
-        "--logging_steps", "1",
+        "--train_source_file",
+        train_files[0],
+        "--train_target_file",
+        train_files[1],
+        "--validation_source_file",
+        valid_files[0],
+        "--validation_target_file",
+        valid_files[1],
+        "--preset",
+        "tiny",
+        "--config_overrides",
+        "dropout=0.0",
+        "--tokenizer_name_or_path",
+        str(tokenizer_dir),
+        "--max_steps",
+        "4",
+        "--max_tokens",
+        "150",
+        "--learning_rate",
+        "0.003",
+        "--warmup_steps",
+        "3",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "2",
+        "--per_device_eval_batch_size",
+        "4",
+        "--generation_num_beams",
+        "1",
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "--disable_tqdm",
+        "true",
+        "--logging_steps",
+        "1",
     ]
-    train.build_trainer(*train.parse_arguments([
-        *common[:4], "--preset", "tiny", "--tokenizer_vocab_size", "270", "--output_dir", str(tmp_path / "t"), "--use_cpu",
-    ])).tokenizer.save_pretrained(tokenizer_dir)
+    train.build_trainer(
+        *train.parse_arguments(
+            [
+                *common[:4],
+                "--preset",
+                "tiny",
+                "--tokenizer_vocab_size",
+                "270",
+                "--output_dir",
+                str(tmp_path / "t"),
+                "--use_cpu",
+            ]
+        )
+    ).tokenizer.save_pretrained(tokenizer_dir)
 
     one = tmp_path / "one"
-    reference = train.build_trainer(*train.parse_arguments([*common, "--output_dir", str(one),
-                                                            "--gradient_accumulation_steps", "2"]))
+    reference = train.build_trainer(
+        *train.parse_arguments([*common, "--output_dir", str(one), "--gradient_accumulation_steps", "2"])
+    )
     one_before = reference.trainer.evaluate()
     reference.trainer.train()
     reference.trainer.save_state()
@@ -222,18 +340,60 @@ def test_evaluation_alone_on_two_processes_scores_every_sentence_once(launch, tm
     train_files = write_reversal_task(data, "train", 600, seed=1)
     valid_files = write_reversal_task(data, "valid", 23, seed=2)
     model_dir = tmp_path / "model"
-    train.main([  # a model that has learnt something, so that its translations differ between sentences
-        "--train_source_file", train_files[0], "--train_target_file", train_files[1], "--do_train",
-        "--preset", "tiny", "--tokenizer_vocab_size", "270", "--max_steps", "150", "--max_tokens", "300",
-        "--learning_rate", "0.003", "--warmup_steps", "5", "--save_strategy", "no", "--average_checkpoints", "0",
-        "--output_dir", str(model_dir), "--report_to", "none", "--use_cpu", "--disable_tqdm", "true",
-    ])
+    train.main(
+        [  # a model that has learnt something, so that its translations differ between sentences
+            "--train_source_file",
+            train_files[0],
+            "--train_target_file",
+            train_files[1],
+            "--do_train",
+            "--preset",
+            "tiny",
+            "--tokenizer_vocab_size",
+            "270",
+            "--max_steps",
+            "150",
+            "--max_tokens",
+            "300",
+            "--learning_rate",
+            "0.003",
+            "--warmup_steps",
+            "5",
+            "--save_strategy",
+            "no",
+            "--average_checkpoints",
+            "0",
+            "--output_dir",
+            str(model_dir),
+            "--report_to",
+            "none",
+            "--use_cpu",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     common = [
-        "--model_name_or_path", str(model_dir), "--do_eval", "--do_predict",
-        "--validation_source_file", valid_files[0], "--validation_target_file", valid_files[1],
-        "--test_source_file", valid_files[0], "--test_target_file", valid_files[1],
-        "--per_device_eval_batch_size", "4", "--generation_num_beams", "4", "--report_to", "none", "--use_cpu",
-        "--disable_tqdm", "true",
+        "--model_name_or_path",
+        str(model_dir),
+        "--do_eval",
+        "--do_predict",
+        "--validation_source_file",
+        valid_files[0],
+        "--validation_target_file",
+        valid_files[1],
+        "--test_source_file",
+        valid_files[0],
+        "--test_target_file",
+        valid_files[1],
+        "--per_device_eval_batch_size",
+        "4",
+        "--generation_num_beams",
+        "4",
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "--disable_tqdm",
+        "true",
     ]
     one = tmp_path / "one"
     train.main([*common, "--output_dir", str(one)])

@@ -23,13 +23,12 @@ import torch
 from safetensors.torch import load_file
 from transformers import DataCollatorForSeq2Seq
 
+from test_faults import REPO, reverse_pairs
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
 from vanilla_transformer.training import TransformerTrainer, TransformerTrainingArguments, divergence, tokenize_dataset
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.checkpointing import STAGING_DIR, check_resumable
 from vanilla_transformer.training.divergence import DivergenceGuard, TrainingDiverged
-
-from test_faults import REPO, reverse_pairs
 
 DIVERGING = ("--learning_rate", "1e10", "--warmup_steps", "1")  # update 2 runs on nan weights
 
@@ -44,10 +43,28 @@ def data_dir(tmp_path_factory) -> Path:
 
 def argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
     return [
-        "--train_file", str(data_dir / "train.tsv"), "--preset", "tiny", "--tokenizer_vocab_size", "280",
-        "--output_dir", str(output_dir), "--report_to", "none", "--use_cpu", "--disable_tqdm", "true",
-        "--eval_strategy", "no", "--max_tokens", "200", "--save_strategy", "steps", "--cache_dir",
-        str(data_dir / "cache"), *extra,
+        "--train_file",
+        str(data_dir / "train.tsv"),
+        "--preset",
+        "tiny",
+        "--tokenizer_vocab_size",
+        "280",
+        "--output_dir",
+        str(output_dir),
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "--disable_tqdm",
+        "true",
+        "--eval_strategy",
+        "no",
+        "--max_tokens",
+        "200",
+        "--save_strategy",
+        "steps",
+        "--cache_dir",
+        str(data_dir / "cache"),
+        *extra,
     ]
 
 
@@ -58,15 +75,30 @@ def is_finite(tensors: dict) -> bool:
 def test_train_py_stops_at_the_first_check_naming_the_update_and_keeping_the_last_good_checkpoint(data_dir, tmp_path):
     output = tmp_path / "run"
     with pytest.raises(TrainingDiverged) as diverged:
-        train.main(argv(data_dir, output, *DIVERGING, "--max_steps", "6", "--save_steps", "1", "--logging_steps", "1",
-                        "--ema_decay", "0.9"))
+        train.main(
+            argv(
+                data_dir,
+                output,
+                *DIVERGING,
+                "--max_steps",
+                "6",
+                "--save_steps",
+                "1",
+                "--logging_steps",
+                "1",
+                "--ema_decay",
+                "0.9",
+            )
+        )
     message = str(diverged.value)
     good = output / "checkpoint-1"
     logged = json.loads((good / "trainer_state.json").read_text())["log_history"][0]
     assert logged["step"] == 1 and math.isfinite(logged["loss"])
     assert "\n" not in message
-    assert message.startswith(f"Training diverged at update 2: the loss is nan (last finite loss {logged['loss']:.4g}, "
-                              "at update 1). Likely causes: too high a learning rate")
+    assert message.startswith(
+        f"Training diverged at update 2: the loss is nan (last finite loss {logged['loss']:.4g}, "
+        "at update 1). Likely causes: too high a learning rate"
+    )
     assert "float16 overflow" in message and "bad batch" in message
     assert f"The last good checkpoint, {good}, is intact" in message and f"--resume_from_checkpoint {good}" in message
     assert diverged.value.update == 2 and diverged.value.last_finite_loss == pytest.approx(logged["loss"])
@@ -81,9 +113,15 @@ def test_training_train_py_exits_with_the_error_and_no_model(data_dir, tmp_path)
     output = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     completed = subprocess.run(
-        [sys.executable, str(REPO / "training/train.py"),
-         *argv(data_dir, output, *DIVERGING, "--max_steps", "3", "--save_steps", "1", "--logging_steps", "1")],
-        env=env, capture_output=True, text=True, timeout=600,
+        [
+            sys.executable,
+            str(REPO / "training/train.py"),
+            *argv(data_dir, output, *DIVERGING, "--max_steps", "3", "--save_steps", "1", "--logging_steps", "1"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert completed.returncode != 0
     assert "Training diverged at update 2: the loss is nan (last finite loss " in completed.stderr
@@ -93,8 +131,11 @@ def test_training_train_py_exits_with_the_error_and_no_model(data_dir, tmp_path)
 
 def test_a_divergence_between_checks_is_named_by_its_update_and_nothing_is_saved(data_dir, tmp_path):
     output = tmp_path / "run"
-    with pytest.raises(TrainingDiverged, match=r"^Training diverged at update 2: the loss is nan \(last finite loss "
-                                               r".*, at update 1\).* No checkpoint was saved before it"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"^Training diverged at update 2: the loss is nan \(last finite loss "
+        r".*, at update 1\).* No checkpoint was saved before it",
+    ):
         train.main(argv(data_dir, output, *DIVERGING, "--max_steps", "8", "--save_steps", "5", "--logging_steps", "5"))
     assert not list(output.glob("checkpoint-*")) and not (output / "model.safetensors").exists()
 
@@ -109,16 +150,23 @@ def users_own_trainer(data_dir: Path, output_dir: Path, **arguments) -> Transfor
     data = tokenize_dataset(text, tokenizer)
     config = VanillaTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer))
     model = VanillaTransformerForConditionalGeneration(config)
-    args = TransformerTrainingArguments(output_dir=str(output_dir), max_tokens=200, report_to="none", use_cpu=True,
-                                        disable_tqdm=True, **arguments)
-    return TransformerTrainer(model=model, args=args, train_dataset=data, processing_class=tokenizer,
-                              data_collator=DataCollatorForSeq2Seq(tokenizer, model=model))
+    args = TransformerTrainingArguments(
+        output_dir=str(output_dir), max_tokens=200, report_to="none", use_cpu=True, disable_tqdm=True, **arguments
+    )
+    return TransformerTrainer(
+        model=model,
+        args=args,
+        train_dataset=data,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+    )
 
 
 def test_a_users_own_script_stops_and_cannot_save_the_diverged_model(data_dir, tmp_path):
     output = tmp_path / "mine"
-    trainer = users_own_trainer(data_dir, output, max_steps=6, learning_rate=1e10, warmup_steps=1, save_steps=3,
-                                logging_steps=100)
+    trainer = users_own_trainer(
+        data_dir, output, max_steps=6, learning_rate=1e10, warmup_steps=1, save_steps=3, logging_steps=100
+    )
     with pytest.raises(TrainingDiverged, match=r"^Training diverged at update 2: the loss is nan"):
         trainer.train()
     assert not list(output.glob("checkpoint-*"))  # the save at update 3 came after the divergence
@@ -156,6 +204,7 @@ def reads_from(module_file: str, clock):
             if from_module():
                 reads[clock()] += 1
             return method(self, *args, **kwargs)
+
         return read
 
     class ScalarReads(TorchDispatchMode):
@@ -178,9 +227,24 @@ def reads_from(module_file: str, clock):
 def test_the_guard_reads_the_device_only_at_logging_steps(data_dir, tmp_path):
     """Updates 1-8, logging every 4th: the guard reads values at updates 4 and 8 only (the reads of
     update n happen at the end of update n, before the clock moves)."""
-    trainer = train.build_trainer(*train.parse_arguments(argv(
-        data_dir, tmp_path / "run", "--max_steps", "8", "--logging_steps", "4", "--save_strategy", "no",
-        "--learning_rate", "0.003", "--warmup_steps", "4"))).trainer
+    trainer = train.build_trainer(
+        *train.parse_arguments(
+            argv(
+                data_dir,
+                tmp_path / "run",
+                "--max_steps",
+                "8",
+                "--logging_steps",
+                "4",
+                "--save_strategy",
+                "no",
+                "--learning_rate",
+                "0.003",
+                "--warmup_steps",
+                "4",
+            )
+        )
+    ).trainer
     with reads_from(divergence.__file__, lambda: trainer.state.global_step) as reads:
         trainer.train()
     assert sorted(reads) == [4, 8], reads
@@ -235,8 +299,11 @@ def test_updates_the_loss_scaler_skips_are_counted_not_divergence(tmp_path):
     guard.check(4)
     assert guard.skipped == 2
     update(guard, 3.0, math.inf)  # not skipped, yet not finite: the weights took it
-    with pytest.raises(TrainingDiverged, match=r"^Training diverged at update 5: the gradient norm is inf \(loss 3\) "
-                                               r"\(last finite loss 3.5, at update 4\)"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"^Training diverged at update 5: the gradient norm is inf \(loss 3\) "
+        r"\(last finite loss 3.5, at update 4\)",
+    ):
         guard.check(5)
 
 
@@ -246,9 +313,12 @@ def test_a_loss_scale_below_the_minimum_is_divergence(tmp_path):
     for _ in range(3):
         update(guard, math.nan, math.nan, skipped=True)
     guard.trainer.accelerator.scale = divergence.MIN_LOSS_SCALE / 2
-    with pytest.raises(TrainingDiverged, match=r"^Training diverged at update 4: the float16 loss scale fell to "
-                                               r"5e-05, below 0.0001, after 3 skipped updates.*last finite loss 5, "
-                                               r"at update 1"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"^Training diverged at update 4: the float16 loss scale fell to "
+        r"5e-05, below 0.0001, after 3 skipped updates.*last finite loss 5, "
+        r"at update 1",
+    ):
         guard.check(4)
 
 
@@ -264,8 +334,9 @@ def test_the_log_counts_the_skipped_updates_under_a_loss_scaler(data_dir, tmp_pa
 def test_a_checkpoint_of_non_finite_weights_is_refused_even_after_finite_losses(data_dir, tmp_path):
     """Weights can turn non-finite in the optimizer with every loss and gradient norm finite: the check
     before a checkpoint reads the weights too, and names one."""
-    trainer = users_own_trainer(data_dir, tmp_path / "mine", max_steps=2, save_steps=2, learning_rate=1e-3,
-                                warmup_steps=1)
+    trainer = users_own_trainer(
+        data_dir, tmp_path / "mine", max_steps=2, save_steps=2, learning_rate=1e-3, warmup_steps=1
+    )
 
     class PoisonTheWeights(train.TrainerCallback):
         def on_step_end(self, args, state, control, model=None, **kwargs):
@@ -274,8 +345,11 @@ def test_a_checkpoint_of_non_finite_weights_is_refused_even_after_finite_losses(
                     model.get_parameter("model.encoder.layers.0.self_attention.q_proj.weight")[0, 0] = math.inf
 
     trainer.callback_handler.callbacks.insert(0, PoisonTheWeights())
-    with pytest.raises(TrainingDiverged, match=r"^Training diverged by update 2: the weights hold non-finite values "
-                                               r"\(e\.g\. model\.encoder\.layers\.0\.self_attention\.q_proj\.weight\) "
-                                               r"although every loss"):
+    with pytest.raises(
+        TrainingDiverged,
+        match=r"^Training diverged by update 2: the weights hold non-finite values "
+        r"\(e\.g\. model\.encoder\.layers\.0\.self_attention\.q_proj\.weight\) "
+        r"although every loss",
+    ):
         trainer.train()
     assert not list((tmp_path / "mine").glob("checkpoint-*"))

@@ -91,8 +91,11 @@ def test_every_number_drawn_is_one_the_benchmark_pages_report():
 def test_every_measurement_names_a_commit_and_a_command_the_pages_cite():
     data = json.loads((BENCHMARKS / "measurements.json").read_text(encoding="utf-8"))
     pages = "\n".join(path.read_text(encoding="utf-8") for path in BENCHMARKS.glob("*.md"))
-    records = [*data["multi30k_en_de_test_bleu"]["comparisons"], *data["headlines"]["records"],
-               *(data[key] for key in data if key not in ("multi30k_en_de_test_bleu", "headlines"))]
+    records = [
+        *data["multi30k_en_de_test_bleu"]["comparisons"],
+        *data["headlines"]["records"],
+        *(data[key] for key in data if key not in ("multi30k_en_de_test_bleu", "headlines")),
+    ]
     for record in records:
         assert record["commit"] in pages and record["machine"] in pages and record["date"] in pages
         assert record["command"].startswith("python benchmarks/")
@@ -100,8 +103,12 @@ def test_every_measurement_names_a_commit_and_a_command_the_pages_cite():
 
 def test_the_pictures_are_drawn_from_the_recorded_numbers(tmp_path):
     pytest.importorskip("matplotlib")
-    completed = subprocess.run([sys.executable, str(BENCHMARKS / "plot.py"), "--output-dir", str(tmp_path)],
-                               capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "plot.py"), "--output-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert completed.returncode == 0, completed.stderr[-2000:]
     drawn = sorted(path.name for path in tmp_path.glob("*.png"))
     committed = sorted(path.name for path in BENCHMARKS.glob("*.png"))
@@ -116,7 +123,8 @@ def test_the_pictures_are_drawn_from_the_recorded_numbers(tmp_path):
 def cited_commits() -> set[str]:
     text = "\n".join(page.read_text(encoding="utf-8") for page in PAGES)
     return set(re.findall(r"\bcommits? ([0-9a-f]{7})\b", text)) | set(
-        re.findall(r"(?<=, )([0-9a-f]{7})(?= \||,| \(|\))", text))
+        re.findall(r"(?<=, )([0-9a-f]{7})(?= \||,| \(|\))", text)
+    )
 
 
 def test_every_cited_commit_exists():

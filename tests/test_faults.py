@@ -59,11 +59,37 @@ def data_dir(tmp_path_factory) -> Path:
 def run_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
     new_tokenizer = [] if "--tokenizer_name_or_path" in extra else ["--tokenizer_vocab_size", "280"]
     return [
-        "--train_file", str(data_dir / "train.tsv"), "--preset", "tiny", *new_tokenizer,
-        "--output_dir", str(output_dir), "--report_to", "none", "--use_cpu", "--disable_tqdm", "true",
-        "--eval_strategy", "no", "--logging_steps", "1", "--max_steps", str(MAX_STEPS), "--max_tokens", "200",
-        "--learning_rate", "0.003", "--warmup_steps", "4", "--save_strategy", "steps", "--save_steps", str(SAVE_STEPS),
-        "--cache_dir", str(data_dir / "cache"), *extra,
+        "--train_file",
+        str(data_dir / "train.tsv"),
+        "--preset",
+        "tiny",
+        *new_tokenizer,
+        "--output_dir",
+        str(output_dir),
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "--disable_tqdm",
+        "true",
+        "--eval_strategy",
+        "no",
+        "--logging_steps",
+        "1",
+        "--max_steps",
+        str(MAX_STEPS),
+        "--max_tokens",
+        "200",
+        "--learning_rate",
+        "0.003",
+        "--warmup_steps",
+        "4",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        str(SAVE_STEPS),
+        "--cache_dir",
+        str(data_dir / "cache"),
+        *extra,
     ]
 
 
@@ -115,14 +141,25 @@ DRIVER = textwrap.dedent("""
 def start(data_dir: Path, output_dir: Path, *extra: str, pause: float = 0.0, kill_while_saving: int = -1):
     driver = data_dir / "driver.py"
     driver.write_text(DRIVER)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "FAULT_PAUSE": str(pause), "FAULT_KILL_WHILE_SAVING": str(kill_while_saving)}
-    command = [sys.executable, str(driver), str(REPO / "training/train.py"),  # the final model: mean of 4, 8, 12
-               *run_argv(data_dir, output_dir, "--average_checkpoints", "3", *extra)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "FAULT_PAUSE": str(pause),
+        "FAULT_KILL_WHILE_SAVING": str(kill_while_saving),
+    }
+    command = [
+        sys.executable,
+        str(driver),
+        str(REPO / "training/train.py"),  # the final model: mean of 4, 8, 12
+        *run_argv(data_dir, output_dir, "--average_checkpoints", "3", *extra),
+    ]
     log = output_dir.with_name(output_dir.name + ".log")  # a file, not a pipe: a full pipe would stall the run
     attempt = len(list(log.parent.glob(log.name + "*")))
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True,
-                               stderr=open(f"{log}{attempt}", "w", encoding="utf-8"))
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, text=True, stderr=open(f"{log}{attempt}", "w", encoding="utf-8")
+    )
     process.log = Path(f"{log}{attempt}")
     return process
 
@@ -202,7 +239,9 @@ def test_ctrl_c_saves_a_resumable_checkpoint_says_so_and_resume_finishes(data_di
     resume_to_the_end(data_dir, output)
     # The checkpoint saved on Ctrl-C was only a point to resume from: the run's own ones remain, and
     # the final model, their mean, is the uninterrupted run's.
-    assert sorted(p.name for p in output.glob("checkpoint-*")) == sorted(p.name for p in uninterrupted.glob("checkpoint-*"))
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == sorted(
+        p.name for p in uninterrupted.glob("checkpoint-*")
+    )
     assert_same_weights(output, uninterrupted)
 
 
@@ -250,10 +289,17 @@ def test_a_full_disk_ends_with_a_clear_error_and_the_previous_checkpoint_intact(
 def test_any_failed_write_names_the_checkpoint_and_the_free_space(data_dir, tmp_path, monkeypatch):
     """torch.save reports a full disk as a RuntimeError without errno: the message still says what to check."""
     trainer = build(data_dir, tmp_path / "run").trainer
-    fail_at(trainer, SAVE_STEPS, RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed"),
-            monkeypatch)
-    with pytest.raises(CheckpointWriteError, match=r"checkpoint-4: RuntimeError: .*file write failed.* MiB free.*"
-                                                   r"no earlier checkpoint exists"):
+    fail_at(
+        trainer,
+        SAVE_STEPS,
+        RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed"),
+        monkeypatch,
+    )
+    with pytest.raises(
+        CheckpointWriteError,
+        match=r"checkpoint-4: RuntimeError: .*file write failed.* MiB free.*"
+        r"no earlier checkpoint exists",
+    ):
         trainer.train()
     assert not list((tmp_path / "run").glob("checkpoint-*"))
 
@@ -351,9 +397,20 @@ def test_push_to_hub_uploads_each_checkpoint_from_its_final_name(data_dir, tmp_p
         output, repo = tmp_path / "pushed", f"{USER}/faults"
         env = {**os.environ, **client_environment(hub, tmp_path / "home"), "PYTHONPATH": str(REPO)}
         completed = subprocess.run(
-            [sys.executable, str(REPO / "training/train.py"), *run_argv(data_dir, output, "--max_steps", "4"),
-             "--push_to_hub", "--hub_model_id", repo, "--hub_strategy", "checkpoint"],
-            env=env, capture_output=True, text=True, timeout=600,
+            [
+                sys.executable,
+                str(REPO / "training/train.py"),
+                *run_argv(data_dir, output, "--max_steps", "4"),
+                "--push_to_hub",
+                "--hub_model_id",
+                repo,
+                "--hub_strategy",
+                "checkpoint",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
         )
         assert completed.returncode == 0, completed.stderr[-3000:]
         files = hub.store.files(repo, hub.store.resolve(repo, "main"))

@@ -10,22 +10,36 @@ from vanilla_transformer.training.flops import forward_flops, training_flops, tr
 
 def test_a_hand_count_of_a_one_layer_model():
     # d=4, one layer each, 2 heads of 2, d_ff 8, vocabulary 10; one pair, 3 source and 2 target tokens.
-    config = VanillaTransformerConfig(vocab_size=10, d_model=4, encoder_layers=1, decoder_layers=1,
-                                      encoder_attention_heads=2, decoder_attention_heads=2,
-                                      encoder_ffn_dim=8, decoder_ffn_dim=8, max_position_embeddings=8)
+    config = VanillaTransformerConfig(
+        vocab_size=10,
+        d_model=4,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=8,
+        decoder_ffn_dim=8,
+        max_position_embeddings=8,
+    )
     encoder = 3 * 4 * (2 * 4 * 4) + 2 * (2 * 3 * 3 * 4) + 3 * (2 * 4 * 8) * 2  # projections, scores+sum, FFN
-    decoder = (2 * 4 * (2 * 4 * 4) + 2 * (2 * 2 * 2 * 4)  # self-attention: 4 projections of 2 tokens, 2x2 scores
-               + 2 * 2 * (2 * 4 * 4) + 2 * 3 * (2 * 4 * 4)  # cross: q, out of 2 target tokens; k, v of 3 source
-               + 2 * (2 * 2 * 3 * 4)  # cross scores and sum: 2 target x 3 source
-               + 2 * (2 * 4 * 8) * 2)  # FFN
+    decoder = (
+        2 * 4 * (2 * 4 * 4)
+        + 2 * (2 * 2 * 2 * 4)  # self-attention: 4 projections of 2 tokens, 2x2 scores
+        + 2 * 2 * (2 * 4 * 4)
+        + 2 * 3 * (2 * 4 * 4)  # cross: q, out of 2 target tokens; k, v of 3 source
+        + 2 * (2 * 2 * 3 * 4)  # cross scores and sum: 2 target x 3 source
+        + 2 * (2 * 4 * 8) * 2
+    )  # FFN
     output = 2 * (2 * 4 * 10)
     assert forward_flops(config, [3], [2]) == encoder + decoder + output == 2064
     assert training_flops(config, [3], [2]) == 3 * 2064
     assert training_flops_per_target_token(config, 3, 2) == 3 * 2064 / 2
 
 
-@pytest.mark.parametrize("overrides", [{}, {"head_dim": 12, "decoder_layers": 3}, {"share_encoder_decoder_embeddings": False,
-                                                                                  "decoder_vocab_size": 200}])
+@pytest.mark.parametrize(
+    "overrides",
+    [{}, {"head_dim": 12, "decoder_layers": 3}, {"share_encoder_decoder_embeddings": False, "decoder_vocab_size": 200}],
+)
 def test_equals_torchs_flop_counter_on_a_forward_pass(overrides):
     config = VanillaTransformerConfig.from_preset("tiny", vocab_size=300, **overrides)
     model = VanillaTransformerForConditionalGeneration._from_config(config, attn_implementation="eager").eval()

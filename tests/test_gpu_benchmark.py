@@ -4,7 +4,6 @@ import json
 
 import pytest
 
-
 from helpers import load_script
 from vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.training.flops import training_flops_per_target_token
@@ -19,10 +18,43 @@ def test_synthetic_lengths_look_like_wmt():
 
 def test_a_tiny_cpu_run_measures_training_and_decoding(tmp_path):
     output = tmp_path / "gpu.json"
-    results = gpu.main(["--device", "cpu", "--presets", "tiny", "--modes", "eager", "--dtype", "bfloat16",
-                        "--max-tokens", "512", "--vocab-size", "1000", "--warmup", "1", "--steps", "2", "--decode-presets", "tiny",
-                        "--decode-batch", "3", "--decode-tokens", "4", "--decode-repeats", "1", "--no-loop", "--no-train-run",
-                        "--decode-modes", "eager", "--no-profile", "--budget-minutes", "0", "--output", str(output)])
+    results = gpu.main(
+        [
+            "--device",
+            "cpu",
+            "--presets",
+            "tiny",
+            "--modes",
+            "eager",
+            "--dtype",
+            "bfloat16",
+            "--max-tokens",
+            "512",
+            "--vocab-size",
+            "1000",
+            "--warmup",
+            "1",
+            "--steps",
+            "2",
+            "--decode-presets",
+            "tiny",
+            "--decode-batch",
+            "3",
+            "--decode-tokens",
+            "4",
+            "--decode-repeats",
+            "1",
+            "--no-loop",
+            "--no-train-run",
+            "--decode-modes",
+            "eager",
+            "--no-profile",
+            "--budget-minutes",
+            "0",
+            "--output",
+            str(output),
+        ]
+    )
     machine, training, decoding = results
     assert machine["device"] == "cpu" and "error" not in training and "error" not in decoding
     assert training["steps"] == 2
@@ -35,7 +67,9 @@ def test_a_tiny_cpu_run_measures_training_and_decoding(tmp_path):
     assert ratio["quartiles"][0] <= ratio["median"] <= ratio["quartiles"][1]
     assert training["padding_fraction"] < 0.25  # a few batches padded to bucket shapes
     assert decoding["new_tokens"] == 4 and decoding["sentences_per_second"] > 0
-    assert decoding["ours_over_marian"] == pytest.approx(decoding["sentences_per_second"] / decoding["marian_sentences_per_second"])
+    assert decoding["ours_over_marian"] == pytest.approx(
+        decoding["sentences_per_second"] / decoding["marian_sentences_per_second"]
+    )
     assert json.loads(output.read_text()) == json.loads(json.dumps(results))
     table = output.with_suffix(".md").read_text()
     assert "training tiny eager, steady state" in table and "decoding tiny eager, beam 4" in table
@@ -52,8 +86,21 @@ def test_shapes_only_an_epoch_has_few_shapes_and_little_padding(capsys):
 
 def test_loop_times_the_training_loop_against_the_raw_step():
     """--loop runs train.py's loop (build_trainer) and the raw step on the same batches, alternating."""
-    machine, loop = gpu.main(["--loop", "--device", "cpu", "--presets", "tiny", "--dtype", "float32",
-                              "--max-tokens", "256", "--loop-steps", "12"])
+    machine, loop = gpu.main(
+        [
+            "--loop",
+            "--device",
+            "cpu",
+            "--presets",
+            "tiny",
+            "--dtype",
+            "float32",
+            "--max-tokens",
+            "256",
+            "--loop-steps",
+            "12",
+        ]
+    )
     assert machine["what"] == "machine" and loop["what"] == "loop" and loop["updates"] == 9
     assert loop["raw_step_seconds"] > 0 and loop["loop_seconds_per_update"] > 0
     assert loop["loop_over_raw"] == loop["loop_seconds_per_update"] / loop["raw_step_seconds"]
@@ -63,10 +110,35 @@ def test_loop_times_the_training_loop_against_the_raw_step():
 def test_train_run_reads_target_tokens_per_second_from_the_runs_own_metrics(tmp_path):
     """The real train.py (`run.main`) for a budget in minutes; its MFU from the pairs' FLOPs per target token."""
     output = tmp_path / "gpu.json"
-    machine, run = gpu.main(["--device", "cpu", "--presets", "tiny", "--dtype", "float32", "--max-tokens", "512",
-                             "--no-decode", "--no-loop", "--modes", "", "--train-run-minutes", "0.1",
-                             "--train-run-pairs", "2000", "--train-run-vocab", "600", "--peak-tflops", "1",
-                             "--no-profile", "--budget-minutes", "0", "--output", str(output)])[:2]
+    machine, run = gpu.main(
+        [
+            "--device",
+            "cpu",
+            "--presets",
+            "tiny",
+            "--dtype",
+            "float32",
+            "--max-tokens",
+            "512",
+            "--no-decode",
+            "--no-loop",
+            "--modes",
+            "",
+            "--train-run-minutes",
+            "0.1",
+            "--train-run-pairs",
+            "2000",
+            "--train-run-vocab",
+            "600",
+            "--peak-tflops",
+            "1",
+            "--no-profile",
+            "--budget-minutes",
+            "0",
+            "--output",
+            str(output),
+        ]
+    )[:2]
     assert run["what"] == "train_run" and "error" not in run, run
     assert run["dtype"] == "float32" and run["vocab_size"] >= 600 and run["updates"] > 0
     assert 24 < run["mean_target_tokens"] < 34  # WMT-like after the run's BPE: about a token a word
@@ -74,8 +146,11 @@ def test_train_run_reads_target_tokens_per_second_from_the_runs_own_metrics(tmp_
     assert 0.9 * 6 <= run["train_runtime"] < 6 + 10  # a step or two past it on a busy machine
     assert run["target_tokens_per_second"] == pytest.approx(run["train_target_tokens"] / run["train_runtime"], rel=1e-3)
     # Per target token: the mean pair's FLOPs (flops.py on mean lengths), but for the quadratic attention terms.
-    mean = training_flops_per_target_token(VanillaTransformerConfig.from_preset("tiny", vocab_size=run["vocab_size"]),
-                                               run["mean_source_tokens"], run["mean_target_tokens"])
+    mean = training_flops_per_target_token(
+        VanillaTransformerConfig.from_preset("tiny", vocab_size=run["vocab_size"]),
+        run["mean_source_tokens"],
+        run["mean_target_tokens"],
+    )
     assert run["flops_per_target_token"] == pytest.approx(mean, rel=0.05)
     assert run["mfu"] == pytest.approx(run["target_tokens_per_second"] * run["flops_per_target_token"] / 1e12)
     table = output.with_suffix(".md").read_text()
@@ -86,11 +161,35 @@ def test_ctranslate2_decodes_the_same_sentences_to_the_same_hypotheses(tmp_path)
     """In float32 on the CPU, CTranslate2 holding our weights finds generate()'s beam-4 hypotheses."""
     pytest.importorskip("ctranslate2")
     output = tmp_path / "gpu.json"
-    results = gpu.main(["--device", "cpu", "--presets", "", "--modes", "eager", "--dtype", "float32",
-                        "--vocab-size", "1000", "--decode-presets", "tiny", "--decode-batch", "6",
-                        "--decode-tokens", "5",
-                        "--decode-repeats", "1", "--no-loop", "--no-train-run", "--decode-modes", "eager",
-                        "--no-profile", "--output", str(output)])
+    results = gpu.main(
+        [
+            "--device",
+            "cpu",
+            "--presets",
+            "",
+            "--modes",
+            "eager",
+            "--dtype",
+            "float32",
+            "--vocab-size",
+            "1000",
+            "--decode-presets",
+            "tiny",
+            "--decode-batch",
+            "6",
+            "--decode-tokens",
+            "5",
+            "--decode-repeats",
+            "1",
+            "--no-loop",
+            "--no-train-run",
+            "--decode-modes",
+            "eager",
+            "--no-profile",
+            "--output",
+            str(output),
+        ]
+    )
     machine, decoding = results
     ct2 = decoding["ctranslate2"]
     assert "skipped" not in ct2, ct2
@@ -115,16 +214,44 @@ def test_decoding_without_ctranslate2_says_why_and_measures_the_rest(case, monke
     else:
         pytest.importorskip("ctranslate2")
         monkeypatch.setattr(vanilla_transformer.convert, "to_ctranslate2", refuse_export)
-    machine, decoding = gpu.main(["--device", "cpu", "--presets", "", "--modes", "eager", "--dtype", "float32",
-                                  "--vocab-size", "1000", "--decode-presets", "tiny", "--decode-batch", "2",
-                                  "--decode-tokens", "2", "--decode-repeats", "1", "--no-loop", "--no-train-run",
-                                  "--decode-modes", "eager", "--no-profile", "--output", str(tmp_path / "gpu.json")])
+    machine, decoding = gpu.main(
+        [
+            "--device",
+            "cpu",
+            "--presets",
+            "",
+            "--modes",
+            "eager",
+            "--dtype",
+            "float32",
+            "--vocab-size",
+            "1000",
+            "--decode-presets",
+            "tiny",
+            "--decode-batch",
+            "2",
+            "--decode-tokens",
+            "2",
+            "--decode-repeats",
+            "1",
+            "--no-loop",
+            "--no-train-run",
+            "--decode-modes",
+            "eager",
+            "--no-profile",
+            "--output",
+            str(tmp_path / "gpu.json"),
+        ]
+    )
     assert decoding["sentences_per_second"] > 0 and decoding["marian_sentences_per_second"] > 0
     skipped = decoding["ctranslate2"]["skipped"]
     if case == "not importable":
         assert skipped.startswith("ctranslate2 is not importable") and "vanilla-transformer[ctranslate2]" in skipped
     else:
-        assert skipped == "export to or loading in CTranslate2 failed: ValueError: CTranslate2 has no activation_function 'tanh'"
+        assert (
+            skipped
+            == "export to or loading in CTranslate2 failed: ValueError: CTranslate2 has no activation_function 'tanh'"
+        )
     assert f"CTranslate2 | skipped: {skipped} |" in gpu.markdown_table([machine, decoding])
 
 
@@ -137,7 +264,12 @@ def test_synthetic_text_is_written_at_once_with_wmt_like_lengths(tmp_path):
     started = time.perf_counter()
     flags = gpu.write_synthetic_text(tmp_path, pairs=80_000, seed=3, words=words)
     assert time.perf_counter() - started < 15  # ~0.3 s alone; the per-line draw took 100-200 s
-    assert flags == ["--train_source_file", str(tmp_path / "train.src"), "--train_target_file", str(tmp_path / "train.tgt")]
+    assert flags == [
+        "--train_source_file",
+        str(tmp_path / "train.src"),
+        "--train_target_file",
+        str(tmp_path / "train.tgt"),
+    ]
     lengths = gpu.synthetic_lengths(80_000, seed=3)
     for side, name in ((0, "train.src"), (1, "train.tgt")):
         lines = (tmp_path / name).read_text(encoding="utf-8").splitlines()
@@ -148,10 +280,32 @@ def test_synthetic_text_is_written_at_once_with_wmt_like_lengths(tmp_path):
 
 def test_the_train_run_reports_how_long_each_phase_took(tmp_path):
     """Timed inside train.py's run: each phase has a time, and together they are no more than the whole run."""
-    machine, run = gpu.main(["--device", "cpu", "--presets", "tiny", "--dtype", "float32", "--max-tokens", "512",
-                             "--no-decode", "--no-loop", "--modes", "", "--train-run-minutes", "0.05",
-                             "--train-run-pairs", "800", "--train-run-vocab", "400", "--budget-minutes", "0",
-                             "--output", str(tmp_path / "gpu.json")])[:2]
+    machine, run = gpu.main(
+        [
+            "--device",
+            "cpu",
+            "--presets",
+            "tiny",
+            "--dtype",
+            "float32",
+            "--max-tokens",
+            "512",
+            "--no-decode",
+            "--no-loop",
+            "--modes",
+            "",
+            "--train-run-minutes",
+            "0.05",
+            "--train-run-pairs",
+            "800",
+            "--train-run-vocab",
+            "400",
+            "--budget-minutes",
+            "0",
+            "--output",
+            str(tmp_path / "gpu.json"),
+        ]
+    )[:2]
     assert "error" not in run, run
     phases = run["phase_seconds"]
     assert list(phases) == ["data", "tokenizer", "tokenization", "model", "first update", "training", "save", "total"]
@@ -165,10 +319,28 @@ def test_a_measurement_that_does_not_fit_the_budget_is_named_not_run(tmp_path):
     """The jobs of a run, most telling first; those whose estimate exceeds what is left say so."""
     args = gpu.parse_args([])
     assert args.output == "gpu-results/gpu.json" and args.budget_minutes == 7.5
-    assert gpu.jobs_of(args)[:3] == [("training", "big", "eager"), ("training", "base", "eager"),
-                                     ("train_run", "big", "eager")]
-    results = gpu.main(["--device", "cpu", "--presets", "tiny", "--modes", "eager", "--no-decode", "--no-loop",
-                        "--no-train-run", "--budget-minutes", "0.01", "--output", str(tmp_path / "gpu.json")])
+    assert gpu.jobs_of(args)[:3] == [
+        ("training", "big", "eager"),
+        ("training", "base", "eager"),
+        ("train_run", "big", "eager"),
+    ]
+    results = gpu.main(
+        [
+            "--device",
+            "cpu",
+            "--presets",
+            "tiny",
+            "--modes",
+            "eager",
+            "--no-decode",
+            "--no-loop",
+            "--no-train-run",
+            "--budget-minutes",
+            "0.01",
+            "--output",
+            str(tmp_path / "gpu.json"),
+        ]
+    )
     assert results[1]["what"] == "training" and results[1]["skipped"].startswith("expected to take")
     assert len(list(tmp_path.iterdir())) == 2  # the JSON and the markdown table
     assert "training tiny eager | skipped: expected to take" in (tmp_path / "gpu.md").read_text()
@@ -189,9 +361,27 @@ def test_levers_run_end_to_end_on_the_cpu(tmp_path):
     """``--levers --device cpu --presets tiny``: a row for every lever of `LEVERS` after the plain step's, each
     measured, refused in one line naming its flag (CUDA or FP8 only), or skipped for the budget."""
     output = tmp_path / "levers.json"
-    machine, levers = gpu.main(["--levers", "--device", "cpu", "--presets", "tiny", "--dtype", "float32",
-                                "--max-tokens", "256", "--vocab-size", "300", "--lever-steps", "2",
-                                "--budget-minutes", "1.5", "--output", str(output)])
+    machine, levers = gpu.main(
+        [
+            "--levers",
+            "--device",
+            "cpu",
+            "--presets",
+            "tiny",
+            "--dtype",
+            "float32",
+            "--max-tokens",
+            "256",
+            "--vocab-size",
+            "300",
+            "--lever-steps",
+            "2",
+            "--budget-minutes",
+            "1.5",
+            "--output",
+            str(output),
+        ]
+    )
     assert levers["what"] == "levers" and "error" not in levers, levers
     rows = {row["lever"]: row for row in levers["rows"]}
     assert list(rows) == ["plain", *gpu.LEVERS]
@@ -210,9 +400,25 @@ def test_levers_run_end_to_end_on_the_cpu(tmp_path):
 
 def test_profile_runs_on_the_cpu(tmp_path):
     """``--profile`` on a CPU: the top operators of one update and of one decoding step (no kernels, no idle time)."""
-    machine, profile = gpu.main(["--profile", "--device", "cpu", "--presets", "tiny", "--dtype", "float32",
-                                 "--max-tokens", "256", "--vocab-size", "300", "--decode-batch", "2",
-                                 "--output", str(tmp_path / "gpu.json")])
+    machine, profile = gpu.main(
+        [
+            "--profile",
+            "--device",
+            "cpu",
+            "--presets",
+            "tiny",
+            "--dtype",
+            "float32",
+            "--max-tokens",
+            "256",
+            "--vocab-size",
+            "300",
+            "--decode-batch",
+            "2",
+            "--output",
+            str(tmp_path / "gpu.json"),
+        ]
+    )
     assert profile["what"] == "profile" and "error" not in profile, profile
     for part in ("update", "decoding_step"):
         entry = profile[part]
@@ -245,10 +451,19 @@ def test_the_default_gpu_run_orders_its_rows_and_fits_the_budget_by_estimate():
     profile, the loop; the estimates of the first seven fit 7.5 minutes with room for start-up."""
     args = gpu.parse_args(["--device", "cuda"])
     jobs = gpu.jobs_of(args)
-    assert jobs == [("training", "big", "eager"), ("training", "base", "eager"), ("train_run", "big", "eager"),
-                    ("decoding", "big", "eager"), ("decoding", "multi30k", "eager"), ("decoding", "big", "compiled"),
-                    ("profile", "big", "eager"), ("loop", "big", "eager"), ("train_run", "base", "eager"),
-                    ("decoding", "multi30k", "compiled"), ("loop", "base", "eager")]
+    assert jobs == [
+        ("training", "big", "eager"),
+        ("training", "base", "eager"),
+        ("train_run", "big", "eager"),
+        ("decoding", "big", "eager"),
+        ("decoding", "multi30k", "eager"),
+        ("decoding", "big", "compiled"),
+        ("profile", "big", "eager"),
+        ("loop", "big", "eager"),
+        ("train_run", "base", "eager"),
+        ("decoding", "multi30k", "compiled"),
+        ("loop", "base", "eager"),
+    ]
     assert sum(gpu.estimate_seconds(*job, args) for job in jobs[:7]) < 7.5 * 60 - 30
     levers = gpu.parse_args(["--levers", "--device", "cuda"])
     assert levers.output == "gpu-results/levers.json"

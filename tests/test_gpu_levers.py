@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, attention_backends
-from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 from vanilla_transformer.training import levers
+from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")]
 
@@ -23,16 +23,19 @@ def batch_of(rows: int, source: int, target: int, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(4, 512, (rows, source), generator=generator)
     labels = torch.randint(4, 512, (rows, target), generator=generator)
-    labels[0, target // 2:] = -100
+    labels[0, target // 2 :] = -100
     attention_mask = torch.ones_like(input_ids)
-    attention_mask[-1, source // 2:] = 0
+    attention_mask[-1, source // 2 :] = 0
     return input_ids.cuda(), attention_mask.cuda(), labels.cuda()
 
 
 def loss_and_grads(model, batch, fused_loss="none", forward=None, dtype=torch.bfloat16):
     input_ids, attention_mask, labels = batch
-    inputs = {"input_ids": input_ids, "attention_mask": attention_mask,
-              "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels)}
+    inputs = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels),
+    }
     model.zero_grad(set_to_none=True)
     with torch.autocast("cuda", dtype=dtype):
         loss = levers.training_loss(model, inputs, labels, None, 0.1, fused_loss, forward)
@@ -66,8 +69,11 @@ def test_chunked_loss_holds_less_memory_than_the_full_logits():
         torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = (levers.chunked_linear_cross_entropy(hidden, weight, labels, None, 0.1) if chunked else
-                    label_smoothed_cross_entropy(hidden @ weight.T, labels, None, 0.1))
+            loss = (
+                levers.chunked_linear_cross_entropy(hidden, weight, labels, None, 0.1)
+                if chunked
+                else label_smoothed_cross_entropy(hidden @ weight.T, labels, None, 0.1)
+            )
         loss.backward()
         peaks[chunked] = torch.cuda.max_memory_allocated() - before
     logits_bytes = 16384 * 32000 * 4

@@ -30,11 +30,10 @@ import vanilla_transformer.configuration_vanilla_transformer as configuration_mo
 import vanilla_transformer.modeling_vanilla_transformer as modeling_module
 import vanilla_transformer.pipeline_vanilla_transformer as pipeline_module
 import vanilla_transformer.tokenization_vanilla_transformer as tokenization_module
-from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, write_model_card
-
 from helpers import run_without_package
 from hub_server import USER, LoopbackHub, client_environment
 from test_pipeline import TEXTS, one_torch_thread, paper_beam_search, train_copying_translator  # noqa: F401 (fixture)
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, write_model_card
 
 REPO = f"{USER}/tiny-copy"  # pushed with model.push_to_hub and tokenizer.push_to_hub
 FOLDER_REPO = f"{USER}/tiny-copy-folder"  # the same checkpoint uploaded as one folder
@@ -42,17 +41,39 @@ SOURCE_MODULES = [configuration_module, modeling_module, pipeline_module, tokeni
 # What a user expects in a checkpoint: weights, config (auto_map, custom_pipelines), decoding
 # settings, tokenizer, the code that loads them without the package, and the model card.
 CHECKPOINT_FILES = {
-    "model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-    "configuration_vanilla_transformer.py", "modeling_vanilla_transformer.py", "generation_vanilla_transformer.py",
-    "attention_backends.py", "training_kernels.py", "private_api.py",
-    "pipeline_vanilla_transformer.py", "tokenization_vanilla_transformer.py", "README.md",
+    "model.safetensors",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "configuration_vanilla_transformer.py",
+    "modeling_vanilla_transformer.py",
+    "generation_vanilla_transformer.py",
+    "attention_backends.py",
+    "training_kernels.py",
+    "private_api.py",
+    "pipeline_vanilla_transformer.py",
+    "tokenization_vanilla_transformer.py",
+    "README.md",
 }
 NEW_REPO_FILES = {".gitattributes"}  # the Hub creates every repository with this file
 METRICS = [
-    {"name": "BLEU", "type": "bleu", "value": 97.25, "dataset": "copy-task", "split": "test",
-     "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"},
-    {"name": "chrF", "type": "chrf", "value": 98.5, "dataset": "copy-task", "split": "test",
-     "signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0"},
+    {
+        "name": "BLEU",
+        "type": "bleu",
+        "value": 97.25,
+        "dataset": "copy-task",
+        "split": "test",
+        "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+    },
+    {
+        "name": "chrF",
+        "type": "chrf",
+        "value": 98.5,
+        "dataset": "copy-task",
+        "split": "test",
+        "signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0",
+    },
 ]
 
 
@@ -154,8 +175,12 @@ def client_env(hub: LoopbackHub, home: Path, offline: bool) -> dict[str, str]:
     """Environment of a client process: the loopback Hub, its own cache, one torch thread."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_", "TRANSFORMERS_"))}
     env.pop("PYTHONPATH", None)
-    return {**env, **client_environment(hub, home, offline), "HF_MODULES_CACHE": str(home / "modules"),
-            "OMP_NUM_THREADS": "1"}
+    return {
+        **env,
+        **client_environment(hub, home, offline),
+        "HF_MODULES_CACHE": str(home / "modules"),
+        "OMP_NUM_THREADS": "1",
+    }
 
 
 def run_client(code: str, cwd: Path, env: dict[str, str]) -> dict:
@@ -248,7 +273,8 @@ def test_pushed_config_maps_the_auto_classes_and_declares_the_pipeline(hub, push
     }
     assert config["custom_pipelines"] == {
         "translation": {
-            "impl": "pipeline_vanilla_transformer.VanillaTranslationPipeline", "pt": ["AutoModelForSeq2SeqLM"]
+            "impl": "pipeline_vanilla_transformer.VanillaTranslationPipeline",
+            "pt": ["AutoModelForSeq2SeqLM"],
         }
     }
     tokenizer_config = json.loads(hub.files(REPO)["tokenizer_config.json"])

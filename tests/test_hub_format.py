@@ -17,14 +17,13 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM
 import vanilla_transformer.configuration_vanilla_transformer as configuration_module
 import vanilla_transformer.generation_vanilla_transformer as generation_module
 import vanilla_transformer.modeling_vanilla_transformer as modeling_module
+from helpers import run_without_package
 from vanilla_transformer import (
     PRESETS,
     VanillaTransformerConfig,
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
 )
-
-from helpers import run_without_package
 
 # A padded batch, so that masks take part in every comparison.
 SOURCE = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
@@ -265,8 +264,10 @@ def test_remote_code_load_without_the_package_reproduces_logits_and_beam_search(
     inputs = dict(input_ids=SOURCE, attention_mask=SOURCE_MASK, decoder_input_ids=TARGET_PREFIX)
     torch.save(inputs, tmp_path / "inputs.pt")
     code = REMOTE_LOAD.format(
-        modules_cache=str(tmp_path / "modules"), inputs=str(tmp_path / "inputs.pt"),
-        folder=str(folder), results=str(tmp_path / "results.pt"),
+        modules_cache=str(tmp_path / "modules"),
+        inputs=str(tmp_path / "inputs.pt"),
+        folder=str(folder),
+        results=str(tmp_path / "results.pt"),
     )
     run_without_package(textwrap.dedent(code), cwd=tmp_path)
     child = torch.load(tmp_path / "results.pt")

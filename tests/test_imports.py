@@ -20,8 +20,12 @@ MODULES = {module_name(path): path for path in [*PACKAGE.rglob("*.py"), REPO / "
 
 def is_main_block(node: ast.AST) -> bool:
     """``if __name__ == "__main__":``, where a module run with ``python -m`` may start the command."""
-    return (isinstance(node, ast.If) and isinstance(node.test, ast.Compare)
-            and isinstance(node.test.left, ast.Name) and node.test.left.id == "__name__")
+    return (
+        isinstance(node, ast.If)
+        and isinstance(node.test, ast.Compare)
+        and isinstance(node.test.left, ast.Name)
+        and node.test.left.id == "__name__"
+    )
 
 
 def imported(name: str, main_blocks: bool = True) -> set[str]:
@@ -30,8 +34,11 @@ def imported(name: str, main_blocks: bool = True) -> set[str]:
     path = MODULES[name]
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    skipped = set() if main_blocks else {id(node) for block in ast.walk(tree) if is_main_block(block)
-                                         for node in ast.walk(block)}
+    skipped = (
+        set()
+        if main_blocks
+        else {id(node) for block in ast.walk(tree) if is_main_block(block) for node in ast.walk(block)}
+    )
     found = set()
     for node in ast.walk(tree):
         if id(node) in skipped:
@@ -41,7 +48,7 @@ def imported(name: str, main_blocks: bool = True) -> set[str]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join(anchor + ([node.module] if node.module else []))
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base for alias in node.names]
         else:
@@ -57,7 +64,7 @@ def test_no_module_of_the_package_imports_itself_back_through_others():
     def visit(name: str, path: list[str]) -> None:
         state[name] = "open"
         for other in sorted(graph[name]):
-            assert state.get(other) != "open", f"import circle: {' -> '.join(path[path.index(other):] + [other])}"
+            assert state.get(other) != "open", f"import circle: {' -> '.join(path[path.index(other) :] + [other])}"
             if other not in state:
                 visit(other, path + [other])
         state[name] = "done"
@@ -77,8 +84,11 @@ def test_the_library_never_imports_the_command():
 
 def test_the_walk_sees_the_imports_it_must():
     """A check of the reader itself, against imports written in the files."""
-    assert {"vanilla_transformer.training.options", "vanilla_transformer.training.data",
-            "vanilla_transformer.training.arguments", "vanilla_transformer.command_line"} <= imported(
-        "vanilla_transformer.training.run")
+    assert {
+        "vanilla_transformer.training.options",
+        "vanilla_transformer.training.data",
+        "vanilla_transformer.training.arguments",
+        "vanilla_transformer.command_line",
+    } <= imported("vanilla_transformer.training.run")
     assert "vanilla_transformer.training.arguments" in imported("vanilla_transformer.training.trainer")
     assert "vanilla_transformer.configuration_vanilla_transformer" in imported("vanilla_transformer")

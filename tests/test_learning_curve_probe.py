@@ -8,7 +8,6 @@ import gzip
 import json
 import math
 import random
-from pathlib import Path
 
 import pytest
 import torch
@@ -60,7 +59,9 @@ def test_each_scheme_draws_the_stds_it_names_and_keeps_the_projection_tied(varia
     embeddings = model.get_input_embeddings().weight
     assert embeddings[4:].std().item() == pytest.approx(embedding, rel=0.1)
     assert model.get_output_embeddings().weight is embeddings
-    assert all(torch.count_nonzero(m.bias) == 0 for m in model.modules() if isinstance(m, nn.Linear) and m.bias is not None)
+    assert all(
+        torch.count_nonzero(m.bias) == 0 for m in model.modules() if isinstance(m, nn.Linear) and m.bias is not None
+    )
 
 
 def test_unknown_system_or_scheme_is_an_error_naming_the_choices(tokenizer):
@@ -100,8 +101,18 @@ def test_a_tiny_run_repeats_exactly_and_tells_initialisations_apart(tmp_path, to
         return loss(*args, **kwargs)
 
     monkeypatch.setattr(probe, "label_smoothed_cross_entropy", recording_loss)
-    common = ["--tokenizer", str(tmp_path / "tokenizer"), "--data-dir", str(tmp_path), "--updates", "100",
-              "--max-tokens", "64", "--threads", "1"]
+    common = [
+        "--tokenizer",
+        str(tmp_path / "tokenizer"),
+        "--data-dir",
+        str(tmp_path),
+        "--updates",
+        "100",
+        "--max-tokens",
+        "64",
+        "--threads",
+        "1",
+    ]
     both = probe.main(common + ["--variant", "ours:xavier", "--variant", "ours", "--output", str(tmp_path / "c.json")])
     assert torch.equal(states[0], states[100])  # ours:xavier's first update vs ours' first update
     alone = probe.main(common + ["--variant", "ours"])

@@ -5,9 +5,8 @@ recomputed by a teacher-forced forward pass."""
 import pytest
 import torch
 
-from vanilla_transformer.generation_vanilla_transformer import gnmt_length_penalty, paper_generation_config
-
 from test_pipeline import TEXTS, train_copying_translator
+from vanilla_transformer.generation_vanilla_transformer import gnmt_length_penalty, paper_generation_config
 
 
 @pytest.fixture(scope="module")
@@ -21,8 +20,11 @@ def sequence_log_probability(model, batch, row: int, sequence: torch.Tensor, eos
     end = tokens.index(eos, 1) + 1 if eos in tokens[1:] else len(tokens)
     decoder_input_ids = sequence[None, : end - 1]
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"][row:row + 1], attention_mask=batch["attention_mask"][row:row + 1],
-                       decoder_input_ids=decoder_input_ids).logits
+        logits = model(
+            input_ids=batch["input_ids"][row : row + 1],
+            attention_mask=batch["attention_mask"][row : row + 1],
+            decoder_input_ids=decoder_input_ids,
+        ).logits
     log_probs = logits.float().log_softmax(-1)[0, torch.arange(end - 1), sequence[1:end]]
     return log_probs.sum().item(), end - 1
 
@@ -33,8 +35,15 @@ def test_beam_scores_are_the_log_probability_over_the_named_penalty(trained, for
     model, tokenizer = trained
     batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
     with torch.no_grad():
-        output = model.generate(**batch, num_beams=4, length_penalty=0.6, max_new_tokens=20,
-                                length_penalty_formula=formula, return_dict_in_generate=True, output_scores=True)
+        output = model.generate(
+            **batch,
+            num_beams=4,
+            length_penalty=0.6,
+            max_new_tokens=20,
+            length_penalty_formula=formula,
+            return_dict_in_generate=True,
+            output_scores=True,
+        )
     for row, (sequence, score) in enumerate(zip(output.sequences, output.sequences_scores)):
         log_probability, length = sequence_log_probability(model, batch, row, sequence, tokenizer.eos_token_id)
         penalty = gnmt_length_penalty(length, 0.6) if formula == "gnmt" else length**0.6
@@ -59,14 +68,24 @@ def test_a_generation_config_without_the_field_keeps_transformers_penalty(traine
 
     model, tokenizer = trained
     batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
-    legacy = GenerationConfig(**{k: v for k, v in model.generation_config.to_dict().items()
-                                 if k not in ("length_penalty_formula", "transformers_version")})
+    legacy = GenerationConfig(
+        **{
+            k: v
+            for k, v in model.generation_config.to_dict().items()
+            if k not in ("length_penalty_formula", "transformers_version")
+        }
+    )
     saved, model.generation_config = model.generation_config, legacy
     try:
         with torch.no_grad():
             old = model.generate(**batch, max_new_tokens=20, return_dict_in_generate=True, output_scores=True)
-            length = model.generate(**batch, max_new_tokens=20, length_penalty_formula="length",
-                                    return_dict_in_generate=True, output_scores=True)
+            length = model.generate(
+                **batch,
+                max_new_tokens=20,
+                length_penalty_formula="length",
+                return_dict_in_generate=True,
+                output_scores=True,
+            )
     finally:
         model.generation_config = saved
     assert torch.equal(old.sequences, length.sequences)
@@ -80,7 +99,8 @@ def test_an_unknown_formula_is_refused(trained):
 
 
 def test_settings_given_to_generate_apply_under_the_papers_length_limit_without_a_deprecation_warning(
-        trained, monkeypatch):
+    trained, monkeypatch
+):
     """Without max_new_tokens, generate() applies §6.1's limit through its own copy of the generation config;
     the call's settings must reach that copy (scores divided by the asked alpha), and transformers must not
     see a config and settings together (deprecated in transformers 5)."""
@@ -105,8 +125,9 @@ def test_two_threads_generating_with_different_penalties_get_what_each_gets_alon
 
     model, tokenizer = trained
     batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
-    settings = dict(num_beams=4, length_penalty=0.6, max_new_tokens=20, return_dict_in_generate=True,
-                    output_scores=True)
+    settings = dict(
+        num_beams=4, length_penalty=0.6, max_new_tokens=20, return_dict_in_generate=True, output_scores=True
+    )
 
     def decode(formula):
         with torch.no_grad():

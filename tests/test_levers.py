@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, attention_backends
-from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 from vanilla_transformer.training import levers
+from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
 CUDA = torch.cuda.is_available()
 
@@ -40,8 +40,14 @@ def test_chunked_loss_equals_the_reference_and_its_gradients(smoothing):
 
 def test_chunked_loss_divides_by_the_count_of_the_whole_batch():
     torch.manual_seed(1)
-    hidden, weight, labels = torch.randn(4, 8, dtype=torch.float64), torch.randn(9, 8, dtype=torch.float64), torch.arange(4)
-    (loss, grad_h, _), (chunked, chunked_h, _) = reference_and_chunked(hidden, weight, labels, 0.1, count=torch.tensor(10))
+    hidden, weight, labels = (
+        torch.randn(4, 8, dtype=torch.float64),
+        torch.randn(9, 8, dtype=torch.float64),
+        torch.arange(4),
+    )
+    (loss, grad_h, _), (chunked, chunked_h, _) = reference_and_chunked(
+        hidden, weight, labels, 0.1, count=torch.tensor(10)
+    )
     torch.testing.assert_close(chunked, loss)
     torch.testing.assert_close(chunked_h, grad_h)
     assert loss < label_smoothed_cross_entropy(hidden @ weight.T, labels, None, 0.1)  # 4 tokens over 10
@@ -103,15 +109,18 @@ def batch(rows: int, source: int, target: int, seed: int = 0) -> tuple[dict, tor
     generator = torch.Generator().manual_seed(seed)
     input_ids = torch.randint(4, 97, (rows, source), generator=generator)
     labels = torch.randint(4, 97, (rows, target), generator=generator)
-    labels[0, target // 2:] = -100
+    labels[0, target // 2 :] = -100
     attention_mask = torch.ones_like(input_ids)
-    attention_mask[-1, source // 2:] = 0
+    attention_mask[-1, source // 2 :] = 0
     return input_ids, attention_mask, labels
 
 
 def inputs_of(model, input_ids, attention_mask, labels) -> dict:
-    return {"input_ids": input_ids, "attention_mask": attention_mask,
-            "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels)}
+    return {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels),
+    }
 
 
 def test_training_loss_with_the_chunked_loss_equals_the_plain_step():
@@ -120,7 +129,9 @@ def test_training_loss_with_the_chunked_loss_equals_the_plain_step():
     input_ids, attention_mask, labels = batch(3, 9, 7)
     for model, fused in ((plain, "none"), (chunked, "chunked")):
         model.train()
-        loss = levers.training_loss(model, inputs_of(model, input_ids, attention_mask, labels), labels, None, 0.1, fused)
+        loss = levers.training_loss(
+            model, inputs_of(model, input_ids, attention_mask, labels), labels, None, 0.1, fused
+        )
         loss.backward()
         model.loss_ = loss.detach()
     torch.testing.assert_close(chunked.loss_, plain.loss_)
@@ -143,7 +154,12 @@ def test_training_arguments_refuse_a_cuda_lever_on_the_cpu():
         TransformerTrainingArguments(output_dir="unused", use_cpu=True, fp8=True)
     args = TransformerTrainingArguments(output_dir="unused", use_cpu=True)  # every lever off by default
     assert (args.compile_layers, args.cuda_graphs, args.fused_loss, args.fp8, args.training_attention) == (
-        False, False, "none", False, "default") and not args.torch_compile
+        False,
+        False,
+        "none",
+        False,
+        "default",
+    ) and not args.torch_compile
 
 
 def test_the_attention_kernel_of_training_is_chosen_by_name_and_restored():
@@ -204,14 +220,30 @@ def test_forward_and_loss_have_no_graph_break():
     assert explanation.graph_count == 1
 
 
-@pytest.mark.parametrize("flags, named", [(["--cuda_graphs", "true"], "--cuda_graphs"), (["--fp8", "true"], "--fp8"),
-                                          (["--training_attention", "cudnn"], "--training_attention"),
-                                          (["--fused_loss", "liger"], "--fused_loss liger")])
+@pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--cuda_graphs", "true"], "--cuda_graphs"),
+        (["--fp8", "true"], "--fp8"),
+        (["--training_attention", "cudnn"], "--training_attention"),
+        (["--fused_loss", "liger"], "--fused_loss liger"),
+    ],
+)
 def test_train_refuses_a_cuda_lever_on_the_cpu_in_one_line_with_status_2(flags, named, capsys, tmp_path):
     from vanilla_transformer.training import run
 
-    argv = ["--train_file", str(tmp_path / "absent.jsonl"), "--preset", "tiny", "--output_dir", str(tmp_path / "out"),
-            "--report_to", "none", "--use_cpu", *flags]
+    argv = [
+        "--train_file",
+        str(tmp_path / "absent.jsonl"),
+        "--preset",
+        "tiny",
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--report_to",
+        "none",
+        "--use_cpu",
+        *flags,
+    ]
     with pytest.raises(SystemExit) as exit:
         run.main(argv, exit_on_bad_input=True)
     assert exit.value.code == 2

@@ -11,14 +11,13 @@ import numpy as np
 import pytest
 import torch
 
+from test_faults import MAX_STEPS, data_dir, run_argv  # noqa: F401 (fixture)
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.batching import TokenBatchSampler
 from vanilla_transformer.training.data import example_lengths
 from vanilla_transformer.training.memory_check import MemoryCheckError, check_largest_batches_fit
 from vanilla_transformer.training.trainer import TransformerTrainingArguments
-
-from test_faults import MAX_STEPS, data_dir, run_argv  # noqa: F401 (fixture)
 
 MAX_TOKENS = 200  # run_argv's
 
@@ -93,8 +92,7 @@ def test_on_the_cpu_the_probe_is_off_unless_asked(data_dir, tmp_path, monkeypatc
     check_largest_batches_fit(run.trainer)  # tries nothing
 
 
-def test_a_run_whose_largest_bucket_runs_out_exits_2_before_the_first_update(data_dir, tmp_path, monkeypatch,
-                                                                             capsys):
+def test_a_run_whose_largest_bucket_runs_out_exits_2_before_the_first_update(data_dir, tmp_path, monkeypatch, capsys):
     SimulatedMemory(monkeypatch, 1)  # no batch fits
     output = tmp_path / "run"
     with pytest.raises(SystemExit) as exit_info:

@@ -13,23 +13,41 @@ from huggingface_hub import ModelCard, metadata_load
 from huggingface_hub.repocard_data import model_index_to_eval_results
 from transformers import GenerationConfig
 
-from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, write_model_card
-
 from test_pipeline import one_torch_thread, paper_beam_search, train_copying_translator  # noqa: F401 (fixture)
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, write_model_card
 
 REPO_ID = "someone/vanilla-transformer-en-de"
 METRICS = [
-    {"name": "BLEU", "type": "bleu", "value": 27.31, "dataset": "wmt14", "dataset_name": "WMT14",
-     "dataset_config": "de-en", "split": "test",
-     "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0"},
-    {"name": "chrF", "type": "chrf", "value": 56.8, "dataset": "wmt14", "dataset_name": "WMT14",
-     "dataset_config": "de-en", "split": "test",
-     "signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0"},
+    {
+        "name": "BLEU",
+        "type": "bleu",
+        "value": 27.31,
+        "dataset": "wmt14",
+        "dataset_name": "WMT14",
+        "dataset_config": "de-en",
+        "split": "test",
+        "signature": "nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:2.6.0",
+    },
+    {
+        "name": "chrF",
+        "type": "chrf",
+        "value": 56.8,
+        "dataset": "wmt14",
+        "dataset_name": "WMT14",
+        "dataset_config": "de-en",
+        "split": "test",
+        "signature": "nrefs:1|case:mixed|eff:yes|nc:6|nw:0|space:no|version:2.6.0",
+    },
 ]
 HYPERPARAMETERS = {"learning_rate": 0.0007, "warmup_steps": 4000, "label_smoothing_factor": 0.1, "max_tokens": 25000}
 CARD_ARGUMENTS = dict(
-    languages=("en", "de"), repo_id=REPO_ID, model_name="vanilla-transformer-en-de", datasets=["wmt14"],
-    metrics=METRICS, training_hyperparameters=HYPERPARAMETERS, base_model="someone/vanilla-transformer-base",
+    languages=("en", "de"),
+    repo_id=REPO_ID,
+    model_name="vanilla-transformer-en-de",
+    datasets=["wmt14"],
+    metrics=METRICS,
+    training_hyperparameters=HYPERPARAMETERS,
+    base_model="someone/vanilla-transformer-base",
     extra_notes="Trained for 100k steps on one GPU instead of 8.",
 )
 
@@ -64,9 +82,16 @@ def test_model_index_parses_back_into_the_scores_given(card_path):
     name, results = model_index_to_eval_results(metadata_load(card_path)["model-index"])
     assert name == "vanilla-transformer-en-de"
     assert [
-        dict(name=r.metric_name, type=r.metric_type, value=r.metric_value, dataset=r.dataset_type,
-             dataset_name=r.dataset_name, dataset_config=r.dataset_config, split=r.dataset_split,
-             signature=r.metric_args["signature"])
+        dict(
+            name=r.metric_name,
+            type=r.metric_type,
+            value=r.metric_value,
+            dataset=r.dataset_type,
+            dataset_name=r.dataset_name,
+            dataset_config=r.dataset_config,
+            split=r.dataset_split,
+            signature=r.metric_args["signature"],
+        )
         for r in results
     ] == METRICS
     assert {r.task_type for r in results} == {"translation"}
@@ -87,8 +112,10 @@ def test_body_states_results_architecture_recipe_and_limitations(card_path, mode
         assert f"| {name} | {value} |" in text
     assert "| layers (encoder + decoder) | 2 + 2 |" in text and "| d_model / d_ff | 64 / 128 |" in text
     assert f"| parameters | {model.num_parameters() / 1e6:.1f}M |" in text
-    assert ("Decoding (`generation_config.json`): beam size 4, length penalty alpha 0.6 (GNMT's ((5 + |Y|) / 6)^alpha, "
-            "as the paper), at most input length + 50") in text
+    assert (
+        "Decoding (`generation_config.json`): beam size 4, length penalty alpha 0.6 (GNMT's ((5 + |Y|) / 6)^alpha, "
+        "as the paper), at most input length + 50"
+    ) in text
     base = "someone/vanilla-transformer-base"
     assert f"Fine-tuned from [{base}](https://huggingface.co/{base})" in text
     assert "Training data: wmt14." in text

@@ -31,8 +31,11 @@ def test_generation_and_kernel_names_are_imported_from_their_own_modules():
         for path in sorted((ROOT / folder).rglob("*.py")):
             for node in ast.walk(ast.parse(path.read_text())):
                 if isinstance(node, ast.ImportFrom) and (node.module or "").endswith(MODEL_MODULE):
-                    through_the_model += [f"{path.relative_to(ROOT)}:{node.lineno} {alias.name}"
-                                          for alias in node.names if alias.name in elsewhere]
+                    through_the_model += [
+                        f"{path.relative_to(ROOT)}:{node.lineno} {alias.name}"
+                        for alias in node.names
+                        if alias.name in elsewhere
+                    ]
     assert through_the_model == []
 
 

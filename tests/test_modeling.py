@@ -14,7 +14,6 @@ import shutil
 import pytest
 import torch
 from torch import nn
-
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
 from transformers.modeling_layers import GradientCheckpointingLayer
 
@@ -25,9 +24,18 @@ VOCAB = 60
 
 
 def tiny_config(**overrides) -> VanillaTransformerConfig:
-    defaults = dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=3,
-                    encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64,
-                    decoder_ffn_dim=48, max_position_embeddings=128, dropout=0.0)
+    defaults = dict(
+        vocab_size=VOCAB,
+        d_model=32,
+        encoder_layers=2,
+        decoder_layers=3,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=48,
+        max_position_embeddings=128,
+        dropout=0.0,
+    )
     return VanillaTransformerConfig(**{**defaults, **overrides})
 
 
@@ -82,8 +90,9 @@ def linear_weights(model) -> list[torch.Tensor]:
     return [m.weight for m in model.modules() if isinstance(m, nn.Linear) and m.weight is not model.model.shared.weight]
 
 
-@pytest.mark.parametrize("linear_init_std, expected_std", [(None, math.sqrt(2 / (5 * 64))), (0.02, 0.02)],
-                         ids=["small-init", "given"])
+@pytest.mark.parametrize(
+    "linear_init_std, expected_std", [(None, math.sqrt(2 / (5 * 64))), (0.02, 0.02)], ids=["small-init", "given"]
+)
 def test_linear_weights_start_normal_with_linear_init_std_and_biases_at_zero(linear_init_std, expected_std):
     """By default Nguyen & Salazar's (2019) small init, N(0, sqrt(2 / (5 d_model))), for every linear."""
     model = tiny_model(d_model=64, encoder_ffn_dim=256, decoder_ffn_dim=256, linear_init_std=linear_init_std)
@@ -205,8 +214,12 @@ def torch_reference_logits(model, input_ids, attention_mask, decoder_input_ids, 
         memory = embed(model.model.encoder, input_ids)
         for ours in model.model.encoder.layers:
             layer = nn.TransformerEncoderLayer(
-                config.d_model, config.encoder_attention_heads, config.encoder_ffn_dim, dropout=0.0,
-                batch_first=True, norm_first=normalize_before,
+                config.d_model,
+                config.encoder_attention_heads,
+                config.encoder_ffn_dim,
+                dropout=0.0,
+                batch_first=True,
+                norm_first=normalize_before,
             ).eval()
             copy_attention(layer.self_attn, ours.self_attention)
             copy_ffn(layer, ours.feed_forward)
@@ -220,8 +233,12 @@ def torch_reference_logits(model, input_ids, attention_mask, decoder_input_ids, 
         causal = nn.Transformer.generate_square_subsequent_mask(decoder_input_ids.shape[1])
         for ours in model.model.decoder.layers:
             layer = nn.TransformerDecoderLayer(
-                config.d_model, config.decoder_attention_heads, config.decoder_ffn_dim, dropout=0.0,
-                batch_first=True, norm_first=normalize_before,
+                config.d_model,
+                config.decoder_attention_heads,
+                config.decoder_ffn_dim,
+                dropout=0.0,
+                batch_first=True,
+                norm_first=normalize_before,
             ).eval()
             copy_attention(layer.self_attn, ours.self_attention)
             copy_attention(layer.multihead_attn, ours.cross_attention)
@@ -319,9 +336,12 @@ def test_attention_backends_agree_with_eager_on_padded_batches(implementation):
     if implementation == "flex_attention" and not flex_attention_runs():
         pytest.skip("flex attention compiles a C++ kernel on the CPU: no C++ compiler found")
     input_ids, attention_mask = source_batch()
-    inputs = dict(input_ids=input_ids, attention_mask=attention_mask,
-                  decoder_input_ids=torch.randint(4, VOCAB, (2, 6)),
-                  decoder_attention_mask=torch.tensor([[1] * 6, [1] * 4 + [0] * 2]))
+    inputs = dict(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        decoder_input_ids=torch.randint(4, VOCAB, (2, 6)),
+        decoder_attention_mask=torch.tensor([[1] * 6, [1] * 4 + [0] * 2]),
+    )
     model = tiny_model()
     model.set_attn_implementation("eager")
     eager = model(**inputs).logits
@@ -344,11 +364,18 @@ def test_an_encoder_output_shared_by_several_decodings_equals_it_repeated_for_ea
     input_ids, attention_mask = source_batch()
     encoder_output = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     decoder_input_ids = torch.randint(4, VOCAB, (6, target_length), generator=torch.Generator().manual_seed(3))
-    shared = model(encoder_outputs=(encoder_output,), attention_mask=attention_mask,
-                   decoder_input_ids=decoder_input_ids, output_attentions=implementation == "eager")
-    repeated = model(encoder_outputs=(encoder_output.repeat_interleave(3, dim=0),),
-                     attention_mask=attention_mask.repeat_interleave(3, dim=0), decoder_input_ids=decoder_input_ids,
-                     output_attentions=implementation == "eager")
+    shared = model(
+        encoder_outputs=(encoder_output,),
+        attention_mask=attention_mask,
+        decoder_input_ids=decoder_input_ids,
+        output_attentions=implementation == "eager",
+    )
+    repeated = model(
+        encoder_outputs=(encoder_output.repeat_interleave(3, dim=0),),
+        attention_mask=attention_mask.repeat_interleave(3, dim=0),
+        decoder_input_ids=decoder_input_ids,
+        output_attentions=implementation == "eager",
+    )
     torch.testing.assert_close(shared.logits, repeated.logits, atol=1e-5, rtol=1e-5)
     if implementation == "eager":
         for ours, reference in zip(shared.cross_attentions, repeated.cross_attentions, strict=True):
@@ -376,10 +403,19 @@ def test_flex_attention_shares_an_encoder_output_as_if_it_were_repeated(padded, 
     decoder_input_ids = torch.randint(4, VOCAB, (6, 4), generator=torch.Generator().manual_seed(3))
 
     def decode(encoder_output, attention_mask):
-        first = model(encoder_outputs=(encoder_output,), attention_mask=attention_mask,
-                      decoder_input_ids=decoder_input_ids[:, :3], use_cache=True)
-        second = model(encoder_outputs=(encoder_output,), attention_mask=attention_mask,
-                       decoder_input_ids=decoder_input_ids[:, 3:], use_cache=True, **{CACHE: getattr(first, CACHE)})
+        first = model(
+            encoder_outputs=(encoder_output,),
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids[:, :3],
+            use_cache=True,
+        )
+        second = model(
+            encoder_outputs=(encoder_output,),
+            attention_mask=attention_mask,
+            decoder_input_ids=decoder_input_ids[:, 3:],
+            use_cache=True,
+            **{CACHE: getattr(first, CACHE)},
+        )
         return torch.cat([first.logits, second.logits], dim=1)
 
     with torch.compiler.set_stance("force_eager" if kernel == "unfused" else "default"):
@@ -395,8 +431,11 @@ def test_decoder_rows_that_do_not_divide_among_the_sources_are_an_error(decoder_
     input_ids, attention_mask = source_batch()
     encoder_output = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
     with pytest.raises(ValueError, match=f"decoder input has {decoder_rows} rows and the encoder output 2"):
-        model(encoder_outputs=(encoder_output,), attention_mask=attention_mask,
-              decoder_input_ids=torch.randint(4, VOCAB, (decoder_rows, 3)))
+        model(
+            encoder_outputs=(encoder_output,),
+            attention_mask=attention_mask,
+            decoder_input_ids=torch.randint(4, VOCAB, (decoder_rows, 3)),
+        )
 
 
 def test_attn_implementation_is_selectable_when_building():
@@ -412,8 +451,12 @@ def test_attention_outputs_are_distributions_that_ignore_source_padding():
     model = tiny_model()
     model.set_attn_implementation("eager")
     input_ids, attention_mask = source_batch()
-    out = model(input_ids=input_ids, attention_mask=attention_mask,
-                decoder_input_ids=torch.randint(4, VOCAB, (2, 5)), output_attentions=True)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        decoder_input_ids=torch.randint(4, VOCAB, (2, 5)),
+        output_attentions=True,
+    )
     config = model.config
     assert len(out.encoder_attentions) == config.encoder_layers
     assert len(out.decoder_attentions) == len(out.cross_attentions) == config.decoder_layers
@@ -431,8 +474,12 @@ def test_attention_outputs_are_distributions_that_ignore_source_padding():
 def test_hidden_states_has_one_entry_per_layer_plus_embeddings():
     model = tiny_model()
     input_ids, attention_mask = source_batch()
-    out = model(input_ids=input_ids, attention_mask=attention_mask,
-                decoder_input_ids=input_ids[:, :4], output_hidden_states=True)
+    out = model(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        decoder_input_ids=input_ids[:, :4],
+        output_hidden_states=True,
+    )
     assert len(out.encoder_hidden_states) == model.config.encoder_layers + 1
     assert len(out.decoder_hidden_states) == model.config.decoder_layers + 1
     torch.testing.assert_close(out.encoder_hidden_states[0], model.model.encoder.embedding(input_ids, None))
@@ -452,8 +499,13 @@ def test_incremental_decoding_with_the_cache_equals_the_full_forward_step_by_ste
     encoder_outputs = model.get_encoder()(input_ids=input_ids, attention_mask=attention_mask)
     past = None
     for step in range(decoder_input_ids.shape[1]):
-        out = model(encoder_outputs=encoder_outputs, attention_mask=attention_mask, **{argument: past},
-                    decoder_input_ids=decoder_input_ids[:, step:step + 1], use_cache=True)
+        out = model(
+            encoder_outputs=encoder_outputs,
+            attention_mask=attention_mask,
+            **{argument: past},
+            decoder_input_ids=decoder_input_ids[:, step : step + 1],
+            use_cache=True,
+        )
         past = getattr(out, CACHE)  # the output field has the installed transformers' name
         torch.testing.assert_close(out.logits[:, 0], full[:, step], atol=1e-5, rtol=1e-5)
     assert past.get_seq_length() == decoder_input_ids.shape[1]
@@ -466,8 +518,13 @@ def test_passing_the_cache_under_both_names_is_an_error():
     input_ids, attention_mask = source_batch()
     cache = EncoderDecoderCache(DynamicCache(), DynamicCache())
     with pytest.raises(ValueError, match="once"):
-        model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :1],
-              cache=cache, past_key_values=cache)
+        model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            decoder_input_ids=input_ids[:, :1],
+            cache=cache,
+            past_key_values=cache,
+        )
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
@@ -477,8 +534,16 @@ def test_generate_decodes_with_the_logits_of_a_forward_over_its_whole_output(num
     the logits it chose each token from must be those of one uncached forward over its output."""
     model = tiny_model()
     input_ids, attention_mask = source_batch()
-    out = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams, do_sample=False,
-                         max_new_tokens=10, min_new_tokens=10, output_logits=True, return_dict_in_generate=True)
+    out = model.generate(
+        input_ids=input_ids,
+        attention_mask=attention_mask,
+        num_beams=num_beams,
+        do_sample=False,
+        max_new_tokens=10,
+        min_new_tokens=10,
+        output_logits=True,
+        return_dict_in_generate=True,
+    )
     full = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=out.sequences[:, :-1]).logits
     assert len(out.logits) == full.shape[1] == 10
     for step, logits in enumerate(out.logits):  # (rows, V): with beams, the row each hypothesis came from
@@ -512,12 +577,12 @@ def test_batched_generation_with_padding_equals_one_by_one(case):
     batched = model.generate(input_ids=input_ids, attention_mask=attention_mask, **settings)
     per_row = batched.shape[0] // 2
     for row, length in ((0, 9), (1, 6)):
-        alone = model.generate(input_ids=input_ids[row:row + 1, :length], **settings)
-        expected = batched[row * per_row:(row + 1) * per_row]
+        alone = model.generate(input_ids=input_ids[row : row + 1, :length], **settings)
+        expected = batched[row * per_row : (row + 1) * per_row]
         pad = model.config.pad_token_id
         trimmed = expected[:, : alone.shape[1]]
         assert torch.equal(trimmed, alone)
-        assert torch.all(expected[:, alone.shape[1]:] == pad)
+        assert torch.all(expected[:, alone.shape[1] :] == pad)
 
 
 def test_beam_search_defaults_are_the_papers():
@@ -570,8 +635,10 @@ WORDS = "one two three four five six seven eight nine ten eleven twelve".split()
 
 
 def copy_task_sentences(count: int, generator: torch.Generator) -> list[str]:
-    return [" ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (int(length),), generator=generator))
-            for length in torch.randint(2, 7, (count,), generator=generator)]
+    return [
+        " ".join(WORDS[i] for i in torch.randint(0, len(WORDS), (int(length),), generator=generator))
+        for length in torch.randint(2, 7, (count,), generator=generator)
+    ]
 
 
 def test_a_model_trained_the_way_run_translation_py_trains_ends_its_translations(tmp_path):
@@ -591,15 +658,29 @@ def test_a_model_trained_the_way_run_translation_py_trains_ends_its_translations
 
     def encode(sentences):  # as run_translation.py's preprocess_function: tokenizer(source, text_target=target)
         encoded = tokenizer(sentences, text_target=sentences)
-        return [{"input_ids": i, "labels": l} for i, l in zip(encoded["input_ids"], encoded["labels"])]
+        return [{"input_ids": ids, "labels": labels} for ids, labels in zip(encoded["input_ids"], encoded["labels"])]
 
     args = Seq2SeqTrainingArguments(
-        output_dir=str(tmp_path), max_steps=200, per_device_train_batch_size=32, learning_rate=4e-3,
-        warmup_steps=30, label_smoothing_factor=0.1, predict_with_generate=True, per_device_eval_batch_size=100,
-        report_to=[], save_strategy="no", use_cpu=True, disable_tqdm=True, logging_strategy="no",
+        output_dir=str(tmp_path),
+        max_steps=200,
+        per_device_train_batch_size=32,
+        learning_rate=4e-3,
+        warmup_steps=30,
+        label_smoothing_factor=0.1,
+        predict_with_generate=True,
+        per_device_eval_batch_size=100,
+        report_to=[],
+        save_strategy="no",
+        use_cpu=True,
+        disable_tqdm=True,
+        logging_strategy="no",
     )
-    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=encode(train),
-                             data_collator=DataCollatorForSeq2Seq(tokenizer, model=model))
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        train_dataset=encode(train),
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+    )
     trainer.train()
     predictions = trainer.predict(encode(test)).predictions
     eos = tokenizer.eos_token_id
@@ -654,10 +735,21 @@ def trainer_parameters_after_one_update(tmp_path, examples, batch_size, accumula
 
     model = tiny_model().train()
     args = Seq2SeqTrainingArguments(
-        output_dir=str(tmp_path / f"run-{batch_size}-{accumulation}"), per_device_train_batch_size=batch_size,
-        gradient_accumulation_steps=accumulation, max_steps=1, learning_rate=1.0, optim="sgd",
-        lr_scheduler_type="constant", weight_decay=0.0, max_grad_norm=0.0, report_to=[], save_strategy="no",
-        train_sampling_strategy="sequential", use_cpu=True, disable_tqdm=True, logging_strategy="no",
+        output_dir=str(tmp_path / f"run-{batch_size}-{accumulation}"),
+        per_device_train_batch_size=batch_size,
+        gradient_accumulation_steps=accumulation,
+        max_steps=1,
+        learning_rate=1.0,
+        optim="sgd",
+        lr_scheduler_type="constant",
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        report_to=[],
+        save_strategy="no",
+        train_sampling_strategy="sequential",
+        use_cpu=True,
+        disable_tqdm=True,
+        logging_strategy="no",
     )
 
     def collate(batch):
@@ -675,8 +767,10 @@ def test_gradient_accumulation_of_two_steps_equals_one_double_batch_in_the_train
     # target lengths differ between the micro-batches: a per-micro-batch mean would weight them wrongly
     lengths = [2, 2, 7, 7]
     examples = [
-        {"input_ids": torch.randint(4, VOCAB, (6,), generator=generator),
-         "labels": torch.randint(4, VOCAB, (n,), generator=generator).tolist()}
+        {
+            "input_ids": torch.randint(4, VOCAB, (6,), generator=generator),
+            "labels": torch.randint(4, VOCAB, (n,), generator=generator).tolist(),
+        }
         for n in lengths
     ]
     accumulated = trainer_parameters_after_one_update(tmp_path, examples, batch_size=2, accumulation=2)
@@ -693,8 +787,9 @@ def test_gradient_accumulation_of_two_steps_equals_one_double_batch_in_the_train
 def test_separate_vocabularies_give_target_sized_logits_and_untied_source_embedding():
     model = tiny_model(share_encoder_decoder_embeddings=False, decoder_vocab_size=40)
     input_ids, attention_mask = source_batch()
-    logits = model(input_ids=input_ids, attention_mask=attention_mask,
-                   decoder_input_ids=torch.randint(4, 40, (2, 3))).logits
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=torch.randint(4, 40, (2, 3))
+    ).logits
     assert logits.shape[-1] == 40
     assert model.model.decoder.embedding.token_embedding is not model.model.shared
     assert model.lm_head.weight is model.model.decoder.embedding.token_embedding.weight

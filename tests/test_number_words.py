@@ -1,8 +1,5 @@
 """The generated demo task against number words written out by hand."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from vanilla_transformer.training.number_words import english, german, make_splits
@@ -22,8 +19,10 @@ KNOWN = {
     1001: ("one thousand one", "eintausendeins"),
     3421: ("three thousand four hundred twenty-one", "dreitausendvierhunderteinundzwanzig"),
     21000: ("twenty-one thousand", "einundzwanzigtausend"),
-    999999: ("nine hundred ninety-nine thousand nine hundred ninety-nine",
-             "neunhundertneunundneunzigtausendneunhundertneunundneunzig"),
+    999999: (
+        "nine hundred ninety-nine thousand nine hundred ninety-nine",
+        "neunhundertneunundneunzigtausendneunhundertneunundneunzig",
+    ),
 }
 
 

@@ -13,7 +13,6 @@ from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 import vanilla_transformer  # noqa: F401  (registers the Auto classes in this process)
-
 from helpers import REPO
 
 
@@ -24,8 +23,10 @@ def section(path, heading: str) -> str:
 def readme_scripts() -> list[str]:
     """The Python blocks of the README's "Your own Trainer script" section, then docs/training.md's
     "Fine-tuning a checkpoint", in order."""
-    blocks = [section(REPO / "README.md", "Your own Trainer script"),
-              section(REPO / "docs" / "training.md", "Fine-tuning a checkpoint")]
+    blocks = [
+        section(REPO / "README.md", "Your own Trainer script"),
+        section(REPO / "docs" / "training.md", "Fine-tuning a checkpoint"),
+    ]
     return [script for block in blocks for script in re.findall(r"```python\n(.*?)```", block, re.S)]
 
 
@@ -43,7 +44,11 @@ def run_script(folder, name: str, source: str, *argv: str) -> subprocess.Complet
     script = folder / name
     script.write_text(source, encoding="utf-8")
     completed = subprocess.run(
-        [sys.executable, str(script), *argv], cwd=folder, capture_output=True, text=True, timeout=600,
+        [sys.executable, str(script), *argv],
+        cwd=folder,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
     return completed
@@ -70,8 +75,9 @@ def test_the_readme_script_trains_evaluates_and_saves_and_its_fine_tuning_script
     assert model.generation_config.num_beams == 4 and model.generation_config.length_penalty_formula == "gnmt"
 
     # Fine-tuning: the same vocabulary and architecture, weights moved by 4 updates at the fine-tuning peak.
-    completed = run_script(tmp_path, "fine_tune.py", fine_tuning, "my-model", "train.jsonl", "valid.jsonl",
-                           "my-model-tuned", "4")
+    completed = run_script(
+        tmp_path, "fine_tune.py", fine_tuning, "my-model", "train.jsonl", "valid.jsonl", "my-model-tuned", "4"
+    )
     assert "'eval_bleu'" in completed.stdout
     state = json.loads((tmp_path / "my-model-tuned" / "checkpoint-4" / "trainer_state.json").read_text())
     assert state["global_step"] == 4

@@ -36,7 +36,10 @@ SENTENCES = [
     for place in ("in the park.", "on the street.", "near the water.")
 ]
 TEXTS = [
-    "Two dogs sit near the water.", "A man runs.", "The child walks on the street.", "A woman",
+    "Two dogs sit near the water.",
+    "A man runs.",
+    "The child walks on the street.",
+    "A woman",
     "A dog runs in the park.",
 ]
 # config.json's `custom_pipelines`, written out: the task a checkpoint declares for trust_remote_code=True.
@@ -60,8 +63,15 @@ def train_copying_translator(steps: int = 30):
     tokenizer = train_tokenizer(iter(SENTENCES), vocab_size=300)
     torch.manual_seed(0)
     config = VanillaTransformerConfig.from_preset(
-        "tiny", vocab_size=len(tokenizer), d_model=32, encoder_layers=1, decoder_layers=1,
-        encoder_ffn_dim=64, decoder_ffn_dim=64, dropout=0.0, max_position_embeddings=128,
+        "tiny",
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        dropout=0.0,
+        max_position_embeddings=128,
     )
     model = VanillaTransformerForConditionalGeneration(config)
     batch = tokenizer(SENTENCES, text_target=SENTENCES, padding=True, return_tensors="pt")
@@ -117,7 +127,7 @@ def test_a_sentence_gives_one_translation_from_the_papers_beam_search(translator
 def test_a_list_is_translated_in_padded_batches_as_generate_does(translator, translate):
     model, tokenizer = translator
     # batch_size=3 over five texts: batches [0:3] and [3:5], each padded to its longest text
-    expected = [row for start in (0, 3) for row in paper_beam_search(model, tokenizer, TEXTS[start:start + 3])]
+    expected = [row for start in (0, 3) for row in paper_beam_search(model, tokenizer, TEXTS[start : start + 3])]
     records = translate(TEXTS, batch_size=3, return_tensors=True)
     assert len(records) == len(TEXTS)
     for record, expected_ids in zip(records, expected):
@@ -161,8 +171,9 @@ def test_num_return_sequences_gives_that_many_translations_best_first(translator
     assert records == [{"translation_text": text} for text in texts]
     assert translate([TEXTS[1], TEXTS[3]], num_return_sequences=2)[1] == [
         {"translation_text": text}
-        for text in tokenizer.batch_decode(paper_beam_search(model, tokenizer, [TEXTS[3]], num_return_sequences=2),
-                                           skip_special_tokens=True)
+        for text in tokenizer.batch_decode(
+            paper_beam_search(model, tokenizer, [TEXTS[3]], num_return_sequences=2), skip_special_tokens=True
+        )
     ]
 
 

@@ -18,9 +18,9 @@ import torch
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer.modeling_vanilla_transformer import sinusoidal_positions
-from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.translation import translate
+from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
 LETTERS = "a b c d e f g h i j".split()
 
@@ -42,9 +42,26 @@ def data_dir(tmp_path_factory) -> Path:
 
 def arguments(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
     return [
-        "--train_source_file", str(data_dir / "train.src"), "--train_target_file", str(data_dir / "train.tgt"),
-        "--preset", "tiny", "--tokenizer_vocab_size", "270", "--output_dir", str(output_dir), "--use_cpu",
-        "--report_to", "none", "--disable_tqdm", "true", "--save_strategy", "no", "--logging_steps", "1", *extra,
+        "--train_source_file",
+        str(data_dir / "train.src"),
+        "--train_target_file",
+        str(data_dir / "train.tgt"),
+        "--preset",
+        "tiny",
+        "--tokenizer_vocab_size",
+        "270",
+        "--output_dir",
+        str(output_dir),
+        "--use_cpu",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--save_strategy",
+        "no",
+        "--logging_steps",
+        "1",
+        *extra,
     ]
 
 
@@ -53,7 +70,9 @@ def nastiest_legal_batch(trainer) -> dict:
     is all padding (-100: no token to learn from); a source with no token at all (attention mask all 0)."""
     tokenizer = trainer.processing_class
     pairs = [("a b c d e", "e d c b a"), ("", ""), ("f g", "g f"), ("h i j", "j i h")]
-    features = [{"input_ids": tokenizer(s)["input_ids"], "labels": tokenizer(text_target=t)["input_ids"]} for s, t in pairs]
+    features = [
+        {"input_ids": tokenizer(s)["input_ids"], "labels": tokenizer(text_target=t)["input_ids"]} for s, t in pairs
+    ]
     batch = trainer.data_collator(features)
     assert batch["input_ids"][1].tolist()[:2] == [tokenizer.eos_token_id, tokenizer.pad_token_id]
     batch["labels"][2] = -100
@@ -63,13 +82,27 @@ def nastiest_legal_batch(trainer) -> dict:
 
 # Plain SGD at a learning rate of 1 (eq. (3) with one warm-up step peaks at once), nothing clipped or
 # dropped: the update is exactly minus the gradient.
-ONE_SGD_STEP = ("--config_overrides", "dropout=0.0", "--optim", "sgd", "--learning_rate", "1", "--warmup_steps", "1",
-                "--max_grad_norm", "0", "--max_steps", "1")
+ONE_SGD_STEP = (
+    "--config_overrides",
+    "dropout=0.0",
+    "--optim",
+    "sgd",
+    "--learning_rate",
+    "1",
+    "--warmup_steps",
+    "1",
+    "--max_grad_norm",
+    "0",
+    "--max_steps",
+    "1",
+)
 
 
 def one_trainer_update(data_dir: Path, output_dir: Path, *flags: str) -> tuple[dict, float, object]:
     """(gradient per parameter, logged loss, trainer) of one real Trainer update on the nastiest batch."""
-    trainer = train.build_trainer(*train.parse_arguments(arguments(data_dir, output_dir, *ONE_SGD_STEP, *flags))).trainer
+    trainer = train.build_trainer(
+        *train.parse_arguments(arguments(data_dir, output_dir, *ONE_SGD_STEP, *flags))
+    ).trainer
     batch = nastiest_legal_batch(trainer)
     trainer.get_train_dataloader = lambda: [batch]  # this one batch, through the Trainer's own step
     before = copy.deepcopy(trainer.model.state_dict())
@@ -92,11 +125,16 @@ def test_a_bf16_update_follows_float32_autograd_on_the_nastiest_legal_batch(data
     assert (bf16_trainer.accelerator.mixed_precision, bf16_trainer.accelerator.native_amp) == ("bf16", True)
 
     # reference: the same initial model (same seed), float32 autograd of the package's loss
-    model = train.build_trainer(*train.parse_arguments(arguments(data_dir, tmp_path / "ref", *ONE_SGD_STEP, *flags))).trainer.model
+    model = train.build_trainer(
+        *train.parse_arguments(arguments(data_dir, tmp_path / "ref", *ONE_SGD_STEP, *flags))
+    ).trainer.model
     batch = nastiest_legal_batch(trainer)
     model.train()
-    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                   decoder_input_ids=batch["decoder_input_ids"]).logits
+    logits = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        decoder_input_ids=batch["decoder_input_ids"],
+    ).logits
     loss = label_smoothed_cross_entropy(logits, batch["labels"], label_smoothing=0.1)
     loss.backward()
     reference = {name: parameter.grad for name, parameter in model.named_parameters()}
@@ -123,8 +161,11 @@ def test_float16_autocast_with_a_loss_scaler_on_the_nastiest_legal_batch(data_di
     def gradients(autocast: bool, scaler=None) -> dict:
         model.zero_grad()
         with torch.autocast("cpu", dtype=torch.float16, enabled=autocast):
-            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                           decoder_input_ids=batch["decoder_input_ids"]).logits
+            logits = model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                decoder_input_ids=batch["decoder_input_ids"],
+            ).logits
             loss = label_smoothed_cross_entropy(logits, batch["labels"], label_smoothing=0.1)
         (scaler.scale(loss) if scaler else loss).backward()
         if scaler:
@@ -152,8 +193,21 @@ def test_float16_autocast_with_a_loss_scaler_on_the_nastiest_legal_batch(data_di
 
 
 def train_in_bf16(data_dir: Path, output_dir: Path, steps: int) -> Path:
-    train.main(arguments(data_dir, output_dir, "--bf16", "--max_steps", str(steps), "--learning_rate", "0.005",
-                         "--warmup_steps", str(max(1, steps // 5)), "--max_tokens", "600"))
+    train.main(
+        arguments(
+            data_dir,
+            output_dir,
+            "--bf16",
+            "--max_steps",
+            str(steps),
+            "--learning_rate",
+            "0.005",
+            "--warmup_steps",
+            str(max(1, steps // 5)),
+            "--max_tokens",
+            "600",
+        )
+    )
     return output_dir
 
 
@@ -172,8 +226,14 @@ def test_a_model_saved_from_bf16_training_loads_and_runs_in_bf16_and_float32(dat
     batch = tokenizer(sources, text_target=[t for _, t in reversal_pairs(6, seed=3)], padding=True, return_tensors="pt")
     decoder_input_ids = float32.prepare_decoder_input_ids_from_labels(batch["labels"])
     with torch.no_grad():
-        logits = [model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                        decoder_input_ids=decoder_input_ids).logits.float() for model in (float32, bf16)]
+        logits = [
+            model(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                decoder_input_ids=decoder_input_ids,
+            ).logits.float()
+            for model in (float32, bf16)
+        ]
     assert ((logits[1] - logits[0]).norm() / logits[0].norm()).item() < 0.03
     assert len(translate(bf16, tokenizer, sources)) == len(sources)  # beam search runs in bf16
 

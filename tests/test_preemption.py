@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from safetensors import safe_open
+
 from test_bad_input import refused_before_reading, train_argv
 from test_faults import (  # noqa: F401 - data_dir and uninterrupted are fixtures
     MAX_STEPS,
@@ -34,7 +35,6 @@ from test_faults import (  # noqa: F401 - data_dir and uninterrupted are fixture
     uninterrupted,
     wait_for_updates,
 )
-
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.checkpointing import (
     LEFT_OUT_NAME,
@@ -73,19 +73,41 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def start(data_dir: Path, output_dir: Path, *extra: str, pause: float = 0.0, sigterm_while_saving: int = -1,
-          own_process_group: bool = False):
+def start(
+    data_dir: Path,
+    output_dir: Path,
+    *extra: str,
+    pause: float = 0.0,
+    sigterm_while_saving: int = -1,
+    own_process_group: bool = False,
+):
     """As test_faults.start (the final model: the mean of checkpoints 4, 8 and 12), with the hooks above."""
     driver = data_dir / "preemption_driver.py"
     driver.write_text(DRIVER)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1",
-           "PREEMPT_PAUSE": str(pause), "PREEMPT_SIGTERM_WHILE_SAVING": str(sigterm_while_saving)}
-    command = [sys.executable, str(driver), str(REPO / "training/train.py"),
-               *run_argv(data_dir, output_dir, "--average_checkpoints", "3", *extra)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "PREEMPT_PAUSE": str(pause),
+        "PREEMPT_SIGTERM_WHILE_SAVING": str(sigterm_while_saving),
+    }
+    command = [
+        sys.executable,
+        str(driver),
+        str(REPO / "training/train.py"),
+        *run_argv(data_dir, output_dir, "--average_checkpoints", "3", *extra),
+    ]
     log = output_dir.with_name(output_dir.name + ".log")  # a file, not a pipe: a full pipe would stall the run
     attempt = len(list(log.parent.glob(log.name + "*")))
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True, start_new_session=own_process_group,
-                               stderr=open(f"{log}{attempt}", "w", encoding="utf-8"))
+    process = subprocess.Popen(
+        command,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=own_process_group,
+        stderr=open(f"{log}{attempt}", "w", encoding="utf-8"),
+    )
     process.log = Path(f"{log}{attempt}")
     return process
 
@@ -123,7 +145,8 @@ def test_sigterm_saves_within_the_budget_exits_143_and_resume_gives_the_uninterr
 
 
 def test_sigterm_while_a_checkpoint_is_written_stops_after_it_and_resume_gives_the_uninterrupted_model(
-        data_dir, uninterrupted):
+    data_dir, uninterrupted
+):
     output = data_dir / "preempted-while-saving"
     code, out, err = finish(start(data_dir, output, sigterm_while_saving=2 * SAVE_STEPS))
     assert code == 128 + signal.SIGTERM, err[-3000:]
@@ -207,10 +230,13 @@ def test_a_budget_too_small_for_the_whole_checkpoint_saves_what_resumes_says_so_
     assert ema_updates(tmp_path / "uninterrupted" / last) == MAX_STEPS
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--preemption_grace_seconds", "0"], "--preemption_grace_seconds must be positive"),
-    (["--preemption_grace_seconds", "nan"], "--preemption_grace_seconds must be positive"),
-    (["--enable_jit_checkpoint"], "--enable_jit_checkpoint: the trainer saves a checkpoint on SIGTERM itself"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--preemption_grace_seconds", "0"], "--preemption_grace_seconds must be positive"),
+        (["--preemption_grace_seconds", "nan"], "--preemption_grace_seconds must be positive"),
+        (["--enable_jit_checkpoint"], "--enable_jit_checkpoint: the trainer saves a checkpoint on SIGTERM itself"),
+    ],
+)
 def test_preemption_flags_out_of_range_are_refused_before_reading_data(flags, message):
     assert message in refused_before_reading(train_argv(*flags))

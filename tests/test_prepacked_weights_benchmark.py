@@ -14,7 +14,12 @@ TINY = ["--d-model", "16", "--ffn", "32", "--layers", "1", "--heads", "2", "--vo
 
 def test_each_batch_and_length_gets_a_row_with_identical_outputs(capsys):
     rows = benchmark.main([*TINY, "--batches", "1,3", "--new-tokens", "2,5", "--processor"])
-    assert [(row["batch"], row["new_tokens"], row["decoded"]) for row in rows] == [(1, 2, 2), (1, 5, 5), (3, 2, 2), (3, 5, 5)]
+    assert [(row["batch"], row["new_tokens"], row["decoded"]) for row in rows] == [
+        (1, 2, 2),
+        (1, 5, 5),
+        (3, 2, 2),
+        (3, 5, 5),
+    ]
     assert all(row["identical"] and row["plain"] > 0 and row["prepacked"] > 0 for row in rows)
     printed = capsys.readouterr().out
     assert printed.count("| identical |") == 4 and "vocabulary 300" in printed and "with min_new_tokens" in printed
@@ -22,9 +27,18 @@ def test_each_batch_and_length_gets_a_row_with_identical_outputs(capsys):
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="torch built without oneDNN")
 def test_the_switch_decides_whether_the_prepacked_kernels_run():
-    model = benchmark.VanillaTransformerForConditionalGeneration(benchmark.VanillaTransformerConfig(
-        vocab_size=300, d_model=16, encoder_ffn_dim=32, decoder_ffn_dim=32, encoder_layers=1, decoder_layers=1,
-        encoder_attention_heads=2, decoder_attention_heads=2)).eval()
+    model = benchmark.VanillaTransformerForConditionalGeneration(
+        benchmark.VanillaTransformerConfig(
+            vocab_size=300,
+            d_model=16,
+            encoder_ffn_dim=32,
+            decoder_ffn_dim=32,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+        )
+    ).eval()
     input_ids = torch.randint(4, 300, (2, 6))
     calls = {}
     for flag in (True, False):

@@ -21,8 +21,14 @@ pytestmark = pytest.mark.floor
 PACKAGE = Path(private_api.__file__).parent
 # argparse's: the parser's actions and option table (cli.py, training/options.py), the sub-command action
 # class, and the HelpFormatter methods argparse documents as the ones to override for a custom formatter.
-STANDARD_LIBRARY = {"_actions", "_option_string_actions", "_SubParsersAction", "_get_help_string",
-                    "_format_action_invocation", "_format_args"}
+STANDARD_LIBRARY = {
+    "_actions",
+    "_option_string_actions",
+    "_SubParsersAction",
+    "_get_help_string",
+    "_format_action_invocation",
+    "_format_args",
+}
 
 
 def test_every_listed_private_member_exists_in_the_installed_packages():
@@ -40,8 +46,11 @@ def private_uses() -> dict[str, set[str]]:
                 defined.add(node.name)
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):
                 for target in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                    defined.update(t.id if isinstance(t, ast.Name) else t.attr
-                                   for t in ast.walk(target) if isinstance(t, (ast.Name, ast.Attribute)))
+                    defined.update(
+                        t.id if isinstance(t, ast.Name) else t.attr
+                        for t in ast.walk(target)
+                        if isinstance(t, (ast.Name, ast.Attribute))
+                    )
     uses = {}
     for path, tree in trees.items():
         for node in ast.walk(tree):
@@ -49,7 +58,8 @@ def private_uses() -> dict[str, set[str]]:
                 continue
             owner = node.value
             through_base = (isinstance(owner, ast.Call) and getattr(owner.func, "id", None) == "super") or (
-                isinstance(owner, ast.Name) and owner.id[:1].isupper() and owner.id not in defined)
+                isinstance(owner, ast.Name) and owner.id[:1].isupper() and owner.id not in defined
+            )
             if through_base or node.attr not in defined:
                 uses.setdefault(node.attr, set()).add(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     return uses
@@ -71,8 +81,9 @@ def test_the_scan_finds_the_known_uses():
 
 
 def test_a_missing_member_fails_at_require_naming_the_package_and_the_versions(monkeypatch):
-    ghost = PrivateMember("transformers.Trainer._not_a_member", "transformers 5.0.0 - 5.24.0",
-                          "a test", private_api.NO_FALLBACK)
+    ghost = PrivateMember(
+        "transformers.Trainer._not_a_member", "transformers 5.0.0 - 5.24.0", "a test", private_api.NO_FALLBACK
+    )
     monkeypatch.setitem(private_api._BY_PATH, ghost.path, ghost)
     floor, newest = TESTED["transformers"]
     with pytest.raises(ImportError) as raised:
@@ -114,10 +125,15 @@ def test_every_listed_member_is_still_used_or_overridden():
 
 def required_at_import(tree: ast.Module) -> set[str]:
     """The paths a module passes to `require()` in its top-level statements, which run when it is imported."""
-    return {argument.value for node in tree.body
-            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
-            and getattr(node.value.func, "id", None) == "require"
-            for argument in node.value.args if isinstance(argument, ast.Constant)}
+    return {
+        argument.value
+        for node in tree.body
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and getattr(node.value.func, "id", None) == "require"
+        for argument in node.value.args
+        if isinstance(argument, ast.Constant)
+    }
 
 
 def test_every_member_without_a_fallback_is_required_at_import_by_each_module_that_uses_it():
@@ -140,8 +156,11 @@ def test_every_member_without_a_fallback_is_required_at_import_by_each_module_th
 def test_the_generation_module_uses_only_the_listed_private_members_of_transformers_search():
     """The search goes through the cache's public reorder_cache and the generation config's public token ids;
     of transformers' beam search it uses the routing and the two scoring steps the GNMT penalty rescales."""
-    uses = {name for name, places in private_uses().items()
-            if any(place.startswith("generation_vanilla_transformer.py:") for place in places)}
+    uses = {
+        name
+        for name, places in private_uses().items()
+        if any(place.startswith("generation_vanilla_transformer.py:") for place in places)
+    }
     assert uses == {"_beam_search", "_update_finished_beams", "_check_early_stop_heuristic", "_attn_implementation"}
 
 
@@ -157,14 +176,18 @@ def reimport(module: str) -> None:
         del sys.modules[spec.name]
 
 
-@pytest.mark.parametrize(("module", "owner", "name"), [
-    ("generation_vanilla_transformer", transformers.GenerationMixin, "_update_finished_beams"),
-    ("generation_vanilla_transformer", transformers.GenerationMixin, "_beam_search"),
-    ("modeling_vanilla_transformer", transformers.PreTrainedModel, "_get_resized_lm_head"),
-    ("training.run", transformers.PreTrainedModel, "_from_config"),
-])
+@pytest.mark.parametrize(
+    ("module", "owner", "name"),
+    [
+        ("generation_vanilla_transformer", transformers.GenerationMixin, "_update_finished_beams"),
+        ("generation_vanilla_transformer", transformers.GenerationMixin, "_beam_search"),
+        ("modeling_vanilla_transformer", transformers.PreTrainedModel, "_get_resized_lm_head"),
+        ("training.run", transformers.PreTrainedModel, "_from_config"),
+    ],
+)
 def test_a_member_missing_from_transformers_fails_the_import_naming_it_and_the_tested_range(
-        module, owner, name, monkeypatch):
+    module, owner, name, monkeypatch
+):
     reimport(module)  # imports cleanly with the member
     monkeypatch.delattr(owner, name)
     with pytest.raises(ImportError) as raised:

@@ -10,10 +10,9 @@ import torch
 from transformers import ProgressCallback, TrainerControl, TrainerState
 
 import vanilla_transformer.training.progress as progress
+from test_train import reverse_pairs, tiny_args, write_pairs
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.progress import TargetTokens, TimeBudgetProgress
-
-from test_train import reverse_pairs, tiny_args, write_pairs
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +45,11 @@ def test_a_budget_in_minutes_shows_minutes_updates_loss_and_target_tokens_per_se
 
 def test_the_end_of_training_reports_the_sentences_and_target_tokens_trained_on(data_dir, tmp_path):
     """One epoch of token batches: every training pair once, so the counts are the data set's own."""
-    prepared = train.build_trainer(*train.parse_arguments(tiny_args(
-        data_dir, tmp_path, "--num_train_epochs", "1", "--max_tokens", "200", "--warmup_steps", "2")))
+    prepared = train.build_trainer(
+        *train.parse_arguments(
+            tiny_args(data_dir, tmp_path, "--num_train_epochs", "1", "--max_tokens", "200", "--warmup_steps", "2")
+        )
+    )
     result = prepared.trainer.train()
     dataset = prepared.datasets["train"]
     tokens = sum(len(labels) for labels in dataset["labels"])
@@ -60,8 +62,9 @@ def test_the_end_of_training_reports_the_sentences_and_target_tokens_trained_on(
 
 
 def test_a_time_budget_replaces_the_bar_in_updates_and_a_cpu_run_pins_no_memory(data_dir, tmp_path):
-    arguments = tiny_args(data_dir, tmp_path, "--max_steps", "1000000", "--max_train_minutes", "25",
-                          "--warmup_steps", "2")
+    arguments = tiny_args(
+        data_dir, tmp_path, "--max_steps", "1000000", "--max_train_minutes", "25", "--warmup_steps", "2"
+    )
     arguments[arguments.index("--disable_tqdm") + 1] = "false"
     trainer = train.build_trainer(*train.parse_arguments(arguments)).trainer
     kinds = [type(callback) for callback in trainer.callback_handler.callbacks]

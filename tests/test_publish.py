@@ -11,19 +11,28 @@ from pathlib import Path
 import pytest
 import torch
 
-from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
-from vanilla_transformer import write_model_card
-from vanilla_transformer.cli import main as cli
-
 from helpers import REPO
 from hub_server import USER, LoopbackHub, client_environment
+from vanilla_transformer import (
+    VanillaTransformerConfig,
+    VanillaTransformerForConditionalGeneration,
+    train_tokenizer,
+    write_model_card,
+)
+from vanilla_transformer.cli import main as cli
 
 MODEL_FILES: set[str] = set()  # filled by run_folder
 # What a training run leaves next to the model (checkpointing.py, run.py, the Trainer).
 TRAINING_STATE = {
-    "checkpoint-2/model.safetensors": b"weights", "checkpoint-2/optimizer.pt": b"adam", "checkpoint-2/ema.safetensors":
-    b"average", "tokenizer/tokenizer.json": b"{}", "trainer_state.json": b"{}", "all_results.json": b"{}",
-    "train_results.json": b"{}", "runs/events.out.tfevents": b"log", "generated_predictions.txt": b"hypotheses\n",
+    "checkpoint-2/model.safetensors": b"weights",
+    "checkpoint-2/optimizer.pt": b"adam",
+    "checkpoint-2/ema.safetensors": b"average",
+    "tokenizer/tokenizer.json": b"{}",
+    "trainer_state.json": b"{}",
+    "all_results.json": b"{}",
+    "train_results.json": b"{}",
+    "runs/events.out.tfevents": b"log",
+    "generated_predictions.txt": b"hypotheses\n",
 }
 
 
@@ -33,8 +42,13 @@ def run_folder(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("run")
     tokenizer = train_tokenizer(["a small text to learn a vocabulary from", "ein kleiner Text"] * 20, vocab_size=300)
     config = VanillaTransformerConfig.from_preset(
-        "tiny", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id, decoder_start_token_id=tokenizer.bos_token_id)
+        "tiny",
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+    )
     torch.manual_seed(0)
     model = VanillaTransformerForConditionalGeneration(config)
     model.save_pretrained(folder)
@@ -48,8 +62,12 @@ def run_folder(tmp_path_factory) -> Path:
     tokenizer.save_pretrained(alone)
     write_model_card(alone, model=model, languages=("en", "de"))
     MODEL_FILES = {path.name for path in alone.iterdir()}
-    assert {"generation_vanilla_transformer.py", "attention_backends.py", "training_kernels.py",
-            "private_api.py"} <= MODEL_FILES
+    assert {
+        "generation_vanilla_transformer.py",
+        "attention_backends.py",
+        "training_kernels.py",
+        "private_api.py",
+    } <= MODEL_FILES
     for name, content in TRAINING_STATE.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(content)
@@ -67,8 +85,13 @@ def test_publish_uploads_the_model_files_in_one_commit_and_nothing_of_the_run(ru
         env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
         env.update(client_environment(hub, tmp_path / "home"), PYTHONPATH=str(REPO))
         repo = f"{USER}/published"
-        completed = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "publish", str(run_folder),
-                                    "--repo_id", repo], env=env, capture_output=True, text=True, timeout=300)
+        completed = subprocess.run(
+            [sys.executable, "-m", "vanilla_transformer.cli", "publish", str(run_folder), "--repo_id", repo],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert completed.returncode == 0, completed.stderr[-3000:]
         assert [set(paths) for _, paths in hub.commits(repo)] == [MODEL_FILES]  # one commit, the model alone
         stored = hub.files(repo)

@@ -33,8 +33,13 @@ def hub(tmp_path):
 def publish(hub: LoopbackHub, folder: Path, home: Path, *extra: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
     env.update(client_environment(hub, home), PYTHONPATH=str(REPO))
-    return subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "publish", str(folder), "--repo-id",
-                           REPO_ID, *extra], env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "vanilla_transformer.cli", "publish", str(folder), "--repo-id", REPO_ID, *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def assert_complete(hub: LoopbackHub, folder: Path) -> None:
@@ -63,8 +68,9 @@ def test_an_upload_cut_mid_way_leaves_no_model_and_a_rerun_completes_it(hub, run
     assert_never_half_a_model(hub)
 
 
-@pytest.mark.parametrize("route, when", [("commit", "mid-request"), ("commit", "before-answer"),
-                                         ("preupload", "mid-request")])
+@pytest.mark.parametrize(
+    "route, when", [("commit", "mid-request"), ("commit", "before-answer"), ("preupload", "mid-request")]
+)
 def test_a_broken_connection_is_retried_into_one_complete_commit(hub, run_folder, tmp_path, route, when):
     """Cut before the commit: retried. Cut after it (the answer lost): the retry finds every file there and
     commits nothing more (the second cut is never reached). The preupload request: huggingface_hub retries
@@ -86,7 +92,8 @@ def test_retries_end_after_the_number_given(hub, run_folder, tmp_path):
     failed = publish(hub, run_folder, tmp_path / "home", "--retries", "2")
     assert failed.returncode == 2 and "broke off 3 times" in failed.stderr, failed.stderr[-3000:]
     assert [request for request in hub.requests if request[1].startswith(f"/api/models/{REPO_ID}/commit/")] == [
-        ("POST", f"/api/models/{REPO_ID}/commit/main")] * 3
+        ("POST", f"/api/models/{REPO_ID}/commit/main")
+    ] * 3
     assert set(hub.files(REPO_ID)) == {".gitattributes"}
 
 

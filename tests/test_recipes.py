@@ -30,14 +30,62 @@ MULTI30K = REPO / "training" / "recipes" / "multi30k.yaml"
 # Vaswani et al. (2017): §5.1 data and vocabulary, §5.2 updates and seconds per update on 8 P100s,
 # §6.1 dropout of the big models and checkpoint averaging, Table 3 model sizes.
 PAPER = {
-    "wmt14-en-de-base": dict(pair="de-en", target="de", vocab=37000, preset="base", d_model=512, heads=8, d_ff=2048,
-                             dropout=0.1, updates=100_000, seconds_per_update=0.4, averaged=5, tokenized_bleu=True),
-    "wmt14-en-de-big": dict(pair="de-en", target="de", vocab=37000, preset="big", d_model=1024, heads=16, d_ff=4096,
-                            dropout=0.3, updates=300_000, seconds_per_update=1.0, averaged=20, tokenized_bleu=True),
-    "wmt14-en-fr-base": dict(pair="fr-en", target="fr", vocab=32000, preset="base", d_model=512, heads=8, d_ff=2048,
-                             dropout=0.1, updates=100_000, seconds_per_update=0.4, averaged=5, tokenized_bleu=False),
-    "wmt14-en-fr-big": dict(pair="fr-en", target="fr", vocab=32000, preset="big", d_model=1024, heads=16, d_ff=4096,
-                            dropout=0.1, updates=300_000, seconds_per_update=1.0, averaged=20, tokenized_bleu=False),
+    "wmt14-en-de-base": dict(
+        pair="de-en",
+        target="de",
+        vocab=37000,
+        preset="base",
+        d_model=512,
+        heads=8,
+        d_ff=2048,
+        dropout=0.1,
+        updates=100_000,
+        seconds_per_update=0.4,
+        averaged=5,
+        tokenized_bleu=True,
+    ),
+    "wmt14-en-de-big": dict(
+        pair="de-en",
+        target="de",
+        vocab=37000,
+        preset="big",
+        d_model=1024,
+        heads=16,
+        d_ff=4096,
+        dropout=0.3,
+        updates=300_000,
+        seconds_per_update=1.0,
+        averaged=20,
+        tokenized_bleu=True,
+    ),
+    "wmt14-en-fr-base": dict(
+        pair="fr-en",
+        target="fr",
+        vocab=32000,
+        preset="base",
+        d_model=512,
+        heads=8,
+        d_ff=2048,
+        dropout=0.1,
+        updates=100_000,
+        seconds_per_update=0.4,
+        averaged=5,
+        tokenized_bleu=False,
+    ),
+    "wmt14-en-fr-big": dict(
+        pair="fr-en",
+        target="fr",
+        vocab=32000,
+        preset="big",
+        d_model=1024,
+        heads=16,
+        d_ff=4096,
+        dropout=0.1,
+        updates=300_000,
+        seconds_per_update=1.0,
+        averaged=20,
+        tokenized_bleu=False,
+    ),
 }
 PAPER_GPUS = 8
 PAPER_TOKENS_PER_SIDE = 25_000
@@ -54,7 +102,9 @@ def parse(recipe: Path, *flags: str):
 
 def test_every_recipe_is_one_of_the_papers_runs_or_multi30k():
     assert {path.stem for path in RECIPES} == set(PAPER)
-    assert {p.name for p in (REPO / "training" / "recipes").glob("*.yaml")} == {p.name for p in RECIPES} | {MULTI30K.name}
+    assert {p.name for p in (REPO / "training" / "recipes").glob("*.yaml")} == {p.name for p in RECIPES} | {
+        MULTI30K.name
+    }
 
 
 @pytest.mark.parametrize("recipe", RECIPES, ids=recipe_id)
@@ -65,13 +115,23 @@ def test_recipe_holds_the_papers_settings(recipe):
     assert (data_args.source_lang, data_args.target_lang) == ("en", paper["target"])
     assert (data_args.validation_split, data_args.test_split) == ("validation", "test")  # newstest2013, newstest2014
     assert model_args.tokenizer_vocab_size == paper["vocab"]
-    config = VanillaTransformerConfig.from_preset(model_args.preset, **train.parse_overrides(model_args.config_overrides))
+    config = VanillaTransformerConfig.from_preset(
+        model_args.preset, **train.parse_overrides(model_args.config_overrides)
+    )
     assert (config.d_model, config.encoder_layers, config.decoder_layers) == (paper["d_model"], 6, 6)
-    assert (config.encoder_attention_heads, config.encoder_ffn_dim, config.dropout) == (paper["heads"], paper["d_ff"],
-                                                                                         paper["dropout"])
+    assert (config.encoder_attention_heads, config.encoder_ffn_dim, config.dropout) == (
+        paper["heads"],
+        paper["d_ff"],
+        paper["dropout"],
+    )
     assert (args.adam_beta1, args.adam_beta2, args.adam_epsilon) == (0.9, 0.98, 1e-9)
     # eq. (3) itself: its own peak (no explicit learning rate), 4000 warm-up steps
-    assert (args.lr_scheduler_type, args.learning_rate, args.lr_scale, args.warmup_steps) == ("inverse_sqrt", None, 1.0, 4000)
+    assert (args.lr_scheduler_type, args.learning_rate, args.lr_scale, args.warmup_steps) == (
+        "inverse_sqrt",
+        None,
+        1.0,
+        4000,
+    )
     assert (args.label_smoothing_factor, args.weight_decay, args.max_grad_norm) == (0.1, 0.0, 0.0)
     assert args.max_steps == paper["updates"]
     assert args.save_steps == CHECKPOINT_MINUTES * 60 / paper["seconds_per_update"]
@@ -97,8 +157,12 @@ def test_an_update_is_about_25000_tokens_a_side_on_8_gpus(recipe):
 
 def test_dataset_name_none_drops_the_recipes_hub_dataset():
     _, data_args, _ = parse(RECIPES[0], "--dataset_name", "none")
-    assert (data_args.dataset_name, data_args.dataset_config_name, data_args.validation_split,
-            data_args.test_split) == (None, None, None, None)
+    assert (
+        data_args.dataset_name,
+        data_args.dataset_config_name,
+        data_args.validation_split,
+        data_args.test_split,
+    ) == (None, None, None, None)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -131,8 +195,10 @@ def tiny_slice(tmp_path_factory) -> dict:
     files = {}
     for role, count, seed in (("train", 400, 1), ("validation", 12, 2), ("test", 12, 3)):
         pairs = tiny_pairs(count, seed)
-        files[role] = (write_side(folder / f"{role}.en", [s for s, _ in pairs]),
-                       write_side(folder / f"{role}.xx", [t for _, t in pairs]))
+        files[role] = (
+            write_side(folder / f"{role}.en", [s for s, _ in pairs]),
+            write_side(folder / f"{role}.xx", [t for _, t in pairs]),
+        )
     return files
 
 
@@ -142,9 +208,26 @@ def tiny_overrides(files: dict, output_dir: Path) -> list[str]:
     for role in ("train", "validation", "test"):
         flags += [f"--{role}_source_file", files[role][0], f"--{role}_target_file", files[role][1]]
     return flags + [
-        "--preset", "tiny", "--tokenizer_vocab_size", "300", "--max_tokens", "256", "--max_steps", "2",
-        "--save_steps", "1", "--warmup_steps", "2", "--output_dir", str(output_dir), "--disable_tqdm", "true",
-        "--logging_steps", "1", "--per_device_eval_batch_size", "12",
+        "--preset",
+        "tiny",
+        "--tokenizer_vocab_size",
+        "300",
+        "--max_tokens",
+        "256",
+        "--max_steps",
+        "2",
+        "--save_steps",
+        "1",
+        "--warmup_steps",
+        "2",
+        "--output_dir",
+        str(output_dir),
+        "--disable_tqdm",
+        "true",
+        "--logging_steps",
+        "1",
+        "--per_device_eval_batch_size",
+        "12",
     ]
 
 
@@ -164,24 +247,42 @@ def test_recipe_trains_evaluates_and_predicts_on_a_tiny_local_slice(recipe, tiny
     # both updates were saved (the recipe averages up to its last N) and the final model is a Hub folder
     assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "README.md"} <= {
-        p.name for p in output.iterdir()}
+        p.name for p in output.iterdir()
+    }
 
 
 def test_the_multi30k_recipe_runs_on_a_tiny_local_slice_under_its_clock(tiny_slice, tmp_path, monkeypatch):
     """The small-data recipe: its own 25-minute clock, checkpoints by the minute (the last 10 kept), and a
     moving average of the weights as the final model."""
     model_args, data_args, args = parse(MULTI30K)
-    assert (args.max_train_minutes, args.save_minutes, args.average_checkpoints, args.save_total_limit) == (25, 1, 0, 10)
+    assert (args.max_train_minutes, args.save_minutes, args.average_checkpoints, args.save_total_limit) == (
+        25,
+        1,
+        0,
+        10,
+    )
     assert args.ema_decay == 0.998
     assert (model_args.length_penalty, model_args.length_penalty_formula) == (0.6, "gnmt")  # spelled out in the file
     assert (args.max_tokens, args.learning_rate, args.warmup_steps, args.max_grad_norm) == (1024, 2e-3, 800, 0.0)
     config = train.model_config(model_args.preset, model_args.config_overrides)
-    assert (config.d_model, config.encoder_layers, config.encoder_attention_heads, config.encoder_ffn_dim) == (256, 3, 4, 1024)
+    assert (config.d_model, config.encoder_layers, config.encoder_attention_heads, config.encoder_ffn_dim) == (
+        256,
+        3,
+        4,
+        1024,
+    )
     output = tmp_path / "run"
     overrides = [flag for flag in tiny_overrides(tiny_slice, output)]
     overrides[overrides.index("--preset") + 1] = "base"
-    metrics = train.main([str(MULTI30K), "--use_cpu", *overrides, "--config_overrides",
-                          "d_model=32,encoder_layers=1,decoder_layers=1,encoder_ffn_dim=64,decoder_ffn_dim=64"])
+    metrics = train.main(
+        [
+            str(MULTI30K),
+            "--use_cpu",
+            *overrides,
+            "--config_overrides",
+            "d_model=32,encoder_layers=1,decoder_layers=1,encoder_ffn_dim=64,decoder_ffn_dim=64",
+        ]
+    )
     assert {"eval_bleu", "predict_bleu"} <= set(metrics)
     assert (output / "model.safetensors").is_file()
     saved = json.loads((output / "generation_config.json").read_text())  # the recipe's decoding, §6.1's
@@ -196,8 +297,9 @@ PERL_SPLIT = r"s{(\S)-(\S)}{$1 ##AT##-##AT## $2}g"  # tensor2tensor's get_ende_b
 
 
 def perl_split(lines: list[str]) -> list[str]:
-    completed = subprocess.run(["perl", "-ple", PERL_SPLIT], input="\n".join(lines) + "\n", capture_output=True,
-                               text=True, check=True)
+    completed = subprocess.run(
+        ["perl", "-ple", PERL_SPLIT], input="\n".join(lines) + "\n", capture_output=True, text=True, check=True
+    )
     return completed.stdout.split("\n")[:-1]
 
 
@@ -226,11 +328,12 @@ def test_predict_reports_tokenized_bleu_as_the_paper_scored_it(tiny_slice, tmp_p
     hypotheses = [reference.replace("-", " ") for reference in references]
     assert hypotheses != references
     monkeypatch.setattr(train, "translate", lambda model, tokenizer, sources, *args, **kwargs: hypotheses)
-    results = train.predict(prepared.trainer, prepared.tokenizer, prepared.text["test"], data_args.sacrebleu_tokenize,
-                            data_args.target_lang)  # the recipe's --compound_split_bleu
+    results = train.predict(
+        prepared.trainer, prepared.tokenizer, prepared.text["test"], data_args.sacrebleu_tokenize, data_args.target_lang
+    )  # the recipe's --compound_split_bleu
     moses = MosesTokenizer(lang="de")
     split = perl_split([moses.tokenize(line, return_str=True, escape=False) for line in hypotheses + references])
-    expected = sacrebleu.corpus_bleu(split[:len(hypotheses)], [split[len(hypotheses):]], tokenize="none").score
+    expected = sacrebleu.corpus_bleu(split[: len(hypotheses)], [split[len(hypotheses) :]], tokenize="none").score
     assert results["predict_tokenized_bleu"] == pytest.approx(expected)
     assert results["predict_bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
     assert abs(results["predict_tokenized_bleu"] - results["predict_bleu"]) > 1

@@ -18,13 +18,21 @@ import time
 
 import pytest
 
+from helpers import REPO
+from test_faults import (  # noqa: F401
+    MAX_STEPS,
+    SAVE_STEPS,
+    assert_same_weights,
+    data_dir,
+    finish,
+    run_argv,
+    start,
+    uninterrupted,
+    wait_for_updates,
+)
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.checkpointing import check_resumable
 from vanilla_transformer.training.run_lock import LOCK_FILE, OutputDirInUse, RunLock
-
-from helpers import REPO
-from test_faults import (MAX_STEPS, SAVE_STEPS, assert_same_weights, data_dir, finish, run_argv,  # noqa: F401
-                         start, uninterrupted, wait_for_updates)
 
 HOLDER = textwrap.dedent("""
     import sys, time
@@ -50,8 +58,12 @@ def test_a_second_lock_on_a_folder_in_use_is_refused_naming_host_and_pid(tmp_pat
 
 
 def test_a_lock_left_by_a_killed_process_is_taken_over_with_a_warning(tmp_path, caplog):
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(tmp_path)], stdout=subprocess.PIPE, text=True,
-                              env={**os.environ, "PYTHONPATH": str(REPO)})
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(tmp_path)],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     try:
         assert holder.stdout.readline().strip() == "locked"
         with pytest.raises(OutputDirInUse, match=f"pid {holder.pid},"):  # alive: refused
@@ -85,7 +97,8 @@ def test_the_lock_goes_with_a_run_that_fails(data_dir, tmp_path):
 
 
 def test_a_second_run_on_a_folder_in_use_exits_2_in_one_line_and_the_first_finishes_intact(
-        data_dir, uninterrupted, capsys):
+    data_dir, uninterrupted, capsys
+):
     output = data_dir / "locked"
     first = start(data_dir, output, pause=0.5)
     try:
@@ -118,9 +131,19 @@ def test_every_process_of_a_launch_is_refused_when_the_main_one_is(data_dir, tmp
     output = tmp_path / "run"
     lock = RunLock(output).acquire()
     try:
-        command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-                   str(REPO / "vanilla_transformer/training/accelerate_configs/ddp.yaml"), "--num_processes", "2",
-                   "-m", "vanilla_transformer.cli", "train", *run_argv(data_dir, output)]
+        command = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--config_file",
+            str(REPO / "vanilla_transformer/training/accelerate_configs/ddp.yaml"),
+            "--num_processes",
+            "2",
+            "-m",
+            "vanilla_transformer.cli",
+            "train",
+            *run_argv(data_dir, output),
+        ]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1"}
         completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     finally:
@@ -129,7 +152,6 @@ def test_every_process_of_a_launch_is_refused_when_the_main_one_is(data_dir, tmp
     assert completed.returncode != 0 and len(refusals) == 2, completed.stderr[-3000:]
     assert all(f"pid {os.getpid()}," in line for line in refusals)
     assert not list(output.glob("checkpoint-*"))
-
 
 
 def test_a_folder_made_for_the_lock_goes_with_it_when_nothing_was_written(tmp_path):

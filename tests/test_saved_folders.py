@@ -14,10 +14,9 @@ import torch
 import yaml
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, Seq2SeqTrainer, Seq2SeqTrainingArguments
 
-from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
-
 from helpers import REPO
 from hub_server import USER, LoopbackHub, client_environment
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
 
 POSITIONS = 24  # fewer than the tokenizer's default model_max_length (1024)
 
@@ -29,9 +28,14 @@ def saved(tmp_path_factory) -> Path:
     tokenizer = train_tokenizer(["a few words to learn from", "noch ein paar Worte"] * 20, vocab_size=300)
     assert tokenizer.model_max_length > POSITIONS
     config = VanillaTransformerConfig.from_preset(
-        "tiny", vocab_size=len(tokenizer), max_position_embeddings=POSITIONS, pad_token_id=tokenizer.pad_token_id,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-        decoder_start_token_id=tokenizer.bos_token_id)
+        "tiny",
+        vocab_size=len(tokenizer),
+        max_position_embeddings=POSITIONS,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+    )
     model = VanillaTransformerForConditionalGeneration(config)
     args = Seq2SeqTrainingArguments(output_dir=str(folder), report_to="none", use_cpu=True)
     trainer = Seq2SeqTrainer(model=model, args=args, processing_class=tokenizer)
@@ -43,7 +47,7 @@ def test_truncation_keeps_what_the_model_accepts(saved):
     tokenizer, model = AutoTokenizer.from_pretrained(saved), AutoModelForSeq2SeqLM.from_pretrained(saved)
     assert tokenizer.model_max_length == POSITIONS
     text = " ".join(["words"] * 100)
-    with pytest.raises(Exception):  # the model refuses more positions than it has
+    with pytest.raises(Exception):  # noqa: B017 (the model refuses more positions than it has)
         model(**tokenizer(text, return_tensors="pt"), decoder_input_ids=torch.tensor([[tokenizer.bos_token_id]]))
     inputs = tokenizer(text, truncation=True, return_tensors="pt")
     assert inputs["input_ids"].shape[1] == POSITIONS
@@ -95,8 +99,9 @@ def test_run_translations_card_on_the_hub_names_the_task_and_the_package(saved, 
         env.update(client_environment(hub, tmp_path / "home"), PYTHONPATH=str(REPO))
         repo, output = f"{USER}/run-translation", tmp_path / "output"
         code = RUN_TRANSLATION_END.format(checkpoint=str(saved), output=str(output), push=push, repo=repo)
-        completed = subprocess.run([sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True,
-                                   text=True, timeout=300)
+        completed = subprocess.run(
+            [sys.executable, "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300
+        )
         assert completed.returncode == 0, completed.stderr[-3000:]
         metadata = front_matter(hub.files(repo)["README.md"])
     finally:

@@ -25,12 +25,27 @@ def marian_that_stops(seed: int = 0, eos_bias: float = 1.2) -> MarianMTModel:
     """A random MarianMTModel whose final_logits_bias makes </s> likely, so that beams and sentences
     end at different steps (random weights alone almost never emit </s>)."""
     torch.manual_seed(seed)
-    marian = MarianMTModel(MarianConfig(
-        vocab_size=VOCAB, decoder_vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64,
-        max_position_embeddings=128, pad_token_id=PAD, eos_token_id=EOS, decoder_start_token_id=START,
-        forced_eos_token_id=None, activation_function="relu", scale_embedding=True, init_std=0.1,
-    )).eval()
+    marian = MarianMTModel(
+        MarianConfig(
+            vocab_size=VOCAB,
+            decoder_vocab_size=VOCAB,
+            d_model=32,
+            encoder_layers=2,
+            decoder_layers=2,
+            encoder_attention_heads=4,
+            decoder_attention_heads=4,
+            encoder_ffn_dim=64,
+            decoder_ffn_dim=64,
+            max_position_embeddings=128,
+            pad_token_id=PAD,
+            eos_token_id=EOS,
+            decoder_start_token_id=START,
+            forced_eos_token_id=None,
+            activation_function="relu",
+            scale_embedding=True,
+            init_std=0.1,
+        )
+    ).eval()
     with torch.no_grad():
         marian.final_logits_bias[0, EOS] = eos_bias
     return marian
@@ -51,7 +66,8 @@ def rows_per_decoder_call(model) -> list[int]:
     """Record the number of decoder rows of every forward call (to see sentences leave the batch)."""
     rows = []
     model.model.decoder.register_forward_pre_hook(
-        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True)
+        lambda module, args, kwargs: rows.append(kwargs["input_ids"].shape[0]), with_kwargs=True
+    )
     return rows
 
 
@@ -125,8 +141,9 @@ def test_a_call_the_search_does_not_cover_is_logged_once_at_debug_level_with_the
             scored = ours.generate(**padded_sources(), **BEAM_CASES["paper"], return_dict_in_generate=True)
             assert torch.equal(scored.sequences, plain)
     messages = [record.getMessage() for record in caplog.records if record.name == logger.name]
-    assert messages == ["beam search: transformers' own loop, because it samples, returns a dict, syncs GPUs or "
-                        "prefills in chunks"]
+    assert messages == [
+        "beam search: transformers' own loop, because it samples, returns a dict, syncs GPUs or prefills in chunks"
+    ]
 
 
 HOST_SYNCS = ("__bool__", "item", "tolist", "__int__", "__float__", "nonzero")
@@ -147,12 +164,15 @@ def test_the_search_waits_for_the_device_no_more_often_per_step_than_transformer
     per_step = {}
     for name, model in (("ours", ours), ("stock", stock)):
         reads, marks = [], []
-        model.model.decoder.register_forward_pre_hook(lambda *args: marks.append(len(reads)))
+        model.model.decoder.register_forward_pre_hook(lambda *args: marks.append(len(reads)))  # noqa: B023 (used in this iteration)
         with monkeypatch.context() as patch:
             for method in HOST_SYNCS:
                 original = getattr(torch.Tensor, method)
-                patch.setattr(torch.Tensor, method,
-                              lambda *args, _original=original, **kwargs: reads.append(1) or _original(*args, **kwargs))
+                patch.setattr(
+                    torch.Tensor,
+                    method,
+                    lambda *args, _original=original, **kwargs: reads.append(1) or _original(*args, **kwargs),  # noqa: B023 (used in this iteration)
+                )
             model.generate(**padded_sources(seed=3), **BEAM_CASES[case])
         marks.append(len(reads))
         per_step[name] = [after - before for before, after in zip(marks, marks[1:])]
@@ -195,9 +215,11 @@ def test_lean_step_merges_finished_hypotheses_only_when_one_ends_and_keeps_the_h
     stock.__class__ = Stock
     merges = {"ours": 0, "stock": 0}
     for name, model in (("ours", ours), ("stock", stock)):
+
         def counted(*args, _name=name, _merge=model._update_finished_beams, **kwargs):
             merges[_name] += 1
             return _merge(*args, **kwargs)
+
         model._update_finished_beams = counted
     rows = rows_per_decoder_call(ours)
     settings = dict(num_beams=4, length_penalty=0.6, early_stopping=True, max_new_tokens=12) | arguments
@@ -216,10 +238,16 @@ def test_lean_step_merges_finished_hypotheses_only_when_one_ends_and_keeps_the_h
 SECOND_EOS = 5
 
 
-@pytest.mark.parametrize("arguments", [
-    dict(early_stopping=True), dict(early_stopping=True, num_return_sequences=2), dict(early_stopping=False),
-    dict(early_stopping=True, repetition_penalty=1.3),
-], ids=["paper", "returns-2", "not-early", "with-a-processor"])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        dict(early_stopping=True),
+        dict(early_stopping=True, num_return_sequences=2),
+        dict(early_stopping=False),
+        dict(early_stopping=True, repetition_penalty=1.3),
+    ],
+    ids=["paper", "returns-2", "not-early", "with-a-processor"],
+)
 def test_sentences_that_end_at_the_first_step_leave_the_batch_with_transformers_hypotheses(arguments):
     """With two end-of-sentence tokens and two beams, a sentence can have all its hypotheses end at the first
     step, when the decoder still runs one row per sentence: it leaves in the first reorder of the cache."""
@@ -299,12 +327,16 @@ def test_beam_search_calls_the_whole_forward_where_calling_the_model_runs_more_a
     if replaced == "hooked":
         handles.append(ours.register_forward_hook(lambda *args: calls.append(1)))
     elif replaced == "hooked on every module":
-        handles.append(torch.nn.modules.module.register_module_forward_hook(
-            lambda module, *args: calls.append(1) if module is ours else None))
+        handles.append(
+            torch.nn.modules.module.register_module_forward_hook(
+                lambda module, *args: calls.append(1) if module is ours else None
+            )
+        )
     elif replaced == "patched":
         forward = ours.forward
         ours.forward = lambda *args, **kwargs: calls.append(1) or forward(*args, **kwargs)
     elif replaced == "subclassed":
+
         class Counted(type(ours)):
             def forward(self, *args, **kwargs):
                 calls.append(1)
@@ -359,7 +391,8 @@ def test_loss_and_gradient_equal_cross_entropy_with_label_smoothing(smoothing, d
     labels[2, 5] = -100
     reference = logits.detach().float().requires_grad_()
     expected = torch.nn.functional.cross_entropy(
-        reference.flatten(0, 1), labels.flatten(), ignore_index=-100, label_smoothing=smoothing)
+        reference.flatten(0, 1), labels.flatten(), ignore_index=-100, label_smoothing=smoothing
+    )
     (2 * expected).backward()
     loss = label_smoothed_cross_entropy(logits, labels, label_smoothing=smoothing)
     (2 * loss).backward()  # a scaled loss scales the gradient
@@ -372,8 +405,9 @@ def test_loss_and_gradient_equal_cross_entropy_with_label_smoothing(smoothing, d
 def test_loss_divides_by_num_items_in_batch_and_needs_no_gradient_in_eval():
     logits = torch.randn(2, 4, 50)
     labels = torch.randint(0, 50, (2, 4))
-    total = torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="sum",
-                                              label_smoothing=0.1)
+    total = torch.nn.functional.cross_entropy(
+        logits.flatten(0, 1), labels.flatten(), reduction="sum", label_smoothing=0.1
+    )
     with torch.no_grad():
         loss = label_smoothed_cross_entropy(logits, labels, torch.tensor(20), label_smoothing=0.1)
     torch.testing.assert_close(loss, total / 20)
@@ -460,8 +494,10 @@ def test_bfloat16_weights_decode_through_generate_with_float32_beam_scores():
 def test_dynamic_int8_quantisation_is_a_one_liner_that_generate_accepts():
     model = from_marian(marian_that_stops())
     quantized = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
-    assert all("quantized" in type(module).__module__ for module in (quantized.lm_head, quantized.model.encoder
-                                                                    .layers[0].feed_forward.fc1))
+    assert all(
+        "quantized" in type(module).__module__
+        for module in (quantized.lm_head, quantized.model.encoder.layers[0].feed_forward.fc1)
+    )
     inputs = padded_sources()
     produced = quantized.generate(**inputs, **BEAM_CASES["paper"])
     expected = model.generate(**inputs, **BEAM_CASES["paper"])

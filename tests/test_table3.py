@@ -13,12 +13,11 @@ import torch
 import yaml
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from test_train import reverse_pairs, write_pairs
 from vanilla_transformer import VanillaTransformerConfig, cli
 from vanilla_transformer.training import run, table3
 from vanilla_transformer.training.checkpointing import checkpoint_folders
 from vanilla_transformer.training.options import model_config
-
-from test_train import reverse_pairs, write_pairs
 
 # Table 3 of the paper written out in full, every unlisted value filled in from the base row:
 # row -> (N, d_model, d_ff, h, d_k, P_drop, eps_ls, positions, train steps).
@@ -46,11 +45,26 @@ PAPER_TABLE = {
 }
 # The paper's results: row -> (PPL dev, BLEU dev, params x10^6 or None where the paper leaves it blank).
 PAPER_RESULTS = {
-    "base": (4.92, 25.8, 65), "A1": (5.29, 24.9, None), "A2": (5.00, 25.5, None), "A3": (4.91, 25.8, None),
-    "A4": (5.01, 25.4, None), "B1": (5.16, 25.1, 58), "B2": (5.01, 25.4, 60), "C1": (6.11, 23.7, 36),
-    "C2": (5.19, 25.3, 50), "C3": (4.88, 25.5, 80), "C4": (5.75, 24.5, 28), "C5": (4.66, 26.0, 168),
-    "C6": (5.12, 25.4, 53), "C7": (4.75, 26.2, 90), "D1": (5.77, 24.6, None), "D2": (4.95, 25.5, None),
-    "D3": (4.67, 25.3, None), "D4": (5.47, 25.7, None), "E": (4.92, 25.7, None), "big": (4.33, 26.4, 213),
+    "base": (4.92, 25.8, 65),
+    "A1": (5.29, 24.9, None),
+    "A2": (5.00, 25.5, None),
+    "A3": (4.91, 25.8, None),
+    "A4": (5.01, 25.4, None),
+    "B1": (5.16, 25.1, 58),
+    "B2": (5.01, 25.4, 60),
+    "C1": (6.11, 23.7, 36),
+    "C2": (5.19, 25.3, 50),
+    "C3": (4.88, 25.5, 80),
+    "C4": (5.75, 24.5, 28),
+    "C5": (4.66, 26.0, 168),
+    "C6": (5.12, 25.4, 53),
+    "C7": (4.75, 26.2, 90),
+    "D1": (5.77, 24.6, None),
+    "D2": (4.95, 25.5, None),
+    "D3": (4.67, 25.3, None),
+    "D4": (5.47, 25.7, None),
+    "E": (4.92, 25.7, None),
+    "big": (4.33, 26.4, 213),
 }
 # The Multi30k recipe's base (3+3 layers, d_model 256, 4 heads, d_ff 1024, dropout 0.1, label smoothing 0.2)
 # with each row at the paper's ratio, worked out by hand (h 1/8 of 4 rounds up to 1).
@@ -76,8 +90,10 @@ MULTI30K_TABLE = {
     "E": (3, 256, 1024, 4, 64, 0.1, 0.2, "learned", 1000),
     "big": (3, 512, 2048, 8, 64, 0.3, 0.2, "sinusoidal", 3000),
 }
-MULTI30K_BASE = ("d_model=256,encoder_layers=3,decoder_layers=3,encoder_attention_heads=4,decoder_attention_heads=4,"
-                 "encoder_ffn_dim=1024,decoder_ffn_dim=1024,dropout=0.1")
+MULTI30K_BASE = (
+    "d_model=256,encoder_layers=3,decoder_layers=3,encoder_attention_heads=4,decoder_attention_heads=4,"
+    "encoder_ffn_dim=1024,decoder_ffn_dim=1024,dropout=0.1"
+)
 
 
 def setting(config: VanillaTransformerConfig, label_smoothing: float, steps: int) -> tuple:
@@ -85,8 +101,17 @@ def setting(config: VanillaTransformerConfig, label_smoothing: float, steps: int
     assert config.encoder_layers == config.decoder_layers and config.encoder_ffn_dim == config.decoder_ffn_dim
     assert config.encoder_attention_heads == config.decoder_attention_heads
     d_k = config.head_dim or config.d_model // config.encoder_attention_heads
-    return (config.encoder_layers, config.d_model, config.encoder_ffn_dim, config.encoder_attention_heads, d_k,
-            config.dropout, label_smoothing, config.position_embedding_type, steps)
+    return (
+        config.encoder_layers,
+        config.d_model,
+        config.encoder_ffn_dim,
+        config.encoder_attention_heads,
+        d_k,
+        config.dropout,
+        label_smoothing,
+        config.position_embedding_type,
+        steps,
+    )
 
 
 @pytest.mark.parametrize("row", list(PAPER_TABLE))
@@ -109,7 +134,11 @@ def test_each_row_applied_to_the_multi30k_base_keeps_the_papers_ratios(row):
 
 def test_the_multi30k_base_above_is_the_packaged_recipes():
     recipe = yaml.safe_load(cli.recipe_path("multi30k").read_text(encoding="utf-8"))
-    assert (recipe["preset"], recipe["config_overrides"], recipe["label_smoothing_factor"]) == ("base", MULTI30K_BASE, 0.2)
+    assert (recipe["preset"], recipe["config_overrides"], recipe["label_smoothing_factor"]) == (
+        "base",
+        MULTI30K_BASE,
+        0.2,
+    )
 
 
 def table3_overrides(text: str) -> dict:
@@ -138,14 +167,19 @@ def test_flags_that_would_change_what_table3_compares_are_refused(flag, capsys):
     assert exit.value.code == 2 and flag in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--max-steps", "0"], "--max-steps and --seeds must be positive"),
-    (["--max-steps", "2", "--seeds", "0"], "--max-steps and --seeds must be positive"),
-    (["--max-steps", "2", "--devices", "0,,1"], "--devices '0,,1': give GPU numbers"),
-    # 36 wide with 4 heads is a valid base; row A3's 8 heads do not divide it
-    (["--max-steps", "2", "--rows", "A3", "--preset", "tiny", "--config_overrides", "d_model=36"],
-     "row A3 at this recipe's scale (encoder_attention_heads=8, decoder_attention_heads=8"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--max-steps", "0"], "--max-steps and --seeds must be positive"),
+        (["--max-steps", "2", "--seeds", "0"], "--max-steps and --seeds must be positive"),
+        (["--max-steps", "2", "--devices", "0,,1"], "--devices '0,,1': give GPU numbers"),
+        # 36 wide with 4 heads is a valid base; row A3's 8 heads do not divide it
+        (
+            ["--max-steps", "2", "--rows", "A3", "--preset", "tiny", "--config_overrides", "d_model=36"],
+            "row A3 at this recipe's scale (encoder_attention_heads=8, decoder_attention_heads=8",
+        ),
+    ],
+)
 def test_bad_numbers_and_rows_the_base_cannot_take_exit_2_before_any_data_is_read(flags, message, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit:
         cli.main(["table3", *flags, "--output-dir", str(tmp_path)])
@@ -168,12 +202,39 @@ def data_dir(tmp_path_factory) -> Path:
 
 
 def table3_command(data_dir: Path, output_dir: Path) -> list[str]:
-    return ["table3", "multi30k", "--max-steps", "2", "--rows", "B1,D4", "--output-dir", str(output_dir),
-            "--dataset_name", "none", "--train_source_file", str(data_dir / "train.src"),
-            "--train_target_file", str(data_dir / "train.tgt"), "--validation_source_file", str(data_dir / "valid.src"),
-            "--validation_target_file", str(data_dir / "valid.tgt"), "--preset", "tiny",
-            "--config_overrides", "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64", "--tokenizer_vocab_size", "280",
-            "--generation_max_length", "8", "--report_to", "none", "--use_cpu", "--disable_tqdm", "true"]
+    return [
+        "table3",
+        "multi30k",
+        "--max-steps",
+        "2",
+        "--rows",
+        "B1,D4",
+        "--output-dir",
+        str(output_dir),
+        "--dataset_name",
+        "none",
+        "--train_source_file",
+        str(data_dir / "train.src"),
+        "--train_target_file",
+        str(data_dir / "train.tgt"),
+        "--validation_source_file",
+        str(data_dir / "valid.src"),
+        "--validation_target_file",
+        str(data_dir / "valid.tgt"),
+        "--preset",
+        "tiny",
+        "--config_overrides",
+        "d_model=32,encoder_ffn_dim=64,decoder_ffn_dim=64",
+        "--tokenizer_vocab_size",
+        "280",
+        "--generation_max_length",
+        "8",
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "--disable_tqdm",
+        "true",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -188,9 +249,17 @@ def saved_setting(folder: Path) -> dict:
     config = json.loads((folder / "config.json").read_text())
     arguments = torch.load(folder / "training_args.bin", weights_only=False)
     head_dim = config["head_dim"] or config["d_model"] // config["encoder_attention_heads"]
-    return {"N": config["encoder_layers"], "d_model": config["d_model"], "d_ff": config["encoder_ffn_dim"],
-            "h": config["encoder_attention_heads"], "d_k": head_dim, "d_v": head_dim, "dropout": config["dropout"],
-            "label_smoothing": arguments.label_smoothing_factor, "positions": config["position_embedding_type"]}
+    return {
+        "N": config["encoder_layers"],
+        "d_model": config["d_model"],
+        "d_ff": config["encoder_ffn_dim"],
+        "h": config["encoder_attention_heads"],
+        "d_k": head_dim,
+        "d_v": head_dim,
+        "dropout": config["dropout"],
+        "label_smoothing": arguments.label_smoothing_factor,
+        "positions": config["position_embedding_type"],
+    }
 
 
 def validation_perplexity(folder: Path, data_dir: Path) -> float:
@@ -226,8 +295,17 @@ def test_the_table_lists_what_each_run_folder_trained(table, data_dir):
     header = [cell.strip() for cell in lines[0].strip("|").split("|")]
     split = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[1:]]
     cells = {row_cells[0]: row_cells for row_cells in split}
-    columns = {"N": "N", "d_model": "d_model", "d_ff": "d_ff", "h": "h", "d_k": "d_k", "d_v": "d_v",
-               "P_drop": "dropout", "ε_ls": "label_smoothing", "positions": "positions"}
+    columns = {
+        "N": "N",
+        "d_model": "d_model",
+        "d_ff": "d_ff",
+        "h": "h",
+        "d_k": "d_k",
+        "d_v": "d_v",
+        "P_drop": "dropout",
+        "ε_ls": "label_smoothing",
+        "positions": "positions",
+    }
     for row in rows:
         for column, key in columns.items():
             shown = cells[row][header.index(column)]
@@ -244,7 +322,9 @@ def test_the_table_lists_what_each_run_folder_trained(table, data_dir):
     assert (table / "table3.png").is_file()
 
 
-def test_finished_rows_are_skipped_an_unfinished_one_resumes_and_a_failed_one_is_reported(table, data_dir, monkeypatch, capsys):
+def test_finished_rows_are_skipped_an_unfinished_one_resumes_and_a_failed_one_is_reported(
+    table, data_dir, monkeypatch, capsys
+):
     (table / "D4" / "seed-42" / table3.RESULT_FILE).unlink()  # D4 is not finished: it runs again, and fails
 
     assert checkpoint_folders(table / "D4" / "seed-42")  # the Trainer saved the last update
@@ -292,8 +372,14 @@ def test_a_folder_trained_with_other_flags_is_refused_before_anything_runs(table
 
 def test_without_matplotlib_the_table_is_written_and_the_picture_skipped_with_a_message(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
-    result = {"wall_seconds": 60.0, "parameters": 1e6, "perplexity": 5.0, "bleu": 20.0, "chrf": 40.0,
-              **dict(zip(table3.SETTING, (2, 64, 128, 4, 16, 16, 0.1, 0.1, "sinusoidal", 10)))}
+    result = {
+        "wall_seconds": 60.0,
+        "parameters": 1e6,
+        "perplexity": 5.0,
+        "bleu": 20.0,
+        "chrf": 40.0,
+        **dict(zip(table3.SETTING, (2, 64, 128, 4, 16, 16, 0.1, 0.1, "sinusoidal", 10))),
+    }
     summary = table3.summarize(["base", "A1"], {("base", 42): result, ("A1", 42): {**result, "bleu": 19.0}}, {})
     said = []
     table3.write_outputs(tmp_path, summary, ["notes"], report=said.append)

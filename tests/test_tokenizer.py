@@ -323,8 +323,9 @@ def test_cli_saves_a_loadable_tokenizer_equal_to_the_function(tmp_path, capsys):
     source = _write_lines(tmp_path / "train.en", CORPUS[::2])
     target = _write_lines(tmp_path / "train.de.gz", CORPUS[1::2])
     output = tmp_path / "out"
-    main([str(source), str(target), "--vocab-size", str(VOCAB_SIZE), "--min-frequency", "2",
-          "--output-dir", str(output)])
+    main(
+        [str(source), str(target), "--vocab-size", str(VOCAB_SIZE), "--min-frequency", "2", "--output-dir", str(output)]
+    )
     assert str(output) in capsys.readouterr().out
     loaded = AutoTokenizer.from_pretrained(output)
     assert type(loaded) is VanillaTransformerTokenizer
@@ -342,8 +343,16 @@ def test_cli_reports_bad_input_without_traceback(tmp_path, capsys):
 def test_python_dash_m_saves_remote_code_and_auto_map(tmp_path):
     corpus = _write_lines(tmp_path / "corpus.txt", CORPUS)
     output = tmp_path / "out"
-    command = [sys.executable, "-m", "vanilla_transformer.tokenization_vanilla_transformer", str(corpus),
-               "--vocab-size", str(VOCAB_SIZE), "--output-dir", str(output)]
+    command = [
+        sys.executable,
+        "-m",
+        "vanilla_transformer.tokenization_vanilla_transformer",
+        str(corpus),
+        "--vocab-size",
+        str(VOCAB_SIZE),
+        "--output-dir",
+        str(output),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     # Run as __main__, the module must still save the package's registered class.

@@ -13,8 +13,12 @@ from torch._dynamo.utils import counters
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler
-from vanilla_transformer.training.trainer import (TransformerTrainer, TransformerTrainingArguments, allow_recompiles,
-                                                  pads_to_buckets)
+from vanilla_transformer.training.trainer import (
+    TransformerTrainer,
+    TransformerTrainingArguments,
+    allow_recompiles,
+    pads_to_buckets,
+)
 
 VOCAB = 50
 
@@ -24,16 +28,22 @@ def random_batch(lengths: np.ndarray, generator: torch.Generator):
         source, target = torch.as_tensor(lengths[indices, 0]), torch.as_tensor(lengths[indices, 1])
         attention_mask = torch.arange(int(source.max())) < source[:, None]
         labels = torch.randint(4, VOCAB, (len(indices), int(target.max())), generator=generator)
-        return {"input_ids": torch.randint(4, VOCAB, attention_mask.shape, generator=generator).masked_fill(~attention_mask, 0),
-                "attention_mask": attention_mask.long(),
-                "labels": labels.masked_fill(torch.arange(labels.shape[1]) >= target[:, None], -100)}
+        return {
+            "input_ids": torch.randint(4, VOCAB, attention_mask.shape, generator=generator).masked_fill(
+                ~attention_mask, 0
+            ),
+            "attention_mask": attention_mask.long(),
+            "labels": labels.masked_fill(torch.arange(labels.shape[1]) >= target[:, None], -100),
+        }
+
     return collate
 
 
 def compiles_over_an_epoch(lengths: np.ndarray, bucket_width: int = 8) -> tuple[int, int, int]:
     """(frames dynamo compiled, distinct batch shapes, buckets of the sampler) over one epoch."""
-    sampler = TokenBatchSampler(lengths, max_tokens=256, shuffle=True, seed=0, pad_to_buckets=True,
-                                bucket_width=bucket_width)
+    sampler = TokenBatchSampler(
+        lengths, max_tokens=256, shuffle=True, seed=0, pad_to_buckets=True, bucket_width=bucket_width
+    )
     collate = random_batch(lengths, torch.Generator().manual_seed(0))
     collate = PadToBucket(collate, pad_token_id=0, max_tokens=256, bucket_width=bucket_width)
     batches = [collate(indices) for indices in sampler]
@@ -51,8 +61,11 @@ def compiled_frames(batches: list[dict]) -> int:
     compiled = torch.compile(model, backend="eager", dynamic=False)
     with torch.no_grad():
         for batch in batches:
-            compiled(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                     decoder_input_ids=model.prepare_decoder_input_ids_from_labels(batch["labels"]))
+            compiled(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                decoder_input_ids=model.prepare_decoder_input_ids_from_labels(batch["labels"]),
+            )
     return counters["frames"]["ok"]
 
 
@@ -75,8 +88,9 @@ def test_the_counter_sees_a_compilation_at_every_new_shape():
 
 
 def test_torch_compile_flag_compiles_static_shapes(tmp_path):
-    args = TransformerTrainingArguments(output_dir=str(tmp_path), torch_compile=True, use_cpu=True, report_to="none",
-                                        max_tokens=256)
+    args = TransformerTrainingArguments(
+        output_dir=str(tmp_path), torch_compile=True, use_cpu=True, report_to="none", max_tokens=256
+    )
     model = VanillaTransformerForConditionalGeneration._from_config(VanillaTransformerConfig.from_preset("tiny"))
     trainer = TransformerTrainer(model=model, args=args)
     assert trainer.accelerator.state.dynamo_plugin.dynamic is False
@@ -86,22 +100,37 @@ def test_torch_compile_flag_compiles_static_shapes(tmp_path):
 
 def pad_to_longest(features: list[dict]) -> dict:
     """What DataCollatorForSeq2Seq does: each side padded to the batch's longest (ids 0, labels -100)."""
+
     def pad(key, fill):
         width = max(len(f[key]) for f in features)
         return torch.tensor([f[key] + [fill] * (width - len(f[key])) for f in features])
+
     input_ids = pad("input_ids", 0)
     return {"input_ids": input_ids, "attention_mask": (input_ids != 0).long(), "labels": pad("labels", -100)}
 
 
-@pytest.mark.parametrize("torch_compile, pad_to_buckets, expected", [
-    (True, "auto", True), (False, "auto", False), (False, "always", True), (True, "never", False),
-])
-def test_batches_are_padded_to_buckets_where_a_graph_is_compiled_per_shape(tmp_path, torch_compile, pad_to_buckets,
-                                                                           expected):
+@pytest.mark.parametrize(
+    "torch_compile, pad_to_buckets, expected",
+    [
+        (True, "auto", True),
+        (False, "auto", False),
+        (False, "always", True),
+        (True, "never", False),
+    ],
+)
+def test_batches_are_padded_to_buckets_where_a_graph_is_compiled_per_shape(
+    tmp_path, torch_compile, pad_to_buckets, expected
+):
     """--pad_to_buckets auto: bucket shapes only under --torch_compile (static shapes); without it they only
     cost real tokens (tests/test_data.py -k short_sentences). The trainer's loader pads to them or not."""
-    args = TransformerTrainingArguments(output_dir=str(tmp_path), torch_compile=torch_compile, use_cpu=True,
-                                        report_to="none", max_tokens=64, pad_to_buckets=pad_to_buckets)
+    args = TransformerTrainingArguments(
+        output_dir=str(tmp_path),
+        torch_compile=torch_compile,
+        use_cpu=True,
+        report_to="none",
+        max_tokens=64,
+        pad_to_buckets=pad_to_buckets,
+    )
     assert pads_to_buckets(args) is expected
     model = VanillaTransformerForConditionalGeneration._from_config(VanillaTransformerConfig.from_preset("tiny"))
     lengths = [(3, 5), (5, 3), (9, 9), (10, 11)] * 4

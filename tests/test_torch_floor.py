@@ -6,16 +6,16 @@ H200 machine of docs/benchmarks/gpu.md (2026-11-27) ran every GPU benchmark unch
 """
 
 import os
-import tomllib
 from importlib.metadata import requires, version
 
 import pytest
+import tomllib
 import torch
-from floor_requirements import PYPROJECT, floor_pins
 from packaging.requirements import Requirement
 from packaging.version import Version
-from test_modeling import source_batch, tiny_model
 
+from floor_requirements import PYPROJECT, floor_pins
+from test_modeling import source_batch, tiny_model
 from vanilla_transformer import attention_backends, cli
 from vanilla_transformer.private_api import TESTED
 
@@ -111,8 +111,22 @@ def test_sdpa_and_eager_attention_are_unaffected_by_the_floor_torch(monkeypatch)
 def test_the_train_command_refuses_cpu_flex_attention_on_the_floor_torch_before_reading_data(monkeypatch, capsys):
     older_torch(monkeypatch)
     with pytest.raises(SystemExit) as exited:
-        cli.main(["train", "--train_file", "/nonexistent/train.tsv", "--preset", "tiny", "--output_dir",
-                  "/nonexistent/out", "--report_to", "none", "--use_cpu", "--attn_implementation", "flex_attention"])
+        cli.main(
+            [
+                "train",
+                "--train_file",
+                "/nonexistent/train.tsv",
+                "--preset",
+                "tiny",
+                "--output_dir",
+                "/nonexistent/out",
+                "--report_to",
+                "none",
+                "--use_cpu",
+                "--attn_implementation",
+                "flex_attention",
+            ]
+        )
     assert exited.value.code == 2
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--attn_implementation flex_attention: flex attention on the CPU needs torch >= 2.9.0" in error

@@ -15,15 +15,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from accelerate.data_loader import prepare_data_loader
 from safetensors.torch import load_file
 
-from accelerate.data_loader import prepare_data_loader
-
-from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.batching import TokenBatchSampler
 from vanilla_transformer.training.checkpointing import STAGING_DIR
 from vanilla_transformer.training.translation import translate
+from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,10 +56,28 @@ def data_dir(tmp_path_factory) -> Path:
 
 def tiny_args(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
     return [
-        "--train_source_file", str(data_dir / "train.src"), "--train_target_file", str(data_dir / "train.tgt"),
-        "--preset", "tiny", "--tokenizer_vocab_size", "280", "--output_dir", str(output_dir),
-        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--save_strategy", "no",
-        "--eval_strategy", "no", "--logging_steps", "1", *extra,
+        "--train_source_file",
+        str(data_dir / "train.src"),
+        "--train_target_file",
+        str(data_dir / "train.tgt"),
+        "--preset",
+        "tiny",
+        "--tokenizer_vocab_size",
+        "280",
+        "--output_dir",
+        str(output_dir),
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "--disable_tqdm",
+        "true",
+        "--save_strategy",
+        "no",
+        "--eval_strategy",
+        "no",
+        "--logging_steps",
+        "1",
+        *extra,
     ]
 
 
@@ -104,9 +121,19 @@ def test_cooldown_decays_the_papers_rate_linearly_to_zero_over_the_last_minutes(
 
     now = [0.0]
     monkeypatch.setattr(trainer_module.time, "monotonic", lambda: now[0])
-    warmup, d_model, peak = 4, 64, 0.002
-    trainer = build(data_dir, tmp_path, "--warmup_steps", str(warmup), "--learning_rate", str(peak),
-                    "--max_train_minutes", "6", "--cooldown_minutes", "2").trainer
+    warmup, peak = 4, 0.002
+    trainer = build(
+        data_dir,
+        tmp_path,
+        "--warmup_steps",
+        str(warmup),
+        "--learning_rate",
+        str(peak),
+        "--max_train_minutes",
+        "6",
+        "--cooldown_minutes",
+        "2",
+    ).trainer
     trainer.create_optimizer_and_scheduler(num_training_steps=1000)
     trainer.wall_clock.on_train_begin(trainer.args, trainer.state, trainer.control)
     rates = []
@@ -142,24 +169,51 @@ def test_training_under_a_cooldown_runs_each_update_at_the_decayed_rate(data_dir
             now[0] += 20.0
 
     warmup, peak = 2, 0.001
-    trainer = build(data_dir, tmp_path, "--warmup_steps", str(warmup), "--learning_rate", str(peak), "--max_steps",
-                    "100", "--max_train_minutes", "2", "--cooldown_minutes", "1").trainer
+    trainer = build(
+        data_dir,
+        tmp_path,
+        "--warmup_steps",
+        str(warmup),
+        "--learning_rate",
+        str(peak),
+        "--max_steps",
+        "100",
+        "--max_train_minutes",
+        "2",
+        "--cooldown_minutes",
+        "1",
+    ).trainer
     trainer.add_callback(Clock())
     trainer.train()
     assert trainer.state.global_step == 6
-    expected = [peak * min(n**-0.5, n * warmup**-1.5) / warmup**-0.5 * min(1.0, (120 - 20 * (n - 1)) / 60)
-                for n in range(1, 7)]
+    expected = [
+        peak * min(n**-0.5, n * warmup**-1.5) / warmup**-0.5 * min(1.0, (120 - 20 * (n - 1)) / 60) for n in range(1, 7)
+    ]
     assert rates == pytest.approx(expected, rel=1e-9)
     assert rates[4] == pytest.approx(2 / 3 * peak * (2 / 5) ** 0.5)  # 40 s left of the minute's decay
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--cooldown_minutes", "2"], "give --max_train_minutes too"),
-    (["--cooldown_minutes", "7", "--max_train_minutes", "6"], "longer than --max_train_minutes 6"),
-    (["--cooldown_minutes", "0", "--max_train_minutes", "6"], "--cooldown_minutes must be positive"),
-    (["--cooldown_minutes", "2", "--max_train_minutes", "6", "--lr_scheduler_type", "cosine", "--learning_rate",
-      "0.001"], "--lr_scheduler_type cosine"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--cooldown_minutes", "2"], "give --max_train_minutes too"),
+        (["--cooldown_minutes", "7", "--max_train_minutes", "6"], "longer than --max_train_minutes 6"),
+        (["--cooldown_minutes", "0", "--max_train_minutes", "6"], "--cooldown_minutes must be positive"),
+        (
+            [
+                "--cooldown_minutes",
+                "2",
+                "--max_train_minutes",
+                "6",
+                "--lr_scheduler_type",
+                "cosine",
+                "--learning_rate",
+                "0.001",
+            ],
+            "--lr_scheduler_type cosine",
+        ),
+    ],
+)
 def test_cooldown_without_a_budget_in_minutes_or_eq_3_is_refused(data_dir, tmp_path, flags, message):
     with pytest.raises(ValueError, match=message):
         build(data_dir, tmp_path, *flags)
@@ -251,9 +305,7 @@ def test_trainer_batches_respect_max_tokens_and_cover_every_example_once(data_di
 def test_two_processes_get_disjoint_batches_and_reshuffle_each_epoch(data_dir, tmp_path):
     """accelerate deals the sampler's batches out to the processes, as it does under DDP."""
     examples = features(build(data_dir, tmp_path, "--max_tokens", "120").datasets["train"])
-    sampler = TokenBatchSampler(
-        [(len(e["input_ids"]), len(e["labels"])) for e in examples], 120, seed=0
-    )
+    sampler = TokenBatchSampler([(len(e["input_ids"]), len(e["labels"])) for e in examples], 120, seed=0)
     loader = torch.utils.data.DataLoader(list(range(len(examples))), batch_sampler=sampler)
     shards = [prepare_data_loader(loader, num_processes=2, process_index=rank, put_on_device=False) for rank in (0, 1)]
     orders = []
@@ -282,14 +334,35 @@ def test_model_learns_to_reverse_and_the_saved_folder_loads(data_dir, tmp_path):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     output = tmp_path / "run"
-    metrics = train.main(tiny_args(
-        data_dir, output, "--max_steps", "500", "--learning_rate", "0.003", "--warmup_steps", "100",
-        "--max_tokens", "600", "--validation_source_file", str(data_dir / "valid.src"),
-        "--validation_target_file", str(data_dir / "valid.tgt"), "--generation_num_beams", "1",
-    ))
-    losses = [entry["loss"] for entry in json.loads((output / "trainer_state.json").read_text())["log_history"] if "loss" in entry]
+    metrics = train.main(
+        tiny_args(
+            data_dir,
+            output,
+            "--max_steps",
+            "500",
+            "--learning_rate",
+            "0.003",
+            "--warmup_steps",
+            "100",
+            "--max_tokens",
+            "600",
+            "--validation_source_file",
+            str(data_dir / "valid.src"),
+            "--validation_target_file",
+            str(data_dir / "valid.tgt"),
+            "--generation_num_beams",
+            "1",
+        )
+    )
+    losses = [
+        entry["loss"]
+        for entry in json.loads((output / "trainer_state.json").read_text())["log_history"]
+        if "loss" in entry
+    ]
     assert sum(losses[-20:]) / 20 < 0.5 * sum(losses[:20]) / 20
-    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json"} <= {p.name for p in output.iterdir()}
+    assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json"} <= {
+        p.name for p in output.iterdir()
+    }
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(output), AutoTokenizer.from_pretrained(output)
     held_out = reverse_pairs(50, seed=3)
     hypotheses = translate(model, tokenizer, [s for s, _ in held_out])
@@ -307,8 +380,20 @@ def test_model_learns_to_reverse_and_the_saved_folder_loads(data_dir, tmp_path):
 
 def test_resume_continues_from_the_saved_step(data_dir, tmp_path):
     """10 steps, save, resume to 20 == 20 steps straight (same data order, optimizer and RNG state)."""
-    common = ("--max_steps", "20", "--save_strategy", "steps", "--save_steps", "10", "--max_tokens", "200",
-              "--learning_rate", "0.003", "--warmup_steps", "5")
+    common = (
+        "--max_steps",
+        "20",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "10",
+        "--max_tokens",
+        "200",
+        "--learning_rate",
+        "0.003",
+        "--warmup_steps",
+        "5",
+    )
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train.main(tiny_args(data_dir, straight, *common))
     resumed.mkdir()
@@ -330,8 +415,22 @@ def test_resume_continues_from_the_saved_step(data_dir, tmp_path):
 def test_average_checkpoints_flag_saves_the_mean_of_the_last_ones(data_dir, tmp_path):
     """5 steps, a checkpoint every 2: the final step is saved too, so the mean is of steps 4 and 5."""
     output = tmp_path / "run"
-    train.main(tiny_args(data_dir, output, "--max_steps", "5", "--save_strategy", "steps", "--save_steps", "2",
-                         "--average_checkpoints", "2", "--max_tokens", "200"))
+    train.main(
+        tiny_args(
+            data_dir,
+            output,
+            "--max_steps",
+            "5",
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "2",
+            "--average_checkpoints",
+            "2",
+            "--max_tokens",
+            "200",
+        )
+    )
     assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-5"]
     last_two = [load_file(output / f"checkpoint-{step}" / "model.safetensors") for step in (4, 5)]
     final = load_file(output / "model.safetensors")
@@ -342,8 +441,24 @@ def test_average_checkpoints_flag_saves_the_mean_of_the_last_ones(data_dir, tmp_
 def test_average_weights_linear_weighs_the_newest_of_the_last_ones_most(data_dir, tmp_path):
     """The same run averaged with linear weights: (step 4 + 2 x step 5) / 3, and the model card says so."""
     output = tmp_path / "run"
-    train.main(tiny_args(data_dir, output, "--max_steps", "5", "--save_strategy", "steps", "--save_steps", "2",
-                         "--average_checkpoints", "2", "--average_weights", "linear", "--max_tokens", "200"))
+    train.main(
+        tiny_args(
+            data_dir,
+            output,
+            "--max_steps",
+            "5",
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "2",
+            "--average_checkpoints",
+            "2",
+            "--average_weights",
+            "linear",
+            "--max_tokens",
+            "200",
+        )
+    )
     older, newer = (load_file(output / f"checkpoint-{step}" / "model.safetensors") for step in (4, 5))
     final = load_file(output / "model.safetensors")
     for name, tensor in final.items():
@@ -360,8 +475,7 @@ def exponential_mean(snapshots: list[dict], decay: float) -> dict:
     """sum_k decay^(t-k) w_k / sum_k decay^(t-k) over snapshots w_1..w_t, in float64: the definition."""
     t = len(snapshots)
     weights = [decay ** (t - k) for k in range(1, t + 1)]
-    return {name: sum(w * s[name].double() for w, s in zip(weights, snapshots)) / sum(weights)
-            for name in snapshots[0]}
+    return {name: sum(w * s[name].double() for w, s in zip(weights, snapshots)) / sum(weights) for name in snapshots[0]}
 
 
 def test_moving_average_is_the_exponentially_weighted_mean_of_every_update():
@@ -391,8 +505,26 @@ def test_ema_decay_saves_the_moving_average_of_every_update_as_the_final_model(d
     """A checkpoint after every update holds that update's weights: the final model is their exponential mean,
     each checkpoint carries the average so far, and the model card says which weights were saved."""
     output = tmp_path / "run"
-    train.main(tiny_args(data_dir, output, "--max_steps", "6", "--save_strategy", "steps", "--save_steps", "1",
-                         "--ema_decay", "0.8", "--max_tokens", "200", "--learning_rate", "0.01", "--warmup_steps", "2"))
+    train.main(
+        tiny_args(
+            data_dir,
+            output,
+            "--max_steps",
+            "6",
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "1",
+            "--ema_decay",
+            "0.8",
+            "--max_tokens",
+            "200",
+            "--learning_rate",
+            "0.01",
+            "--warmup_steps",
+            "2",
+        )
+    )
     snapshots = [load_file(output / f"checkpoint-{step}" / "model.safetensors") for step in range(1, 7)]
     final = load_file(output / "model.safetensors")
     expected = exponential_mean(snapshots, 0.8)
@@ -414,16 +546,36 @@ def test_ema_decay_saves_the_moving_average_of_every_update_as_the_final_model(d
     assert (average.decay, average.updates) == (0.8, 3)
     model = VanillaTransformerForConditionalGeneration.from_pretrained(output / "checkpoint-3")
     average.copy_to(model)
-    torch.testing.assert_close(model.model.shared.weight.double(), exponential_mean(snapshots[:3], 0.8)["model.shared.weight"],
-                               rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        model.model.shared.weight.double(),
+        exponential_mean(snapshots[:3], 0.8)["model.shared.weight"],
+        rtol=1e-5,
+        atol=1e-6,
+    )
     with pytest.raises(ValueError, match="holds no moving average .*trained without --ema_decay"):
         ExponentialMovingAverage.from_checkpoint(tmp_path)
 
 
 def test_after_train_the_model_of_a_users_own_script_holds_the_moving_average(data_dir, tmp_path):
     """TransformerTrainer.train() itself ends with the average in the model, so save_model saves it."""
-    prepared = build(data_dir, tmp_path / "run", "--max_steps", "4", "--save_strategy", "steps", "--save_steps", "1",
-                     "--ema_decay", "0.5", "--max_tokens", "200", "--learning_rate", "0.01", "--warmup_steps", "2")
+    prepared = build(
+        data_dir,
+        tmp_path / "run",
+        "--max_steps",
+        "4",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        "--ema_decay",
+        "0.5",
+        "--max_tokens",
+        "200",
+        "--learning_rate",
+        "0.01",
+        "--warmup_steps",
+        "2",
+    )
     prepared.trainer.train()
     prepared.trainer.save_model(str(tmp_path / "saved"))
     snapshots = [load_file(tmp_path / "run" / f"checkpoint-{step}" / "model.safetensors") for step in range(1, 5)]
@@ -435,8 +587,18 @@ def test_after_train_the_model_of_a_users_own_script_holds_the_moving_average(da
 def test_the_average_counts_optimizer_updates_and_a_new_train_call_starts_a_new_one(data_dir, tmp_path):
     """With gradient accumulation, one update per accumulated batch; train() again without resuming does not
     fold the first run's weights into the second's average."""
-    prepared = build(data_dir, tmp_path / "run", "--max_steps", "3", "--gradient_accumulation_steps", "2",
-                     "--ema_decay", "0.9", "--max_tokens", "200")
+    prepared = build(
+        data_dir,
+        tmp_path / "run",
+        "--max_steps",
+        "3",
+        "--gradient_accumulation_steps",
+        "2",
+        "--ema_decay",
+        "0.9",
+        "--max_tokens",
+        "200",
+    )
     trainer = prepared.trainer
     trainer.train()
     assert trainer.moving_average.updates == trainer.state.global_step == 3
@@ -455,8 +617,11 @@ def test_a_damaged_moving_average_in_a_checkpoint_is_named_with_what_to_do(tmp_p
     (tmp_path / "bare").mkdir()
     save_file({"w": torch.zeros(2)}, str(tmp_path / "bare" / EMA_FILE))  # no decay or update count
     for folder in ("cut", "bare"):
-        with pytest.raises(ValueError, match=f"{folder}/{EMA_FILE} is not a moving average written by --ema_decay.*"
-                                             "delete it, or resume from another checkpoint"):
+        with pytest.raises(
+            ValueError,
+            match=f"{folder}/{EMA_FILE} is not a moving average written by --ema_decay.*"
+            "delete it, or resume from another checkpoint",
+        ):
             check_checkpoint(tmp_path / folder, decay)
 
 
@@ -474,8 +639,22 @@ def test_a_trainer_that_does_not_load_the_average_on_resuming_is_warned(caplog):
 
 def test_a_resumed_run_goes_on_averaging_where_it_stopped(data_dir, tmp_path):
     """3 updates, save, resume to 6 == 6 updates straight: the average is saved with the checkpoint and loaded."""
-    common = ("--max_steps", "6", "--save_strategy", "steps", "--save_steps", "3", "--max_tokens", "200",
-              "--learning_rate", "0.01", "--warmup_steps", "2", "--ema_decay", "0.8")
+    common = (
+        "--max_steps",
+        "6",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "3",
+        "--max_tokens",
+        "200",
+        "--learning_rate",
+        "0.01",
+        "--warmup_steps",
+        "2",
+        "--ema_decay",
+        "0.8",
+    )
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train.main(tiny_args(data_dir, straight, *common))
     resumed.mkdir()
@@ -492,8 +671,22 @@ def test_two_updates_write_checkpoints_in_place_and_resume_to_the_same_averaged_
     """The Trainer internals the package overrides, in two updates of token batches (§5.1) under eq. (3):
     checkpoints staged then moved into place, the optimizer and moving-average state saved with them and
     loaded on resuming. The final model is the average of both updates, resumed after the first or not."""
-    common = ("--max_steps", "2", "--save_strategy", "steps", "--save_steps", "1", "--max_tokens", "200",
-              "--learning_rate", "0.01", "--warmup_steps", "1", "--ema_decay", "0.5")
+    common = (
+        "--max_steps",
+        "2",
+        "--save_strategy",
+        "steps",
+        "--save_steps",
+        "1",
+        "--max_tokens",
+        "200",
+        "--learning_rate",
+        "0.01",
+        "--warmup_steps",
+        "1",
+        "--ema_decay",
+        "0.5",
+    )
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train.main(tiny_args(data_dir, straight, *common))
     assert sorted(path.name for path in straight.glob("checkpoint-*")) == ["checkpoint-1", "checkpoint-2"]
@@ -521,7 +714,8 @@ def test_two_updates_write_checkpoints_in_place_and_resume_to_the_same_averaged_
     ],
 )
 def test_resuming_with_another_moving_average_is_refused_before_the_data_is_read(
-        data_dir, tmp_path, monkeypatch, saved, resumed, message):
+    data_dir, tmp_path, monkeypatch, saved, resumed, message
+):
     common = ("--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2", "--max_tokens", "200")
     output = tmp_path / "run"
     train.main(tiny_args(data_dir, output, *common, *saved))
@@ -549,11 +743,24 @@ def test_evaluation_decodes_past_20_tokens_and_reports_the_unsmoothed_loss(tmp_p
     data = tmp_path / "data"
     write_pairs(data, "train", reverse_pairs(40, seed=6, lengths=(22, 26)))
     write_pairs(data, "valid", reverse_pairs(4, seed=7, lengths=(22, 26)))
-    prepared = train.build_trainer(*train.parse_arguments(tiny_args(
-        data, tmp_path / "out", "--validation_source_file", str(data / "valid.src"),
-        "--validation_target_file", str(data / "valid.tgt"), "--generation_num_beams", "1",
-        "--per_device_eval_batch_size", "4", "--tokenizer_vocab_size", "260",
-    )))
+    prepared = train.build_trainer(
+        *train.parse_arguments(
+            tiny_args(
+                data,
+                tmp_path / "out",
+                "--validation_source_file",
+                str(data / "valid.src"),
+                "--validation_target_file",
+                str(data / "valid.tgt"),
+                "--generation_num_beams",
+                "1",
+                "--per_device_eval_batch_size",
+                "4",
+                "--tokenizer_vocab_size",
+                "260",
+            )
+        )
+    )
     trainer, validation = prepared.trainer, prepared.datasets["validation"]
     assert min(len(e["labels"]) for e in validation) > 20
     for _ in range(2):  # the second evaluation would be cut if the first changed the generation config
@@ -563,8 +770,11 @@ def test_evaluation_decodes_past_20_tokens_and_reports_the_unsmoothed_loss(tmp_p
     batch = trainer.data_collator(features(validation))
     model = trainer.model.eval()
     with torch.no_grad():
-        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                       decoder_input_ids=batch["decoder_input_ids"]).logits
+        logits = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            decoder_input_ids=batch["decoder_input_ids"],
+        ).logits
     nll = torch.nn.functional.cross_entropy(logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100)
     assert trainer.evaluate()["eval_loss"] == pytest.approx(nll.item(), rel=1e-5)
 
@@ -575,8 +785,18 @@ def test_eval_loss_is_the_nll_per_token_of_the_whole_set_whatever_the_batches(da
     of per-batch means, would weigh the last sentence as much as a batch of 3. eval_loss is the NLL of
     every target token of the set over their count, computed here by cross_entropy on each sentence
     alone (a second code path), through either of Seq2SeqTrainer's loss paths (with and without generate)."""
-    run = build(data_dir, tmp_path, "--per_device_eval_batch_size", "3", "--predict_with_generate", with_generate,
-                "--generation_num_beams", "1", "--generation_max_length", "8")
+    run = build(
+        data_dir,
+        tmp_path,
+        "--per_device_eval_batch_size",
+        "3",
+        "--predict_with_generate",
+        with_generate,
+        "--generation_num_beams",
+        "1",
+        "--generation_max_length",
+        "8",
+    )
     trainer, sentences = run.trainer, run.datasets["train"].select(range(7))
     model = trainer.model.eval()
     with torch.no_grad():
@@ -589,7 +809,7 @@ def test_eval_loss_is_the_nll_per_token_of_the_whole_set_whatever_the_batches(da
             sums.append(torch.nn.functional.cross_entropy(logits[0], batch["labels"][0], reduction="sum").item())
             counts.append(len(example["labels"]))
     expected = sum(sums) / sum(counts)
-    batch_means = [sum(sums[i:i + 3]) / sum(counts[i:i + 3]) for i in (0, 3, 6)]
+    batch_means = [sum(sums[i : i + 3]) / sum(counts[i : i + 3]) for i in (0, 3, 6)]
     assert abs(sum(batch_means) / 3 - expected) > 1e-2 * expected  # what the Trainer's mean would be off by
     assert trainer.evaluate(sentences)["eval_loss"] == pytest.approx(expected, rel=1e-5)
 
@@ -604,8 +824,13 @@ def test_prediction_keeps_every_hypothesis_of_num_return_sequences(data_dir, tmp
     assert output.predictions.shape[0] == 14
     model, tokenizer = trainer.model.eval(), run.tokenizer
     batch = trainer.data_collator(features(sentences.select(range(4, 7))))  # the last, short batch
-    expected = model.generate(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                              num_beams=2, num_return_sequences=2, max_new_tokens=6)
+    expected = model.generate(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        num_beams=2,
+        num_return_sequences=2,
+        max_new_tokens=6,
+    )
     pad = tokenizer.pad_token_id
     last = [tokenizer.decode([t for t in row if t not in (pad, -100)]) for row in output.predictions[8:]]
     assert last == [tokenizer.decode([t for t in row if t != pad]) for row in expected.tolist()]
@@ -639,15 +864,17 @@ def test_length_penalty_flags_are_saved_in_the_generation_config_and_kept_by_fin
     from transformers import GenerationConfig
 
     first = tmp_path / "first"
-    train.main(tiny_args(data_dir, first, "--max_steps", "2", "--length_penalty", "1.4",
-                         "--length_penalty_formula", "length"))
+    train.main(
+        tiny_args(data_dir, first, "--max_steps", "2", "--length_penalty", "1.4", "--length_penalty_formula", "length")
+    )
     saved = json.loads((first / "generation_config.json").read_text())
     assert saved["length_penalty"] == 1.4 and saved["length_penalty_formula"] == "length"
     assert saved["num_beams"] == 4 and saved["max_new_tokens_beyond_input"] == 50  # the rest stays the paper's
     kept = build(data_dir, tmp_path / "kept", "--model_name_or_path", str(first)).trainer.model.generation_config
     assert (kept.length_penalty, kept.length_penalty_formula) == (1.4, "length")
-    changed = build(data_dir, tmp_path / "changed", "--model_name_or_path", str(first),
-                    "--length_penalty_formula", "gnmt").trainer.model.generation_config
+    changed = build(
+        data_dir, tmp_path / "changed", "--model_name_or_path", str(first), "--length_penalty_formula", "gnmt"
+    ).trainer.model.generation_config
     assert (changed.length_penalty, changed.length_penalty_formula) == (1.4, "gnmt")
     new = build(data_dir, tmp_path / "new").trainer.model.generation_config  # without the flags: §6.1's
     assert (new.length_penalty, new.length_penalty_formula) == (0.6, "gnmt")
@@ -662,15 +889,20 @@ def test_a_resumed_run_decodes_as_it_did_and_the_flags_beat_a_generation_config_
 
     run = tmp_path / "run"
     flags = ["--save_strategy", "steps", "--save_steps", "1"]
-    train.main(tiny_args(data_dir, run, "--max_steps", "1", "--length_penalty", "1.4", "--length_penalty_formula",
-                         "length", *flags))
+    train.main(
+        tiny_args(
+            data_dir, run, "--max_steps", "1", "--length_penalty", "1.4", "--length_penalty_formula", "length", *flags
+        )
+    )
     train.main(tiny_args(data_dir, run, "--max_steps", "2", "--resume_from_checkpoint", "last", *flags))
     saved = GenerationConfig.from_pretrained(run)
     assert (saved.length_penalty, saved.length_penalty_formula) == (1.4, "length")
     assert json.loads((run / "trainer_state.json").read_text())["global_step"] == 2
     other = tmp_path / "other-generation"
     GenerationConfig(num_beams=2, length_penalty=2.0, decoder_start_token_id=0).save_pretrained(other)
-    model = build(data_dir, tmp_path / "new", "--generation_config", str(other), "--length_penalty", "1.4").trainer.model
+    model = build(
+        data_dir, tmp_path / "new", "--generation_config", str(other), "--length_penalty", "1.4"
+    ).trainer.model
     assert (model.generation_config.num_beams, model.generation_config.length_penalty) == (2, 1.4)
 
 
@@ -707,8 +939,21 @@ def test_unknown_key_in_an_argument_file_is_named(tmp_path):
         (["--ema_decay", "-0.5"], "--ema_decay must be at least 0 and below 1"),
         (["--ema_decay", "1"], "--ema_decay must be at least 0 and below 1"),
         (["--ema_decay", "0.998", "--average_checkpoints", "2", "--save_strategy", "steps"], "give one of them"),
-        (["--ema_decay", "0.998", "--load_best_model_at_end", "true", "--save_strategy", "steps", "--eval_strategy",
-          "steps", "--validation_size", "10"], "--load_best_model_at_end the best checkpoint"),
+        (
+            [
+                "--ema_decay",
+                "0.998",
+                "--load_best_model_at_end",
+                "true",
+                "--save_strategy",
+                "steps",
+                "--eval_strategy",
+                "steps",
+                "--validation_size",
+                "10",
+            ],
+            "--load_best_model_at_end the best checkpoint",
+        ),
     ],
 )
 def test_flags_that_would_have_no_effect_are_refused(data_dir, tmp_path, arguments, message):
@@ -728,10 +973,18 @@ def test_tsv_and_jsonl_training_files(tmp_path):
 
 
 def test_validation_size_holds_out_pairs_disjointly(data_dir, tmp_path):
-    _, data_args, _ = train.parse_arguments([
-        "--train_source_file", str(data_dir / "train.src"), "--train_target_file", str(data_dir / "train.tgt"),
-        "--validation_size", "100", "--output_dir", str(tmp_path),
-    ])
+    _, data_args, _ = train.parse_arguments(
+        [
+            "--train_source_file",
+            str(data_dir / "train.src"),
+            "--train_target_file",
+            str(data_dir / "train.tgt"),
+            "--validation_size",
+            "100",
+            "--output_dir",
+            str(tmp_path),
+        ]
+    )
     text = train.load_text_datasets(data_args, seed=0)
     training, validation = [list(zip(text[role]["source"], text[role]["target"])) for role in ("train", "validation")]
     assert len(validation) == 100 and len(training) == 1400
@@ -766,7 +1019,10 @@ def test_no_training_data_says_what_to_give(tmp_path):
 
 def test_malformed_config_override_is_an_error():
     assert train.parse_overrides("d_model=256, dropout=0.3,activation_function=gelu") == {
-        "d_model": 256, "dropout": 0.3, "activation_function": "gelu"}
+        "d_model": 256,
+        "dropout": 0.3,
+        "activation_function": "gelu",
+    }
     with pytest.raises(ValueError, match="not key=value"):
         train.parse_overrides("d_model")
 
@@ -775,10 +1031,19 @@ def test_tokenizer_larger_than_the_checkpoint_vocabulary_is_an_error(data_dir, t
     from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 
     small = tmp_path / "small"
-    VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny", vocab_size=100)).save_pretrained(small)
+    VanillaTransformerForConditionalGeneration(
+        VanillaTransformerConfig.from_preset("tiny", vocab_size=100)
+    ).save_pretrained(small)
     build(data_dir, tmp_path / "a").tokenizer.save_pretrained(tmp_path / "tok")
     with pytest.raises(ValueError, match="more than the model's vocab_size=100"):
-        build(data_dir, tmp_path / "b", "--model_name_or_path", str(small), "--tokenizer_name_or_path", str(tmp_path / "tok"))
+        build(
+            data_dir,
+            tmp_path / "b",
+            "--model_name_or_path",
+            str(small),
+            "--tokenizer_name_or_path",
+            str(tmp_path / "tok"),
+        )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -795,8 +1060,19 @@ def test_two_processes_follow_one_process_with_twice_the_batch(data_dir, tmp_pat
     """2 processes x max_tokens B == 1 process x B x 2 accumulation steps: the same batches make up
     each update (dealt to two processes instead of taken one after the other) and the loss is
     normalised by all target tokens, so the loss curves agree."""
-    common = ("--max_steps", "8", "--max_tokens", "150", "--learning_rate", "0.003", "--warmup_steps", "4",
-              "--config_overrides", "dropout=0.0", "--tokenizer_name_or_path")
+    common = (
+        "--max_steps",
+        "8",
+        "--max_tokens",
+        "150",
+        "--learning_rate",
+        "0.003",
+        "--warmup_steps",
+        "4",
+        "--config_overrides",
+        "dropout=0.0",
+        "--tokenizer_name_or_path",
+    )
     tokenizer_dir = tmp_path / "tokenizer"
     build(data_dir, tmp_path / "t").tokenizer.save_pretrained(tokenizer_dir)
 
@@ -806,8 +1082,16 @@ def test_two_processes_follow_one_process_with_twice_the_batch(data_dir, tmp_pat
     two = tmp_path / "two"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "training/accelerate/ddp.yaml"),
-        "--num_processes", "2", "--main_process_port", "29561", str(REPO / "training/train.py"),
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(REPO / "training/accelerate/ddp.yaml"),
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        "29561",
+        str(REPO / "training/train.py"),
         *tiny_args(data_dir, two, *common, str(tokenizer_dir)),
     ]
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
@@ -828,19 +1112,41 @@ def test_processes_whose_clocks_disagree_stop_together_and_decay_alike(data_dir,
     peak, warmup = 0.003, 2
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     command = [
-        sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(REPO / "training/accelerate/ddp.yaml"),
-        "--num_processes", "2", "--main_process_port", "29563", str(REPO / "tests/ddp_disagreeing_clocks.py"),
-        *tiny_args(data_dir, output, "--max_steps", "50", "--max_tokens", "150", "--learning_rate", str(peak),
-                   "--warmup_steps", str(warmup), "--max_train_minutes", "2", "--cooldown_minutes", "1"),
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(REPO / "training/accelerate/ddp.yaml"),
+        "--num_processes",
+        "2",
+        "--main_process_port",
+        "29563",
+        str(REPO / "tests/ddp_disagreeing_clocks.py"),
+        *tiny_args(
+            data_dir,
+            output,
+            "--max_steps",
+            "50",
+            "--max_tokens",
+            "150",
+            "--learning_rate",
+            str(peak),
+            "--warmup_steps",
+            str(warmup),
+            "--max_train_minutes",
+            "2",
+            "--cooldown_minutes",
+            "1",
+        ),
     ]
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stderr[-4000:]
     ranks = [json.loads((output / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
     # update n ends 30 n s in (the slower clock); update n + 1 runs at eq. (3) times the share of the last minute left
-    expected = [peak * min(n**-0.5, n * warmup**-1.5) / warmup**-0.5 * min(1.0, (120 - 30 * (n - 1)) / 60)
-                for n in range(1, 5)]
+    expected = [
+        peak * min(n**-0.5, n * warmup**-1.5) / warmup**-0.5 * min(1.0, (120 - 30 * (n - 1)) / 60) for n in range(1, 5)
+    ]
     for result in ranks:
         assert result["steps"] == 4
         assert result["rates"] == pytest.approx(expected, rel=1e-9)
     assert ranks[0]["weights"] == ranks[1]["weights"]
-

@@ -5,18 +5,17 @@ what fine-tuning applies."""
 from __future__ import annotations
 
 import json
-import types
 import logging
+import types
 from pathlib import Path
 
 import pytest
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from test_train import reverse_pairs, tiny_args, write_pairs
 from vanilla_transformer.training import run
 from vanilla_transformer.training.translation import translate
-
-from test_train import reverse_pairs, tiny_args, write_pairs
 
 
 @pytest.fixture(scope="module")
@@ -31,18 +30,43 @@ def data_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def trained(data_dir, tmp_path_factory) -> Path:
     output = tmp_path_factory.mktemp("trained")
-    run.main(tiny_args(data_dir, output, "--max_steps", "40", "--learning_rate", "0.003", "--warmup_steps", "10",
-                       "--max_tokens", "300"))
+    run.main(
+        tiny_args(
+            data_dir,
+            output,
+            "--max_steps",
+            "40",
+            "--learning_rate",
+            "0.003",
+            "--warmup_steps",
+            "10",
+            "--max_tokens",
+            "300",
+        )
+    )
     return output
 
 
 def test_do_predict_alone_translates_the_test_file_in_input_order_and_scores_it(data_dir, trained, tmp_path):
     before = load_file(trained / "model.safetensors")
-    metrics = run.main([
-        "--model_name_or_path", str(trained), "--do_predict", "--output_dir", str(tmp_path),
-        "--test_source_file", str(data_dir / "test.src"), "--test_target_file", str(data_dir / "test.tgt"),
-        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true",
-    ])
+    metrics = run.main(
+        [
+            "--model_name_or_path",
+            str(trained),
+            "--do_predict",
+            "--output_dir",
+            str(tmp_path),
+            "--test_source_file",
+            str(data_dir / "test.src"),
+            "--test_target_file",
+            str(data_dir / "test.tgt"),
+            "--report_to",
+            "none",
+            "--use_cpu",
+            "--disable_tqdm",
+            "true",
+        ]
+    )
     sources = (data_dir / "test.src").read_text().splitlines()
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(trained), AutoTokenizer.from_pretrained(trained)
     expected = translate(model, tokenizer, sources)
@@ -55,35 +79,76 @@ def test_do_predict_alone_translates_the_test_file_in_input_order_and_scores_it(
 
 
 def test_do_eval_alone_evaluates_the_checkpoint_without_training(data_dir, trained, tmp_path):
-    metrics = run.main([
-        "--model_name_or_path", str(trained), "--do_eval", "--output_dir", str(tmp_path),
-        "--validation_source_file", str(data_dir / "valid.src"), "--validation_target_file", str(data_dir / "valid.tgt"),
-        "--report_to", "none", "--use_cpu", "--disable_tqdm", "true", "--generation_num_beams", "1",
-    ])
+    metrics = run.main(
+        [
+            "--model_name_or_path",
+            str(trained),
+            "--do_eval",
+            "--output_dir",
+            str(tmp_path),
+            "--validation_source_file",
+            str(data_dir / "valid.src"),
+            "--validation_target_file",
+            str(data_dir / "valid.tgt"),
+            "--report_to",
+            "none",
+            "--use_cpu",
+            "--disable_tqdm",
+            "true",
+            "--generation_num_beams",
+            "1",
+        ]
+    )
     assert {"eval_loss", "eval_bleu", "eval_gen_len"} <= set(metrics) and "train_runtime" not in metrics
 
 
 def test_predict_with_generate_false_reports_the_loss_and_finishes_the_run(data_dir, tmp_path):
-    metrics = run.main(tiny_args(
-        data_dir, tmp_path, "--max_steps", "3", "--max_tokens", "300", "--predict_with_generate", "false",
-        "--validation_source_file", str(data_dir / "valid.src"), "--validation_target_file", str(data_dir / "valid.tgt"),
-    ))
+    metrics = run.main(
+        tiny_args(
+            data_dir,
+            tmp_path,
+            "--max_steps",
+            "3",
+            "--max_tokens",
+            "300",
+            "--predict_with_generate",
+            "false",
+            "--validation_source_file",
+            str(data_dir / "valid.src"),
+            "--validation_target_file",
+            str(data_dir / "valid.tgt"),
+        )
+    )
     assert "eval_loss" in metrics and "eval_bleu" not in metrics
     assert (tmp_path / "README.md").is_file() and (tmp_path / "all_results.json").is_file()
 
 
 def test_do_train_alone_skips_the_evaluation(data_dir, tmp_path):
-    metrics = run.main(tiny_args(
-        data_dir, tmp_path, "--do_train", "--max_steps", "2", "--max_tokens", "300",
-        "--validation_source_file", str(data_dir / "valid.src"), "--validation_target_file", str(data_dir / "valid.tgt"),
-    ))
+    metrics = run.main(
+        tiny_args(
+            data_dir,
+            tmp_path,
+            "--do_train",
+            "--max_steps",
+            "2",
+            "--max_tokens",
+            "300",
+            "--validation_source_file",
+            str(data_dir / "valid.src"),
+            "--validation_target_file",
+            str(data_dir / "valid.tgt"),
+        )
+    )
     assert "train_runtime" in metrics and "eval_loss" not in metrics
 
 
-@pytest.mark.parametrize("arguments, message", [
-    (["--do_predict"], "--do_predict needs test data"),
-    (["--do_eval"], "--do_eval needs validation data"),
-])
+@pytest.mark.parametrize(
+    "arguments, message",
+    [
+        (["--do_predict"], "--do_predict needs test data"),
+        (["--do_eval"], "--do_eval needs validation data"),
+    ],
+)
 def test_a_step_without_its_data_says_what_to_give(data_dir, trained, tmp_path, arguments, message):
     with pytest.raises(ValueError, match=message):
         run.main(["--model_name_or_path", str(trained), "--output_dir", str(tmp_path), "--use_cpu", *arguments])
@@ -91,18 +156,31 @@ def test_a_step_without_its_data_says_what_to_give(data_dir, trained, tmp_path, 
 
 def test_evaluating_without_a_model_is_refused(data_dir, tmp_path):
     with pytest.raises(ValueError, match="need the model: give --model_name_or_path"):
-        run.main(["--do_eval", "--output_dir", str(tmp_path), "--use_cpu", "--validation_source_file",
-                  str(data_dir / "valid.src"), "--validation_target_file", str(data_dir / "valid.tgt")])
+        run.main(
+            [
+                "--do_eval",
+                "--output_dir",
+                str(tmp_path),
+                "--use_cpu",
+                "--validation_source_file",
+                str(data_dir / "valid.src"),
+                "--validation_target_file",
+                str(data_dir / "valid.tgt"),
+            ]
+        )
 
 
-@pytest.mark.parametrize("flag, value, hint", [
-    ("--num_beams", "4", "--generation_num_beams"),
-    ("--source_prefix", "translate: ", "drop it"),
-    ("--overwrite_output_dir", "true", "--resume_from_checkpoint last"),
-    ("--pad_to_max_length", "true", "padded to their longest sentence"),
-    ("--val_max_target_length", "128", "--generation_max_length"),
-    ("--tokenizer_name", "t5-small", "--tokenizer_name_or_path"),
-])
+@pytest.mark.parametrize(
+    "flag, value, hint",
+    [
+        ("--num_beams", "4", "--generation_num_beams"),
+        ("--source_prefix", "translate: ", "drop it"),
+        ("--overwrite_output_dir", "true", "--resume_from_checkpoint last"),
+        ("--pad_to_max_length", "true", "padded to their longest sentence"),
+        ("--val_max_target_length", "128", "--generation_max_length"),
+        ("--tokenizer_name", "t5-small", "--tokenizer_name_or_path"),
+    ],
+)
 def test_run_translation_flags_that_mean_something_else_are_refused_naming_ours(flag, value, hint, tmp_path):
     with pytest.raises(ValueError, match=rf"{flag} \(from the command line\) is a run_translation.py flag.*{hint}"):
         run.parse_arguments([flag, value, "--output_dir", str(tmp_path)])
@@ -120,16 +198,27 @@ def test_equals_sign_flags_are_recognised_too(tmp_path):
 def test_fine_tuning_gets_its_own_schedule_unless_told_otherwise(trained, tmp_path):
     _, _, fine_tune = run.parse_arguments(["--model_name_or_path", str(trained), "--output_dir", str(tmp_path)])
     assert fine_tune.learning_rate == run.FINE_TUNING_LEARNING_RATE and fine_tune.warmup_steps == 0.1
-    _, _, told = run.parse_arguments(["--model_name_or_path", str(trained), "--output_dir", str(tmp_path),
-                                      "--learning_rate", "3e-4", "--warmup_steps", "50"])
+    _, _, told = run.parse_arguments(
+        [
+            "--model_name_or_path",
+            str(trained),
+            "--output_dir",
+            str(tmp_path),
+            "--learning_rate",
+            "3e-4",
+            "--warmup_steps",
+            "50",
+        ]
+    )
     assert told.learning_rate == 3e-4 and told.warmup_steps == 50
     _, _, scratch = run.parse_arguments(["--output_dir", str(tmp_path)])
     assert scratch.learning_rate is None and scratch.warmup_steps == 4000  # eq. (3)'s peak, the paper's warm-up
 
 
 def test_a_run_shorter_than_its_warm_up_is_warned_about(data_dir, tmp_path, caplog):
-    prepared = run.build_trainer(*run.parse_arguments(tiny_args(data_dir, tmp_path, "--warmup_steps", "100",
-                                                                "--max_tokens", "300")))
+    prepared = run.build_trainer(
+        *run.parse_arguments(tiny_args(data_dir, tmp_path, "--warmup_steps", "100", "--max_tokens", "300"))
+    )
     with caplog.at_level(logging.WARNING):
         prepared.trainer.create_optimizer_and_scheduler(num_training_steps=30)
     assert "inside the 100-step warm-up" in caplog.text and "30%" in caplog.text
@@ -164,8 +253,24 @@ def test_a_time_budget_stops_training_and_checkpoints_follow_the_clock(data_dir,
 
     monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(monotonic=tick))  # the run's clock only
     output = tmp_path / "run"
-    run.main(tiny_args(data_dir, output, "--max_steps", "1000", "--max_tokens", "300", "--save_strategy", "steps",
-                       "--save_steps", "100000", "--save_minutes", "1", "--max_train_minutes", "2.5"))
+    run.main(
+        tiny_args(
+            data_dir,
+            output,
+            "--max_steps",
+            "1000",
+            "--max_tokens",
+            "300",
+            "--save_strategy",
+            "steps",
+            "--save_steps",
+            "100000",
+            "--save_minutes",
+            "1",
+            "--max_train_minutes",
+            "2.5",
+        )
+    )
     state = json.loads((output / "trainer_state.json").read_text())
     # update n ends 20 n seconds after training began: a checkpoint at 60 s and 120 s, the stop at 160 s
     assert state["global_step"] == 8

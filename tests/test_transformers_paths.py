@@ -26,12 +26,11 @@ from transformers import (
     pipeline,
 )
 
+from helpers import REPO
+from test_pipeline import SENTENCES, TEXTS, train_copying_translator
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert import from_marian
 from vanilla_transformer.generation_vanilla_transformer import paper_generation_config
-
-from helpers import REPO
-from test_pipeline import SENTENCES, TEXTS, train_copying_translator
 
 
 @pytest.fixture(scope="module")
@@ -82,10 +81,23 @@ def test_the_pipeline_takes_a_dtype(saved, trained):
 
 def marian_and_ours(**overrides):
     torch.manual_seed(0)
-    config = MarianConfig(vocab_size=60, decoder_vocab_size=60, d_model=16, encoder_layers=1, decoder_layers=1,
-                          encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32,
-                          decoder_ffn_dim=32, max_position_embeddings=32, pad_token_id=59, eos_token_id=0,
-                          decoder_start_token_id=59, forced_eos_token_id=None, **overrides)
+    config = MarianConfig(
+        vocab_size=60,
+        decoder_vocab_size=60,
+        d_model=16,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=32,
+        pad_token_id=59,
+        eos_token_id=0,
+        decoder_start_token_id=59,
+        forced_eos_token_id=None,
+        **overrides,
+    )
     marian = MarianMTModel(config).eval()
     return marian, from_marian(marian).eval()
 
@@ -109,13 +121,29 @@ LAYOUTS = list(itertools.product([True, False], [True, False]))  # (shared vocab
 @pytest.mark.parametrize("shared, tied", LAYOUTS)
 def test_resizing_every_vocabulary_layout_as_marian_does_and_through_save_load(shared, tied, tmp_path):
     separate = {} if shared else {"decoder_vocab_size": 50}
-    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=60, d_model=16, encoder_ffn_dim=32,
-                                                  decoder_ffn_dim=32, share_encoder_decoder_embeddings=shared,
-                                                  tie_word_embeddings=tied, **separate)
+    config = VanillaTransformerConfig.from_preset(
+        "tiny",
+        vocab_size=60,
+        d_model=16,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        share_encoder_decoder_embeddings=shared,
+        tie_word_embeddings=tied,
+        **separate,
+    )
     ours = VanillaTransformerForConditionalGeneration(config).eval()
-    marian = MarianMTModel(MarianConfig(vocab_size=60, decoder_vocab_size=50 if not shared else 60, d_model=16,
-                                        share_encoder_decoder_embeddings=shared, tie_word_embeddings=tied,
-                                        encoder_layers=1, decoder_layers=1, pad_token_id=0))
+    marian = MarianMTModel(
+        MarianConfig(
+            vocab_size=60,
+            decoder_vocab_size=50 if not shared else 60,
+            d_model=16,
+            share_encoder_decoder_embeddings=shared,
+            tie_word_embeddings=tied,
+            encoder_layers=1,
+            decoder_layers=1,
+            pad_token_id=0,
+        )
+    )
     old_source = ours.get_input_embeddings().weight[:60].clone()
     for model in (ours, marian):
         model.resize_token_embeddings(75, mean_resizing=False)
@@ -123,11 +151,20 @@ def test_resizing_every_vocabulary_layout_as_marian_does_and_through_save_load(s
             model.resize_decoder_token_embeddings(70)
 
     def sizes(model, decoder_embedding):
-        return (model.get_input_embeddings().weight.shape[0], decoder_embedding.weight.shape[0],
-                model.get_output_embeddings().weight.shape[0], model.config.vocab_size, model.config.decoder_vocab_size)
+        return (
+            model.get_input_embeddings().weight.shape[0],
+            decoder_embedding.weight.shape[0],
+            model.get_output_embeddings().weight.shape[0],
+            model.config.vocab_size,
+            model.config.decoder_vocab_size,
+        )
 
     assert sizes(ours, ours.model.decoder.embedding.token_embedding) == sizes(marian, marian.model.decoder.embed_tokens)
-    assert sizes(ours, ours.model.decoder.embedding.token_embedding) == (75, 75, 75, 75, 75) if shared else (75, 70, 70, 75, 70)
+    assert (
+        sizes(ours, ours.model.decoder.embedding.token_embedding) == (75, 75, 75, 75, 75)
+        if shared
+        else (75, 70, 70, 75, 70)
+    )
     torch.testing.assert_close(ours.get_input_embeddings().weight[:60], old_source)  # old rows kept
     assert (ours.lm_head.weight is ours.model.decoder.embedding.token_embedding.weight) == tied
     assert ours.model.encoder.embedding.token_embedding.weight is ours.model.shared.weight
@@ -165,8 +202,9 @@ def test_lora_fine_tunes_the_named_attention_projections(trained):
     peft = pytest.importorskip("peft")
     model, tokenizer = trained
     model = VanillaTransformerForConditionalGeneration(model.config)  # a fresh copy to wrap
-    lora = peft.get_peft_model(model, peft.LoraConfig(task_type="SEQ_2_SEQ_LM", r=4,
-                                                      target_modules=["q_proj", "k_proj", "v_proj", "out_proj"]))
+    lora = peft.get_peft_model(
+        model, peft.LoraConfig(task_type="SEQ_2_SEQ_LM", r=4, target_modules=["q_proj", "k_proj", "v_proj", "out_proj"])
+    )
     trainable = {name for name, p in lora.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in name for name in trainable)
     batch = tokenizer(SENTENCES[:2], text_target=SENTENCES[:2], padding=True, return_tensors="pt")
@@ -193,18 +231,30 @@ def test_a_users_seq2seq_trainer_does_not_cap_later_decoding_at_20_tokens(saved,
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(saved), AutoTokenizer.from_pretrained(saved)
     model.generation_config = paper_generation_config(model.config)  # as a model built in the script has it
     texts = long_pairs(4, 30)
-    dataset = Dataset.from_dict({"input_ids": tokenizer(texts)["input_ids"],
-                                 "labels": tokenizer(text_target=texts)["input_ids"]})
-    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), predict_with_generate=True, report_to="none",
-                                    use_cpu=True, per_device_eval_batch_size=4)
+    dataset = Dataset.from_dict(
+        {"input_ids": tokenizer(texts)["input_ids"], "labels": tokenizer(text_target=texts)["input_ids"]}
+    )
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path),
+        predict_with_generate=True,
+        report_to="none",
+        use_cpu=True,
+        per_device_eval_batch_size=4,
+    )
     generated_lengths = []
 
     def compute_metrics(prediction):  # as run_translation.py counts: every token that is not padding
         generated_lengths.extend(np.count_nonzero(prediction.predictions != tokenizer.pad_token_id, axis=1))
         return {"gen_len": float(np.mean(generated_lengths))}
 
-    trainer = Seq2SeqTrainer(model=model, args=args, eval_dataset=dataset, processing_class=tokenizer,
-                             data_collator=DataCollatorForSeq2Seq(tokenizer, model=model), compute_metrics=compute_metrics)
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        eval_dataset=dataset,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        compute_metrics=compute_metrics,
+    )
     metrics = trainer.evaluate(num_beams=1, min_new_tokens=25)
     assert model.generation_config.max_length == 20  # what Seq2SeqTrainer leaves behind
     assert min(generated_lengths) > 21 and metrics["eval_gen_len"] > 21
@@ -219,8 +269,13 @@ def test_a_users_seq2seq_trainer_does_not_cap_later_decoding_at_20_tokens(saved,
     assert saved_config.max_length == model.config.max_position_embeddings
     assert saved_config.max_new_tokens_beyond_input == 50
     with torch.no_grad():
-        obeying = GenerationMixin.generate(model, **tokenizer(texts[:1], return_tensors="pt"),
-                                         generation_config=saved_config, num_beams=1, min_new_tokens=25)
+        obeying = GenerationMixin.generate(
+            model,
+            **tokenizer(texts[:1], return_tensors="pt"),
+            generation_config=saved_config,
+            num_beams=1,
+            min_new_tokens=25,
+        )
     assert obeying.shape[1] > 21
     assert model.generation_config.max_length == 20  # saving changed nothing in the user's model
 
@@ -229,13 +284,27 @@ def test_a_trainers_prediction_without_labels_leaves_out_the_cache_as_marians_do
     """Without labels, and with the cache on (the Trainer turns it off in the config; a batch can turn it
     back on), the forward returns its key/value cache. The Trainer leaves it out of the predictions by the
     config's `keys_to_ignore_at_inference`, and the cache's name changed in transformers 5.24."""
-    marian = MarianMTModel(MarianConfig(
-        vocab_size=40, d_model=16, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
-        decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, pad_token_id=0, eos_token_id=3,
-        decoder_start_token_id=0, max_position_embeddings=64,
-    )).eval()
-    inputs = {"input_ids": torch.tensor([[5, 6, 7, 3]]), "decoder_input_ids": torch.tensor([[0, 5, 6]]),
-              "use_cache": True}
+    marian = MarianMTModel(
+        MarianConfig(
+            vocab_size=40,
+            d_model=16,
+            encoder_layers=1,
+            decoder_layers=1,
+            encoder_attention_heads=2,
+            decoder_attention_heads=2,
+            encoder_ffn_dim=32,
+            decoder_ffn_dim=32,
+            pad_token_id=0,
+            eos_token_id=3,
+            decoder_start_token_id=0,
+            max_position_embeddings=64,
+        )
+    ).eval()
+    inputs = {
+        "input_ids": torch.tensor([[5, 6, 7, 3]]),
+        "decoder_input_ids": torch.tensor([[0, 5, 6]]),
+        "use_cache": True,
+    }
     args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
     predicted = {}
     for name, model in (("marian", marian), ("ours", from_marian(marian))):
@@ -254,18 +323,30 @@ def test_the_trainers_generation_length_counts_what_beam_search_generated(traine
 
     model, tokenizer = trained
     texts = ["a", SENTENCES[1], "b c", SENTENCES[3]]
-    dataset = Dataset.from_dict({"input_ids": tokenizer(texts)["input_ids"],
-                                 "labels": tokenizer(text_target=texts)["input_ids"]})
+    dataset = Dataset.from_dict(
+        {"input_ids": tokenizer(texts)["input_ids"], "labels": tokenizer(text_target=texts)["input_ids"]}
+    )
     seen = []
 
     def compute_metrics(prediction):
         seen.append(prediction.predictions)
         return {"gen_len": float(np.mean(np.count_nonzero(prediction.predictions != tokenizer.pad_token_id, axis=1)))}
 
-    args = Seq2SeqTrainingArguments(output_dir=str(tmp_path), predict_with_generate=True, report_to="none",
-                                    use_cpu=True, per_device_eval_batch_size=4)
-    trainer = Seq2SeqTrainer(model=model, args=args, eval_dataset=dataset, processing_class=tokenizer,
-                             data_collator=DataCollatorForSeq2Seq(tokenizer, model=model), compute_metrics=compute_metrics)
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path),
+        predict_with_generate=True,
+        report_to="none",
+        use_cpu=True,
+        per_device_eval_batch_size=4,
+    )
+    trainer = Seq2SeqTrainer(
+        model=model,
+        args=args,
+        eval_dataset=dataset,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        compute_metrics=compute_metrics,
+    )
     metrics = trainer.evaluate(num_beams=4, max_new_tokens=40)
     # Reference: each sentence decoded alone, its length up to and including </s>, plus the start token.
     lengths = []
@@ -287,8 +368,9 @@ def test_encoder_outputs_and_inputs_embeds_get_the_papers_limit_too(trained, cap
         encoder_outputs = model.get_encoder()(**batch)
         embeds = model.get_input_embeddings()(batch["input_ids"])
         with caplog.at_level(logging.WARNING):
-            from_encoder = model.generate(encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"],
-                                          **settings)
+            from_encoder = model.generate(
+                encoder_outputs=encoder_outputs, attention_mask=batch["attention_mask"], **settings
+            )
             from_embeds = model.generate(inputs_embeds=embeds, attention_mask=batch["attention_mask"], **settings)
     assert expected.shape[1] == from_encoder.shape[1] == from_embeds.shape[1] == limit + 1
     assert torch.equal(from_encoder, expected) and torch.equal(from_embeds, expected)
@@ -321,7 +403,7 @@ def test_beam_search_pads_finished_hypotheses_with_pad_not_eos(trained):
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     for row in generated.tolist():
         end = row.index(eos) if eos in row else len(row) - 1
-        assert all(token == pad for token in row[end + 1:])
+        assert all(token == pad for token in row[end + 1 :])
     assert any(pad in row for row in generated.tolist())  # some hypothesis ended early and was padded
 
 
@@ -360,9 +442,12 @@ def test_the_shipped_metric_loads_offline_and_equals_sacrebleu(monkeypatch):
     assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
     assert result["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hypotheses, [references]).score)
     assert result["bleu_signature"].startswith("nrefs:1|case:mixed") and "tok:13a" in result["bleu_signature"]
-    two = evaluate.load(str(METRIC_PATH)).compute(predictions=hypotheses, references=[[r, r.upper()] for r in references])
+    two = evaluate.load(str(METRIC_PATH)).compute(
+        predictions=hypotheses, references=[[r, r.upper()] for r in references]
+    )
     assert two["bleu"] == pytest.approx(
-        sacrebleu.corpus_bleu(hypotheses, [references, [r.upper() for r in references]]).score)
+        sacrebleu.corpus_bleu(hypotheses, [references, [r.upper() for r in references]]).score
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -390,11 +475,16 @@ def test_the_runner_makes_a_stock_script_use_and_copy_the_installed_code(saved, 
     for path in saved.iterdir():  # a checkpoint carrying older code than the installed package
         (stale / path.name).write_bytes(path.read_bytes())
     (stale / old_code.name).write_text(old_code.read_text() + "\n# an older version\n")
-    alone = subprocess.run([sys.executable, str(script), str(stale), str(tmp_path / "a")], capture_output=True,
-                           text=True, cwd=tmp_path)
+    alone = subprocess.run(
+        [sys.executable, str(script), str(stale), str(tmp_path / "a")], capture_output=True, text=True, cwd=tmp_path
+    )
     assert alone.returncode != 0 and "trust_remote_code" in alone.stderr
-    run = subprocess.run([sys.executable, "-m", "vanilla_transformer", str(script), str(stale), str(tmp_path / "out")],
-                         capture_output=True, text=True, cwd=tmp_path)
+    run = subprocess.run(
+        [sys.executable, "-m", "vanilla_transformer", str(script), str(stale), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert run.stdout.strip() == "vanilla_transformer.modeling_vanilla_transformer"  # the installed code ran
     installed = REPO / "vanilla_transformer" / "modeling_vanilla_transformer.py"

@@ -36,8 +36,13 @@ def save_model(folder: Path, **overrides) -> Path:
     tokenizer = vanilla_transformer.train_tokenizer(iter(SENTENCES * 3), vocab_size=300)
     torch.manual_seed(0)
     config = VanillaTransformerConfig.from_preset(
-        "tiny", vocab_size=len(tokenizer), pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id, decoder_start_token_id=tokenizer.bos_token_id, **overrides,
+        "tiny",
+        vocab_size=len(tokenizer),
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+        **overrides,
     )
     model = VanillaTransformerForConditionalGeneration(config)
     model.generation_config.max_new_tokens = 8  # an untrained model never stops by itself
@@ -86,8 +91,20 @@ def test_scores_equal_sacrebleu_on_the_written_hypotheses(model_dir, tmp_path):
     source.write_text("".join(s + "\n" for s in SENTENCES))
     references.write_text("".join(s.upper() + "\n" for s in SENTENCES))
     output, metrics = tmp_path / "out.txt", tmp_path / "m.json"
-    result = translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(output),
-                             "--references", str(references), "--metrics-json", str(metrics)])
+    result = translate.main(
+        [
+            "--model",
+            str(model_dir),
+            "--input",
+            str(source),
+            "--output",
+            str(output),
+            "--references",
+            str(references),
+            "--metrics-json",
+            str(metrics),
+        ]
+    )
     hypotheses = output.read_text().splitlines()
     reference_lines = references.read_text().splitlines()
     assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [reference_lines]).score)
@@ -133,7 +150,9 @@ def test_translations_cut_off_by_the_length_limit_are_named_in_a_warning(loaded,
     handle = model.lm_head.register_forward_hook(lambda m, i, o: o.index_fill(-1, torch.tensor([3]), eos_logit))
     try:
         with caplog.at_level(logging.WARNING, logger=translate.__name__):
-            translate.translate(model, tokenizer, ["a medium sentence here", "", "x", "short"], lines_of="--input in.txt")
+            translate.translate(
+                model, tokenizer, ["a medium sentence here", "", "x", "short"], lines_of="--input in.txt"
+            )
     finally:
         handle.remove()
     if eos_logit < 0:
@@ -159,9 +178,22 @@ def test_bad_batch_size_is_an_error(loaded):
 def test_attention_pictures_for_the_first_inputs(model_dir, tmp_path):
     source = tmp_path / "in.txt"
     source.write_text("".join(s + "\n" for s in SENTENCES))
-    result = translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "o"),
-                             "--attention-png", str(tmp_path / "pictures"), "--attention-count", "2",
-                             "--num-beams", "1"])
+    result = translate.main(
+        [
+            "--model",
+            str(model_dir),
+            "--input",
+            str(source),
+            "--output",
+            str(tmp_path / "o"),
+            "--attention-png",
+            str(tmp_path / "pictures"),
+            "--attention-count",
+            "2",
+            "--num-beams",
+            "1",
+        ]
+    )
     hypotheses = (tmp_path / "o").read_text().splitlines()
     drawn = [f"{i:04d}" for i in range(2) if hypotheses[i].strip()]
     folders = sorted(p.name for p in (tmp_path / "pictures").iterdir()) if (tmp_path / "pictures").exists() else []
@@ -192,8 +224,13 @@ def test_blank_lines_give_blank_outputs_and_are_not_decoded(loaded, model_dir, t
     source, output = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_text("".join(line + "\n" for line in lines))
     translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(output)])
-    assert output.read_text().split("\n")[:-1] == [one_by_one(model, tokenizer, ["short"])[0], "", "", 
-                                                    one_by_one(model, tokenizer, ["x"])[0], ""]
+    assert output.read_text().split("\n")[:-1] == [
+        one_by_one(model, tokenizer, ["short"])[0],
+        "",
+        "",
+        one_by_one(model, tokenizer, ["x"])[0],
+        "",
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -210,9 +247,13 @@ def test_a_line_too_long_fails_before_decoding_and_is_named(short_model_dir, tmp
     source = tmp_path / "in.txt"
     source.write_text(f"short\n{long_line}\nx\n")
     decoded = []
-    monkeypatch.setattr(VanillaTransformerForConditionalGeneration, "generate",
-                        lambda self, **kwargs: decoded.append(1))
-    with pytest.raises(ValueError, match=r"longer than the 12 tokens the model accepts: --input .*in.txt, line 2 \(\d+ tokens\).*--skip-long"):
+    monkeypatch.setattr(
+        VanillaTransformerForConditionalGeneration, "generate", lambda self, **kwargs: decoded.append(1)
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"longer than the 12 tokens the model accepts: --input .*in.txt, line 2 \(\d+ tokens\).*--skip-long",
+    ):
         translate.main(["--model", str(short_model_dir), "--input", str(source), "--output", str(tmp_path / "o")])
     assert decoded == [] and not (tmp_path / "o").exists()
 
@@ -220,7 +261,10 @@ def test_a_line_too_long_fails_before_decoding_and_is_named(short_model_dir, tmp
 def test_skip_long_leaves_the_line_empty_and_truncate_translates_its_start(short_model_dir, tmp_path):
     from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-    model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(short_model_dir), AutoTokenizer.from_pretrained(short_model_dir)
+    model, tokenizer = (
+        AutoModelForSeq2SeqLM.from_pretrained(short_model_dir),
+        AutoTokenizer.from_pretrained(short_model_dir),
+    )
     model.generation_config.max_new_tokens = 5
     long_line = " ".join(["medium sentence"] * 10)
     lines = ["short", long_line, "x"]
@@ -241,8 +285,22 @@ def test_dtype_and_device_flags_decode_as_a_model_loaded_in_that_dtype(model_dir
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     source, output = tmp_path / "in.txt", tmp_path / "out.txt"
     source.write_text("".join(s + "\n" for s in SENTENCES))
-    translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(output),
-                    "--dtype", "bfloat16", "--device", "cpu", "--batch-size", "1"])
+    translate.main(
+        [
+            "--model",
+            str(model_dir),
+            "--input",
+            str(source),
+            "--output",
+            str(output),
+            "--dtype",
+            "bfloat16",
+            "--device",
+            "cpu",
+            "--batch-size",
+            "1",
+        ]
+    )
     assert output.read_text().splitlines() == one_by_one(model, tokenizer, SENTENCES)
 
 
@@ -251,15 +309,20 @@ def test_progress_bar_on_stderr_unless_switched_off(model_dir, tmp_path, capsys)
     source.write_text("short\nx\n")
     translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "o")])
     assert "translating" in capsys.readouterr().err
-    translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "o"), "--no-progress"])
+    translate.main(
+        ["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "o"), "--no-progress"]
+    )
     assert "translating" not in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--batch-size", "0"], "--batch-size must be positive"),
-    (["--num-beams", "-1"], "--num-beams must be positive"),
-    (["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--batch-size", "0"], "--batch-size must be positive"),
+        (["--num-beams", "-1"], "--num-beams must be positive"),
+        (["--max-new-tokens", "0"], "--max-new-tokens must be positive"),
+    ],
+)
 def test_numeric_flags_out_of_range_are_refused(model_dir, argv, message, capsys):
     with pytest.raises(SystemExit):
         translate.parse_args(["--model", str(model_dir), *argv])

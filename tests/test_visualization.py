@@ -19,8 +19,8 @@ from transformers import GenerationConfig
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
 from vanilla_transformer.visualization import (
     KINDS,
-    AttentionMaps,
     MAX_LINE_WIDTH,
+    AttentionMaps,
     compute_attentions,
     plot_attention_connections,
     plot_attention_heatmap,
@@ -109,16 +109,26 @@ def attention_inputs(model) -> dict:
             hidden_states = args[0]
             keys_from = args[2] if len(args) > 2 else kwargs.get("encoder_hidden_states", hidden_states)
             captured[key] = (module, hidden_states.detach(), keys_from.detach())
+
         return hook
 
     for layer, encoder_layer in enumerate(model.model.encoder.layers):
-        handles.append(encoder_layer.self_attention.register_forward_pre_hook(
-            recorder(("encoder_self_attention", layer)), with_kwargs=True))
+        handles.append(
+            encoder_layer.self_attention.register_forward_pre_hook(
+                recorder(("encoder_self_attention", layer)), with_kwargs=True
+            )
+        )
     for layer, decoder_layer in enumerate(model.model.decoder.layers):
-        handles.append(decoder_layer.self_attention.register_forward_pre_hook(
-            recorder(("decoder_self_attention", layer)), with_kwargs=True))
-        handles.append(decoder_layer.cross_attention.register_forward_pre_hook(
-            recorder(("cross_attention", layer)), with_kwargs=True))
+        handles.append(
+            decoder_layer.self_attention.register_forward_pre_hook(
+                recorder(("decoder_self_attention", layer)), with_kwargs=True
+            )
+        )
+        handles.append(
+            decoder_layer.cross_attention.register_forward_pre_hook(
+                recorder(("cross_attention", layer)), with_kwargs=True
+            )
+        )
     return captured, handles
 
 
@@ -144,7 +154,11 @@ def test_maps_equal_softmax_of_scaled_dot_products_recomputed_by_hand(model, tok
     assert len(captured) == config.encoder_layers + 2 * config.decoder_layers
     for (kind, layer), (module, queries_from, keys_from) in captured.items():
         expected = softmax_of_scaled_dot_products(
-            module, queries_from, keys_from, config.decoder_attention_heads, config.d_model,
+            module,
+            queries_from,
+            keys_from,
+            config.decoder_attention_heads,
+            config.d_model,
             causal=kind == "decoder_self_attention",
         )
         torch.testing.assert_close(maps.weights(kind)[layer], expected, msg=f"{kind}, layer {layer}")
@@ -164,7 +178,7 @@ def test_without_a_target_the_maps_are_those_of_the_generated_translation(model,
 
 def test_pieces_of_a_character_show_their_bytes_and_whole_characters_show_as_text(tokenizer):
     ids = tokenizer("über", add_special_tokens=False).input_ids  # "ü" was never seen: two byte pieces
-    assert readable_tokens(tokenizer, ids[:2]) == [f"\\x{byte:02x}" for byte in "ü".encode("utf-8")]
+    assert readable_tokens(tokenizer, ids[:2]) == [f"\\x{byte:02x}" for byte in "ü".encode()]
     assert "".join(readable_tokens(tokenizer, ids[2:])) == "ber"
     whole = tokenizer("wir kinder", add_special_tokens=False).input_ids
     assert "".join(readable_tokens(tokenizer, whole)) == "wir▁kinder"
@@ -223,14 +237,15 @@ def test_heatmap_of_one_head_shows_its_weights_with_the_tokens_on_the_axes(maps)
     assert len(figure.axes) == 2  # the map and its colorbar
 
 
-@pytest.mark.parametrize(("layer", "panels"), [(0, [(0, h) for h in range(4)]),
-                                                (None, [(l, h) for l in range(2) for h in range(4)])])
+@pytest.mark.parametrize(
+    ("layer", "panels"), [(0, [(0, h) for h in range(4)]), (None, [(layer, h) for layer in range(2) for h in range(4)])]
+)
 def test_heatmap_grid_has_one_panel_per_layer_and_head(maps, layer, panels):
     figure = plot_attention_heatmap(maps, "decoder_self_attention", layer=layer)
     drawn = heatmap_panels(figure)
-    assert [axes.get_title() for axes in drawn] == [f"layer {l}, head {h}" for l, h in panels]
-    for axes, (l, h) in zip(drawn, panels):
-        torch.testing.assert_close(torch.as_tensor(axes.images[0].get_array()), maps.decoder_self_attention[l, h])
+    assert [axes.get_title() for axes in drawn] == [f"layer {layer}, head {h}" for layer, h in panels]
+    for axes, (layer, h) in zip(drawn, panels):
+        torch.testing.assert_close(torch.as_tensor(axes.images[0].get_array()), maps.decoder_self_attention[layer, h])
         assert [label.get_text() for label in axes.get_xticklabels()] == maps.target_tokens
     assert figure.get_suptitle() == "Decoder self-attention (masked)"
 
@@ -334,11 +349,16 @@ def test_write_attention_pictures_writes_the_documented_files(tokenizer, tmp_pat
     output_dir = tmp_path / "new" / "pictures"
     written = write_attention_pictures(model, tokenizer, "my house", output_dir, target="mein haus", fmt="svg")
     expected = [
-        output_dir / name for name in (
-            "encoder_self_attention_layer0.svg", "encoder_self_attention_layer0_connections.svg",
-            "decoder_self_attention_layer0.svg", "decoder_self_attention_layer1.svg",
+        output_dir / name
+        for name in (
+            "encoder_self_attention_layer0.svg",
+            "encoder_self_attention_layer0_connections.svg",
+            "decoder_self_attention_layer0.svg",
+            "decoder_self_attention_layer1.svg",
             "decoder_self_attention_layer1_connections.svg",
-            "cross_attention_layer0.svg", "cross_attention_layer1.svg", "cross_attention_layer1_connections.svg",
+            "cross_attention_layer0.svg",
+            "cross_attention_layer1.svg",
+            "cross_attention_layer1_connections.svg",
         )
     ]
     assert written == expected
@@ -350,15 +370,18 @@ def test_write_attention_pictures_writes_the_documented_files(tokenizer, tmp_pat
 # --- errors -----------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("draw", "message"), [
-    (lambda maps: plot_attention_heatmap(maps, "encoder_self_attention", layer=2), r"layer 2 .*0 to 1"),
-    (lambda maps: plot_attention_heatmap(maps, "cross_attention", layer=0, head=-1), r"head -1 .*0 to 3"),
-    (lambda maps: plot_attention_connections(maps, "decoder_self_attention", layer=0, head=4), r"head 4 .*0 to 3"),
-    (lambda maps: plot_attention_heatmap(maps, "self_attention"), r"'encoder_self_attention'.*'cross_attention'"),
-    (lambda maps: plot_attention_connections(maps, "encoder", layer=0), r"Unknown kind of attention 'encoder'"),
-    (lambda maps: plot_attention_heatmap(maps, "cross_attention", path="map.jpg"), r"\.png or \.svg"),
-    (lambda maps: plot_attention_connections(maps, "cross_attention", 0, threshold=1.0), r"threshold .*\[0, 1\)"),
-])
+@pytest.mark.parametrize(
+    ("draw", "message"),
+    [
+        (lambda maps: plot_attention_heatmap(maps, "encoder_self_attention", layer=2), r"layer 2 .*0 to 1"),
+        (lambda maps: plot_attention_heatmap(maps, "cross_attention", layer=0, head=-1), r"head -1 .*0 to 3"),
+        (lambda maps: plot_attention_connections(maps, "decoder_self_attention", layer=0, head=4), r"head 4 .*0 to 3"),
+        (lambda maps: plot_attention_heatmap(maps, "self_attention"), r"'encoder_self_attention'.*'cross_attention'"),
+        (lambda maps: plot_attention_connections(maps, "encoder", layer=0), r"Unknown kind of attention 'encoder'"),
+        (lambda maps: plot_attention_heatmap(maps, "cross_attention", path="map.jpg"), r"\.png or \.svg"),
+        (lambda maps: plot_attention_connections(maps, "cross_attention", 0, threshold=1.0), r"threshold .*\[0, 1\)"),
+    ],
+)
 def test_bad_choices_raise_a_value_error_naming_the_valid_ones(maps, draw, message):
     with pytest.raises(ValueError, match=message):
         draw(maps)

@@ -24,12 +24,19 @@ from helpers import REPO
 from test_train import reverse_pairs, write_pairs
 
 
-def run(command: list, cwd: Path, timeout: int = 300, check: bool = True, env: dict | None = None, **kwargs
-        ) -> subprocess.CompletedProcess:
+def run(
+    command: list, cwd: Path, timeout: int = 300, check: bool = True, env: dict | None = None, **kwargs
+) -> subprocess.CompletedProcess:
     inherited = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only what the wheel installed
-    completed = subprocess.run([str(part) for part in command], cwd=cwd,
-                               env={**inherited, "HF_HUB_OFFLINE": "1", **(env or {})},
-                               capture_output=True, text=True, timeout=timeout, **kwargs)
+    completed = subprocess.run(
+        [str(part) for part in command],
+        cwd=cwd,
+        env={**inherited, "HF_HUB_OFFLINE": "1", **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
+    )
     if check:
         assert completed.returncode == 0, f"{command}:\n{completed.stdout[-2000:]}\n{completed.stderr[-4000:]}"
     return completed
@@ -43,10 +50,22 @@ def wheel(tmp_path_factory) -> Path:
     source.mkdir()
     for name in ("pyproject.toml", "README.md", "vanilla_transformer_command.py"):
         shutil.copy(REPO / name, source / name)
-    shutil.copytree(REPO / "vanilla_transformer", source / "vanilla_transformer",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--skip-dependency-check", "--outdir", root / "dist"],
-        cwd=source)  # setuptools builds wheels itself since 70.1: the `wheel` package is not needed
+    shutil.copytree(
+        REPO / "vanilla_transformer", source / "vanilla_transformer", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    run(
+        [
+            sys.executable,
+            "-m",
+            "build",
+            "--wheel",
+            "--no-isolation",
+            "--skip-dependency-check",
+            "--outdir",
+            root / "dist",
+        ],
+        cwd=source,
+    )  # setuptools builds wheels itself since 70.1: the `wheel` package is not needed
     return next((root / "dist").glob("vanilla_transformer-*.whl"))
 
 
@@ -55,13 +74,23 @@ def test_the_wheel_holds_the_command_the_recipes_and_the_launch_configs(wheel):
         names = set(archive.namelist())
         entry_points = next(archive.read(name).decode() for name in names if name.endswith("entry_points.txt"))
     packaged = {name for name in names if name.endswith(".yaml")}
-    assert packaged == {f"vanilla_transformer/training/{folder}/{path.name}"
-                        for folder, source in (("recipes", "recipes"), ("accelerate_configs", "accelerate"))
-                        for path in (REPO / "training" / source).glob("*.yaml")}
-    assert {"vanilla_transformer/cli.py", "vanilla_transformer/publish.py", "vanilla_transformer/training/options.py",
-            "vanilla_transformer_command.py", "vanilla_transformer/help_screens.json"} <= names
+    assert packaged == {
+        f"vanilla_transformer/training/{folder}/{path.name}"
+        for folder, source in (("recipes", "recipes"), ("accelerate_configs", "accelerate"))
+        for path in (REPO / "training" / source).glob("*.yaml")
+    }
+    assert {
+        "vanilla_transformer/cli.py",
+        "vanilla_transformer/publish.py",
+        "vanilla_transformer/training/options.py",
+        "vanilla_transformer_command.py",
+        "vanilla_transformer/help_screens.json",
+    } <= names
     assert "vanilla-transformer = vanilla_transformer_command:main" in entry_points
-    assert "vanilla-transformer-train-tokenizer = vanilla_transformer.tokenization_vanilla_transformer:main" in entry_points
+    assert (
+        "vanilla-transformer-train-tokenizer = vanilla_transformer.tokenization_vanilla_transformer:main"
+        in entry_points
+    )
 
 
 @pytest.fixture(scope="module")
@@ -71,10 +100,24 @@ def installed(wheel, tmp_path_factory) -> Path:
     venv = root / "venv"
     run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=root)
     python = venv / "bin" / "python"
-    run([sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index", "--ignore-installed",
-         wheel], cwd=root)
-    purelib = Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                       cwd=root).stdout.strip())
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            python,
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--ignore-installed",
+            wheel,
+        ],
+        cwd=root,
+    )
+    purelib = Path(
+        run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], cwd=root).stdout.strip()
+    )
     shared = sorted({sysconfig.get_paths()["purelib"], *site.getsitepackages()})
     (purelib / "shared_dependencies.pth").write_text("".join(path + "\n" for path in shared))
     return venv / "bin"
@@ -82,20 +125,31 @@ def installed(wheel, tmp_path_factory) -> Path:
 
 @pytest.mark.slow
 def test_the_wheel_installs_the_command_the_package_data_and_no_source_tree(installed, tmp_path):
-    located = run([installed / "python", "-c", "import vanilla_transformer; print(vanilla_transformer.__file__)"],
-                  cwd=tmp_path).stdout.strip()
+    located = run(
+        [installed / "python", "-c", "import vanilla_transformer; print(vanilla_transformer.__file__)"], cwd=tmp_path
+    ).stdout.strip()
     assert Path(located).is_relative_to(installed.parent), located  # not this tree, not the editable install
     for kind, name in (("config", "ddp"), ("recipe", "multi30k")):
         path = Path(run([installed / "vanilla-transformer", kind, name], cwd=tmp_path).stdout.strip())
-        assert path.is_relative_to(installed.parent) and path.read_text() == \
-            (REPO / "training" / ("accelerate" if kind == "config" else "recipes") / f"{name}.yaml").read_text()
+        assert (
+            path.is_relative_to(installed.parent)
+            and path.read_text()
+            == (REPO / "training" / ("accelerate" if kind == "config" else "recipes") / f"{name}.yaml").read_text()
+        )
     listed = run([installed / "vanilla-transformer", "recipe"], cwd=tmp_path).stdout
     assert {line.split("\t")[0] for line in listed.splitlines()} == {
-        path.stem for path in (REPO / "training" / "recipes").glob("*.yaml")}
-    answered = run([installed / "python", "-c", "import sys, vanilla_transformer_command as command; "
-                    "command.main(['config', 'ddp']); "
-                    "print(sorted({'torch', 'transformers', 'vanilla_transformer'} & set(sys.modules)))"],
-                   cwd=tmp_path).stdout.splitlines()  # the console script's own answer, from beside the package
+        path.stem for path in (REPO / "training" / "recipes").glob("*.yaml")
+    }
+    answered = run(
+        [
+            installed / "python",
+            "-c",
+            "import sys, vanilla_transformer_command as command; "
+            "command.main(['config', 'ddp']); "
+            "print(sorted({'torch', 'transformers', 'vanilla_transformer'} & set(sys.modules)))",
+        ],
+        cwd=tmp_path,
+    ).stdout.splitlines()  # the console script's own answer, from beside the package
     ddp = Path(answered[0])
     assert answered[1:] == ["[]"] and ddp.is_relative_to(installed.parent), answered
     assert ddp.read_text() == (REPO / "training" / "accelerate" / "ddp.yaml").read_text()
@@ -114,17 +168,30 @@ def test_train_help_from_the_command_and_from_python_dash_m(installed, tmp_path)
     if rendered_with != help_rendered_with():  # e.g. the lowest supported versions: the parsers render it
         pytest.skip(f"help_screens.json was rendered with {rendered_with}, not {help_rendered_with()}")
     env = {"HF_HOME": str(tmp_path / "hf-home"), "COLUMNS": "80"}
-    command = run([installed / "python", "-c", "import sys, vanilla_transformer_command as command; "
-                   "command.main(['train', '--help']); print(sorted({'torch', 'transformers', 'vanilla_transformer'} "
-                   "& set(sys.modules)), file=sys.stderr)"], cwd=tmp_path, env=env)
-    texts = [run(each, cwd=tmp_path, env=env).stdout
-             for each in ([installed / "vanilla-transformer", "train", "--help"],
-                          [installed / "python", "-m", "vanilla_transformer.training.run", "--help"])]
+    command = run(
+        [
+            installed / "python",
+            "-c",
+            "import sys, vanilla_transformer_command as command; "
+            "command.main(['train', '--help']); print(sorted({'torch', 'transformers', 'vanilla_transformer'} "
+            "& set(sys.modules)), file=sys.stderr)",
+        ],
+        cwd=tmp_path,
+        env=env,
+    )
+    texts = [
+        run(each, cwd=tmp_path, env=env).stdout
+        for each in (
+            [installed / "vanilla-transformer", "train", "--help"],
+            [installed / "python", "-m", "vanilla_transformer.training.run", "--help"],
+        )
+    ]
     assert command.stderr.strip() == "[]", command.stderr[-2000:]
     assert command.stdout == texts[0] == texts[1] and not (tmp_path / "hf-home").exists()
     headings = [line for line in texts[0].splitlines() if line and not line.startswith(" ") and line.endswith(":")]
-    assert headings[1:6] == ["data:", "model:", "training:", "evaluation and decoding:",
-                             "Seq2SeqTrainingArguments:"], headings
+    assert headings[1:6] == ["data:", "model:", "training:", "evaluation and decoding:", "Seq2SeqTrainingArguments:"], (
+        headings
+    )
     assert "--max_tokens" in texts[0] and "--ema_decay" in texts[0]
 
 
@@ -136,12 +203,55 @@ def test_a_packaged_recipe_trains_two_updates_and_the_result_translates(installe
     for role, count, seed in (("train", 200, 1), ("valid", 4, 2), ("test", 5, 3)):
         write_pairs(data, role, reverse_pairs(count, seed=seed))
     output = tmp_path / "run"
-    run([installed / "vanilla-transformer", "train", "multi30k", "--dataset_name", "none",
-         "--train_source_file", data / "train.src", "--train_target_file", data / "train.tgt",
-         "--validation_source_file", data / "valid.src", "--validation_target_file", data / "valid.tgt",
-         "--do_predict", "false", "--max_steps", "2", "--output_dir", output, "--tokenizer_vocab_size", "300", "--report_to", "none",
-         "--use_cpu", "--generation_max_length", "8", "--cache_dir", tmp_path / "cache"], cwd=tmp_path, timeout=600)
+    run(
+        [
+            installed / "vanilla-transformer",
+            "train",
+            "multi30k",
+            "--dataset_name",
+            "none",
+            "--train_source_file",
+            data / "train.src",
+            "--train_target_file",
+            data / "train.tgt",
+            "--validation_source_file",
+            data / "valid.src",
+            "--validation_target_file",
+            data / "valid.tgt",
+            "--do_predict",
+            "false",
+            "--max_steps",
+            "2",
+            "--output_dir",
+            output,
+            "--tokenizer_vocab_size",
+            "300",
+            "--report_to",
+            "none",
+            "--use_cpu",
+            "--generation_max_length",
+            "8",
+            "--cache_dir",
+            tmp_path / "cache",
+        ],
+        cwd=tmp_path,
+        timeout=600,
+    )
     assert (output / "model.safetensors").is_file() and (output / "all_results.json").is_file()
-    translated = run([installed / "vanilla-transformer", "translate", "--model", output, "--input", data / "test.src",
-                      "--num_beams", "2", "--max_new_tokens", "8", "--no-progress"], cwd=tmp_path)
+    translated = run(
+        [
+            installed / "vanilla-transformer",
+            "translate",
+            "--model",
+            output,
+            "--input",
+            data / "test.src",
+            "--num_beams",
+            "2",
+            "--max_new_tokens",
+            "8",
+            "--no-progress",
+        ],
+        cwd=tmp_path,
+    )
     assert len(translated.stdout.splitlines()) == 5

@@ -33,8 +33,9 @@ USER_DATA_FLAGS = ("--train_source_file", "--train_file", "--dataset_name")
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--output-dir", "--output_dir", dest="output_dir", default="runs/demo",
-                        help="where the trained model is saved")
+    parser.add_argument(
+        "--output-dir", "--output_dir", dest="output_dir", default="runs/demo", help="where the trained model is saved"
+    )
     parser.add_argument("--train-size", type=int, default=6000, help="generated training pairs")
     parser.add_argument("--test-size", type=int, default=200, help="generated held-out pairs")
     parser.add_argument("--max-steps", type=int, default=1000)
@@ -61,12 +62,37 @@ def write_number_words(folder: Path, args) -> tuple[Path, Path, list[tuple[str, 
 def train_arguments(args, extra: list[str], data_flags: list[str]) -> list[str]:
     """train.py flags: the demo's defaults first, so that the user's flags (later) win."""
     return [
-        "--output_dir", args.output_dir, *data_flags,
-        "--preset", "tiny", "--config_overrides", DEMO_MODEL, "--tokenizer_vocab_size", "400",
-        "--max_steps", str(args.max_steps), "--max_tokens", str(args.max_tokens),
-        "--learning_rate", str(args.learning_rate), "--warmup_steps", str(args.warmup_steps),
-        "--max_grad_norm", "1.0", "--logging_steps", "100", "--save_strategy", "no", "--eval_strategy", "no",
-        "--report_to", "none", "--seed", str(args.seed), "--use_cpu", *extra,
+        "--output_dir",
+        args.output_dir,
+        *data_flags,
+        "--preset",
+        "tiny",
+        "--config_overrides",
+        DEMO_MODEL,
+        "--tokenizer_vocab_size",
+        "400",
+        "--max_steps",
+        str(args.max_steps),
+        "--max_tokens",
+        str(args.max_tokens),
+        "--learning_rate",
+        str(args.learning_rate),
+        "--warmup_steps",
+        str(args.warmup_steps),
+        "--max_grad_norm",
+        "1.0",
+        "--logging_steps",
+        "100",
+        "--save_strategy",
+        "no",
+        "--eval_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--seed",
+        str(args.seed),
+        "--use_cpu",
+        *extra,
     ]
 
 

@@ -10,12 +10,12 @@ from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoToken
 from transformers.pipelines import PIPELINE_REGISTRY
 
 from .configuration_vanilla_transformer import PRESETS, VanillaTransformerConfig
+from .model_card import write_model_card
 from .modeling_vanilla_transformer import (
     VanillaTransformerForConditionalGeneration,
     VanillaTransformerModel,
     VanillaTransformerPreTrainedModel,
 )
-from .model_card import write_model_card
 from .pipeline_vanilla_transformer import TASK as TRANSLATION_TASK
 from .pipeline_vanilla_transformer import VanillaTranslationPipeline, check_tokenizer_matches_model
 from .tokenization_vanilla_transformer import VanillaTransformerTokenizer, train_tokenizer

@@ -37,8 +37,12 @@ from .private_api import require
 # Reads the attention implementation in use (private: checked at import)
 require("transformers.PretrainedConfig._attn_implementation")
 
-CUDNN, FLASH, EFFICIENT, MATH = (SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION,
-                                 SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH)
+CUDNN, FLASH, EFFICIENT, MATH = (
+    SDPBackend.CUDNN_ATTENTION,
+    SDPBackend.FLASH_ATTENTION,
+    SDPBackend.EFFICIENT_ATTENTION,
+    SDPBackend.MATH,
+)
 
 # The uses of attention in the model (§3.2.3).
 ENCODER = "encoder self-attention"  # with the source's padding mask
@@ -48,7 +52,9 @@ DECODING = "decoding with a cache"  # a few new query positions over the cached 
 
 # (training, use) -> backends in order of preference; MATH last, so that every call has one that takes it.
 BACKENDS: dict[tuple[bool, str], tuple[SDPBackend, ...]] = {
-    (training, use): (FLASH, EFFICIENT, MATH) for training in (True, False) for use in (ENCODER, DECODER, CROSS, DECODING)
+    (training, use): (FLASH, EFFICIENT, MATH)
+    for training in (True, False)
+    for use in (ENCODER, DECODER, CROSS, DECODING)
 }
 
 # The kernels by name, for a choice of the first one in training (train.py --training_attention; not measured
@@ -84,9 +90,11 @@ def check_flex_attention_on_cpu(option: str) -> None:
     ``option`` names what asked for it, as the user wrote it (``--attn_implementation flex_attention``)."""
     installed = torch_version()
     if Version(installed).release < Version(CPU_FLEX_ATTENTION_TORCH).release:
-        raise ValueError(f"{option}: flex attention on the CPU needs torch >= {CPU_FLEX_ATTENTION_TORCH} (the compiled "
-                         f"kernel of torch {installed} fails to build); pip install 'torch>={CPU_FLEX_ATTENTION_TORCH}' "
-                         "or use attn_implementation='sdpa'.")
+        raise ValueError(
+            f"{option}: flex attention on the CPU needs torch >= {CPU_FLEX_ATTENTION_TORCH} (the compiled "
+            f"kernel of torch {installed} fails to build); pip install 'torch>={CPU_FLEX_ATTENTION_TORCH}' "
+            "or use attn_implementation='sdpa'."
+        )
 
 
 def attention_use(module, hidden_states: torch.Tensor, cache) -> str:
@@ -110,8 +118,11 @@ def chosen_backends(module, hidden_states: torch.Tensor, cache) -> tuple[SDPBack
 
 
 def _applies(module, hidden_states) -> bool:
-    return (module.config._attn_implementation == "sdpa" and hidden_states.device.type == "cuda"
-            and not torch.compiler.is_compiling())
+    return (
+        module.config._attn_implementation == "sdpa"
+        and hidden_states.device.type == "cuda"
+        and not torch.compiler.is_compiling()
+    )
 
 
 def with_chosen_backends(attention, module, hidden_states: torch.Tensor, cache):
@@ -129,5 +140,17 @@ def _call_with_backends(attention, backends: list, *args, **kwargs):
         return attention(*args, **kwargs)
 
 
-__all__ = ["BACKENDS", "CPU_FLEX_ATTENTION_TORCH", "CROSS", "DECODER", "DECODING", "ENCODER", "KERNELS", "attention_use",
-           "check_flex_attention_on_cpu", "chosen_backends", "prefer_in_training", "with_chosen_backends"]
+__all__ = [
+    "BACKENDS",
+    "CPU_FLEX_ATTENTION_TORCH",
+    "CROSS",
+    "DECODER",
+    "DECODING",
+    "ENCODER",
+    "KERNELS",
+    "attention_use",
+    "check_flex_attention_on_cpu",
+    "chosen_backends",
+    "prefer_in_training",
+    "with_chosen_backends",
+]

@@ -42,7 +42,9 @@ def _damaged(path: Path, what: str, detail: str, remedy: str) -> DamagedFileErro
     )
 
 
-def check_safetensors(path: str | os.PathLike, what: str = "weights", remedy: str = "Save or download it again.") -> None:
+def check_safetensors(
+    path: str | os.PathLike, what: str = "weights", remedy: str = "Save or download it again."
+) -> None:
     """A .safetensors file whose header parses and whose tensors end exactly where the file ends.
 
     The format is an 8-byte little-endian header length, a JSON header with each tensor's
@@ -101,8 +103,9 @@ def is_local(name: str | os.PathLike) -> bool:
     return Path(text).exists() or text.startswith((".", "/", "~")) or text.count("/") > 1
 
 
-def check_model_folder(folder: str | os.PathLike, what: str, remedy: str = "Save or download the model again.",
-                       weights: bool = True) -> None:
+def check_model_folder(
+    folder: str | os.PathLike, what: str, remedy: str = "Save or download the model again.", weights: bool = True
+) -> None:
     """A local model folder: a directory with a readable config.json and (``weights``) complete weights.
 
     ``what`` names where the folder came from (e.g. ``"--model runs/en-de"``). Hub ids pass unchecked.
@@ -185,8 +188,9 @@ def tokenizer_difference(folder: Path, reference: Path) -> str | None:
         if ours.get(name) == theirs.get(name):
             continue
         if name == "tokenizer.json" and name in ours and name in theirs:
-            parts = sorted(key for key in ours[name].keys() | theirs[name].keys()
-                           if ours[name].get(key) != theirs[name].get(key))
+            parts = sorted(
+                key for key in ours[name].keys() | theirs[name].keys() if ours[name].get(key) != theirs[name].get(key)
+            )
             return f"their tokenizer.json files differ in {', '.join(parts)}"
         return f"their {name} files differ"
     return None
@@ -195,8 +199,11 @@ def tokenizer_difference(folder: Path, reference: Path) -> str | None:
 def checkpoint_folders(root: str | os.PathLike) -> list[Path]:
     """The ``checkpoint-<step>`` folders of a Trainer output_dir, oldest first (by integer step)."""
     root = Path(root)
-    found = [(int(match.group(1)), path) for path in (root.iterdir() if root.is_dir() else [])
-             if path.is_dir() and (match := CHECKPOINT_NAME.fullmatch(path.name))]
+    found = [
+        (int(match.group(1)), path)
+        for path in (root.iterdir() if root.is_dir() else [])
+        if path.is_dir() and (match := CHECKPOINT_NAME.fullmatch(path.name))
+    ]
     return [path for _, path in sorted(found)]
 
 

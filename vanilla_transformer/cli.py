@@ -20,29 +20,51 @@ for both. The library never imports this module: it runs the tools, they do not 
 
 from __future__ import annotations
 
-import argparse
 import difflib
 import importlib
 import sys
 
-from .command_line import (HELP_COLUMNS, PROG, accelerate_config_names,  # noqa: F401 (imported from here)
-                           accelerate_config_path, exit_with_usage_error, help_rendered_with, option_strings, packaged,
-                           packaged_text, recipe_names, recipe_path, subcommand_parsers, version_text, with_dashes)
+from .command_line import (  # noqa: F401 (imported from here)
+    HELP_COLUMNS,
+    PROG,
+    accelerate_config_names,
+    accelerate_config_path,
+    exit_with_usage_error,
+    help_rendered_with,
+    option_strings,
+    packaged,
+    packaged_text,
+    recipe_names,
+    recipe_path,
+    subcommand_parsers,
+    version_text,
+    with_dashes,
+)
 
 # name -> (module with main(argv) and build_parser(prog), what it does)
 TOOLS = {
-    "train": ("vanilla_transformer.training.run",
-              "train or fine-tune with the paper's recipe (a packaged recipe by name), evaluate, translate a test set"),
-    "translate": ("vanilla_transformer.training.translation",
-                  "translate a file or standard input with beam search; score against references"),
+    "train": (
+        "vanilla_transformer.training.run",
+        "train or fine-tune with the paper's recipe (a packaged recipe by name), evaluate, translate a test set",
+    ),
+    "translate": (
+        "vanilla_transformer.training.translation",
+        "translate a file or standard input with beam search; score against references",
+    ),
     "average": ("vanilla_transformer.training.averaging", "average the weights of a run's last checkpoints (§6.1)"),
-    "tokenizer": ("vanilla_transformer.tokenization_vanilla_transformer",
-                  "train the joint byte-level BPE vocabulary (§5.1) on text files"),
+    "tokenizer": (
+        "vanilla_transformer.tokenization_vanilla_transformer",
+        "train the joint byte-level BPE vocabulary (§5.1) on text files",
+    ),
     "convert": ("vanilla_transformer.convert", "import a MarianMT checkpoint exactly; export to CTranslate2"),
-    "publish": ("vanilla_transformer.publish",
-                "upload a model folder to the Hub: the model's files only, never checkpoints or training state"),
-    "table3": ("vanilla_transformer.training.table3",
-               "train and score the base model and every variation of the paper's Table 3 on a recipe"),
+    "publish": (
+        "vanilla_transformer.publish",
+        "upload a model folder to the Hub: the model's files only, never checkpoints or training state",
+    ),
+    "table3": (
+        "vanilla_transformer.training.table3",
+        "train and score the base model and every variation of the paper's Table 3 on a recipe",
+    ),
 }
 PATHS = {
     "recipe": "print the path of a packaged recipe (without a name: list them)",
@@ -125,24 +147,46 @@ def help_screens() -> str:
     import json
 
     screens = {"": usage() + "\n", **{name: texts[0] for name, texts in rendered_screens().items()}}
-    return json.dumps({"rendered_with": help_rendered_with(), "columns": HELP_COLUMNS, "screens": screens},
-                      indent=1, ensure_ascii=False) + "\n"
+    return (
+        json.dumps(
+            {"rendered_with": help_rendered_with(), "columns": HELP_COLUMNS, "screens": screens},
+            indent=1,
+            ensure_ascii=False,
+        )
+        + "\n"
+    )
 
 
 def reference() -> str:
     """docs/cli.md: every command's ``--help``, as the parsers print it at a fixed width (`HELP_COLUMNS`)."""
     from transformers import __version__ as transformers_version
 
-    sections = ["# Command-line reference", "",
-                (f"Generated from the parsers by `vanilla_transformer.cli.reference()` with transformers "
-                 f"{transformers_version} (the Trainer's flags are that version's); `{PROG} COMMAND --help` prints the "
-                 "same (with these versions installed, from screens rendered with the package, without importing "
-                 "torch). Every flag takes both spellings (`--num_beams`, `--num-beams`)."), "",
-                "```text", usage(), "```"]
+    sections = [
+        "# Command-line reference",
+        "",
+        (
+            f"Generated from the parsers by `vanilla_transformer.cli.reference()` with transformers "
+            f"{transformers_version} (the Trainer's flags are that version's); `{PROG} COMMAND --help` prints the "
+            "same (with these versions installed, from screens rendered with the package, without importing "
+            "torch). Every flag takes both spellings (`--num_beams`, `--num-beams`)."
+        ),
+        "",
+        "```text",
+        usage(),
+        "```",
+    ]
     for name, texts in rendered_screens().items():
         summary = TOOLS[name][1]
-        sections += ["", f"## {PROG} {name}", "", summary[0].upper() + summary[1:] + ".", "", "```text",
-                     "".join(text + "\n" for text in texts).rstrip(), "```"]
+        sections += [
+            "",
+            f"## {PROG} {name}",
+            "",
+            summary[0].upper() + summary[1:] + ".",
+            "",
+            "```text",
+            "".join(text + "\n" for text in texts).rstrip(),
+            "```",
+        ]
     return "\n".join(sections) + "\n"
 
 
@@ -160,8 +204,11 @@ def main(argv: list[str] | None = None) -> None:
         run_command(argv[0], argv[1:])
     else:
         close = difflib.get_close_matches(argv[0], [*TOOLS, *PATHS], n=1)
-        exit_with_usage_error(PROG, f"no command {argv[0]!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
-                                    f"the commands are {', '.join([*TOOLS, *PATHS])} (see {PROG} --help)")
+        exit_with_usage_error(
+            PROG,
+            f"no command {argv[0]!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
+            f"the commands are {', '.join([*TOOLS, *PATHS])} (see {PROG} --help)",
+        )
 
 
 if __name__ == "__main__":  # accelerate launch -m vanilla_transformer.cli train ...

@@ -19,7 +19,9 @@ from typing import NoReturn
 PROG = "vanilla-transformer"
 # kind -> (folder in the package, what it holds)
 PACKAGED = {"recipe": ("training/recipes", "recipe"), "config": ("training/accelerate_configs", "accelerate config")}
-HELP_SCREENS = Path(__file__).resolve().parent / "help_screens.json"  # written by `vanilla_transformer.cli.help_screens`
+HELP_SCREENS = (
+    Path(__file__).resolve().parent / "help_screens.json"
+)  # written by `vanilla_transformer.cli.help_screens`
 HELP_COLUMNS = 80  # the width the packaged screens and docs/cli.md are rendered at (argparse reads COLUMNS)
 # whose versions the help screens depend on: the Trainer's flags (transformers, its defaults from accelerate,
 # huggingface_hub, torch); Python's argparse formats them
@@ -40,9 +42,11 @@ def packaged_path(kind: str, name: str) -> Path:
         import difflib  # only for this error
 
         close = difflib.get_close_matches(stem, list(files), n=1)
-        raise ValueError(f"There is no {PACKAGED[kind][1]} named {name!r}"
-                         f"{f' (did you mean {close[0]!r}?)' if close else ''}; the package has "
-                         f"{', '.join(files)}.")
+        raise ValueError(
+            f"There is no {PACKAGED[kind][1]} named {name!r}"
+            f"{f' (did you mean {close[0]!r}?)' if close else ''}; the package has "
+            f"{', '.join(files)}."
+        )
     return files[stem]
 
 
@@ -79,8 +83,11 @@ def version_text() -> str:
     try:
         return f"{PROG} {metadata.version(PROG)}\n"
     except metadata.PackageNotFoundError:
-        exit_with_usage_error(PROG, f"the {PROG} distribution is not installed, so it has no version: run "
-                                    "`pip install -e .` in the clone (or `pip install vanilla-transformer`)")
+        exit_with_usage_error(
+            PROG,
+            f"the {PROG} distribution is not installed, so it has no version: run "
+            "`pip install -e .` in the clone (or `pip install vanilla-transformer`)",
+        )
 
 
 def help_rendered_with() -> dict[str, str | None]:
@@ -94,8 +101,10 @@ def help_rendered_with() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             return None
 
-    return {"python": f"{sys.version_info.major}.{sys.version_info.minor}",
-            **{name: release(name) for name in HELP_DEPENDS_ON}}
+    return {
+        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
+        **{name: release(name) for name in HELP_DEPENDS_ON},
+    }
 
 
 def packaged_help(command: str) -> str | None:
@@ -124,8 +133,12 @@ def option_strings(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def subcommand_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
-    return [subparser for action in parser._actions if isinstance(action, argparse._SubParsersAction)
-            for subparser in action.choices.values()]
+    return [
+        subparser
+        for action in parser._actions
+        if isinstance(action, argparse._SubParsersAction)
+        for subparser in action.choices.values()
+    ]
 
 
 def with_dashes(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
@@ -135,6 +148,7 @@ def with_dashes(argv: list[str], parser: argparse.ArgumentParser) -> list[str]:
     for token in argv:
         flag, equals, value = token.partition("=")
         dashed = "--" + flag[2:].replace("_", "-")
-        spelt.append(dashed + equals + value if token.startswith("--") and flag not in known and dashed in known
-                     else token)
+        spelt.append(
+            dashed + equals + value if token.startswith("--") and flag not in known and dashed in known else token
+        )
     return spelt

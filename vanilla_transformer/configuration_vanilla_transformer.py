@@ -23,19 +23,37 @@ from .pipeline_vanilla_transformer import CUSTOM_PIPELINES
 # default --max_source_length of 1024.
 PRESETS: dict[str, dict] = {
     "base": dict(
-        vocab_size=37000, d_model=512, encoder_layers=6, decoder_layers=6,
-        encoder_attention_heads=8, decoder_attention_heads=8,
-        encoder_ffn_dim=2048, decoder_ffn_dim=2048, dropout=0.1,
+        vocab_size=37000,
+        d_model=512,
+        encoder_layers=6,
+        decoder_layers=6,
+        encoder_attention_heads=8,
+        decoder_attention_heads=8,
+        encoder_ffn_dim=2048,
+        decoder_ffn_dim=2048,
+        dropout=0.1,
     ),
     "big": dict(
-        vocab_size=37000, d_model=1024, encoder_layers=6, decoder_layers=6,
-        encoder_attention_heads=16, decoder_attention_heads=16,
-        encoder_ffn_dim=4096, decoder_ffn_dim=4096, dropout=0.3,
+        vocab_size=37000,
+        d_model=1024,
+        encoder_layers=6,
+        decoder_layers=6,
+        encoder_attention_heads=16,
+        decoder_attention_heads=16,
+        encoder_ffn_dim=4096,
+        decoder_ffn_dim=4096,
+        dropout=0.3,
     ),
     "tiny": dict(
-        vocab_size=1000, d_model=64, encoder_layers=2, decoder_layers=2,
-        encoder_attention_heads=4, decoder_attention_heads=4,
-        encoder_ffn_dim=128, decoder_ffn_dim=128, dropout=0.1,
+        vocab_size=1000,
+        d_model=64,
+        encoder_layers=2,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=128,
+        decoder_ffn_dim=128,
+        dropout=0.1,
     ),
 }
 
@@ -147,7 +165,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         super().__post_init__(**kwargs)
 
     @classmethod
-    def from_dict(cls, config_dict: dict, **kwargs) -> "VanillaTransformerConfig":
+    def from_dict(cls, config_dict: dict, **kwargs) -> VanillaTransformerConfig:
         """`PretrainedConfig.from_dict`, refusing the config of another model (transformers only warns)."""
         model_type = config_dict.get("model_type", cls.model_type)
         if model_type != cls.model_type:
@@ -159,7 +177,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         return super().from_dict(config_dict, **kwargs)
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":
+    def from_preset(cls, name: str, **overrides) -> VanillaTransformerConfig:
         """A config from the paper's Table 3 (``"base"``, ``"big"``) or ``"tiny"``, with overrides."""
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")
@@ -168,9 +186,18 @@ class VanillaTransformerConfig(PretrainedConfig):
     # Called by `@strict` validation (at construction and before saving): one place for every check.
     def validate_vanilla_transformer(self):
         """Reject configurations the model cannot build or would build wrongly."""
-        sizes = ["vocab_size", "decoder_vocab_size", "d_model", "encoder_layers", "decoder_layers",
-                 "encoder_attention_heads", "decoder_attention_heads", "encoder_ffn_dim",
-                 "decoder_ffn_dim", "max_position_embeddings"]
+        sizes = [
+            "vocab_size",
+            "decoder_vocab_size",
+            "d_model",
+            "encoder_layers",
+            "decoder_layers",
+            "encoder_attention_heads",
+            "decoder_attention_heads",
+            "encoder_ffn_dim",
+            "decoder_ffn_dim",
+            "max_position_embeddings",
+        ]
         for name in sizes + (["head_dim"] if self.head_dim is not None else []):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -198,7 +225,9 @@ class VanillaTransformerConfig(PretrainedConfig):
                 f"{POSITION_EMBEDDING_TYPES}."
             )
         if self.position_embedding_type == "sinusoidal" and self.d_model % 2:
-            raise ValueError(f"Sinusoidal positions (§3.5) pair sin and cos, so d_model must be even, got {self.d_model}.")
+            raise ValueError(
+                f"Sinusoidal positions (§3.5) pair sin and cos, so d_model must be even, got {self.d_model}."
+            )
         if not self.layer_norm_eps > 0:
             raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}.")
         if self.linear_init not in LINEAR_INITS:
@@ -211,7 +240,9 @@ class VanillaTransformerConfig(PretrainedConfig):
         for name in ("init_std", "linear_init_std"):
             value = getattr(self, name)
             if value is not None and not value > 0:
-                raise ValueError(f"{name} must be positive or None (see the docstring for what None means), got {value!r}.")
+                raise ValueError(
+                    f"{name} must be positive or None (see the docstring for what None means), got {value!r}."
+                )
         if self.share_encoder_decoder_embeddings and self.decoder_vocab_size != self.vocab_size:
             raise ValueError(
                 f"share_encoder_decoder_embeddings=True needs one joint vocabulary, but vocab_size="
@@ -223,8 +254,10 @@ class VanillaTransformerConfig(PretrainedConfig):
     def _validate_special_token_ids(self):
         # pad and eos end or fill both sides; bos and decoder start are target-side only.
         vocabularies = {
-            "pad_token_id": ("source", "target"), "eos_token_id": ("source", "target"),
-            "bos_token_id": ("target",), "decoder_start_token_id": ("target",),
+            "pad_token_id": ("source", "target"),
+            "eos_token_id": ("source", "target"),
+            "bos_token_id": ("target",),
+            "decoder_start_token_id": ("target",),
         }
         sizes = {"source": self.vocab_size, "target": self.decoder_vocab_size}
         for name, sides in vocabularies.items():

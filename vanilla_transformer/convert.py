@@ -156,8 +156,10 @@ def _norm(layer_norm: nn.LayerNorm, p: torch.Tensor) -> dict[str, torch.Tensor]:
 def _attention(attention: nn.Module, p: torch.Tensor) -> dict[str, dict[str, torch.Tensor]]:
     """q, k, v read the residual stream (or the encoder output, which is one too); out_proj writes it."""
     return {
-        "q_proj": _reads(attention.q_proj, p), "k_proj": _reads(attention.k_proj, p),
-        "v_proj": _reads(attention.v_proj, p), "out_proj": _writes(attention.out_proj, p),
+        "q_proj": _reads(attention.q_proj, p),
+        "k_proj": _reads(attention.k_proj, p),
+        "v_proj": _reads(attention.v_proj, p),
+        "out_proj": _writes(attention.out_proj, p),
     }
 
 
@@ -385,9 +387,14 @@ def _activation(ctranslate2, name: str):
     """CTranslate2's activation for an ACT2FN name (the same table as its own transformers converter)."""
     activations = ctranslate2.specs.Activation
     table = {
-        "relu": activations.RELU, "silu": activations.SWISH, "swish": activations.SWISH,
-        "gelu": activations.GELU, "gelu_python": activations.GELU, "gelu_new": activations.GELUTanh,
-        "gelu_fast": activations.GELUTanh, "gelu_pytorch_tanh": activations.GELUTanh,
+        "relu": activations.RELU,
+        "silu": activations.SWISH,
+        "swish": activations.SWISH,
+        "gelu": activations.GELU,
+        "gelu_python": activations.GELU,
+        "gelu_new": activations.GELUTanh,
+        "gelu_fast": activations.GELUTanh,
+        "gelu_pytorch_tanh": activations.GELUTanh,
         "quick_gelu": activations.GELUSigmoid,
     }
     if name not in table:
@@ -398,8 +405,11 @@ def _activation(ctranslate2, name: str):
 def _transformer_spec(ctranslate2, config: VanillaTransformerConfig):
     """The empty TransformerSpec of our architecture (encoder and decoder head counts may differ)."""
     specs = ctranslate2.specs
-    common = dict(pre_norm=config.normalize_before, activation=_activation(ctranslate2, config.activation_function),
-                  head_dim=config.head_dim)
+    common = dict(
+        pre_norm=config.normalize_before,
+        activation=_activation(ctranslate2, config.activation_function),
+        head_dim=config.head_dim,
+    )
     encoder = specs.TransformerEncoderSpec(config.encoder_layers, config.encoder_attention_heads, **common)
     decoder = specs.TransformerDecoderSpec(config.decoder_layers, config.decoder_attention_heads, **common)
     return specs.TransformerSpec(encoder, decoder)
@@ -503,8 +513,13 @@ def _vocabularies(config: VanillaTransformerConfig, tokenizer, target_tokenizer)
 
 
 # What `TransformerSpec.save` writes; with force=True these (and only these) are replaced.
-CTRANSLATE2_FILES = ("model.bin", "config.json", "shared_vocabulary.json", "source_vocabulary.json",
-                     "target_vocabulary.json")
+CTRANSLATE2_FILES = (
+    "model.bin",
+    "config.json",
+    "shared_vocabulary.json",
+    "source_vocabulary.json",
+    "target_vocabulary.json",
+)
 
 
 def _save(spec, output_dir: Path, quantization: str | None) -> None:
@@ -527,7 +542,11 @@ def _load_for_export(model_or_path, tokenizer):
 
 @torch.no_grad()
 def to_ctranslate2(
-    model_or_path, output_dir, quantization: str | None = None, tokenizer=None, target_tokenizer=None,
+    model_or_path,
+    output_dir,
+    quantization: str | None = None,
+    tokenizer=None,
+    target_tokenizer=None,
     force: bool = False,
 ) -> Path:
     """Write a CTranslate2 model directory (``model.bin``, ``config.json``, vocabulary JSON files).
@@ -606,21 +625,29 @@ def _check_arguments(args: argparse.Namespace) -> None:
             raise ValueError("--tokenizer and --no-tokenizer contradict each other; give one.")
         check_model_folder(args.source, f"from-marian SOURCE {args.source}")
         if not args.no_tokenizer and not args.tokenizer and is_local(args.source) and not has_tokenizer(args.source):
-            raise ValueError(f"Could not load the Marian tokenizer from {args.source}: it has no tokenizer files. Give "
-                             "--tokenizer NAME_OR_FOLDER, or --no-tokenizer to save the model alone.")
+            raise ValueError(
+                f"Could not load the Marian tokenizer from {args.source}: it has no tokenizer files. Give "
+                "--tokenizer NAME_OR_FOLDER, or --no-tokenizer to save the model alone."
+            )
         if (args.output_dir / "config.json").exists() and not args.force:
-            raise FileExistsError(f"{args.output_dir} already holds a model; choose a new folder, or pass --force to "
-                                  "replace it.")
+            raise FileExistsError(
+                f"{args.output_dir} already holds a model; choose a new folder, or pass --force to replace it."
+            )
         return
     check_model_folder(args.model, f"to-ctranslate2 MODEL {args.model}")
     if not args.tokenizer:
-        check_has_tokenizer(args.model, f"to-ctranslate2 MODEL {args.model}",
-                            "Give the tokenizer the model was trained with: --tokenizer FOLDER.")
+        check_has_tokenizer(
+            args.model,
+            f"to-ctranslate2 MODEL {args.model}",
+            "Give the tokenizer the model was trained with: --tokenizer FOLDER.",
+        )
     for flag, name in (("--tokenizer", args.tokenizer), ("--target-tokenizer", args.target_tokenizer)):
         if name:
             check_has_tokenizer(name, f"{flag} {name}", "Give the folder the tokenizer was saved in.")
     if args.quantization is not None and args.quantization not in QUANTIZATIONS:
-        raise ValueError(f"--quantization {args.quantization!r} does not exist; choose one of {', '.join(QUANTIZATIONS)}.")
+        raise ValueError(
+            f"--quantization {args.quantization!r} does not exist; choose one of {', '.join(QUANTIZATIONS)}."
+        )
 
 
 def _tokenizer_for(path: str, what: str):

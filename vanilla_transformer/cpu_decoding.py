@@ -40,8 +40,9 @@ def onednn_linear_works() -> bool:
     if not torch.backends.mkldnn.is_available():
         return False
     try:
-        weight, bias, states = (torch.linspace(-1, 1, n).sin().reshape(shape) for n, shape in (
-            (384, (24, 16)), (24, (24,)), (48, (3, 16))))
+        weight, bias, states = (
+            torch.linspace(-1, 1, n).sin().reshape(shape) for n, shape in ((384, (24, 16)), (24, (24,)), (48, (3, 16)))
+        )
         product = onednn_linear(states, torch.ops.mkldnn._reorder_linear_weight(weight, 3), bias)
         return torch.allclose(product, nn.functional.linear(states, weight, bias), atol=1e-4)
     except (AttributeError, RuntimeError, TypeError):
@@ -56,9 +57,16 @@ class PrepackedLinear(nn.Linear):
     packed_from: tuple | None = None  # (storage, version) of the weight the copy was made from
 
     def forward(self, states: torch.Tensor) -> torch.Tensor:
-        if (torch.is_grad_enabled() or torch.compiler.is_compiling() or states.dtype != torch.float32
-                or self.weight.dtype != torch.float32 or states.device.type != "cpu" or self.weight.device.type != "cpu"
-                or not torch.backends.mkldnn.enabled or torch.is_autocast_enabled("cpu")):
+        if (
+            torch.is_grad_enabled()
+            or torch.compiler.is_compiling()
+            or states.dtype != torch.float32
+            or self.weight.dtype != torch.float32
+            or states.device.type != "cpu"
+            or self.weight.device.type != "cpu"
+            or not torch.backends.mkldnn.enabled
+            or torch.is_autocast_enabled("cpu")
+        ):
             return super().forward(states)
         weight = self.weight.detach()
         source = (weight.data_ptr(), self.weight._version)
@@ -76,7 +84,9 @@ def prepack_for_cpu_decoding(model: nn.Module) -> nn.Module:
     """
     if not onednn_linear_works():
         return model
-    layers = [linear for layer in model.model.decoder.layers for linear in (layer.feed_forward.fc1, layer.feed_forward.fc2)]
+    layers = [
+        linear for layer in model.model.decoder.layers for linear in (layer.feed_forward.fc1, layer.feed_forward.fc2)
+    ]
     for linear in [*layers, model.get_output_embeddings()]:
         if type(linear) is nn.Linear:
             linear.__class__ = PrepackedLinear

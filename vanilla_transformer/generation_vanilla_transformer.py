@@ -44,8 +44,12 @@ from transformers.utils import logging
 
 from .private_api import require
 
-require("transformers.GenerationMixin._beam_search", "transformers.GenerationMixin._update_finished_beams",
-        "transformers.GenerationMixin._check_early_stop_heuristic", "transformers.PretrainedConfig._attn_implementation")
+require(
+    "transformers.GenerationMixin._beam_search",
+    "transformers.GenerationMixin._update_finished_beams",
+    "transformers.GenerationMixin._check_early_stop_heuristic",
+    "transformers.PretrainedConfig._attn_implementation",
+)
 
 logger = logging.get_logger(__name__)
 
@@ -137,7 +141,9 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         self._check_length_fits(generation_config or self.generation_config, kwargs)
         formula = kwargs.pop(LENGTH_PENALTY_FORMULA, None) or self._setting(generation_config, LENGTH_PENALTY_FORMULA)
         if formula not in (None, *LENGTH_PENALTY_FORMULAS):
-            raise ValueError(f"{LENGTH_PENALTY_FORMULA}={formula!r}: use 'gnmt' (the paper's) or 'length' (transformers').")
+            raise ValueError(
+                f"{LENGTH_PENALTY_FORMULA}={formula!r}: use 'gnmt' (the paper's) or 'length' (transformers')."
+            )
         penalty = _GNMT_PENALTY.set(formula == "gnmt")  # this call's, in this thread only
         try:
             output = super().generate(inputs, generation_config, **kwargs)
@@ -216,10 +222,13 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         self, input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus=False, **model_kwargs
     ):
         """generate()'s beam search: `BeamSearch` where it covers the call, else transformers' own."""
-        reason = BeamSearch.not_covered(self, logits_processor, stopping_criteria, generation_config, synced_gpus,
-                                        model_kwargs)
+        reason = BeamSearch.not_covered(
+            self, logits_processor, stopping_criteria, generation_config, synced_gpus, model_kwargs
+        )
         if reason is None:
-            return BeamSearch(self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs).run()
+            return BeamSearch(
+                self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs
+            ).run()
         _log_once(f"beam search: transformers' own loop, because {reason}")
         return super()._beam_search(
             input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
@@ -241,20 +250,29 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
             length = cur_len + 1 - decoder_prompt_len
             topk_log_probs = topk_log_probs * (length**length_penalty / gnmt_length_penalty(length, length_penalty))
         return super()._update_finished_beams(
-            topk_log_probs=topk_log_probs, cur_len=cur_len, decoder_prompt_len=decoder_prompt_len,
-            length_penalty=length_penalty, **kwargs,
+            topk_log_probs=topk_log_probs,
+            cur_len=cur_len,
+            decoder_prompt_len=decoder_prompt_len,
+            length_penalty=length_penalty,
+            **kwargs,
         )
 
-    def _check_early_stop_heuristic(self, *, running_beam_scores, cur_len, max_length, decoder_prompt_len,
-                                    early_stopping, length_penalty, **kwargs):
+    def _check_early_stop_heuristic(
+        self, *, running_beam_scores, cur_len, max_length, decoder_prompt_len, early_stopping, length_penalty, **kwargs
+    ):
         if _GNMT_PENALTY.get():  # the same hypothetical length as transformers' heuristic
             length = max_length if early_stopping == "never" and length_penalty > 0.0 else cur_len
             length -= decoder_prompt_len
             running_beam_scores = running_beam_scores * (
-                length**length_penalty / gnmt_length_penalty(length, length_penalty))
+                length**length_penalty / gnmt_length_penalty(length, length_penalty)
+            )
         return GenerationMixin._check_early_stop_heuristic(
-            running_beam_scores=running_beam_scores, cur_len=cur_len, max_length=max_length,
-            decoder_prompt_len=decoder_prompt_len, early_stopping=early_stopping, length_penalty=length_penalty,
+            running_beam_scores=running_beam_scores,
+            cur_len=cur_len,
+            max_length=max_length,
+            decoder_prompt_len=decoder_prompt_len,
+            early_stopping=early_stopping,
+            length_penalty=length_penalty,
             **kwargs,
         )
 
@@ -305,7 +323,7 @@ def top_tokens(log_probs: torch.Tensor, keep: int, block: int = 64) -> tuple[tor
     candidates = body.gather(1, best_blocks[:, :, None].expand(-1, -1, block)).flatten(1)  # (rows, keep * block)
     tokens = (best_blocks[:, :, None] * block + torch.arange(block, device=log_probs.device)).flatten(1)
     if blocks * block < vocab:  # the partial block at the end
-        candidates = torch.cat([candidates, log_probs[:, blocks * block:]], dim=1)
+        candidates = torch.cat([candidates, log_probs[:, blocks * block :]], dim=1)
         tail = torch.arange(blocks * block, vocab, device=log_probs.device).expand(rows, -1)
         tokens = torch.cat([tokens, tail], dim=1)
     scores, picked = candidates.topk(keep)
@@ -334,9 +352,15 @@ def best_continuations(
 # Logits processors that treat every row on its own (no batch index, no per-sentence state): with them,
 # leaving a finished sentence's rows out of the batch changes nothing for the other rows.
 ROW_WISE_PROCESSORS = (
-    MinLengthLogitsProcessor, MinNewTokensLengthLogitsProcessor, NoBadWordsLogitsProcessor,
-    SuppressTokensLogitsProcessor, SuppressTokensAtBeginLogitsProcessor, ForcedBOSTokenLogitsProcessor,
-    ForcedEOSTokenLogitsProcessor, NoRepeatNGramLogitsProcessor, RepetitionPenaltyLogitsProcessor,
+    MinLengthLogitsProcessor,
+    MinNewTokensLengthLogitsProcessor,
+    NoBadWordsLogitsProcessor,
+    SuppressTokensLogitsProcessor,
+    SuppressTokensAtBeginLogitsProcessor,
+    ForcedBOSTokenLogitsProcessor,
+    ForcedEOSTokenLogitsProcessor,
+    NoRepeatNGramLogitsProcessor,
+    RepetitionPenaltyLogitsProcessor,
 )
 ROW_WISE_CRITERIA = (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)
 
@@ -376,18 +400,24 @@ class BeamSearch:
         cache, encoder_outputs = model_kwargs.get(CACHE), model_kwargs.get("encoder_outputs")
         checks = {
             "it samples, returns a dict, syncs GPUs or prefills in chunks": not (
-                generation_config.do_sample or generation_config.return_dict_in_generate or synced_gpus
-                or generation_config.prefill_chunk_size is not None),
-            f"the call passes model arguments beyond the source ({sorted(model_kwargs)})": set(model_kwargs) <= {
-                "attention_mask", "encoder_outputs", CACHE, "use_cache", "logits_to_keep"},
+                generation_config.do_sample
+                or generation_config.return_dict_in_generate
+                or synced_gpus
+                or generation_config.prefill_chunk_size is not None
+            ),
+            f"the call passes model arguments beyond the source ({sorted(model_kwargs)})": set(model_kwargs)
+            <= {"attention_mask", "encoder_outputs", CACHE, "use_cache", "logits_to_keep"},
             "the cache is off, not a fresh dynamic one, or the user's": bool(model_kwargs.get("use_cache"))
-                and type(cache) is EncoderDecoderCache and type(cache.self_attention_cache) is DynamicCache
-                and not getattr(cache, "_is_user_defined", False) and cache.get_seq_length() == 0,
+            and type(cache) is EncoderDecoderCache
+            and type(cache.self_attention_cache) is DynamicCache
+            and not getattr(cache, "_is_user_defined", False)
+            and cache.get_seq_length() == 0,
             "the encoder outputs carry more than the last hidden state": isinstance(encoder_outputs, BaseModelOutput)
-                and list(encoder_outputs.keys()) == ["last_hidden_state"],
+            and list(encoder_outputs.keys()) == ["last_hidden_state"],
             "a logits processor or stopping criterion may look across rows": all(
-                type(processor) in ROW_WISE_PROCESSORS for processor in logits_processor)
-                and all(type(criterion) in ROW_WISE_CRITERIA for criterion in stopping_criteria),
+                type(processor) in ROW_WISE_PROCESSORS for processor in logits_processor
+            )
+            and all(type(criterion) in ROW_WISE_CRITERIA for criterion in stopping_criteria),
             "the attention implementation takes no tensor mask": model.config._attn_implementation in ("eager", "sdpa"),
         }
         return next((reason for reason, holds in checks.items() if not holds), None)
@@ -409,7 +439,8 @@ class BeamSearch:
         # the decoder's cross-attention mask, made once (the decoder would make it again at every step):
         # (B, 1, 1, S) is the same for every query position and beam, so it serves every step
         self.attention_mask = create_bidirectional_mask(
-            config=model.config, inputs_embeds=self.encoder_hidden_states[:, :1],
+            config=model.config,
+            inputs_embeds=self.encoder_hidden_states[:, :1],
             encoder_hidden_states=self.encoder_hidden_states,
             attention_mask=source_mask[:: self.beams] if source_mask is not None else None,
         )
@@ -427,8 +458,10 @@ class BeamSearch:
         running_beam_scores = torch.zeros(shape, device=device)
         running_beam_scores[:, 1:] = -1.0e9  # only the first beam's continuations count at the first step
         return {
-            "running_sequences": running_sequences, "running_beam_scores": running_beam_scores,
-            "sequences": running_sequences.clone(), "beam_scores": torch.full(shape, -1.0e9, device=device),
+            "running_sequences": running_sequences,
+            "running_beam_scores": running_beam_scores,
+            "sequences": running_sequences.clone(),
+            "beam_scores": torch.full(shape, -1.0e9, device=device),
             "generated": torch.zeros((*shape, 1), dtype=torch.long, device=device),
             "is_sent_finished": torch.zeros(shape, dtype=torch.bool, device=device),
             "is_early_stop_heuristic_unsatisfied": torch.ones((sentences, 1), dtype=torch.bool, device=device),
@@ -503,12 +536,20 @@ class BeamSearch:
         generated = torch.full_like(beam, self.length + 1 - self.prompt_length)[:, :, None]
         state["sequences"], state["beam_scores"], state["generated"], state["is_sent_finished"] = (
             self.model._update_finished_beams(  # by keyword, as `_beam_search` calls it (the GNMT penalty hooks in)
-                sequences=state["sequences"], topk_running_sequences=candidates, beam_scores=state["beam_scores"],
-                topk_log_probs=scores, beam_indices=state["generated"], topk_running_beam_indices=generated,
+                sequences=state["sequences"],
+                topk_running_sequences=candidates,
+                beam_scores=state["beam_scores"],
+                topk_log_probs=scores,
+                beam_indices=state["generated"],
+                topk_running_beam_indices=generated,
                 is_early_stop_heuristic_unsatisfied=state["is_early_stop_heuristic_unsatisfied"],
-                is_sent_finished=state["is_sent_finished"], next_token_hits_stopping_criteria=hits,
-                top_num_beam_mask=self.top_beams_mask, num_beams=self.beams, cur_len=self.length,
-                decoder_prompt_len=self.prompt_length, length_penalty=self.config.length_penalty,
+                is_sent_finished=state["is_sent_finished"],
+                next_token_hits_stopping_criteria=hits,
+                top_num_beam_mask=self.top_beams_mask,
+                num_beams=self.beams,
+                cur_len=self.length,
+                decoder_prompt_len=self.prompt_length,
+                length_penalty=self.config.length_penalty,
                 early_stopping=self.config.early_stopping,
             )
         )
@@ -518,9 +559,13 @@ class BeamSearch:
         state = self.state
         state["is_early_stop_heuristic_unsatisfied"] = self.model._check_early_stop_heuristic(
             is_early_stop_heuristic_unsatisfied=state["is_early_stop_heuristic_unsatisfied"],
-            running_beam_scores=state["running_beam_scores"], beam_scores=state["beam_scores"],
-            is_sent_finished=state["is_sent_finished"], cur_len=self.length, max_length=self.config.max_length,
-            decoder_prompt_len=self.prompt_length, early_stopping=self.config.early_stopping,
+            running_beam_scores=state["running_beam_scores"],
+            beam_scores=state["beam_scores"],
+            is_sent_finished=state["is_sent_finished"],
+            cur_len=self.length,
+            max_length=self.config.max_length,
+            decoder_prompt_len=self.prompt_length,
+            early_stopping=self.config.early_stopping,
             length_penalty=self.config.length_penalty,
         )
         return state["is_early_stop_heuristic_unsatisfied"]
@@ -531,8 +576,11 @@ class BeamSearch:
         running = self.state["running_sequences"]
         sequences = (running[:, :1] if first else running)[:, :, : self.length].flatten(0, 1)  # (rows, length)
         outputs = self.model(  # one encoder row per sentence, shared by its beams
-            encoder_outputs=(self.encoder_hidden_states,), attention_mask=self.attention_mask,
-            decoder_input_ids=sequences if first else sequences[:, -1:], use_cache=True, logits_to_keep=1,
+            encoder_outputs=(self.encoder_hidden_states,),
+            attention_mask=self.attention_mask,
+            decoder_input_ids=sequences if first else sequences[:, -1:],
+            use_cache=True,
+            logits_to_keep=1,
             **{CACHE: self.cache},
         )
         log_probs = nn.functional.log_softmax(outputs.logits[:, -1].float(), dim=-1)  # (rows, V)

@@ -187,7 +187,8 @@ _EXAMPLE_SENTENCES = {
 
 def _checked_languages(languages) -> tuple[str, str]:
     if (
-        not isinstance(languages, (tuple, list)) or len(languages) != 2
+        not isinstance(languages, (tuple, list))
+        or len(languages) != 2
         or not all(isinstance(code, str) and code.strip() for code in languages)
     ):
         raise ValueError(f"languages must be (source, target) language codes such as ('en', 'de'), got {languages!r}.")
@@ -283,12 +284,16 @@ def _training_section(datasets, hyperparameters: Mapping[str, Any] | None, gener
 
 def _decoding_sentence(generation_config: GenerationConfig) -> str:
     length = (
-        f"at most {generation_config.max_new_tokens} new tokens" if generation_config.max_new_tokens
-        else f"at most {generation_config.max_length} tokens" if generation_config.max_length
+        f"at most {generation_config.max_new_tokens} new tokens"
+        if generation_config.max_new_tokens
+        else f"at most {generation_config.max_length} tokens"
+        if generation_config.max_length
         else "at most input length + 50 tokens (§6.1)"
     )
     name = penalty_formula_of(generation_config)
-    formula = {"gnmt": "GNMT's ((5 + |Y|) / 6)^alpha, as the paper", "length": "|Y|^alpha"}.get(name, f"formula {name!r}")
+    formula = {"gnmt": "GNMT's ((5 + |Y|) / 6)^alpha, as the paper", "length": "|Y|^alpha"}.get(
+        name, f"formula {name!r}"
+    )
     return (
         f"Decoding (`generation_config.json`): beam size {generation_config.num_beams}, length penalty alpha "
         f"{generation_config.length_penalty} ({formula}), {length}."

@@ -47,8 +47,12 @@ from .private_api import require
 from .training_kernels import UniformMaskDropout, label_smoothed_cross_entropy
 
 # Private members overridden (vocabulary resizing) or read (the attention implementation) below: checked at import
-require("transformers.PreTrainedModel._resize_token_embeddings", "transformers.PreTrainedModel._get_resized_embeddings",
-        "transformers.PreTrainedModel._get_resized_lm_head", "transformers.PretrainedConfig._attn_implementation")
+require(
+    "transformers.PreTrainedModel._resize_token_embeddings",
+    "transformers.PreTrainedModel._get_resized_embeddings",
+    "transformers.PreTrainedModel._get_resized_lm_head",
+    "transformers.PretrainedConfig._attn_implementation",
+)
 
 
 def accepts_past_key_values(forward: Callable) -> Callable:
@@ -66,6 +70,7 @@ def accepts_past_key_values(forward: Callable) -> Callable:
         return forward(*args, **kwargs)
 
     return forward_taking_either_name
+
 
 # ---------------------------------------------------------------------------------------------
 # §3.5 Positional encoding
@@ -208,8 +213,9 @@ def repeat_block_mask(mask: BlockMask, length: int, group: int) -> BlockMask:
     def mask_mod(row, head, query_position, key_position):
         return mask.mask_mod(row, head, query_position % length, key_position)
 
-    return create_block_mask(mask_mod, rows, heads, group * length, key_length,
-                             device=mask.kv_num_blocks.device, BLOCK_SIZE=mask.BLOCK_SIZE)
+    return create_block_mask(
+        mask_mod, rows, heads, group * length, key_length, device=mask.kv_num_blocks.device, BLOCK_SIZE=mask.BLOCK_SIZE
+    )
 
 
 def unshare_keys(output: torch.Tensor, weights: torch.Tensor | None, group: int):
@@ -234,8 +240,12 @@ class VanillaTransformerAttention(nn.Module):
     """
 
     def __init__(
-        self, config: VanillaTransformerConfig, num_heads: int, is_causal: bool = False,
-        is_cross_attention: bool = False, layer_idx: int | None = None,
+        self,
+        config: VanillaTransformerConfig,
+        num_heads: int,
+        is_causal: bool = False,
+        is_cross_attention: bool = False,
+        layer_idx: int | None = None,
     ):
         super().__init__()
         self.config = config
@@ -287,8 +297,14 @@ class VanillaTransformerAttention(nn.Module):
         attention = with_chosen_backends(attention, self, hidden_states, cache)  # sdpa on CUDA: kernels by use
         query, attention_mask, group = share_keys(query, key, attention_mask)  # group > 1: a shared encoder output
         output, weights = attention(
-            self, query, key, value, attention_mask,
-            dropout=self.attention_dropout if self.training else 0.0, scaling=self.scaling, **kwargs,
+            self,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=self.attention_dropout if self.training else 0.0,
+            scaling=self.scaling,
+            **kwargs,
         )
         output, weights = unshare_keys(output, weights, group)
         output = output.reshape(*hidden_states.shape[:-1], -1)  # (B, T, H * D)
@@ -385,9 +401,7 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
         )
         hidden_states = self.cross_attention_residual(
             hidden_states,
-            lambda x: self.cross_attention(
-                x, encoder_attention_mask, encoder_hidden_states, cache=cache, **kwargs
-            )[0],
+            lambda x: self.cross_attention(x, encoder_attention_mask, encoder_hidden_states, cache=cache, **kwargs)[0],
         )
         return self.feed_forward_residual(hidden_states, self.feed_forward)
 
@@ -397,7 +411,6 @@ class VanillaTransformerDecoderLayer(GradientCheckpointingLayer):
 # ---------------------------------------------------------------------------------------------
 
 MODEL_TAGS = ("translation", "vanilla-transformer", "custom_code")
-
 
 
 class VanillaTransformerPreTrainedModel(PreTrainedModel):
@@ -480,7 +493,9 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
         decoder.set_input_embeddings(new)
         projection = self.get_output_embeddings()
         if projection is not None and not self.config.tie_word_embeddings:
-            self.set_output_embeddings(self._get_resized_lm_head(projection, new_num_tokens, mean_resizing=mean_resizing))
+            self.set_output_embeddings(
+                self._get_resized_lm_head(projection, new_num_tokens, mean_resizing=mean_resizing)
+            )
         self.config.decoder_vocab_size = new_num_tokens
         self.tie_weights()
         return new
@@ -591,13 +606,19 @@ class VanillaTransformerDecoder(VanillaTransformerStack):
             self.config, hidden_states, attention_mask, cache.self_attention_cache if cache is not None else None
         )
         cross_attention_mask = create_bidirectional_mask(
-            config=self.config, inputs_embeds=hidden_states, attention_mask=encoder_attention_mask,
+            config=self.config,
+            inputs_embeds=hidden_states,
+            attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,
         )
         for layer in self.layers:
             hidden_states = layer(
-                hidden_states, self_attention_mask, encoder_hidden_states,  # positional for checkpointing
-                encoder_attention_mask=cross_attention_mask, **{CACHE: cache}, **kwargs,  # the name checkpointing drops
+                hidden_states,
+                self_attention_mask,
+                encoder_hidden_states,  # positional for checkpointing
+                encoder_attention_mask=cross_attention_mask,
+                **{CACHE: cache},
+                **kwargs,  # the name checkpointing drops
             )
         return BaseModelOutputWithPastAndCrossAttentions(
             last_hidden_state=self.layer_norm(hidden_states), **{CACHE: cache}
@@ -705,8 +726,10 @@ class VanillaTransformerForConditionalGeneration(VanillaTransformerGenerationMix
             f"model.{target}": f"model.{source}" for target, source in self.model._tied_weights_keys.items()
         }
         if config.tie_word_embeddings:  # §3.4: the pre-softmax projection is the target embedding
-            target_embedding = "model.shared.weight" if config.share_encoder_decoder_embeddings else (
-                "model.decoder.embedding.token_embedding.weight"
+            target_embedding = (
+                "model.shared.weight"
+                if config.share_encoder_decoder_embeddings
+                else ("model.decoder.embedding.token_embedding.weight")
             )
             self._tied_weights_keys["lm_head.weight"] = target_embedding
         self.post_init()

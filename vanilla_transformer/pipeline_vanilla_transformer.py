@@ -120,8 +120,13 @@ class VanillaTranslationPipeline(Pipeline):
         check_tokenizer_matches_model(self.tokenizer, self.model.config)
 
     def _sanitize_parameters(
-        self, src_lang=None, tgt_lang=None, truncation=None, clean_up_tokenization_spaces=None,
-        return_tensors=None, **generate_kwargs,
+        self,
+        src_lang=None,
+        tgt_lang=None,
+        truncation=None,
+        clean_up_tokenization_spaces=None,
+        return_tensors=None,
+        **generate_kwargs,
     ):
         preprocess_params = {}
         if src_lang is not None or tgt_lang is not None:
@@ -213,5 +218,9 @@ def _unwrap(records: list[dict]) -> dict | list[dict]:
 
 
 __all__ = [
-    "CUSTOM_PIPELINES", "REMOTE_CODE_TASK", "TASK", "VanillaTranslationPipeline", "check_tokenizer_matches_model"
+    "CUSTOM_PIPELINES",
+    "REMOTE_CODE_TASK",
+    "TASK",
+    "VanillaTranslationPipeline",
+    "check_tokenizer_matches_model",
 ]

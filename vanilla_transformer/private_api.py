@@ -80,64 +80,151 @@ T5 = "transformers 5.0.0 - 5.24.0"
 
 PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
     # --- decoding (generation_vanilla_transformer.py): the paper's beam search on GenerationMixin's parts
-    PrivateMember("transformers.GenerationMixin._beam_search", T5,
-                  "generation: generate() routes beam search to the model's own search", NO_FALLBACK),
-    PrivateMember("transformers.GenerationMixin._check_early_stop_heuristic", T5,
-                  "generation: beam search, length penalty (GNMT)", NO_FALLBACK),
-    PrivateMember("transformers.GenerationMixin._update_finished_beams", T5,
-                  "generation: beam search, length penalty (GNMT)", NO_FALLBACK),
+    PrivateMember(
+        "transformers.GenerationMixin._beam_search",
+        T5,
+        "generation: generate() routes beam search to the model's own search",
+        NO_FALLBACK,
+    ),
+    PrivateMember(
+        "transformers.GenerationMixin._check_early_stop_heuristic",
+        T5,
+        "generation: beam search, length penalty (GNMT)",
+        NO_FALLBACK,
+    ),
+    PrivateMember(
+        "transformers.GenerationMixin._update_finished_beams",
+        T5,
+        "generation: beam search, length penalty (GNMT)",
+        NO_FALLBACK,
+    ),
     # --- the model (modeling_vanilla_transformer.py, visualization.py, training/run.py)
-    PrivateMember("transformers.PreTrainedModel._resize_token_embeddings", T5,
-                  "modeling: resize_token_embeddings with separate source and target vocabularies", NO_FALLBACK),
-    PrivateMember("transformers.PreTrainedModel._get_resized_embeddings", T5,
-                  "modeling: resize_token_embeddings with separate source and target vocabularies", NO_FALLBACK),
-    PrivateMember("transformers.PreTrainedModel._get_resized_lm_head", T5,
-                  "modeling: resize_token_embeddings with separate source and target vocabularies", NO_FALLBACK),
-    PrivateMember("transformers.PreTrainedModel._from_config", T5,
-                  "training/run.py: a new model with a chosen attention implementation", NO_FALLBACK),
-    PrivateMember("transformers.PretrainedConfig._attn_implementation", T5,
-                  "modeling, generation, attention_backends.py, visualization.py: the attention implementation in use",
-                  NO_FALLBACK),
+    PrivateMember(
+        "transformers.PreTrainedModel._resize_token_embeddings",
+        T5,
+        "modeling: resize_token_embeddings with separate source and target vocabularies",
+        NO_FALLBACK,
+    ),
+    PrivateMember(
+        "transformers.PreTrainedModel._get_resized_embeddings",
+        T5,
+        "modeling: resize_token_embeddings with separate source and target vocabularies",
+        NO_FALLBACK,
+    ),
+    PrivateMember(
+        "transformers.PreTrainedModel._get_resized_lm_head",
+        T5,
+        "modeling: resize_token_embeddings with separate source and target vocabularies",
+        NO_FALLBACK,
+    ),
+    PrivateMember(
+        "transformers.PreTrainedModel._from_config",
+        T5,
+        "training/run.py: a new model with a chosen attention implementation",
+        NO_FALLBACK,
+    ),
+    PrivateMember(
+        "transformers.PretrainedConfig._attn_implementation",
+        T5,
+        "modeling, generation, attention_backends.py, visualization.py: the attention implementation in use",
+        NO_FALLBACK,
+    ),
     # --- training (training/trainer.py, training/checkpointing.py)
-    PrivateMember("transformers.Trainer._save_checkpoint", T5,
-                  "training/checkpointing.py: checkpoints written under a temporary name", NO_FALLBACK),
+    PrivateMember(
+        "transformers.Trainer._save_checkpoint",
+        T5,
+        "training/checkpointing.py: checkpoints written under a temporary name",
+        NO_FALLBACK,
+    ),
     PrivateMember("transformers.Trainer._get_output_dir", T5, "training/checkpointing.py", NO_FALLBACK),
-    PrivateMember("transformers.Trainer._push_from_checkpoint", T5, "training/checkpointing.py: push_to_hub",
-                  NO_FALLBACK),
-    PrivateMember("transformers.Trainer._save", T5,
-                  "training/checkpointing.py: no non-finite weights; the final model under FSDP", NO_FALLBACK),
-    PrivateMember("transformers.Trainer._load_optimizer_and_scheduler", T5,
-                  "training/checkpointing.py: --ema_decay on resume", NO_FALLBACK),
-    PrivateMember("transformers.Trainer._remove_unused_columns", T5, "training/trainer.py: --max_tokens batches",
-                  NO_FALLBACK),
-    PrivateMember("transformers.Trainer._get_collator_with_removed_columns", T5,
-                  "training/trainer.py: --max_tokens batches", NO_FALLBACK),
-    PrivateMember("transformers.Trainer._created_lr_scheduler", T5,
-                  "training/trainer.py: the paper's schedule (eq. 3) as the Trainer's own", NO_FALLBACK,
-                  set_in="transformers.Trainer.create_scheduler"),
-    PrivateMember("transformers.Seq2SeqTrainer._gen_kwargs", T5,
-                  "training/trainer.py: evaluation with num_return_sequences",
-                  "read with getattr: without it, the model's generation_config decides",
-                  set_in="transformers.Seq2SeqTrainer.evaluate"),
-    PrivateMember("accelerate.Accelerator._models", "accelerate 1.0.0 - 1.15.0",
-                  "training/trainer.py: evaluation without training under FSDP", NO_FALLBACK,
-                  set_in="accelerate.Accelerator.__init__"),
-    PrivateMember("transformers.Trainer._build_accelerator_args", "transformers 5.10.1 - 5.24.0",
-                  "training/trainer.py: --torch_compile with token batches compiles static shapes", NO_FALLBACK),
-    PrivateMember("transformers.HfArgumentParser._parse_dataclass_field", "transformers 5.10.1 - 5.24.0",
-                  "training/options.py: train --help in groups", NO_FALLBACK),
-    PrivateMember("transformers.Trainer._get_grad_norm", "transformers 5.10.1 - 5.24.0",
-                  "training/divergence.py: the gradient norm of each update, checked for non-finite values",
-                  "none needed: without the hook, divergence is detected from the loss alone"),
-    PrivateMember("torch._foreach_lerp_", "torch 2.7.0 - 2.13.0",
-                  "training/moving_average.py: the moving average's update, one fused call", NO_FALLBACK),
+    PrivateMember(
+        "transformers.Trainer._push_from_checkpoint", T5, "training/checkpointing.py: push_to_hub", NO_FALLBACK
+    ),
+    PrivateMember(
+        "transformers.Trainer._save",
+        T5,
+        "training/checkpointing.py: no non-finite weights; the final model under FSDP",
+        NO_FALLBACK,
+    ),
+    PrivateMember(
+        "transformers.Trainer._load_optimizer_and_scheduler",
+        T5,
+        "training/checkpointing.py: --ema_decay on resume",
+        NO_FALLBACK,
+    ),
+    PrivateMember(
+        "transformers.Trainer._remove_unused_columns", T5, "training/trainer.py: --max_tokens batches", NO_FALLBACK
+    ),
+    PrivateMember(
+        "transformers.Trainer._get_collator_with_removed_columns",
+        T5,
+        "training/trainer.py: --max_tokens batches",
+        NO_FALLBACK,
+    ),
+    PrivateMember(
+        "transformers.Trainer._created_lr_scheduler",
+        T5,
+        "training/trainer.py: the paper's schedule (eq. 3) as the Trainer's own",
+        NO_FALLBACK,
+        set_in="transformers.Trainer.create_scheduler",
+    ),
+    PrivateMember(
+        "transformers.Seq2SeqTrainer._gen_kwargs",
+        T5,
+        "training/trainer.py: evaluation with num_return_sequences",
+        "read with getattr: without it, the model's generation_config decides",
+        set_in="transformers.Seq2SeqTrainer.evaluate",
+    ),
+    PrivateMember(
+        "accelerate.Accelerator._models",
+        "accelerate 1.0.0 - 1.15.0",
+        "training/trainer.py: evaluation without training under FSDP",
+        NO_FALLBACK,
+        set_in="accelerate.Accelerator.__init__",
+    ),
+    PrivateMember(
+        "transformers.Trainer._build_accelerator_args",
+        "transformers 5.10.1 - 5.24.0",
+        "training/trainer.py: --torch_compile with token batches compiles static shapes",
+        NO_FALLBACK,
+    ),
+    PrivateMember(
+        "transformers.HfArgumentParser._parse_dataclass_field",
+        "transformers 5.10.1 - 5.24.0",
+        "training/options.py: train --help in groups",
+        NO_FALLBACK,
+    ),
+    PrivateMember(
+        "transformers.Trainer._get_grad_norm",
+        "transformers 5.10.1 - 5.24.0",
+        "training/divergence.py: the gradient norm of each update, checked for non-finite values",
+        "none needed: without the hook, divergence is detected from the loss alone",
+    ),
+    PrivateMember(
+        "torch._foreach_lerp_",
+        "torch 2.7.0 - 2.13.0",
+        "training/moving_average.py: the moving average's update, one fused call",
+        NO_FALLBACK,
+    ),
     # --- torch (cpu_decoding.py): prepacked weights for decoding on the CPU, opt-in
-    PrivateMember("torch.ops.mkldnn._linear_pointwise", "torch 2.7.0 - 2.13.0",
-                  "cpu_decoding.py: prepacked weights", "checked once (onednn_linear_works): plain weights"),
-    PrivateMember("torch.ops.mkldnn._reorder_linear_weight", "torch 2.7.0 - 2.13.0",
-                  "cpu_decoding.py: prepacked weights", "checked once (onednn_linear_works): plain weights"),
-    PrivateMember("torch.Tensor._version", "torch 2.7.0 - 2.13.0",
-                  "cpu_decoding.py: a weight changed in place since it was packed is packed again", NO_FALLBACK),
+    PrivateMember(
+        "torch.ops.mkldnn._linear_pointwise",
+        "torch 2.7.0 - 2.13.0",
+        "cpu_decoding.py: prepacked weights",
+        "checked once (onednn_linear_works): plain weights",
+    ),
+    PrivateMember(
+        "torch.ops.mkldnn._reorder_linear_weight",
+        "torch 2.7.0 - 2.13.0",
+        "cpu_decoding.py: prepacked weights",
+        "checked once (onednn_linear_works): plain weights",
+    ),
+    PrivateMember(
+        "torch.Tensor._version",
+        "torch 2.7.0 - 2.13.0",
+        "cpu_decoding.py: a weight changed in place since it was packed is packed again",
+        NO_FALLBACK,
+    ),
 )
 
 # Private names of other objects, read with a default, that need no check: a cache's `_is_user_defined`
@@ -178,11 +265,15 @@ def require(*paths: str) -> None:
                 f"{member.path} (found in {member.known_in}) is missing from {member.package} "
                 f"{_installed(member.package)}; used by {member.used_by}. Tested: {member.package} {floor} - {newest}."
             )
-        fixes = [f"'{package}>={TESTED[package][0]},<={TESTED[package][1]}'"
-                 for package in sorted({member.package for member in absent})]
+        fixes = [
+            f"'{package}>={TESTED[package][0]},<={TESTED[package][1]}'"
+            for package in sorted({member.package for member in absent})
+        ]
         raise ImportError(
             "vanilla-transformer needs private members that the installed packages do not have:\n  "
-            + "\n  ".join(lines) + "\nInstall a tested version: pip install " + " ".join(fixes)
+            + "\n  ".join(lines)
+            + "\nInstall a tested version: pip install "
+            + " ".join(fixes)
         )
 
 

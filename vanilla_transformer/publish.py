@@ -39,8 +39,16 @@ from .checkpoint_files import check_has_tokenizer, check_model_folder
 logger = logging.getLogger(__name__)
 
 # What from_pretrained reads: the model, its decoding settings, the tokenizer, the card.
-MODEL_FILES = ("config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
-               "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "README.md")
+MODEL_FILES = (
+    "config.json",
+    "generation_config.json",
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "README.md",
+)
 RETRIES = 5  # after the first try: waits of 1, 2, 4, 8, 16 seconds, about half a minute in all
 RETRY_STATUS = (408, 429, 500, 502, 503, 504)  # the answers huggingface_hub's own retries take as passing
 
@@ -101,13 +109,25 @@ def check_publishable(folder: str | Path) -> list[str]:
     """The files `publish` would upload; an error naming the fix when the folder is no complete model."""
     what = f"MODEL_DIR {folder}"
     check_model_folder(folder, what, remedy="Give the folder a training run saved its final model in.")
-    check_has_tokenizer(folder, what, "Save the tokenizer next to the model (tokenizer.save_pretrained(MODEL_DIR)); "
-                                      "a run's own output folder has it.")
+    check_has_tokenizer(
+        folder,
+        what,
+        "Save the tokenizer next to the model (tokenizer.save_pretrained(MODEL_DIR)); "
+        "a run's own output folder has it.",
+    )
     return model_files(folder)
 
 
-def publish(folder: str | Path, repo_id: str, *, private: bool | None = None, revision: str | None = None,
-            commit_message: str = "Upload model", token: str | None = None, retries: int = RETRIES) -> str:
+def publish(
+    folder: str | Path,
+    repo_id: str,
+    *,
+    private: bool | None = None,
+    revision: str | None = None,
+    commit_message: str = "Upload model",
+    token: str | None = None,
+    retries: int = RETRIES,
+) -> str:
     """Upload the model files of ``folder`` (`model_files`) to ``repo_id`` in one commit, creating the
     repository if needed; the URL of the commit. The rest of the folder stays where it is. A broken
     connection is retried up to ``retries`` times; then a `ConnectionError` says to run it again."""
@@ -128,10 +148,11 @@ def publish(folder: str | Path, repo_id: str, *, private: bool | None = None, re
             api.create_repo(repo_id, private=private, exist_ok=True)
             stale = stale_weights(api.list_repo_files(repo_id, revision=revision), contents)
             commit = api.create_commit(  # new operations each time: a commit marks its own as used
-                repo_id, [CommitOperationAdd(path_in_repo=name, path_or_fileobj=content)
-                          for name, content in contents.items()]
+                repo_id,
+                [CommitOperationAdd(path_in_repo=name, path_or_fileobj=content) for name, content in contents.items()]
                 + [CommitOperationDelete(path_in_repo=name, is_folder=False) for name in stale],
-                commit_message=commit_message, revision=revision,
+                commit_message=commit_message,
+                revision=revision,
             )
             return commit.commit_url
         except Exception as error:
@@ -140,9 +161,12 @@ def publish(folder: str | Path, repo_id: str, *, private: bool | None = None, re
             if attempt == retries:
                 raise ConnectionError(
                     f"uploading to {repo_id} broke off {retries + 1} times (last: {_one_line(error)}); a publish "
-                    "commits all its files or none, so run the same command again to complete it.") from error
-            logger.warning(f"uploading to {repo_id} broke off ({_one_line(error)}); retry {attempt + 1} of {retries} "
-                           f"in {2 ** attempt} s")
+                    "commits all its files or none, so run the same command again to complete it."
+                ) from error
+            logger.warning(
+                f"uploading to {repo_id} broke off ({_one_line(error)}); retry {attempt + 1} of {retries} "
+                f"in {2**attempt} s"
+            )
             time.sleep(2**attempt)
     raise AssertionError("unreachable")
 
@@ -151,8 +175,12 @@ def stale_weights(in_repository: list[str], uploading) -> list[str]:
     """Weight files of an earlier publish that this one does not replace (e.g. ``model.safetensors`` when
     the new weights come in shards): deleted in the same commit, since from_pretrained would read them
     with the new config."""
-    weights = [name for name in in_repository if "/" not in name and (
-        name in ("model.safetensors", "model.safetensors.index.json") or fnmatch(name, "model-*-of-*.safetensors"))]
+    weights = [
+        name
+        for name in in_repository
+        if "/" not in name
+        and (name in ("model.safetensors", "model.safetensors.index.json") or fnmatch(name, "model-*-of-*.safetensors"))
+    ]
     return sorted(name for name in weights if name not in uploading)
 
 
@@ -165,8 +193,11 @@ def connection_broke(error: BaseException) -> bool:
         return error.response is not None and error.response.status_code in RETRY_STATUS
     if isinstance(error, (ConnectionError, TimeoutError)):
         return True
-    return any(kind.__name__ in {"NetworkError", "TimeoutException", "RemoteProtocolError"}
-               and kind.__module__.split(".")[0].startswith("httpx") for kind in type(error).__mro__)
+    return any(
+        kind.__name__ in {"NetworkError", "TimeoutException", "RemoteProtocolError"}
+        and kind.__module__.split(".")[0].startswith("httpx")
+        for kind in type(error).__mro__
+    )
 
 
 def _one_line(error: BaseException) -> str:
@@ -175,16 +206,23 @@ def _one_line(error: BaseException) -> str:
 
 
 def build_parser(prog: str = "vanilla-transformer publish") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                     epilog="Every flag is also accepted with underscores (--repo_id).")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.split("\n\n")[0],
+        epilog="Every flag is also accepted with underscores (--repo_id).",
+    )
     parser.add_argument("model_dir", help="a model folder: a training run's --output_dir, or save_pretrained's")
     parser.add_argument("--repo-id", required=True, help="the Hub repository, e.g. you/transformer-en-de")
     parser.add_argument("--private", action="store_true", help="create the repository private")
     parser.add_argument("--revision", help="the branch to commit to (default: main)")
     parser.add_argument("--commit-message", default="Upload model", help="the commit's message")
     parser.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded, upload nothing")
-    parser.add_argument("--retries", type=int, default=RETRIES,
-                        help="retry a broken connection this many times, waiting 1, 2, 4, ... s (default: %(default)s)")
+    parser.add_argument(
+        "--retries",
+        type=int,
+        default=RETRIES,
+        help="retry a broken connection this many times, waiting 1, 2, 4, ... s (default: %(default)s)",
+    )
     return parser
 
 
@@ -198,8 +236,14 @@ def main(argv=None, prog: str = "vanilla-transformer publish") -> str:
     if args.dry_run:
         print("\n".join(files))
         return ""
-    url = publish(args.model_dir, args.repo_id, private=args.private or None, revision=args.revision,
-                  commit_message=args.commit_message, retries=args.retries)
+    url = publish(
+        args.model_dir,
+        args.repo_id,
+        private=args.private or None,
+        revision=args.revision,
+        commit_message=args.commit_message,
+        retries=args.retries,
+    )
     print(f"uploaded {len(files)} files ({', '.join(files)}) to {args.repo_id}: {url}")
     return url
 

@@ -88,11 +88,17 @@ def _positions_saved_with(name_or_path, kwargs: dict) -> int | None:
     cache or reachable), or None where there is none."""
     from transformers.utils import cached_file
 
-    hub = {key: kwargs[key] for key in ("cache_dir", "revision", "token", "local_files_only", "subfolder")
-           if key in kwargs}
+    hub = {
+        key: kwargs[key] for key in ("cache_dir", "revision", "token", "local_files_only", "subfolder") if key in kwargs
+    }
     try:
-        path = cached_file(name_or_path, "config.json", _raise_exceptions_for_missing_entries=False,
-                           _raise_exceptions_for_connection_errors=False, **hub)
+        path = cached_file(
+            name_or_path,
+            "config.json",
+            _raise_exceptions_for_missing_entries=False,
+            _raise_exceptions_for_connection_errors=False,
+            **hub,
+        )
     except OSError:
         return None
     if path is None:
@@ -214,8 +220,7 @@ def _training_texts(texts_or_files) -> Iterator[str]:
         )
     if not isinstance(texts_or_files, Iterable):
         raise TypeError(
-            f"texts_or_files must be an iterable of str or a list of file paths, "
-            f"got {type(texts_or_files).__name__}."
+            f"texts_or_files must be an iterable of str or a list of file paths, got {type(texts_or_files).__name__}."
         )
     if isinstance(texts_or_files, (list, tuple)) and _names_files(texts_or_files):
         return _lines_of_files(_checked_paths(texts_or_files))
@@ -289,7 +294,9 @@ def build_parser(prog: str = "vanilla-transformer tokenizer") -> argparse.Argume
         epilog="Every flag is also accepted with underscores (--vocab_size).",
     )
     parser.add_argument(
-        "files", nargs="+", type=Path,
+        "files",
+        nargs="+",
+        type=Path,
         help="text files, one sentence per line, plain or .gz; give source and target files together",
     )
     parser.add_argument("--vocab-size", type=int, default=DEFAULT_VOCAB_SIZE, help="most tokens (default: %(default)s)")
@@ -307,7 +314,9 @@ def main(argv: list[str] | None = None, prog: str = "vanilla-transformer-train-t
     args = parser.parse_args(argv)
     try:
         tokenizer = train_tokenizer(
-            args.files, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
+            args.files,
+            vocab_size=args.vocab_size,
+            min_frequency=args.min_frequency,
             show_progress=sys.stderr.isatty(),
         )
     except (TypeError, ValueError, OSError) as error:

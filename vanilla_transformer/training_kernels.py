@@ -108,4 +108,9 @@ def cache_sized_row_chunks(logits: torch.Tensor) -> list[slice]:
     return [slice(start, start + step) for start in range(0, logits.shape[0], step)]
 
 
-__all__ = ["ChunkedSmoothedCrossEntropy", "UniformMaskDropout", "cache_sized_row_chunks", "label_smoothed_cross_entropy"]
+__all__ = [
+    "ChunkedSmoothedCrossEntropy",
+    "UniformMaskDropout",
+    "cache_sized_row_chunks",
+    "label_smoothed_cross_entropy",
+]

@@ -269,7 +269,7 @@ def plot_attention_heatmap(
         if len(panels) == 1:
             title = f"{KIND_TITLES[kind]}, {title}"
         image = _draw_heatmap(cell, weights[layer_index, head_index], queries, keys, title)
-    for unused in axes[len(panels):]:
+    for unused in axes[len(panels) :]:
         unused.remove()
     figure.colorbar(image, ax=axes[: len(panels)].tolist(), label="attention weight", shrink=0.8)
     if len(panels) > 1:

@@ -39,8 +39,14 @@ def multi30k_bleu(data: dict, path: Path) -> Path:
         for system, colour, shift in (("ours", OURS, -0.12), ("marian", MARIAN, 0.12)):
             runs = comparison[system]
             hollow = system == "marian" and comparison["marian_reused"]
-            axes.scatter([x + shift] * len(runs), runs, s=18, edgecolors=colour,
-                         facecolors="none" if hollow else colour, zorder=3)
+            axes.scatter(
+                [x + shift] * len(runs),
+                runs,
+                s=18,
+                edgecolors=colour,
+                facecolors="none" if hollow else colour,
+                zorder=3,
+            )
             axes.hlines(statistics.median(runs), x + shift - 0.1, x + shift + 0.1, colors=colour, linewidth=2)
     axes.set_xticks(range(len(comparisons)))
     axes.set_xticklabels([f"{c['label']}\n{c['machine'].split()[0]}\n{c['date'][5:]}" for c in comparisons], fontsize=7)
@@ -61,15 +67,21 @@ def decoding_speed(data: dict, path: Path) -> Path:
     width = 0.8 / len(systems)
     figure, axes = plt.subplots(figsize=(7, 3.4))
     for i, (name, rates) in enumerate(systems.items()):
-        axes.bar([x + (i - (len(systems) - 1) / 2) * width for x in range(len(configurations))], rates, width,
-                 label=name, color=COLOURS.get(name))
+        axes.bar(
+            [x + (i - (len(systems) - 1) / 2) * width for x in range(len(configurations))],
+            rates,
+            width,
+            label=name,
+            color=COLOURS.get(name),
+        )
     axes.set_xticks(range(len(configurations)))
     axes.set_xticklabels([f"beam x batch\n{c}" for c in configurations], fontsize=8)
     axes.set_ylabel("sentences/s")
     threads = data.get("threads")  # as measured: one thread, or the machine's 2 cores
     where = f"{threads} thread" + ("s" if threads != 1 else "") if threads else "2 cores"
-    axes.set_title(f"Decoding Multi30k test sentences, same weights ({data['machine']}, {where}, {data['date']})",
-                   fontsize=9)
+    axes.set_title(
+        f"Decoding Multi30k test sentences, same weights ({data['machine']}, {where}, {data['date']})", fontsize=9
+    )
     axes.legend(fontsize=7)
     axes.grid(axis="y", alpha=0.3)
     return _save(figure, path)

@@ -31,6 +31,7 @@ Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
   ready trainer.
 """
 
+from .arguments import TransformerTrainingArguments
 from .averaging import average_checkpoints
 from .batching import PadToBucket, TokenBatchSampler
 from .data import (
@@ -47,7 +48,6 @@ from .data import (
 from .divergence import TrainingDiverged
 from .metrics import TranslationMetrics, load_translation_metric, score
 from .moving_average import ExponentialMovingAverage
-from .arguments import TransformerTrainingArguments
 from .trainer import TransformerTrainer, noam_learning_rate, noam_schedule
 from .translation import translate
 

@@ -24,8 +24,6 @@ PAD_TO_BUCKETS = ("auto", "always", "never")  # --pad_to_buckets: auto pads to b
 MEMORY_PROBE_CHOICES = ("auto", "on", "off")  # --memory_probe: auto tries the largest batches on CUDA only
 
 
-
-
 @dataclass
 class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     """Seq2SeqTrainingArguments with the paper's values as defaults (§5.3, §5.4) and token-count batches."""
@@ -34,8 +32,10 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     adam_epsilon: float = field(default=1e-9, metadata={"help": "Adam epsilon (paper: 1e-9)"})
     learning_rate: float | None = field(
         default=None,
-        metadata={"help": "peak learning rate, reached after the warm-up; default lr_scale * d_model^-0.5 * "
-                          "warmup_steps^-0.5, the peak of eq. (3)"},
+        metadata={
+            "help": "peak learning rate, reached after the warm-up; default lr_scale * d_model^-0.5 * "
+            "warmup_steps^-0.5, the peak of eq. (3)"
+        },
     )
     lr_scale: float = field(default=1.0, metadata={"help": "multiplies the paper's learning-rate formula"})
     lr_scheduler_type: str = field(
@@ -52,31 +52,40 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     )
     pad_to_buckets: str = field(
         default="auto",
-        metadata={"help": "pad token batches to a few bucket shapes, so that a graph compiled per shape is reused; "
-                          "they then hold fewer real tokens (a Multi30k batch 15 in 100 fewer sentences); "
-                          "auto: only with --torch_compile",
-                  "choices": list(PAD_TO_BUCKETS)},
+        metadata={
+            "help": "pad token batches to a few bucket shapes, so that a graph compiled per shape is reused; "
+            "they then hold fewer real tokens (a Multi30k batch 15 in 100 fewer sentences); "
+            "auto: only with --torch_compile",
+            "choices": list(PAD_TO_BUCKETS),
+        },
     )
     average_checkpoints: int = field(
-        default=0, metadata={"help": "save the mean of the last N checkpoints as the final model (paper: 5 base, 20 big)"}
+        default=0,
+        metadata={"help": "save the mean of the last N checkpoints as the final model (paper: 5 base, 20 big)"},
     )
     average_weights: str = field(
         default="uniform",
-        metadata={"help": "with average_checkpoints: uniform, the mean (paper); linear, the k-th of the last N weighs k",
-                  "choices": list(AVERAGING_WEIGHTS)},
+        metadata={
+            "help": "with average_checkpoints: uniform, the mean (paper); linear, the k-th of the last N weighs k",
+            "choices": list(AVERAGING_WEIGHTS),
+        },
     )
     ema_decay: float = field(
         default=0.0,
-        metadata={"help": "keep an exponential moving average of the weights, updated every update with this decay "
-                          "(0.998: about the last 500 updates), and save it as the final model instead of the last "
-                          "weights (checkpoints and evaluations during training keep the trained weights); 0: none "
-                          "(an alternative to --average_checkpoints)"},
+        metadata={
+            "help": "keep an exponential moving average of the weights, updated every update with this decay "
+            "(0.998: about the last 500 updates), and save it as the final model instead of the last "
+            "weights (checkpoints and evaluations during training keep the trained weights); 0: none "
+            "(an alternative to --average_checkpoints)"
+        },
     )
     predict_with_generate: bool = field(default=True, metadata={"help": "evaluate BLEU/chrF by decoding"})
     logging_nan_inf_filter: bool = field(
         default=False,
-        metadata={"help": "log the mean of earlier losses in place of a NaN or infinite one (the Trainer's default); "
-                  "off: a diverging run shows in its log, and no update waits for the device to check its loss"},
+        metadata={
+            "help": "log the mean of earlier losses in place of a NaN or infinite one (the Trainer's default); "
+            "off: a diverging run shows in its log, and no update waits for the device to check its loss"
+        },
     )
     save_minutes: float | None = field(
         default=None, metadata={"help": "also save a checkpoint every this many minutes (§6.1: every 10 minutes)"}
@@ -86,35 +95,68 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     )
     cooldown_minutes: float | None = field(
         default=None,
-        metadata={"help": "with max_train_minutes and eq. (3): decay the learning rate linearly to 0 over the last "
-                          "this many minutes of the budget (the rate then depends on the clock, not the update alone)"},
+        metadata={
+            "help": "with max_train_minutes and eq. (3): decay the learning rate linearly to 0 over the last "
+            "this many minutes of the budget (the rate then depends on the clock, not the update alone)"
+        },
     )
     memory_probe: str = field(
         default="auto",
-        metadata={"help": "before the first update, try the largest batches in one forward and backward pass, so that "
-                          "one that runs out of memory fails at once, with a --max_tokens that fits; auto: on CUDA only",
-                  "choices": list(MEMORY_PROBE_CHOICES)},
+        metadata={
+            "help": "before the first update, try the largest batches in one forward and backward pass, so that "
+            "one that runs out of memory fails at once, with a --max_tokens that fits; auto: on CUDA only",
+            "choices": list(MEMORY_PROBE_CHOICES),
+        },
     )
     skip_oom_batches: bool = field(
-        default=False, metadata={"help": "skip a batch that runs out of memory during training (with its update's "
-                                         "gradients so far), count it in the logs and go on; one process only"})
+        default=False,
+        metadata={
+            "help": "skip a batch that runs out of memory during training (with its update's "
+            "gradients so far), count it in the logs and go on; one process only"
+        },
+    )
     # GPU speed levers (levers.py): each off by default, not measured on a GPU (benchmarks/gpu.py --levers)
-    compile_layers: bool = field(default=False, metadata={"help": "torch.compile each encoder and decoder layer "
-                                 "with dynamic shapes (regional compilation; not measured)"})
-    cuda_graphs: bool = field(default=False, metadata={"help": "CUDA graphs: torch_compile with mode "
-                              "reduce-overhead, a graph per bucket shape (CUDA only; not measured)"})
-    fused_loss: str = field(default="none", metadata={"help": "the pre-softmax projection and loss a chunk of rows "
-                            "at a time, without the full logits (not measured)", "choices": list(FUSED_LOSSES)})
-    fp8: bool = field(default=False, metadata={"help": "float8 matrix multiplies in the layers, torchao "
-                      "(compute capability 8.9+; not measured)"})
-    training_attention: str = field(default="default", metadata={"help": "the attention kernel tried first in "
-                                    "training (CUDA only; not measured)", "choices": list(TRAINING_ATTENTION)})
+    compile_layers: bool = field(
+        default=False,
+        metadata={
+            "help": "torch.compile each encoder and decoder layer "
+            "with dynamic shapes (regional compilation; not measured)"
+        },
+    )
+    cuda_graphs: bool = field(
+        default=False,
+        metadata={
+            "help": "CUDA graphs: torch_compile with mode "
+            "reduce-overhead, a graph per bucket shape (CUDA only; not measured)"
+        },
+    )
+    fused_loss: str = field(
+        default="none",
+        metadata={
+            "help": "the pre-softmax projection and loss a chunk of rows "
+            "at a time, without the full logits (not measured)",
+            "choices": list(FUSED_LOSSES),
+        },
+    )
+    fp8: bool = field(
+        default=False,
+        metadata={"help": "float8 matrix multiplies in the layers, torchao (compute capability 8.9+; not measured)"},
+    )
+    training_attention: str = field(
+        default="default",
+        metadata={
+            "help": "the attention kernel tried first in training (CUDA only; not measured)",
+            "choices": list(TRAINING_ATTENTION),
+        },
+    )
     preemption_grace_seconds: float = field(
         default=25.0,
-        metadata={"help": "on SIGTERM (a scheduler's preemption), finish the update and save a checkpoint within this "
-                          "many seconds of the signal, what resumes best first (weights, optimizer, trainer state), "
-                          "the moving average only if it fits; then exit with status 143 (requeue). Set it below the "
-                          "scheduler's grace period (SLURM's GraceTime, Kubernetes' terminationGracePeriodSeconds)"},
+        metadata={
+            "help": "on SIGTERM (a scheduler's preemption), finish the update and save a checkpoint within this "
+            "many seconds of the signal, what resumes best first (weights, optimizer, trainer state), "
+            "the moving average only if it fits; then exit with status 143 (requeue). Set it below the "
+            "scheduler's grace period (SLURM's GraceTime, Kubernetes' terminationGracePeriodSeconds)"
+        },
     )
 
     def __post_init__(self):
@@ -146,8 +188,14 @@ def schedule_name(args: TransformerTrainingArguments) -> str:
 
 # Counts that only make sense positive (None: not given). A 0 or a negative one would otherwise be
 # taken as "not set", divide by zero mid-run, or end up as a Python slice from the end.
-POSITIVE_COUNTS = ("per_device_train_batch_size", "per_device_eval_batch_size", "gradient_accumulation_steps",
-                   "generation_num_beams", "generation_max_length", "save_total_limit")
+POSITIVE_COUNTS = (
+    "per_device_train_batch_size",
+    "per_device_eval_batch_size",
+    "gradient_accumulation_steps",
+    "generation_num_beams",
+    "generation_max_length",
+    "save_total_limit",
+)
 # name -> (lowest allowed, highest allowed or None, what the bounds mean)
 RANGES = {
     "max_tokens": (0, None, "padded tokens per batch, or 0 for sentence batches"),
@@ -175,10 +223,17 @@ def check_argument_ranges(args: TransformerTrainingArguments) -> None:
     for name in OPEN_FRACTIONS:
         value = getattr(args, name)
         if not 0 <= value < 1:
-            raise ValueError(f"--{name} must be in [0, 1), got {value} (the paper: label smoothing 0.1, Adam betas "
-                             "0.9 and 0.98).")
-    for name in ("learning_rate", "lr_scale", "save_minutes", "max_train_minutes", "cooldown_minutes",
-                 "preemption_grace_seconds"):
+            raise ValueError(
+                f"--{name} must be in [0, 1), got {value} (the paper: label smoothing 0.1, Adam betas 0.9 and 0.98)."
+            )
+    for name in (
+        "learning_rate",
+        "lr_scale",
+        "save_minutes",
+        "max_train_minutes",
+        "cooldown_minutes",
+        "preemption_grace_seconds",
+    ):
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ValueError(f"--{name} must be positive, got {value}.")
@@ -186,8 +241,10 @@ def check_argument_ranges(args: TransformerTrainingArguments) -> None:
         if getattr(args, name) not in choices:
             raise ValueError(f"--{name} must be one of {', '.join(choices)}, got {getattr(args, name)!r}.")
     if args.enable_jit_checkpoint:  # the Trainer's own SIGTERM save: in place, mid-update, without a budget
-        raise ValueError("--enable_jit_checkpoint: the trainer saves a checkpoint on SIGTERM itself (complete, after "
-                         "the update, within --preemption_grace_seconds); leave the flag out.")
+        raise ValueError(
+            "--enable_jit_checkpoint: the trainer saves a checkpoint on SIGTERM itself (complete, after "
+            "the update, within --preemption_grace_seconds); leave the flag out."
+        )
     _check_duration(args)
     _check_cooldown(args)
     _check_average_weights(args)
@@ -199,55 +256,74 @@ def _check_ema_decay(args: TransformerTrainingArguments) -> None:
     if not args.ema_decay:
         return
     if args.load_best_model_at_end:
-        raise ValueError(f"--ema_decay {args.ema_decay} makes the moving average the final model, and "
-                         "--load_best_model_at_end the best checkpoint: give one of them.")
+        raise ValueError(
+            f"--ema_decay {args.ema_decay} makes the moving average the final model, and "
+            "--load_best_model_at_end the best checkpoint: give one of them."
+        )
     if args.average_checkpoints:
-        raise ValueError(f"--ema_decay {args.ema_decay} and --average_checkpoints {args.average_checkpoints} each make "
-                         "the final model (a moving average of every update, or the mean of the last checkpoints): "
-                         "give one of them.")
+        raise ValueError(
+            f"--ema_decay {args.ema_decay} and --average_checkpoints {args.average_checkpoints} each make "
+            "the final model (a moving average of every update, or the mean of the last checkpoints): "
+            "give one of them."
+        )
 
 
 def _check_average_weights(args: TransformerTrainingArguments) -> None:
     if args.average_weights not in AVERAGING_WEIGHTS:
-        raise ValueError(f"--average_weights must be one of {', '.join(AVERAGING_WEIGHTS)}, got {args.average_weights!r}.")
+        raise ValueError(
+            f"--average_weights must be one of {', '.join(AVERAGING_WEIGHTS)}, got {args.average_weights!r}."
+        )
     if args.average_weights != "uniform" and not args.average_checkpoints:
-        raise ValueError(f"--average_weights {args.average_weights} weighs the checkpoints that --average_checkpoints "
-                         "averages, but it is 0 (no averaging): give --average_checkpoints N, or drop --average_weights.")
+        raise ValueError(
+            f"--average_weights {args.average_weights} weighs the checkpoints that --average_checkpoints "
+            "averages, but it is 0 (no averaging): give --average_checkpoints N, or drop --average_weights."
+        )
 
 
 def _check_cooldown(args: TransformerTrainingArguments) -> None:
     if args.cooldown_minutes is None:
         return
     if not args.max_train_minutes:
-        raise ValueError(f"--cooldown_minutes {args.cooldown_minutes} decays the learning rate over the end of a "
-                         "budget in minutes: give --max_train_minutes too (for a budget in updates, use "
-                         "--lr_scheduler_type linear or cosine with --max_steps).")
+        raise ValueError(
+            f"--cooldown_minutes {args.cooldown_minutes} decays the learning rate over the end of a "
+            "budget in minutes: give --max_train_minutes too (for a budget in updates, use "
+            "--lr_scheduler_type linear or cosine with --max_steps)."
+        )
     if args.cooldown_minutes > args.max_train_minutes:
-        raise ValueError(f"--cooldown_minutes {args.cooldown_minutes} is longer than --max_train_minutes "
-                         f"{args.max_train_minutes}: the decay must fit inside the budget.")
+        raise ValueError(
+            f"--cooldown_minutes {args.cooldown_minutes} is longer than --max_train_minutes "
+            f"{args.max_train_minutes}: the decay must fit inside the budget."
+        )
     if args.lr_scheduler_type != "inverse_sqrt":
-        raise ValueError(f"--cooldown_minutes decays eq. (3) (--lr_scheduler_type inverse_sqrt), got "
-                         f"--lr_scheduler_type {schedule_name(args)}; leave one of them out.")
+        raise ValueError(
+            f"--cooldown_minutes decays eq. (3) (--lr_scheduler_type inverse_sqrt), got "
+            f"--lr_scheduler_type {schedule_name(args)}; leave one of them out."
+        )
 
 
 def _check_duration(args: TransformerTrainingArguments) -> None:
     """How long to train, and the intervals of warm-up, saving and evaluation."""
     if args.max_steps == 0 or args.max_steps < -1:
-        raise ValueError(f"--max_steps must be a positive number of updates (or -1, the default, to train for "
-                         f"--num_train_epochs epochs), got {args.max_steps}.")
+        raise ValueError(
+            f"--max_steps must be a positive number of updates (or -1, the default, to train for "
+            f"--num_train_epochs epochs), got {args.max_steps}."
+        )
     if args.max_steps == -1 and not args.num_train_epochs > 0:
         raise ValueError(f"--num_train_epochs must be positive, got {args.num_train_epochs}; or give --max_steps.")
     if args.warmup_steps >= 1 and not float(args.warmup_steps).is_integer():
-        raise ValueError(f"--warmup_steps {args.warmup_steps}: give a whole number of updates, or a fraction below 1 "
-                         "of the training updates.")
+        raise ValueError(
+            f"--warmup_steps {args.warmup_steps}: give a whole number of updates, or a fraction below 1 "
+            "of the training updates."
+        )
 
 
 def check_intervals(args: TransformerTrainingArguments) -> None:
     for name in ("save_steps", "eval_steps", "logging_steps"):
         value = getattr(args, name)
         if value is not None and not value > 0:
-            raise ValueError(f"--{name} must be a positive number of updates (or a fraction below 1 of them), got "
-                             f"{value}.")
+            raise ValueError(
+                f"--{name} must be a positive number of updates (or a fraction below 1 of them), got {value}."
+            )
 
 
 def check_training_arguments(training_args: TransformerTrainingArguments) -> None:

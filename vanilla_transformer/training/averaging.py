@@ -40,21 +40,33 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM
 from ..checkpoint_files import check_json, check_safetensors, tokenizer_difference
 from .checkpointing import checkpoint_folders, complete_checkpoints
 
-
 WEIGHTS_NAME = "model.safetensors"
 GENERATION_CONFIG_NAME = "generation_config.json"
 # Copied byte for byte from the newest checkpoint when present, with any tokenizer remote code.
 TOKENIZER_FILES = (
-    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-    "vocab.json", "merges.txt",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.json",
+    "merges.txt",
 )
 TOKENIZER_CODE_GLOB = "tokenization_*.py"
 # Config fields that may differ between checkpoints of one architecture: bookkeeping and
 # training-only settings. Everything else (d_model, heads, layers, ...) must match.
-CONFIG_FIELDS_ALLOWED_TO_DIFFER = frozenset({
-    "transformers_version", "_name_or_path", "_commit_hash", "use_cache", "architectures", "dtype",
-    "dropout", "attention_dropout", "activation_dropout",
-})
+CONFIG_FIELDS_ALLOWED_TO_DIFFER = frozenset(
+    {
+        "transformers_version",
+        "_name_or_path",
+        "_commit_hash",
+        "use_cache",
+        "architectures",
+        "dtype",
+        "dropout",
+        "attention_dropout",
+        "activation_dropout",
+    }
+)
 # How the checkpoints (oldest first) are weighted, and what the result is called: "uniform" is §6.1's
 # mean; "linear" weighs the k-th k.
 MEAN_NAMES = {"uniform": "mean", "linear": "linearly weighted mean"}
@@ -76,8 +88,10 @@ def last_checkpoints(root: str | Path, last: int) -> list[Path]:
     if isinstance(last, bool) or not isinstance(last, int) or last < 1:
         raise ValueError(f"--last must be at least 1 (a number of checkpoints), got {last!r}.")
     if not root.is_dir():
-        raise FileNotFoundError(f"--checkpoint-root {root} {'is not a folder' if root.exists() else 'does not exist'}; "
-                                "give the Trainer's output_dir, which holds the checkpoint-<step> folders.")
+        raise FileNotFoundError(
+            f"--checkpoint-root {root} {'is not a folder' if root.exists() else 'does not exist'}; "
+            "give the Trainer's output_dir, which holds the checkpoint-<step> folders."
+        )
     found = complete_checkpoints(root)
     if last > len(found):
         skipped = len(checkpoint_folders(root)) - len(found)
@@ -87,7 +101,7 @@ def last_checkpoints(root: str | Path, last: int) -> list[Path]:
             f"{f' and {skipped} incomplete one(s), see the log' if skipped else ''}. "
             f"Pass --last {len(found)} or fewer, or point --checkpoint-root at the Trainer's output_dir."
         )
-    return found[len(found) - last:]
+    return found[len(found) - last :]
 
 
 def check_folders(checkpoints: list[Path]) -> None:
@@ -96,22 +110,28 @@ def check_folders(checkpoints: list[Path]) -> None:
         raise ValueError("No checkpoints to average: give at least one checkpoint folder.")
     for folder in checkpoints:
         if not folder.is_dir():
-            raise FileNotFoundError(f"Checkpoint {folder} {'is not a folder' if folder.exists() else 'does not exist'}.")
+            raise FileNotFoundError(
+                f"Checkpoint {folder} {'is not a folder' if folder.exists() else 'does not exist'}."
+            )
         if not (folder / WEIGHTS_NAME).is_file():
             raise ValueError(
                 f"Checkpoint {folder} has no {WEIGHTS_NAME}. Give Hub-format folders written by "
                 f"save_pretrained or the Trainer (save_safetensors, one shard)."
             )
         if not (folder / "config.json").is_file():
-            raise ValueError(f"Checkpoint {folder} has no config.json. Give Hub-format folders written by "
-                             "save_pretrained or the Trainer.")
+            raise ValueError(
+                f"Checkpoint {folder} has no config.json. Give Hub-format folders written by "
+                "save_pretrained or the Trainer."
+            )
         remedy = "Leave this checkpoint out of the average."
         check_json(folder / "config.json", f"Checkpoint {folder}", remedy)
         check_safetensors(folder / WEIGHTS_NAME, f"Checkpoint {folder}", remedy)
     resolved = [folder.resolve() for folder in checkpoints]
     if duplicates := sorted({str(folder) for folder in checkpoints if resolved.count(folder.resolve()) > 1}):
-        raise ValueError(f"Checkpoint(s) {', '.join(duplicates)} given more than once: each would count twice in "
-                         "the mean. Give each checkpoint once.")
+        raise ValueError(
+            f"Checkpoint(s) {', '.join(duplicates)} given more than once: each would count twice in "
+            "the mean. Give each checkpoint once."
+        )
 
 
 def architecture(config: dict) -> dict:
@@ -262,20 +282,29 @@ def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path, w
 
 
 def build_parser(prog: str = "vanilla-transformer average") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                     epilog="Every flag is also accepted with underscores (--output_dir).")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.split("\n\n")[0],
+        epilog="Every flag is also accepted with underscores (--output_dir).",
+    )
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--inputs", nargs="+", metavar="DIR", help="checkpoint folders to average, oldest first")
     source.add_argument(
         "--checkpoint-root", metavar="DIR", help="a Trainer output_dir holding checkpoint-<step> folders"
     )
     parser.add_argument(
-        "--last", type=int, metavar="N",
+        "--last",
+        type=int,
+        metavar="N",
         help="with --checkpoint-root: average the N highest steps (paper: 5 base, 20 big)",
     )
     parser.add_argument("--output-dir", required=True, help="where the averaged model is saved")
-    parser.add_argument("--weights", choices=AVERAGING_WEIGHTS, default="uniform",
-                        help="uniform: the mean (paper); linear: the k-th checkpoint, oldest first, weighs k")
+    parser.add_argument(
+        "--weights",
+        choices=AVERAGING_WEIGHTS,
+        default="uniform",
+        help="uniform: the mean (paper); linear: the k-th checkpoint, oldest first, weighs k",
+    )
     parser.add_argument("--force", action="store_true", help="replace a model already saved in --output-dir")
     return parser
 
@@ -295,8 +324,10 @@ def check_output_dir(output_dir: Path, force: bool) -> None:
     if output_dir.exists() and not output_dir.is_dir():
         raise NotADirectoryError(f"--output-dir {output_dir} is a file; give a folder.")
     if (output_dir / WEIGHTS_NAME).exists() and not force:
-        raise FileExistsError(f"--output-dir {output_dir} already holds a model ({WEIGHTS_NAME}); choose a new "
-                              "folder, or pass --force to replace it.")
+        raise FileExistsError(
+            f"--output-dir {output_dir} already holds a model ({WEIGHTS_NAME}); choose a new "
+            "folder, or pass --force to replace it."
+        )
 
 
 def main(argv=None, prog: str = "vanilla-transformer average") -> Path:

@@ -95,8 +95,9 @@ def bucket_length(length: int, max_tokens: int, width: int = BUCKET_WIDTH, growt
     return min(int(bucket_lengths(length, width, growth)[-1]), max_tokens)
 
 
-def pack(lengths: np.ndarray, max_tokens: int, width: int = BUCKET_WIDTH,
-         growth: float = BUCKET_GROWTH) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def pack(
+    lengths: np.ndarray, max_tokens: int, width: int = BUCKET_WIDTH, growth: float = BUCKET_GROWTH
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Token batches whose shapes come from a small set: ``(order, starts, shapes)``.
 
     Each side of an example is padded to its bucket (`bucket_lengths`, at most ``max_tokens``); the
@@ -128,12 +129,12 @@ def pack(lengths: np.ndarray, max_tokens: int, width: int = BUCKET_WIDTH,
         count = min((len(carried) + len(own)) // rows, len(own))  # full batches, one own example in each
         taken = min(len(carried), count * (rows - 1))
         rest = count * (rows - 1) - taken
-        others = np.concatenate([carried[:taken], own[count:count + rest]]).reshape(count, rows - 1)
-        batches += [np.concatenate([own[i:i + 1], others[i]]) for i in range(count)]
+        others = np.concatenate([carried[:taken], own[count : count + rest]]).reshape(count, rows - 1)
+        batches += [np.concatenate([own[i : i + 1], others[i]]) for i in range(count)]
         shapes += [(rows, source, target)] * count
         waiting += _left_over(fits, taken)
         if count + rest < len(own):
-            waiting.append((source, target, own[count + rest:]))
+            waiting.append((source, target, own[count + rest :]))
     left_batches, left_shapes = _pack_greedily(waiting, max_tokens)
     batches, shapes = batches + left_batches, np.asarray(shapes + left_shapes, dtype=np.int64).reshape(-1, 3)
     ranked = np.lexsort((shapes[:, 0], shapes[:, 2], shapes[:, 1]))  # shortest first
@@ -190,8 +191,13 @@ def pack_sorted(lengths: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.nd
         batch_longest = max(batch_longest, length)
     starts = np.asarray(starts + [len(order)], dtype=np.int64)
     sorted_lengths = lengths[order]
-    shapes = np.stack([np.diff(starts), *(np.maximum.reduceat(sorted_lengths[:, side], starts[:-1]) for side in (0, 1))],
-                      axis=1) if len(order) else np.zeros((0, 3), np.int64)
+    shapes = (
+        np.stack(
+            [np.diff(starts), *(np.maximum.reduceat(sorted_lengths[:, side], starts[:-1]) for side in (0, 1))], axis=1
+        )
+        if len(order)
+        else np.zeros((0, 3), np.int64)
+    )
     return order.astype(np.int64), starts, shapes.astype(np.int64)
 
 
@@ -280,7 +286,7 @@ class TokenBatchSampler(Sampler[list[int]]):
 
     def batch(self, index: int) -> list[int]:
         """The example indices of batch ``index`` (in length-sorted batch order)."""
-        return self.order[self.starts[index]:self.starts[index + 1]].tolist()
+        return self.order[self.starts[index] : self.starts[index + 1]].tolist()
 
     @property
     def batches(self) -> list[list[int]]:
@@ -292,7 +298,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.epoch = epoch
 
     @property
-    def sampler(self) -> "TokenBatchSampler":
+    def sampler(self) -> TokenBatchSampler:
         """Itself, so that accelerate reaches `set_epoch` after wrapping this sampler for data parallelism.
 
         ``DataLoaderShard.set_epoch`` looks for ``set_epoch`` on the batch sampler, then on
@@ -315,7 +321,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         else:
             padding = len(self) * self.num_replicas - len(order)
             order = np.concatenate([order, np.resize(order, padding)])  # repeats from the start, cycling
-        return order[self.rank::self.num_replicas]
+        return order[self.rank :: self.num_replicas]
 
     def __iter__(self) -> Iterator[list[int]]:
         for batch_index in self._rank_order().tolist():
@@ -339,8 +345,13 @@ class PadToBucket:
 
     def __init__(self, collator, pad_token_id: int, max_tokens: int, bucket_width: int = BUCKET_WIDTH):
         self.collator, self.max_tokens, self.bucket_width = collator, max_tokens, bucket_width
-        self.fill = {"input_ids": pad_token_id, "attention_mask": 0, "labels": -100,
-                     "decoder_input_ids": pad_token_id, "decoder_attention_mask": 0}
+        self.fill = {
+            "input_ids": pad_token_id,
+            "attention_mask": 0,
+            "labels": -100,
+            "decoder_input_ids": pad_token_id,
+            "decoder_attention_mask": 0,
+        }
 
     def __call__(self, features):
         batch = self.collator(features)
@@ -348,8 +359,10 @@ class PadToBucket:
             if not isinstance(value, torch.Tensor) or value.ndim < 2:
                 continue
             if key not in self.fill:
-                raise ValueError(f"PadToBucket does not know how to pad the collated {key!r} (shape "
-                                 f"{tuple(value.shape)}); it pads {', '.join(self.fill)}: drop {key!r} from the dataset.")
+                raise ValueError(
+                    f"PadToBucket does not know how to pad the collated {key!r} (shape "
+                    f"{tuple(value.shape)}); it pads {', '.join(self.fill)}: drop {key!r} from the dataset."
+                )
             length = bucket_length(value.shape[1], self.max_tokens, self.bucket_width)
             if length > value.shape[1]:
                 batch[key] = torch.nn.functional.pad(value, (0, length - value.shape[1]), value=self.fill[key])

@@ -68,8 +68,9 @@ class BleuChrf(evaluate.Metric):
             reference_urls=["https://github.com/mjpost/sacrebleu"],
         )
 
-    def _compute(self, predictions, references, tokenize=None, lowercase=False, compound_split_bleu=False,
-                 language="de"):
+    def _compute(
+        self, predictions, references, tokenize=None, lowercase=False, compound_split_bleu=False, language="de"
+    ):
         if len(predictions) != len(references):
             raise ValueError(f"{len(predictions)} predictions but {len(references)} references: they must align.")
         references = [[r] if isinstance(r, str) else list(r) for r in references]
@@ -90,7 +91,7 @@ class BleuChrf(evaluate.Metric):
             moses = MosesTokenizer(lang=language)
             split = [split_compounds(p, moses) for p in predictions]
             split_streams = [[split_compounds(r, moses) for r in stream] for stream in streams]
-            result["tokenized_bleu"] = sacrebleu.metrics.BLEU(tokenize="none", force=True).corpus_score(
-                split, split_streams
-            ).score
+            result["tokenized_bleu"] = (
+                sacrebleu.metrics.BLEU(tokenize="none", force=True).corpus_score(split, split_streams).score
+            )
         return result

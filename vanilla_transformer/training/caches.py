@@ -99,8 +99,10 @@ def _remove(entry: Path, problem: str, folder: Path) -> None:
     try:
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     except OSError as error:
-        raise DamagedFileError(f"The datasets cache {folder}: {entry} is truncated or corrupt ({problem}) and could "
-                               f"not be deleted ({error}). {REBUILD}") from None
+        raise DamagedFileError(
+            f"The datasets cache {folder}: {entry} is truncated or corrupt ({problem}) and could "
+            f"not be deleted ({error}). {REBUILD}"
+        ) from None
 
 
 def rebuilt_if_damaged(build: Callable[[], T], folder: str | Path | None) -> T:
@@ -124,8 +126,10 @@ def rebuilt_if_damaged(build: Callable[[], T], folder: str | Path | None) -> T:
         if not (still := damaged_entries(folder)):
             raise
         entry, problem = next(iter(still.items()))
-        raise DamagedFileError(f"The datasets cache {folder}: {entry} is truncated or corrupt ({problem}) even after "
-                               f"it was rebuilt. {REBUILD}") from error
+        raise DamagedFileError(
+            f"The datasets cache {folder}: {entry} is truncated or corrupt ({problem}) even after "
+            f"it was rebuilt. {REBUILD}"
+        ) from error
 
 
 def dataset_cache_folder(dataset) -> Path | None:
@@ -168,10 +172,18 @@ def usable_tokenizer_cache(folder: Path) -> bool:
     try:
         shutil.rmtree(folder)
     except OSError as error:
-        raise DamagedFileError(f"The tokenizer cache {folder} is damaged ({problem}) and could not be deleted "
-                               f"({error}). {REBUILD}") from None
+        raise DamagedFileError(
+            f"The tokenizer cache {folder} is damaged ({problem}) and could not be deleted ({error}). {REBUILD}"
+        ) from None
     return False
 
 
-__all__ = ["DamagedFileError", "arrow_problem", "damaged_entries", "dataset_cache_folder", "generator_cache_folder",
-           "rebuilt_if_damaged", "usable_tokenizer_cache"]
+__all__ = [
+    "DamagedFileError",
+    "arrow_problem",
+    "damaged_entries",
+    "dataset_cache_folder",
+    "generator_cache_folder",
+    "rebuilt_if_damaged",
+    "usable_tokenizer_cache",
+]

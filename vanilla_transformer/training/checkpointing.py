@@ -24,7 +24,6 @@ import errno
 import json
 import logging
 import os
-import re
 import shutil
 import signal
 import threading
@@ -36,16 +35,27 @@ import torch
 from transformers import TrainerCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, seed_worker
 
-from ..checkpoint_files import (CHECKPOINT_NAME, LEFT_OUT_NAME, check_json, check_model_folder, check_torch_archive,
-                                checkpoint_folders, left_out)
+from ..checkpoint_files import (
+    CHECKPOINT_NAME,
+    LEFT_OUT_NAME,
+    check_json,
+    check_model_folder,
+    check_torch_archive,
+    checkpoint_folders,
+    left_out,
+)
 from ..private_api import require
 from .divergence import TrainingDiverged, refuse_non_finite
 from .moving_average import EMA_FILE
 
 # CheckpointPolicy overrides these Trainer internals: fail at import, naming the versions, where they are gone
-require("transformers.Trainer._save_checkpoint", "transformers.Trainer._get_output_dir",
-        "transformers.Trainer._push_from_checkpoint", "transformers.Trainer._save",
-        "transformers.Trainer._load_optimizer_and_scheduler")
+require(
+    "transformers.Trainer._save_checkpoint",
+    "transformers.Trainer._get_output_dir",
+    "transformers.Trainer._push_from_checkpoint",
+    "transformers.Trainer._save",
+    "transformers.Trainer._load_optimizer_and_scheduler",
+)
 
 logger = logging.getLogger(__name__)
 
@@ -64,11 +74,15 @@ FSDP_MODEL_NAME = "pytorch_model_fsdp"  # transformers' prefix for FSDP's sharde
 def check_resumable(folder: str | os.PathLike, what: str = "--resume_from_checkpoint") -> Path:
     """A checkpoint the Trainer can resume from: model, trainer state and every torch file intact."""
     folder = Path(folder)
-    remedy = (f"Resume from an earlier checkpoint (--resume_from_checkpoint {folder.parent}/checkpoint-<step>), "
-              f"or move {folder} away and use {RESUME_HINT}.")
+    remedy = (
+        f"Resume from an earlier checkpoint (--resume_from_checkpoint {folder.parent}/checkpoint-<step>), "
+        f"or move {folder} away and use {RESUME_HINT}."
+    )
     if not folder.is_dir():
-        raise FileNotFoundError(f"{what} {folder}: {'not a folder' if folder.exists() else 'no such folder'}; give "
-                                f"a checkpoint-<step> folder of the run, or {RESUME_HINT}.")
+        raise FileNotFoundError(
+            f"{what} {folder}: {'not a folder' if folder.exists() else 'no such folder'}; give "
+            f"a checkpoint-<step> folder of the run, or {RESUME_HINT}."
+        )
     # FSDP's sharded state dict keeps the weights in torch.distributed.checkpoint folders, which its
     # loader checks; every other checkpoint has them as safetensors.
     sharded = any(path.name.startswith(FSDP_MODEL_NAME) for path in folder.iterdir())
@@ -114,8 +128,9 @@ def last_complete_checkpoint(root: str | os.PathLike) -> Path | None:
     return None
 
 
-def resolve_checkpoint(resume_from_checkpoint, output_dir: str | os.PathLike,
-                       what: str = "resume_from_checkpoint") -> Path | None:
+def resolve_checkpoint(
+    resume_from_checkpoint, output_dir: str | os.PathLike, what: str = "resume_from_checkpoint"
+) -> Path | None:
     """What to resume from: True -> the newest complete checkpoint of ``output_dir`` (incomplete ones
     skipped and logged); a path -> that checkpoint, once checked; None or False -> nothing."""
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
@@ -243,8 +258,10 @@ class CheckpointPolicy:
             super()._push_from_checkpoint(str(run_dir / name))
         if self.args.should_save and self.stop_on_signal is not None and self.stop_on_signal.deadline() is not None:
             taken = time.monotonic() - self.stop_on_signal.received_at
-            logger.warning(f"saved {run_dir / name} {taken:.1f} s after SIGTERM (grace budget "
-                           f"{self.stop_on_signal.grace_seconds:g} s, --preemption_grace_seconds)")
+            logger.warning(
+                f"saved {run_dir / name} {taken:.1f} s after SIGTERM (grace budget "
+                f"{self.stop_on_signal.grace_seconds:g} s, --preemption_grace_seconds)"
+            )
 
     def _write_checkpoint(self, model, trial, staged: Path) -> dict[str, str]:
         """Steps 2 and 3 into ``staged``; what was left out for lack of time, each with why."""
@@ -258,11 +275,15 @@ class CheckpointPolicy:
             speed = _size(staged) / max(time.monotonic() - start, 1e-6)
             needed, left = self.moving_average.nbytes / speed, deadline - time.monotonic()
             if needed > left:
-                why = (f"{max(left, 0):.1f} s were left of the {self.stop_on_signal.grace_seconds:g} s grace budget "
-                       f"after SIGTERM (--preemption_grace_seconds), and writing it takes about {needed:.1f} s at "
-                       f"the {speed / 2**20:,.1f} MiB/s just measured")
-                logger.warning(f"{staged.name} holds what resuming needs, but not the moving average of the weights "
-                               f"({EMA_FILE}): {why}. A run resumed from it starts the average again.")
+                why = (
+                    f"{max(left, 0):.1f} s were left of the {self.stop_on_signal.grace_seconds:g} s grace budget "
+                    f"after SIGTERM (--preemption_grace_seconds), and writing it takes about {needed:.1f} s at "
+                    f"the {speed / 2**20:,.1f} MiB/s just measured"
+                )
+                logger.warning(
+                    f"{staged.name} holds what resuming needs, but not the moving average of the weights "
+                    f"({EMA_FILE}): {why}. A run resumed from it starts the average again."
+                )
                 return {EMA_FILE: why}
         self.moving_average.save(staged)
         return {}
@@ -279,8 +300,12 @@ class CheckpointPolicy:
         shutil.rmtree(staged.parent, ignore_errors=True)
         if not self.resume_point_only:
             remove_resume_points(final)
-        rotate_checkpoints(output_dir=str(final.parent), save_total_limit=self.args.save_total_limit,
-                           best_model_checkpoint=self.state.best_model_checkpoint, use_mtime=True)
+        rotate_checkpoints(
+            output_dir=str(final.parent),
+            save_total_limit=self.args.save_total_limit,
+            best_model_checkpoint=self.state.best_model_checkpoint,
+            use_mtime=True,
+        )
 
     def _get_output_dir(self, trial) -> str:
         run_dir = super()._get_output_dir(trial)
@@ -310,8 +335,11 @@ class CheckpointPolicy:
         if self.divergence is not None:  # this process's own weights, or the gathered ones (FSDP)
             model = self.accelerator.unwrap_model(self.model)
             tensors = state_dict if state_dict is not None else dict(model.named_parameters())
-            refuse_non_finite({name: t.detach() for name, t in tensors.items() if isinstance(t, torch.Tensor)},
-                              f"the model to save in {output_dir or self.args.output_dir}", self.args.output_dir)
+            refuse_non_finite(
+                {name: t.detach() for name, t in tensors.items() if isinstance(t, torch.Tensor)},
+                f"the model to save in {output_dir or self.args.output_dir}",
+                self.args.output_dir,
+            )
         if not (self.is_fsdp_enabled and state_dict is not None and self.args.should_save):
             return super()._save(output_dir, state_dict)
         sharded, self.model = self.model, plain_copy(self.accelerator.unwrap_model(self.model), state_dict)
@@ -390,8 +418,10 @@ class TrainingInterrupted(KeyboardInterrupt):
         if checkpoint is None:
             message = f"Training stopped by {name} at step {step}, after its last update; no checkpoint was written."
         else:
-            message = (f"Training stopped by {name} at step {step} and saved a resumable checkpoint, {checkpoint}. "
-                       f"To continue, run the same command with {RESUME_HINT}.")
+            message = (
+                f"Training stopped by {name} at step {step} and saved a resumable checkpoint, {checkpoint}. "
+                f"To continue, run the same command with {RESUME_HINT}."
+            )
         super().__init__(message)
 
 
@@ -440,10 +470,15 @@ class StopOnSignal(TrainerCallback):
     def _handle(self, number, frame) -> None:
         self.received, self.received_at = number, time.monotonic()
         self._restore()
-        budget = (f" within {self.grace_seconds:g} s (--preemption_grace_seconds)"
-                  if number == signal.SIGTERM and self.grace_seconds else "")
-        logger.warning(f"{signal.Signals(number).name} received: finishing this update, then saving a checkpoint"
-                       f"{budget} and stopping (send it again to stop at once, without saving).")
+        budget = (
+            f" within {self.grace_seconds:g} s (--preemption_grace_seconds)"
+            if number == signal.SIGTERM and self.grace_seconds
+            else ""
+        )
+        logger.warning(
+            f"{signal.Signals(number).name} received: finishing this update, then saving a checkpoint"
+            f"{budget} and stopping (send it again to stop at once, without saving)."
+        )
 
     def deadline(self) -> float | None:
         """When a checkpoint written now must be done (on the time.monotonic() clock): a SIGTERM's grace
@@ -455,8 +490,11 @@ class StopOnSignal(TrainerCallback):
     def _stop_requested(self) -> bool:
         """Whether any process got a signal (one all-reduce with several); all then hold the same one."""
         if self.trainer.args.world_size > 1:
-            got = torch.tensor([self.received == signal.SIGINT, self.received == signal.SIGTERM],
-                               dtype=torch.float32, device=self.trainer.accelerator.device)
+            got = torch.tensor(
+                [self.received == signal.SIGINT, self.received == signal.SIGTERM],
+                dtype=torch.float32,
+                device=self.trainer.accelerator.device,
+            )
             got = self.trainer.accelerator.reduce(got, reduction="sum").tolist()
             if any(got):
                 self.received = signal.SIGTERM if got[1] else signal.SIGINT

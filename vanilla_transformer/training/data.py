@@ -133,7 +133,9 @@ def read_lines(path: PathLike, what: str | None = None) -> list[str]:
     return [text for _, text in numbered_lines(path, what)]
 
 
-def read_parallel(source_path: PathLike, target_path: PathLike, what: tuple[str, str] | None = None) -> list[tuple[str, str]]:
+def read_parallel(
+    source_path: PathLike, target_path: PathLike, what: tuple[str, str] | None = None
+) -> list[tuple[str, str]]:
     """The pairs of two small aligned files (test sets), in memory; corpora go through `parallel_text_dataset`."""
     rows = _parallel_rows(str(source_path), str(target_path), what or (None, None))
     return [(row["source"], row["target"]) for row in rows]
@@ -149,8 +151,10 @@ def _parallel_rows(source_path: str, target_path: str, what: tuple[str | None, s
     paired = 0
     for source, target in itertools.zip_longest(sources, targets):
         if source is None or target is None:  # one file ended before the other: count the rest of both
-            lines = [paired + (line is not None) + sum(1 for _ in rest)
-                     for line, rest in ((source, sources), (target, targets))]
+            lines = [
+                paired + (line is not None) + sum(1 for _ in rest)
+                for line, rest in ((source, sources), (target, targets))
+            ]
             raise ValueError(
                 f"Parallel files are not aligned: {_named(Path(source_path), what[0])} has {lines[0]} lines but "
                 f"{_named(Path(target_path), what[1])} has {lines[1]}; line i of one must translate line i of the "
@@ -172,8 +176,11 @@ def _tsv_rows(path: str, source_column: int, target_column: int, what: str | Non
         if expected is None:
             expected = len(fields)
         if len(fields) < needed or len(fields) != expected:
-            why = (f"need at least {needed} (source column {source_column}, target column {target_column})"
-                   if len(fields) < needed else f"line 1 has {expected}: is there a tab inside a sentence?")
+            why = (
+                f"need at least {needed} (source column {source_column}, target column {target_column})"
+                if len(fields) < needed
+                else f"line 1 has {expected}: is there a tab inside a sentence?"
+            )
             raise ValueError(
                 f"{name}, line {number}: {len(fields)} tab-separated field(s), {why}. Every line holds the same "
                 "fields; a sentence cannot contain a tab (use .jsonl for such text)."
@@ -184,7 +191,7 @@ def _tsv_rows(path: str, source_column: int, target_column: int, what: str | Non
 def json_field(record: dict, key: str, where: str) -> str:
     """``record[key]``; a dotted key such as ``"translation.en"`` reaches into nested objects."""
     value = record
-    for part in ([key] if key in record else key.split(".")):
+    for part in [key] if key in record else key.split("."):
         if not isinstance(value, dict) or part not in value:
             available = sorted(record) if isinstance(record, dict) else []
             raise ValueError(f"{where}: missing key {key!r} (keys present: {available}).")
@@ -243,10 +250,16 @@ def _arrow_from(rows, cache_dir: str | None, **gen_kwargs):
     identity = tuple((str(Path(p).resolve()), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in files)
     fingerprint = Hasher.hash([CACHE_VERSION, rows.__name__, identity, sorted(gen_kwargs.items())])
     try:
-        return rebuilt_if_damaged(lambda: Dataset.from_generator(
-            rows, features=Features({name: Value("string") for name in PAIR_COLUMNS}), cache_dir=cache_dir,
-            gen_kwargs={**gen_kwargs, "identity": identity}, fingerprint=fingerprint,
-        ), generator_cache_folder(cache_dir, fingerprint))
+        return rebuilt_if_damaged(
+            lambda: Dataset.from_generator(
+                rows,
+                features=Features({name: Value("string") for name in PAIR_COLUMNS}),
+                cache_dir=cache_dir,
+                gen_kwargs={**gen_kwargs, "identity": identity},
+                fingerprint=fingerprint,
+            ),
+            generator_cache_folder(cache_dir, fingerprint),
+        )
     except DatasetGenerationError as error:  # our own message, not datasets' generic one
         raise (error.__cause__ or error) from None
 
@@ -259,26 +272,33 @@ def parallel_text_dataset(
     Files with different numbers of lines are an error, never truncated: one missing line shifts every
     later pair onto the wrong translation.
     """
-    return _arrow_from(_parallel_rows, cache_dir, source_path=str(source_path), target_path=str(target_path),
-                       what=what or (None, None))
+    return _arrow_from(
+        _parallel_rows, cache_dir, source_path=str(source_path), target_path=str(target_path), what=what or (None, None)
+    )
 
 
-def tsv_dataset(path: PathLike, source_column: int = 0, target_column: int = 1, what: str | None = None,
-                cache_dir: str | None = None):
+def tsv_dataset(
+    path: PathLike,
+    source_column: int = 0,
+    target_column: int = 1,
+    what: str | None = None,
+    cache_dir: str | None = None,
+):
     """Tab-separated pairs (0-based columns) as an Arrow dataset."""
     for name, column in (("source_column", source_column), ("target_column", target_column)):
         if isinstance(column, bool) or not isinstance(column, int) or column < 0:
             raise ValueError(f"TSV columns are 0-based non-negative integers; {name} is {column!r}.")
-    return _arrow_from(_tsv_rows, cache_dir, path=str(path), source_column=source_column,
-                       target_column=target_column, what=what)
+    return _arrow_from(
+        _tsv_rows, cache_dir, path=str(path), source_column=source_column, target_column=target_column, what=what
+    )
 
 
-def jsonl_dataset(path: PathLike, source_key: str, target_key: str, what: str | None = None,
-                  cache_dir: str | None = None):
+def jsonl_dataset(
+    path: PathLike, source_key: str, target_key: str, what: str | None = None, cache_dir: str | None = None
+):
     """JSON Lines pairs as an Arrow dataset; a dotted key reaches into nested objects, e.g.
     ``translation.en`` for the layout of the WMT datasets on the Hub."""
-    return _arrow_from(_jsonl_rows, cache_dir, path=str(path), source_key=source_key, target_key=target_key,
-                       what=what)
+    return _arrow_from(_jsonl_rows, cache_dir, path=str(path), source_key=source_key, target_key=target_key, what=what)
 
 
 def default_key(language: str, keys) -> str:
@@ -300,8 +320,16 @@ class _SelectPair:
         }
 
 
-def hub_dataset(name: str, config: str | None, split: str, source_key: str | None, target_key: str | None,
-                languages: tuple[str, str], num_proc: int | None = None, cache_dir: str | None = None):
+def hub_dataset(
+    name: str,
+    config: str | None,
+    split: str,
+    source_key: str | None,
+    target_key: str | None,
+    languages: tuple[str, str],
+    num_proc: int | None = None,
+    cache_dir: str | None = None,
+):
     """A Hub dataset split with columns source, target (downloaded by `datasets`, only when asked for)."""
     from datasets import load_dataset
 
@@ -312,8 +340,10 @@ def hub_dataset(name: str, config: str | None, split: str, source_key: str | Non
     hint = "give --source_column/--target_column, or check --source_lang/--target_lang"
     for key in (source_key, target_key):
         if key.split(".")[0] not in dataset.column_names:
-            raise ValueError(f"Dataset {name!r} split {split!r} has no column {key.split('.')[0]!r} (columns: "
-                             f"{dataset.column_names}); {hint}.")
+            raise ValueError(
+                f"Dataset {name!r} split {split!r} has no column {key.split('.')[0]!r} (columns: "
+                f"{dataset.column_names}); {hint}."
+            )
         if len(dataset):  # nested keys: checked on the first row now, not in every row of a long map
             try:
                 json_field(dataset[0], key, f"{where}, row 0")
@@ -321,10 +351,17 @@ def hub_dataset(name: str, config: str | None, split: str, source_key: str | Non
                 raise ValueError(f"{error} Keys come from the language codes unless given: {hint}.") from None
     if source_key == target_key:
         raise ValueError(f"Source and target would both be read from {source_key!r} ({where}): {hint}.")
-    return rebuilt_if_damaged(lambda: dataset.map(
-        _SelectPair(source_key, target_key, where), batched=True, with_indices=True,
-        remove_columns=dataset.column_names, num_proc=workers_for(len(dataset), num_proc), desc="selecting pairs",
-    ), dataset_cache_folder(dataset))
+    return rebuilt_if_damaged(
+        lambda: dataset.map(
+            _SelectPair(source_key, target_key, where),
+            batched=True,
+            with_indices=True,
+            remove_columns=dataset.column_names,
+            num_proc=workers_for(len(dataset), num_proc),
+            desc="selecting pairs",
+        ),
+        dataset_cache_folder(dataset),
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -364,8 +401,9 @@ def tokenizer_fingerprint(tokenizer) -> str:
     from datasets.fingerprint import Hasher
 
     backend = tokenizer.backend_tokenizer.to_str() if getattr(tokenizer, "is_fast", False) else repr(tokenizer)
-    return Hasher.hash([type(tokenizer).__name__, backend, tokenizer.all_special_ids,
-                        getattr(tokenizer, "split_special_tokens", None)])
+    return Hasher.hash(
+        [type(tokenizer).__name__, backend, tokenizer.all_special_ids, getattr(tokenizer, "split_special_tokens", None)]
+    )
 
 
 def tokenize_dataset(dataset, tokenizer, num_proc: int | None = None, desc: str = "tokenizing"):
@@ -377,15 +415,27 @@ def tokenize_dataset(dataset, tokenizer, num_proc: int | None = None, desc: str 
     from datasets import Features, Sequence, Value
     from datasets.fingerprint import Hasher
 
-    features = Features({
-        "input_ids": Sequence(Value("int32")), "labels": Sequence(Value("int32")),
-        "source_length": Value("int32"), "target_length": Value("int32"), "empty": Value("bool"),
-    })
-    return rebuilt_if_damaged(lambda: dataset.map(
-        _TokenizePairs(tokenizer), batched=True, remove_columns=list(PAIR_COLUMNS), features=features,
-        num_proc=workers_for(len(dataset), num_proc), desc=desc,
-        new_fingerprint=Hasher.hash([CACHE_VERSION, dataset._fingerprint, tokenizer_fingerprint(tokenizer)]),
-    ), dataset_cache_folder(dataset))
+    features = Features(
+        {
+            "input_ids": Sequence(Value("int32")),
+            "labels": Sequence(Value("int32")),
+            "source_length": Value("int32"),
+            "target_length": Value("int32"),
+            "empty": Value("bool"),
+        }
+    )
+    return rebuilt_if_damaged(
+        lambda: dataset.map(
+            _TokenizePairs(tokenizer),
+            batched=True,
+            remove_columns=list(PAIR_COLUMNS),
+            features=features,
+            num_proc=workers_for(len(dataset), num_proc),
+            desc=desc,
+            new_fingerprint=Hasher.hash([CACHE_VERSION, dataset._fingerprint, tokenizer_fingerprint(tokenizer)]),
+        ),
+        dataset_cache_folder(dataset),
+    )
 
 
 def column(dataset, name: str) -> np.ndarray:
@@ -403,7 +453,9 @@ def drop_unusable(dataset, max_source_tokens: int, max_target_tokens: int, role:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
     empty = column(dataset, "empty")
-    too_long = (column(dataset, "source_length") > max_source_tokens) | (column(dataset, "target_length") > max_target_tokens)
+    too_long = (column(dataset, "source_length") > max_source_tokens) | (
+        column(dataset, "target_length") > max_target_tokens
+    )
     keep = ~empty & ~too_long
     counts = {"kept": int(keep.sum()), "empty": int(empty.sum()), "too_long": int((too_long & ~empty).sum())}
     dropped = len(keep) - counts["kept"]
@@ -447,7 +499,7 @@ def tokenizer_training_texts(dataset, max_pairs: int | None, seed: int = 0, bloc
         chosen = np.random.default_rng(seed).choice(blocks, size=math.ceil(max_pairs / block), replace=False)
         starts = sorted(int(b) * block for b in chosen)
     for start in starts:
-        batch = dataset[start:start + block]
+        batch = dataset[start : start + block]
         yield from batch["source"]
         yield from batch["target"]
 
@@ -459,7 +511,11 @@ def tokenizer_cache_dir(text, settings: dict, cache_dir: str | None = None) -> P
     from datasets.fingerprint import Hasher
 
     root = Path(cache_dir) if cache_dir else Path(config.HF_DATASETS_CACHE)
-    return root / "vanilla_transformer_tokenizers" / Hasher.hash([CACHE_VERSION, text._fingerprint, sorted(settings.items())])
+    return (
+        root
+        / "vanilla_transformer_tokenizers"
+        / Hasher.hash([CACHE_VERSION, text._fingerprint, sorted(settings.items())])
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -470,7 +526,7 @@ ROLES = ("train", "validation", "test")
 
 
 def pairs_format(path: str) -> str | None:
-    """".tsv" or ".jsonl" (".json" counts as JSON Lines) by suffix, ".gz" aside; None for anything else."""
+    """ ".tsv" or ".jsonl" (".json" counts as JSON Lines) by suffix, ".gz" aside; None for anything else."""
     suffixes = [suffix for suffix in Path(path).suffixes if suffix != ".gz"]
     suffix = suffixes[-1] if suffixes else None
     return ".jsonl" if suffix == ".json" else suffix if suffix in {".tsv", ".jsonl"} else None
@@ -488,8 +544,14 @@ def tsv_column(value: str | None, flag: str, default: int) -> int:
 def check_data_arguments(args) -> None:
     """Counts, lengths and names of the data flags (``args``: `options.DataArguments`), refused before any
     file is read."""
-    for name in ("max_source_length", "max_target_length", "max_train_samples", "max_eval_samples",
-                 "max_predict_samples", "preprocessing_num_workers"):
+    for name in (
+        "max_source_length",
+        "max_target_length",
+        "max_train_samples",
+        "max_eval_samples",
+        "max_predict_samples",
+        "preprocessing_num_workers",
+    ):
         value = getattr(args, name)
         if value is not None and value < 1:
             raise ValueError(f"--{name} must be a positive number, got {value}; leave it out for the default.")
@@ -504,8 +566,10 @@ def check_data_arguments(args) -> None:
         tsv_column(args.source_column, "--source_column", 0)
         tsv_column(args.target_column, "--target_column", 1)
     if args.source_column is not None and args.source_column == args.target_column:
-        raise ValueError(f"--source_column and --target_column are both {args.source_column!r}: the model would "
-                         "learn to copy. Give the target's column.")
+        raise ValueError(
+            f"--source_column and --target_column are both {args.source_column!r}: the model would "
+            "learn to copy. Give the target's column."
+        )
     if args.sacrebleu_tokenize is not None:
         check_sacrebleu_tokenize(args.sacrebleu_tokenize, "--sacrebleu_tokenize")
 
@@ -519,13 +583,17 @@ def local_dataset(args, role: str):
     if source_file and pairs_file:
         raise ValueError(f"Give --{role}_source_file/--{role}_target_file or --{role}_file, not both.")
     if source_file:
-        return parallel_text_dataset(source_file, target_file, (f"--{role}_source_file", f"--{role}_target_file"),
-                                     cache_dir=args.cache_dir)
+        return parallel_text_dataset(
+            source_file, target_file, (f"--{role}_source_file", f"--{role}_target_file"), cache_dir=args.cache_dir
+        )
     if not pairs_file:
         return None
     what = f"--{role}_file"
     if pairs_format(pairs_file) == ".tsv":
-        columns = [tsv_column(args.source_column, "--source_column", 0), tsv_column(args.target_column, "--target_column", 1)]
+        columns = [
+            tsv_column(args.source_column, "--source_column", 0),
+            tsv_column(args.target_column, "--target_column", 1),
+        ]
         _check_tsv_columns(pairs_file, what, columns)
         return tsv_dataset(pairs_file, *columns, what=what, cache_dir=args.cache_dir)
     if pairs_format(pairs_file) == ".jsonl":
@@ -540,8 +608,10 @@ def _check_tsv_columns(path: str, what: str, columns: list[int]) -> None:
     fields = len(first.split("\t"))
     for flag, column in zip(("--source_column", "--target_column"), columns):
         if column >= fields:
-            raise ValueError(f"{flag} {column}: {what} {path!r} has {fields} tab-separated field(s) on line 1, "
-                             f"columns 0 to {fields - 1}; give the 0-based column of each side.")
+            raise ValueError(
+                f"{flag} {column}: {what} {path!r} has {fields} tab-separated field(s) on line 1, "
+                f"columns 0 to {fields - 1}; give the 0-based column of each side."
+            )
 
 
 def _json_keys(args, record: dict, where: str) -> tuple[str, str]:
@@ -554,18 +624,30 @@ def _json_keys(args, record: dict, where: str) -> tuple[str, str]:
             json_field(record, key, where)
         except ValueError as error:
             origin = f"--{side}_column {given}" if given else f"--{side}_lang {language}"
-            raise ValueError(f"{error} The key {key!r} comes from {origin}: give --{side}_column with the key "
-                             f"(dotted for nesting, e.g. translation.{language}), or check --{side}_lang.") from None
+            raise ValueError(
+                f"{error} The key {key!r} comes from {origin}: give --{side}_column with the key "
+                f"(dotted for nesting, e.g. translation.{language}), or check --{side}_lang."
+            ) from None
         keys.append(key)
     if keys[0] == keys[1]:
-        raise ValueError(f"Source and target would both be read from {keys[0]!r} ({where}): give different "
-                         "--source_lang/--target_lang or --source_column/--target_column.")
+        raise ValueError(
+            f"Source and target would both be read from {keys[0]!r} ({where}): give different "
+            "--source_lang/--target_lang or --source_column/--target_column."
+        )
     return keys[0], keys[1]
 
 
 def _hub_split(args, split: str):
-    return hub_dataset(args.dataset_name, args.dataset_config_name, split, args.source_column, args.target_column,
-                       (args.source_lang, args.target_lang), args.preprocessing_num_workers, args.cache_dir)
+    return hub_dataset(
+        args.dataset_name,
+        args.dataset_config_name,
+        split,
+        args.source_column,
+        args.target_column,
+        (args.source_lang, args.target_lang),
+        args.preprocessing_num_workers,
+        args.cache_dir,
+    )
 
 
 def _first(dataset, count: int | None, flag: str):
@@ -597,22 +679,43 @@ def load_text_datasets(args, seed: int) -> dict:
         if datasets["train"] is None:
             raise ValueError("--validation_size holds out training pairs, but no training data is given.")
         if args.validation_size >= len(datasets["train"]):
-            raise ValueError(f"--validation_size {args.validation_size} leaves no training data "
-                             f"({len(datasets['train'])} pairs).")
-        split = rebuilt_if_damaged(lambda: datasets["train"].train_test_split(  # a damaged cached split: rebuilt
-            test_size=args.validation_size, shuffle=True, seed=seed), dataset_cache_folder(datasets["train"]))
+            raise ValueError(
+                f"--validation_size {args.validation_size} leaves no training data ({len(datasets['train'])} pairs)."
+            )
+        split = rebuilt_if_damaged(
+            lambda: datasets["train"].train_test_split(  # a damaged cached split: rebuilt
+                test_size=args.validation_size, shuffle=True, seed=seed
+            ),
+            dataset_cache_folder(datasets["train"]),
+        )
         datasets["train"], datasets["validation"] = split["train"], split["test"]
-    for role, count in (("train", args.max_train_samples), ("validation", args.max_eval_samples),
-                        ("test", args.max_predict_samples)):
+    for role, count in (
+        ("train", args.max_train_samples),
+        ("validation", args.max_eval_samples),
+        ("test", args.max_predict_samples),
+    ):
         if datasets[role] is not None:
-            datasets[role] = _first(datasets[role], count, {"train": "--max_train_samples",
-                                                            "validation": "--max_eval_samples",
-                                                            "test": "--max_predict_samples"}[role])
+            datasets[role] = _first(
+                datasets[role],
+                count,
+                {"train": "--max_train_samples", "validation": "--max_eval_samples", "test": "--max_predict_samples"}[
+                    role
+                ],
+            )
     return datasets
 
 
-def tokenize_pairs(dataset, tokenizer, config, role: str = "train", *, max_source_length: int | None = None,
-                   max_target_length: int | None = None, max_tokens: int | None = None, num_proc: int | None = None):
+def tokenize_pairs(
+    dataset,
+    tokenizer,
+    config,
+    role: str = "train",
+    *,
+    max_source_length: int | None = None,
+    max_target_length: int | None = None,
+    max_tokens: int | None = None,
+    num_proc: int | None = None,
+):
     """Token ids of one role's (source, target) pairs, without the empty and too-long ones (counted in the log).
 
     Too long: beyond ``max_source_length``/``max_target_length``, by default the model's positions, or
@@ -621,8 +724,10 @@ def tokenize_pairs(dataset, tokenizer, config, role: str = "train", *, max_sourc
     limits = []
     for name, given in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
         if given is not None and given > config.max_position_embeddings:
-            raise ValueError(f"--{name} {given} is more than the model's {config.max_position_embeddings} positions "
-                             f"(max_position_embeddings); give at most {config.max_position_embeddings}.")
+            raise ValueError(
+                f"--{name} {given} is more than the model's {config.max_position_embeddings} positions "
+                f"(max_position_embeddings); give at most {config.max_position_embeddings}."
+            )
         limits.append(given or min(config.max_position_embeddings, max_tokens or config.max_position_embeddings))
     ids = tokenize_dataset(dataset, tokenizer, num_proc, desc=f"tokenizing {role}")
     kept, _ = drop_unusable(ids, *limits, role)

@@ -38,8 +38,10 @@ from ..private_api import require
 require("transformers.Trainer._save", "transformers.Trainer._save_checkpoint")
 
 MIN_LOSS_SCALE = 1e-4  # fairseq's --min-loss-scale: below it, the loss overflows float16 at any scale
-CAUSES = ("Likely causes: too high a learning rate (lower --learning_rate or --lr_scale, or give more "
-          "--warmup_steps), a float16 overflow (train with --bf16 or in float32), or a bad batch.")
+CAUSES = (
+    "Likely causes: too high a learning rate (lower --learning_rate or --lr_scale, or give more "
+    "--warmup_steps), a float16 overflow (train with --bf16 or in float32), or a bad batch."
+)
 
 
 class TrainingDiverged(FloatingPointError):
@@ -57,8 +59,10 @@ def _last_checkpoint(output_dir) -> str:
     folders = checkpoint_folders(output_dir)
     if not folders:
         return "No checkpoint was saved before it: start again once the cause is fixed."
-    return (f"The last good checkpoint, {folders[-1]}, is intact; --resume_from_checkpoint {folders[-1]} continues "
-            "from it with its own learning rate and batch order, so for a lower learning rate start a new run.")
+    return (
+        f"The last good checkpoint, {folders[-1]}, is intact; --resume_from_checkpoint {folders[-1]} continues "
+        "from it with its own learning rate and batch order, so for a lower learning rate start a new run."
+    )
 
 
 def finite_flags(tensors: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -176,21 +180,32 @@ class DivergenceGuard(TrainerCallback):
                 f"Training diverged at update {step}: the float16 loss scale fell to {scale:g}, below "
                 f"{MIN_LOSS_SCALE:g}, after {self.skipped} skipped updates: the loss overflows float16 at any scale "
                 f"({self._last_finite(last_update, last_loss)}). {CAUSES} {self._checkpoint()}",
-                step, last_loss)
+                step,
+                last_loss,
+            )
         if not clean:
             bad = min((row for row in rows if not row[0]), key=lambda row: row[4])
             update, loss, norm = int(bad[4]), bad[5], bad[6]
-            what = (f"the loss is {loss:g}" if not math.isfinite(loss)
-                    else f"the gradient norm is {norm:g} (loss {loss:.4g})")
+            what = (
+                f"the loss is {loss:g}"
+                if not math.isfinite(loss)
+                else f"the gradient norm is {norm:g} (loss {loss:.4g})"
+            )
             raise TrainingDiverged(
                 f"Training diverged at update {update}: {what} ({self._last_finite(last_update, last_loss)}). "
-                f"{CAUSES} Nothing from update {update} on was saved. {self._checkpoint()}", update, last_loss)
+                f"{CAUSES} Nothing from update {update} on was saved. {self._checkpoint()}",
+                update,
+                last_loss,
+            )
         if any(row[-1] for row in rows):
             name = next(iter(non_finite(weights)), "on another process") if weights else "on another process"
             raise TrainingDiverged(
                 f"Training diverged by update {step}: the weights hold non-finite values (e.g. {name}) although every "
                 f"loss and gradient norm was finite ({self._last_finite(last_update, last_loss)}). {CAUSES} Nothing "
-                f"from update {step} was saved. {self._checkpoint()}", step, last_loss)
+                f"from update {step} was saved. {self._checkpoint()}",
+                step,
+                last_loss,
+            )
 
     def _checkpoint(self) -> str:
         return _last_checkpoint(self.trainer.args.output_dir)

@@ -33,8 +33,10 @@ def forward_flops(config, source_lengths: Sequence[float], target_lengths: Seque
         + 2 * 2 * source * d * config.encoder_ffn_dim  # FFN: d -> d_ff -> d
     )
     decoder_layer = (
-        2 * target * d * decoder_inner * 4 + 2 * 2 * decoder_inner * target_square  # masked self-attention
-        + 2 * target * d * decoder_inner * 2 + 2 * source * d * decoder_inner * 2  # cross: q, out | k, v
+        2 * target * d * decoder_inner * 4
+        + 2 * 2 * decoder_inner * target_square  # masked self-attention
+        + 2 * target * d * decoder_inner * 2
+        + 2 * source * d * decoder_inner * 2  # cross: q, out | k, v
         + 2 * 2 * decoder_inner * cross  # cross-attention scores and weighted sum
         + 2 * 2 * target * d * config.decoder_ffn_dim
     )
@@ -52,7 +54,9 @@ def training_flops_per_target_token(config, source_length: float, target_length:
     return training_flops(config, [source_length], [target_length]) / target_length
 
 
-def matmul_flops_per_second(size: int = 1024, repeats: int = 15, clock=None, warmup_seconds: float = 0.5) -> list[float]:
+def matmul_flops_per_second(
+    size: int = 1024, repeats: int = 15, clock=None, warmup_seconds: float = 0.5
+) -> list[float]:
     """This machine's float32 matrix-multiply throughput now: FLOP/s of ``repeats`` square products of
     ``size``, each timed by ``clock`` (``time.perf_counter`` by default), after untimed products for
     ``warmup_seconds`` (at least one: a fresh process's first products run slower). Their best is the

@@ -51,7 +51,9 @@ def refusal(flag: str, device: str | torch.device) -> str | None:
     if flag == "--fp8":
         if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
             name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-            return f"--fp8 needs a GPU with float8 matrix multiplies (compute capability 8.9+), not {name}; leave it out."
+            return (
+                f"--fp8 needs a GPU with float8 matrix multiplies (compute capability 8.9+), not {name}; leave it out."
+            )
         try:
             import torchao.float8  # noqa: F401
         except ImportError:
@@ -79,11 +81,14 @@ def check_levers(args) -> None:
     if getattr(args, "fused_loss", "none") not in FUSED_LOSSES:
         raise ValueError(f"--fused_loss must be one of {', '.join(FUSED_LOSSES)}, got {args.fused_loss!r}.")
     if getattr(args, "training_attention", "default") not in TRAINING_ATTENTION:
-        raise ValueError(f"--training_attention must be one of {', '.join(TRAINING_ATTENTION)}, "
-                         f"got {args.training_attention!r}.")
+        raise ValueError(
+            f"--training_attention must be one of {', '.join(TRAINING_ATTENTION)}, got {args.training_attention!r}."
+        )
     if getattr(args, "fused_loss", "none") != "none" and int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        raise ValueError(f"--fused_loss {args.fused_loss} runs in one process only (it calls the model past its "
-                         "DDP/FSDP wrapper); leave it out with several processes.")
+        raise ValueError(
+            f"--fused_loss {args.fused_loss} runs in one process only (it calls the model past its "
+            "DDP/FSDP wrapper); leave it out with several processes."
+        )
     device = "cpu" if args.use_cpu or not torch.cuda.is_available() else "cuda"
     for flag in requested(args):
         reason = refusal(flag, device)
@@ -179,9 +184,14 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         return grad_hidden * grad_total, grad_weight * grad_total, None, None, None, None
 
 
-def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                                 num_items_in_batch=None, label_smoothing: float = 0.0,
-                                 chunk_rows: int | None = None) -> torch.Tensor:
+def chunked_linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    num_items_in_batch=None,
+    label_smoothing: float = 0.0,
+    chunk_rows: int | None = None,
+) -> torch.Tensor:
     """`label_smoothed_cross_entropy` of the logits ``hidden @ weight.T`` (hidden (..., d), weight (V, d),
     labels (...)), without the logits: `ChunkedLinearCrossEntropy`. ``chunk_rows`` defaults to about
     2^24 logits a chunk (64 MiB in float32)."""
@@ -192,21 +202,34 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, lab
     return ChunkedLinearCrossEntropy.apply(hidden, weight, labels, label_smoothing, count, chunk_rows)
 
 
-def liger_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                               num_items_in_batch=None, label_smoothing: float = 0.0) -> torch.Tensor:
+def liger_linear_cross_entropy(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    num_items_in_batch=None,
+    label_smoothing: float = 0.0,
+) -> torch.Tensor:
     """The same loss by liger-kernel's fused linear cross-entropy (Triton; CUDA only): its sum over the
     tokens, divided by the count as `label_smoothed_cross_entropy` divides it."""
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
     hidden, labels = hidden.flatten(0, -2), labels.to(hidden.device).flatten()
     count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
-    total = liger_fused_linear_cross_entropy(hidden, weight, labels, ignore_index=-100,
-                                             label_smoothing=label_smoothing, reduction="sum")
+    total = liger_fused_linear_cross_entropy(
+        hidden, weight, labels, ignore_index=-100, label_smoothing=label_smoothing, reduction="sum"
+    )
     return total / count
 
 
-def training_loss(model, inputs: dict, labels: torch.Tensor, num_items_in_batch, label_smoothing: float,
-                  fused_loss: str = "none", forward=None) -> torch.Tensor:
+def training_loss(
+    model,
+    inputs: dict,
+    labels: torch.Tensor,
+    num_items_in_batch,
+    label_smoothing: float,
+    fused_loss: str = "none",
+    forward=None,
+) -> torch.Tensor:
     """The training loss of ``model`` (unwrapped) on ``inputs`` (input_ids, attention_mask,
     decoder_input_ids): with ``fused_loss`` "none" the model's logits and `label_smoothed_cross_entropy`,
     else the decoder's last hidden states and the chunked or liger loss with the pre-softmax weight.
@@ -227,19 +250,39 @@ def training_loss(model, inputs: dict, labels: torch.Tensor, num_items_in_batch,
 def convert_to_fp8(model) -> None:
     """torchao's float8 training on the linear layers of the encoder and decoder layers (dims multiples of
     16, as its kernels need); the pre-softmax projection, tied to the embedding, stays as it is."""
-    reason = refusal("--fp8", next(model.parameters()).device if next(model.parameters()).is_cuda else
-                     ("cuda" if torch.cuda.is_available() else "cpu"))
+    reason = refusal(
+        "--fp8",
+        next(model.parameters()).device
+        if next(model.parameters()).is_cuda
+        else ("cuda" if torch.cuda.is_available() else "cpu"),
+    )
     if reason:
         raise ValueError(reason)
     from torchao.float8 import convert_to_float8_training
 
     def takes(module, name: str) -> bool:
-        return (isinstance(module, torch.nn.Linear) and ".layers." in f".{name}"
-                and module.in_features % 16 == 0 and module.out_features % 16 == 0)
+        return (
+            isinstance(module, torch.nn.Linear)
+            and ".layers." in f".{name}"
+            and module.in_features % 16 == 0
+            and module.out_features % 16 == 0
+        )
 
     convert_to_float8_training(model, module_filter_fn=takes)
 
 
-__all__ = ["FUSED_LOSSES", "TRAINING_ATTENTION", "ChunkedLinearCrossEntropy", "apply_levers", "check_levers",
-           "chunked_linear_cross_entropy", "compile_layers", "convert_to_fp8", "layers_of",
-           "liger_linear_cross_entropy", "refusal", "requested", "training_loss"]
+__all__ = [
+    "FUSED_LOSSES",
+    "TRAINING_ATTENTION",
+    "ChunkedLinearCrossEntropy",
+    "apply_levers",
+    "check_levers",
+    "chunked_linear_cross_entropy",
+    "compile_layers",
+    "convert_to_fp8",
+    "layers_of",
+    "liger_linear_cross_entropy",
+    "refusal",
+    "requested",
+    "training_loss",
+]

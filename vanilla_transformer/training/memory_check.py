@@ -34,7 +34,6 @@ from .data import example_lengths
 logger = logging.getLogger(__name__)
 
 
-
 class MemoryCheckError(ValueError):
     """Found before the first update: the largest batches run out of the device's memory, or
     ``--skip_oom_batches`` is asked of several processes."""
@@ -62,10 +61,12 @@ def batch_of_shape(shape: tuple[int, int, int], config, device) -> dict[str, tor
     """A training batch of ``shape`` with no padding (every position counts, as in the fullest batch)."""
     rows, source, target = shape
     token = (config.pad_token_id + 1) % config.vocab_size if config.pad_token_id is not None else 0
-    return {"input_ids": torch.full((rows, source), token, device=device),
-            "attention_mask": torch.ones(rows, source, dtype=torch.long, device=device),
-            "decoder_input_ids": torch.full((rows, target), token, device=device),
-            "labels": torch.full((rows, target), token, device=device)}
+    return {
+        "input_ids": torch.full((rows, source), token, device=device),
+        "attention_mask": torch.ones(rows, source, dtype=torch.long, device=device),
+        "decoder_input_ids": torch.full((rows, target), token, device=device),
+        "labels": torch.full((rows, target), token, device=device),
+    }
 
 
 def fits(trainer, shape: tuple[int, int, int]) -> bool:
@@ -131,8 +132,10 @@ def check_largest_batches_fit(trainer) -> None:
     """Before the first update: try the largest batch shapes of the run (`largest_shapes`); `MemoryCheckError`
     naming the one that ran out of memory and a ``--max_tokens`` that fits (halved until one does)."""
     if trainer.args.skip_oom_batches and trainer.accelerator.num_processes > 1:
-        raise MemoryCheckError("--skip_oom_batches works in one process only: a process that skips a batch would leave "
-                         "the others waiting for its gradients; leave it out, or lower --max_tokens.")
+        raise MemoryCheckError(
+            "--skip_oom_batches works in one process only: a process that skips a batch would leave "
+            "the others waiting for its gradients; leave it out, or lower --max_tokens."
+        )
     if not probe_applies(trainer):
         return
     max_tokens = trainer.args.max_tokens
@@ -157,20 +160,26 @@ def _first_failing(trainer, lengths: np.ndarray, max_tokens: int) -> tuple[int, 
 def _advice(trainer, lengths: np.ndarray, max_tokens: int, failed: tuple[int, int, int]) -> str:
     rows, source, target = failed
     device = trainer.args.device
-    said = (f"a batch of {rows} x {source} x {target} (rows x source x target tokens), the largest of --max_tokens "
-            f"{max_tokens}, runs out of {device.type} memory in one forward and backward pass (tried before the "
-            "first update)")
+    said = (
+        f"a batch of {rows} x {source} x {target} (rows x source x target tokens), the largest of --max_tokens "
+        f"{max_tokens}, runs out of {device.type} memory in one forward and backward pass (tried before the "
+        "first update)"
+    )
     smaller, accumulation = max_tokens // 2, trainer.args.gradient_accumulation_steps
     while smaller >= lengths.min() and (lengths.max(axis=1) <= smaller).any():
         accumulation *= 2
         if _first_failing(trainer, lengths, smaller) is None:
             left_out = int((lengths.max(axis=1) > smaller).sum())
             note = f", which leaves out the {left_out} pairs longer than {smaller} tokens" if left_out else ""
-            return (f"{said}; --max_tokens {smaller} fits (tried the same way{note}): give it, with "
-                    f"--gradient_accumulation_steps {accumulation} to keep the tokens per update.")
+            return (
+                f"{said}; --max_tokens {smaller} fits (tried the same way{note}): give it, with "
+                f"--gradient_accumulation_steps {accumulation} to keep the tokens per update."
+            )
         smaller //= 2
-    return (f"{said}, and so do the largest batches of every --max_tokens down to {max(smaller * 2, 1)}: use a device "
-            "with more memory, --bf16, or a smaller model.")
+    return (
+        f"{said}, and so do the largest batches of every --max_tokens down to {max(smaller * 2, 1)}: use a device "
+        "with more memory, --bf16, or a smaller model."
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -200,9 +209,11 @@ class SkipOutOfMemoryBatches:
         if self.args.device.type == "cuda":
             torch.cuda.empty_cache()
         self.skipped_oom_batches += 1
-        logger.warning(f"update {self.state.global_step + 1}: skipped a batch of {shape} (rows x source x target) "
-                       f"that ran out of memory, with the update's gradients so far ({self.skipped_oom_batches} "
-                       "skipped in all)")
+        logger.warning(
+            f"update {self.state.global_step + 1}: skipped a batch of {shape} (rows x source x target) "
+            f"that ran out of memory, with the update's gradients so far ({self.skipped_oom_batches} "
+            "skipped in all)"
+        )
         return torch.zeros((), device=self.args.device)
 
     def log(self, logs: dict[str, float], *args, **kwargs) -> None:

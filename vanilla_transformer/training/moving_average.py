@@ -108,15 +108,19 @@ class ExponentialMovingAverage(TrainerCallback):
 
     def _check_names(self, parameters: dict) -> None:
         if set(parameters) != set(self.average):
-            raise ValueError(f"The model's parameters {sorted(set(parameters) ^ set(self.average))} are not in both "
-                             "the model and its moving average: was the average loaded from another model?")
+            raise ValueError(
+                f"The model's parameters {sorted(set(parameters) ^ set(self.average))} are not in both "
+                "the model and its moving average: was the average loaded from another model?"
+            )
 
     def on_train_begin(self, args, state, control, **kwargs):
         if state.global_step > self.updates:
-            logger.warning(f"Training resumes at update {state.global_step}, but the moving average of the weights has "
-                           f"seen {self.updates}: it starts again from here. TransformerTrainer saves the average in "
-                           f"each checkpoint ({EMA_FILE}) and loads it on resuming; with another Trainer, load it "
-                           "yourself (ExponentialMovingAverage.load).")
+            logger.warning(
+                f"Training resumes at update {state.global_step}, but the moving average of the weights has "
+                f"seen {self.updates}: it starts again from here. TransformerTrainer saves the average in "
+                f"each checkpoint ({EMA_FILE}) and loads it on resuming; with another Trainer, load it "
+                "yourself (ExponentialMovingAverage.load)."
+            )
 
     def on_step_end(self, args, state, control, model=None, **kwargs):
         self.update(model)
@@ -144,8 +148,10 @@ class ExponentialMovingAverage(TrainerCallback):
         that update, ``copy_to`` a model loaded from the same folder."""
         path = Path(folder) / EMA_FILE
         if not path.is_file():
-            raise ValueError(f"{folder} holds no moving average ({EMA_FILE}): it was trained without --ema_decay "
-                             "(or saved with --save_only_model, or after SIGTERM without time for it: left_out.json).")
+            raise ValueError(
+                f"{folder} holds no moving average ({EMA_FILE}): it was trained without --ema_decay "
+                "(or saved with --save_only_model, or after SIGTERM without time for it: left_out.json)."
+            )
         average = cls(float(_metadata(path)["decay"]))
         average.load(folder)
         return average
@@ -162,8 +168,10 @@ class ExponentialMovingAverage(TrainerCallback):
 def check_decay(decay: float) -> None:
     """0 <= decay < 1; 0, whose average is the last weights alone, stands for no moving average."""
     if not 0 <= decay < 1:
-        raise ValueError(f"--ema_decay must be at least 0 and below 1, got {decay}; 0.998 averages about the last "
-                         "500 updates, 0 turns the average off.")
+        raise ValueError(
+            f"--ema_decay must be at least 0 and below 1, got {decay}; 0.998 averages about the last "
+            "500 updates, 0 turns the average off."
+        )
 
 
 def check_checkpoint(folder: str | Path, decay: float) -> None:
@@ -173,23 +181,31 @@ def check_checkpoint(folder: str | Path, decay: float) -> None:
     if not decay:
         if path.is_file():
             decay = float(_metadata(path)["decay"])
-            raise ValueError(f"{folder} holds a moving average of the weights ({EMA_FILE}): resume it with "
-                             f"--ema_decay {decay}, or the average would be dropped (to drop it on purpose, delete "
-                             f"{path}).")
+            raise ValueError(
+                f"{folder} holds a moving average of the weights ({EMA_FILE}): resume it with "
+                f"--ema_decay {decay}, or the average would be dropped (to drop it on purpose, delete "
+                f"{path})."
+            )
         return
     if not path.is_file() and EMA_FILE in left_out(folder):
-        logger.warning(f"{folder} was saved after SIGTERM without its moving average of the weights ({EMA_FILE}: "
-                       f"{left_out(folder)[EMA_FILE]}): the average starts again from its update, so the final "
-                       "model averages the updates from there on.")
+        logger.warning(
+            f"{folder} was saved after SIGTERM without its moving average of the weights ({EMA_FILE}: "
+            f"{left_out(folder)[EMA_FILE]}): the average starts again from its update, so the final "
+            "model averages the updates from there on."
+        )
         return
     if not path.is_file():
-        raise ValueError(f"--ema_decay {decay}: {folder} holds no moving average ({EMA_FILE}); it was trained "
-                         "without --ema_decay (or saved with --save_only_model). Resume without the flag, or start a "
-                         "new run.")
+        raise ValueError(
+            f"--ema_decay {decay}: {folder} holds no moving average ({EMA_FILE}); it was trained "
+            "without --ema_decay (or saved with --save_only_model). Resume without the flag, or start a "
+            "new run."
+        )
     stored = float(_metadata(path)["decay"])
     if stored != decay:
-        raise ValueError(f"--ema_decay {decay}: {path} averages with decay {stored}; resume with --ema_decay {stored} "
-                         "(a moving average cannot change its decay half-way).")
+        raise ValueError(
+            f"--ema_decay {decay}: {path} averages with decay {stored}; resume with --ema_decay {stored} "
+            "(a moving average cannot change its decay half-way)."
+        )
 
 
 def _metadata(path: Path) -> dict[str, str]:
@@ -201,8 +217,10 @@ def _metadata(path: Path) -> dict[str, str]:
             raise KeyError("no decay and update count in its metadata")
         return metadata
     except Exception as error:  # noqa: BLE001 - any unreadable file gets the same advice
-        raise ValueError(f"{path} is not a moving average written by --ema_decay ({error}); delete it, or resume "
-                         "from another checkpoint.") from error
+        raise ValueError(
+            f"{path} is not a moving average written by --ema_decay ({error}); delete it, or resume "
+            "from another checkpoint."
+        ) from error
 
 
 __all__ = ["EMA_FILE", "ExponentialMovingAverage", "check_checkpoint", "check_decay"]

@@ -39,7 +39,6 @@ from ..tokenization_vanilla_transformer import MIN_VOCAB_SIZE
 from .arguments import TransformerTrainingArguments, check_training_arguments
 from .checkpointing import RESUME_HINT, checkpoint_folders
 from .data import check_data_arguments
-from .metrics import check_sacrebleu_tokenize
 
 # train --help in groups reads fields through this HfArgumentParser internal (private: checked at import)
 require("transformers.HfArgumentParser._parse_dataclass_field")
@@ -57,19 +56,19 @@ FINE_TUNING_WARMUP_RATIO = 0.1
 # run_translation.py flags that have no meaning here, and what to do instead.
 RUN_TRANSLATION_FLAGS = {
     "num_beams": "decoding follows the model's generation config (the paper's 4 beams); to evaluate with another "
-                 "beam size use --generation_num_beams",
+    "beam size use --generation_num_beams",
     "source_prefix": "a T5-style task prefix has no meaning for a model trained on one translation direction; drop it",
     "forced_bos_token": "this model has no language tokens to force; drop it",
     "overwrite_output_dir": "transformers 5 removed it; use a new --output_dir, or --resume_from_checkpoint last",
     "pad_to_max_length": "batches are padded to their longest sentence; drop it",
     "ignore_pad_token_for_loss": "padding never counts in the loss; drop it",
     "val_max_target_length": "decoding stops at the paper's source length + 50; give --generation_max_length for a "
-                             "fixed limit",
+    "fixed limit",
     "tokenizer_name": "use --tokenizer_name_or_path",
     "config_name": "a new model comes from --preset and --config_overrides",
     "use_fast_tokenizer": "the tokenizer is always the fast one; drop it",
     "overwrite_cache": "the data cache is keyed by the files' size and time and by the tokenizer; to rebuild it "
-                       "anyway, give a new --cache_dir",
+    "anyway, give a new --cache_dir",
 }
 
 # ---------------------------------------------------------------------------------------------
@@ -94,21 +93,26 @@ class DataArguments:
     test_file: str | None = field(default=None, metadata={"help": "--do_predict: .tsv or .jsonl test pairs"})
     source_column: str | None = field(
         default=None,
-        metadata={"help": "TSV: 0-based column (default 0); JSONL/Hub: key, dotted for nesting "
-                  "(default: the language code, or translation.<lang> when records have 'translation')"},
+        metadata={
+            "help": "TSV: 0-based column (default 0); JSONL/Hub: key, dotted for nesting "
+            "(default: the language code, or translation.<lang> when records have 'translation')"
+        },
     )
     target_column: str | None = field(default=None, metadata={"help": "as --source_column (TSV default 1)"})
     dataset_name: str | None = field(
         default=None,
-        metadata={"help": "a Hub dataset (downloaded only when given); 'none' drops one named in an argument file, "
-                          "with its config and splits"},
+        metadata={
+            "help": "a Hub dataset (downloaded only when given); 'none' drops one named in an argument file, "
+            "with its config and splits"
+        },
     )
     dataset_config_name: str | None = field(default=None, metadata={"help": "e.g. de-en for wmt14"})
     train_split: str = field(default="train")
     validation_split: str | None = field(default=None, metadata={"help": "Hub split for validation, e.g. validation"})
     test_split: str | None = field(default=None, metadata={"help": "Hub split for --do_predict, e.g. test"})
     validation_size: int = field(
-        default=0, metadata={"help": "hold out this many training pairs for validation when no validation data is given"}
+        default=0,
+        metadata={"help": "hold out this many training pairs for validation when no validation data is given"},
     )
     max_source_length: int | None = field(
         default=None, metadata={"help": "drop (and count) longer pairs; default: the model's max_position_embeddings"}
@@ -126,8 +130,10 @@ class DataArguments:
     sacrebleu_tokenize: str | None = field(default=None, metadata={"help": "sacreBLEU tokenizer (default: 13a)"})
     compound_split_bleu: bool = field(
         default=False,
-        metadata={"help": "--do_predict: also report tokenized BLEU as the paper scored it (Moses tokenizer, "
-                          "##AT## compound splits, multi-bleu.perl's corpus BLEU), as predict_tokenized_bleu"},
+        metadata={
+            "help": "--do_predict: also report tokenized BLEU as the paper scored it (Moses tokenizer, "
+            "##AT## compound splits, multi-bleu.perl's corpus BLEU), as predict_tokenized_bleu"
+        },
     )
 
 
@@ -135,33 +141,45 @@ class DataArguments:
 class ModelArguments:
     """A new model from a preset, or an existing checkpoint to fine-tune; a tokenizer to load or train."""
 
-    model_name_or_path: str | None = field(default=None, metadata={"help": "checkpoint to fine-tune (folder or Hub id)"})
+    model_name_or_path: str | None = field(
+        default=None, metadata={"help": "checkpoint to fine-tune (folder or Hub id)"}
+    )
     preset: str = field(default="base", metadata={"help": f"new model from a preset: {', '.join(PRESETS)}"})
     config_overrides: str | None = field(
-        default=None, metadata={"help": "comma-separated config fields for a new model, e.g. d_model=256,encoder_layers=3"}
+        default=None,
+        metadata={"help": "comma-separated config fields for a new model, e.g. d_model=256,encoder_layers=3"},
     )
     tokenizer_name_or_path: str | None = field(
-        default=None, metadata={"help": "tokenizer to load; default: the checkpoint's, or train a joint BPE on the data"}
+        default=None,
+        metadata={"help": "tokenizer to load; default: the checkpoint's, or train a joint BPE on the data"},
     )
-    tokenizer_vocab_size: int = field(default=37000, metadata={"help": "joint BPE vocabulary size when training one (§5.1)"})
+    tokenizer_vocab_size: int = field(
+        default=37000, metadata={"help": "joint BPE vocabulary size when training one (§5.1)"}
+    )
     tokenizer_min_frequency: int = field(default=2)
     tokenizer_train_pairs: int = field(
         default=1_000_000,
-        metadata={"help": "train the tokenizer on at most this many pairs, sampled in blocks (sentencepiece's "
-                          "input_sentence_size)"},
+        metadata={
+            "help": "train the tokenizer on at most this many pairs, sampled in blocks (sentencepiece's "
+            "input_sentence_size)"
+        },
     )
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flex_attention"})
     length_penalty: float | None = field(
         default=None,
-        metadata={"help": "beam search's length penalty alpha, saved in the model's generation config (used by "
-                          "evaluation, prediction and generate() later); default: the model's own, for a new model "
-                          "the paper's 0.6 (§6.1)"},
+        metadata={
+            "help": "beam search's length penalty alpha, saved in the model's generation config (used by "
+            "evaluation, prediction and generate() later); default: the model's own, for a new model "
+            "the paper's 0.6 (§6.1)"
+        },
     )
     length_penalty_formula: str | None = field(
         default=None,
-        metadata={"help": "what alpha divides the log-probability by, saved likewise: gnmt, ((5 + |Y|) / 6)^alpha "
-                          "(the paper's, GNMT's), or length, |Y|^alpha (transformers'); default: the model's own, "
-                          "for a new model gnmt"},
+        metadata={
+            "help": "what alpha divides the log-probability by, saved likewise: gnmt, ((5 + |Y|) / 6)^alpha "
+            "(the paper's, GNMT's), or length, |Y|^alpha (transformers'); default: the model's own, "
+            "for a new model gnmt"
+        },
     )
 
 
@@ -170,15 +188,48 @@ class ModelArguments:
 # ---------------------------------------------------------------------------------------------
 
 # Flags of TransformerTrainingArguments (mostly the Trainer's) that belong with the recipe's own.
-TRAINING_GROUP = ("output_dir", "max_steps", "num_train_epochs", "max_tokens", "per_device_train_batch_size",
-                  "gradient_accumulation_steps", "learning_rate", "lr_scale", "lr_scheduler_type", "warmup_steps",
-                  "adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay", "max_grad_norm", "label_smoothing_factor",
-                  "max_train_minutes", "cooldown_minutes", "save_minutes", "save_steps", "save_total_limit",
-                  "average_checkpoints", "average_weights", "ema_decay", "resume_from_checkpoint", "seed",
-                  "do_train", "do_eval", "do_predict")
-DECODING_GROUP = ("length_penalty", "length_penalty_formula", "predict_with_generate", "generation_num_beams",
-                  "generation_max_length", "generation_config", "per_device_eval_batch_size", "sacrebleu_tokenize",
-                  "compound_split_bleu")
+TRAINING_GROUP = (
+    "output_dir",
+    "max_steps",
+    "num_train_epochs",
+    "max_tokens",
+    "per_device_train_batch_size",
+    "gradient_accumulation_steps",
+    "learning_rate",
+    "lr_scale",
+    "lr_scheduler_type",
+    "warmup_steps",
+    "adam_beta1",
+    "adam_beta2",
+    "adam_epsilon",
+    "weight_decay",
+    "max_grad_norm",
+    "label_smoothing_factor",
+    "max_train_minutes",
+    "cooldown_minutes",
+    "save_minutes",
+    "save_steps",
+    "save_total_limit",
+    "average_checkpoints",
+    "average_weights",
+    "ema_decay",
+    "resume_from_checkpoint",
+    "seed",
+    "do_train",
+    "do_eval",
+    "do_predict",
+)
+DECODING_GROUP = (
+    "length_penalty",
+    "length_penalty_formula",
+    "predict_with_generate",
+    "generation_num_beams",
+    "generation_max_length",
+    "generation_config",
+    "per_device_eval_batch_size",
+    "sacrebleu_tokenize",
+    "compound_split_bleu",
+)
 GROUPS = {
     "data": "the parallel text: local files (.gz ok) or a Hub dataset (downloaded only when named)",
     "model": "a new model from a preset, or a checkpoint to fine-tune; the tokenizer",
@@ -188,7 +239,7 @@ GROUPS = {
 # Help texts that replace the Trainer's where our meaning differs.
 HELP = {
     "per_device_train_batch_size": "sentences per batch, only with --max_tokens 0 (sentence batches); by default "
-                                   "--max_tokens sets the batch by token count and this flag is refused",
+    "--max_tokens sets the batch by token count and this flag is refused",
     "output_dir": "where checkpoints, the final model (Hub format) and its card go",
 }
 NO_DEFAULT_SHOWN = {"per_device_train_batch_size"}
@@ -229,36 +280,45 @@ class ArgumentParser(HfArgumentParser):
 def build_parser(prog: str = "vanilla-transformer train") -> ArgumentParser:
     """The parser of `parse_arguments`: data, model, training and decoding flags, then the Trainer's."""
     parser = ArgumentParser(
-        [], prog=prog, allow_abbrev=False,  # "--learning_rat" must not pass as --learning_rate unseen
+        [],
+        prog=prog,
+        allow_abbrev=False,  # "--learning_rat" must not pass as --learning_rate unseen
         formatter_class=HelpFormatter,
         usage=f"{prog} [RECIPE] [--flag value ...]",
         description="Train (or fine-tune), evaluate and translate a test set with the paper's recipe. RECIPE, "
-                    f"if given first, is a packaged recipe ({', '.join(recipe_names())}) or a .yaml/.json file of "
-                    "flags; flags after it override it. Every flag is also accepted with dashes (--max-tokens).",
+        f"if given first, is a packaged recipe ({', '.join(recipe_names())}) or a .yaml/.json file of "
+        "flags; flags after it override it. Every flag is also accepted with dashes (--max-tokens).",
         epilog="Several GPUs: accelerate launch --config_file $(vanilla-transformer config ddp) "
-               "-m vanilla_transformer.cli train ...",
+        "-m vanilla_transformer.cli train ...",
     )
     parser.dataclass_types = [ModelArguments, DataArguments, TransformerTrainingArguments]
     fields = {cls: {f.name: f for f in dataclasses.fields(cls) if f.init} for cls in parser.dataclass_types}
     types = {cls: typing.get_type_hints(cls) for cls in parser.dataclass_types}
     placement = {name: "data" for name in fields[DataArguments]}
     placement |= {name: "model" for name in fields[ModelArguments]}
-    placement |= {name: "training" for name in TRAINING_GROUP} | {name: "evaluation and decoding" for name in DECODING_GROUP}
+    placement |= {name: "training" for name in TRAINING_GROUP} | {
+        name: "evaluation and decoding" for name in DECODING_GROUP
+    }
     groups = {title: parser.add_argument_group(title, description) for title, description in GROUPS.items()}
     groups["trainer"] = parser.add_argument_group(
-        "Seq2SeqTrainingArguments", "transformers' Trainer flags, with the paper's values as defaults where it "
-        "states them (https://huggingface.co/docs/transformers/main_classes/trainer#transformers.TrainingArguments)")
+        "Seq2SeqTrainingArguments",
+        "transformers' Trainer flags, with the paper's values as defaults where it "
+        "states them (https://huggingface.co/docs/transformers/main_classes/trainer#transformers.TrainingArguments)",
+    )
     listed = {name: index for index, name in enumerate(TRAINING_GROUP + DECODING_GROUP)}  # else: field order
-    ordered = sorted(((cls, name) for cls in parser.dataclass_types for name in fields[cls]),
-                     key=lambda item: (list(GROUPS).index(placement[item[1]]) if item[1] in placement else len(GROUPS),
-                                       listed.get(item[1], 0)))
+    ordered = sorted(
+        ((cls, name) for cls in parser.dataclass_types for name in fields[cls]),
+        key=lambda item: (
+            list(GROUPS).index(placement[item[1]]) if item[1] in placement else len(GROUPS),
+            listed.get(item[1], 0),
+        ),
+    )
     for cls, name in ordered:
         original = fields[cls][name]
         metadata = dict(original.metadata)
         if name in HELP:
             metadata["help"] = HELP[name]
-        copy = dataclasses.field(default=original.default, default_factory=original.default_factory,
-                                 metadata=metadata)
+        copy = dataclasses.field(default=original.default, default_factory=original.default_factory, metadata=metadata)
         copy.name, copy.type = name, types[cls][name]
         HfArgumentParser._parse_dataclass_field(groups[placement.get(name, "trainer")], copy)
     return parser
@@ -304,10 +364,17 @@ def _refuse_unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> N
         flag = token.split("=", 1)[0]
         if token.startswith("--") and flag not in parser._option_string_actions:
             close = difflib.get_close_matches(flag, flags, n=1)
-            raise ValueError(f"{flag} is not a flag of {parser.prog}"
-                             f"{f' (did you mean {close[0]}?)' if close else ''}; see {parser.prog} --help.")
-        if token.startswith("-") and not token.startswith("--") and token not in parser._option_string_actions \
-                and not _is_number(token) and token != "-":
+            raise ValueError(
+                f"{flag} is not a flag of {parser.prog}"
+                f"{f' (did you mean {close[0]}?)' if close else ''}; see {parser.prog} --help."
+            )
+        if (
+            token.startswith("-")
+            and not token.startswith("--")
+            and token not in parser._option_string_actions
+            and not _is_number(token)
+            and token != "-"
+        ):
             raise ValueError(f"{token}: flags are spelt with two dashes (--flag value); see {parser.prog} --help.")
 
 
@@ -329,8 +396,10 @@ def _drop_hub_dataset_named_none(data_args: DataArguments) -> None:
 
 def _refuse_foreign_flags(names, where: str) -> None:
     for name in sorted(set(names) & set(RUN_TRANSLATION_FLAGS)):
-        raise ValueError(f"--{name} (from {where}) is a run_translation.py flag that does not apply here: "
-                         f"{RUN_TRANSLATION_FLAGS[name]}.")
+        raise ValueError(
+            f"--{name} (from {where}) is a run_translation.py flag that does not apply here: "
+            f"{RUN_TRANSLATION_FLAGS[name]}."
+        )
 
 
 def _warn_ignored_flags(model_args: ModelArguments, given: set) -> None:
@@ -340,8 +409,10 @@ def _warn_ignored_flags(model_args: ModelArguments, given: set) -> None:
         logger.warning(f"--{names[0]} is ignored: --model_name_or_path {loaded} is loaded with its own architecture")
     tokenizer_flags = {"tokenizer_vocab_size", "tokenizer_min_frequency", "tokenizer_train_pairs"}
     if (model_args.tokenizer_name_or_path or loaded) and (names := sorted(given & tokenizer_flags)):
-        logger.warning(f"{', '.join('--' + name for name in names)} ignored: the tokenizer is loaded (from "
-                       "--tokenizer_name_or_path or --model_name_or_path), not trained")
+        logger.warning(
+            f"{', '.join('--' + name for name in names)} ignored: the tokenizer is loaded (from "
+            "--tokenizer_name_or_path or --model_name_or_path), not trained"
+        )
 
 
 def recipe_or_error(name: str) -> Path:
@@ -375,12 +446,16 @@ def check_model_arguments(model_args: ModelArguments) -> None:
     else:
         if model_args.preset not in PRESETS:
             close = difflib.get_close_matches(model_args.preset, PRESETS, n=1)
-            raise ValueError(f"--preset {model_args.preset!r} does not exist"
-                             f"{f' (did you mean {close[0]!r}?)' if close else ''}; choose one of {', '.join(PRESETS)}.")
+            raise ValueError(
+                f"--preset {model_args.preset!r} does not exist"
+                f"{f' (did you mean {close[0]!r}?)' if close else ''}; choose one of {', '.join(PRESETS)}."
+            )
         model_config(model_args.preset, model_args.config_overrides)  # a value the config refuses fails now
     if model_args.tokenizer_vocab_size < MIN_VOCAB_SIZE:
-        raise ValueError(f"--tokenizer_vocab_size {model_args.tokenizer_vocab_size} cannot hold the 256 bytes and 4 "
-                         f"special tokens every vocabulary starts with; give at least {MIN_VOCAB_SIZE} (the paper: 37000).")
+        raise ValueError(
+            f"--tokenizer_vocab_size {model_args.tokenizer_vocab_size} cannot hold the 256 bytes and 4 "
+            f"special tokens every vocabulary starts with; give at least {MIN_VOCAB_SIZE} (the paper: 37000)."
+        )
     for name in ("tokenizer_min_frequency", "tokenizer_train_pairs"):
         if getattr(model_args, name) < 1:
             raise ValueError(f"--{name} must be a positive number, got {getattr(model_args, name)}.")
@@ -388,13 +463,17 @@ def check_model_arguments(model_args: ModelArguments) -> None:
         raise ValueError(f"--length_penalty must be a finite number (the paper: 0.6), got {model_args.length_penalty}.")
     formula = model_args.length_penalty_formula
     if formula is not None and formula not in LENGTH_PENALTY_FORMULAS:
-        raise ValueError(f"--length_penalty_formula {formula!r} does not exist; choose gnmt (the paper's "
-                         "((5 + |Y|) / 6)^alpha) or length (transformers' |Y|^alpha).")
+        raise ValueError(
+            f"--length_penalty_formula {formula!r} does not exist; choose gnmt (the paper's "
+            "((5 + |Y|) / 6)^alpha) or length (transformers' |Y|^alpha)."
+        )
     implementation = model_args.attn_implementation
     if implementation is not None and implementation != "eager" and implementation not in ATTENTION_IMPLEMENTATIONS:
-        raise ValueError(f"--attn_implementation {implementation!r} does not exist; choose eager, sdpa or "
-                         f"flex_attention (or {', '.join(k for k in ATTENTION_IMPLEMENTATIONS if 'flash' in k)} with "
-                         "their packages).")
+        raise ValueError(
+            f"--attn_implementation {implementation!r} does not exist; choose eager, sdpa or "
+            f"flex_attention (or {', '.join(k for k in ATTENTION_IMPLEMENTATIONS if 'flash' in k)} with "
+            "their packages)."
+        )
 
 
 def check_output_dir(training_args, resuming: bool) -> None:
@@ -421,8 +500,10 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, traini
     for name in ("max_source_length", "max_target_length"):
         limit = getattr(data_args, name)
         if max_tokens and limit is not None and limit > max_tokens:
-            raise ValueError(f"--{name} {limit} keeps pairs longer than --max_tokens {max_tokens}, which fit in no "
-                             f"batch; lower --{name} to at most {max_tokens}, or raise --max_tokens.")
+            raise ValueError(
+                f"--{name} {limit} keeps pairs longer than --max_tokens {max_tokens}, which fit in no "
+                f"batch; lower --{name} to at most {max_tokens}, or raise --max_tokens."
+            )
 
 
 def steps_to_run(training_args, data_args: DataArguments) -> tuple[bool, bool, bool]:
@@ -435,9 +516,12 @@ def steps_to_run(training_args, data_args: DataArguments) -> tuple[bool, bool, b
 
 def validation_given(data_args: DataArguments) -> bool:
     """Whether the flags name validation data: files, a Hub split, or pairs held out of the training data."""
-    return bool(data_args.validation_source_file or data_args.validation_file or data_args.validation_split
-                or data_args.validation_size)
-
+    return bool(
+        data_args.validation_source_file
+        or data_args.validation_file
+        or data_args.validation_split
+        or data_args.validation_size
+    )
 
 
 CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(VanillaTransformerConfig))
@@ -457,9 +541,11 @@ def parse_overrides(text: str | None) -> dict:
             raise ValueError(f"--config_overrides item {item!r} is not key=value (e.g. d_model=256).")
         if key not in CONFIG_FIELDS:
             close = difflib.get_close_matches(key, CONFIG_FIELDS, n=3)
-            raise ValueError(f"--config_overrides {key}={value}: the config has no field {key!r}"
-                             f"{' (did you mean ' + ' or '.join(map(repr, close)) + '?)' if close else ''}. The fields "
-                             "are those of VanillaTransformerConfig, e.g. d_model, encoder_layers, dropout.")
+            raise ValueError(
+                f"--config_overrides {key}={value}: the config has no field {key!r}"
+                f"{' (did you mean ' + ' or '.join(map(repr, close)) + '?)' if close else ''}. The fields "
+                "are those of VanillaTransformerConfig, e.g. d_model, encoder_layers, dropout."
+            )
         if key in overrides:
             raise ValueError(f"--config_overrides sets {key} twice; give it once.")
         try:
@@ -469,33 +555,41 @@ def parse_overrides(text: str | None) -> dict:
     return overrides
 
 
-def model_config(preset: str = "base", config_overrides: str | dict | None = None, tokenizer=None
-                 ) -> VanillaTransformerConfig:
+def model_config(
+    preset: str = "base", config_overrides: str | dict | None = None, tokenizer=None
+) -> VanillaTransformerConfig:
     """The config of a new model: the preset, the tokenizer's size and special ids, then the overrides (a dict,
     or ``"d_model=256,dropout=0.3"`` as --config_overrides takes them).
 
     Without a tokenizer (to check the flags before the tokenizer exists) the preset's ids stand in.
     """
     overrides = config_overrides if isinstance(config_overrides, dict) else parse_overrides(config_overrides)
-    special = {} if tokenizer is None else {
-        "vocab_size": len(tokenizer),
-        "pad_token_id": tokenizer.pad_token_id,
-        "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id,
-        "decoder_start_token_id": tokenizer.bos_token_id,
-    }
+    special = (
+        {}
+        if tokenizer is None
+        else {
+            "vocab_size": len(tokenizer),
+            "pad_token_id": tokenizer.pad_token_id,
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "decoder_start_token_id": tokenizer.bos_token_id,
+        }
+    )
     try:
         return VanillaTransformerConfig.from_preset(preset, **{**special, **overrides})
     except (ValueError, TypeError, StrictDataclassError) as error:  # the config's own message, from the flags
-        raise ValueError(f"--preset {preset} with --config_overrides {config_overrides!r} "
-                         f"gives an invalid config: {error.__cause__ or error}") from None
+        raise ValueError(
+            f"--preset {preset} with --config_overrides {config_overrides!r} "
+            f"gives an invalid config: {error.__cause__ or error}"
+        ) from None
 
 
 def refuse_overrides_of_a_checkpoint(config_overrides: str | dict | None) -> None:
     """--config_overrides builds a new model; a checkpoint's architecture is its own."""
     if config_overrides:
-        raise ValueError("--config_overrides applies to a new model; a checkpoint (--model_name_or_path) keeps its "
-                         "architecture.")
+        raise ValueError(
+            "--config_overrides applies to a new model; a checkpoint (--model_name_or_path) keeps its architecture."
+        )
 
 
 def check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict) -> None:
@@ -513,7 +607,9 @@ def check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict) 
         )
     for role, needed, flag in (("validation", do_eval, "--do_eval"), ("test", do_predict, "--do_predict")):
         if needed and not given[role]:
-            raise ValueError(f"{flag} needs {role} data: give --{role}_source_file/--{role}_target_file, "
-                             f"--{role}_file or --{role}_split of a Hub dataset.")
+            raise ValueError(
+                f"{flag} needs {role} data: give --{role}_source_file/--{role}_target_file, "
+                f"--{role}_file or --{role}_split of a Hub dataset."
+            )
     if not do_train and not model_args.model_name_or_path:
         raise ValueError("Without training, --do_eval/--do_predict need the model: give --model_name_or_path.")

@@ -45,8 +45,11 @@ def add_throughput(logs: dict, counter: TargetTokens, accelerator) -> None:
     actually trained on, per second."""
     tokens, sentences = counter.totals(accelerator)
     runtime = max(logs["train_runtime"], 1e-9)
-    logs.update(train_samples_per_second=round(sentences / runtime, 3), train_target_tokens=tokens,
-                train_target_tokens_per_second=round(tokens / runtime, 1))
+    logs.update(
+        train_samples_per_second=round(sentences / runtime, 3),
+        train_target_tokens=tokens,
+        train_target_tokens_per_second=round(tokens / runtime, 1),
+    )
 
 
 class TimeBudgetProgress(ProgressCallback):
@@ -62,8 +65,12 @@ class TimeBudgetProgress(ProgressCallback):
         self.current_step, self.start, self.refreshed = 0, time.monotonic(), 0.0
         self.start_tokens = self.counter.local()
         if state.is_world_process_zero:
-            self.training_bar = tqdm(total=self.max_minutes, unit="min", dynamic_ncols=True,
-                                     bar_format="{l_bar}{bar}| {n:.1f}/{total:g} min [{elapsed}<{remaining}{postfix}]")
+            self.training_bar = tqdm(
+                total=self.max_minutes,
+                unit="min",
+                dynamic_ncols=True,
+                bar_format="{l_bar}{bar}| {n:.1f}/{total:g} min [{elapsed}<{remaining}{postfix}]",
+            )
 
     def on_step_end(self, args, state, control, **kwargs):
         self.current_step = state.global_step

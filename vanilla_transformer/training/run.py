@@ -32,12 +32,24 @@ from pathlib import Path
 
 import torch
 from accelerate import PartialState
-from transformers import (AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer, DataCollatorForSeq2Seq, GenerationConfig,
-                          TrainerCallback, set_seed)
+from transformers import (
+    AutoConfig,
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    DataCollatorForSeq2Seq,
+    GenerationConfig,
+    TrainerCallback,
+    set_seed,
+)
 
 from .. import VanillaTransformerForConditionalGeneration, check_tokenizer_matches_model, train_tokenizer
-from ..checkpoint_files import (check_has_tokenizer, check_model_folder, has_tokenizer, tokenizer_definition,
-                                without_runtime_settings)
+from ..checkpoint_files import (
+    check_has_tokenizer,
+    check_model_folder,
+    has_tokenizer,
+    tokenizer_definition,
+    without_runtime_settings,
+)
 from ..command_line import exit_with_usage_error
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULA
 from ..private_api import require
@@ -49,9 +61,19 @@ from .data import ROLES, load_text_datasets, tokenize_pairs, tokenizer_cache_dir
 from .memory_check import MemoryCheckError
 from .metrics import TranslationMetrics, score
 from .moving_average import check_checkpoint as check_moving_average
-from .options import (FINE_TUNING_LEARNING_RATE, build_parser, check_arguments,  # noqa: F401 (imported from here)
-                      check_output_dir, check_steps_have_data, check_training_arguments, model_config,
-                      parse_arguments, parse_overrides, refuse_overrides_of_a_checkpoint, steps_to_run)
+from .options import (  # noqa: F401 (imported from here)
+    FINE_TUNING_LEARNING_RATE,
+    build_parser,
+    check_arguments,
+    check_output_dir,
+    check_steps_have_data,
+    check_training_arguments,
+    model_config,
+    parse_arguments,
+    parse_overrides,
+    refuse_overrides_of_a_checkpoint,
+    steps_to_run,
+)
 from .run_lock import hold_output_dir
 from .trainer import TransformerTrainer
 from .translation import translate
@@ -64,8 +86,9 @@ logger = logging.getLogger("vanilla_transformer.train")
 PREDICTIONS_FILE = "generated_predictions.txt"  # run_translation.py's name
 
 
-def main(argv: list[str] | None = None, prog: str = "vanilla-transformer train", exit_on_bad_input: bool = False
-         ) -> dict:
+def main(
+    argv: list[str] | None = None, prog: str = "vanilla-transformer train", exit_on_bad_input: bool = False
+) -> dict:
     """``vanilla-transformer train``: train (or fine-tune), evaluate and predict as the flags say; the metrics.
 
     Every check runs before training starts; its error is raised, or with ``exit_on_bad_input`` (the
@@ -106,15 +129,23 @@ def main(argv: list[str] | None = None, prog: str = "vanilla-transformer train",
             evaluation["eval_perplexity"] = math.exp(min(evaluation["eval_loss"], 50.0))
             metrics.update(evaluation)
         if do_predict:
-            metrics.update(predict(trainer, tokenizer, run.text["test"], data_args.sacrebleu_tokenize,
-                                   data_args.target_lang if data_args.compound_split_bleu else None))
+            metrics.update(
+                predict(
+                    trainer,
+                    tokenizer,
+                    run.text["test"],
+                    data_args.sacrebleu_tokenize,
+                    data_args.target_lang if data_args.compound_split_bleu else None,
+                )
+            )
         trainer.save_metrics("all", metrics)
         if do_train and trainer.is_world_process_zero():
             write_card(Path(training_args.output_dir), trainer, model_args, data_args, metrics)
             logger.info(f"saved the model, tokenizer and generation config to {training_args.output_dir}")
         if trainer.is_world_process_zero():
-            logger.info("metrics: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v
-                                                  for k, v in metrics.items()}))
+            logger.info(
+                "metrics: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
+            )
         trainer.accelerator.wait_for_everyone()  # leave together: no process exits mid-collective
         return metrics
     finally:
@@ -142,10 +173,16 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     tokenizer_source = dict(
         name_or_path=model_args.tokenizer_name_or_path or model_args.model_name_or_path,
         flag="--tokenizer_name_or_path" if model_args.tokenizer_name_or_path else "--model_name_or_path",
-        checkpoint=resume, output_dir=training_args.output_dir, vocab_size=model_args.tokenizer_vocab_size,
-        min_frequency=model_args.tokenizer_min_frequency, train_pairs=model_args.tokenizer_train_pairs,
-        seed=training_args.seed, cache_dir=data_args.cache_dir, main_process_first=training_args.main_process_first,
-        process_index=training_args.process_index)
+        checkpoint=resume,
+        output_dir=training_args.output_dir,
+        vocab_size=model_args.tokenizer_vocab_size,
+        min_frequency=model_args.tokenizer_min_frequency,
+        train_pairs=model_args.tokenizer_train_pairs,
+        seed=training_args.seed,
+        cache_dir=data_args.cache_dir,
+        main_process_first=training_args.main_process_first,
+        process_index=training_args.process_index,
+    )
     loads_tokenizer = tokenizer_source["name_or_path"] or resume  # loaded (and checked) before the data is read
     tokenizer = prepare_tokenizer(**tokenizer_source) if loads_tokenizer else None
     with training_args.main_process_first(desc="reading the data"):
@@ -153,21 +190,35 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     if tokenizer is None:
         tokenizer = prepare_tokenizer(text["train"], **tokenizer_source)
 
-    model = prepare_model(tokenizer, checkpoint=model_args.model_name_or_path, preset=model_args.preset,
-                          config_overrides=model_args.config_overrides,
-                          attn_implementation=model_args.attn_implementation, resume=resume)
+    model = prepare_model(
+        tokenizer,
+        checkpoint=model_args.model_name_or_path,
+        preset=model_args.preset,
+        config_overrides=model_args.config_overrides,
+        attn_implementation=model_args.attn_implementation,
+        resume=resume,
+    )
     if resume is not None:
         check_resume_matches(resume, model, tokenizer)
     tokenizer.model_max_length = model.config.max_position_embeddings  # so that truncation=True means something
 
     wanted = {"train": do_train, "validation": do_eval, "test": False}  # the test set is translated from its text
     with training_args.main_process_first(desc="tokenizing"):
-        datasets = {role: tokenize_pairs(text[role], tokenizer, model.config, role,
-                                         max_source_length=data_args.max_source_length,
-                                         max_target_length=data_args.max_target_length,
-                                         max_tokens=training_args.max_tokens if role == "train" else None,  # eval: sentences
-                                         num_proc=data_args.preprocessing_num_workers)
-                    if wanted[role] and text[role] is not None else None for role in ROLES}
+        datasets = {
+            role: tokenize_pairs(
+                text[role],
+                tokenizer,
+                model.config,
+                role,
+                max_source_length=data_args.max_source_length,
+                max_target_length=data_args.max_target_length,
+                max_tokens=training_args.max_tokens if role == "train" else None,  # eval: sentences
+                num_proc=data_args.preprocessing_num_workers,
+            )
+            if wanted[role] and text[role] is not None
+            else None
+            for role in ROLES
+        }
 
     trainer = TransformerTrainer(
         model=model,
@@ -176,8 +227,11 @@ def build_trainer(model_args, data_args, training_args) -> Run:
         eval_dataset=datasets["validation"],
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         processing_class=tokenizer,
-        compute_metrics=(TranslationMetrics(tokenizer, tokenize=data_args.sacrebleu_tokenize)
-                         if datasets["validation"] is not None and training_args.predict_with_generate else None),
+        compute_metrics=(
+            TranslationMetrics(tokenizer, tokenize=data_args.sacrebleu_tokenize)
+            if datasets["validation"] is not None and training_args.predict_with_generate
+            else None
+        ),
         callbacks=[SaveLastStep()] if training_args.average_checkpoints else None,
     )
     # after the Trainer, which replaces the model's generation config with --generation_config's
@@ -202,10 +256,21 @@ def log_the_run(trainer, train_dataset) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def prepare_tokenizer(train_text=None, *, name_or_path: str | None = None, flag: str = "--tokenizer_name_or_path",
-                      checkpoint: Path | None = None, output_dir: str | Path | None = None, vocab_size: int = 37000,
-                      min_frequency: int = 2, train_pairs: int = 1_000_000, seed: int = 42,
-                      cache_dir: str | None = None, main_process_first=None, process_index: int = 0):
+def prepare_tokenizer(
+    train_text=None,
+    *,
+    name_or_path: str | None = None,
+    flag: str = "--tokenizer_name_or_path",
+    checkpoint: Path | None = None,
+    output_dir: str | Path | None = None,
+    vocab_size: int = 37000,
+    min_frequency: int = 2,
+    train_pairs: int = 1_000_000,
+    seed: int = 42,
+    cache_dir: str | None = None,
+    main_process_first=None,
+    process_index: int = 0,
+):
     """Load the tokenizer ``name_or_path`` (``flag`` names it in errors); when resuming, the checkpoint's (or
     ``output_dir/tokenizer``'s); otherwise train a joint BPE (§5.1) on a sample of ``train_text``, an Arrow
     dataset of (source, target), kept under ``cache_dir`` for the next run on the same data with the same
@@ -219,13 +284,17 @@ def prepare_tokenizer(train_text=None, *, name_or_path: str | None = None, flag:
     if checkpoint is not None:  # never a new tokenizer for a model trained with another
         saved = checkpoint if has_tokenizer(checkpoint) or tokenizer_dir is None else tokenizer_dir
         if not has_tokenizer(saved):
-            raise FileNotFoundError(f"Resuming from {checkpoint}: neither it nor {tokenizer_dir} holds the tokenizer "
-                                    "the run was trained with; give it with --tokenizer_name_or_path.")
+            raise FileNotFoundError(
+                f"Resuming from {checkpoint}: neither it nor {tokenizer_dir} holds the tokenizer "
+                "the run was trained with; give it with --tokenizer_name_or_path."
+            )
         logger.info(f"resuming: using the tokenizer trained before, {saved}")
         return AutoTokenizer.from_pretrained(saved)
     if train_text is None:
-        raise ValueError("No tokenizer to load and no training data to train one on: give --tokenizer_name_or_path "
-                         "or --model_name_or_path.")
+        raise ValueError(
+            "No tokenizer to load and no training data to train one on: give --tokenizer_name_or_path "
+            "or --model_name_or_path."
+        )
     settings = {"vocab_size": vocab_size, "min_frequency": min_frequency, "pairs": train_pairs, "seed": seed}
     cached = tokenizer_cache_dir(train_text, settings, cache_dir)
     with main_process_first(desc="training the tokenizer"):  # once; the other processes load it
@@ -233,10 +302,15 @@ def prepare_tokenizer(train_text=None, *, name_or_path: str | None = None, flag:
             logger.info(f"using the tokenizer trained before on the same data with the same settings, {cached}")
             tokenizer = AutoTokenizer.from_pretrained(cached)
         elif process_index == 0:
-            logger.info(f"training a joint BPE tokenizer on {min(train_pairs, len(train_text))} of {len(train_text)} "
-                        "training pairs (--tokenizer_train_pairs)")
-            tokenizer = train_tokenizer(tokenizer_training_texts(train_text, train_pairs, seed),
-                                        vocab_size=vocab_size, min_frequency=min_frequency)
+            logger.info(
+                f"training a joint BPE tokenizer on {min(train_pairs, len(train_text))} of {len(train_text)} "
+                "training pairs (--tokenizer_train_pairs)"
+            )
+            tokenizer = train_tokenizer(
+                tokenizer_training_texts(train_text, train_pairs, seed),
+                vocab_size=vocab_size,
+                min_frequency=min_frequency,
+            )
             logger.info(f"trained a joint BPE tokenizer of {len(tokenizer)} tokens")
             partial = cached.with_name(cached.name + ".partial")
             tokenizer.save_pretrained(partial)
@@ -248,9 +322,15 @@ def prepare_tokenizer(train_text=None, *, name_or_path: str | None = None, flag:
     return tokenizer
 
 
-def prepare_model(tokenizer, *, checkpoint: str | None = None, preset: str = "base",
-                  config_overrides: str | dict | None = None, attn_implementation: str | None = None,
-                  resume: Path | None = None) -> VanillaTransformerForConditionalGeneration:
+def prepare_model(
+    tokenizer,
+    *,
+    checkpoint: str | None = None,
+    preset: str = "base",
+    config_overrides: str | dict | None = None,
+    attn_implementation: str | None = None,
+    resume: Path | None = None,
+) -> VanillaTransformerForConditionalGeneration:
     """A new model from ``preset`` (and ``config_overrides``) sized to the tokenizer, or ``checkpoint`` to
     fine-tune; resuming (``resume``, a checkpoint folder), with the generation config that run saved. Its
     decoding settings (length penalty) are `set_decoding`'s, once the trainer is made."""
@@ -285,13 +365,17 @@ def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
     current = architecture(model.config.to_dict())
     if differing := sorted(key for key in saved.keys() | current.keys() if saved.get(key) != current.get(key)):
         details = ", ".join(f"{key}: {saved.get(key)!r} there, {current.get(key)!r} now" for key in differing)
-        raise ValueError(f"--resume_from_checkpoint {checkpoint} holds another architecture than the flags build "
-                         f"({details}); resume with the flags the run started with.")
+        raise ValueError(
+            f"--resume_from_checkpoint {checkpoint} holds another architecture than the flags build "
+            f"({details}); resume with the flags the run started with."
+        )
     if (saved_tokenizer := tokenizer_definition(checkpoint).get("tokenizer.json")) is not None:
         current_tokenizer = without_runtime_settings(json.loads(tokenizer.backend_tokenizer.to_str()))
         if saved_tokenizer != current_tokenizer:
-            raise ValueError(f"--resume_from_checkpoint {checkpoint} was trained with another tokenizer than the one "
-                             "given now; drop --tokenizer_name_or_path to use the checkpoint's.")
+            raise ValueError(
+                f"--resume_from_checkpoint {checkpoint} was trained with another tokenizer than the one "
+                "given now; drop --tokenizer_name_or_path to use the checkpoint's."
+            )
 
 
 def resolve_resume(value, output_dir: str | Path) -> Path | None:
@@ -336,7 +420,7 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
     trainer.save_model(str(output_dir))
     if average and trainer.is_world_process_zero():
         checkpoints = complete_checkpoints(output_dir)  # oldest first; incomplete ones named in the log
-        chosen = checkpoints[max(0, len(checkpoints) - average):]
+        chosen = checkpoints[max(0, len(checkpoints) - average) :]
         if len(chosen) < average:
             logger.warning(f"averaging {len(chosen)} checkpoints instead of {average}: only {len(chosen)} were kept")
         average_checkpoints(chosen, output_dir, weights)
@@ -350,8 +434,9 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
     return output_dir
 
 
-def predict(trainer, tokenizer, test, sacrebleu_tokenize: str | None = None,
-            compound_split_language: str | None = None) -> dict:
+def predict(
+    trainer, tokenizer, test, sacrebleu_tokenize: str | None = None, compound_split_language: str | None = None
+) -> dict:
     """Translate the ``test`` sources (an Arrow dataset of (source, target)) in input order into
     ``generated_predictions.txt`` and score them against the targets: sacreBLEU (``sacrebleu_tokenize``) and
     chrF, and with ``compound_split_language`` also the paper's tokenized BLEU of that language."""
@@ -361,13 +446,17 @@ def predict(trainer, tokenizer, test, sacrebleu_tokenize: str | None = None,
         trainer.accelerator.wait_for_everyone()
         return {}
     sources, references = test["source"], test["target"]
-    hypotheses = translate(model, tokenizer, list(sources), trainer.args.per_device_eval_batch_size,
-                           progress=not trainer.args.disable_tqdm)
+    hypotheses = translate(
+        model, tokenizer, list(sources), trainer.args.per_device_eval_batch_size, progress=not trainer.args.disable_tqdm
+    )
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / PREDICTIONS_FILE).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-    scores = score(hypotheses, list(references), tokenize=sacrebleu_tokenize,
-                   **({"compound_split_bleu": True, "language": compound_split_language}
-                      if compound_split_language else {}))
+    scores = score(
+        hypotheses,
+        list(references),
+        tokenize=sacrebleu_tokenize,
+        **({"compound_split_bleu": True, "language": compound_split_language} if compound_split_language else {}),
+    )
     results = {f"predict_{key}": value for key, value in scores.items()}
     results["predict_samples"] = len(hypotheses)
     trainer.save_metrics("predict", results)
@@ -386,27 +475,43 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
     signatures = trainer.compute_metrics.signatures if trainer.compute_metrics else {}
     dataset = data_args.dataset_name or "custom"
     scores = [
-        {"name": name, "type": kind, "value": round(metrics[f"eval_{kind}"], 2), "dataset": dataset,
-         "split": "validation", "signature": signatures.get(kind)}
+        {
+            "name": name,
+            "type": kind,
+            "value": round(metrics[f"eval_{kind}"], 2),
+            "dataset": dataset,
+            "split": "validation",
+            "signature": signatures.get(kind),
+        }
         for name, kind in (("sacreBLEU", "bleu"), ("chrF", "chrf"))
         if f"eval_{kind}" in metrics
     ]
     return write_model_card(
-        output_dir, model=trainer.accelerator.unwrap_model(trainer.model),
+        output_dir,
+        model=trainer.accelerator.unwrap_model(trainer.model),
         languages=(data_args.source_lang, data_args.target_lang),
-        datasets=[data_args.dataset_name] if data_args.dataset_name else [], metrics=scores,
-        base_model=base_model, training_hyperparameters={
+        datasets=[data_args.dataset_name] if data_args.dataset_name else [],
+        metrics=scores,
+        base_model=base_model,
+        training_hyperparameters={
             "steps": trainer.state.global_step,
             "tokens per batch (max, padded)": training_args.max_tokens or "sentence batches",
             "gradient accumulation": training_args.gradient_accumulation_steps,
-            "peak learning rate": training_args.learning_rate, "warm-up steps": training_args.warmup_steps,
+            "peak learning rate": training_args.learning_rate,
+            "warm-up steps": training_args.warmup_steps,
             "schedule": schedule_name(training_args),
             "label smoothing": training_args.label_smoothing_factor,
             "Adam": f"({training_args.adam_beta1}, {training_args.adam_beta2}, {training_args.adam_epsilon})",
-            "checkpoints averaged": (f"{training_args.average_checkpoints} ({training_args.average_weights} weights)"
-                                     if training_args.average_checkpoints else "none"),
-            **({"weights": f"exponential moving average, decay {training_args.ema_decay:g}"}
-               if training_args.ema_decay else {}),
+            "checkpoints averaged": (
+                f"{training_args.average_checkpoints} ({training_args.average_weights} weights)"
+                if training_args.average_checkpoints
+                else "none"
+            ),
+            **(
+                {"weights": f"exponential moving average, decay {training_args.ema_decay:g}"}
+                if training_args.ema_decay
+                else {}
+            ),
         },
     )
 

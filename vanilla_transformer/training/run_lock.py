@@ -45,7 +45,7 @@ class RunLock:
         self._fd: int | None = None
         self._created: list[Path] = []  # folders made for the lock, deepest first: removed with it if left empty
 
-    def acquire(self) -> "RunLock":
+    def acquire(self) -> RunLock:
         folder = self.output_dir.absolute()
         while not folder.exists():
             self._created.append(folder)
@@ -61,8 +61,10 @@ class RunLock:
                 raise OutputDirInUse(self._in_use(holder)) from None
             except OSError as error:  # a file system without locks (e.g. Lustre mounted without flock)
                 locked = False
-                logger.warning(f"--output_dir {self.output_dir}: the file system takes no locks ({error.strerror}); "
-                               "the lock file alone keeps a second run out while the first one's process lives")
+                logger.warning(
+                    f"--output_dir {self.output_dir}: the file system takes no locks ({error.strerror}); "
+                    "the lock file alone keeps a second run out while the first one's process lives"
+                )
             if locked and not self._is_the_file(fd):  # released and removed between our open and our lock: again
                 os.close(fd)
                 continue
@@ -76,8 +78,10 @@ class RunLock:
             raise OutputDirInUse(self._in_use(holder))
         if holder:
             alive = "still running but not holding it" if _alive(holder.get("pid")) else "no longer running"
-            logger.warning(f"--output_dir {self.output_dir}: taking over the lock of process {holder.get('pid')} "
-                           f"(started {holder.get('started', '?')}), {alive}; its run ended without releasing it")
+            logger.warning(
+                f"--output_dir {self.output_dir}: taking over the lock of process {holder.get('pid')} "
+                f"(started {holder.get('started', '?')}), {alive}; its run ended without releasing it"
+            )
         os.ftruncate(fd, 0)
         os.lseek(fd, 0, os.SEEK_SET)
         os.write(fd, json.dumps(_this_process()).encode())
@@ -108,13 +112,17 @@ class RunLock:
             return False
 
     def _in_use(self, holder: dict) -> str:
-        return (f"--output_dir {self.output_dir} is in use by another run ({_describe(holder)}): wait for it to end, "
-                "or give another --output_dir.")
+        return (
+            f"--output_dir {self.output_dir} is in use by another run ({_describe(holder)}): wait for it to end, "
+            "or give another --output_dir."
+        )
 
     def _held_elsewhere(self, holder: dict) -> str:
-        return (f"--output_dir {self.output_dir} is locked by a run on host {holder.get('host')} "
-                f"({_describe(holder)}), which cannot be checked from {socket.gethostname()}: if that run has ended, "
-                f"delete {self.path}; otherwise give another --output_dir.")
+        return (
+            f"--output_dir {self.output_dir} is locked by a run on host {holder.get('host')} "
+            f"({_describe(holder)}), which cannot be checked from {socket.gethostname()}: if that run has ended, "
+            f"delete {self.path}; otherwise give another --output_dir."
+        )
 
 
 def hold_output_dir(training_args) -> RunLock | None:
@@ -139,8 +147,11 @@ def hold_output_dir(training_args) -> RunLock | None:
 
 
 def _this_process() -> dict:
-    return {"host": socket.gethostname(), "pid": os.getpid(),
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime())}
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime()),
+    }
 
 
 def _read(fd: int) -> dict:

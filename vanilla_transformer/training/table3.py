@@ -53,8 +53,15 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM
 from ..command_line import with_dashes
 from . import run
 from .checkpointing import RESUME_HINT, checkpoint_folders
-from .options import (ARGUMENT_FILE_SUFFIXES, read_argument_file, recipe_or_error, check_arguments,
-                      model_config, parse_arguments, parse_overrides)
+from .options import (
+    ARGUMENT_FILE_SUFFIXES,
+    check_arguments,
+    model_config,
+    parse_arguments,
+    parse_overrides,
+    read_argument_file,
+    recipe_or_error,
+)
 
 RESULT_FILE = "table3_row.json"  # in a row's run folder once it is trained and scored: the row is finished
 FLAGS_FILE = "table3_flags.json"  # in a row's run folder from its start: a later run must have the same flags
@@ -90,30 +97,47 @@ class PaperRow:
         return self.name.rstrip("0123456789")
 
 
-PAPER_BASE = PaperRow("base", 4.92, 25.8, 65, N=6, d_model=512, d_ff=2048, h=8, d_k=64, d_v=64, dropout=0.1,
-                      label_smoothing=0.1, positions="sinusoidal", train_steps=100_000)
-PAPER_ROWS = {row.name: row for row in (
-    PAPER_BASE,
-    PaperRow("A1", 5.29, 24.9, h=1, d_k=512, d_v=512),
-    PaperRow("A2", 5.00, 25.5, h=4, d_k=128, d_v=128),
-    PaperRow("A3", 4.91, 25.8, h=16, d_k=32, d_v=32),
-    PaperRow("A4", 5.01, 25.4, h=32, d_k=16, d_v=16),
-    PaperRow("B1", 5.16, 25.1, 58, d_k=16),
-    PaperRow("B2", 5.01, 25.4, 60, d_k=32),
-    PaperRow("C1", 6.11, 23.7, 36, N=2),
-    PaperRow("C2", 5.19, 25.3, 50, N=4),
-    PaperRow("C3", 4.88, 25.5, 80, N=8),
-    PaperRow("C4", 5.75, 24.5, 28, d_model=256, d_k=32, d_v=32),
-    PaperRow("C5", 4.66, 26.0, 168, d_model=1024, d_k=128, d_v=128),
-    PaperRow("C6", 5.12, 25.4, 53, d_ff=1024),
-    PaperRow("C7", 4.75, 26.2, 90, d_ff=4096),
-    PaperRow("D1", 5.77, 24.6, dropout=0.0),
-    PaperRow("D2", 4.95, 25.5, dropout=0.2),
-    PaperRow("D3", 4.67, 25.3, label_smoothing=0.0),
-    PaperRow("D4", 5.47, 25.7, label_smoothing=0.2),
-    PaperRow("E", 4.92, 25.7, positions="learned"),
-    PaperRow("big", 4.33, 26.4, 213, N=6, d_model=1024, d_ff=4096, h=16, dropout=0.3, train_steps=300_000),
-)}
+PAPER_BASE = PaperRow(
+    "base",
+    4.92,
+    25.8,
+    65,
+    N=6,
+    d_model=512,
+    d_ff=2048,
+    h=8,
+    d_k=64,
+    d_v=64,
+    dropout=0.1,
+    label_smoothing=0.1,
+    positions="sinusoidal",
+    train_steps=100_000,
+)
+PAPER_ROWS = {
+    row.name: row
+    for row in (
+        PAPER_BASE,
+        PaperRow("A1", 5.29, 24.9, h=1, d_k=512, d_v=512),
+        PaperRow("A2", 5.00, 25.5, h=4, d_k=128, d_v=128),
+        PaperRow("A3", 4.91, 25.8, h=16, d_k=32, d_v=32),
+        PaperRow("A4", 5.01, 25.4, h=32, d_k=16, d_v=16),
+        PaperRow("B1", 5.16, 25.1, 58, d_k=16),
+        PaperRow("B2", 5.01, 25.4, 60, d_k=32),
+        PaperRow("C1", 6.11, 23.7, 36, N=2),
+        PaperRow("C2", 5.19, 25.3, 50, N=4),
+        PaperRow("C3", 4.88, 25.5, 80, N=8),
+        PaperRow("C4", 5.75, 24.5, 28, d_model=256, d_k=32, d_v=32),
+        PaperRow("C5", 4.66, 26.0, 168, d_model=1024, d_k=128, d_v=128),
+        PaperRow("C6", 5.12, 25.4, 53, d_ff=1024),
+        PaperRow("C7", 4.75, 26.2, 90, d_ff=4096),
+        PaperRow("D1", 5.77, 24.6, dropout=0.0),
+        PaperRow("D2", 4.95, 25.5, dropout=0.2),
+        PaperRow("D3", 4.67, 25.3, label_smoothing=0.0),
+        PaperRow("D4", 5.47, 25.7, label_smoothing=0.2),
+        PaperRow("E", 4.92, 25.7, positions="learned"),
+        PaperRow("big", 4.33, 26.4, 213, N=6, d_model=1024, d_ff=4096, h=16, dropout=0.3, train_steps=300_000),
+    )
+}
 DEFAULT_ROWS = [name for name in PAPER_ROWS if name != "big"]  # the big model: only when named (3x the budget)
 
 
@@ -163,8 +187,11 @@ def variation(row: PaperRow, config, label_smoothing: float, max_steps: int) -> 
         changes["dropout"] = _rate(config.dropout, Fraction(str(row.dropout)) / Fraction(str(paper.dropout)))
     if row.positions is not None:
         changes["position_embedding_type"] = row.positions
-    smoothing = label_smoothing if row.label_smoothing is None else _rate(
-        label_smoothing, Fraction(str(row.label_smoothing)) / Fraction(str(paper.label_smoothing)))
+    smoothing = (
+        label_smoothing
+        if row.label_smoothing is None
+        else _rate(label_smoothing, Fraction(str(row.label_smoothing)) / Fraction(str(paper.label_smoothing)))
+    )
     steps = max_steps if row.train_steps is None else _count(max_steps, Fraction(row.train_steps, paper.train_steps))
     return Variation(changes, smoothing, steps)
 
@@ -188,8 +215,10 @@ def select_rows(text: str | None) -> list[str]:
         else:
             close = difflib.get_close_matches(name, [*PAPER_ROWS, *sorted(groups)], n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"--rows {name!r} is not a row of Table 3{hint}; "
-                             f"the rows are {', '.join(PAPER_ROWS)}, and the groups {', '.join(sorted(groups))}.")
+            raise ValueError(
+                f"--rows {name!r} is not a row of Table 3{hint}; "
+                f"the rows are {', '.join(PAPER_ROWS)}, and the groups {', '.join(sorted(groups))}."
+            )
     return [name for name in PAPER_ROWS if name in wanted]
 
 
@@ -215,10 +244,25 @@ OWN_FLAGS = {
     "model_name_or_path": "every row is a new model from the recipe's base",
 }
 # Keys of the recipe that the rows leave out or set (the row's own flags come after).
-RECIPE_SETTINGS = {"ema_decay": 0.0, "average_checkpoints": 0, "do_train": True, "do_eval": True, "do_predict": False,
-                   "eval_strategy": "no"}
-RECIPE_DROPPED = ("max_train_minutes", "cooldown_minutes", "output_dir", "test_file", "test_source_file",
-                  "test_target_file", "test_split", "max_predict_samples", "average_weights")
+RECIPE_SETTINGS = {
+    "ema_decay": 0.0,
+    "average_checkpoints": 0,
+    "do_train": True,
+    "do_eval": True,
+    "do_predict": False,
+    "eval_strategy": "no",
+}
+RECIPE_DROPPED = (
+    "max_train_minutes",
+    "cooldown_minutes",
+    "output_dir",
+    "test_file",
+    "test_source_file",
+    "test_target_file",
+    "test_split",
+    "max_predict_samples",
+    "average_weights",
+)
 
 
 @dataclass
@@ -247,8 +291,9 @@ def write_recipe(recipe: str, output_dir: Path, max_steps: int) -> Path:
     path = Path(recipe) if Path(recipe).suffix in ARGUMENT_FILE_SUFFIXES else recipe_or_error(recipe)
     values = {key: value for key, value in read_argument_file(path).items() if key not in RECIPE_DROPPED}
     values |= RECIPE_SETTINGS | {"max_steps": max_steps}
-    text = (f"# {recipe} as every row of `vanilla-transformer table3` trains it (written by it).\n"
-            + yaml.safe_dump(values, sort_keys=False))
+    text = f"# {recipe} as every row of `vanilla-transformer table3` trains it (written by it).\n" + yaml.safe_dump(
+        values, sort_keys=False
+    )
     # named by its content: a row trained from another recipe has other flags, and is not taken as finished
     target = output_dir / f"recipe-{hashlib.sha256(text.encode()).hexdigest()[:10]}.yaml"
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -256,8 +301,9 @@ def write_recipe(recipe: str, output_dir: Path, max_steps: int) -> Path:
     return target
 
 
-def plan(recipe_file: Path, train_flags: list[str], rows: list[str], seeds: int, output_dir: Path,
-         prog: str) -> list[Job]:
+def plan(
+    recipe_file: Path, train_flags: list[str], rows: list[str], seeds: int, output_dir: Path, prog: str
+) -> list[Job]:
     """Every (row, seed) as a run of ``train``, each checked as ``train`` checks its flags, before any training.
     Every row trains with one tokenizer: --tokenizer_name_or_path, else OUTPUT/tokenizer (`shared_tokenizer`)."""
     model_args, _, training_args = parse_arguments([str(recipe_file), *train_flags], prog)
@@ -270,21 +316,40 @@ def plan(recipe_file: Path, train_flags: list[str], rows: list[str], seeds: int,
         overrides = ",".join(f"{key}={json.dumps(value)}" for key, value in {**base_overrides, **change.config}.items())
         for seed in range(training_args.seed, training_args.seed + seeds):
             folder = output_dir / row / f"seed-{seed}"
-            flags = [str(recipe_file), *train_flags, "--output_dir", str(folder), "--seed", str(seed),
-                     "--config_overrides", overrides, "--label_smoothing_factor", str(change.label_smoothing),
-                     "--max_steps", str(change.max_steps), "--tokenizer_name_or_path", tokenizer]
+            flags = [
+                str(recipe_file),
+                *train_flags,
+                "--output_dir",
+                str(folder),
+                "--seed",
+                str(seed),
+                "--config_overrides",
+                overrides,
+                "--label_smoothing_factor",
+                str(change.label_smoothing),
+                "--max_steps",
+                str(change.max_steps),
+                "--tokenizer_name_or_path",
+                tokenizer,
+            ]
             try:
                 check_arguments(*parse_arguments(list(flags), prog))
             except ValueError as error:
-                raise ValueError(f"row {row} at this recipe's scale ({_describe(change)}): {error} Leave the row out "
-                                 "with --rows.") from None
+                raise ValueError(
+                    f"row {row} at this recipe's scale ({_describe(change)}): {error} Leave the row out with --rows."
+                ) from None
             jobs.append(Job(row, seed, folder, flags, change))
     return jobs
 
 
 def _describe(change: Variation) -> str:
-    return ", ".join([*(f"{key}={value}" for key, value in change.config.items()),
-                      f"label smoothing {change.label_smoothing:g}", f"{change.max_steps} updates"])
+    return ", ".join(
+        [
+            *(f"{key}={value}" for key, value in change.config.items()),
+            f"label smoothing {change.label_smoothing:g}",
+            f"{change.max_steps} updates",
+        ]
+    )
 
 
 def shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir: Path, prog: str) -> None:
@@ -294,10 +359,14 @@ def shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir: Path
     folder = output_dir / "tokenizer"
     if not model_args.tokenizer_name_or_path and not (folder / "tokenizer.json").is_file():
         text = run.load_text_datasets(data_args, training_args.seed)
-        tokenizer = run.prepare_tokenizer(text["train"], vocab_size=model_args.tokenizer_vocab_size,
-                                          min_frequency=model_args.tokenizer_min_frequency,
-                                          train_pairs=model_args.tokenizer_train_pairs, seed=training_args.seed,
-                                          cache_dir=data_args.cache_dir)
+        tokenizer = run.prepare_tokenizer(
+            text["train"],
+            vocab_size=model_args.tokenizer_vocab_size,
+            min_frequency=model_args.tokenizer_min_frequency,
+            train_pairs=model_args.tokenizer_train_pairs,
+            seed=training_args.seed,
+            cache_dir=data_args.cache_dir,
+        )
         partial = folder.with_name("tokenizer.partial")
         tokenizer.save_pretrained(partial)
         partial.replace(folder)  # complete or absent: a later run never trains rows with half a tokenizer
@@ -310,13 +379,18 @@ def shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir: Path
 
 def finished(job: Job) -> dict | None:
     """The job's result when its folder holds one; an error when the folder's run started with other flags."""
-    saved = {name: json.loads((job.folder / name).read_text(encoding="utf-8"))
-             for name in (FLAGS_FILE, RESULT_FILE) if (job.folder / name).is_file()}
+    saved = {
+        name: json.loads((job.folder / name).read_text(encoding="utf-8"))
+        for name in (FLAGS_FILE, RESULT_FILE)
+        if (job.folder / name).is_file()
+    }
     for record in saved.values():
         if record.get("flags") != job.flags:
-            raise ValueError(f"{job.folder} holds row {job.row} (seed {job.seed}) trained with other flags than these "
-                             f"({' '.join(record.get('flags', []))}); give another --output-dir, or delete the folder "
-                             "to train it again.")
+            raise ValueError(
+                f"{job.folder} holds row {job.row} (seed {job.seed}) trained with other flags than these "
+                f"({' '.join(record.get('flags', []))}); give another --output-dir, or delete the folder "
+                "to train it again."
+            )
     return saved.get(RESULT_FILE)
 
 
@@ -336,14 +410,24 @@ def run_job(job: Job, device: str | None) -> dict:
     else:
         environment = {**os.environ, "CUDA_VISIBLE_DEVICES": device}
         with open(job.folder / LOG_FILE, "a", encoding="utf-8") as log:
-            done = subprocess.run([sys.executable, "-m", "vanilla_transformer.cli", "train", *flags], env=environment,
-                                  stdout=log, stderr=subprocess.STDOUT)
+            done = subprocess.run(
+                [sys.executable, "-m", "vanilla_transformer.cli", "train", *flags],
+                env=environment,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            )
         if done.returncode:
             lines = (job.folder / LOG_FILE).read_text(encoding="utf-8", errors="replace").strip().splitlines()
-            raise RuntimeError(f"exit status {done.returncode}: {lines[-1] if lines else ''} "
-                               f"(see {job.folder / LOG_FILE})")
-    result = {"row": job.row, "seed": job.seed, "flags": job.flags, "wall_seconds": time.monotonic() - start,
-              **trained_run(job.folder)}
+            raise RuntimeError(
+                f"exit status {done.returncode}: {lines[-1] if lines else ''} (see {job.folder / LOG_FILE})"
+            )
+    result = {
+        "row": job.row,
+        "seed": job.seed,
+        "flags": job.flags,
+        "wall_seconds": time.monotonic() - start,
+        **trained_run(job.folder),
+    }
     (job.folder / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
 
@@ -375,8 +459,10 @@ def run_jobs(jobs: list[Job], devices: list[str] | None, report=print) -> tuple[
         else:
             with lock:
                 results[job.row, job.seed] = result
-            report(f"{job.row} seed {job.seed}: BLEU {result['bleu']:.2f}, perplexity {result['perplexity']:.2f}, "
-                   f"{result['wall_seconds'] / 60:.1f} min")
+            report(
+                f"{job.row} seed {job.seed}: BLEU {result['bleu']:.2f}, perplexity {result['perplexity']:.2f}, "
+                f"{result['wall_seconds'] / 60:.1f} min"
+            )
         finally:
             free.put(device)
 
@@ -404,15 +490,21 @@ def trained_run(folder: Path) -> dict:
     state = json.loads((folder / "trainer_state.json").read_text(encoding="utf-8"))
     scores = json.loads((folder / "all_results.json").read_text(encoding="utf-8"))
     return {
-        "N": _pair(config.encoder_layers, config.decoder_layers), "d_model": config.d_model,
+        "N": _pair(config.encoder_layers, config.decoder_layers),
+        "d_model": config.d_model,
         "d_ff": _pair(config.encoder_ffn_dim, config.decoder_ffn_dim),
         "h": _pair(config.encoder_attention_heads, config.decoder_attention_heads),
         "d_k": config.head_dim or config.d_model // config.encoder_attention_heads,
         "d_v": config.head_dim or config.d_model // config.encoder_attention_heads,  # one head_dim: d_v = d_k
-        "dropout": config.dropout, "label_smoothing": arguments.label_smoothing_factor,
-        "positions": config.position_embedding_type, "train_steps": state["global_step"], "parameters": parameters,
+        "dropout": config.dropout,
+        "label_smoothing": arguments.label_smoothing_factor,
+        "positions": config.position_embedding_type,
+        "train_steps": state["global_step"],
+        "parameters": parameters,
         # eval_loss is the NLL per target token (BPE token, </s> included) without label smoothing
-        "perplexity": scores["eval_perplexity"], "bleu": scores["eval_bleu"], "chrf": scores["eval_chrf"],
+        "perplexity": scores["eval_perplexity"],
+        "bleu": scores["eval_bleu"],
+        "chrf": scores["eval_chrf"],
         "train_seconds": scores.get("train_runtime"),
     }
 
@@ -437,18 +529,25 @@ def summarize(rows: list[str], results: dict, failures: dict) -> dict:
     for row in rows:
         runs = {seed: result for (name, seed), result in sorted(results.items()) if name == row}
         paper = PAPER_ROWS[row]
-        entry = {"paper": {"ppl": paper.ppl, "bleu": paper.bleu, "params_millions": paper.params,
-                           "delta_ppl": round(paper.ppl - PAPER_BASE.ppl, 2),
-                           "delta_bleu": round(paper.bleu - PAPER_BASE.bleu, 2)},
-                 "seeds": sorted(runs),
-                 "failed": {seed: error for (name, seed), error in failures.items() if name == row}}
+        entry = {
+            "paper": {
+                "ppl": paper.ppl,
+                "bleu": paper.bleu,
+                "params_millions": paper.params,
+                "delta_ppl": round(paper.ppl - PAPER_BASE.ppl, 2),
+                "delta_bleu": round(paper.bleu - PAPER_BASE.bleu, 2),
+            },
+            "seeds": sorted(runs),
+            "failed": {seed: error for (name, seed), error in failures.items() if name == row},
+        }
         if runs:
             first = next(iter(runs.values()))
             entry["setting"] = {key: first[key] for key in SETTING}
             entry["parameters"] = first["parameters"]
             entry["wall_seconds"] = statistics.fmean(run["wall_seconds"] for run in runs.values())
-            entry["runs"] = {seed: {key: run[key] for key in (*SCORES, "train_steps", "wall_seconds")}
-                             for seed, run in runs.items()}
+            entry["runs"] = {
+                seed: {key: run[key] for key in (*SCORES, "train_steps", "wall_seconds")} for seed, run in runs.items()
+            }
             for key in SCORES:
                 entry[key] = _spread([run[key] for run in runs.values()])
                 paired = [runs[seed][key] - base[seed][key] for seed in runs if seed in base]
@@ -458,13 +557,38 @@ def summarize(rows: list[str], results: dict, failures: dict) -> dict:
 
 
 def _spread(values: list[float]) -> dict:
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else None,
-            "n": len(values)}
+    return {
+        "mean": statistics.fmean(values),
+        "std": statistics.stdev(values) if len(values) > 1 else None,
+        "n": len(values),
+    }
 
 
-HEADER = ["", "N", "d_model", "d_ff", "h", "d_k", "d_v", "P_drop", "ε_ls", "positions", "train steps",
-          "PPL (dev)", "BLEU (dev)", "chrF (dev)", "params ×10⁶", "ΔPPL", "ΔBLEU",
-          "paper PPL", "paper BLEU", "paper params ×10⁶", "paper ΔPPL", "paper ΔBLEU", "wall (min)"]
+HEADER = [
+    "",
+    "N",
+    "d_model",
+    "d_ff",
+    "h",
+    "d_k",
+    "d_v",
+    "P_drop",
+    "ε_ls",
+    "positions",
+    "train steps",
+    "PPL (dev)",
+    "BLEU (dev)",
+    "chrF (dev)",
+    "params ×10⁶",
+    "ΔPPL",
+    "ΔBLEU",
+    "paper PPL",
+    "paper BLEU",
+    "paper params ×10⁶",
+    "paper ΔPPL",
+    "paper ΔBLEU",
+    "wall (min)",
+]
 
 
 def markdown(summary: dict, notes: list[str]) -> str:
@@ -478,18 +602,30 @@ def markdown(summary: dict, notes: list[str]) -> str:
             cells += [""] * len(SETTING) + ["failed"] * 4 + [""] * 2
         else:
             cells += [_cell(setting[key]) if row == "base" or setting[key] != base.get(key) else "" for key in SETTING]
-            changes = ["", ""] if row == "base" else [_mean(entry["delta_perplexity"], sign=True),
-                                                      _mean(entry["delta_bleu"], sign=True)]
-            cells += [_mean(entry["perplexity"]), _mean(entry["bleu"]), _mean(entry["chrf"]),
-                      f"{entry['parameters'] / 1e6:.3g}", *changes]
+            changes = (
+                ["", ""]
+                if row == "base"
+                else [_mean(entry["delta_perplexity"], sign=True), _mean(entry["delta_bleu"], sign=True)]
+            )
+            cells += [
+                _mean(entry["perplexity"]),
+                _mean(entry["bleu"]),
+                _mean(entry["chrf"]),
+                f"{entry['parameters'] / 1e6:.3g}",
+                *changes,
+            ]
         paper = entry["paper"]
-        cells += [f"{paper['ppl']:.2f}", f"{paper['bleu']:.1f}", "" if paper["params_millions"] is None else
-                  str(paper["params_millions"])]
+        cells += [
+            f"{paper['ppl']:.2f}",
+            f"{paper['bleu']:.1f}",
+            "" if paper["params_millions"] is None else str(paper["params_millions"]),
+        ]
         cells += ["", ""] if row == "base" else [f"{paper['delta_ppl']:+.2f}", f"{paper['delta_bleu']:+.1f}"]
         cells += ["" if setting is None else f"{entry['wall_seconds'] / 60:.1f}"]
         lines.append("| " + " | ".join(cells) + " |")
-    failed = [f"- {row} seed {seed}: {error}"
-              for row, entry in summary.items() for seed, error in entry["failed"].items()]
+    failed = [
+        f"- {row} seed {seed}: {error}" for row, entry in summary.items() for seed, error in entry["failed"].items()
+    ]
     return "\n".join([*notes, "", *lines, *(["", "Failed:", *failed] if failed else [])]) + "\n"
 
 
@@ -518,10 +654,20 @@ def plot(summary: dict, path: Path) -> Path | None:
     ours = [summary[row].get("delta_bleu") for row in rows]  # None: the row failed (no bar)
     figure, axes = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
     positions = range(len(rows))
-    axes.barh([p - 0.2 for p in positions], [math.nan if d is None else d["mean"] for d in ours], height=0.4,
-              label="ours", xerr=[0 if d is None or d["std"] is None else d["std"] for d in ours], capsize=2)
-    axes.barh([p + 0.2 for p in positions], [summary[row]["paper"]["delta_bleu"] for row in rows], height=0.4,
-              label="paper (newstest2013)")
+    axes.barh(
+        [p - 0.2 for p in positions],
+        [math.nan if d is None else d["mean"] for d in ours],
+        height=0.4,
+        label="ours",
+        xerr=[0 if d is None or d["std"] is None else d["std"] for d in ours],
+        capsize=2,
+    )
+    axes.barh(
+        [p + 0.2 for p in positions],
+        [summary[row]["paper"]["delta_bleu"] for row in rows],
+        height=0.4,
+        label="paper (newstest2013)",
+    )
     axes.set_yticks(list(positions), [f"{row}  {_change(summary, row)}".rstrip() for row in rows])
     axes.invert_yaxis()
     axes.axvline(0, color="black", linewidth=0.8)
@@ -540,14 +686,16 @@ def _change(summary: dict, row: str) -> str:
     if setting is None or base is None:
         return ""
     names = dict(zip(SETTING, HEADER[1:]))
-    return ", ".join(f"{names[key]} {_cell(setting[key])}" for key in SETTING
-                     if key != "d_v" and setting[key] != base[key])
+    return ", ".join(
+        f"{names[key]} {_cell(setting[key])}" for key in SETTING if key != "d_v" and setting[key] != base[key]
+    )
 
 
 def write_outputs(output_dir: Path, summary: dict, notes: list[str], report=print) -> None:
     (output_dir / "table3.md").write_text(markdown(summary, notes), encoding="utf-8")
-    (output_dir / "table3.json").write_text(json.dumps({"notes": notes, "rows": summary}, indent=2) + "\n",
-                                            encoding="utf-8")
+    (output_dir / "table3.json").write_text(
+        json.dumps({"notes": notes, "rows": summary}, indent=2) + "\n", encoding="utf-8"
+    )
     report(f"wrote {output_dir / 'table3.md'} and {output_dir / 'table3.json'}")
     if plot(summary, output_dir / "table3.png") is None:
         report("no picture: matplotlib is not installed (pip install 'vanilla-transformer[plot]')")
@@ -557,14 +705,16 @@ def write_outputs(output_dir: Path, summary: dict, notes: list[str], report=prin
 
 def notes_for(recipe: str, jobs: list[Job], seeds: int) -> list[str]:
     base = next(job for job in jobs if job.row == "base")
-    return [f"Table 3 (Vaswani et al., 2017) on the recipe `{recipe}`, written {time.strftime('%Y-%m-%d')}: "
-            f"{base.variation.max_steps} updates a row, {seeds} seed(s) (mean ± spread over seeds; a change from "
-            "base is paired by seed), validation set, the model's beam search (§6.1), no averaging.",
-            "Rows are the paper's changes at their ratio to the recipe's base (sizes rounded to whole numbers); "
-            "blank cells are the base's. Our d_v is d_k (the config has one head_dim): rows B change d_v too, "
-            "where the paper changed d_k alone.",
-            "PPL: exp of the validation NLL per target BPE token (</s> included), without label smoothing; the "
-            "paper's is per wordpiece on newstest2013, so compare changes from base, not values."]
+    return [
+        f"Table 3 (Vaswani et al., 2017) on the recipe `{recipe}`, written {time.strftime('%Y-%m-%d')}: "
+        f"{base.variation.max_steps} updates a row, {seeds} seed(s) (mean ± spread over seeds; a change from "
+        "base is paired by seed), validation set, the model's beam search (§6.1), no averaging.",
+        "Rows are the paper's changes at their ratio to the recipe's base (sizes rounded to whole numbers); "
+        "blank cells are the base's. Our d_v is d_k (the config has one head_dim): rows B change d_v too, "
+        "where the paper changed d_k alone.",
+        "PPL: exp of the validation NLL per target BPE token (</s> included), without label smoothing; the "
+        "paper's is per wordpiece on newstest2013, so compare changes from base, not values.",
+    ]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -574,21 +724,40 @@ def notes_for(recipe: str, jobs: list[Job], seeds: int) -> list[str]:
 
 def build_parser(prog: str = "vanilla-transformer table3") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog=prog, allow_abbrev=False, usage=f"{prog} [RECIPE] --max-steps N [options] [train flags ...]",
+        prog=prog,
+        allow_abbrev=False,
+        usage=f"{prog} [RECIPE] --max-steps N [options] [train flags ...]",
         description="Train and score the base model and every variation of the paper's Table 3 on a recipe's "
-                    "base model (RECIPE: a packaged recipe or a .yaml/.json file of flags; default multi30k). "
-                    "Other flags go to `vanilla-transformer train` for every row (data files, --preset, "
-                    "--config_overrides and --label_smoothing_factor of the base).",
-        epilog="Every flag is also accepted with underscores (--max_steps).")
-    parser.add_argument("--max-steps", type=int, required=True, metavar="N",
-                        help="updates every row trains (the paper: 100000; big: three times as many)")
-    parser.add_argument("--rows", metavar="ROWS",
-                        help=f"rows and groups, comma-separated (default: all but big): {', '.join(PAPER_ROWS)}; A-E")
-    parser.add_argument("--seeds", type=int, default=1, metavar="N",
-                        help="seeds a row (the recipe's --seed and the next ones): mean and spread")
-    parser.add_argument("--devices", metavar="LIST",
-                        help="GPUs to train rows on at once, one process a row (e.g. 0,1,2,3); default: one row "
-                             "after another in this process")
+        "base model (RECIPE: a packaged recipe or a .yaml/.json file of flags; default multi30k). "
+        "Other flags go to `vanilla-transformer train` for every row (data files, --preset, "
+        "--config_overrides and --label_smoothing_factor of the base).",
+        epilog="Every flag is also accepted with underscores (--max_steps).",
+    )
+    parser.add_argument(
+        "--max-steps",
+        type=int,
+        required=True,
+        metavar="N",
+        help="updates every row trains (the paper: 100000; big: three times as many)",
+    )
+    parser.add_argument(
+        "--rows",
+        metavar="ROWS",
+        help=f"rows and groups, comma-separated (default: all but big): {', '.join(PAPER_ROWS)}; A-E",
+    )
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        default=1,
+        metavar="N",
+        help="seeds a row (the recipe's --seed and the next ones): mean and spread",
+    )
+    parser.add_argument(
+        "--devices",
+        metavar="LIST",
+        help="GPUs to train rows on at once, one process a row (e.g. 0,1,2,3); default: one row "
+        "after another in this process",
+    )
     parser.add_argument("--output-dir", metavar="DIR", help="where the runs and the table go (default: runs/table3)")
     return parser
 
@@ -616,8 +785,10 @@ def main(argv: list[str] | None = None, prog: str = "vanilla-transformer table3"
     summary = summarize(rows, results, failures)
     write_outputs(output_dir, summary, notes_for(recipe, jobs, args.seeds))
     if failures:
-        print(f"{len(failures)} run(s) failed: {', '.join(f'{row} seed {seed}' for row, seed in failures)}",
-              file=sys.stderr)
+        print(
+            f"{len(failures)} run(s) failed: {', '.join(f'{row} seed {seed}' for row, seed in failures)}",
+            file=sys.stderr,
+        )
         raise SystemExit(1)
     return summary
 

@@ -32,7 +32,6 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import ProgressCallback, Seq2SeqTrainer, TrainerCallback
 
-from .levers import apply_levers, training_loss
 from ..private_api import require
 from ..training_kernels import label_smoothed_cross_entropy
 from .arguments import TransformerTrainingArguments, pads_to_buckets
@@ -40,6 +39,7 @@ from .batching import PadToBucket, TokenBatchSampler
 from .checkpointing import CheckpointPolicy, StopOnSignal, is_sharded, plain_copy, resolve_checkpoint, start_worker
 from .data import example_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
+from .levers import apply_levers, training_loss
 from .memory_check import SkipOutOfMemoryBatches, check_largest_batches_fit
 from .moving_average import ExponentialMovingAverage, check_checkpoint
 from .progress import TargetTokens, TimeBudgetProgress, add_throughput
@@ -47,10 +47,14 @@ from .progress import TargetTokens, TimeBudgetProgress, add_throughput
 logger = logging.getLogger(__name__)
 
 # TransformerTrainer overrides or reads these internals: fail at import, naming the versions, where they are gone
-require("transformers.Trainer._remove_unused_columns",
-        "transformers.Trainer._get_collator_with_removed_columns", "transformers.Trainer._created_lr_scheduler",
-        "transformers.Seq2SeqTrainer._gen_kwargs", "accelerate.Accelerator._models",
-        "transformers.Trainer._build_accelerator_args")
+require(
+    "transformers.Trainer._remove_unused_columns",
+    "transformers.Trainer._get_collator_with_removed_columns",
+    "transformers.Trainer._created_lr_scheduler",
+    "transformers.Seq2SeqTrainer._gen_kwargs",
+    "accelerate.Accelerator._models",
+    "transformers.Trainer._build_accelerator_args",
+)
 
 # ---------------------------------------------------------------------------------------------
 # §5.3 The learning rate
@@ -103,8 +107,9 @@ class WallClock(TrainerCallback):
     same on every process, and updates of ``agree_seconds`` or more agree at every update.
     """
 
-    def __init__(self, max_minutes: float | None = None, save_minutes: float | None = None,
-                 agree_seconds: float = 10.0):
+    def __init__(
+        self, max_minutes: float | None = None, save_minutes: float | None = None, agree_seconds: float = 10.0
+    ):
         self.max_seconds = max_minutes * 60 if max_minutes else None
         self.save_seconds = save_minutes * 60 if save_minutes else None
         self.agree_seconds = agree_seconds
@@ -234,8 +239,9 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         self.target_tokens = TargetTokens()  # for throughput in target tokens/s
         if self.args.max_train_minutes and not self.args.disable_tqdm:  # a bar in minutes, not in max_steps
             self.remove_callback(ProgressCallback)
-            self.add_callback(TimeBudgetProgress(self.args.max_train_minutes, self.target_tokens,
-                                                 self.accelerator.num_processes))
+            self.add_callback(
+                TimeBudgetProgress(self.args.max_train_minutes, self.target_tokens, self.accelerator.num_processes)
+            )
         if self.args.device.type == "cpu":  # pinned memory only helps a copy to an accelerator (torch warns)
             self.args.dataloader_pin_memory = False
         self.divergence = DivergenceGuard(self)  # last: it reads whether the others log, evaluate or save
@@ -291,8 +297,10 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         self.stop_on_signal.raise_if_stopped(self.state.global_step)
         if self.moving_average is not None:  # --ema_decay: what training made is the average
             self.moving_average.copy_to(self.accelerator.unwrap_model(self.model))
-            logger.info(f"the model now holds the moving average of its weights over {self.moving_average.updates} "
-                        f"updates (decay {self.moving_average.decay:g}); the checkpoints hold the trained weights")
+            logger.info(
+                f"the model now holds the moving average of its weights over {self.moving_average.updates} "
+                f"updates (decay {self.moving_average.decay:g}); the checkpoints hold the trained weights"
+            )
         return result
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
@@ -323,15 +331,23 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             )
         if model.training and self.args.fused_loss != "none":  # levers.py: no full logits
             self.target_tokens.add(labels)
-            loss = training_loss(self.accelerator.unwrap_model(model), inputs, labels, num_items_in_batch,
-                                 self.args.label_smoothing_factor, self.args.fused_loss)
+            loss = training_loss(
+                self.accelerator.unwrap_model(model),
+                inputs,
+                labels,
+                num_items_in_batch,
+                self.args.label_smoothing_factor,
+                self.args.fused_loss,
+            )
             return (loss, None) if return_outputs else loss
         outputs = model(**inputs)
         if not model.training:  # evaluation: the plain NLL, whose exp is the perplexity
             loss = self.evaluation_loss(outputs, labels)
             return (loss, outputs) if return_outputs else loss
         self.target_tokens.add(labels)
-        loss = label_smoothed_cross_entropy(outputs.logits, labels, num_items_in_batch, self.args.label_smoothing_factor)
+        loss = label_smoothed_cross_entropy(
+            outputs.logits, labels, num_items_in_batch, self.args.label_smoothing_factor
+        )
         if num_items_in_batch is not None and self.args.average_tokens_across_devices:
             loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
         return (loss, outputs) if return_outputs else loss
@@ -353,8 +369,9 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         finally:
             unwrapped.generation_config = saved
 
-    def evaluation_loop(self, dataloader, description, prediction_loss_only=None, ignore_keys=None,
-                        metric_key_prefix="eval"):
+    def evaluation_loop(
+        self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
+    ):
         """The Trainer's, scoring each sentence once on several processes and able to run under FSDP
         without training first.
 
@@ -393,8 +410,9 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         """The Trainer's card, naming the task and this package (the model's tags) unless told otherwise."""
         model_tags = self.accelerator.unwrap_model(self.model).model_tags or []
         tags = [tags] if isinstance(tags, str) else list(tags or [])
-        return super().create_model_card(*args, tags=tags + [t for t in model_tags if t not in tags],
-                                         tasks=tasks or "translation", **kwargs)
+        return super().create_model_card(
+            *args, tags=tags + [t for t in model_tags if t not in tags], tasks=tasks or "translation", **kwargs
+        )
 
     def get_train_dataloader(self) -> DataLoader:
         """Token-count batches (§5.1) when ``max_tokens`` is set (`TokenBatchSampler`), padded to bucket shapes
@@ -410,8 +428,9 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         else:
             collator = self._get_collator_with_removed_columns(collator, description="training")
         # One process's view of all batches; accelerate deals them out to the processes (disjoint).
-        sampler = TokenBatchSampler(lengths, self.args.max_tokens, shuffle=True, seed=self.args.seed,
-                                    pad_to_buckets=pads_to_buckets(self.args))
+        sampler = TokenBatchSampler(
+            lengths, self.args.max_tokens, shuffle=True, seed=self.args.seed, pad_to_buckets=pads_to_buckets(self.args)
+        )
         if self.args.torch_compile:  # one graph per shape: room for all of them (torch keeps 8 by default)
             allow_recompiles(len(np.unique(sampler.shapes, axis=0)))
         if sampler.pad_to_buckets:
@@ -425,7 +444,9 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             pin_memory=self.args.dataloader_pin_memory,
             persistent_workers=self.args.dataloader_persistent_workers,
             prefetch_factor=self.args.dataloader_prefetch_factor,
-            worker_init_fn=partial(start_worker, num_workers=self.args.dataloader_num_workers, rank=self.args.process_index),
+            worker_init_fn=partial(
+                start_worker, num_workers=self.args.dataloader_num_workers, rank=self.args.process_index
+            ),
         )
         return self.accelerator.prepare(loader)
 
@@ -446,8 +467,11 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         # plain tensors to be copied into sharded ones, so they are left out (and come back tied).
         own = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
         aliases = set(state_dict) - own
-        result = set_model_state_dict(model, {name: value for name, value in state_dict.items() if name in own},
-                                      options=StateDictOptions(full_state_dict=True, strict=False))
+        result = set_model_state_dict(
+            model,
+            {name: value for name, value in state_dict.items() if name in own},
+            options=StateDictOptions(full_state_dict=True, strict=False),
+        )
         if missing := set(result.missing_keys) - aliases:
             raise ValueError(f"The weights to load have no {sorted(missing)}.")
 
@@ -499,7 +523,9 @@ class EvaluationLoss:
         logits = outputs["logits"] if isinstance(outputs, dict) else outputs[0]
         labels = labels.to(logits.device)
         # label_smoothed_cross_entropy with a count of 1 is the sum over one sentence's tokens
-        sums = torch.stack([label_smoothed_cross_entropy(row, row_labels, 1) for row, row_labels in zip(logits, labels)])
+        sums = torch.stack(
+            [label_smoothed_cross_entropy(row, row_labels, 1) for row, row_labels in zip(logits, labels)]
+        )
         tokens = (labels != -100).sum(-1)
         if self.active:
             gathered = self.accelerator.gather_for_metrics(torch.stack([sums.float(), tokens.float()], dim=-1))
@@ -537,6 +563,8 @@ def refuse_ignored_precision_or_sharding(args, accelerator, is_fsdp_enabled: boo
             "GPUs."
         )
     if is_fsdp_enabled and args.ema_decay:
-        raise ValueError(f"--ema_decay {args.ema_decay} is not supported under FSDP (each process holds a shard of the "
-                         "weights): use --average_checkpoints N, or launch with the ddp config "
-                         "($(vanilla-transformer config ddp)).")
+        raise ValueError(
+            f"--ema_decay {args.ema_decay} is not supported under FSDP (each process holds a shard of the "
+            "weights): use --average_checkpoints N, or launch with the ddp config "
+            "($(vanilla-transformer config ddp))."
+        )

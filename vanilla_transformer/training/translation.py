@@ -74,15 +74,21 @@ def translate(
     lengths = {i: len(ids) for i, ids in zip(todo, tokenizer([sentences[i] for i in todo])["input_ids"])}
     too_long = [i for i in todo if lengths[i] > limit]
     if too_long:
-        where = (f"{lines_of}, line" if lines_of else "number") + " " + ", ".join(
-            f"{i + 1} ({lengths[i]} tokens)" for i in too_long[:10]) + (" ..." if len(too_long) > 10 else "")
+        where = (
+            (f"{lines_of}, line" if lines_of else "number")
+            + " "
+            + ", ".join(f"{i + 1} ({lengths[i]} tokens)" for i in too_long[:10])
+            + (" ..." if len(too_long) > 10 else "")
+        )
         if long_inputs == "error":
             raise ValueError(
                 f"{len(too_long)} input(s) are longer than the {limit} tokens the model accepts: {where}. Shorten "
                 "them, or choose to skip or truncate them (translate.py --skip-long / --truncate)."
             )
-        logger.warning(f"{'skipping' if long_inputs == 'skip' else 'truncating'} {len(too_long)} input(s) longer "
-                       f"than {limit} tokens: {where}")
+        logger.warning(
+            f"{'skipping' if long_inputs == 'skip' else 'truncating'} {len(too_long)} input(s) longer "
+            f"than {limit} tokens: {where}"
+        )
         if long_inputs == "skip":
             todo = [i for i in todo if lengths[i] <= limit]
     order = sorted(todo, key=lambda i: lengths[i])
@@ -90,7 +96,7 @@ def translate(
     bar = _progress_bar(len(order), progress)
     unfinished = []
     for start in range(0, len(order), batch_size):
-        indices = order[start:start + batch_size]
+        indices = order[start : start + batch_size]
         batch = tokenizer(
             [sentences[i] for i in indices], return_tensors="pt", padding=True, truncation=True, max_length=limit
         ).to(model.device)
@@ -117,8 +123,12 @@ def _ended(generated: torch.Tensor, model, generate_kwargs: dict) -> list[bool]:
 
 def _warn_unfinished(unfinished: list[int], total: int, lines_of: str | None) -> None:
     """Say which translations the length limit cut off: an undertrained model loops instead of ending."""
-    where = (f"{lines_of}, line" if lines_of else "number") + " " + ", ".join(
-        str(i + 1) for i in unfinished[:10]) + (" ..." if len(unfinished) > 10 else "")
+    where = (
+        (f"{lines_of}, line" if lines_of else "number")
+        + " "
+        + ", ".join(str(i + 1) for i in unfinished[:10])
+        + (" ..." if len(unfinished) > 10 else "")
+    )
     logger.warning(
         f"{len(unfinished)} of {total} translation(s) reached the length limit without </s> and are cut off: "
         f"{where}. Long inputs may need a higher max_new_tokens (--max-new-tokens); a model that repeats "
@@ -139,8 +149,11 @@ def _progress_bar(total: int, enabled: bool):
 
 
 def build_parser(prog: str = "vanilla-transformer translate") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0],
-                                     epilog="Every flag is also accepted with underscores (--num_beams).")
+    parser = argparse.ArgumentParser(
+        prog=prog,
+        description=__doc__.split("\n\n")[0],
+        epilog="Every flag is also accepted with underscores (--num_beams).",
+    )
     parser.add_argument("--model", required=True, help="model folder or Hub id (with its tokenizer)")
     parser.add_argument("--tokenizer", help="tokenizer, if not the model's")
     parser.add_argument("--input", default="-", help="source sentences, one a line (.gz ok); '-' = stdin")
@@ -150,9 +163,12 @@ def build_parser(prog: str = "vanilla-transformer translate") -> argparse.Argume
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
     parser.add_argument("--num-beams", type=int, help="default: the model's generation config (paper: 4)")
     parser.add_argument("--length-penalty", type=float, help="default: the model's generation config (paper: 0.6)")
-    parser.add_argument("--length-penalty-formula", choices=LENGTH_PENALTY_FORMULAS,
-                        help="gnmt: ((5 + |Y|) / 6)^alpha (the paper's), length: |Y|^alpha (transformers'); "
-                             "default: the model's generation config")
+    parser.add_argument(
+        "--length-penalty-formula",
+        choices=LENGTH_PENALTY_FORMULAS,
+        help="gnmt: ((5 + |Y|) / 6)^alpha (the paper's), length: |Y|^alpha (transformers'); "
+        "default: the model's generation config",
+    )
     parser.add_argument("--max-new-tokens", type=int, help="default: source length + 50 (§6.1)")
     long = parser.add_mutually_exclusive_group()
     long.add_argument("--skip-long", action="store_true", help="inputs longer than the model accepts: empty output")
@@ -173,7 +189,9 @@ def parse_args(argv=None, prog: str = "vanilla-transformer translate") -> argpar
     for name in ("batch_size", "num_beams", "max_new_tokens", "attention_count"):
         value = getattr(args, name)
         if value is not None and value < (0 if name == "attention_count" else 1):
-            parser.error(f"--{name.replace('_', '-')} must be {'>= 0' if name == 'attention_count' else 'positive'}, got {value}")
+            parser.error(
+                f"--{name.replace('_', '-')} must be {'>= 0' if name == 'attention_count' else 'positive'}, got {value}"
+            )
     if args.length_penalty is not None and not math.isfinite(args.length_penalty):
         parser.error(f"--length-penalty must be a finite number (the paper: 0.6), got {args.length_penalty}")
     return args
@@ -192,13 +210,19 @@ def check_paths(args: argparse.Namespace) -> None:
     the model folder and its tokenizer, and every file the results go to."""
     check_model_folder(args.model, f"--model {args.model}")
     if args.tokenizer:
-        check_has_tokenizer(args.tokenizer, f"--tokenizer {args.tokenizer}", "Give the folder saved with the tokenizer.")
+        check_has_tokenizer(
+            args.tokenizer, f"--tokenizer {args.tokenizer}", "Give the folder saved with the tokenizer."
+        )
     else:
-        check_has_tokenizer(args.model, f"--model {args.model}",
-                            "Give the tokenizer the model was trained with: --tokenizer FOLDER.")
+        check_has_tokenizer(
+            args.model, f"--model {args.model}", "Give the tokenizer the model was trained with: --tokenizer FOLDER."
+        )
     inputs = {Path(path).resolve() for path in (args.input, args.references) if path and path != "-"}
-    outputs = {flag: path for flag, path in (("--output", args.output), ("--metrics-json", args.metrics_json))
-               if path not in {None, "-"}}
+    outputs = {
+        flag: path
+        for flag, path in (("--output", args.output), ("--metrics-json", args.metrics_json))
+        if path not in {None, "-"}
+    }
     for flag, path in outputs.items():
         _check_writable(flag, Path(path), inputs)
     if len({Path(path).resolve() for path in outputs.values()}) < len(outputs):
@@ -245,15 +269,25 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
     generate_kwargs = {
         key: value
         for key, value in {
-            "num_beams": args.num_beams, "length_penalty": args.length_penalty, "max_new_tokens": args.max_new_tokens,
+            "num_beams": args.num_beams,
+            "length_penalty": args.length_penalty,
+            "max_new_tokens": args.max_new_tokens,
             "length_penalty_formula": args.length_penalty_formula,
         }.items()
         if value is not None
     }
     long_inputs = "skip" if args.skip_long else "truncate" if args.truncate else "error"
     started = time.perf_counter()
-    hypotheses = translate(model, tokenizer, sources, args.batch_size, long_inputs=long_inputs,
-                           progress=not args.no_progress, lines_of=f"--input {args.input}", **generate_kwargs)
+    hypotheses = translate(
+        model,
+        tokenizer,
+        sources,
+        args.batch_size,
+        long_inputs=long_inputs,
+        progress=not args.no_progress,
+        lines_of=f"--input {args.input}",
+        **generate_kwargs,
+    )
     seconds = time.perf_counter() - started
     text = "".join(h + "\n" for h in hypotheses)
     if args.output == "-":
@@ -284,7 +318,9 @@ def _load(auto_class, name: str, flag: str, **kwargs):
         raise OSError(f"{flag} {name}: no such folder here, and not loadable as a Hub model ({error}).") from error
 
 
-def write_pictures(model, tokenizer, sources: Sequence[str], hypotheses: Sequence[str], args) -> tuple[list[Path], list[int]]:
+def write_pictures(
+    model, tokenizer, sources: Sequence[str], hypotheses: Sequence[str], args
+) -> tuple[list[Path], list[int]]:
     """Attention pictures (Figures 3-5 of the paper) of the first inputs with their translations, a folder each.
 
     An empty translation has no target side to draw: its input is skipped, said on stderr, and its
@@ -300,8 +336,10 @@ def write_pictures(model, tokenizer, sources: Sequence[str], hypotheses: Sequenc
         folder = Path(args.attention_png) / f"{index:04d}"
         paths += write_attention_pictures(model, tokenizer, source, folder, target=hypothesis)
     if skipped:
-        print(f"No attention pictures for input(s) {', '.join(map(str, skipped))}: their translation is empty.",
-              file=sys.stderr)
+        print(
+            f"No attention pictures for input(s) {', '.join(map(str, skipped))}: their translation is empty.",
+            file=sys.stderr,
+        )
     return paths, skipped
 
 
