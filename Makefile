@@ -41,7 +41,8 @@ lint: setup
 	$(PY) -m ruff format --check .
 
 # The linter, the whole suite on the newest versions, then the tests marked `floor` on the oldest ones.
-test: lint
+test: setup
+	$(MAKE) --no-print-directory lint
 	$(PY) -m pytest -q
 	$(MAKE) --no-print-directory test-floor
 
