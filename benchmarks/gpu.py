@@ -850,7 +850,9 @@ def measure_loop(preset: str, args) -> dict:
     from vanilla_transformer.training.run import build_trainer, parse_arguments
 
     with tempfile.TemporaryDirectory() as folder:
-        flags = write_synthetic_text(Path(folder), pairs=4000, seed=args.seed) + [
+        # Enough pairs for --loop-steps batches of --max-tokens (about 30 padded tokens a sentence; 25 leaves room).
+        pairs = max(4000, math.ceil(args.loop_steps * args.max_tokens / 25))
+        flags = write_synthetic_text(Path(folder), pairs=pairs, seed=args.seed) + [
             "--preset",
             preset,
             "--tokenizer_vocab_size",
@@ -1182,7 +1184,7 @@ ESTIMATE_SECONDS = {
     "decoding compiled": 120,
     "loop": 45,
     "profile": 30,
-    "levers": 120,
+    "levers": 60,  # a lever row stops itself at its share of the budget: 60 s is enough for the plain step and a lever
 }
 SIZE = {"big": 1.0, "base": 0.6, "multi30k": 0.4}
 

@@ -43,11 +43,16 @@ def loss_and_grads(model, batch, fused_loss="none", forward=None, dtype=torch.bf
     return loss.detach().float(), {name: p.grad.detach().float().clone() for name, p in model.named_parameters()}
 
 
-def assert_same_training(a, b, rtol=2e-2, atol=2e-3):
+def assert_same_training(a, b, rtol=2e-2, atol=2e-3, gradient_tolerance=2e-2):
+    """Equal loss, and each parameter's gradient equal up to bfloat16 rounding: within 2% of the reference's norm.
+    Element by element, bfloat16 products summed in another order (another kernel, a compiled graph) differ by
+    more than 2% on a few small entries (an H100, 2026-11-27); a wrong lever (a lost mask, a missing term)
+    moves the whole gradient."""
     (loss_a, grads_a), (loss_b, grads_b) = a, b
     torch.testing.assert_close(loss_a, loss_b, rtol=rtol, atol=atol)
     for name in grads_a:
-        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=rtol, atol=atol, msg=name)
+        error = (grads_a[name] - grads_b[name]).norm() / grads_b[name].norm().clamp_min(1e-12)
+        assert error <= gradient_tolerance, f"{name}: gradients differ by {error:.2%} of their norm"
 
 
 @pytest.mark.parametrize("fused_loss", ["chunked", "liger"])
@@ -126,6 +131,24 @@ def test_fp8_trains_and_stays_near_bfloat16():
     (loss, _), (loss_fp8, grads) = loss_and_grads(plain, batch), loss_and_grads(fp8, batch)
     assert torch.isfinite(loss_fp8) and all(torch.isfinite(g).all() for g in grads.values())
     torch.testing.assert_close(loss_fp8, loss, rtol=0.05, atol=0.05)
+
+
+def test_fp8_compiled_layers_take_token_counts_not_a_multiple_of_16():
+    reason = levers.refusal("--fp8", "cuda")
+    if reason:
+        pytest.skip(reason)
+    overrides = dict(d_model=256, encoder_ffn_dim=1024, decoder_ffn_dim=1024)
+    torch._dynamo.reset()
+    plain, fp8 = model_of(**overrides), model_of(**overrides)
+    levers.convert_to_fp8(fp8)
+    levers.compile_layers(fp8)
+    for index, shape in enumerate([(3, 7, 5), (5, 13, 11), (16, 32, 32)]):  # 21, 65 and 512 source tokens
+        (loss, _), (loss_fp8, grads) = (
+            loss_and_grads(plain, batch_of(*shape, seed=index)),
+            loss_and_grads(fp8, batch_of(*shape, seed=index)),
+        )
+        assert torch.isfinite(loss_fp8) and all(torch.isfinite(g).all() for g in grads.values())
+        torch.testing.assert_close(loss_fp8, loss, rtol=0.05, atol=0.05)
 
 
 def test_training_arguments_take_cuda_graphs_on_a_gpu():

@@ -249,7 +249,10 @@ def training_loss(
 
 def convert_to_fp8(model) -> None:
     """torchao's float8 training on the linear layers of the encoder and decoder layers (dims multiples of
-    16, as its kernels need); the pre-softmax projection, tied to the embedding, stays as it is."""
+    16, as its kernels need); the pre-softmax projection, tied to the embedding, stays as it is. The token
+    count of a batch (the inner dimension of the weight gradients' products) is padded to a multiple of 16
+    by torchao (``pad_inner_dim``): without it, layers compiled with dynamic shapes failed on an H100
+    (2026-11-27, "Expected self.size(1) to be divisible by 16"), and any batch of another token count would."""
     reason = refusal(
         "--fp8",
         next(model.parameters()).device
@@ -258,7 +261,7 @@ def convert_to_fp8(model) -> None:
     )
     if reason:
         raise ValueError(reason)
-    from torchao.float8 import convert_to_float8_training
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
 
     def takes(module, name: str) -> bool:
         return (
@@ -268,7 +271,7 @@ def convert_to_fp8(model) -> None:
             and module.out_features % 16 == 0
         )
 
-    convert_to_float8_training(model, module_filter_fn=takes)
+    convert_to_float8_training(model, module_filter_fn=takes, config=Float8LinearConfig(pad_inner_dim=True))
 
 
 __all__ = [
