@@ -162,6 +162,12 @@ PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
         NO_FALLBACK,
     ),
     PrivateMember(
+        "transformers.Trainer._get_eval_sampler",
+        T5,
+        "training/trainer.py: evaluation and prediction decode the sentences sorted by length",
+        "evaluation and prediction decode in the dataset's order (the same results, more padding)",
+    ),
+    PrivateMember(
         "transformers.Trainer._created_lr_scheduler",
         T5,
         "training/trainer.py: the paper's schedule (eq. 3) as the Trainer's own",

@@ -6,7 +6,8 @@ Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
   filter that counts what it drops (`parallel_text_dataset`, `tokenize_dataset`, `drop_unusable`, ...);
   a run's data from its flags (`load_text_datasets`, `tokenize_pairs`).
 - `batching`: `TokenBatchSampler`, batches of at most ``max_tokens`` padded tokens (§5.1, fairseq's --max-tokens),
-  optionally in a few bucket shapes, and `PadToBucket`, the collator wrapper that pads a batch to its shape.
+  optionally in a few bucket shapes, `PadToBucket`, the collator wrapper that pads a batch to its shape, and
+  `LengthSortedSampler`, the order in which evaluation decodes (by length, results back in input order).
 - `arguments`: `TransformerTrainingArguments`, the Trainer's arguments with the paper's defaults, and
   every check of their ranges.
 - `trainer`: `TransformerTrainer`: token batches, per-token label smoothing over the accumulated batch
@@ -33,7 +34,7 @@ Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
 
 from .arguments import TransformerTrainingArguments
 from .averaging import average_checkpoints
-from .batching import PadToBucket, TokenBatchSampler
+from .batching import LengthSortedSampler, PadToBucket, TokenBatchSampler
 from .data import (
     drop_unusable,
     example_lengths,
@@ -53,6 +54,7 @@ from .translation import translate
 
 __all__ = [
     "ExponentialMovingAverage",
+    "LengthSortedSampler",
     "PadToBucket",
     "TokenBatchSampler",
     "TrainingDiverged",

@@ -22,6 +22,7 @@ from .moving_average import check_decay
 PAPER_WARMUP_STEPS = 4000
 PAD_TO_BUCKETS = ("auto", "always", "never")  # --pad_to_buckets: auto pads to buckets only with --torch_compile
 MEMORY_PROBE_CHOICES = ("auto", "on", "off")  # --memory_probe: auto tries the largest batches on CUDA only
+EVAL_ORDERS = ("auto", "length", "input")  # --eval_order: auto sorts by length on the CPU only (measured there)
 
 
 @dataclass
@@ -57,6 +58,15 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
             "they then hold fewer real tokens (a Multi30k batch 15 in 100 fewer sentences); "
             "auto: only with --torch_compile",
             "choices": list(PAD_TO_BUCKETS),
+        },
+    )
+    eval_order: str = field(
+        default="auto",
+        metadata={
+            "help": "the order in which evaluation and prediction decode: length (shortest first, as translate "
+            "does; results in the input order) or input; auto: length on the CPU (measured there), input "
+            "on a GPU (not measured)",
+            "choices": list(EVAL_ORDERS),
         },
     )
     average_checkpoints: int = field(
@@ -172,6 +182,12 @@ def pads_to_buckets(args: TransformerTrainingArguments) -> bool:
     return args.pad_to_buckets == "always" or (args.pad_to_buckets == "auto" and bool(args.torch_compile))
 
 
+def sorts_evaluation(args: TransformerTrainingArguments) -> bool:
+    """Whether evaluation and prediction decode the sentences sorted by length (`LengthSortedSampler`): less
+    padding and batches whose hypotheses end together; measured on the CPU, not yet on a GPU."""
+    return args.eval_order == "length" or (args.eval_order == "auto" and args.device.type == "cpu")
+
+
 def schedule_name(args: TransformerTrainingArguments) -> str:
     """The learning-rate schedule in words, for logs and model cards."""
     if args.lr_scheduler_type != "inverse_sqrt":
@@ -237,7 +253,11 @@ def check_argument_ranges(args: TransformerTrainingArguments) -> None:
         value = getattr(args, name)
         if value is not None and not value > 0:
             raise ValueError(f"--{name} must be positive, got {value}.")
-    for name, choices in (("pad_to_buckets", PAD_TO_BUCKETS), ("memory_probe", MEMORY_PROBE_CHOICES)):
+    for name, choices in (
+        ("pad_to_buckets", PAD_TO_BUCKETS),
+        ("memory_probe", MEMORY_PROBE_CHOICES),
+        ("eval_order", EVAL_ORDERS),
+    ):
         if getattr(args, name) not in choices:
             raise ValueError(f"--{name} must be one of {', '.join(choices)}, got {getattr(args, name)!r}.")
     if args.enable_jit_checkpoint:  # the Trainer's own SIGTERM save: in place, mid-update, without a budget

@@ -367,3 +367,36 @@ class PadToBucket:
             if length > value.shape[1]:
                 batch[key] = torch.nn.functional.pad(value, (0, length - value.shape[1]), value=self.fill[key])
         return batch
+
+
+class LengthSortedSampler(Sampler[int]):
+    """The order in which evaluation decodes: shortest source first (then shortest target), as `translate`
+    decodes, so that a batch of generate() pads its sentences to similar lengths. Shortest first, because
+    accelerate completes the last batch of several processes with the first examples: short ones leave its
+    padded length as it was. ``order[i]`` is the dataset row decoded i-th; `restore_order` puts what was
+    computed in this order (predictions, labels) back into the dataset's order.
+
+    ``lengths``: one int (the source) or a (source, target) pair per example."""
+
+    def __init__(self, lengths):
+        pairs = length_pairs(lengths)
+        self.order = np.lexsort((pairs[:, 1], pairs[:, 0]))  # stable: equal lengths keep the input order
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.order.tolist())
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def restore_order(self, rows):
+        """``rows`` (an array with a row per example in this sampler's order, or a tuple or list of such
+        arrays, or None) in the dataset's order."""
+        if rows is None:
+            return None
+        if isinstance(rows, (tuple, list)):
+            return type(rows)(self.restore_order(part) for part in rows)
+        if len(rows) != len(self.order):
+            raise ValueError(f"Expected a row for each of the {len(self.order)} examples, got {len(rows)} rows.")
+        restored = np.empty_like(rows)
+        restored[self.order] = rows
+        return restored

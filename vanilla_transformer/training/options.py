@@ -227,6 +227,7 @@ DECODING_GROUP = (
     "generation_max_length",
     "generation_config",
     "per_device_eval_batch_size",
+    "eval_order",
     "sacrebleu_tokenize",
     "compound_split_bleu",
 )

@@ -31,11 +31,12 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import ProgressCallback, Seq2SeqTrainer, TrainerCallback
+from transformers.trainer_utils import EvalLoopOutput
 
 from ..private_api import require
 from ..training_kernels import label_smoothed_cross_entropy
-from .arguments import TransformerTrainingArguments, pads_to_buckets
-from .batching import PadToBucket, TokenBatchSampler
+from .arguments import TransformerTrainingArguments, pads_to_buckets, sorts_evaluation
+from .batching import LengthSortedSampler, PadToBucket, TokenBatchSampler
 from .checkpointing import CheckpointPolicy, StopOnSignal, is_sharded, plain_copy, resolve_checkpoint, start_worker
 from .data import example_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
@@ -396,6 +397,13 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             output = super().evaluation_loop(  # which sets gather_for_metrics again at its end
                 dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
             )
+        if (sampler := length_sorted_sampler(dataloader)) is not None:  # predictions in the dataset's order
+            output = EvalLoopOutput(
+                predictions=sampler.restore_order(output.predictions),
+                label_ids=sampler.restore_order(output.label_ids),
+                metrics=output.metrics,
+                num_samples=output.num_samples,
+            )
         if f"{metric_key_prefix}_loss" in output.metrics:  # the Trainer's: a mean of per-batch means
             output.metrics[f"{metric_key_prefix}_loss"] = self.evaluation_loss.per_token()
         return output
@@ -413,6 +421,19 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         return super().create_model_card(
             *args, tags=tags + [t for t in model_tags if t not in tags], tasks=tasks or "translation", **kwargs
         )
+
+    def _get_eval_sampler(self, eval_dataset):
+        """With `sorts_evaluation` (``--eval_order``), evaluation and prediction decode the sentences sorted
+        by length (`LengthSortedSampler`), as `translate` does: a batch of generate() pads its sentences to
+        similar lengths, and its hypotheses end together. `evaluation_loop` returns predictions and labels in
+        the dataset's order, as the Trainer's order would. The Trainer's order where the rows are not one per
+        sentence (several hypotheses per sentence, batches not concatenated) or the examples have no
+        ``input_ids``."""
+        lengths = evaluation_lengths(eval_dataset) if sorts_evaluation(self.args) else None
+        one_row_each = not self.args.predict_with_generate or self._sequences_per_input() == 1
+        if lengths is None or not one_row_each or not self.args.eval_do_concat_batches:
+            return super()._get_eval_sampler(eval_dataset)
+        return LengthSortedSampler(lengths)
 
     def get_train_dataloader(self) -> DataLoader:
         """Token-count batches (§5.1) when ``max_tokens`` is set (`TokenBatchSampler`), padded to bucket shapes
@@ -541,6 +562,42 @@ class EvaluationLoss:
 # ---------------------------------------------------------------------------------------------
 # Precision and sharding that accelerate would silently not apply
 # ---------------------------------------------------------------------------------------------
+
+
+def evaluation_lengths(dataset) -> np.ndarray | None:
+    """Source (and, where labelled, target) lengths of an evaluation set, at least 1 (they only order it),
+    or None where its examples have no ``input_ids``."""
+    import datasets
+
+    if isinstance(dataset, datasets.Dataset):
+        names = [name for name in ("input_ids", "labels") if name in dataset.column_names]
+        if "input_ids" not in names:
+            return None
+        import pyarrow.compute as pc
+
+        table = dataset.select_columns(names).with_format("arrow")[:]
+        columns = [pc.fill_null(pc.list_value_length(table[name]), 0).to_numpy() for name in names]
+        lengths = np.stack(columns, axis=1) if len(columns) == 2 else columns[0]  # (source, target) or source
+    elif isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
+        return None
+    else:
+        examples = [dataset[index] for index in range(len(dataset))]
+        if not all(isinstance(example, dict) and "input_ids" in example for example in examples):
+            return None
+        lengths = np.array([len(example["input_ids"]) for example in examples], dtype=np.int64)
+    return np.maximum(lengths, 1)
+
+
+def length_sorted_sampler(loader) -> LengthSortedSampler | None:
+    """The `LengthSortedSampler` under a DataLoader (accelerate wraps its batch sampler), or None."""
+    found = [loader]
+    for _ in range(4):
+        found = [getattr(item, name, None) for item in found for name in ("batch_sampler", "sampler")]
+        for item in found:
+            if isinstance(item, LengthSortedSampler):
+                return item
+        found = [item for item in found if item is not None]
+    return None
 
 
 def refuse_ignored_precision_or_sharding(args, accelerator, is_fsdp_enabled: bool) -> None:

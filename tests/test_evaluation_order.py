@@ -1,0 +1,173 @@
+"""Evaluation and prediction decode the sentences shortest first (`LengthSortedSampler`) and give their
+results back in the dataset's order: checked against a sort written out here, against each sentence decoded
+alone, and against the plain Seq2SeqTrainer's pairing of predictions with labels."""
+
+import numpy as np
+import pytest
+import torch
+from datasets import Dataset
+from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
+from vanilla_transformer.training import LengthSortedSampler, TransformerTrainer, TransformerTrainingArguments
+from vanilla_transformer.training.trainer import evaluation_lengths
+
+WORDS = "the a dog cat runs sleeps on under red green small big house tree".split()
+
+
+def test_the_order_is_shortest_source_first_then_shortest_target_then_input_order():
+    rng = np.random.default_rng(0)
+    pairs = rng.integers(1, 6, size=(200, 2))
+    expected = sorted(range(len(pairs)), key=lambda i: (pairs[i, 0], pairs[i, 1], i))
+    assert list(LengthSortedSampler(pairs)) == expected
+    sources = pairs[:, 0]
+    assert list(LengthSortedSampler(sources)) == sorted(range(len(sources)), key=lambda i: (sources[i], i))
+
+
+def test_restore_order_puts_rows_back_in_the_datasets_order():
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(1, 30, size=50)
+    sampler = LengthSortedSampler(lengths)
+    rows = rng.normal(size=(50, 3))
+    labels = rng.integers(0, 9, size=(50, 4))
+    decoded = (rows[sampler.order], labels[sampler.order])  # what a loop in the sampler's order computes
+    restored = sampler.restore_order(decoded)
+    assert isinstance(restored, tuple)
+    np.testing.assert_array_equal(restored[0], rows)
+    np.testing.assert_array_equal(restored[1], labels)
+    assert sampler.restore_order(None) is None
+    with pytest.raises(ValueError, match="each of the 50 examples, got 49 rows"):
+        sampler.restore_order(rows[:49])
+
+
+def sentences(count: int, seed: int = 0) -> list[str]:
+    rng = np.random.default_rng(seed)
+    return [" ".join(rng.choice(WORDS, size=int(rng.integers(1, 15)))) for _ in range(count)]
+
+
+@pytest.fixture(scope="module")
+def setting():
+    texts = sentences(17)
+    tokenizer = train_tokenizer(iter(WORDS * 20), vocab_size=300)
+    torch.manual_seed(0)
+    config = VanillaTransformerConfig(
+        vocab_size=len(tokenizer),
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=2,
+        encoder_attention_heads=4,
+        decoder_attention_heads=4,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        dropout=0.0,
+        pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        decoder_start_token_id=tokenizer.bos_token_id,
+    )
+    model = VanillaTransformerForConditionalGeneration(config).eval()
+    targets = texts[5:] + texts[:5]  # target lengths unrelated to the source's
+    dataset = Dataset.from_dict(
+        {"input_ids": tokenizer(texts)["input_ids"], "labels": tokenizer(text_target=targets)["input_ids"]}
+    )
+    return model, tokenizer, dataset
+
+
+def trainer_of(cls, arguments, setting, tmp_path, compute_metrics=None):
+    model, tokenizer, dataset = setting
+    args = arguments(
+        output_dir=str(tmp_path / cls.__name__),
+        predict_with_generate=True,
+        per_device_eval_batch_size=4,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    return cls(
+        model=model,
+        args=args,
+        eval_dataset=dataset,
+        processing_class=tokenizer,
+        data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
+        compute_metrics=compute_metrics,
+    )
+
+
+def test_evaluation_decodes_batches_shortest_first_with_less_padding(setting, tmp_path):
+    model, tokenizer, dataset = setting
+    trainer = trainer_of(TransformerTrainer, TransformerTrainingArguments, setting, tmp_path)
+    plain = trainer_of(Seq2SeqTrainer, Seq2SeqTrainingArguments, setting, tmp_path)
+
+    def batches(of):
+        return [batch["attention_mask"] for batch in of.get_eval_dataloader()]
+
+    ours, theirs = batches(trainer), batches(plain)
+    lengths = [int(n) for mask in ours for n in mask.sum(1)]
+    assert lengths == sorted(lengths)
+    assert sorted(lengths) == sorted(len(ids) for ids in dataset["input_ids"])  # every sentence once
+    padding = [sum(int((mask == 0).sum()) for mask in masks) for masks in (ours, theirs)]
+    assert padding[0] < padding[1]
+
+
+def test_predictions_and_labels_come_back_in_the_datasets_order(setting, tmp_path):
+    model, tokenizer, dataset = setting
+    trainer = trainer_of(TransformerTrainer, TransformerTrainingArguments, setting, tmp_path)
+    output = trainer.predict(dataset, num_beams=2, max_new_tokens=6)
+    pad = tokenizer.pad_token_id
+    for row, (ids, labels) in enumerate(zip(dataset["input_ids"], dataset["labels"])):
+        with torch.no_grad():  # the reference: the sentence decoded alone, no padding, no sorting
+            alone = model.generate(input_ids=torch.tensor([ids]), num_beams=2, max_new_tokens=6)[0].tolist()
+        predicted = [token for token in output.predictions[row].tolist() if token != pad]
+        assert predicted == [token for token in alone if token != pad], f"row {row}"
+        assert [token for token in output.label_ids[row].tolist() if token not in (-100, pad)] == labels
+
+
+def test_the_metrics_see_each_prediction_beside_its_own_label(setting, tmp_path):
+    """The (prediction, label) pairs compute_metrics gets, whatever their order: the plain Trainer's."""
+    model, tokenizer, _ = setting
+    seen = []
+
+    def pairing(prediction):
+        pairs = zip(prediction.predictions.tolist(), prediction.label_ids.tolist())
+        seen.append(
+            sorted(
+                (
+                    [t for t in p if t != tokenizer.pad_token_id],
+                    [t for t in y if t not in (-100, tokenizer.pad_token_id)],
+                )
+                for p, y in pairs
+            )
+        )
+        return {}
+
+    for cls, arguments in (
+        (TransformerTrainer, TransformerTrainingArguments),
+        (Seq2SeqTrainer, Seq2SeqTrainingArguments),
+    ):
+        trainer_of(cls, arguments, setting, tmp_path, pairing).evaluate(num_beams=1, max_new_tokens=5)
+    assert len(seen) == 2 and seen[0] == seen[1]
+
+
+def test_the_trainers_order_where_rows_are_not_one_per_sentence(setting, tmp_path):
+    model, tokenizer, dataset = setting
+    trainer = trainer_of(TransformerTrainer, TransformerTrainingArguments, setting, tmp_path)
+    trainer._gen_kwargs = {"num_return_sequences": 2, "num_beams": 2}
+    assert not isinstance(trainer._get_eval_sampler(dataset), LengthSortedSampler)
+    unlabelled = dataset.remove_columns("input_ids")
+    assert evaluation_lengths(unlabelled) is None
+    assert evaluation_lengths([{"input_ids": [5, 6, 7]}, {"input_ids": [5]}]).tolist() == [3, 1]
+    assert evaluation_lengths(dataset.remove_columns("labels")).tolist() == [len(ids) for ids in dataset["input_ids"]]
+
+
+def test_eval_order_input_keeps_the_trainers_order_and_a_bad_order_is_refused(setting, tmp_path):
+    model, tokenizer, dataset = setting
+    args = TransformerTrainingArguments(
+        output_dir=str(tmp_path), predict_with_generate=True, report_to="none", use_cpu=True, eval_order="input"
+    )
+    trainer = TransformerTrainer(
+        model=model, args=args, processing_class=tokenizer, data_collator=DataCollatorForSeq2Seq(tokenizer, model)
+    )
+    assert list(trainer._get_eval_sampler(dataset)) == list(range(len(dataset)))
+    with pytest.raises(ValueError, match="--eval_order must be one of auto, length, input, got 'longest'"):
+        TransformerTrainingArguments(output_dir=str(tmp_path), use_cpu=True, eval_order="longest")
