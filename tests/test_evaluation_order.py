@@ -171,3 +171,35 @@ def test_eval_order_input_keeps_the_trainers_order_and_a_bad_order_is_refused(se
     assert list(trainer._get_eval_sampler(dataset)) == list(range(len(dataset)))
     with pytest.raises(ValueError, match="--eval_order must be one of auto, length, input, got 'longest'"):
         TransformerTrainingArguments(output_dir=str(tmp_path), use_cpu=True, eval_order="longest")
+
+
+def test_the_benchmark_evaluates_both_orders_to_the_same_scores(setting, tmp_path, capsys):
+    """benchmarks/evaluation_order.py on a saved model and Multi30k-like files: both orders report the same
+    BLEU, chrF and gen_len (the same hypotheses), and a speed for each."""
+    import copy
+    import gzip
+
+    from helpers import load_script
+
+    benchmark = load_script("benchmarks/evaluation_order.py")
+    model, tokenizer, _ = setting
+    saved = tmp_path / "model"
+    model = copy.deepcopy(model)
+    # Every hypothesis of a random model is cut by the length limit: a fixed one (not the batch's longest
+    # source + 50) makes them independent of the batches, so both orders must give the same ones.
+    model.generation_config.max_new_tokens, model.generation_config.num_beams = 5, 2
+    model.save_pretrained(saved)
+    tokenizer.save_pretrained(saved)
+    data = tmp_path / "data"
+    data.mkdir()
+    for side, texts in (("en", sentences(21, seed=3)), ("de", sentences(21, seed=4))):
+        with gzip.open(data / f"val.{side}.gz", "wt", encoding="utf-8") as handle:
+            handle.write("\n".join(texts) + "\n")
+    result = benchmark.main(["--model", str(saved), "--data-dir", str(data), "--repeats", "1", "--batch-size", "4"])
+    assert result["sentences"] == 21 and result["num_beams"] == 2
+    for key in ("bleu", "chrf", "gen_len"):
+        assert result["length"][key] == result["input"][key], key
+    assert result["length"]["loss"] == pytest.approx(result["input"]["loss"], rel=1e-5)
+    assert all(result[order]["sentences_per_second"] > 0 for order in ("input", "length"))
+    assert "length / input:" in capsys.readouterr().out
+    assert benchmark.main(["--model", str(saved), "--data-dir", str(tmp_path / "absent")]) is None
