@@ -8,6 +8,7 @@
     python benchmarks/gpu.py --shapes-only [--pairs 4500000 --max-tokens 12288]   # the batch shapes of an epoch
     python benchmarks/gpu.py --no-decode --no-loop --presets big --train-run-minutes 2   # train.py only
     python benchmarks/gpu.py --loop --device cpu --presets tiny --dtype float32 --max-tokens 1024   # loop overhead
+    python benchmarks/gpu.py --presets "" --no-decode --no-loop --no-profile   # train's evaluation, both orders
 
 Budget: a run keeps to ``--budget-minutes`` (7.5; 0: none). Each measurement has an estimate (`ESTIMATE_SECONDS`);
 one whose estimate does not fit in what is left is skipped and named, and one that runs past the budget is
@@ -68,6 +69,13 @@ metrics (``all_results.json``: the target tokens it trained on over ``train_runt
 shapes included), its updates, and MFU: those tokens/s times the training FLOPs per target token of the
 pairs as the run's tokenizer cut them; and the seconds of each phase, timed inside the run (`PhaseClock`).
 
+Evaluation: train's evaluation (`TransformerTrainer.evaluate()`, beam 4, the paper's length rule, BLEU and
+chrF) of a random ``--eval-preset`` model (the Multi30k recipe's shape, its sentences ~13 tokens) on
+``--eval-sentences`` synthetic sentences in batches of ``--eval-batch``, with ``--eval_order input`` and
+``--eval_order length``, alternating (benchmarks/evaluation_order.py): sentences/s of each and their ratio, the
+measurement that decides ``--eval_order auto`` on a GPU. A random model ends no hypothesis, so each batch runs
+to its longest source + 50 tokens.
+
 The weights are random: speed does not depend on them. Prints one JSON line per measurement and a
 markdown table, and writes them to --output (JSON) and the same name with .md.
 """
@@ -125,6 +133,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="comma-separated: eager (dynamic cache), compiled (static cache, torch.compile)",
     )
     parser.add_argument("--no-loop", action="store_true", help="skip timing train.py's loop")
+    parser.add_argument("--no-eval", action="store_true", help="skip train's evaluation in each --eval_order")
+    parser.add_argument("--eval-preset", default="multi30k", help="the model shape of the evaluation row")
+    parser.add_argument("--eval-sentences", type=int, default=512, help="sentences the evaluation row decodes")
+    parser.add_argument("--eval-batch", type=int, default=64, help="its --per_device_eval_batch_size")
+    parser.add_argument("--eval-repeats", type=int, default=2, help="its timed passes of each order")
     parser.add_argument("--decode-batch", type=int, default=128, help="sentences per generate() call")
     parser.add_argument("--decode-tokens", type=int, default=30, help="new tokens per sentence")
     parser.add_argument("--decode-repeats", type=int, default=3, help="timed generate() calls (median)")
@@ -755,6 +768,58 @@ def ctranslate2_decoder(model, sources: list[list[int]], args, folder: Path) -> 
     }
 
 
+MULTI30K_LENGTH_SCALE = 13 / 28  # Multi30k's sentences are about 13 tokens, WMT14's (synthetic_lengths) about 28
+
+
+def measure_evaluation(preset: str, args) -> dict:
+    """train's evaluation (`TransformerTrainer.evaluate()`: the model's generation config, beam 4 and the
+    paper's length rule; BLEU and chrF) of a random ``preset`` model on ``--eval-sentences`` synthetic
+    sentences, in the input order and sorted by length (``--eval_order``), alternating: benchmarks/
+    evaluation_order.py's `evaluation_speed`. A random model ends no hypothesis, so every batch decodes
+    to its longest source + 50 tokens: sorting saves padding and steps, as it does for a trained model's
+    unfinished ones."""
+    from evaluation_order import evaluation_speed
+
+    torch.manual_seed(args.seed)
+    config = config_of(preset, args)
+    model = VanillaTransformerForConditionalGeneration(config)
+    lengths = synthetic_lengths(args.eval_sentences, args.seed + 2)
+    if preset == "multi30k":
+        lengths = np.rint(lengths * MULTI30K_LENGTH_SCALE).astype(np.int64)
+    rng = np.random.default_rng(args.seed)
+
+    def words(count: int) -> str:  # count tokens with </s>
+        return " ".join(f"t{index}" for index in rng.integers(4, config.vocab_size, size=max(count, 2) - 1))
+
+    pairs = [(words(source), words(target)) for source, target in lengths.tolist()]
+    tokenizer = numbered_tokenizer(config.vocab_size)
+    result = evaluation_speed(
+        model,
+        tokenizer,
+        pairs,
+        batch_size=args.eval_batch,
+        device=args.device,
+        repeats=args.eval_repeats,
+        bf16=bf16_supported(args),
+    )
+    return {"what": "evaluation", "preset": preset, "mode": "eager", **result}
+
+
+def numbered_tokenizer(size: int):
+    """Words t4 ... t{size - 1} with the package's special ids (pad 0, unk 1, <s> 2, </s> 3) and </s> after
+    each sentence, as the package's tokenizer encodes: a tokenizer for a random model, without training one."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<unk>": 1, "<s>": 2, "</s>": 3, **{f"t{index}": index for index in range(4, size)}}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 3)])
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+
+
 def word_level_tokenizer(size: int):
     """``size`` word pieces with the model's special ids (pad 0, unk 1, eos 2): CTranslate2 names tokens by piece."""
     from tokenizers import Tokenizer, models
@@ -1184,6 +1249,7 @@ ESTIMATE_SECONDS = {
     "decoding compiled": 120,
     "loop": 45,
     "profile": 30,
+    "evaluation": 60,
     "levers": 60,  # a lever row stops itself at its share of the budget: 60 s is enough for the plain step and a lever
 }
 SIZE = {"big": 1.0, "base": 0.6, "multi30k": 0.4}
@@ -1259,6 +1325,8 @@ def jobs_of(args) -> list[tuple[str, str, str]]:
     first += [("decoding", p, m) for m in decode_modes[:1] for p in decode_presets]
     first += [("decoding", p, m) for m in decode_modes[1:] for p in decode_presets[:1]]
     later += [("decoding", p, m) for m in decode_modes[1:] for p in decode_presets[1:]]
+    if not args.no_eval:
+        first.append(("evaluation", args.eval_preset, "eager"))
     if not args.no_profile and presets and args.device.startswith("cuda"):  # on a CPU: --profile alone
         first.append(("profile", presets[0], "eager"))
     if not args.no_loop:
@@ -1340,6 +1408,7 @@ MEASURES.update(
         "train_run": lambda preset, mode, args, limit: measure_train_run(preset, args),
         "profile": lambda preset, mode, args, limit: measure_profile(preset, args),
         "levers": lambda preset, mode, args, limit: measure_levers(preset, args, limit),
+        "evaluation": lambda preset, mode, args, limit: measure_evaluation(preset, args),
     }
 )
 
@@ -1399,6 +1468,14 @@ def markdown_table(results: list[dict]) -> str:
                     f"{ct2['equal_to_ours']}/{ct2['sentences']} "
                     f"hypotheses equal ours; its time / ours {ct2['ours_over_ctranslate2']:.2f} | | |"
                 )
+        elif r["what"] == "evaluation":
+            low, high = r["length_over_input_range"]
+            lines.append(
+                f"| train's evaluation {r['preset']}, beam {r['num_beams']}, {r['sentences']} sentences of a random "
+                f"model, batch {r['batch_size']} | `--eval_order length` {r['length']['sentences_per_second']:.1f} "
+                f"sentences/s; `input` {r['input']['sentences_per_second']:.1f} | | length / input "
+                f"{r['length_over_input']:.2f} [{low:.2f}, {high:.2f}] |"
+            )
         elif r["what"] == "loop":
             lines.append(
                 f"| train.py loop {r['preset']} | {r['loop_seconds_per_update'] * 1e3:.1f} ms an update, "

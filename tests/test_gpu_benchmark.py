@@ -49,13 +49,21 @@ def test_a_tiny_cpu_run_measures_training_and_decoding(tmp_path):
             "--decode-modes",
             "eager",
             "--no-profile",
+            "--eval-preset",
+            "tiny",
+            "--eval-sentences",
+            "4",
+            "--eval-batch",
+            "2",
+            "--eval-repeats",
+            "1",
             "--budget-minutes",
             "0",
             "--output",
             str(output),
         ]
     )
-    machine, training, decoding = results
+    machine, training, decoding, evaluation = results
     assert machine["device"] == "cpu" and "error" not in training and "error" not in decoding
     assert training["steps"] == 2
     for model in ("ours", "marian"):
@@ -70,9 +78,15 @@ def test_a_tiny_cpu_run_measures_training_and_decoding(tmp_path):
     assert decoding["ours_over_marian"] == pytest.approx(
         decoding["sentences_per_second"] / decoding["marian_sentences_per_second"]
     )
+    assert evaluation["sentences"] == 4 and evaluation["batch_size"] == 2, evaluation
+    for order in ("input", "length"):
+        assert evaluation[order]["sentences_per_second"] > 0 and len(evaluation[order]["seconds"]) == 1
+    # the same sentences, other batches: bfloat16 autocast moves the last digits of the loss
+    assert evaluation["input"]["loss"] == pytest.approx(evaluation["length"]["loss"], rel=1e-3)
     assert json.loads(output.read_text()) == json.loads(json.dumps(results))
     table = output.with_suffix(".md").read_text()
     assert "training tiny eager, steady state" in table and "decoding tiny eager, beam 4" in table
+    assert "train's evaluation tiny, beam 4, 4 sentences" in table and "`--eval_order length`" in table
 
 
 def test_shapes_only_an_epoch_has_few_shapes_and_little_padding(capsys):
@@ -112,6 +126,7 @@ def test_train_run_reads_target_tokens_per_second_from_the_runs_own_metrics(tmp_
     output = tmp_path / "gpu.json"
     machine, run = gpu.main(
         [
+            "--no-eval",
             "--device",
             "cpu",
             "--presets",
@@ -163,6 +178,7 @@ def test_ctranslate2_decodes_the_same_sentences_to_the_same_hypotheses(tmp_path)
     output = tmp_path / "gpu.json"
     results = gpu.main(
         [
+            "--no-eval",
             "--device",
             "cpu",
             "--presets",
@@ -216,6 +232,7 @@ def test_decoding_without_ctranslate2_says_why_and_measures_the_rest(case, monke
         monkeypatch.setattr(vanilla_transformer.convert, "to_ctranslate2", refuse_export)
     machine, decoding = gpu.main(
         [
+            "--no-eval",
             "--device",
             "cpu",
             "--presets",
@@ -282,6 +299,7 @@ def test_the_train_run_reports_how_long_each_phase_took(tmp_path):
     """Timed inside train.py's run: each phase has a time, and together they are no more than the whole run."""
     machine, run = gpu.main(
         [
+            "--no-eval",
             "--device",
             "cpu",
             "--presets",
@@ -326,6 +344,7 @@ def test_a_measurement_that_does_not_fit_the_budget_is_named_not_run(tmp_path):
     ]
     results = gpu.main(
         [
+            "--no-eval",
             "--device",
             "cpu",
             "--presets",
@@ -447,8 +466,9 @@ def test_a_stop_wrapped_by_a_library_is_still_a_stop():
 
 
 def test_the_default_gpu_run_orders_its_rows_and_fits_the_budget_by_estimate():
-    """`python benchmarks/gpu.py` on a GPU: the training steps, train.py's run, eager then compiled decoding, the
-    profile, the loop; the estimates of the first seven fit 7.5 minutes with room for start-up."""
+    """`python benchmarks/gpu.py` on a GPU: the training steps, train.py's run, eager then compiled decoding,
+    train's evaluation, the profile, the loop; the estimates of the first eight fit 7.5 minutes with room for
+    start-up."""
     args = gpu.parse_args(["--device", "cuda"])
     jobs = gpu.jobs_of(args)
     assert jobs == [
@@ -458,13 +478,14 @@ def test_the_default_gpu_run_orders_its_rows_and_fits_the_budget_by_estimate():
         ("decoding", "big", "eager"),
         ("decoding", "multi30k", "eager"),
         ("decoding", "big", "compiled"),
+        ("evaluation", "multi30k", "eager"),
         ("profile", "big", "eager"),
         ("loop", "big", "eager"),
         ("train_run", "base", "eager"),
         ("decoding", "multi30k", "compiled"),
         ("loop", "base", "eager"),
     ]
-    assert sum(gpu.estimate_seconds(*job, args) for job in jobs[:7]) < 7.5 * 60 - 30
+    assert sum(gpu.estimate_seconds(*job, args) for job in jobs[:8]) < 7.5 * 60 - 30
     levers = gpu.parse_args(["--levers", "--device", "cuda"])
     assert levers.output == "gpu-results/levers.json"
     assert gpu.jobs_of(levers) == [("levers", "big", "eager"), ("levers", "multi30k", "eager")]
