@@ -36,7 +36,10 @@ def test_restore_order_puts_rows_back_in_the_datasets_order():
     np.testing.assert_array_equal(restored[0], rows)
     np.testing.assert_array_equal(restored[1], labels)
     assert sampler.restore_order(None) is None
-    with pytest.raises(ValueError, match="each of the 50 examples, got 49 rows"):
+    hypotheses = np.repeat(rows, 3, axis=0)  # num_return_sequences=3: three consecutive rows a sentence
+    sorted_hypotheses = hypotheses.reshape(50, 3, 3)[sampler.order].reshape(150, 3)
+    np.testing.assert_array_equal(sampler.restore_order(sorted_hypotheses), hypotheses)
+    with pytest.raises(ValueError, match="each of the 50 examples, got 49 rows; evaluate with --eval_order input"):
         sampler.restore_order(rows[:49])
 
 
@@ -123,21 +126,19 @@ def test_predictions_and_labels_come_back_in_the_datasets_order(setting, tmp_pat
         assert [token for token in output.label_ids[row].tolist() if token not in (-100, pad)] == labels
 
 
-def test_the_metrics_see_each_prediction_beside_its_own_label(setting, tmp_path):
-    """The (prediction, label) pairs compute_metrics gets, whatever their order: the plain Trainer's."""
-    model, tokenizer, _ = setting
+def test_the_metrics_see_the_predictions_and_labels_in_the_datasets_order(setting, tmp_path):
+    """What compute_metrics gets (a metric may index the dataset, e.g. COMET's sources): the plain Trainer's, row
+    by row."""
+    model, tokenizer, dataset = setting
     seen = []
 
-    def pairing(prediction):
-        pairs = zip(prediction.predictions.tolist(), prediction.label_ids.tolist())
+    def rows(prediction):
+        pad = tokenizer.pad_token_id
         seen.append(
-            sorted(
-                (
-                    [t for t in p if t != tokenizer.pad_token_id],
-                    [t for t in y if t not in (-100, tokenizer.pad_token_id)],
-                )
-                for p, y in pairs
-            )
+            [
+                ([t for t in p if t != pad], [t for t in y if t not in (-100, pad)])
+                for p, y in zip(prediction.predictions.tolist(), prediction.label_ids.tolist())
+            ]
         )
         return {}
 
@@ -145,8 +146,9 @@ def test_the_metrics_see_each_prediction_beside_its_own_label(setting, tmp_path)
         (TransformerTrainer, TransformerTrainingArguments),
         (Seq2SeqTrainer, Seq2SeqTrainingArguments),
     ):
-        trainer_of(cls, arguments, setting, tmp_path, pairing).evaluate(num_beams=1, max_new_tokens=5)
+        trainer_of(cls, arguments, setting, tmp_path, rows).evaluate(num_beams=1, max_new_tokens=5)
     assert len(seen) == 2 and seen[0] == seen[1]
+    assert [labels for _, labels in seen[0]] == dataset["labels"]
 
 
 def test_the_trainers_order_where_rows_are_not_one_per_sentence(setting, tmp_path):

@@ -389,14 +389,19 @@ class LengthSortedSampler(Sampler[int]):
         return len(self.order)
 
     def restore_order(self, rows):
-        """``rows`` (an array with a row per example in this sampler's order, or a tuple or list of such
-        arrays, or None) in the dataset's order."""
+        """``rows`` (an array with a row per example in this sampler's order, or k consecutive rows per example
+        as ``num_return_sequences=k`` gives; a tuple or list of such arrays; or None) in the dataset's order."""
         if rows is None:
             return None
         if isinstance(rows, (tuple, list)):
             return type(rows)(self.restore_order(part) for part in rows)
-        if len(rows) != len(self.order):
-            raise ValueError(f"Expected a row for each of the {len(self.order)} examples, got {len(rows)} rows.")
-        restored = np.empty_like(rows)
-        restored[self.order] = rows
-        return restored
+        count = len(self.order)
+        if count == 0 or len(rows) % count:
+            raise ValueError(
+                f"Expected a row (or k rows) for each of the {count} examples, got {len(rows)} rows; evaluate "
+                "with --eval_order input (eval_order='input') to keep the dataset's order."
+            )
+        grouped = rows.reshape(count, len(rows) // count, *rows.shape[1:])  # k rows an example
+        restored = np.empty_like(grouped)
+        restored[self.order] = grouped
+        return restored.reshape(rows.shape)

@@ -22,7 +22,7 @@ import copy
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from functools import partial
 
@@ -31,7 +31,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import ProgressCallback, Seq2SeqTrainer, TrainerCallback
-from transformers.trainer_utils import EvalLoopOutput
+from transformers.trainer_utils import EvalLoopOutput, EvalPrediction
 
 from ..private_api import require
 from ..training_kernels import label_smoothed_cross_entropy
@@ -393,10 +393,22 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             self.gather_function = partial(
                 self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
             )
-        with self.evaluation_loss.counting():
-            output = super().evaluation_loop(  # which sets gather_for_metrics again at its end
-                dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+        sampler, metric = length_sorted_sampler(dataloader), self.compute_metrics
+        if sampler is not None and metric is not None:  # compute_metrics sees the dataset's order too
+            self.compute_metrics = lambda prediction: metric(
+                EvalPrediction(
+                    *(sampler.restore_order(part) for part in (prediction.predictions, prediction.label_ids)),
+                    inputs=sampler.restore_order(prediction.inputs),
+                    losses=sampler.restore_order(prediction.losses),
+                )
             )
+        try:
+            with self.evaluation_loss.counting():
+                output = super().evaluation_loop(  # which sets gather_for_metrics again at its end
+                    dataloader, description, prediction_loss_only, ignore_keys, metric_key_prefix
+                )
+        finally:
+            self.compute_metrics = metric
         if (sampler := length_sorted_sampler(dataloader)) is not None:  # predictions in the dataset's order
             output = EvalLoopOutput(
                 predictions=sampler.restore_order(output.predictions),
@@ -427,11 +439,13 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         by length (`LengthSortedSampler`), as `translate` does: a batch of generate() pads its sentences to
         similar lengths, and its hypotheses end together. `evaluation_loop` returns predictions and labels in
         the dataset's order, as the Trainer's order would. The Trainer's order where the rows are not one per
-        sentence (several hypotheses per sentence, batches not concatenated) or the examples have no
+        sentence (several hypotheses per sentence, batches not concatenated), where metrics are computed per
+        batch or the last batch is dropped (which would drop the longest sentences), or the examples have no
         ``input_ids``."""
         lengths = evaluation_lengths(eval_dataset) if sorts_evaluation(self.args) else None
         one_row_each = not self.args.predict_with_generate or self._sequences_per_input() == 1
-        if lengths is None or not one_row_each or not self.args.eval_do_concat_batches:
+        whole_set = self.args.eval_do_concat_batches and not self.args.batch_eval_metrics
+        if lengths is None or not one_row_each or not whole_set or self.args.dataloader_drop_last:
             return super()._get_eval_sampler(eval_dataset)
         return LengthSortedSampler(lengths)
 
@@ -582,7 +596,7 @@ def evaluation_lengths(dataset) -> np.ndarray | None:
         return None
     else:
         examples = [dataset[index] for index in range(len(dataset))]
-        if not all(isinstance(example, dict) and "input_ids" in example for example in examples):
+        if not all(isinstance(example, Mapping) and "input_ids" in example for example in examples):
             return None
         lengths = np.array([len(example["input_ids"]) for example in examples], dtype=np.int64)
     return np.maximum(lengths, 1)
