@@ -74,6 +74,7 @@ def test_reads_the_fastest_training_measurement_of_benchmarks_gpu_py(tmp_path):
             "--no-decode",
             "--no-loop",
             "--no-train-run",
+            "--no-eval",
             "--output",
             str(output),
         ]
