@@ -808,30 +808,25 @@ def measure_evaluation(preset: str, args) -> dict:
 def numbered_tokenizer(size: int):
     """Words t4 ... t{size - 1} with the package's special ids (pad 0, unk 1, <s> 2, </s> 3) and </s> after
     each sentence, as the package's tokenizer encodes: a tokenizer for a random model, without training one."""
+    return word_level_tokenizer(size, specials=("<pad>", "<unk>", "<s>", "</s>"), end_with_eos=True)
+
+
+def word_level_tokenizer(size: int, specials=("<pad>", "<unk>", "</s>"), end_with_eos: bool = False):
+    """``size`` word pieces (t3, t4, ... after the specials, by default MarianMT's ids pad 0, unk 1, eos 2),
+    split at white space: CTranslate2 names tokens by piece. ``end_with_eos``: </s> after each sentence."""
     from tokenizers import Tokenizer, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {"<pad>": 0, "<unk>": 1, "<s>": 2, "</s>": 3, **{f"t{index}": index for index in range(4, size)}}
+    vocab = {token: index for index, token in enumerate(specials)}
+    vocab |= {f"t{index}": index for index in range(len(specials), size)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 3)])
-    return PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, pad_token="<pad>", unk_token="<unk>", bos_token="<s>", eos_token="</s>"
-    )
-
-
-def word_level_tokenizer(size: int):
-    """``size`` word pieces with the model's special ids (pad 0, unk 1, eos 2): CTranslate2 names tokens by piece."""
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = {"<pad>": 0, "<unk>": 1, "</s>": 2, **{f"t{index}": index for index in range(3, size)}}
-    return PreTrainedTokenizerFast(
-        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<unk>")),
-        pad_token="<pad>",
-        unk_token="<unk>",
-        eos_token="</s>",
-    )
+    if end_with_eos:
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single="$A </s>", special_tokens=[("</s>", vocab["</s>"])]
+        )
+    names = dict(pad_token="<pad>", unk_token="<unk>", eos_token="</s>", bos_token="<s>" if "<s>" in vocab else None)
+    return PreTrainedTokenizerFast(tokenizer_object=tokenizer, **names)
 
 
 WORDS = [f"w{index}" for index in range(3000)]

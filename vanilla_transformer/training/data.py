@@ -474,14 +474,23 @@ def example_lengths(dataset) -> np.ndarray:
     output, from ``input_ids``/``labels`` of any other Arrow dataset, or from a list of examples."""
     from datasets import Dataset
 
+    if isinstance(dataset, Dataset) and {"source_length", "target_length"} <= set(dataset.column_names):
+        return np.stack([column(dataset, "source_length"), column(dataset, "target_length")], axis=1)
+    return list_lengths(dataset, ("input_ids", "labels"))
+
+
+def list_lengths(dataset, names) -> np.ndarray:
+    """``(N, len(names))`` lengths of the list fields ``names`` (``input_ids``, ``labels``) of an Arrow dataset
+    (read as Arrow, without the lists; a null counts 0) or of a list of examples."""
+    from datasets import Dataset
+
     if isinstance(dataset, Dataset):
-        if {"source_length", "target_length"} <= set(dataset.column_names):
-            return np.stack([column(dataset, "source_length"), column(dataset, "target_length")], axis=1)
         import pyarrow.compute as pc
 
-        table = dataset.select_columns(["input_ids", "labels"]).with_format("arrow")[:]
-        return np.stack([pc.list_value_length(table[name]).to_numpy() for name in ("input_ids", "labels")], axis=1)
-    return np.array([(len(example["input_ids"]), len(example["labels"])) for example in dataset], dtype=np.int64)
+        table = dataset.select_columns(list(names)).with_format("arrow")[:]
+        return np.stack([pc.fill_null(pc.list_value_length(table[name]), 0).to_numpy() for name in names], axis=1)
+    rows = [[len(example[name]) for name in names] for example in dataset]
+    return np.array(rows, dtype=np.int64).reshape(len(rows), len(names))
 
 
 def tokenizer_training_texts(dataset, max_pairs: int | None, seed: int = 0, block: int = 1000) -> Iterator[str]:

@@ -38,7 +38,7 @@ from ..training_kernels import label_smoothed_cross_entropy
 from .arguments import TransformerTrainingArguments, pads_to_buckets, sorts_evaluation
 from .batching import LengthSortedSampler, PadToBucket, TokenBatchSampler
 from .checkpointing import CheckpointPolicy, StopOnSignal, is_sharded, plain_copy, resolve_checkpoint, start_worker
-from .data import example_lengths
+from .data import example_lengths, list_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
 from .levers import apply_levers, training_loss
 from .memory_check import SkipOutOfMemoryBatches, check_largest_batches_fit
@@ -409,7 +409,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
                 )
         finally:
             self.compute_metrics = metric
-        if (sampler := length_sorted_sampler(dataloader)) is not None:  # predictions in the dataset's order
+        if sampler is not None:  # predictions in the dataset's order
             output = EvalLoopOutput(
                 predictions=sampler.restore_order(output.predictions),
                 label_ids=sampler.restore_order(output.label_ids),
@@ -584,22 +584,18 @@ def evaluation_lengths(dataset) -> np.ndarray | None:
     import datasets
 
     if isinstance(dataset, datasets.Dataset):
-        names = [name for name in ("input_ids", "labels") if name in dataset.column_names]
-        if "input_ids" not in names:
-            return None
-        import pyarrow.compute as pc
-
-        table = dataset.select_columns(names).with_format("arrow")[:]
-        columns = [pc.fill_null(pc.list_value_length(table[name]), 0).to_numpy() for name in names]
-        lengths = np.stack(columns, axis=1) if len(columns) == 2 else columns[0]  # (source, target) or source
+        present = set(dataset.column_names)
     elif isinstance(dataset, torch.utils.data.IterableDataset) or not hasattr(dataset, "__len__"):
         return None
     else:
-        examples = [dataset[index] for index in range(len(dataset))]
-        if not all(isinstance(example, Mapping) and "input_ids" in example for example in examples):
+        dataset = [dataset[index] for index in range(len(dataset))]
+        if not all(isinstance(example, Mapping) for example in dataset):
             return None
-        lengths = np.array([len(example["input_ids"]) for example in examples], dtype=np.int64)
-    return np.maximum(lengths, 1)
+        present = set.intersection(*(set(example) for example in dataset)) if dataset else set()
+    if "input_ids" not in present:
+        return None
+    lengths = list_lengths(dataset, [name for name in ("input_ids", "labels") if name in present])
+    return np.maximum(lengths if lengths.shape[1] == 2 else lengths[:, 0], 1)  # (source, target) or source
 
 
 def length_sorted_sampler(loader) -> LengthSortedSampler | None:
