@@ -406,6 +406,10 @@ LEVERS = {
     "training_attention flash": dict(attention="flash", flags=["--training_attention"]),
     "fp8 + compile_layers": dict(fp8=True, compile="layers", flags=["--fp8", "--compile_layers"]),
     "cuda_graphs": dict(compile="cuda_graphs", flags=["--cuda_graphs"], presets=("multi30k", "tiny")),
+    # train.py's --torch_compile --torch_compile_mode reduce-overhead: a compilation per bucket shape (CUDA only)
+    "cuda_graphs, static shapes": dict(
+        compile="cuda_graphs static", flags=["--cuda_graphs"], presets=("multi30k", "tiny")
+    ),
     "fused_loss liger": dict(loss="liger", flags=["--fused_loss liger"]),
     "torch_compile (whole model, static shapes)": dict(compile="model", flags=[]),
 }
@@ -439,18 +443,18 @@ class LeverTrainee(Trainee):
         self.forward = None
         if compile == "layers":
             levers.compile_layers(self.model)
-        elif compile in ("model", "cuda_graphs"):
+        elif compile == "cuda_graphs":  # train.py's --cuda_graphs: dynamic shapes, a graph recorded per shape
+            self.forward = torch.compile(target, **levers.CUDA_GRAPHS)
+        elif compile in ("model", "cuda_graphs static"):  # one compilation per bucket shape
             allow_recompiles(4 * args.lever_steps)
-            self.forward = torch.compile(
-                target, dynamic=False, mode="reduce-overhead" if compile == "cuda_graphs" else None
-            )
+            self.forward = torch.compile(target, dynamic=False, mode=None if compile == "model" else "reduce-overhead")
 
     def step(self, batch: dict) -> float:
         from vanilla_transformer import attention_backends
 
         synchronize(self.args.device)
         started = time.perf_counter()
-        if self.compile == "cuda_graphs":
+        if self.compile in ("cuda_graphs", "cuda_graphs static"):
             torch.compiler.cudagraph_mark_step_begin()
         attention_backends.prefer_in_training(self.attention)
         try:

@@ -99,10 +99,13 @@ def test_compiled_layers_train_like_eager_over_bucket_shapes():
 
 
 def test_cuda_graphs_train_like_eager():
+    """--cuda_graphs' compilation (`levers.CUDA_GRAPHS`, dynamic shapes): a graph recorded per shape, replayed
+    when the shape comes again; the same training as eager throughout."""
+    torch._dynamo.reset()
     eager, graphed = model_of(), model_of()
-    forward = torch.compile(graphed, mode="reduce-overhead", dynamic=False)
-    for index in range(3):  # the same shape: recorded once, replayed
-        batch = batch_of(8, 16, 16, seed=index)
+    forward = torch.compile(graphed, **levers.CUDA_GRAPHS)
+    for index, shape in enumerate([(8, 16, 16), (4, 24, 16), (8, 16, 16), (4, 24, 16)]):  # recorded, replayed
+        batch = batch_of(*shape, seed=index)
         torch.compiler.cudagraph_mark_step_begin()
         assert_same_training(loss_and_grads(graphed, batch, forward=forward), loss_and_grads(eager, batch))
 

@@ -205,6 +205,33 @@ def test_compiled_layers_take_few_graphs_over_all_bucket_shapes():
     assert set(compiled.state_dict()) == set(eager.state_dict())  # Module.compile keeps the names
 
 
+def test_the_whole_model_compiled_as_cuda_graphs_compiles_it_trains_like_eager():
+    """--cuda_graphs' compilation (`levers.CUDA_GRAPHS`: dynamic shapes; the CUDA graphs need a GPU, test_gpu_levers)
+    through AOT autograd on the CPU: over six batch shapes, at most two compilations of the forward and backward
+    (a second where the first batch's lengths were equal), and the same losses and gradients as eager."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager, compiled = tiny_model(), tiny_model()
+    options = {key: value for key, value in levers.CUDA_GRAPHS.items() if key != "mode"}  # mode: inductor's
+    forward = torch.compile(compiled, backend="aot_eager", **options)
+    shapes = [(4, 8, 8), (4, 16, 8), (2, 16, 24), (8, 8, 16), (3, 24, 24), (6, 12, 10)]
+    for index, (rows, source, target) in enumerate(shapes):
+        input_ids, attention_mask, labels = batch(rows, source, target, seed=index)
+        for model, stand_in in ((eager, None), (compiled, forward)):
+            model.zero_grad()
+            inputs = inputs_of(model, input_ids, attention_mask, labels)
+            loss = levers.training_loss(model, inputs, labels, None, 0.1, "none", stand_in)
+            loss.backward()
+            model.loss_ = loss.detach()
+        torch.testing.assert_close(compiled.loss_, eager.loss_)
+        for (name, p), (_, q) in zip(eager.named_parameters(), compiled.named_parameters()):
+            torch.testing.assert_close(q.grad, p.grad, msg=name, rtol=1e-4, atol=1e-6)
+    graphs = counters["stats"]["unique_graphs"]  # what dynamo traced and handed to the compiler
+    assert 1 <= graphs <= 2, f"{graphs} compilations for {len(shapes)} shapes"
+
+
 def test_forward_and_loss_have_no_graph_break():
     """The whole training forward and the label-smoothed loss trace as one graph (torch._dynamo.explain)."""
     model = tiny_model().train()

@@ -1,4 +1,4 @@
-"""torch.compile over token batches: one graph per bucket shape, counted with torch's own counters.
+"""torch.compile over token batches: one graph per bucket shape, counted with torch's own CompileCounter.
 
 Shapes are what makes a compiled model recompile (with ``dynamic=False``, as `TransformerTrainer` sets
 for ``--torch_compile``): batches padded to the sampler's buckets bring at most one compilation per
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 import torch
 from datasets import Dataset
-from torch._dynamo.utils import counters
+from torch._dynamo.testing import CompileCounter
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.training import levers
 from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler
 from vanilla_transformer.training.trainer import (
     TransformerTrainer,
@@ -39,7 +40,7 @@ def random_batch(lengths: np.ndarray, generator: torch.Generator):
     return collate
 
 
-def compiles_over_an_epoch(lengths: np.ndarray, bucket_width: int = 8) -> tuple[int, int, int]:
+def compiles_over_an_epoch(lengths: np.ndarray, bucket_width: int = 8, dynamic: bool = False) -> tuple[int, int, int]:
     """(frames dynamo compiled, distinct batch shapes, buckets of the sampler) over one epoch."""
     sampler = TokenBatchSampler(
         lengths, max_tokens=256, shuffle=True, seed=0, pad_to_buckets=True, bucket_width=bucket_width
@@ -48,17 +49,18 @@ def compiles_over_an_epoch(lengths: np.ndarray, bucket_width: int = 8) -> tuple[
     collate = PadToBucket(collate, pad_token_id=0, max_tokens=256, bucket_width=bucket_width)
     batches = [collate(indices) for indices in sampler]
     shapes = {(*batch["input_ids"].shape, batch["labels"].shape[1]) for batch in batches}
-    return compiled_frames(batches), len(shapes), len(np.unique(sampler.shapes, axis=0))
+    return compiled_frames(batches, dynamic), len(shapes), len(np.unique(sampler.shapes, axis=0))
 
 
-def compiled_frames(batches: list[dict]) -> int:
-    """How many frames dynamo compiles running a tiny model (dynamic=False) over ``batches``."""
+def compiled_frames(batches: list[dict], dynamic: bool = False) -> int:
+    """How many graphs dynamo hands to the compiler running a tiny model (static shapes, or ``dynamic``) over
+    ``batches``: the compilations inductor would make."""
     config = VanillaTransformerConfig.from_preset("tiny", vocab_size=VOCAB, encoder_layers=1, decoder_layers=1)
     model = VanillaTransformerForConditionalGeneration._from_config(config).eval()
     allow_recompiles(len(batches))
     torch._dynamo.reset()
-    counters.clear()
-    compiled = torch.compile(model, backend="eager", dynamic=False)
+    counter = CompileCounter()  # the "eager" backend, counting its calls
+    compiled = torch.compile(model, backend=counter, dynamic=dynamic)
     with torch.no_grad():
         for batch in batches:
             compiled(
@@ -66,7 +68,7 @@ def compiled_frames(batches: list[dict]) -> int:
                 attention_mask=batch["attention_mask"],
                 decoder_input_ids=model.prepare_decoder_input_ids_from_labels(batch["labels"]),
             )
-    return counters["frames"]["ok"]
+    return counter.frame_count
 
 
 # Cells (8, 8) and (16, 16): batches of 32 and 16 rows, and the last pairs in a batch of their own.
@@ -96,6 +98,27 @@ def test_torch_compile_flag_compiles_static_shapes(tmp_path):
     assert trainer.accelerator.state.dynamo_plugin.dynamic is False
     allow_recompiles(100)
     assert torch._dynamo.config.recompile_limit >= 108
+
+
+def test_cuda_graphs_compile_once_over_the_bucket_shapes_of_an_epoch():
+    """--cuda_graphs compiles with dynamic shapes (`levers.CUDA_GRAPHS`): the epoch's bucket shapes cost one
+    compilation, or two where the first batch's lengths are equal (dynamo guards on that equality), where
+    static shapes cost one per bucket shape. CUDA graphs themselves (recorded per shape) need a GPU."""
+    lengths = np.array([(n, n) for n in range(3, 31)] * 4 + [(n, n + 7) for n in range(3, 24)] * 4)  # some equal
+    static, shapes, _ = compiles_over_an_epoch(lengths, bucket_width=4)
+    dynamic, same_shapes, _ = compiles_over_an_epoch(lengths, bucket_width=4, dynamic=levers.CUDA_GRAPHS["dynamic"])
+    assert shapes == same_shapes >= 5 and static == shapes
+    assert dynamic <= 2, f"{dynamic} compilations over {shapes} bucket shapes"
+
+
+def test_cuda_graphs_flag_compiles_dynamic_shapes(tmp_path):
+    args = TransformerTrainingArguments(
+        output_dir=str(tmp_path), torch_compile=True, use_cpu=True, report_to="none", max_tokens=256
+    )
+    args.cuda_graphs, args.torch_compile_mode = True, "reduce-overhead"  # as check_levers sets them on a GPU
+    model = VanillaTransformerForConditionalGeneration._from_config(VanillaTransformerConfig.from_preset("tiny"))
+    plugin = TransformerTrainer(model=model, args=args).accelerator.state.dynamo_plugin
+    assert (plugin.dynamic, plugin.mode) == (True, "reduce-overhead")
 
 
 def pad_to_longest(features: list[dict]) -> dict:

@@ -191,7 +191,7 @@ PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
     PrivateMember(
         "transformers.Trainer._build_accelerator_args",
         "transformers 5.10.1 - 5.24.0",
-        "training/trainer.py: --torch_compile with token batches compiles static shapes",
+        "training/trainer.py: --torch_compile with token batches compiles static shapes, --cuda_graphs dynamic ones",
         NO_FALLBACK,
     ),
     PrivateMember(

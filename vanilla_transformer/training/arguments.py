@@ -136,8 +136,8 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     cuda_graphs: bool = field(
         default=False,
         metadata={
-            "help": "CUDA graphs: torch_compile with mode "
-            "reduce-overhead, a graph per bucket shape (CUDA only; not measured)"
+            "help": "CUDA graphs: torch_compile with mode reduce-overhead and "
+            "dynamic shapes, a graph recorded per bucket shape (CUDA only; not measured)"
         },
     )
     fused_loss: str = field(

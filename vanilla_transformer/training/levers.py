@@ -7,8 +7,9 @@ needs CUDA, by a test marked ``gpu`` (``make test-gpu``).
 
 - `compile_layers`: regional compilation (``torch.compile`` of the repeated encoder and decoder layer,
   dynamic shapes), so that the batch shapes of a run cost a few graphs, not one each.
-- ``cuda_graphs``: the Trainer's ``torch.compile`` with mode "reduce-overhead" (CUDA graphs, one per bucket
-  shape), for small models whose update is bound by kernel launches. CUDA only.
+- ``cuda_graphs``: the Trainer's ``torch.compile`` with `CUDA_GRAPHS` (mode "reduce-overhead", dynamic shapes:
+  one compilation over symbolic lengths, then a CUDA graph recorded per bucket shape), for small models whose
+  update is bound by kernel launches. CUDA only.
 - `chunked_linear_cross_entropy`: the pre-softmax projection (§3.4) and the label-smoothed loss (§5.4)
   a chunk of rows at a time, never holding the (tokens, vocabulary) logits; ``liger``: liger-kernel's
   fused linear cross-entropy (CUDA only, the ``liger`` extra).
@@ -27,6 +28,11 @@ from ..training_kernels import label_smoothed_cross_entropy
 
 FUSED_LOSSES = ("none", "chunked", "liger")
 TRAINING_ATTENTION = ("default", *attention_backends.KERNELS)
+# --cuda_graphs: torch.compile's options. Dynamic shapes, so that the bucket shapes of a run cost one compilation
+# (two where the first batch's lengths happen to be equal: torch guards on that equality, "duck sizing") and a
+# cheap CUDA graph recording each; with static shapes each bucket shape is compiled anew (the Multi30k shape's 13
+# ran past 81 s on an H100, 2026-11-27). Which pays on a GPU is not measured: gpu.py --levers has both rows.
+CUDA_GRAPHS = {"mode": "reduce-overhead", "dynamic": True}
 FP8_INSTALL_HINT = "pip install torchao (float8 training needs a CUDA GPU of compute capability 8.9 or more)"
 LIGER_INSTALL_HINT = "pip install 'vanilla-transformer[liger]' (liger-kernel, CUDA only)"
 
@@ -77,7 +83,8 @@ def requested(args) -> list[str]:
 
 def check_levers(args) -> None:
     """Refuse, before anything runs, a lever the device cannot run; turn --cuda_graphs into the Trainer's
-    ``torch_compile_mode="reduce-overhead"``. Called from TransformerTrainingArguments.__post_init__."""
+    ``torch_compile_mode="reduce-overhead"`` (TransformerTrainer makes its shapes dynamic, `CUDA_GRAPHS`).
+    Called from TransformerTrainingArguments.__post_init__."""
     if getattr(args, "fused_loss", "none") not in FUSED_LOSSES:
         raise ValueError(f"--fused_loss must be one of {', '.join(FUSED_LOSSES)}, got {args.fused_loss!r}.")
     if getattr(args, "training_attention", "default") not in TRAINING_ATTENTION:
@@ -95,7 +102,7 @@ def check_levers(args) -> None:
         if reason:
             raise ValueError(reason)
     if getattr(args, "cuda_graphs", False):
-        args.torch_compile, args.torch_compile_mode = True, "reduce-overhead"
+        args.torch_compile, args.torch_compile_mode = True, CUDA_GRAPHS["mode"]
 
 
 def apply_levers(model, args) -> None:
@@ -275,6 +282,7 @@ def convert_to_fp8(model) -> None:
 
 
 __all__ = [
+    "CUDA_GRAPHS",
     "FUSED_LOSSES",
     "TRAINING_ATTENTION",
     "ChunkedLinearCrossEntropy",

@@ -40,7 +40,7 @@ from .batching import LengthSortedSampler, PadToBucket, TokenBatchSampler
 from .checkpointing import CheckpointPolicy, StopOnSignal, is_sharded, plain_copy, resolve_checkpoint, start_worker
 from .data import example_lengths, list_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
-from .levers import apply_levers, training_loss
+from .levers import CUDA_GRAPHS, apply_levers, training_loss
 from .memory_check import SkipOutOfMemoryBatches, check_largest_batches_fit
 from .moving_average import ExponentialMovingAverage, check_checkpoint
 from .progress import TargetTokens, TimeBudgetProgress, add_throughput
@@ -256,10 +256,11 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
     def _build_accelerator_args(self, **kwargs):
         """The Trainer's; with ``--torch_compile`` and token batches, graphs of static shapes: the batches
         come in a few bucket shapes (`TokenBatchSampler`), so each is compiled once, not traced again with
-        symbolic lengths (torch's default after a second shape)."""
+        symbolic lengths (torch's default after a second shape). With ``--cuda_graphs``, dynamic shapes
+        (`levers.CUDA_GRAPHS`): one compilation, and a CUDA graph recorded per bucket shape."""
         args = super()._build_accelerator_args(**kwargs)
         if self.args.torch_compile and self.args.max_tokens and "dynamo_plugin" in args:
-            args["dynamo_plugin"].dynamic = False
+            args["dynamo_plugin"].dynamic = CUDA_GRAPHS["dynamic"] if self.args.cuda_graphs else False
         return args
 
     def floating_point_ops(self, inputs: dict) -> int:
