@@ -2,6 +2,7 @@
 
     python benchmarks/gpu.py              # everything, most telling first, within --budget-minutes 7.5
     python benchmarks/gpu.py --levers     # each training lever against the plain step and MarianMTModel
+    python benchmarks/gpu.py --recipe     # the Multi30k recipe's train.py run, plain and with each launch lever
     python benchmarks/gpu.py --profile    # torch.profiler: top kernels, launches, idle time of an update
     python benchmarks/gpu.py --presets big --modes compiled --max-tokens 16384 --output gpu.json
     python benchmarks/gpu.py --device cpu --presets tiny --dtype float32 --steps 2   # a smoke run anywhere
@@ -21,6 +22,12 @@ under torch.compile) against the plain step (ours, eager) and MarianMTModel, on 
 alternating (all padded to bucket shapes, which the compiled rows need), two passes: first-pass and steady target tokens/s, warm-up seconds, the peak memory of one step, and
 the loss after the same updates against the plain step's (lever and plain start from the same weights). A lever
 the device cannot run is a row with its one-line refusal.
+
+Recipe (``--recipe``, and in ``--levers`` after big's rows unless ``--no-recipe``): the Multi30k recipe
+(``train multi30k``), whose update (1,024 tokens, d_model 256) waits on kernel launches on a GPU, as train.py runs
+it for ``--recipe-minutes`` on ``--recipe-pairs`` synthetic pairs of Multi30k's lengths: plain, ``--cuda_graphs``
+and ``--compile_layers`` (``--recipe-variants``), one after the other; updates/s over each run (its own log,
+compilation included) and at steady state (its second half), and the first update's seconds.
 
 Profile (``--profile``, and in the full run on CUDA): torch.profiler over one training update and one beam-4
 decoding step: the top CUDA kernels by time (on a CPU, operators), kernel launches, and the GPU's idle time.
@@ -168,6 +175,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--lever-steps", type=int, default=20, help="with --levers: batches per pass (two passes)")
     parser.add_argument(
+        "--recipe", action="store_true", help="only train the Multi30k recipe, plain and with each --recipe-variants"
+    )
+    parser.add_argument("--no-recipe", action="store_true", help="with --levers: leave the Multi30k recipe out")
+    parser.add_argument(
+        "--recipe-variants",
+        default=",".join(RECIPE_VARIANTS),
+        help=f"comma-separated, of {', '.join(RECIPE_VARIANTS)}: the recipe's runs (each its train.py flags)",
+    )
+    parser.add_argument("--recipe-minutes", type=float, default=0.5, help="each recipe run's --max_train_minutes")
+    parser.add_argument("--recipe-pairs", type=int, default=29000, help="its synthetic pairs (Multi30k has 29,000)")
+    parser.add_argument(
         "--profile", action="store_true", help="only profile one training update and one decoding step (torch.profiler)"
     )
     parser.add_argument("--no-profile", action="store_true", help="leave the profile out of the full run")
@@ -175,7 +193,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.presets is None:
         args.presets = "big,multi30k" if args.levers else "big,base"
     if args.output is None:
-        args.output = "gpu-results/levers.json" if args.levers else "gpu-results/gpu.json"
+        args.output = "gpu-results/levers.json" if args.levers or args.recipe else "gpu-results/gpu.json"
+    if unknown := sorted(set(args.recipe_variants.split(",")) - set(RECIPE_VARIANTS) - {""}):
+        parser.error(f"--recipe-variants: unknown {', '.join(unknown)}; choose from {', '.join(RECIPE_VARIANTS)}")
     return args
 
 
@@ -848,13 +868,16 @@ def letter_words(count: int) -> list[str]:
     return words
 
 
-def write_synthetic_text(folder: Path, pairs: int, seed: int, words: list[str] = WORDS) -> list[str]:
-    """train.src/train.tgt of ``pairs`` lines of random words with WMT-like lengths; train.py's flags for them.
+def write_synthetic_text(
+    folder: Path, pairs: int, seed: int, words: list[str] = WORDS, length_scale: float = 1.0
+) -> list[str]:
+    """train.src/train.tgt of ``pairs`` lines of random words with WMT-like lengths (times ``length_scale``);
+    train.py's flags for them.
 
     One draw of word indices for all lines of a side (not one `rng.choice` per line): 80,000 lines in
     well under a second."""
     rng = np.random.default_rng(seed)
-    lengths = synthetic_lengths(pairs, seed)
+    lengths = np.maximum(np.rint(synthetic_lengths(pairs, seed) * length_scale).astype(np.int64), 2)
     vocabulary = np.asarray(words, dtype=object)
     for side, name in ((0, "train.src"), (1, "train.tgt")):
         counts = lengths[:, side] - 1  # + </s>
@@ -1046,6 +1069,115 @@ def measure_train_run(preset: str, args) -> dict:
     }
 
 
+# The Multi30k recipe's update is launch-bound on a GPU (1,024 tokens a batch, d_model 256): the levers for that.
+RECIPE_VARIANTS = {
+    "plain": [],
+    "cuda_graphs": ["--cuda_graphs", "true"],
+    "compile_layers": ["--compile_layers", "true"],
+}
+
+
+def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
+    """The Multi30k recipe (`train multi30k`, training/recipes/multi30k.yaml) as a user's first GPU run: train.py
+    (`run.main`) for ``--recipe-minutes`` on ``--recipe-pairs`` synthetic pairs of Multi30k's lengths (about 13
+    tokens a side), plain and with each launch-bound lever of ``--recipe-variants``, one after the other: updates/s
+    over the run (its own log, compilation included) and at steady state (the second half of training), the first
+    update's seconds. A variant the device cannot run, or that does not fit the budget, is named with the reason."""
+    import tempfile
+
+    from vanilla_transformer.training import levers, run
+
+    started, rows = time.perf_counter(), []
+    variants = [name for name in args.recipe_variants.split(",") if name]
+    with tempfile.TemporaryDirectory() as folder:
+        words = letter_words(4000)  # half the recipe's 8,000 BPE tokens: about a token a word
+        files = write_synthetic_text(
+            Path(folder), args.recipe_pairs, args.seed, words=words, length_scale=MULTI30K_LENGTH_SCALE
+        )
+        for number, name in enumerate(variants):
+            flags = RECIPE_VARIANTS[name]
+            reason = flags and levers.refusal(flags[0], args.device)
+            left = limit - (time.perf_counter() - started)
+            share = left / (len(variants) - number)  # what is left, shared by the variants still to run
+            if reason:
+                rows.append({"variant": name, "flags": flags, "skipped": reason})
+                continue
+            if 60 * args.recipe_minutes + RECIPE_OVERHEAD_SECONDS > share:
+                rows.append({"variant": name, "flags": flags, "skipped": f"not started: {share:.0f} s of the budget"})
+                continue
+            output = Path(folder) / name
+            argv = [
+                "multi30k",
+                "--dataset_name",
+                "none",
+                *files,
+                "--do_eval",
+                "false",
+                "--do_predict",
+                "false",
+                "--output_dir",
+                str(output),
+                "--max_train_minutes",
+                str(args.recipe_minutes),
+                "--report_to",
+                "none",
+                "--disable_tqdm",
+                "true",
+                "--seed",
+                str(args.seed),
+                *(["--use_cpu"] if args.device == "cpu" else []),
+                *(["--bf16", "true"] if bf16_supported(args) else []),
+                *flags,
+            ]
+            row_started = time.perf_counter()
+            torch._dynamo.reset()
+            try:
+                with time_limit(share), PhaseClock(run) as clock:
+                    run.main(argv)
+            except Exception as error:
+                stopped = out_of_time(error)
+                rows.append(
+                    {
+                        "variant": name,
+                        "flags": flags,
+                        ("skipped" if stopped else "error"): str(stopped)
+                        if stopped
+                        else f"{type(error).__name__}: {error}",
+                        "seconds": round(time.perf_counter() - row_started, 1),
+                    }
+                )
+                continue
+            metrics = json.loads((output / "all_results.json").read_text(encoding="utf-8"))
+            updates = json.loads((output / "trainer_state.json").read_text(encoding="utf-8"))["global_step"]
+            phases = clock.seconds()
+            rows.append(
+                {
+                    "variant": name,
+                    "flags": flags,
+                    "updates": updates,
+                    "train_runtime": metrics["train_runtime"],
+                    "updates_per_second": updates / metrics["train_runtime"],
+                    "steady_updates_per_second": clock.steady_updates_per_second(),
+                    "first_update_seconds": phases["first update"],
+                    "target_tokens_per_second": metrics["train_target_tokens_per_second"],
+                    "seconds": round(time.perf_counter() - row_started, 1),
+                }
+            )
+            print(json.dumps(rows[-1]), flush=True)
+    return {
+        "what": "recipe",
+        "preset": preset,
+        "mode": "eager",
+        "dtype": "bfloat16" if bf16_supported(args) else "float32",
+        "minutes": args.recipe_minutes,
+        "pairs": args.recipe_pairs,
+        "rows": rows,
+    }
+
+
+RECIPE_OVERHEAD_SECONDS = 20  # a variant's data, tokenizer, model and final save around its training minutes
+
+
 class PhaseClock:
     """The seconds each phase of a train.py run (`run.main`) took, timed inside the run: the run module's own
     steps (reading the data, the tokenizer, tokenising, the model, saving the final model) are wrapped with
@@ -1062,7 +1194,7 @@ class PhaseClock:
     PHASES = ("data", "tokenizer", "tokenization", "model", "first update", "training", "save")
 
     def __init__(self, module):
-        self.module, self.spent, self.saved, self.marks = module, {}, {}, {}
+        self.module, self.spent, self.saved, self.marks, self.step_ends = module, {}, {}, {}, []
 
     def __enter__(self):
         self.started = time.perf_counter()
@@ -1108,6 +1240,15 @@ class PhaseClock:
         if "first" not in self.marks:
             synchronize(args.device.type)
             self.marks["first"] = time.perf_counter()
+        self.step_ends.append(time.perf_counter())
+
+    def steady_updates_per_second(self, fraction: float = 0.5) -> float | None:
+        """Updates per second over the last ``fraction`` of training (compilation and first shapes behind)."""
+        if "end" not in self.marks or len(self.step_ends) < 3:
+            return None
+        since = self.marks["end"] - fraction * (self.marks["end"] - self.step_ends[0])
+        late = [end for end in self.step_ends if end >= since]
+        return (len(late) - 1) / (late[-1] - late[0]) if len(late) >= 2 and late[-1] > late[0] else None
 
     def on_train_end(self, args, state, control, **kwargs):
         self.marks["end"] = time.perf_counter()
@@ -1257,6 +1398,8 @@ SIZE = {"big": 1.0, "base": 0.6, "multi30k": 0.4}
 def estimate_seconds(what: str, preset: str, mode: str, args) -> float:
     if what == "train_run":
         return 60 * args.train_run_minutes + 60 * SIZE.get(preset, 0.2)
+    if what == "recipe":  # its first variant (plain); the others run where the budget leaves them room
+        return 60 * args.recipe_minutes + RECIPE_OVERHEAD_SECONDS
     key = f"{what} {mode}" if f"{what} {mode}" in ESTIMATE_SECONDS else what
     return ESTIMATE_SECONDS[key] * SIZE.get(preset, 0.2)
 
@@ -1310,8 +1453,11 @@ def jobs_of(args) -> list[tuple[str, str, str]]:
     profile, the loop; then the same for the other presets."""
     presets = [preset for preset in args.presets.split(",") if preset]  # "": no training rows
     modes = [mode for mode in args.modes.split(",") if mode]
-    if args.levers:
-        return [("levers", preset, "eager") for preset in presets]
+    if args.recipe:
+        return [("recipe", "multi30k", "eager")]
+    if args.levers:  # big's levers, the Multi30k recipe's launch-bound levers in train.py, the Multi30k shape's
+        jobs = [("levers", preset, "eager") for preset in presets]
+        return jobs if args.no_recipe else jobs[:1] + [("recipe", "multi30k", "eager")] + jobs[1:]
     if args.profile:
         return [("profile", preset, "eager") for preset in presets[:1] or ["big"]]
     decode_presets = [] if args.no_decode else [p for p in args.decode_presets.split(",") if p]
@@ -1360,8 +1506,8 @@ def main(argv=None) -> list[dict]:
     jobs = jobs_of(args)
     for number, (what, preset, mode) in enumerate(jobs):
         left = budget - (time.perf_counter() - started)
-        if what == "levers":  # the presets' rows share what is left
-            left /= sum(1 for job in jobs[number:] if job[0] == "levers")
+        if what in ("levers", "recipe"):  # the lever runs share what is left
+            left /= sum(1 for job in jobs[number:] if job[0] in ("levers", "recipe"))
         estimate = estimate_seconds(what, preset, mode, args)
         if estimate > left:
             result = {
@@ -1408,6 +1554,7 @@ MEASURES.update(
         "profile": lambda preset, mode, args, limit: measure_profile(preset, args),
         "levers": lambda preset, mode, args, limit: measure_levers(preset, args, limit),
         "evaluation": lambda preset, mode, args, limit: measure_evaluation(preset, args),
+        "recipe": lambda preset, mode, args, limit: measure_recipe(preset, args, limit),
     }
 )
 
@@ -1441,6 +1588,8 @@ def markdown_table(results: list[dict]) -> str:
             lines.append(f"| {name} | {r['error']} | | |")
         elif r["what"] == "levers":
             lines += lever_lines(r)
+        elif r["what"] == "recipe":
+            lines += recipe_lines(r)
         elif r["what"] == "profile":
             profiles.append(r)
         elif r["what"] == "training":
@@ -1531,6 +1680,24 @@ def lever_lines(r: dict) -> list[str]:
             f"{row['loss_after']:.4f} ({row['plain_loss_after']:.4f}) |"
         )
     return lines + [""]
+
+
+def recipe_lines(r: dict) -> list[str]:
+    """A row per variant of the Multi30k recipe's train.py run: updates/s over the run and at steady state."""
+    lines = []
+    for row in r["rows"]:
+        name = f"train.py multi30k recipe {r['dtype']}, {r['minutes']:g} min, {' '.join(row['flags']) or 'plain'}"
+        if "skipped" in row or "error" in row:
+            lines.append(f"| {name} | {row.get('skipped') and 'skipped: ' + row['skipped'] or row['error']} | | |")
+            continue
+        steady = row["steady_updates_per_second"]
+        lines.append(
+            f"| {name} | {row['updates_per_second']:.1f} updates/s over the run ({row['updates']} updates, "
+            f"{row['target_tokens_per_second']:,.0f} target tok/s), "
+            f"{'?' if steady is None else f'{steady:.1f}'} at steady state; first update "
+            f"{row['first_update_seconds']:.1f} s | | |"
+        )
+    return lines
 
 
 def profile_lines(r: dict) -> list[str]:

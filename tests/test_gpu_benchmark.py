@@ -383,6 +383,7 @@ def test_levers_run_end_to_end_on_the_cpu(tmp_path):
     machine, levers = gpu.main(
         [
             "--levers",
+            "--no-recipe",  # test_the_multi30k_recipe_runs_on_the_cpu
             "--device",
             "cpu",
             "--presets",
@@ -488,4 +489,45 @@ def test_the_default_gpu_run_orders_its_rows_and_fits_the_budget_by_estimate():
     assert sum(gpu.estimate_seconds(*job, args) for job in jobs[:8]) < 7.5 * 60 - 30
     levers = gpu.parse_args(["--levers", "--device", "cuda"])
     assert levers.output == "gpu-results/levers.json"
-    assert gpu.jobs_of(levers) == [("levers", "big", "eager"), ("levers", "multi30k", "eager")]
+    assert gpu.jobs_of(levers) == [
+        ("levers", "big", "eager"),
+        ("recipe", "multi30k", "eager"),
+        ("levers", "multi30k", "eager"),
+    ]
+    assert gpu.jobs_of(gpu.parse_args(["--levers", "--no-recipe"]))[1] == ("levers", "multi30k", "eager")
+    assert gpu.jobs_of(gpu.parse_args(["--recipe"])) == [("recipe", "multi30k", "eager")]
+
+
+def test_the_multi30k_recipe_runs_on_the_cpu(tmp_path):
+    """``--recipe``: train.py with the packaged Multi30k recipe on synthetic pairs, a row per variant: measured
+    (updates/s from the run's own log, and at steady state from the step ends), or refused in one line naming its
+    flag; an unknown variant is refused before anything runs."""
+    output = tmp_path / "recipe.json"
+    machine, recipe = gpu.main(
+        [
+            "--recipe",
+            "--device",
+            "cpu",
+            "--dtype",
+            "float32",
+            "--recipe-variants",
+            "plain,cuda_graphs",
+            "--recipe-minutes",
+            "0.05",
+            "--recipe-pairs",
+            "1500",
+            "--output",
+            str(output),
+        ]
+    )
+    assert recipe["what"] == "recipe" and [row["variant"] for row in recipe["rows"]] == ["plain", "cuda_graphs"]
+    plain, graphs = recipe["rows"]
+    assert plain["updates"] >= 3 and plain["updates_per_second"] == pytest.approx(
+        plain["updates"] / plain["train_runtime"]
+    )
+    assert 0 < plain["steady_updates_per_second"] < 10 * plain["updates_per_second"]
+    assert graphs["skipped"].startswith("--cuda_graphs needs a CUDA GPU"), graphs
+    table = output.with_suffix(".md").read_text()
+    assert "| train.py multi30k recipe float32, 0.05 min, plain |" in table and "skipped: --cuda_graphs" in table
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--recipe", "--recipe-variants", "plain,fast"])
