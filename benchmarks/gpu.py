@@ -79,8 +79,9 @@ pairs as the run's tokenizer cut them; and the seconds of each phase, timed insi
 Evaluation: train's evaluation (`TransformerTrainer.evaluate()`, beam 4, the paper's length rule, BLEU and
 chrF) of a random ``--eval-preset`` model (the Multi30k recipe's shape, its sentences ~13 tokens) on
 ``--eval-sentences`` synthetic sentences in batches of ``--eval-batch``, with ``--eval_order input`` and
-``--eval_order length``, alternating (benchmarks/evaluation_order.py): sentences/s of each and their ratio, the
-measurement that decides ``--eval_order auto`` on a GPU. A random model ends no hypothesis, so each batch runs
+``--eval_order length``, and sorted in batches of ``--eval-larger-batch``, alternating (benchmarks/
+evaluation_order.py): sentences/s of each and their ratios, the measurement that decides ``--eval_order auto`` and
+the evaluation batch on a GPU. A random model ends no hypothesis, so each batch runs
 to its longest source + 50 tokens.
 
 The weights are random: speed does not depend on them. Prints one JSON line per measurement and a
@@ -145,6 +146,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--eval-sentences", type=int, default=512, help="sentences the evaluation row decodes")
     parser.add_argument("--eval-batch", type=int, default=64, help="its --per_device_eval_batch_size")
     parser.add_argument("--eval-repeats", type=int, default=2, help="its timed passes of each order")
+    parser.add_argument(
+        "--eval-larger-batch", type=int, default=256, help="also sorted in batches of this many sentences (0: not)"
+    )
     parser.add_argument("--decode-batch", type=int, default=128, help="sentences per generate() call")
     parser.add_argument("--decode-tokens", type=int, default=30, help="new tokens per sentence")
     parser.add_argument("--decode-repeats", type=int, default=3, help="timed generate() calls (median)")
@@ -825,6 +829,7 @@ def measure_evaluation(preset: str, args) -> dict:
         device=args.device,
         repeats=args.eval_repeats,
         bf16=bf16_supported(args),
+        larger_batch=args.eval_larger_batch or None,
     )
     return {"what": "evaluation", "preset": preset, "mode": "eager", **result}
 
@@ -1389,7 +1394,7 @@ ESTIMATE_SECONDS = {
     "decoding compiled": 120,
     "loop": 45,
     "profile": 30,
-    "evaluation": 100,  # six passes (a warm-up and two timed of each order) of 512 sentences; not yet timed on a GPU
+    "evaluation": 100,  # nine passes (a warm-up, two timed, of each variant) of 512 sentences; not yet timed on a GPU
     "levers": 60,  # a lever row stops itself at its share of the budget: 60 s is enough for the plain step and a lever
 }
 SIZE = {"big": 1.0, "base": 0.6, "multi30k": 0.4}
@@ -1624,6 +1629,14 @@ def markdown_table(results: list[dict]) -> str:
                 f"sentences/s; `input` {r['input']['sentences_per_second']:.1f} | | length / input "
                 f"{r['length_over_input']:.2f} [{low:.2f}, {high:.2f}] |"
             )
+            larger = r.get("length, larger batch")
+            if larger:
+                low, high = r["larger_over_length_range"]
+                lines.append(
+                    f"| train's evaluation {r['preset']}, sorted, batch {larger['batch_size']} | "
+                    f"{larger['sentences_per_second']:.1f} sentences/s | | batch {larger['batch_size']} / "
+                    f"{r['batch_size']} {r['larger_over_length']:.2f} [{low:.2f}, {high:.2f}] |"
+                )
         elif r["what"] == "loop":
             lines.append(
                 f"| train.py loop {r['preset']} | {r['loop_seconds_per_update'] * 1e3:.1f} ms an update, "

@@ -197,11 +197,14 @@ def test_the_benchmark_evaluates_both_orders_to_the_same_scores(setting, tmp_pat
     for side, texts in (("en", sentences(21, seed=3)), ("de", sentences(21, seed=4))):
         with gzip.open(data / f"val.{side}.gz", "wt", encoding="utf-8") as handle:
             handle.write("\n".join(texts) + "\n")
-    result = benchmark.main(["--model", str(saved), "--data-dir", str(data), "--repeats", "1", "--batch-size", "4"])
+    result = benchmark.main(
+        ["--model", str(saved), "--data-dir", str(data), "--repeats", "1", "--batch-size", "4", "--larger-batch", "8"]
+    )
     assert result["sentences"] == 21 and result["num_beams"] == 2
     for key in ("bleu", "chrf", "gen_len"):
-        assert result["length"][key] == result["input"][key], key
+        assert result["length"][key] == result["input"][key] == result["length, larger batch"][key], key
     assert result["length"]["loss"] == pytest.approx(result["input"]["loss"], rel=1e-5)
     assert all(result[order]["sentences_per_second"] > 0 for order in ("input", "length"))
-    assert "length / input:" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "length / input:" in printed and "batch 8 / 4, sorted:" in printed
     assert benchmark.main(["--model", str(saved), "--data-dir", str(tmp_path / "absent")]) is None

@@ -57,6 +57,8 @@ def test_a_tiny_cpu_run_measures_training_and_decoding(tmp_path):
             "2",
             "--eval-repeats",
             "1",
+            "--eval-larger-batch",
+            "4",
             "--budget-minutes",
             "0",
             "--output",
@@ -83,10 +85,14 @@ def test_a_tiny_cpu_run_measures_training_and_decoding(tmp_path):
         assert evaluation[order]["sentences_per_second"] > 0 and len(evaluation[order]["seconds"]) == 1
     # the same sentences, other batches: bfloat16 autocast moves the last digits of the loss
     assert evaluation["input"]["loss"] == pytest.approx(evaluation["length"]["loss"], rel=1e-3)
+    larger = evaluation["length, larger batch"]
+    assert larger["batch_size"] == 4 and larger["sentences_per_second"] > 0
+    assert evaluation["larger_over_length"] == pytest.approx(evaluation["length"]["seconds"][0] / larger["seconds"][0])
     assert json.loads(output.read_text()) == json.loads(json.dumps(results))
     table = output.with_suffix(".md").read_text()
     assert "training tiny eager, steady state" in table and "decoding tiny eager, beam 4" in table
     assert "train's evaluation tiny, beam 4, 4 sentences" in table and "`--eval_order length`" in table
+    assert "train's evaluation tiny, sorted, batch 4 |" in table and "batch 4 / 2" in table
 
 
 def test_shapes_only_an_epoch_has_few_shapes_and_little_padding(capsys):
