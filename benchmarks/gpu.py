@@ -17,11 +17,12 @@ stopped (`time_limit`) and named; the rows so far are kept. The run writes two f
 default gpu-results/gpu.json, with --levers gpu-results/levers.json) and the markdown table beside it.
 
 Levers (``--levers``): for each preset (big and the Multi30k shape), each lever of `LEVERS` (train.py's
-``--compile_layers``, ``--fused_loss``, ``--training_attention``, ``--fp8``, ``--cuda_graphs``, and the whole model
-under torch.compile) against the plain step (ours, eager) and MarianMTModel, on the same ``--lever-steps`` batches,
-alternating (all padded to bucket shapes, which the compiled rows need), two passes: first-pass and steady target tokens/s, warm-up seconds, the peak memory of one step, and
-the loss after the same updates against the plain step's (lever and plain start from the same weights). A lever
-the device cannot run is a row with its one-line refusal.
+``--compile_layers``, ``--fuse_projections``, ``--fused_loss``, ``--training_attention``, ``--fp8``,
+``--cuda_graphs``, and the whole model under torch.compile) against the plain step (ours, eager) and MarianMTModel,
+on the same ``--lever-steps`` batches, alternating (all padded to bucket shapes, which the compiled rows need), two
+passes: first-pass and steady target tokens/s, warm-up seconds, the peak memory of one step, and the loss after
+the same updates against the plain step's (lever and plain start from the same weights). A lever the device
+cannot run is a row with its one-line refusal.
 
 Recipe (``--recipe``, and in ``--levers`` after big's rows unless ``--no-recipe``): the Multi30k recipe
 (``train multi30k``), whose update (1,024 tokens, d_model 256) waits on kernel launches on a GPU, as train.py runs
@@ -421,6 +422,7 @@ def measure_training(preset: str, mode: str, args) -> dict:
 # first: what each changes in the step, and the train.py flags that turn it on.
 LEVERS = {
     "compile_layers": dict(compile="layers", flags=["--compile_layers"]),
+    "fuse_projections": dict(fuse=True, flags=["--fuse_projections"]),
     "fused_loss chunked": dict(loss="chunked", flags=["--fused_loss chunked"]),
     "compile_layers + fused_loss chunked": dict(
         compile="layers", loss="chunked", flags=["--compile_layers", "--fused_loss chunked"]
@@ -443,8 +445,8 @@ LEVER_GRACE_SECONDS = 10  # a lever row stops this long before the budget ends, 
 
 
 class LeverTrainee(Trainee):
-    """A Trainee whose step takes a lever: compiled layers or model, CUDA graphs, a fused loss, float8
-    linears, the attention kernel of training; the same loss as train.py's (`levers.training_loss`)."""
+    """A Trainee whose step takes a lever: compiled layers or model, CUDA graphs, fused projections, a fused loss,
+    float8 linears, the attention kernel of training; the same loss as train.py's (`levers.training_loss`)."""
 
     def __init__(
         self,
@@ -454,6 +456,7 @@ class LeverTrainee(Trainee):
         loss: str = "none",
         fp8: bool = False,
         attention: str = "default",
+        fuse: bool = False,
         flags=(),
     ):
         from vanilla_transformer.training import levers
@@ -462,6 +465,8 @@ class LeverTrainee(Trainee):
         model = model.to(args.device)
         if fp8:
             levers.convert_to_fp8(model)
+        if fuse:
+            levers.fuse_projections(model)
         super().__init__(model, "eager", args)
         target = self.model if loss == "none" else self.model.model
         self.forward = None

@@ -98,6 +98,14 @@ def test_compiled_layers_train_like_eager_over_bucket_shapes():
     assert counter.frame_count <= 4
 
 
+def test_fused_projections_train_like_the_plain_step():
+    plain, fused = model_of(), model_of()
+    levers.fuse_projections(fused)
+    for index, shape in enumerate([(8, 16, 16), (4, 24, 20)]):
+        batch = batch_of(*shape, seed=index)
+        assert_same_training(loss_and_grads(fused, batch), loss_and_grads(plain, batch))
+
+
 def test_cuda_graphs_train_like_eager():
     """--cuda_graphs' compilation (`levers.CUDA_GRAPHS`, dynamic shapes): a graph recorded per shape, replayed
     when the shape comes again; the same training as eager throughout."""

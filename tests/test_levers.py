@@ -139,6 +139,71 @@ def test_training_loss_with_the_chunked_loss_equals_the_plain_step():
         torch.testing.assert_close(q.grad, p.grad, msg=name, rtol=1e-4, atol=1e-6)
 
 
+def test_fused_projections_train_like_the_separate_ones_with_fewer_products():
+    """--fuse_projections: the loss and every gradient equal the separate projections' (float64: the same sums),
+    the state dict is unchanged, and a training forward runs fewer products: each self-attention's q, k, v one
+    instead of three (2 fewer), each cross-attention's k, v one instead of two (1 fewer)."""
+    from helpers import counted_kernels
+
+    plain, fused = tiny_model().double(), tiny_model().double()
+    levers.fuse_projections(fused)
+    input_ids, attention_mask, labels = batch(3, 9, 7)
+    products = {}
+    for name, model in (("plain", plain), ("fused", fused)):
+        model.train()
+        with counted_kernels() as counts:
+            loss = levers.training_loss(model, inputs_of(model, input_ids, attention_mask, labels), labels, None, 0.1)
+        loss.backward()
+        model.loss_, products[name] = loss.detach(), counts["aten::linear"]
+    torch.testing.assert_close(fused.loss_, plain.loss_)
+    for (name, p), (_, q) in zip(plain.named_parameters(), fused.named_parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name)
+    config = plain.config
+    saved = config.encoder_layers * 2 + config.decoder_layers * (2 + 1)  # q,k,v -> one; cross k,v -> one
+    assert products["plain"] - products["fused"] == saved, products
+    assert list(fused.state_dict()) == list(plain.state_dict())
+
+
+def test_fused_projections_leave_decoding_with_a_cache_as_it_was():
+    """With a cache (generate()), each projection runs alone: the same hypotheses with the lever on; without a
+    cache (a teacher-forced forward in eval mode), the same logits."""
+    plain, fused = tiny_model().eval(), tiny_model().eval()
+    levers.fuse_projections(fused)
+    input_ids, attention_mask, labels = batch(3, 9, 7)
+    generated = [
+        model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=2, max_new_tokens=6)
+        for model in (plain, fused)
+    ]
+    torch.testing.assert_close(generated[1], generated[0])
+    with torch.no_grad():
+        logits = [model(**inputs_of(model, input_ids, attention_mask, labels)).logits for model in (plain, fused)]
+    torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
+
+
+def test_train_flags_reach_the_model(tmp_path):
+    """`train --fuse_projections true` (apply_levers, as the Trainer starts): the trained model's attention
+    modules compute fused products, and training runs."""
+    from test_train import build, reverse_pairs, write_pairs
+
+    write_pairs(tmp_path, "train", reverse_pairs(60, seed=1))
+    run = build(tmp_path, tmp_path / "out", "--max_steps", "2", "--max_tokens", "200", "--fuse_projections", "true")
+    model = run.trainer.accelerator.unwrap_model(run.trainer.model)
+    attention = [module for module in model.modules() if hasattr(type(module), "fused_projections")]
+    assert len(attention) == model.config.encoder_layers + 2 * model.config.decoder_layers  # self; self, cross
+    assert all(module.fused_projections for module in attention)
+    assert torch.isfinite(torch.tensor(run.trainer.train().training_loss))
+
+
+def test_fused_projections_refuse_float8_and_a_model_without_attention():
+    from vanilla_transformer.training.trainer import TransformerTrainingArguments
+
+    with pytest.raises(ValueError, match=r"^--fuse_projections with --fp8"):
+        TransformerTrainingArguments(output_dir="unused", use_cpu=True, fuse_projections=True, fp8=True)
+    assert TransformerTrainingArguments(output_dir="unused", use_cpu=True, fuse_projections=True).fuse_projections
+    with pytest.raises(ValueError, match=r"^--fuse_projections: Linear has no"):
+        levers.fuse_projections(torch.nn.Linear(2, 2))
+
+
 @pytest.mark.parametrize("flag", ["--cuda_graphs", "--training_attention", "--fused_loss liger", "--fp8"])
 def test_levers_that_need_cuda_are_refused_on_the_cpu_in_one_line_naming_the_flag(flag):
     reason = levers.refusal(flag, "cpu")
@@ -159,7 +224,7 @@ def test_training_arguments_refuse_a_cuda_lever_on_the_cpu():
         "none",
         False,
         "default",
-    ) and not args.torch_compile
+    ) and not (args.torch_compile or args.fuse_projections)
 
 
 def test_the_attention_kernel_of_training_is_chosen_by_name_and_restored():

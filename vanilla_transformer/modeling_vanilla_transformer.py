@@ -237,7 +237,13 @@ class VanillaTransformerAttention(nn.Module):
     reads and writes the key/value cache: self-attention appends this step's keys and values;
     cross-attention projects the encoder output once and reuses it at every later step. The encoder
     output may have fewer rows than the decoder's input (`share_keys`).
+
+    ``fused_projections`` (set by the training lever ``--fuse_projections``, never saved): without a cache,
+    the projections that read the same input run as one matrix product of their weights stacked (q, k and v
+    in self-attention; k and v of the encoder output), fewer and larger kernels. The same parameters either way.
     """
+
+    fused_projections = False
 
     def __init__(
         self,
@@ -281,6 +287,18 @@ class VanillaTransformerAttention(nn.Module):
         keys, values = self._split_heads(self.k_proj(states)), self._split_heads(self.v_proj(states))
         return layers.update(keys, values, self.layer_idx)
 
+    def _fused_query_key_value(
+        self, hidden_states: torch.Tensor, source: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """`fused_projections`: one product for the projections of each input, split into heads."""
+        stacked = [self.k_proj, self.v_proj] if self.is_cross_attention else [self.q_proj, self.k_proj, self.v_proj]
+        weight = torch.cat([linear.weight for linear in stacked])
+        bias = None if stacked[0].bias is None else torch.cat([linear.bias for linear in stacked])
+        projected = nn.functional.linear(source, weight, bias).split(self.k_proj.out_features, dim=-1)
+        if self.is_cross_attention:
+            projected = (self.q_proj(hidden_states), *projected)
+        return tuple(self._split_heads(states) for states in projected)
+
     def forward(
         self,
         hidden_states: torch.Tensor,
@@ -290,9 +308,12 @@ class VanillaTransformerAttention(nn.Module):
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """hidden_states (B, T, d_model) -> (output (B, T, d_model), weights (B, H, T, S) or None)."""
-        query = self._split_heads(self.q_proj(hidden_states))  # (B, H, T, D)
         source = encoder_hidden_states if self.is_cross_attention else hidden_states
-        key, value = self._keys_and_values(source, cache)  # (B, H, S, D) each
+        if self.fused_projections and cache is None:
+            query, key, value = self._fused_query_key_value(hidden_states, source)
+        else:
+            query = self._split_heads(self.q_proj(hidden_states))  # (B, H, T, D)
+            key, value = self._keys_and_values(source, cache)  # (B, H, S, D) each
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         attention = with_chosen_backends(attention, self, hidden_states, cache)  # sdpa on CUDA: kernels by use
         query, attention_mask, group = share_keys(query, key, attention_mask)  # group > 1: a shared encoder output

@@ -133,6 +133,13 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
             "with dynamic shapes (regional compilation; not measured)"
         },
     )
+    fuse_projections: bool = field(
+        default=False,
+        metadata={
+            "help": "the attention projections of one input as one matrix product (q, k, v; "
+            "k, v of the encoder output): fewer, larger kernels (not measured)"
+        },
+    )
     cuda_graphs: bool = field(
         default=False,
         metadata={

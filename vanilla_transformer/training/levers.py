@@ -13,6 +13,8 @@ needs CUDA, by a test marked ``gpu`` (``make test-gpu``).
 - `chunked_linear_cross_entropy`: the pre-softmax projection (§3.4) and the label-smoothed loss (§5.4)
   a chunk of rows at a time, never holding the (tokens, vocabulary) logits; ``liger``: liger-kernel's
   fused linear cross-entropy (CUDA only, the ``liger`` extra).
+- `fuse_projections`: the attention projections that read the same input as one matrix product (q, k, v of
+  self-attention; k, v of the encoder output): fewer and larger kernels, the same parameters.
 - `convert_to_fp8`: the big model's linear layers in float8 (torchao's float8 training; Hopper or newer).
 - the attention kernel of training (`attention_backends.prefer_in_training`).
 """
@@ -96,6 +98,10 @@ def check_levers(args) -> None:
             f"--fused_loss {args.fused_loss} runs in one process only (it calls the model past its "
             "DDP/FSDP wrapper); leave it out with several processes."
         )
+    if getattr(args, "fuse_projections", False) and getattr(args, "fp8", False):
+        raise ValueError(
+            "--fuse_projections with --fp8: the fused products bypass the float8 linear layers; leave one out."
+        )
     device = "cpu" if args.use_cpu or not torch.cuda.is_available() else "cuda"
     for flag in requested(args):
         reason = refusal(flag, device)
@@ -110,10 +116,31 @@ def apply_levers(model, args) -> None:
     kernel of training. Called by TransformerTrainer.__init__ (before the optimizer exists)."""
     if getattr(args, "fp8", False):
         convert_to_fp8(model)
+    if getattr(args, "fuse_projections", False):
+        fuse_projections(model)
     if getattr(args, "compile_layers", False):
         compile_layers(model)
     if getattr(args, "training_attention", "default") != "default":
         attention_backends.prefer_in_training(args.training_attention)
+
+
+# ---------------------------------------------------------------------------------------------
+# One product for the projections of one input
+# ---------------------------------------------------------------------------------------------
+
+
+def fuse_projections(model, fused: bool = True) -> None:
+    """Every attention module of ``model`` computes the projections that read the same input as one matrix
+    product of their stacked weights (`VanillaTransformerAttention.fused_projections`): self-attention's q, k
+    and v from one product, cross-attention's k and v of the encoder output from one; decoding with a cache
+    keeps the separate ones. Three products become one (with one cast of the input under autocast, and one
+    product each for the gradients of the input and of the weights), at the cost of stacking the weights (a
+    copy of them) at every forward. The parameters and the state dict are unchanged."""
+    attention_modules = [m for m in model.modules() if hasattr(type(m), "fused_projections")]
+    if not attention_modules:
+        raise ValueError(f"--fuse_projections: {type(model).__name__} has no VanillaTransformerAttention modules.")
+    for module in attention_modules:
+        module.fused_projections = fused
 
 
 # ---------------------------------------------------------------------------------------------
@@ -291,6 +318,7 @@ __all__ = [
     "chunked_linear_cross_entropy",
     "compile_layers",
     "convert_to_fp8",
+    "fuse_projections",
     "layers_of",
     "liger_linear_cross_entropy",
     "refusal",
