@@ -182,7 +182,10 @@ def test_fused_projections_leave_decoding_with_a_cache_as_it_was():
 
 def test_train_flags_reach_the_model(tmp_path):
     """`train --fuse_projections true` (apply_levers, as the Trainer starts): the trained model's attention
-    modules compute fused products, and training runs."""
+    modules compute fused products in the Trainer's own loss (`compute_loss`, with the config's ``use_cache``
+    on, as a user's model has it: teacher forcing runs without a cache, where the fused path applies), and
+    training runs."""
+    from helpers import counted_kernels
     from test_train import build, reverse_pairs, write_pairs
 
     write_pairs(tmp_path, "train", reverse_pairs(60, seed=1))
@@ -191,6 +194,15 @@ def test_train_flags_reach_the_model(tmp_path):
     attention = [module for module in model.modules() if hasattr(type(module), "fused_projections")]
     assert len(attention) == model.config.encoder_layers + 2 * model.config.decoder_layers  # self; self, cross
     assert all(module.fused_projections for module in attention)
+    model.config.use_cache = True
+    batch = next(iter(run.trainer.get_train_dataloader()))
+    products = {}
+    for fused in (False, True):
+        levers.fuse_projections(model, fused)
+        with counted_kernels() as counts:
+            run.trainer.compute_loss(model, batch)
+        products[fused] = counts["aten::linear"]
+    assert products[False] - products[True] == 2 * model.config.encoder_layers + 3 * model.config.decoder_layers
     assert torch.isfinite(torch.tensor(run.trainer.train().training_loss))
 
 
@@ -202,6 +214,10 @@ def test_fused_projections_refuse_float8_and_a_model_without_attention():
     assert TransformerTrainingArguments(output_dir="unused", use_cpu=True, fuse_projections=True).fuse_projections
     with pytest.raises(ValueError, match=r"^--fuse_projections: Linear has no"):
         levers.fuse_projections(torch.nn.Linear(2, 2))
+    model = tiny_model()
+    model.model.encoder.layers[0].self_attention.k_proj = torch.nn.Identity()  # as float8 replaces them
+    with pytest.raises(ValueError, match=r"^--fuse_projections: the projections are Identity"):
+        levers.fuse_projections(model)
 
 
 @pytest.mark.parametrize("flag", ["--cuda_graphs", "--training_attention", "--fused_loss liger", "--fp8"])

@@ -109,9 +109,11 @@ def test_cuda_graphs_compile_once_over_the_bucket_shapes_of_an_epoch():
     assert shapes >= 10 and compilations <= 2, f"{compilations} compilations over {shapes} bucket shapes"
 
 
-def test_cuda_graphs_flag_compiles_dynamic_shapes(tmp_path):
+@pytest.mark.parametrize("max_tokens", [256, 0])
+def test_cuda_graphs_flag_compiles_dynamic_shapes(tmp_path, max_tokens):
+    """With token batches and with sentence batches (--max_tokens 0)."""
     args = TransformerTrainingArguments(
-        output_dir=str(tmp_path), torch_compile=True, use_cpu=True, report_to="none", max_tokens=256
+        output_dir=str(tmp_path), torch_compile=True, use_cpu=True, report_to="none", max_tokens=max_tokens
     )
     args.cuda_graphs, args.torch_compile_mode = True, "reduce-overhead"  # as check_levers sets them on a GPU
     model = VanillaTransformerForConditionalGeneration._from_config(VanillaTransformerConfig.from_preset("tiny"))

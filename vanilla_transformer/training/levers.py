@@ -139,6 +139,13 @@ def fuse_projections(model, fused: bool = True) -> None:
     attention_modules = [m for m in model.modules() if hasattr(type(m), "fused_projections")]
     if not attention_modules:
         raise ValueError(f"--fuse_projections: {type(model).__name__} has no VanillaTransformerAttention modules.")
+    for module in attention_modules:  # the fused product reads the weights itself: plain linear layers only
+        for projection in (module.q_proj, module.k_proj, module.v_proj):
+            if type(projection) is not torch.nn.Linear:
+                raise ValueError(
+                    f"--fuse_projections: the projections are {type(projection).__name__} (float8?), not "
+                    "torch.nn.Linear, whose weights the fused product would read past them; leave it out."
+                )
     for module in attention_modules:
         module.fused_projections = fused
 

@@ -259,8 +259,11 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         symbolic lengths (torch's default after a second shape). With ``--cuda_graphs``, dynamic shapes
         (`levers.CUDA_GRAPHS`): one compilation, and a CUDA graph recorded per bucket shape."""
         args = super()._build_accelerator_args(**kwargs)
-        if self.args.torch_compile and self.args.max_tokens and "dynamo_plugin" in args:
-            args["dynamo_plugin"].dynamic = CUDA_GRAPHS["dynamic"] if self.args.cuda_graphs else False
+        if self.args.torch_compile and "dynamo_plugin" in args:
+            if self.args.cuda_graphs:  # with sentence batches too: a graph recorded per shape, not compiled
+                args["dynamo_plugin"].dynamic = CUDA_GRAPHS["dynamic"]
+            elif self.args.max_tokens:
+                args["dynamo_plugin"].dynamic = False
         return args
 
     def floating_point_ops(self, inputs: dict) -> int:
@@ -342,7 +345,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
                 self.args.fused_loss,
             )
             return (loss, None) if return_outputs else loss
-        outputs = model(**inputs)
+        outputs = model(**inputs, use_cache=False)  # teacher forcing needs no key/value cache, in training or not
         if not model.training:  # evaluation: the plain NLL, whose exp is the perplexity
             loss = self.evaluation_loss(outputs, labels)
             return (loss, outputs) if return_outputs else loss
