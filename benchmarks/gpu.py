@@ -26,9 +26,10 @@ cannot run is a row with its one-line refusal.
 
 Recipe (``--recipe``, and in ``--levers`` after big's rows unless ``--no-recipe``): the Multi30k recipe
 (``train multi30k``), whose update (1,024 tokens, d_model 256) waits on kernel launches on a GPU, as train.py runs
-it for ``--recipe-minutes`` on ``--recipe-pairs`` synthetic pairs of Multi30k's lengths: plain, ``--cuda_graphs``
-and ``--compile_layers`` (``--recipe-variants``), one after the other; updates/s over each run (its own log,
-compilation included) and at steady state (its second half), and the first update's seconds.
+it for ``--recipe-minutes`` on ``--recipe-pairs`` synthetic pairs of Multi30k's lengths, batches padded to bucket
+shapes in every variant: plain and ``--cuda_graphs`` (``--recipe-variants``; ``compile_layers`` too on request), one
+after the other; updates/s over each run (its own log, compilation included) and at steady state (its second half),
+and the first update's seconds. ``--levers`` keeps what the recipe needs and shares the rest between the presets.
 
 Profile (``--profile``, and in the full run on CUDA): torch.profiler over one training update and one beam-4
 decoding step: the top CUDA kernels by time (on a CPU, operators), kernel launches, and the GPU's idle time.
@@ -185,10 +186,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-recipe", action="store_true", help="with --levers: leave the Multi30k recipe out")
     parser.add_argument(
         "--recipe-variants",
-        default=",".join(RECIPE_VARIANTS),
+        default=RECIPE_DEFAULT_VARIANTS,
         help=f"comma-separated, of {', '.join(RECIPE_VARIANTS)}: the recipe's runs (each its train.py flags)",
     )
-    parser.add_argument("--recipe-minutes", type=float, default=0.5, help="each recipe run's --max_train_minutes")
+    parser.add_argument(
+        "--recipe-minutes", type=float, default=1.0, help="each recipe run's --max_train_minutes (compilation included)"
+    )
     parser.add_argument("--recipe-pairs", type=int, default=29000, help="its synthetic pairs (Multi30k has 29,000)")
     parser.add_argument(
         "--profile", action="store_true", help="only profile one training update and one decoding step (torch.profiler)"
@@ -198,7 +201,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.presets is None:
         args.presets = "big,multi30k" if args.levers else "big,base"
     if args.output is None:
-        args.output = "gpu-results/levers.json" if args.levers or args.recipe else "gpu-results/gpu.json"
+        args.output = (
+            "gpu-results/recipe.json"
+            if args.recipe
+            else "gpu-results/levers.json"
+            if args.levers
+            else "gpu-results/gpu.json"
+        )
     if unknown := sorted(set(args.recipe_variants.split(",")) - set(RECIPE_VARIANTS) - {""}):
         parser.error(f"--recipe-variants: unknown {', '.join(unknown)}; choose from {', '.join(RECIPE_VARIANTS)}")
     return args
@@ -418,29 +427,33 @@ def measure_training(preset: str, mode: str, args) -> dict:
     return result
 
 
-# The levers of training (vanilla_transformer.training.levers), each a row of --levers, the most promising
-# first: what each changes in the step, and the train.py flags that turn it on.
+# The levers of training (vanilla_transformer.training.levers), each a row of --levers: what each changes in the
+# step, and the train.py flags that turn it on. Those no GPU has measured first (a budget cuts the last rows);
+# the attention kernels last (an H100 measured them on the Multi30k shape, 2026-11-27).
 LEVERS = {
-    "compile_layers": dict(compile="layers", flags=["--compile_layers"]),
     "fuse_projections": dict(fuse=True, flags=["--fuse_projections"]),
+    "cuda_graphs": dict(compile="cuda_graphs", flags=["--cuda_graphs"], presets=("multi30k", "tiny")),
+    "compile_layers": dict(compile="layers", flags=["--compile_layers"]),
+    "fp8 + compile_layers": dict(fp8=True, compile="layers", flags=["--fp8", "--compile_layers"]),
+    "cuda_graphs, static shapes": dict(  # a compilation per bucket shape
+        compile="cuda_graphs static",
+        flags=["--torch_compile", "--torch_compile_mode reduce-overhead"],
+        refused_as="--cuda_graphs",  # CUDA only
+        presets=("multi30k", "tiny"),
+    ),
     "fused_loss chunked": dict(loss="chunked", flags=["--fused_loss chunked"]),
     "compile_layers + fused_loss chunked": dict(
         compile="layers", loss="chunked", flags=["--compile_layers", "--fused_loss chunked"]
     ),
+    "fused_loss liger": dict(loss="liger", flags=["--fused_loss liger"]),
+    "torch_compile (whole model, static shapes)": dict(compile="model", flags=[]),
     "training_attention cudnn": dict(attention="cudnn", flags=["--training_attention"]),
     "training_attention efficient": dict(attention="efficient", flags=["--training_attention"]),
     "training_attention flash": dict(attention="flash", flags=["--training_attention"]),
-    "fp8 + compile_layers": dict(fp8=True, compile="layers", flags=["--fp8", "--compile_layers"]),
-    "cuda_graphs": dict(compile="cuda_graphs", flags=["--cuda_graphs"], presets=("multi30k", "tiny")),
-    # train.py's --torch_compile --torch_compile_mode reduce-overhead: a compilation per bucket shape (CUDA only)
-    "cuda_graphs, static shapes": dict(
-        compile="cuda_graphs static", flags=["--cuda_graphs"], presets=("multi30k", "tiny")
-    ),
-    "fused_loss liger": dict(loss="liger", flags=["--fused_loss liger"]),
-    "torch_compile (whole model, static shapes)": dict(compile="model", flags=[]),
 }
 
 
+LEVER_ROW_KEYS = ("flags", "presets", "refused_as")  # what a row says about itself, not what LeverTrainee takes
 LEVER_GRACE_SECONDS = 10  # a lever row stops this long before the budget ends, so that the rows so far are kept
 
 
@@ -544,7 +557,7 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
         marian.step(batch)
     rows, plain_row = [], None
     for name, lever in [("plain", {"flags": []}), *LEVERS.items()]:
-        reasons = [levers.refusal(flag, args.device) for flag in lever["flags"]]
+        reasons = [levers.refusal(flag, args.device) for flag in [lever.get("refused_as"), *lever["flags"]] if flag]
         reasons = [reason for reason in reasons if reason]
         if preset not in lever.get("presets", (preset,)):
             reasons.append(f"a lever for small models: measured with --presets {','.join(lever['presets'])}")
@@ -562,7 +575,7 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
             with time_limit(limit - spent - LEVER_GRACE_SECONDS):  # the rows so far stay
                 plain = LeverTrainee(copy.deepcopy(template), args)
                 trainee = LeverTrainee(
-                    copy.deepcopy(template), args, **{k: v for k, v in lever.items() if k not in ("flags", "presets")}
+                    copy.deepcopy(template), args, **{k: v for k, v in lever.items() if k not in LEVER_ROW_KEYS}
                 )
                 times = {
                     key: [] for key in ("lever first", "lever steady", "plain first", "plain steady", "marian steady")
@@ -1083,8 +1096,13 @@ def measure_train_run(preset: str, args) -> dict:
 RECIPE_VARIANTS = {
     "plain": [],
     "cuda_graphs": ["--cuda_graphs", "true"],
-    "compile_layers": ["--compile_layers", "true"],
+    "compile_layers": ["--compile_layers", "true"],  # 0.99x the plain step on an H100 (2026-11-27): not by default
 }
+RECIPE_DEFAULT_VARIANTS = "plain,cuda_graphs"
+
+
+def recipe_variants(args) -> list[str]:
+    return [name for name in args.recipe_variants.split(",") if name]
 
 
 def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
@@ -1098,7 +1116,8 @@ def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
     from vanilla_transformer.training import levers, run
 
     started, rows = time.perf_counter(), []
-    variants = [name for name in args.recipe_variants.split(",") if name]
+    variants = recipe_variants(args)
+    need = 60 * args.recipe_minutes + RECIPE_OVERHEAD_SECONDS  # one variant's run
     with tempfile.TemporaryDirectory() as folder:
         words = letter_words(4000)  # half the recipe's 8,000 BPE tokens: about a token a word
         files = write_synthetic_text(
@@ -1107,12 +1126,12 @@ def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
         for number, name in enumerate(variants):
             flags = RECIPE_VARIANTS[name]
             reason = flags and levers.refusal(flags[0], args.device)
-            left = limit - (time.perf_counter() - started)
-            share = left / (len(variants) - number)  # what is left, shared by the variants still to run
+            # what is left, less what the variants after this one need: the first ones are the comparison's base
+            share = limit - (time.perf_counter() - started) - need * (len(variants) - number - 1)
             if reason:
                 rows.append({"variant": name, "flags": flags, "skipped": reason})
                 continue
-            if 60 * args.recipe_minutes + RECIPE_OVERHEAD_SECONDS > share:
+            if need > share:
                 rows.append({"variant": name, "flags": flags, "skipped": f"not started: {share:.0f} s of the budget"})
                 continue
             output = Path(folder) / name
@@ -1129,6 +1148,10 @@ def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
                 str(output),
                 "--max_train_minutes",
                 str(args.recipe_minutes),
+                "--pad_to_buckets",  # the same batches for every variant (--cuda_graphs pads them to buckets)
+                "always",
+                "--save_strategy",
+                "no",
                 "--report_to",
                 "none",
                 "--disable_tqdm",
@@ -1399,7 +1422,7 @@ ESTIMATE_SECONDS = {
     "decoding compiled": 120,
     "loop": 45,
     "profile": 30,
-    "evaluation": 100,  # nine passes (a warm-up, two timed, of each variant) of 512 sentences; not yet timed on a GPU
+    "evaluation": 125,  # nine passes (a warm-up, two timed, of each variant) of 512 sentences; not yet timed on a GPU
     "levers": 60,  # a lever row stops itself at its share of the budget: 60 s is enough for the plain step and a lever
 }
 SIZE = {"big": 1.0, "base": 0.6, "multi30k": 0.4}
@@ -1408,8 +1431,8 @@ SIZE = {"big": 1.0, "base": 0.6, "multi30k": 0.4}
 def estimate_seconds(what: str, preset: str, mode: str, args) -> float:
     if what == "train_run":
         return 60 * args.train_run_minutes + 60 * SIZE.get(preset, 0.2)
-    if what == "recipe":  # its first variant (plain); the others run where the budget leaves them room
-        return 60 * args.recipe_minutes + RECIPE_OVERHEAD_SECONDS
+    if what == "recipe":  # every variant's run
+        return len(recipe_variants(args)) * (60 * args.recipe_minutes + RECIPE_OVERHEAD_SECONDS)
     key = f"{what} {mode}" if f"{what} {mode}" in ESTIMATE_SECONDS else what
     return ESTIMATE_SECONDS[key] * SIZE.get(preset, 0.2)
 
@@ -1516,8 +1539,10 @@ def main(argv=None) -> list[dict]:
     jobs = jobs_of(args)
     for number, (what, preset, mode) in enumerate(jobs):
         left = budget - (time.perf_counter() - started)
-        if what in ("levers", "recipe"):  # the lever runs share what is left
-            left /= sum(1 for job in jobs[number:] if job[0] in ("levers", "recipe"))
+        if what == "levers":  # the presets' lever rows share what is left, after what the recipe needs
+            later = jobs[number:]
+            left -= sum(estimate_seconds(*job, args) for job in later if job[0] == "recipe")
+            left /= sum(1 for job in later if job[0] == "levers")
         estimate = estimate_seconds(what, preset, mode, args)
         if estimate > left:
             result = {
@@ -1708,12 +1733,12 @@ def recipe_lines(r: dict) -> list[str]:
         if "skipped" in row or "error" in row:
             lines.append(f"| {name} | {row.get('skipped') and 'skipped: ' + row['skipped'] or row['error']} | | |")
             continue
-        steady = row["steady_updates_per_second"]
+        steady, first = row["steady_updates_per_second"], row["first_update_seconds"]
         lines.append(
             f"| {name} | {row['updates_per_second']:.1f} updates/s over the run ({row['updates']} updates, "
             f"{row['target_tokens_per_second']:,.0f} target tok/s), "
             f"{'?' if steady is None else f'{steady:.1f}'} at steady state; first update "
-            f"{row['first_update_seconds']:.1f} s | | |"
+            f"{'?' if first is None else f'{first:.1f}'} s | | |"
         )
     return lines
 

@@ -501,7 +501,12 @@ def test_the_default_gpu_run_orders_its_rows_and_fits_the_budget_by_estimate():
         ("levers", "multi30k", "eager"),
     ]
     assert gpu.jobs_of(gpu.parse_args(["--levers", "--no-recipe"]))[1] == ("levers", "multi30k", "eager")
-    assert gpu.jobs_of(gpu.parse_args(["--recipe"])) == [("recipe", "multi30k", "eager")]
+    recipe = gpu.parse_args(["--recipe"])
+    assert gpu.jobs_of(recipe) == [("recipe", "multi30k", "eager")] and recipe.output == "gpu-results/recipe.json"
+    # --levers keeps what the recipe's runs need (plain and --cuda_graphs), so that both run within the budget
+    need = gpu.estimate_seconds("recipe", "multi30k", "eager", levers)
+    assert levers.recipe_variants == "plain,cuda_graphs" and need == 2 * (60 * levers.recipe_minutes + 20)
+    assert need < levers.budget_minutes * 60 / 2
 
 
 def test_the_multi30k_recipe_runs_on_the_cpu(tmp_path):
@@ -519,7 +524,7 @@ def test_the_multi30k_recipe_runs_on_the_cpu(tmp_path):
             "--recipe-variants",
             "plain,cuda_graphs",
             "--recipe-minutes",
-            "0.05",
+            "0.12",
             "--recipe-pairs",
             "1500",
             "--output",
@@ -534,6 +539,6 @@ def test_the_multi30k_recipe_runs_on_the_cpu(tmp_path):
     assert 0 < plain["steady_updates_per_second"] < 10 * plain["updates_per_second"]
     assert graphs["skipped"].startswith("--cuda_graphs needs a CUDA GPU"), graphs
     table = output.with_suffix(".md").read_text()
-    assert "| train.py multi30k recipe float32, 0.05 min, plain |" in table and "skipped: --cuda_graphs" in table
+    assert "| train.py multi30k recipe float32, 0.12 min, plain |" in table and "skipped: --cuda_graphs" in table
     with pytest.raises(SystemExit):
         gpu.parse_args(["--recipe", "--recipe-variants", "plain,fast"])
