@@ -891,6 +891,23 @@ def letter_words(count: int) -> list[str]:
     return words
 
 
+def run_flags(args) -> list[str]:
+    """train.py's flags common to the benchmark's runs: no checkpoints, no reports or bars, the seed, the device,
+    bf16 where asked for and the device has it."""
+    return [
+        "--save_strategy",
+        "no",
+        "--report_to",
+        "none",
+        "--disable_tqdm",
+        "true",
+        "--seed",
+        str(args.seed),
+        *(["--use_cpu"] if args.device == "cpu" else []),
+        *(["--bf16", "true"] if bf16_supported(args) else []),
+    ]
+
+
 def write_synthetic_text(
     folder: Path, pairs: int, seed: int, words: list[str] = WORDS, length_scale: float = 1.0
 ) -> list[str]:
@@ -979,16 +996,7 @@ def measure_loop(preset: str, args) -> dict:
             "60",
             "--logging_steps",
             "50",
-            "--save_strategy",
-            "no",
-            "--report_to",
-            "none",
-            "--disable_tqdm",
-            "true",
-            "--seed",
-            str(args.seed),
-            *(["--use_cpu"] if args.device == "cpu" else []),
-            *(["--bf16", "true"] if args.dtype == "bfloat16" else []),
+            *run_flags(args),
         ]
         run = build_trainer(*parse_arguments(flags))
         trainer = run.trainer
@@ -1044,16 +1052,7 @@ def measure_train_run(preset: str, args) -> dict:
             "1000000",
             "--logging_steps",
             "50",
-            "--save_strategy",
-            "no",
-            "--report_to",
-            "none",
-            "--disable_tqdm",
-            "true",
-            "--seed",
-            str(args.seed),
-            *(["--use_cpu"] if args.device == "cpu" else []),
-            *(["--bf16", "true"] if bf16_supported(args) else []),
+            *run_flags(args),
         ]
         with PhaseClock(run) as clock:
             run.main(flags)
@@ -1150,16 +1149,7 @@ def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
                 str(args.recipe_minutes),
                 "--pad_to_buckets",  # the same batches for every variant (--cuda_graphs pads them to buckets)
                 "always",
-                "--save_strategy",
-                "no",
-                "--report_to",
-                "none",
-                "--disable_tqdm",
-                "true",
-                "--seed",
-                str(args.seed),
-                *(["--use_cpu"] if args.device == "cpu" else []),
-                *(["--bf16", "true"] if bf16_supported(args) else []),
+                *run_flags(args),
                 *flags,
             ]
             row_started = time.perf_counter()
