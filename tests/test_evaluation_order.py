@@ -113,6 +113,30 @@ def test_evaluation_decodes_batches_shortest_first_with_less_padding(setting, tm
     assert padding[0] < padding[1]
 
 
+def test_evaluation_decodes_with_the_models_beam_search_as_generate_does(setting, tmp_path, monkeypatch):
+    """Seq2SeqTrainer passes the references (``labels``) to generate() with the source; generate() drops them (as
+    transformers' own loop ignores them), so `BeamSearch` decodes every evaluation batch (it declined a call with
+    model arguments beyond the source, and transformers' slower loop ran), to the same hypotheses."""
+    import vanilla_transformer.generation_vanilla_transformer as generation
+
+    model, tokenizer, dataset = setting
+    reasons = []
+    declines = generation.BeamSearch.not_covered
+    monkeypatch.setattr(
+        generation.BeamSearch, "not_covered", staticmethod(lambda *a: reasons.append(declines(*a)) or reasons[-1])
+    )
+    metrics = lambda prediction: {}  # noqa: E731 (with metrics to compute, evaluation generates)
+    trainer = trainer_of(TransformerTrainer, TransformerTrainingArguments, setting, tmp_path, metrics)
+    trainer.evaluate(num_beams=4)
+    assert reasons and reasons == [None] * len(reasons)
+    batch = next(iter(trainer.get_eval_dataloader()))
+    source = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+    with_labels = model.generate(**source, labels=batch["labels"], num_beams=4)
+    reasons.clear()
+    monkeypatch.setattr(generation.BeamSearch, "not_covered", staticmethod(lambda *a: "transformers' loop, please"))
+    torch.testing.assert_close(with_labels, model.generate(**source, num_beams=4))  # transformers' own loop
+
+
 def test_predictions_and_labels_come_back_in_the_datasets_order(setting, tmp_path):
     model, tokenizer, dataset = setting
     trainer = trainer_of(TransformerTrainer, TransformerTrainingArguments, setting, tmp_path)

@@ -127,8 +127,10 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         model's generation config, which ``Seq2SeqTrainer`` sets to transformers' default of 20 as a
         side effect of evaluating; set ``max_new_tokens_beyond_input = None`` to use ``max_length``.
         The length penalty is the call's ``length_penalty_formula`` ("gnmt" or "length"), else the
-        generation config's.
+        generation config's. ``labels`` (which ``Seq2SeqTrainer`` passes with the source) are dropped, as
+        transformers' own loop ignores them, so that `BeamSearch` serves an evaluation too.
         """
+        kwargs.pop("labels", None)  # Seq2SeqTrainer passes an evaluation's references along; decoding never reads them
         limit = self._new_tokens_limit(inputs, generation_config, kwargs)
         if limit is not None:  # as a max_length (the start token + limit), which wins over the model's own
             ours = generation_config is None
