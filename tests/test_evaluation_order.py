@@ -137,6 +137,31 @@ def test_evaluation_decodes_with_the_models_beam_search_as_generate_does(setting
     torch.testing.assert_close(with_labels, model.generate(**source, num_beams=4))  # transformers' own loop
 
 
+def test_predictions_and_labels_keep_no_columns_of_padding_alone(setting, tmp_path):
+    """Seq2SeqTrainer pads each batch's hypotheses and labels to the generation config's max_length (1,024 as
+    `save_pretrained` writes it); ours crops the columns that hold padding alone: the same rows as
+    Seq2SeqTrainer's (the reference), without them."""
+    import copy
+    import functools
+
+    model, tokenizer, dataset = setting
+    model = copy.deepcopy(model)
+    model.generation_config.max_length = 1024
+    model.generation_config.max_new_tokens = 6  # a fixed limit: the same hypotheses in any batch
+    arguments = functools.partial(TransformerTrainingArguments, eval_order="input")
+    ours = trainer_of(TransformerTrainer, arguments, (model, tokenizer, dataset), tmp_path).predict(dataset)
+    theirs = trainer_of(Seq2SeqTrainer, Seq2SeqTrainingArguments, (model, tokenizer, dataset), tmp_path).predict(
+        dataset
+    )
+    assert theirs.predictions.shape[1] == 1024 and ours.predictions.shape[1] < 16
+    pad = tokenizer.pad_token_id
+    for mine, reference in ((ours.predictions, theirs.predictions), (ours.label_ids, theirs.label_ids)):
+        mine, reference = (np.where(ids < 0, pad, ids) for ids in (mine, reference))  # -100 pads across batches
+        width = mine.shape[1]
+        np.testing.assert_array_equal(mine, reference[:, :width])
+        assert (reference[:, width:] == pad).all() and not (mine[:, -1] == pad).all()  # no column of padding alone
+
+
 def test_predictions_and_labels_come_back_in_the_datasets_order(setting, tmp_path):
     model, tokenizer, dataset = setting
     trainer = trainer_of(TransformerTrainer, TransformerTrainingArguments, setting, tmp_path)

@@ -173,6 +173,16 @@ def allow_recompiles(shapes: int) -> None:
             setattr(dynamo, name, max(getattr(dynamo, name), 4 * (shapes + 8)))
 
 
+def without_padding_columns(tokens: torch.Tensor | None, pad_token_id: int | None) -> torch.Tensor | None:
+    """``tokens`` (rows of ids) without the last columns that hold only ``pad_token_id`` or -100 (one column
+    at least); None stays None."""
+    if tokens is None or pad_token_id is None or tokens.dim() != 2 or tokens.shape[1] <= 1:
+        return tokens
+    filled = ((tokens != pad_token_id) & (tokens != -100)).any(dim=0)  # (columns,)
+    width = int(filled.nonzero().max()) + 1 if bool(filled.any()) else 1
+    return tokens[:, :width]
+
+
 def _several_processes() -> bool:
     return torch.distributed.is_available() and torch.distributed.is_initialized()
 
@@ -366,13 +376,20 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
 
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """Seq2SeqTrainer's, without its side effect on the model's generation config (it writes the
-        library's fallback ``max_length=20`` there, which would then be saved with the model)."""
+        library's fallback ``max_length=20`` there, which would then be saved with the model), and without the
+        columns it pads every batch's hypotheses and labels with up to the generation config's ``max_length``
+        (``max_position_embeddings`` as `save_pretrained` writes it: 1,024 a row, to be copied, gathered and
+        decoded); the evaluation loop pads across batches itself."""
         unwrapped = self.accelerator.unwrap_model(model)
         saved = copy.deepcopy(unwrapped.generation_config)
         try:
-            return super().prediction_step(model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs)
+            loss, generated, labels = super().prediction_step(
+                model, inputs, prediction_loss_only, ignore_keys=ignore_keys, **gen_kwargs
+            )
         finally:
             unwrapped.generation_config = saved
+        pad = unwrapped.config.pad_token_id
+        return loss, without_padding_columns(generated, pad), without_padding_columns(labels, pad)
 
     def evaluation_loop(
         self, dataloader, description, prediction_loss_only=None, ignore_keys=None, metric_key_prefix="eval"
