@@ -1098,6 +1098,7 @@ RECIPE_VARIANTS = {
     "compile_layers": ["--compile_layers", "true"],  # 0.99x the plain step on an H100 (2026-11-27): not by default
 }
 RECIPE_DEFAULT_VARIANTS = "plain,cuda_graphs"
+RECIPE_OVERHEAD_SECONDS = 20  # a variant's data, tokenizer, model and final save around its training minutes
 
 
 def recipe_variants(args) -> list[str]:
@@ -1124,7 +1125,7 @@ def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
         )
         for number, name in enumerate(variants):
             flags = RECIPE_VARIANTS[name]
-            reason = flags and levers.refusal(flags[0], args.device)
+            reason = levers.refusal(flags[0], args.device) if flags else None
             # what is left, less what the variants after this one need: the first ones are the comparison's base
             share = limit - (time.perf_counter() - started) - need * (len(variants) - number - 1)
             if reason:
@@ -1159,15 +1160,9 @@ def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
                     run.main(argv)
             except Exception as error:
                 stopped = out_of_time(error)
+                outcome = {"skipped": str(stopped)} if stopped else {"error": f"{type(error).__name__}: {error}"}
                 rows.append(
-                    {
-                        "variant": name,
-                        "flags": flags,
-                        ("skipped" if stopped else "error"): str(stopped)
-                        if stopped
-                        else f"{type(error).__name__}: {error}",
-                        "seconds": round(time.perf_counter() - row_started, 1),
-                    }
+                    {"variant": name, "flags": flags, **outcome, "seconds": round(time.perf_counter() - row_started, 1)}
                 )
                 continue
             metrics = json.loads((output / "all_results.json").read_text(encoding="utf-8"))
@@ -1196,9 +1191,6 @@ def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
         "pairs": args.recipe_pairs,
         "rows": rows,
     }
-
-
-RECIPE_OVERHEAD_SECONDS = 20  # a variant's data, tokenizer, model and final save around its training minutes
 
 
 class PhaseClock:

@@ -178,9 +178,8 @@ def without_padding_columns(tokens: torch.Tensor | None, pad_token_id: int | Non
     at least); None stays None."""
     if tokens is None or pad_token_id is None or tokens.dim() != 2 or tokens.shape[1] <= 1:
         return tokens
-    filled = ((tokens != pad_token_id) & (tokens != -100)).any(dim=0)  # (columns,)
-    width = int(filled.nonzero().max()) + 1 if bool(filled.any()) else 1
-    return tokens[:, :width]
+    filled = ((tokens != pad_token_id) & (tokens != -100)).any(dim=0).nonzero()  # columns with a token, ascending
+    return tokens[:, : int(filled[-1]) + 1 if len(filled) else 1]
 
 
 def _several_processes() -> bool:
