@@ -29,7 +29,11 @@ Recipe (``--recipe``, and in ``--levers`` after big's rows unless ``--no-recipe`
 it for ``--recipe-minutes`` on ``--recipe-pairs`` synthetic pairs of Multi30k's lengths, batches padded to bucket
 shapes in every variant: plain and ``--cuda_graphs`` (``--recipe-variants``; ``compile_layers`` too on request), one
 after the other; updates/s over each run (its own log, compilation included) and at steady state (its second half),
-and the first update's seconds. ``--levers`` keeps what the recipe needs and shares the rest between the presets.
+and the first update's seconds. Where an update goes: the host's mean milliseconds per update between the Trainer's
+callback events at steady state (logging and the next batch, forward and backward, the optimizer, after it), and
+over 20 updates profiled early in the run, the kernel launches and milliseconds of kernels per update: an update
+whose kernels fill a small share of it waits on the host. ``--levers`` keeps what the recipe needs and shares the
+rest between the presets.
 
 Profile (``--profile``, and in the full run on CUDA): torch.profiler over one training update and one beam-4
 decoding step: the top CUDA kernels by time (on a CPU, operators), kernel launches, and the GPU's idle time.
@@ -1099,6 +1103,7 @@ RECIPE_VARIANTS = {
 }
 RECIPE_DEFAULT_VARIANTS = "plain,cuda_graphs"
 RECIPE_OVERHEAD_SECONDS = 20  # a variant's data, tokenizer, model and final save around its training minutes
+PROFILED_UPDATES = {True: 20, False: 3}  # the recipe's profiled window: on CUDA, on a CPU
 
 
 def recipe_variants(args) -> list[str]:
@@ -1115,7 +1120,7 @@ def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
 
     from vanilla_transformer.training import levers, run
 
-    started, rows = time.perf_counter(), []
+    started, rows, cuda = time.perf_counter(), [], args.device.startswith("cuda")
     variants = recipe_variants(args)
     need = 60 * args.recipe_minutes + RECIPE_OVERHEAD_SECONDS  # one variant's run
     with tempfile.TemporaryDirectory() as folder:
@@ -1156,7 +1161,10 @@ def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
             row_started = time.perf_counter()
             torch._dynamo.reset()
             try:
-                with time_limit(share), PhaseClock(run) as clock:
+                # a window of updates profiled early in the run (20 on a GPU, where an update takes milliseconds),
+                # which the steady rate and the breakdown leave out
+                window = dict(profile_after=0.2 * 60 * args.recipe_minutes, profile_updates=PROFILED_UPDATES[cuda])
+                with time_limit(share), PhaseClock(run, **window) as clock:
                     run.main(argv)
             except Exception as error:
                 stopped = out_of_time(error)
@@ -1178,6 +1186,8 @@ def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
                     "steady_updates_per_second": clock.steady_updates_per_second(),
                     "first_update_seconds": phases["first update"],
                     "target_tokens_per_second": metrics["train_target_tokens_per_second"],
+                    "update_breakdown": clock.update_breakdown(),
+                    "profile": clock.profile,
                     "seconds": round(time.perf_counter() - row_started, 1),
                 }
             )
@@ -1208,8 +1218,16 @@ class PhaseClock:
     }
     PHASES = ("data", "tokenizer", "tokenization", "model", "first update", "training", "save")
 
-    def __init__(self, module):
+    # Where an update's host time goes, between the Trainer's callback events (`update_breakdown`): from the end
+    # of the last update to this one's first forward (logging, the next batch: collation and the copy to the
+    # device), forward and backward, the optimizer, and after it (schedule, zero_grad, the moving average).
+    UPDATE_PHASES = ("logging and the next batch", "forward and backward", "optimizer", "after the optimizer")
+
+    def __init__(self, module, profile_after: float | None = None, profile_updates: int = 20):
         self.module, self.spent, self.saved, self.marks, self.step_ends = module, {}, {}, {}, []
+        self.events = []  # per update: (begin, before the optimizer, after it, end), host seconds
+        self.profile_after, self.profile_updates = profile_after, profile_updates
+        self.profiler, self.profile = None, None
 
     def __enter__(self):
         self.started = time.perf_counter()
@@ -1251,17 +1269,95 @@ class PhaseClock:
     def on_train_begin(self, args, state, control, **kwargs):
         self.marks["begin"] = time.perf_counter()
 
+    def on_step_begin(self, args, state, control, **kwargs):
+        now = time.perf_counter()
+        if self._profile_starts(now):
+            self._start_profile(args.device.type)
+            now = time.perf_counter()
+        self._update = [now]
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        self._update.append(time.perf_counter())
+
+    def on_optimizer_step(self, args, state, control, **kwargs):
+        self._update.append(time.perf_counter())
+
     def on_step_end(self, args, state, control, **kwargs):
         if "first" not in self.marks:
             synchronize(args.device.type)
             self.marks["first"] = time.perf_counter()
-        self.step_ends.append(time.perf_counter())
+        now = time.perf_counter()
+        self.step_ends.append(now)
+        if len(getattr(self, "_update", ())) == 3:  # begin, before and after the optimizer: a whole update
+            self.events.append((*self._update, now))
+        self._update = []
+        if self.profiler is not None:
+            self._window.append(now)
+            if len(self._window) > self.profile_updates:
+                self._stop_profile(args.device.type)
+
+    def _profile_starts(self, now: float) -> bool:
+        """Whether the profiled window of updates starts now: ``profile_after`` seconds after the first update."""
+        return (
+            self.profile_after is not None
+            and self.profile is None
+            and self.profiler is None
+            and "first" in self.marks
+            and now - self.marks["first"] >= self.profile_after
+        )
+
+    def _start_profile(self, device: str) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+        synchronize(device)
+        self.profiler = profile(activities=activities)
+        self.profiler.__enter__()
+        self._window = [time.perf_counter()]  # the window's start, then each profiled update's end
+
+    def _stop_profile(self, device: str) -> None:
+        synchronize(device)
+        seconds = time.perf_counter() - self._window[0]
+        self.profiler.__exit__(None, None, None)
+        updates = len(self._window) - 1
+        summary = profile_summary(self.profiler, device == "cuda", seconds, top=8)
+        busy, launches = summary.get("device_busy_seconds"), summary["kernel_launches"]
+        self.profile = {
+            "updates": updates,
+            "seconds_per_update": seconds / updates,  # profiled: the profiler's own host time included
+            "kernel_launches_per_update": None if launches is None else launches / updates,
+            "device_busy_seconds_per_update": None if busy is None else busy / updates,
+            "top": summary["top"],
+            "ranked_by": summary["ranked_by"],
+        }
+        self.profiler = None
+        self.profiled_span = (self._window[0], time.perf_counter())  # these updates are left out of the breakdown
+
+    def update_breakdown(self, fraction: float = 0.5) -> dict | None:
+        """The mean host milliseconds per update of each of `UPDATE_PHASES` over the last ``fraction`` of
+        training, and the mean update (the phases add up to it); the profiled window's updates, and the one
+        after it, are left out. No device reads are added, so on a GPU the host waits for the device only where
+        the run itself waits (a logging step, a full launch queue), and that wait counts in the phase it falls in."""
+        if "end" not in self.marks or len(self.events) < 3:
+            return None
+        since = self.marks["end"] - fraction * (self.marks["end"] - self.events[0][3])
+        start, stop = getattr(self, "profiled_span", (math.inf, math.inf))
+        rows = [
+            (begin - previous[3], before - begin, after - before, end - after)
+            for previous, (begin, before, after, end) in zip(self.events, self.events[1:])
+            if begin >= since and not (end > start and previous[3] < stop)
+        ]
+        if not rows:
+            return None
+        means = [1e3 * sum(column) / len(rows) for column in zip(*rows)]
+        return {"updates": len(rows), "update_ms": sum(means), **dict(zip(self.UPDATE_PHASES, means))}
 
     def steady_updates_per_second(self, fraction: float = 0.5) -> float | None:
         """Updates per second over the last ``fraction`` of training (compilation and first shapes behind)."""
         if "end" not in self.marks or len(self.step_ends) < 3:
             return None
         since = self.marks["end"] - fraction * (self.marks["end"] - self.step_ends[0])
+        since = max(since, getattr(self, "profiled_span", (0, 0))[1])  # after the profiled window, if it was late
         late = [end for end in self.step_ends if end >= since]
         return (len(late) - 1) / (late[-1] - late[0]) if len(late) >= 2 and late[-1] > late[0] else None
 
@@ -1722,7 +1818,27 @@ def recipe_lines(r: dict) -> list[str]:
             f"{'?' if steady is None else f'{steady:.1f}'} at steady state; first update "
             f"{'?' if first is None else f'{first:.1f}'} s | | |"
         )
+        lines += update_lines(row)
     return lines
+
+
+def update_lines(row: dict) -> list[str]:
+    """Where a recipe run's update went: the host's mean milliseconds per phase at steady state, and the profiled
+    window's kernel launches and device time per update (the device busy that share of the update)."""
+    parts, breakdown, profile = [], row.get("update_breakdown"), row.get("profile")
+    if breakdown:
+        phases = ", ".join(f"{phase} {breakdown[phase]:.2f}" for phase in PhaseClock.UPDATE_PHASES)
+        parts.append(f"host ms per update {breakdown['update_ms']:.2f} ({phases})")
+    if profile and profile["device_busy_seconds_per_update"] is not None:
+        busy = 1e3 * profile["device_busy_seconds_per_update"]
+        share = f", {busy / breakdown['update_ms']:.0%} of the update" if breakdown else ""
+        parts.append(
+            f"{profile['kernel_launches_per_update']:.0f} kernel launches and {busy:.2f} ms of kernels per update{share}"
+        )
+    elif profile:
+        top = ", ".join(f"{k['name']} {k['ms'] / profile['updates']:.2f}" for k in profile["top"][:4])
+        parts.append(f"top operators, ms per update: {top}")
+    return [f"| {row['variant']}: where an update goes | {'; '.join(parts)} | | |"] if parts else []
 
 
 def profile_lines(r: dict) -> list[str]:

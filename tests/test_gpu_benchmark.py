@@ -509,6 +509,47 @@ def test_the_default_gpu_run_orders_its_rows_and_fits_the_budget_by_estimate():
     assert need < levers.budget_minutes * 60 / 2
 
 
+def test_an_update_is_split_at_the_trainers_callback_events(monkeypatch):
+    """`PhaseClock.update_breakdown`: each update's host time between the Trainer's events, averaged over the
+    second half of training, against a scripted clock; the profiled window's updates and the one after it (which
+    waits for the profile's summary) are left out."""
+    now = [0.0]
+    monkeypatch.setattr(gpu.time, "perf_counter", lambda: now[0])
+
+    def summary(*args, **kwargs):  # the profile's summary takes its time, within the last profiled update's end
+        now[0] += 0.5
+        return {"kernel_launches": None, "top": [], "ranked_by": "CPU operator self time"}
+
+    monkeypatch.setattr(gpu, "profile_summary", summary)
+    clock, args = gpu.PhaseClock(module=None, profile_after=3.0, profile_updates=2), type("A", (), {})()
+    args.device = type("D", (), {"type": "cpu"})()
+
+    class Profiler:  # torch.profiler's context manager, doing nothing
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr("torch.profiler.profile", lambda **kwargs: Profiler())
+    clock.on_train_begin(args, None, None)
+    for update in range(12):  # 1 ms between updates, 6 forward and backward, 2 optimizer, 1 after
+        slow = update in (1, 2)  # the profiled updates, from 3 s after the first update's end
+        for event, seconds in (("on_step_begin", 1), ("on_pre_optimizer_step", 6), ("on_optimizer_step", 2)):
+            now[0] += (100 if slow else 1) * seconds / 1e3
+            getattr(clock, event)(args, None, None)
+        now[0] += 1 / 1e3
+        clock.on_step_end(args, None, None)
+        if update == 0:
+            now[0] += 3.0  # the next update starts the profiled window
+    clock.on_train_end(args, None, None)
+    assert clock.profile["updates"] == 2
+    breakdown = clock.update_breakdown(fraction=1.0)
+    assert breakdown["updates"] == 12 - 1 - 2 - 1  # not the first (no update before it), the window, the one after
+    assert [round(breakdown[phase], 6) for phase in gpu.PhaseClock.UPDATE_PHASES] == [1, 6, 2, 1]
+    assert breakdown["update_ms"] == pytest.approx(10)
+
+
 def test_the_multi30k_recipe_runs_on_the_cpu(tmp_path):
     """``--recipe``: train.py with the packaged Multi30k recipe on synthetic pairs, a row per variant: measured
     (updates/s from the run's own log, and at steady state from the step ends), or refused in one line naming its
@@ -537,6 +578,12 @@ def test_the_multi30k_recipe_runs_on_the_cpu(tmp_path):
         plain["updates"] / plain["train_runtime"]
     )
     assert 0 < plain["steady_updates_per_second"] < 10 * plain["updates_per_second"]
+    # where an update went: the phases add up to the mean update, which is the steady rate's (both the second half)
+    breakdown = plain["update_breakdown"]
+    assert sum(breakdown[phase] for phase in gpu.PhaseClock.UPDATE_PHASES) == pytest.approx(breakdown["update_ms"])
+    assert breakdown["update_ms"] == pytest.approx(1e3 / plain["steady_updates_per_second"], rel=0.3)
+    profile = plain["profile"]  # a CPU profiles operators: no kernels, no device time
+    assert profile["updates"] == 3 and profile["top"] and profile["device_busy_seconds_per_update"] is None
     assert graphs["skipped"].startswith("--cuda_graphs needs a CUDA GPU"), graphs
     table = output.with_suffix(".md").read_text()
     assert "| train.py multi30k recipe float32, 0.12 min, plain |" in table and "skipped: --cuda_graphs" in table
