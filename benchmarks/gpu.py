@@ -31,9 +31,9 @@ shapes in every variant: plain and ``--cuda_graphs`` (``--recipe-variants``; ``c
 after the other; updates/s over each run (its own log, compilation included) and at steady state (its second half),
 and the first update's seconds. Where an update goes: the host's mean milliseconds per update between the Trainer's
 callback events at steady state (logging and the next batch, forward and backward, the optimizer, after it), and
-over 20 updates profiled early in the run, the kernel launches and milliseconds of kernels per update: an update
-whose kernels fill a small share of it waits on the host. ``--levers`` keeps what the recipe needs and shares the
-rest between the presets.
+over 20 updates profiled early in the run, the kernels and their milliseconds per update (a CUDA graph's replay
+counts the kernels it runs): an update whose kernels fill a small share of it waits on the host. ``--levers``
+keeps what the recipe needs and shares the rest between the presets.
 
 Profile (``--profile``, and in the full run on CUDA): torch.profiler over one training update and one beam-4
 decoding step: the top CUDA kernels by time (on a CPU, operators), kernel launches, and the GPU's idle time.
@@ -1832,9 +1832,7 @@ def update_lines(row: dict) -> list[str]:
     if profile and profile["device_busy_seconds_per_update"] is not None:
         busy = 1e3 * profile["device_busy_seconds_per_update"]
         share = f", {busy / breakdown['update_ms']:.0%} of the update" if breakdown else ""
-        parts.append(
-            f"{profile['kernel_launches_per_update']:.0f} kernel launches and {busy:.2f} ms of kernels per update{share}"
-        )
+        parts.append(f"{profile['kernel_launches_per_update']:.0f} kernels taking {busy:.2f} ms per update{share}")
     elif profile:
         top = ", ".join(f"{k['name']} {k['ms'] / profile['updates']:.2f}" for k in profile["top"][:4])
         parts.append(f"top operators, ms per update: {top}")
