@@ -24,7 +24,8 @@ passes: first-pass and steady target tokens/s, warm-up seconds, the peak memory 
 the same updates against the plain step's (lever and plain start from the same weights). A lever the device
 cannot run is a row with its one-line refusal.
 
-Recipe (``--recipe``, and in ``--levers`` after big's rows unless ``--no-recipe``): the Multi30k recipe
+Recipe (``--recipe``; in the full run after big's training step and in ``--levers`` after big's rows, unless
+``--no-recipe``): the Multi30k recipe
 (``train multi30k``), whose update (1,024 tokens, d_model 256) waits on kernel launches on a GPU, as train.py runs
 it for ``--recipe-minutes`` on ``--recipe-pairs`` synthetic pairs of Multi30k's lengths, batches padded to bucket
 shapes in every variant: plain and ``--cuda_graphs`` (``--recipe-variants``; ``compile_layers`` too on request), one
@@ -187,7 +188,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--recipe", action="store_true", help="only train the Multi30k recipe, plain and with each --recipe-variants"
     )
-    parser.add_argument("--no-recipe", action="store_true", help="with --levers: leave the Multi30k recipe out")
+    parser.add_argument("--no-recipe", action="store_true", help="leave the Multi30k recipe's train.py runs out")
     parser.add_argument(
         "--recipe-variants",
         default=RECIPE_DEFAULT_VARIANTS,
@@ -1559,35 +1560,36 @@ def time_limit(seconds: float):
 
 
 def jobs_of(args) -> list[tuple[str, str, str]]:
-    """(what, preset, mode) of each measurement, the most telling first: the training step of the first
-    preset against MarianMTModel, the others, train.py's own run, eager decoding, compiled decoding, the
-    profile, the loop; then the same for the other presets."""
+    """(what, preset, mode) of each measurement, the most telling first: the training step of the first preset
+    against MarianMTModel; then what no GPU has measured yet and a goal waits on: the Multi30k recipe's train.py
+    run (updates/s, plain and with --cuda_graphs) and train's evaluation (sentences/s); eager decoding, compiled
+    decoding of the first decoding preset; then the other presets' training steps, the profile, train.py's run
+    of WMT-like text, the loop, and the rest."""
     presets = [preset for preset in args.presets.split(",") if preset]  # "": no training rows
     modes = [mode for mode in args.modes.split(",") if mode]
+    recipe = [] if args.no_recipe else [("recipe", "multi30k", "eager")]
     if args.recipe:
         return [("recipe", "multi30k", "eager")]
     if args.levers:  # big's levers, the Multi30k recipe's launch-bound levers in train.py, the Multi30k shape's
         jobs = [("levers", preset, "eager") for preset in presets]
-        return jobs if args.no_recipe else jobs[:1] + [("recipe", "multi30k", "eager")] + jobs[1:]
+        return jobs[:1] + recipe + jobs[1:]
     if args.profile:
         return [("profile", preset, "eager") for preset in presets[:1] or ["big"]]
     decode_presets = [] if args.no_decode else [p for p in args.decode_presets.split(",") if p]
     decode_modes = [mode for mode in args.decode_modes.split(",") if mode]
-    first = [("training", p, m) for p in presets for m in modes if m == "eager"]
-    later = [("training", p, m) for p in presets for m in modes if m != "eager"]
-    if not args.no_train_run:
-        first += [("train_run", p, "eager") for p in presets[:1]]
-        later += [("train_run", p, "eager") for p in presets[1:]]
-    first += [("decoding", p, m) for m in decode_modes[:1] for p in decode_presets]
-    first += [("decoding", p, m) for m in decode_modes[1:] for p in decode_presets[:1]]
-    later += [("decoding", p, m) for m in decode_modes[1:] for p in decode_presets[1:]]
+    eager = [("training", p, m) for p in presets for m in modes if m == "eager"]
+    first, later = eager[:1] + recipe, eager[1:] + [("training", p, m) for p in presets for m in modes if m != "eager"]
     if not args.no_eval:
         first.append(("evaluation", args.eval_preset, "eager"))
+    first += [("decoding", p, m) for m in decode_modes[:1] for p in decode_presets]
+    first += [("decoding", p, m) for m in decode_modes[1:] for p in decode_presets[:1]]
     if not args.no_profile and presets and args.device.startswith("cuda"):  # on a CPU: --profile alone
-        first.append(("profile", presets[0], "eager"))
+        later.append(("profile", presets[0], "eager"))
+    if not args.no_train_run:
+        later += [("train_run", p, "eager") for p in presets]
     if not args.no_loop:
-        first += [("loop", p, "eager") for p in presets[:1]]
-        later += [("loop", p, "eager") for p in presets[1:]]
+        later += [("loop", p, "eager") for p in presets]
+    later += [("decoding", p, m) for m in decode_modes[1:] for p in decode_presets[1:]]
     return first + later
 
 

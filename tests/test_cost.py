@@ -57,6 +57,7 @@ def test_reads_the_fastest_training_measurement_of_benchmarks_gpu_py(tmp_path):
     output = tmp_path / "gpu.json"
     results = gpu.main(
         [
+            "--no-recipe",
             "--device",
             "cpu",
             "--presets",
