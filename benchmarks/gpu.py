@@ -25,16 +25,15 @@ the same updates against the plain step's (lever and plain start from the same w
 cannot run is a row with its one-line refusal.
 
 Recipe (``--recipe``; in the full run after big's training step and in ``--levers`` after big's rows, unless
-``--no-recipe``): the Multi30k recipe
-(``train multi30k``), whose update (1,024 tokens, d_model 256) waits on kernel launches on a GPU, as train.py runs
-it for ``--recipe-minutes`` on ``--recipe-pairs`` synthetic pairs of Multi30k's lengths, batches padded to bucket
-shapes in every variant: plain and ``--cuda_graphs`` (``--recipe-variants``; ``compile_layers`` too on request), one
-after the other; updates/s over each run (its own log, compilation included) and at steady state (its second half),
-and the first update's seconds. Where an update goes: the host's mean milliseconds per update between the Trainer's
-callback events at steady state (logging and the next batch, forward and backward, the optimizer, after it), and
-over 20 updates profiled early in the run, the kernels and their milliseconds per update (a CUDA graph's replay
-counts the kernels it runs): an update whose kernels fill a small share of it waits on the host. ``--levers``
-keeps what the recipe needs and shares the rest between the presets.
+``--no-recipe``): the Multi30k recipe (``train multi30k``), whose update (1,024 tokens, d_model 256) waits on kernel
+launches on a GPU, as train.py runs it for ``--recipe-minutes`` on ``--recipe-pairs`` synthetic pairs of Multi30k's
+lengths, batches padded to bucket shapes in every variant: plain and ``--cuda_graphs`` (``--recipe-variants``;
+``compile_layers`` too on request), one after the other; updates/s over each run (its own log, compilation included)
+and at steady state (its second half), and the first update's seconds. Where an update goes: the host's mean
+milliseconds per update between the Trainer's callback events at steady state (logging and the next batch, forward
+and backward, the optimizer, after it), and over 20 updates profiled early in the run, the kernels and their
+milliseconds per update (a CUDA graph's replay counts the kernels it runs): an update whose kernels fill a small
+share of it waits on the host. ``--levers`` keeps what the recipe needs and shares the rest between the presets.
 
 Profile (``--profile``, and in the full run on CUDA): torch.profiler over one training update and one beam-4
 decoding step: the top CUDA kernels by time (on a CPU, operators), kernel launches, and the GPU's idle time.
