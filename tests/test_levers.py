@@ -206,6 +206,45 @@ def test_train_flags_reach_the_model(tmp_path):
     assert torch.isfinite(torch.tensor(run.trainer.train().training_loss))
 
 
+@pytest.mark.parametrize("fused_loss", ["none", "chunked"])
+def test_the_fused_loss_trains_under_the_bf16_autocast_as_the_plain_step(fused_loss, tmp_path):
+    """`train --bf16 true`: accelerate puts the autocast around the prepared model's forward; the fused loss calls
+    the model past it (``model.model``), and must run under the same autocast: the layers' products in bfloat16."""
+    from test_train import build, reverse_pairs, write_pairs
+
+    write_pairs(tmp_path, "train", reverse_pairs(60, seed=1))
+    run = build(
+        tmp_path,
+        tmp_path / "out",
+        "--max_steps",
+        "1",
+        "--max_tokens",
+        "200",
+        "--bf16",
+        "true",
+        "--fused_loss",
+        fused_loss,
+    )
+    model = run.trainer.accelerator.unwrap_model(run.trainer.model)
+    dtypes = []
+    model.model.encoder.layers[0].feed_forward.fc1.register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+    run.trainer.train()
+    assert dtypes == [torch.bfloat16], dtypes
+
+
+def test_the_fused_loss_is_refused_with_the_whole_model_compiled():
+    """The fused loss calls the model past the Trainer's compiled wrapper: with --torch_compile or --cuda_graphs it
+    would train uncompiled, so the pair is refused in one line naming both flags."""
+    from vanilla_transformer.training.trainer import TransformerTrainingArguments
+
+    with pytest.raises(ValueError, match=r"^--fused_loss chunked with --torch_compile: .* --compile_layers"):
+        TransformerTrainingArguments(output_dir="unused", use_cpu=True, fused_loss="chunked", torch_compile=True)
+    with pytest.raises(ValueError, match=r"^--fused_loss chunked with --cuda_graphs"):
+        TransformerTrainingArguments(output_dir="unused", use_cpu=True, fused_loss="chunked", cuda_graphs=True)
+    args = TransformerTrainingArguments(output_dir="unused", use_cpu=True, fused_loss="chunked", compile_layers=True)
+    assert args.fused_loss == "chunked" and args.compile_layers
+
+
 def test_fused_projections_refuse_float8_and_a_model_without_attention():
     from vanilla_transformer.training.trainer import TransformerTrainingArguments
 

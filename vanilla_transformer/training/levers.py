@@ -98,6 +98,13 @@ def check_levers(args) -> None:
             f"--fused_loss {args.fused_loss} runs in one process only (it calls the model past its "
             "DDP/FSDP wrapper); leave it out with several processes."
         )
+    compiled = getattr(args, "torch_compile", False) or getattr(args, "cuda_graphs", False)
+    if getattr(args, "fused_loss", "none") != "none" and compiled:
+        flag = "--cuda_graphs" if getattr(args, "cuda_graphs", False) else "--torch_compile"
+        raise ValueError(
+            f"--fused_loss {args.fused_loss} with {flag}: the fused loss calls the model past its compiled "
+            "wrapper, so it would train uncompiled; use --compile_layers to compile with it, or leave one out."
+        )
     if getattr(args, "fuse_projections", False) and getattr(args, "fp8", False):
         raise ValueError(
             "--fuse_projections with --fp8: the fused products bypass the float8 linear layers; leave one out."

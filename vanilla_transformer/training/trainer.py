@@ -345,14 +345,16 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             )
         if model.training and self.args.fused_loss != "none":  # levers.py: no full logits
             self.target_tokens.add(labels)
-            loss = training_loss(
-                self.accelerator.unwrap_model(model),
-                inputs,
-                labels,
-                num_items_in_batch,
-                self.args.label_smoothing_factor,
-                self.args.fused_loss,
-            )
+            # past the wrapper's forward, which accelerate wraps in the --bf16/--fp16 autocast: that autocast here
+            with self.accelerator.autocast():
+                loss = training_loss(
+                    self.accelerator.unwrap_model(model),
+                    inputs,
+                    labels,
+                    num_items_in_batch,
+                    self.args.label_smoothing_factor,
+                    self.args.fused_loss,
+                )
             return (loss, None) if return_outputs else loss
         outputs = model(**inputs, use_cache=False)  # teacher forcing needs no key/value cache, in training or not
         if not model.training:  # evaluation: the plain NLL, whose exp is the perplexity
