@@ -1249,6 +1249,9 @@ class PhaseClock:
     def __exit__(self, *exc):
         for name, function in self.saved.items():
             setattr(self.module, name, function)
+        if self.profiler is not None:  # the run stopped inside the profiled window (out of time, an error)
+            self.profiler.__exit__(None, None, None)
+            self.profiler = None
         self.total = time.perf_counter() - self.started
 
     def _timed(self, phase: str, function):
@@ -1363,6 +1366,12 @@ class PhaseClock:
 
     def on_train_end(self, args, state, control, **kwargs):
         self.marks["end"] = time.perf_counter()
+        if self.profiler is not None:  # training ended inside the profiled window: the updates it had
+            if len(self._window) > 1:
+                self._stop_profile(args.device.type)
+            else:
+                self.profiler.__exit__(None, None, None)
+                self.profiler = None
 
     def seconds(self) -> dict:
         """{phase: seconds, or None where the run did not reach it or the step is not found}, and the total."""

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 
 from helpers import load_script
 from vanilla_transformer import VanillaTransformerConfig
@@ -556,6 +557,36 @@ def test_an_update_is_split_at_the_trainers_callback_events(monkeypatch):
     assert breakdown["updates"] == 12 - 1 - 2 - 1  # not the first (no update before it), the window, the one after
     assert [round(breakdown[phase], 6) for phase in gpu.PhaseClock.UPDATE_PHASES] == [1, 6, 2, 1]
     assert breakdown["update_ms"] == pytest.approx(10)
+
+
+def test_the_profiled_window_never_outlives_the_run(monkeypatch):
+    """Training that ends inside the profiled window stops the profiler with the updates it had; a run stopped by an
+    error (or the budget) inside it stops it too, so that no later measurement runs under the profiler."""
+    from torch.autograd import profiler
+
+    args = type("A", (), {"device": type("D", (), {"type": "cpu"})()})()
+    linear = torch.nn.Linear(4, 4)
+    clock = gpu.PhaseClock(module=None, profile_after=0.0, profile_updates=100)
+    with clock:
+        clock.on_train_begin(args, None, None)
+        for _ in range(4):
+            clock.on_step_begin(args, None, None)
+            linear(torch.ones(2, 4)).sum().backward()
+            clock.on_pre_optimizer_step(args, None, None)
+            clock.on_optimizer_step(args, None, None)
+            clock.on_step_end(args, None, None)
+        assert profiler._is_profiler_enabled
+        clock.on_train_end(args, None, None)
+    assert not profiler._is_profiler_enabled and clock.profile["updates"] == 3  # the window starts after the first
+    stopped = gpu.PhaseClock(module=None, profile_after=0.0)
+    with pytest.raises(RuntimeError, match="stopped"):
+        with stopped:
+            stopped.on_train_begin(args, None, None)
+            for _ in range(2):
+                stopped.on_step_begin(args, None, None)
+                stopped.on_step_end(args, None, None)
+            raise RuntimeError("stopped")
+    assert not profiler._is_profiler_enabled and stopped.profile is None
 
 
 def test_the_multi30k_recipe_runs_on_the_cpu(tmp_path):
