@@ -432,29 +432,31 @@ def measure_training(preset: str, mode: str, args) -> dict:
 
 
 # The levers of training (vanilla_transformer.training.levers), each a row of --levers: what each changes in the
-# step, and the train.py flags that turn it on. Those no GPU has measured first (a budget cuts the last rows);
-# the attention kernels last (an H100 measured them on the Multi30k shape, 2026-11-27).
+# step, and the train.py flags that turn it on. Those no GPU has measured first, the likeliest to pay for big first
+# (float8 matrix multiplies, compiled layers); then the attention kernels (an H100 measured them on the Multi30k
+# shape, 2026-11-27; flash leads the default table, so it has no row); the rows that compile per bucket shape last,
+# as each takes whatever time it is given (`LEVER_ROW_SECONDS` caps it).
 LEVERS = {
+    "fp8 + compile_layers": dict(fp8=True, compile="layers", flags=["--fp8", "--compile_layers"]),
+    "compile_layers": dict(compile="layers", flags=["--compile_layers"]),
     "fuse_projections": dict(fuse=True, flags=["--fuse_projections"]),
     "cuda_graphs": dict(compile="cuda_graphs", flags=["--cuda_graphs"], presets=("multi30k", "tiny")),
-    "compile_layers": dict(compile="layers", flags=["--compile_layers"]),
-    "fp8 + compile_layers": dict(fp8=True, compile="layers", flags=["--fp8", "--compile_layers"]),
+    "fused_loss chunked": dict(loss="chunked", flags=["--fused_loss chunked"]),
+    "compile_layers + fused_loss chunked": dict(
+        compile="layers", loss="chunked", flags=["--compile_layers", "--fused_loss chunked"]
+    ),
+    "fused_loss liger": dict(loss="liger", flags=["--fused_loss liger"]),
+    "training_attention cudnn": dict(attention="cudnn", flags=["--training_attention"]),
+    "training_attention efficient": dict(attention="efficient", flags=["--training_attention"]),
     "cuda_graphs, static shapes": dict(  # a compilation per bucket shape
         compile="cuda_graphs static",
         flags=["--torch_compile", "--torch_compile_mode reduce-overhead"],
         refused_as="--cuda_graphs",  # CUDA only
         presets=("multi30k", "tiny"),
     ),
-    "fused_loss chunked": dict(loss="chunked", flags=["--fused_loss chunked"]),
-    "compile_layers + fused_loss chunked": dict(
-        compile="layers", loss="chunked", flags=["--compile_layers", "--fused_loss chunked"]
-    ),
-    "fused_loss liger": dict(loss="liger", flags=["--fused_loss liger"]),
     "torch_compile (whole model, static shapes)": dict(compile="model", flags=[]),
-    "training_attention cudnn": dict(attention="cudnn", flags=["--training_attention"]),
-    "training_attention efficient": dict(attention="efficient", flags=["--training_attention"]),
-    "training_attention flash": dict(attention="flash", flags=["--training_attention"]),
 }
+LEVER_ROW_SECONDS = 90  # the most one row may take: its compilations, two passes, its losses and memory
 
 
 LEVER_ROW_KEYS = ("flags", "presets", "refused_as")  # what a row says about itself, not what LeverTrainee takes
@@ -576,7 +578,7 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
         row_started = time.perf_counter()
         torch._dynamo.reset()  # each row compiles afresh, whatever an earlier one left (a stopped compilation)
         try:
-            with time_limit(limit - spent - LEVER_GRACE_SECONDS):  # the rows so far stay
+            with time_limit(min(limit - spent - LEVER_GRACE_SECONDS, LEVER_ROW_SECONDS)):  # the rows so far stay
                 plain = LeverTrainee(copy.deepcopy(template), args)
                 trainee = LeverTrainee(
                     copy.deepcopy(template), args, **{k: v for k, v in lever.items() if k not in LEVER_ROW_KEYS}
@@ -591,7 +593,8 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
                             if who != "marian" or phase == "steady":
                                 torch.manual_seed(args.seed + index)  # the same dropout for lever and plain
                                 times[f"{who} {phase}"].append(model.step(batch))
-                with torch.no_grad():
+                # eager (compiled layers run as written: no recompilation for eval mode) and without gradients
+                with torch.no_grad(), torch.compiler.set_stance("force_eager"):
                     trainee.model.eval(), plain.model.eval()
                     losses = [float(model.loss(batches[0], training=False)) for model in (trainee, plain)]
                 memory = {
