@@ -86,6 +86,18 @@ def test_a_probe_that_fits_changes_no_weight_and_no_random_stream(probed):
         assert torch.equal(p, before[name]) and p.grad is None, name
 
 
+@pytest.mark.parametrize("fused_loss", ["none", "chunked"])
+def test_the_probe_takes_the_runs_own_loss(data_dir, tmp_path, fused_loss):
+    """With --fused_loss the probe runs the fused pass, which never computes the full logits (the pre-softmax
+    projection as a module): a --max_tokens that fits only thanks to it is not refused."""
+    run = build(data_dir, tmp_path / "run", "--memory_probe", "on", "--fused_loss", fused_loss)
+    model = run.trainer.accelerator.unwrap_model(run.trainer.model)
+    full_logits = []
+    model.lm_head.register_forward_hook(lambda module, inputs, output: full_logits.append(output.shape))
+    check_largest_batches_fit(run.trainer)
+    assert bool(full_logits) == (fused_loss == "none"), full_logits
+
+
 def test_on_the_cpu_the_probe_is_off_unless_asked(data_dir, tmp_path, monkeypatch):
     run = build(data_dir, tmp_path / "run")  # --memory_probe auto
     SimulatedMemory(monkeypatch, 0)

@@ -30,6 +30,7 @@ from ..training_kernels import label_smoothed_cross_entropy
 from .arguments import pads_to_buckets
 from .batching import TokenBatchSampler, length_pairs
 from .data import example_lengths
+from .levers import training_loss
 
 logger = logging.getLogger(__name__)
 
@@ -94,12 +95,18 @@ def _try(trainer, model, shape, device) -> bool:
             moments = torch.empty(_moment_bytes(trainer, model), dtype=torch.uint8, device=device)
             batch = batch_of_shape(shape, model.config, device)
             labels = batch.pop("labels")
-            with trainer.accelerator.autocast():
-                logits = model(**batch).logits
-            logits = logits.float()  # as accelerate returns a mixed-precision model's outputs
-            loss = label_smoothed_cross_entropy(logits, labels, labels.numel(), trainer.args.label_smoothing_factor)
+            smoothing, fused_loss = trainer.args.label_smoothing_factor, trainer.args.fused_loss
+            if fused_loss != "none":  # the run's own pass: the loss a chunk of rows at a time, no full logits
+                with trainer.accelerator.autocast():
+                    loss = training_loss(model, batch, labels, labels.numel(), smoothing, fused_loss)
+            else:
+                with trainer.accelerator.autocast():
+                    logits = model(**batch).logits
+                logits = logits.float()  # as accelerate returns a mixed-precision model's outputs
+                loss = label_smoothed_cross_entropy(logits, labels, labels.numel(), smoothing)
+                del logits
             loss.backward()
-            del moments, logits, loss
+            del moments, loss
         return True
     except torch.OutOfMemoryError:
         return False
