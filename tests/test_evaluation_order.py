@@ -162,6 +162,37 @@ def test_predictions_and_labels_keep_no_columns_of_padding_alone(setting, tmp_pa
         assert (reference[:, width:] == pad).all() and not (mine[:, -1] == pad).all()  # no column of padding alone
 
 
+def test_without_generation_predict_returns_the_trainers_logits(setting, tmp_path):
+    """``predict_with_generate=False``: the teacher-forced outputs come back as Seq2SeqTrainer returns them (the
+    reference), not cropped as token ids; labels too."""
+    import functools
+
+    model, tokenizer, dataset = setting
+    outputs = {}
+    for cls, arguments in (
+        (TransformerTrainer, functools.partial(TransformerTrainingArguments, eval_order="input")),
+        (Seq2SeqTrainer, Seq2SeqTrainingArguments),
+    ):
+        trainer = trainer_of(cls, arguments, setting, tmp_path)
+        trainer.args.predict_with_generate = False
+        outputs[cls] = trainer.predict(dataset)
+    ours, theirs = outputs[TransformerTrainer], outputs[Seq2SeqTrainer]
+    for mine, reference in zip(ours.predictions, theirs.predictions):  # logits, the encoder's output
+        np.testing.assert_allclose(mine, reference, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(ours.label_ids, theirs.label_ids)
+
+
+def test_predict_on_sources_alone_translates_them(setting, tmp_path):
+    """A dataset without targets (no ``labels`` column: the collator passes ``labels=None``): the same
+    hypotheses as with targets, and no loss."""
+    model, tokenizer, dataset = setting
+    trainer = trainer_of(TransformerTrainer, TransformerTrainingArguments, setting, tmp_path)
+    with_targets = trainer.predict(dataset, num_beams=2, max_new_tokens=6)
+    sources_alone = trainer.predict(dataset.remove_columns("labels"), num_beams=2, max_new_tokens=6)
+    np.testing.assert_array_equal(sources_alone.predictions, with_targets.predictions)
+    assert sources_alone.label_ids is None and "test_loss" not in sources_alone.metrics
+
+
 def test_predictions_and_labels_come_back_in_the_datasets_order(setting, tmp_path):
     model, tokenizer, dataset = setting
     trainer = trainer_of(TransformerTrainer, TransformerTrainingArguments, setting, tmp_path)

@@ -381,6 +381,8 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         columns it pads every batch's hypotheses and labels with up to the generation config's ``max_length``
         (``max_position_embeddings`` as `save_pretrained` writes it: 1,024 a row, to be copied, gathered and
         decoded); the evaluation loop pads across batches itself."""
+        if inputs.get("labels", 0) is None:  # DataCollatorForSeq2Seq's for a dataset without targets: none
+            inputs = {name: value for name, value in inputs.items() if name != "labels"}
         unwrapped = self.accelerator.unwrap_model(model)
         saved = copy.deepcopy(unwrapped.generation_config)
         try:
@@ -389,6 +391,8 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             )
         finally:
             unwrapped.generation_config = saved
+        if not self.args.predict_with_generate or prediction_loss_only:  # logits (or outputs), as the Trainer's
+            return loss, generated, labels
         pad = unwrapped.config.pad_token_id
         return loss, without_padding_columns(generated, pad), without_padding_columns(labels, pad)
 
