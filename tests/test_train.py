@@ -836,6 +836,52 @@ def test_prediction_keeps_every_hypothesis_of_num_return_sequences(data_dir, tmp
     assert last == [tokenizer.decode([t for t in row if t != pad]) for row in expected.tolist()]
 
 
+def test_do_predict_decodes_the_test_set_with_the_generation_flags(data_dir, tmp_path, monkeypatch):
+    """--generation_num_beams and --generation_max_length decode the test set (`run.predict`) as they decode the
+    validation set (Seq2SeqTrainer's evaluation): the same settings reach generate() in both."""
+    from datasets import Dataset
+
+    run = build(data_dir, tmp_path, "--generation_num_beams", "1", "--generation_max_length", "7")
+    trainer = run.trainer
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    calls = []
+    generate = model.generate
+    monkeypatch.setattr(
+        model,
+        "generate",
+        lambda *a, **kw: calls.append({k: kw.get(k) for k in ("num_beams", "max_length")}) or generate(*a, **kw),
+    )
+    trainer.predict(run.datasets["train"].select(range(4)))  # Seq2SeqTrainer's decoding of a dataset
+    evaluation = calls[-1]
+    train.predict(trainer, run.tokenizer, Dataset.from_dict({"source": ["a b c", "d e"], "target": ["c b a", "e d"]}))
+    assert calls[-1] == evaluation == {"num_beams": 1, "max_length": 7}
+    lines = (tmp_path / "generated_predictions.txt").read_text().splitlines()
+    assert len(lines) == 2 and all(len(run.tokenizer(line)["input_ids"]) <= 7 for line in lines)
+
+
+def test_a_generation_config_files_max_length_limits_decoding(data_dir, tmp_path):
+    """--generation_config naming a file with max_length (and nothing of the paper's length rule): generate()
+    decodes to that length, not to the source + 50 of the rule; a file that keeps the rule keeps it."""
+    from transformers import GenerationConfig
+
+    folder = tmp_path / "generation"
+    ids = build(data_dir, tmp_path / "ids").trainer.model.generation_config  # the tokenizer's special tokens
+    special = {k: getattr(ids, k) for k in ("decoder_start_token_id", "bos_token_id", "eos_token_id", "pad_token_id")}
+    for rule, expected_at_most in ((None, 6), (50, None)):
+        config = GenerationConfig(num_beams=2, max_length=6, min_new_tokens=20, **special)  # past 6 under the rule
+        if rule is not None:
+            config.max_new_tokens_beyond_input = rule
+        config.save_pretrained(folder)
+        run = build(data_dir, tmp_path / f"run-{rule}", "--generation_config", str(folder))
+        model = run.trainer.accelerator.unwrap_model(run.trainer.model).eval()
+        source = run.tokenizer(["a b c d"], return_tensors="pt")
+        width = model.generate(**source).shape[1]
+        if expected_at_most is not None:
+            assert width <= expected_at_most, width
+        else:
+            assert width > 6, width  # the rule: up to the source + 50
+
+
 def test_metrics_report_the_share_of_hypotheses_cut_off_by_the_length_limit():
     """A hypothesis without </s> after the decoder's start token ran to the limit (a loop): 2 of 4 here."""
     import numpy as np

@@ -51,7 +51,7 @@ from ..checkpoint_files import (
     without_runtime_settings,
 )
 from ..command_line import exit_with_usage_error
-from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULA
+from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULA, MAX_NEW_TOKENS_BEYOND_INPUT
 from ..private_api import require
 from .arguments import schedule_name
 from .averaging import MEAN_NAMES, architecture, average_checkpoints
@@ -236,6 +236,8 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     )
     # after the Trainer, which replaces the model's generation config with --generation_config's
     set_decoding(trainer.model, model_args.length_penalty, model_args.length_penalty_formula)
+    if training_args.generation_config is not None:
+        keep_the_files_length(trainer.model.generation_config)
     return Run(trainer, tokenizer, datasets, text, resume)
 
 
@@ -358,6 +360,14 @@ def set_decoding(model, length_penalty: float | None = None, length_penalty_form
         setattr(model.generation_config, LENGTH_PENALTY_FORMULA, length_penalty_formula)
 
 
+def keep_the_files_length(generation_config) -> None:
+    """A ``--generation_config`` file that sets ``max_length`` and says nothing of the paper's length rule (a
+    file written by hand, or by another model's ``save_pretrained``) decodes to that length: generate() applies
+    the rule (source + 50) only where ``max_new_tokens_beyond_input`` says so, or where no length is set."""
+    if generation_config.max_length is not None and not hasattr(generation_config, MAX_NEW_TOKENS_BEYOND_INPUT):
+        setattr(generation_config, MAX_NEW_TOKENS_BEYOND_INPUT, None)
+
+
 def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
     """Resuming continues one model with one tokenizer: flags that build another architecture, or another
     tokenizer, would load the checkpoint's weights into a model that reads them differently."""
@@ -446,8 +456,15 @@ def predict(
         trainer.accelerator.wait_for_everyone()
         return {}
     sources, references = test["source"], test["target"]
+    args = trainer.args  # the decoding flags evaluation takes (Seq2SeqTrainer's), for the test set too
+    settings = {"num_beams": args.generation_num_beams, "max_length": args.generation_max_length}
     hypotheses = translate(
-        model, tokenizer, list(sources), trainer.args.per_device_eval_batch_size, progress=not trainer.args.disable_tqdm
+        model,
+        tokenizer,
+        list(sources),
+        args.per_device_eval_batch_size,
+        progress=not args.disable_tqdm,
+        **{name: value for name, value in settings.items() if value is not None},
     )
     output_dir.mkdir(parents=True, exist_ok=True)
     (output_dir / PREDICTIONS_FILE).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
