@@ -170,6 +170,18 @@ def test_misaligned_references_are_an_error(model_dir, tmp_path):
         translate.main(["--model", str(model_dir), "--input", str(source), "--references", str(references)])
 
 
+def test_several_hypotheses_a_sentence_are_refused_before_decoding(loaded, monkeypatch):
+    """translate gives one translation a sentence: num_return_sequences > 1 (in the call, or in the model's
+    generation config as a --generation_config file may set it) would pair sentences with others' hypotheses."""
+    model, tokenizer = loaded
+    monkeypatch.setattr(model, "generate", lambda *a, **k: pytest.fail("decoded"))
+    with pytest.raises(ValueError, match=r"^translate gives one translation a sentence; num_return_sequences=2"):
+        translate.translate(model, tokenizer, ["a b", "c"], num_beams=2, num_return_sequences=2)
+    monkeypatch.setattr(model.generation_config, "num_return_sequences", 3)
+    with pytest.raises(ValueError, match=r"num_return_sequences=3 \(from the call or the model's"):
+        translate.translate(model, tokenizer, ["a b", "c"])
+
+
 def test_bad_batch_size_is_an_error(loaded):
     with pytest.raises(ValueError, match="batch_size must be at least 1"):
         translate.translate(*loaded, SENTENCES, batch_size=0)

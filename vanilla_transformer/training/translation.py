@@ -68,6 +68,12 @@ def translate(
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
     if long_inputs not in LONG_INPUT_POLICIES:
         raise ValueError(f"long_inputs must be one of {LONG_INPUT_POLICIES}, got {long_inputs!r}.")
+    returned = generate_kwargs.get("num_return_sequences") or model.generation_config.num_return_sequences or 1
+    if returned != 1:  # one hypothesis a sentence, in the sentences' order
+        raise ValueError(
+            f"translate gives one translation a sentence; num_return_sequences={returned} (from the call or the "
+            "model's generation_config.json) asks for several: set it to 1, or call model.generate() for n-best lists."
+        )
     hypotheses = ["" for _ in sentences]
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]  # blank lines stay blank
     limit = source_limit(model, tokenizer)
