@@ -859,6 +859,26 @@ def test_do_predict_decodes_the_test_set_with_the_generation_flags(data_dir, tmp
     assert len(lines) == 2 and all(len(run.tokenizer(line)["input_ids"]) <= 7 for line in lines)
 
 
+def test_a_test_source_longer_than_the_model_accepts_is_refused_before_training(data_dir, tmp_path, monkeypatch):
+    """--do_predict scores the whole test set: a source past the model's positions fails before any training,
+    naming the file and its line, instead of after training (where translate() would refuse it)."""
+    pairs = reverse_pairs(5, seed=3)
+    pairs[3] = (" ".join(["a b c d"] * 20), "d c b a")  # 80 words: past 32 positions
+    source, target = write_pairs(tmp_path / "test", "test", pairs)
+    monkeypatch.setattr(train.TransformerTrainer, "train", lambda *a, **k: pytest.fail("trained"))
+    flags = ["--config_overrides", "max_position_embeddings=32", "--do_train", "--do_predict"]
+    with pytest.raises(ValueError) as refused:
+        build(data_dir, tmp_path / "out", *flags, "--test_source_file", source, "--test_target_file", target)
+    message = str(refused.value)
+    assert message.startswith("--do_predict: 1 test source(s) are longer than the 32 tokens the model accepts: ")
+    assert (
+        f"--test_source_file {source}, line 4 (" in message and "vanilla-transformer translate --skip-long" in message
+    )
+    assert "\n" not in message
+    build(data_dir, tmp_path / "fits", "--config_overrides", "max_position_embeddings=128", *flags[2:],
+          "--test_source_file", source, "--test_target_file", target)  # fmt: skip
+
+
 def test_a_generation_config_files_max_length_limits_decoding(data_dir, tmp_path):
     """--generation_config naming a file with max_length (and nothing of the paper's length rule): generate()
     decodes to that length, not to the source + 50 of the rule; a file that keeps the rule keeps it."""

@@ -76,7 +76,7 @@ from .options import (  # noqa: F401 (imported from here)
 )
 from .run_lock import hold_output_dir
 from .trainer import TransformerTrainer
-from .translation import translate
+from .translation import inputs_too_long, translate, where_too_long
 
 # A new model with a chosen attention implementation is made through this (private: checked at import)
 require("transformers.PreTrainedModel._from_config")
@@ -201,6 +201,8 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     if resume is not None:
         check_resume_matches(resume, model, tokenizer)
     tokenizer.model_max_length = model.config.max_position_embeddings  # so that truncation=True means something
+    if do_predict and text["test"] is not None:
+        check_test_sources_fit(text["test"], tokenizer, model, data_args)
 
     wanted = {"train": do_train, "validation": do_eval, "test": False}  # the test set is translated from its text
     with training_args.main_process_first(desc="tokenizing"):
@@ -358,6 +360,27 @@ def set_decoding(model, length_penalty: float | None = None, length_penalty_form
         model.generation_config.length_penalty = length_penalty
     if length_penalty_formula is not None:
         setattr(model.generation_config, LENGTH_PENALTY_FORMULA, length_penalty_formula)
+
+
+def check_test_sources_fit(test, tokenizer, model, data_args) -> None:
+    """--do_predict translates every test source: one longer than the model accepts is refused before training
+    (naming its file and line), not after it. The test set is scored whole, so none is dropped or cut."""
+    sources = list(test["source"])
+    limit, lengths, too_long = inputs_too_long(model, tokenizer, sources)
+    if not too_long:
+        return
+    if data_args.test_source_file or data_args.test_file:
+        flag = "--test_source_file" if data_args.test_source_file else "--test_file"
+        lines_of = f"{flag} {data_args.test_source_file or data_args.test_file}"
+    else:
+        lines_of = None
+    where = where_too_long(too_long, lengths, lines_of)
+    name = "" if lines_of else f" (--dataset_name {data_args.dataset_name}, split {data_args.test_split})"
+    raise ValueError(
+        f"--do_predict: {len(too_long)} test source(s) are longer than the {limit} tokens the model accepts{name}: "
+        f"{where}. Shorten or remove them, or translate the file after training with `vanilla-transformer "
+        "translate --skip-long` (or --truncate)."
+    )
 
 
 def keep_the_files_length(generation_config) -> None:

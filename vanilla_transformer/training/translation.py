@@ -43,6 +43,25 @@ def source_limit(model, tokenizer) -> int:
     return min(model.config.max_position_embeddings, tokenizer.model_max_length)
 
 
+def inputs_too_long(model, tokenizer, sentences: Sequence[str], todo: list[int] | None = None):
+    """The model's source limit (`source_limit`), the token count of each sentence (those of ``todo``, by
+    default all) and the positions of those longer than the limit."""
+    todo = range(len(sentences)) if todo is None else todo
+    limit = source_limit(model, tokenizer)
+    lengths = {i: len(ids) for i, ids in zip(todo, tokenizer([sentences[i] for i in todo])["input_ids"])}
+    return limit, lengths, [i for i in todo if lengths[i] > limit]
+
+
+def where_too_long(too_long: list[int], lengths: dict, lines_of: str | None) -> str:
+    """"FILE, line 3 (70 tokens), ..." (or "number 3 ..." without a file), the first ten."""
+    return (
+        (f"{lines_of}, line" if lines_of else "number")
+        + " "
+        + ", ".join(f"{i + 1} ({lengths[i]} tokens)" for i in too_long[:10])
+        + (" ..." if len(too_long) > 10 else "")
+    )
+
+
 def translate(
     model,
     tokenizer,
@@ -76,16 +95,9 @@ def translate(
         )
     hypotheses = ["" for _ in sentences]
     todo = [i for i, sentence in enumerate(sentences) if sentence.strip()]  # blank lines stay blank
-    limit = source_limit(model, tokenizer)
-    lengths = {i: len(ids) for i, ids in zip(todo, tokenizer([sentences[i] for i in todo])["input_ids"])}
-    too_long = [i for i in todo if lengths[i] > limit]
+    limit, lengths, too_long = inputs_too_long(model, tokenizer, sentences, todo)
     if too_long:
-        where = (
-            (f"{lines_of}, line" if lines_of else "number")
-            + " "
-            + ", ".join(f"{i + 1} ({lengths[i]} tokens)" for i in too_long[:10])
-            + (" ..." if len(too_long) > 10 else "")
-        )
+        where = where_too_long(too_long, lengths, lines_of)
         if long_inputs == "error":
             raise ValueError(
                 f"{len(too_long)} input(s) are longer than the {limit} tokens the model accepts: {where}. Shorten "
