@@ -231,11 +231,27 @@ def test_the_metrics_see_the_predictions_and_labels_in_the_datasets_order(settin
     assert [labels for _, labels in seen[0]] == dataset["labels"]
 
 
-def test_the_trainers_order_where_rows_are_not_one_per_sentence(setting, tmp_path):
+def test_the_trainers_order_where_rows_are_not_one_per_sentence(setting, tmp_path, caplog):
+    """Several hypotheses a sentence: the Trainer's order; asked for by name (--eval_order length), with a warning
+    that says why."""
+    import functools
+    import logging
+
     model, tokenizer, dataset = setting
     trainer = trainer_of(TransformerTrainer, TransformerTrainingArguments, setting, tmp_path)
     trainer._gen_kwargs = {"num_return_sequences": 2, "num_beams": 2}
-    assert not isinstance(trainer._get_eval_sampler(dataset), LengthSortedSampler)
+    with caplog.at_level(logging.WARNING):
+        assert not isinstance(trainer._get_eval_sampler(dataset), LengthSortedSampler)  # auto: the CPU sorts
+    assert not caplog.records
+    arguments = functools.partial(TransformerTrainingArguments, eval_order="length")
+    named = trainer_of(TransformerTrainer, arguments, setting, tmp_path)
+    named._gen_kwargs = {"num_return_sequences": 2, "num_beams": 2}
+    with caplog.at_level(logging.WARNING):
+        assert not isinstance(named._get_eval_sampler(dataset), LengthSortedSampler)
+    assert [r.getMessage() for r in caplog.records] == [
+        "--eval_order length: decoding in the dataset's order instead, because of several hypotheses a sentence "
+        "(num_return_sequences)"
+    ]
     unlabelled = dataset.remove_columns("input_ids")
     assert evaluation_lengths(unlabelled) is None
     assert evaluation_lengths([{"input_ids": [5, 6, 7]}, {"input_ids": [5]}]).tolist() == [3, 1]

@@ -472,6 +472,15 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         one_row_each = not self.args.predict_with_generate or self._sequences_per_input() == 1
         whole_set = self.args.eval_do_concat_batches and not self.args.batch_eval_metrics
         if lengths is None or not one_row_each or not whole_set or self.args.dataloader_drop_last:
+            if lengths is not None and self.args.eval_order == "length":  # asked for by name: say why not
+                reason = (
+                    "several hypotheses a sentence (num_return_sequences)"
+                    if not one_row_each
+                    else "metrics per batch, or batches kept apart"
+                    if not whole_set
+                    else "--dataloader_drop_last"
+                )
+                logger.warning(f"--eval_order length: decoding in the dataset's order instead, because of {reason}")
             return super()._get_eval_sampler(eval_dataset)
         return LengthSortedSampler(lengths)
 
