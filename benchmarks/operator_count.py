@@ -15,7 +15,9 @@ one piece on a GPU. Both are counted as a GPU runs them, for ours and Marian ali
 
 Training update, as ``train --bf16`` takes it: forward under bfloat16 autocast, the package's label-smoothed loss,
 backward, fused AdamW. Operators per phase, dtype conversions (``aten._to_copy``: autocast's casts of weights,
-activations and gradients, and the masks' conversions to bool) counted apart, for ours,
+activations and gradients, and the masks' conversions to bool) counted apart, for ours; ours with its weights in
+bfloat16 and no autocast (what a lever keeping the weights in bfloat16 beside float32 masters would launch, less
+the masters' few multi-tensor copies: not built, no GPU has measured launches against it);
 ours with ``--fuse_projections`` and a MarianMTModel of the same shape (`gpu.marian_of`), on one batch of
 ``--rows`` sentences of ``--source`` and ``--target`` tokens (the Multi30k recipe's batch: about 70 sentences of
 13-15 tokens), the last source positions of every third sentence padded.
@@ -160,11 +162,14 @@ def training_batch(args, device) -> dict:
     return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device), "labels": labels.to(device)}
 
 
-def count_update(model, batch: dict, args) -> dict:
-    """Operators (all but views) of each phase of one update, autocast's casts among them, and host reads."""
+def count_update(model, batch: dict, args, autocast: bool = True) -> dict:
+    """Operators (all but views) of each phase of one update, autocast's casts among them, and host reads;
+    without ``autocast``, the model as it is (weights in bfloat16: the operators a run keeping its weights in
+    bfloat16, beside float32 masters for the optimizer, would launch, less the masters' few multi-tensor copies)."""
     from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
     model = model.to(args.device).train()
+    autocast = autocast and args.dtype != "float32"
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, fused=True
     )
@@ -174,7 +179,7 @@ def count_update(model, batch: dict, args) -> dict:
         for _ in range(2):  # the first update allocates Adam's moments: the second is counted
             decoder_input_ids = model.prepare_decoder_input_ids_from_labels(labels)
             counts, before = {}, len(reads)
-            with torch.autocast(args.device.split(":")[0], dtype=DTYPES[args.dtype], enabled=args.dtype != "float32"):
+            with torch.autocast(args.device.split(":")[0], dtype=DTYPES[args.dtype], enabled=autocast):
                 with Count() as counts["forward"]:
                     logits = model(
                         input_ids=batch["input_ids"],
@@ -248,6 +253,9 @@ def measure(preset: str, args) -> dict:
             "marian": count_update(marian, batch, args),
         },
     }
+    if args.dtype != "float32":  # what a lever that keeps the weights in the autocast dtype would leave
+        weights = VanillaTransformerForConditionalGeneration(config).to(DTYPES[args.dtype])
+        result["update"][f"ours, weights in {args.dtype}"] = count_update(weights, batch, args, autocast=False)
     marian = marian_of(config)
     result["decoding"] = {"ours": count_decoding(from_marian(marian), args), "marian": count_decoding(marian, args)}
     return result
