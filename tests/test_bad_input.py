@@ -279,7 +279,9 @@ def test_jsonl_missing_nested_key_later_names_the_line(tmp_path):
     "flags, message",
     [
         (("--target_column", "5"), "--target_column 5: .* has 2 tab-separated field"),
-        (("--source_column", "1", "--target_column", "1"), "both '1'"),
+        (("--source_column", "1", "--target_column", "1"), "both read TSV column 1 .*: the model would learn to copy"),
+        (("--source_column", "1"), "both read TSV column 1 \\(the target's default is 1"),  # the default's column
+        (("--source_column", "01", "--target_column", "1"), "both read TSV column 1"),
         (("--source_column", "x"), "--source_column 'x': a TSV column is a 0-based number"),
     ],
 )

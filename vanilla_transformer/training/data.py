@@ -572,8 +572,12 @@ def check_data_arguments(args) -> None:
         if not getattr(args, name).strip():
             raise ValueError(f"--{name} is empty; give a language code such as en or de.")
     if any(pairs_format(path) == ".tsv" for path in (args.train_file, args.validation_file, args.test_file) if path):
-        tsv_column(args.source_column, "--source_column", 0)
-        tsv_column(args.target_column, "--target_column", 1)
+        source = tsv_column(args.source_column, "--source_column", 0)
+        if source == tsv_column(args.target_column, "--target_column", 1):  # defaults filled in, numbers compared
+            raise ValueError(
+                f"--source_column and --target_column both read TSV column {source} (the target's default is 1, "
+                "the source's 0): the model would learn to copy. Give the other side's column."
+            )
     if args.source_column is not None and args.source_column == args.target_column:
         raise ValueError(
             f"--source_column and --target_column are both {args.source_column!r}: the model would "

@@ -53,7 +53,7 @@ def inputs_too_long(model, tokenizer, sentences: Sequence[str], todo: list[int] 
 
 
 def where_too_long(too_long: list[int], lengths: dict, lines_of: str | None) -> str:
-    """"FILE, line 3 (70 tokens), ..." (or "number 3 ..." without a file), the first ten."""
+    """Where the first ten too-long inputs are: "FILE, line 3 (70 tokens), ...", or "number 3 ..." without a file."""
     return (
         (f"{lines_of}, line" if lines_of else "number")
         + " "
