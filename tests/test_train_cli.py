@@ -190,6 +190,33 @@ def test_run_translation_flags_that_mean_something_else_are_refused_naming_ours(
         run.parse_arguments([str(config)])
 
 
+@pytest.mark.parametrize(
+    "line, message",
+    [
+        ("max_tokens: 4096.5", r"max_tokens: 4096.5 is not a value --max_tokens takes"),
+        ("validation_size: true", r"validation_size: True is not a value --validation_size takes"),
+        ("max_train_samples: [10]", r"max_train_samples: \[10\] is not a value --max_train_samples takes \(a list"),
+        ("eval_order: sideways", r"eval_order: 'sideways' is not one of auto, length, input"),
+    ],
+)
+def test_an_argument_files_values_are_typed_as_the_flags_are(line, message, tmp_path):
+    """argparse converts and checks the command line's values, not the defaults an argument file sets: each of
+    the file's values goes through its flag's type and choices, refused naming the file and the flag."""
+    config = tmp_path / "run.yaml"
+    config.write_text(f"output_dir: out\n{line}\n")
+    with pytest.raises(ValueError, match=rf"^'.*run.yaml': {message}"):
+        run.parse_arguments([str(config)])
+
+
+def test_an_argument_files_values_take_the_flags_types(tmp_path):
+    """YAML's numbers and booleans where a flag takes text or a number: as the command line's tokens would be."""
+    config = tmp_path / "run.yaml"
+    config.write_text("output_dir: out\nsource_column: 0\ntarget_column: 1\nmax_tokens: 2048\nlearning_rate: 1\n")
+    _, data_args, training_args = run.parse_arguments([str(config), "--do_eval", "true"])
+    assert (data_args.source_column, data_args.target_column) == ("0", "1")
+    assert training_args.max_tokens == 2048 and training_args.learning_rate == 1.0 and training_args.do_eval is True
+
+
 def test_equals_sign_flags_are_recognised_too(tmp_path):
     with pytest.raises(ValueError, match="--num_beams .* is a run_translation.py flag"):
         run.parse_arguments(["--num_beams=4", "--output_dir", str(tmp_path)])

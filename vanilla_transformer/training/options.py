@@ -344,7 +344,7 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
         _refuse_foreign_flags(values, f"{str(path)!r}")
         if unknown := sorted(set(values) - known):
             raise ValueError(f"{str(path)!r} has unknown argument(s) {unknown}; see `{prog} --help` for the names.")
-        parser.set_defaults(**values)
+        parser.set_defaults(**_typed_file_values(parser, values, path))
         given |= set(values)
     _refuse_foreign_flags(given, "the command line")
     _refuse_unknown_flags(parser, argv)
@@ -356,6 +356,33 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
     if model_args.model_name_or_path and "warmup_steps" not in given:
         training_args.warmup_steps = FINE_TUNING_WARMUP_RATIO
     return model_args, data_args, training_args
+
+
+def _typed_file_values(parser: argparse.ArgumentParser, values: dict, path: Path) -> dict:
+    """An argument file's values, each converted by its flag's type and checked against its choices as argparse
+    does for the command line (it does neither for defaults): YAML's 0 for a column named by a string becomes "0",
+    and 4096.5 for a count of tokens is refused naming the file and the flag, before anything is read."""
+    actions = {action.dest: action for action in parser._actions}
+    typed = {}
+    for name, value in values.items():
+        action = actions[name]
+        if value is None or isinstance(value, dict):  # null: unset; a mapping (e.g. --fsdp_config) as it is
+            typed[name] = value
+            continue
+        several = action.nargs in ("+", "*") or isinstance(action.nargs, int)
+        items = value if several and isinstance(value, list) else [value]
+        try:
+            if isinstance(value, list) and not several:
+                raise ValueError("a list where one value goes")
+            converted = [(action.type or str)(str(item)) for item in items]
+        except (ValueError, TypeError, argparse.ArgumentTypeError) as error:
+            raise ValueError(f"{str(path)!r}: {name}: {value!r} is not a value --{name} takes ({error}).") from None
+        for item in converted:
+            if action.choices is not None and item not in action.choices:
+                choices = ", ".join(str(choice) for choice in action.choices)
+                raise ValueError(f"{str(path)!r}: {name}: {item!r} is not one of {choices}.")
+        typed[name] = converted if several else converted[0]
+    return typed
 
 
 def _refuse_unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
