@@ -387,6 +387,35 @@ def test_trainer_writes_no_checkpoint_folder_before_it_is_complete(four_steps):
     assert not (output / STAGING_DIR).exists()
 
 
+def test_push_to_hub_uploads_the_averaged_model_and_the_projects_card(data_dir, tmp_path):
+    """--push_to_hub with --average_checkpoints: the Hub gets the final folder as saved (the mean of the last
+    checkpoints, and the card that says so), not the last weights the Trainer pushed while saving. Reference:
+    the local final folder. The card names the checkpoints the mean is of: 3 asked for, 2 kept."""
+    from hub_server import USER, LoopbackHub, client_environment
+
+    hub = LoopbackHub(tmp_path / "hub", lifetime=600).start()
+    try:
+        output, repo = tmp_path / "pushed", f"{USER}/averaged"
+        env = {**os.environ, **client_environment(hub, tmp_path / "home"), "PYTHONPATH": str(REPO)}
+        argv = run_argv(data_dir, output, "--max_steps", str(2 * SAVE_STEPS), "--average_checkpoints", "3")
+        completed = subprocess.run(
+            [sys.executable, str(REPO / "training/train.py"), *argv, "--push_to_hub", "--hub_model_id", repo],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        files = hub.store.files(repo, hub.store.resolve(repo, "main"))
+        pushed, card = files["model.safetensors"].read_bytes(), files["README.md"].read_text()
+    finally:
+        hub.stop()
+    assert pushed == (output / "model.safetensors").read_bytes()
+    assert pushed != (output / f"checkpoint-{2 * SAVE_STEPS}" / "model.safetensors").read_bytes()  # not the last
+    line = f"2 of the 3 asked for (uniform weights): checkpoint-{SAVE_STEPS}, checkpoint-{2 * SAVE_STEPS}"
+    assert line in card and line in (output / "README.md").read_text()
+
+
 def test_push_to_hub_uploads_each_checkpoint_from_its_final_name(data_dir, tmp_path):
     """The Trainer uploads a checkpoint in the background; from the temporary folder, renamed meanwhile,
     that upload would lose files. Reference: the files of the last local checkpoint."""

@@ -142,6 +142,8 @@ def main(
         if do_train and trainer.is_world_process_zero():
             write_card(Path(training_args.output_dir), trainer, model_args, data_args, metrics)
             logger.info(f"saved the model, tokenizer and generation config to {training_args.output_dir}")
+        if do_train and training_args.push_to_hub:  # the folder as saved, its card included
+            push_final_model(trainer, Path(training_args.output_dir))
         if trainer.is_world_process_zero():
             logger.info(
                 "metrics: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
@@ -450,13 +452,15 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
     if average < 0:
         raise ValueError(f"average must be 0 (no averaging) or a number of checkpoints, got {average}.")
     output_dir = Path(trainer.args.output_dir)
-    trainer.save_model(str(output_dir))
+    trainer.save_model(str(output_dir), _internal_call=True)  # --push_to_hub: the final folder, once, by `main`
+    trainer.averaged_checkpoints = []
     if average and trainer.is_world_process_zero():
         checkpoints = complete_checkpoints(output_dir)  # oldest first; incomplete ones named in the log
         chosen = checkpoints[max(0, len(checkpoints) - average) :]
         if len(chosen) < average:
             logger.warning(f"averaging {len(chosen)} checkpoints instead of {average}: only {len(chosen)} were kept")
         average_checkpoints(chosen, output_dir, weights)
+        trainer.averaged_checkpoints = [path.name for path in chosen]  # for the card
         logger.info(f"final model = {MEAN_NAMES[weights]} of {', '.join(p.name for p in chosen)}")
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(output_dir)
@@ -542,11 +546,7 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
             "schedule": schedule_name(training_args),
             "label smoothing": training_args.label_smoothing_factor,
             "Adam": f"({training_args.adam_beta1}, {training_args.adam_beta2}, {training_args.adam_epsilon})",
-            "checkpoints averaged": (
-                f"{training_args.average_checkpoints} ({training_args.average_weights} weights)"
-                if training_args.average_checkpoints
-                else "none"
-            ),
+            "checkpoints averaged": averaged_checkpoints_line(trainer),
             **(
                 {"weights": f"exponential moving average, decay {training_args.ema_decay:g}"}
                 if training_args.ema_decay
@@ -554,6 +554,39 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
             ),
         },
     )
+
+
+def averaged_checkpoints_line(trainer) -> str:
+    """The card's line for §6.1's averaging: how many checkpoints the final model is the mean of (fewer than
+    --average_checkpoints where fewer were kept), which, and how weighted."""
+    args, chosen = trainer.args, getattr(trainer, "averaged_checkpoints", None) or []
+    if not args.average_checkpoints:
+        return "none"
+    if not chosen:  # this process did not average (another one did), or nothing was saved
+        return f"{args.average_checkpoints} ({args.average_weights} weights)"
+    fewer = f" of the {args.average_checkpoints} asked for" if len(chosen) < args.average_checkpoints else ""
+    return f"{len(chosen)}{fewer} ({args.average_weights} weights): {', '.join(chosen)}"
+
+
+def push_final_model(trainer, output_dir: Path) -> str | None:
+    """--push_to_hub: the final folder (the averaged or moving-average weights, the tokenizer, the generation
+    config, the project's card) in one commit after it is complete (`publish`); the Trainer's own pushes of
+    checkpoints during training came before. The commit's URL (None on other processes)."""
+    from ..publish import publish
+
+    if not trainer.is_world_process_zero():
+        return None
+    args = trainer.args
+    url = publish(
+        output_dir,
+        trainer.hub_model_id,
+        private=args.hub_private_repo,
+        revision=args.hub_revision,
+        token=args.hub_token,
+        commit_message="Final model and card",
+    )
+    logger.info(f"pushed the final model to {trainer.hub_model_id}: {url}")
+    return url
 
 
 def close_process_group() -> None:
