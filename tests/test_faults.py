@@ -387,6 +387,27 @@ def test_trainer_writes_no_checkpoint_folder_before_it_is_complete(four_steps):
     assert not (output / STAGING_DIR).exists()
 
 
+def test_the_training_budget_counts_the_minutes_trained_before_a_resume(data_dir, tmp_path):
+    """--max_train_minutes is the whole run's: each checkpoint's trainer_state.json holds the seconds trained
+    until it, and the run resumed from it starts its clock there (the Trainer's own resume, in process)."""
+    output = tmp_path / "run"
+    first = train.build_trainer(
+        *train.parse_arguments(run_argv(data_dir, output, "--max_steps", "4", "--max_train_minutes", "60"))
+    )
+    first.trainer.train()
+    saved = json.loads((output / "checkpoint-4" / "trainer_state.json").read_text())["stateful_callbacks"]
+    trained = saved["WallClock"]["attributes"]["trained_before"]
+    assert 0 < trained < 60
+    argv = run_argv(
+        data_dir, output, "--max_steps", "8", "--max_train_minutes", "60", "--resume_from_checkpoint", "last"
+    )
+    resumed = train.build_trainer(*train.parse_arguments(argv))
+    resumed.trainer.train(resume_from_checkpoint=str(resumed.resume))
+    assert resumed.trainer.wall_clock.trained_before == pytest.approx(trained)
+    later = json.loads((output / "checkpoint-8" / "trainer_state.json").read_text())["stateful_callbacks"]
+    assert later["WallClock"]["attributes"]["trained_before"] > trained
+
+
 def test_push_to_hub_uploads_the_averaged_model_and_the_projects_card(data_dir, tmp_path):
     """--push_to_hub with --average_checkpoints: the Hub gets the final folder as saved (the mean of the last
     checkpoints, and the card that says so), not the last weights the Trainer pushed while saving. Reference:

@@ -7,6 +7,7 @@ import types
 
 import pytest
 import torch
+from transformers import TrainerControl, TrainerState
 
 from vanilla_transformer.training import trainer as trainer_module
 from vanilla_transformer.training.trainer import WallClock
@@ -22,7 +23,7 @@ def several_processes(monkeypatch):
 
 
 def run(clock: WallClock, now: list, seconds_per_update, updates: int) -> list[float]:
-    args, state, control = types.SimpleNamespace(device="cpu"), None, None
+    args, state, control = types.SimpleNamespace(device="cpu"), TrainerState(), None
     clock.on_train_begin(args, state, control)
     readings = []
     for update in range(1, updates + 1):
@@ -52,3 +53,39 @@ def test_between_agreements_the_reading_follows_the_last_agreed_pace(several_pro
     readings = run(WallClock(max_minutes=10, agree_seconds=10.0), now, lambda update: 2.0 if update == 1 else 1.0, 6)
     assert reductions == [2.0, 7.0]  # agreed after update 1 (2 s an update: next in 5 updates), then at 6
     assert readings == [2.0, 4.0, 6.0, 8.0, 10.0, 7.0]
+
+
+def test_a_resumed_run_goes_on_with_the_seconds_its_checkpoint_trained(monkeypatch):
+    """The budget counts the whole run: a checkpoint holds the seconds trained until it (`WallClock.state`, in
+    trainer_state.json), and a run resumed from it stops when the sum reaches --max_train_minutes, saves at the
+    next multiple of --save_minutes after it, and cools down from where it was."""
+    now = [100.0]
+    monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    first = WallClock(max_minutes=1, save_minutes=0.5)
+    args = types.SimpleNamespace(device="cpu", save_strategy="steps")
+    state = TrainerState()
+    first.on_train_begin(args, state, TrainerControl())
+    now[0] += 50.0  # 50 s of training, then a checkpoint and a preemption
+    saved = TrainerState(global_step=40, stateful_callbacks={"WallClock": first.state()})
+    assert saved.stateful_callbacks["WallClock"]["attributes"]["trained_before"] == pytest.approx(50.0)
+
+    resumed = WallClock(max_minutes=1, save_minutes=0.5)
+    now[0] += 1000.0  # requeued much later: only training time counts
+    resumed.on_train_begin(args, saved, TrainerControl())
+    assert resumed.elapsed() == pytest.approx(50.0) and resumed.next_save == pytest.approx(60.0)
+    assert resumed.cooldown_factor(0.5) == pytest.approx(10 / 30)  # 10 s of the 60 left: a third of the cooldown
+    control = TrainerControl()
+    now[0] += 9.0
+    resumed.on_step_end(args, saved, control)
+    assert not control.should_training_stop and not control.should_save
+    now[0] += 1.0  # 60 s trained in all
+    resumed.on_step_end(args, saved, control)
+    assert control.should_training_stop and control.should_save and resumed.next_save == pytest.approx(90.0)
+
+
+def test_a_checkpoint_from_before_the_clocks_state_starts_it_at_zero(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    clock, state = WallClock(max_minutes=1), TrainerState(global_step=40, stateful_callbacks={})
+    clock.on_train_begin(types.SimpleNamespace(device="cpu"), state, TrainerControl())
+    assert clock.elapsed() == 0.0 and "WallClock" in state.stateful_callbacks  # its next checkpoint holds it

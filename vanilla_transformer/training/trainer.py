@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import os
 import time
 from collections.abc import Callable, Mapping
@@ -31,6 +32,7 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import ProgressCallback, Seq2SeqTrainer, TrainerCallback
+from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import EvalLoopOutput, EvalPrediction
 
 from ..private_api import require
@@ -95,10 +97,12 @@ def noam_schedule(
 # ---------------------------------------------------------------------------------------------
 
 
-class WallClock(TrainerCallback):
+class WallClock(TrainerCallback, ExportableState):
     """Save a checkpoint every ``save_minutes`` ("checkpoints, which were written at 10-minute intervals",
     §6.1) and stop after ``max_train_minutes`` of training, saving the last update (so that averaging the
-    last checkpoints includes it). The clock starts when this process starts training, resumed or not.
+    last checkpoints includes it). The minutes count the whole run's training: each checkpoint's
+    ``trainer_state.json`` holds the seconds trained until it (the Trainer's ``stateful_callbacks``), and a
+    run resumed from it goes on from there, its budget, its cooldown and its next save included.
 
     With several processes, each reads its own clock, and they can disagree by an update: then one would
     stop or save while another goes on (and waits forever for it in the next all-reduce), or run another
@@ -111,15 +115,29 @@ class WallClock(TrainerCallback):
     def __init__(
         self, max_minutes: float | None = None, save_minutes: float | None = None, agree_seconds: float = 10.0
     ):
+        self.max_minutes, self.save_minutes = max_minutes, save_minutes
         self.max_seconds = max_minutes * 60 if max_minutes else None
         self.save_seconds = save_minutes * 60 if save_minutes else None
         self.agree_seconds = agree_seconds
-        self.start = None
+        self.start, self.trained_before = None, 0.0
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the clock (transformers' `ExportableState`): the seconds trained so far."""
+        return {
+            "args": {"max_minutes": self.max_minutes, "save_minutes": self.save_minutes},
+            "attributes": {"trained_before": self.elapsed() if self.start is not None else self.trained_before},
+        }
 
     def on_train_begin(self, args, state, control, **kwargs):
+        saved = state.stateful_callbacks.get(type(self).__name__) if state.global_step else None
+        saved = saved[0] if isinstance(saved, list) and saved else saved  # one clock a run
+        self.trained_before = float((saved or {}).get("attributes", {}).get("trained_before", 0.0))
+        state.stateful_callbacks[type(self).__name__] = self.state()  # also where a checkpoint predates the clock's
         self.start = time.monotonic()
         self.device = args.device
-        self.next_save = self.save_seconds
+        self.next_save = None
+        if self.save_seconds:  # the first multiple of the interval after what was trained before
+            self.next_save = (math.floor(self.trained_before / self.save_seconds) + 1) * self.save_seconds
         self.updates, self.agreed, self.next_agreement = 0, (0, 0.0), 1  # agreed: (updates, seconds) then
 
     def on_optimizer_step(self, args, state, control, **kwargs):
@@ -134,11 +152,11 @@ class WallClock(TrainerCallback):
         self.next_agreement = self.updates + max(1, int(self.agree_seconds / per_update) if per_update > 0 else 1)
 
     def elapsed(self) -> float:
-        """Seconds since training began: on several processes, the same reading on every one of them."""
+        """Seconds trained, before a resume included: on several processes, the same reading on every one."""
         if not _several_processes():
-            return time.monotonic() - self.start
+            return self.trained_before + time.monotonic() - self.start
         updates, seconds = self.agreed
-        return seconds + (self.updates - updates) * seconds / updates if updates else 0.0
+        return self.trained_before + (seconds + (self.updates - updates) * seconds / updates if updates else 0.0)
 
     def cooldown_factor(self, cooldown_minutes: float) -> float:
         """1 until the last ``cooldown_minutes`` of the budget, then falling linearly to 0 at its end: the
@@ -331,10 +349,16 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
                 )
             cooldown = None
             if self.args.cooldown_minutes:  # the last minutes of the budget decay eq. (3) to 0
-                cooldown = partial(self.wall_clock.cooldown_factor, self.args.cooldown_minutes)
+                cooldown = partial(self._cooldown_factor, self.args.cooldown_minutes)
             self.lr_scheduler = noam_schedule(optimizer or self.optimizer, self._d_model, warmup, cooldown)
             self._created_lr_scheduler = True
         return self.lr_scheduler
+
+    def _cooldown_factor(self, cooldown_minutes: float) -> float:
+        """The `WallClock` among the callbacks (the Trainer replaces it by a copy of its own when restoring
+        callback states, --restore_callback_states_from_checkpoint) reads the cooldown."""
+        clock = next((c for c in self.callback_handler.callbacks if isinstance(c, WallClock)), self.wall_clock)
+        return clock.cooldown_factor(cooldown_minutes)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs = dict(inputs)
