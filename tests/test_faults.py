@@ -387,6 +387,28 @@ def test_trainer_writes_no_checkpoint_folder_before_it_is_complete(four_steps):
     assert not (output / STAGING_DIR).exists()
 
 
+@pytest.mark.parametrize("extra", [[], ["--ema_decay", "0.9"]], ids=["last weights", "moving average"])
+def test_resuming_a_finished_run_trains_no_further_update(data_dir, tmp_path, extra):
+    """A run resumed from the checkpoint that ended its training (a requeued job whose evaluation was cut short)
+    trains nothing more: the same model as the finished run's (its moving average with --ema_decay), the same
+    update count, no new checkpoint. The Trainer alone would run one more update first."""
+    output = tmp_path / "run"
+    steps = ["--max_steps", str(2 * SAVE_STEPS), *extra]
+    first = train.build_trainer(*train.parse_arguments(run_argv(data_dir, output, *steps)))
+    first.trainer.train()
+    finished = {name: p.detach().clone() for name, p in first.trainer.model.state_dict().items()}
+    argv = run_argv(data_dir, output, *steps, "--resume_from_checkpoint", "last")
+    again = train.build_trainer(*train.parse_arguments(argv))
+    result = again.trainer.train(resume_from_checkpoint=str(again.resume))
+    assert result.global_step == again.trainer.state.global_step == 2 * SAVE_STEPS
+    for name, tensor in again.trainer.model.state_dict().items():
+        assert torch.equal(tensor, finished[name]), name
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == [
+        f"checkpoint-{SAVE_STEPS}",
+        f"checkpoint-{2 * SAVE_STEPS}",
+    ]
+
+
 def test_the_training_budget_counts_the_minutes_trained_before_a_resume(data_dir, tmp_path):
     """--max_train_minutes is the whole run's: each checkpoint's trainer_state.json holds the seconds trained
     until it, and the run resumed from it starts its clock there (the Trainer's own resume, in process)."""

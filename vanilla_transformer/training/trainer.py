@@ -26,25 +26,34 @@ import time
 from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from functools import partial
+from pathlib import Path
 
 import numpy as np
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
-from transformers import ProgressCallback, Seq2SeqTrainer, TrainerCallback
+from transformers import ProgressCallback, Seq2SeqTrainer, TrainerCallback, TrainerState
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import EvalLoopOutput, EvalPrediction
+from transformers.trainer_utils import EvalLoopOutput, EvalPrediction, TrainOutput
 
 from ..private_api import require
 from ..training_kernels import label_smoothed_cross_entropy
 from .arguments import TransformerTrainingArguments, pads_to_buckets, sorts_evaluation
 from .batching import LengthSortedSampler, PadToBucket, TokenBatchSampler
-from .checkpointing import CheckpointPolicy, StopOnSignal, is_sharded, plain_copy, resolve_checkpoint, start_worker
+from .checkpointing import (
+    TRAINER_STATE_NAME,
+    CheckpointPolicy,
+    StopOnSignal,
+    is_sharded,
+    plain_copy,
+    resolve_checkpoint,
+    start_worker,
+)
 from .data import example_lengths, list_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
 from .levers import CUDA_GRAPHS, apply_levers, training_loss
 from .memory_check import SkipOutOfMemoryBatches, check_largest_batches_fit
-from .moving_average import ExponentialMovingAverage, check_checkpoint
+from .moving_average import EMA_FILE, ExponentialMovingAverage, check_checkpoint
 from .progress import TargetTokens, TimeBudgetProgress, add_throughput
 
 logger = logging.getLogger(__name__)
@@ -321,6 +330,9 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
         if checkpoint is not None:
             check_checkpoint(checkpoint, self.args.ema_decay)
+            finished = self._training_ended_at(checkpoint)
+            if finished:  # the Trainer would run one more update before it looks
+                return self._take_the_finished_checkpoint(checkpoint, finished)
         elif self.moving_average is not None:  # a new run (or a retry) averages its own updates only
             self.moving_average.reset()
         check_largest_batches_fit(self)  # --memory_probe: a batch that cannot fit fails now, not hours in
@@ -334,6 +346,35 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
                 f"updates (decay {self.moving_average.decay:g}); the checkpoints hold the trained weights"
             )
         return result
+
+    def _training_ended_at(self, checkpoint) -> str | None:
+        """Why ``checkpoint`` ends the training these arguments ask for (its update reached --max_steps, or its
+        minutes --max_train_minutes), or None: a run resumed from it (a requeued job whose evaluation was cut
+        short) has nothing left to train. None too where it lacks the moving average --ema_decay needs."""
+        path = Path(checkpoint) / TRAINER_STATE_NAME
+        if not path.is_file() or (self.moving_average is not None and not (Path(checkpoint) / EMA_FILE).is_file()):
+            return None
+        state = TrainerState.load_from_json(str(path))
+        if self.args.max_steps > 0 and state.global_step >= self.args.max_steps:
+            return f"update {state.global_step}, --max_steps {self.args.max_steps}"
+        clock = state.stateful_callbacks.get(WallClock.__name__) or {}
+        trained = (clock[0] if isinstance(clock, list) and clock else clock).get("attributes", {}).get("trained_before")
+        if self.args.max_train_minutes and trained is not None and trained >= self.args.max_train_minutes * 60:
+            return f"{trained / 60:.2f} minutes trained, --max_train_minutes {self.args.max_train_minutes:g}"
+        return None
+
+    def _take_the_finished_checkpoint(self, checkpoint, why: str):
+        """The model as training ended at ``checkpoint``: its weights (with --ema_decay, its moving average) and
+        its trainer state, without another update."""
+        logger.warning(f"{checkpoint} ends the training ({why}): nothing left to train, the model is its own")
+        model = self.accelerator.unwrap_model(self.model)
+        self.load_full_weights(type(model).from_pretrained(str(checkpoint)).state_dict())
+        self.state = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_NAME))
+        if self.moving_average is not None:
+            self.moving_average.load(checkpoint)
+            self.moving_average.copy_to(model)
+        losses = [entry["loss"] for entry in self.state.log_history if "loss" in entry]
+        return TrainOutput(self.state.global_step, losses[-1] if losses else float("nan"), {})
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.args.lr_scheduler_type != "inverse_sqrt":
