@@ -578,3 +578,29 @@ def test_pad_to_buckets_outside_its_choices_is_refused_from_python_too(tmp_path)
 
     with pytest.raises(ValueError, match="--pad_to_buckets must be one of auto, always, never, got 'yes'"):
         TransformerTrainingArguments(output_dir=str(tmp_path), pad_to_buckets="yes", use_cpu=True, report_to="none")
+
+
+def test_validation_held_out_for_no_evaluation_is_refused():
+    """--do_train alone with --validation_size would take pairs out of training and evaluate nothing."""
+    message = refused_before_reading(train_argv("--do_train", "true", "--validation_size", "20"))
+    assert message.startswith("--validation_size 20 holds training pairs out for evaluation, but none runs")
+
+
+def test_bucket_padding_of_sentence_batches_is_refused():
+    """--pad_to_buckets always pads token batches; with sentence batches it would be accepted and do nothing."""
+    message = refused_before_reading(train_argv("--max_tokens", "0", "--pad_to_buckets", "always"))
+    assert message.startswith("--pad_to_buckets always pads token batches (--max_tokens)")
+
+
+def test_a_missing_test_file_is_named_before_the_training_corpus_is_read(tmp_path, monkeypatch):
+    """Every role's files are checked before any is read: a mistyped --test_source_file fails at once, not after
+    reading (and caching) a large training corpus."""
+    from vanilla_transformer.training import data
+
+    source, target = (write(tmp_path / f"train.{side}", "".join(s + "\n" for s in SENTENCES)) for side in "st")
+    monkeypatch.setattr(data, "parallel_text_dataset", lambda *a, **k: pytest.fail("read before the check"))
+    argv = [arg for arg in train_argv(train_file=source) if arg not in ("--train_file", source)]
+    argv += ["--train_source_file", source, "--train_target_file", target, "--do_predict", "true"]
+    argv += ["--test_source_file", str(tmp_path / "tset.en"), "--test_target_file", target]
+    with pytest.raises(FileNotFoundError, match=r"^--test_source_file '.*tset.en' does not exist"):
+        train.load_text_datasets(train.parse_arguments(argv)[1], seed=0)

@@ -65,7 +65,9 @@ def test_a_resumed_run_goes_on_with_the_seconds_its_checkpoint_trained(monkeypat
     args = types.SimpleNamespace(device="cpu", save_strategy="steps")
     state = TrainerState()
     first.on_train_begin(args, state, TrainerControl())
-    now[0] += 50.0  # 50 s of training, then a checkpoint and a preemption
+    now[0] += 50.0  # 50 s of training to the end of an update, then its checkpoint, then a preemption
+    first.on_step_end(args, state, TrainerControl())
+    now[0] += 5.0  # writing the checkpoint: not training
     saved = TrainerState(global_step=40, stateful_callbacks={"WallClock": first.state()})
     assert saved.stateful_callbacks["WallClock"]["attributes"]["trained_before"] == pytest.approx(50.0)
 

@@ -363,6 +363,11 @@ def check_training_arguments(training_args: TransformerTrainingArguments) -> Non
                     f"--{name} applies to batches of sentences, but --max_tokens {training_args.max_tokens} makes "
                     "batches by token count; drop it, or pass --max_tokens 0 for sentence batches."
                 )
+    if not training_args.max_tokens and training_args.pad_to_buckets == "always":
+        raise ValueError(
+            "--pad_to_buckets always pads token batches (--max_tokens) to bucket shapes; sentence batches "
+            "(--max_tokens 0) are padded to their longest sentence. Drop one of them."
+        )
     if training_args.average_checkpoints:
         if training_args.save_strategy == "no":
             raise ValueError("--average_checkpoints needs checkpoints: set --save_strategy steps and --save_steps.")

@@ -678,6 +678,10 @@ def load_text_datasets(args, seed: int) -> dict:
     set held out of the training pairs (``validation_size``, shuffled with ``seed``); the first N of each.
     """
     check_data_arguments(args)
+    for role in ROLES:  # every file first: a mistyped test path fails before the training corpus is read
+        for name in (f"{role}_source_file", f"{role}_target_file", f"{role}_file"):
+            if getattr(args, name):
+                check_file(getattr(args, name), f"--{name}")
     local = {role: local_dataset(args, role) for role in ROLES}
     if local["train"] is not None and args.dataset_name:
         raise ValueError("Give training data as files or as --dataset_name, not both.")

@@ -641,3 +641,8 @@ def check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict) 
             )
     if not do_train and not model_args.model_name_or_path:
         raise ValueError("Without training, --do_eval/--do_predict need the model: give --model_name_or_path.")
+    if data_args.validation_size and not do_eval:
+        raise ValueError(
+            f"--validation_size {data_args.validation_size} holds training pairs out for evaluation, but none runs "
+            "(--do_eval false): add --do_eval true, or leave --validation_size out to train on every pair."
+        )

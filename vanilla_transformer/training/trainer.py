@@ -131,10 +131,11 @@ class WallClock(TrainerCallback, ExportableState):
         self.start, self.trained_before = None, 0.0
 
     def state(self) -> dict:
-        """What a checkpoint keeps of the clock (transformers' `ExportableState`): the seconds trained so far."""
+        """What a checkpoint keeps of the clock (transformers' `ExportableState`): the seconds trained until the
+        end of the update it holds (the clock's reading then; a checkpoint is written after `on_step_end`)."""
         return {
             "args": {"max_minutes": self.max_minutes, "save_minutes": self.save_minutes},
-            "attributes": {"trained_before": self.elapsed() if self.start is not None else self.trained_before},
+            "attributes": {"trained_before": self.trained_before if self.start is None else self.last_reading},
         }
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -143,6 +144,7 @@ class WallClock(TrainerCallback, ExportableState):
         self.trained_before = float((saved or {}).get("attributes", {}).get("trained_before", 0.0))
         state.stateful_callbacks[type(self).__name__] = self.state()  # also where a checkpoint predates the clock's
         self.start = time.monotonic()
+        self.last_reading = self.trained_before
         self.device = args.device
         self.next_save = None
         if self.save_seconds:  # the first multiple of the interval after what was trained before
@@ -177,7 +179,7 @@ class WallClock(TrainerCallback, ExportableState):
         return min(1.0, max(0.0, remaining / (cooldown_minutes * 60)))
 
     def on_step_end(self, args, state, control, **kwargs):
-        elapsed = self.elapsed()
+        elapsed = self.last_reading = self.elapsed()
         if self.save_seconds and elapsed >= self.next_save:
             control.should_save = True
             while self.next_save <= elapsed:  # a slow update may pass more than one interval
