@@ -259,6 +259,35 @@ def test_drop_unusable_logs_even_when_nothing_is_dropped_and_refuses_to_leave_no
         drop_unusable(ids, 5, 0)
 
 
+@pytest.mark.parametrize(
+    "limits, named",
+    [
+        (dict(max_tokens=2), "--max_tokens 2, a batch's tokens"),
+        (dict(max_source_length=1, max_target_length=50), "--max_source_length 1 / --max_target_length 50"),
+        (dict(), None),
+    ],
+)
+def test_what_set_the_length_limit_is_named(tmp_path, cache, tokenizer, caplog, limits, named):
+    """A pair dropped as too long, or a set left empty, says which flag (or the model's positions) set the limit."""
+    from vanilla_transformer import VanillaTransformerConfig
+
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer), max_position_embeddings=64)
+    text = parallel_text_dataset(
+        write(tmp_path / "s", ["the dog runs", "a cat sleeps"]),
+        write(tmp_path / "t", ["der Hund rennt", "eine Katze schläft"]),
+        cache_dir=cache,
+    )
+    if named is None:  # the default: the model's positions, every pair kept
+        with caplog.at_level(logging.INFO, logger=data.__name__):
+            data.tokenize_pairs(text, tokenizer, config)
+        assert "kept 2 of 2 pairs; dropped 0 (0 empty, 0 longer than 64 source / 64 target tokens (the model's" in (
+            caplog.text
+        )
+        return
+    with pytest.raises(ValueError, match=rf"^No train pairs left: all 2 dropped \(0 empty, 2 longer .*\({named}\)\)"):
+        data.tokenize_pairs(text, tokenizer, config, **limits)
+
+
 def test_example_lengths_from_columns_from_ids_and_from_lists(tmp_path, cache, tokenizer):
     from datasets import Dataset
 

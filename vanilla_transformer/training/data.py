@@ -443,11 +443,14 @@ def column(dataset, name: str) -> np.ndarray:
     return dataset.select_columns([name]).with_format("numpy")[:][name]
 
 
-def drop_unusable(dataset, max_source_tokens: int, max_target_tokens: int, role: str = "train"):
+def drop_unusable(
+    dataset, max_source_tokens: int, max_target_tokens: int, role: str = "train", limits_from: str | None = None
+):
     """Drop pairs that are empty on a side or longer than the limits (in tokens, ``</s>`` included).
 
     Returns ``(dataset, counts)``; the counts (kept, empty, too long) are logged, as a warning when
-    anything was dropped. Nothing is dropped silently.
+    anything was dropped, with ``limits_from`` (the flags or the model's positions that set the limits).
+    Nothing is dropped silently.
     """
     for name, value in (("max_source_tokens", max_source_tokens), ("max_target_tokens", max_target_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -459,13 +462,18 @@ def drop_unusable(dataset, max_source_tokens: int, max_target_tokens: int, role:
     keep = ~empty & ~too_long
     counts = {"kept": int(keep.sum()), "empty": int(empty.sum()), "too_long": int((too_long & ~empty).sum())}
     dropped = len(keep) - counts["kept"]
+    why = (
+        f"{counts['empty']} empty, {counts['too_long']} longer than {max_source_tokens} source / "
+        f"{max_target_tokens} target tokens{f' ({limits_from})' if limits_from else ''}"
+    )
     logger.log(
         logging.WARNING if dropped else logging.INFO,
-        f"{role}: kept {counts['kept']} of {len(keep)} pairs; dropped {dropped} ({counts['empty']} empty, "
-        f"{counts['too_long']} longer than {max_source_tokens} source / {max_target_tokens} target tokens)",
+        f"{role}: kept {counts['kept']} of {len(keep)} pairs; dropped {dropped} ({why})",
     )
     if not counts["kept"]:
-        raise ValueError(f"No {role} pairs left after dropping empty and too-long ones ({dropped} dropped).")
+        raise ValueError(
+            f"No {role} pairs left: all {dropped} dropped ({why}). Check the {role} data, or raise the limit."
+        )
     return (dataset.select(np.flatnonzero(keep)) if dropped else dataset), counts
 
 
@@ -738,14 +746,23 @@ def tokenize_pairs(
     Too long: beyond ``max_source_length``/``max_target_length``, by default the model's positions, or
     ``max_tokens`` (the batch size) when that is smaller, since such a pair fits in no batch.
     """
-    limits = []
+    limits, sources = [], []
+    positions = config.max_position_embeddings
     for name, given in (("max_source_length", max_source_length), ("max_target_length", max_target_length)):
-        if given is not None and given > config.max_position_embeddings:
+        if given is not None and given > positions:
             raise ValueError(
-                f"--{name} {given} is more than the model's {config.max_position_embeddings} positions "
-                f"(max_position_embeddings); give at most {config.max_position_embeddings}."
+                f"--{name} {given} is more than the model's {positions} positions "
+                f"(max_position_embeddings); give at most {positions}."
             )
-        limits.append(given or min(config.max_position_embeddings, max_tokens or config.max_position_embeddings))
+        limits.append(given or min(positions, max_tokens or positions))
+        sources.append(
+            f"--{name} {given}"
+            if given
+            else f"--max_tokens {max_tokens}, a batch's tokens"
+            if max_tokens and max_tokens < positions
+            else f"the model's {positions} positions"
+        )
+    limits_from = sources[0] if sources[0] == sources[1] else " / ".join(sources)
     ids = tokenize_dataset(dataset, tokenizer, num_proc, desc=f"tokenizing {role}")
-    kept, _ = drop_unusable(ids, *limits, role)
+    kept, _ = drop_unusable(ids, *limits, role, limits_from=limits_from)
     return kept
