@@ -595,14 +595,25 @@ def check_data_arguments(args) -> None:
         check_sacrebleu_tokenize(args.sacrebleu_tokenize, "--sacrebleu_tokenize")
 
 
-def local_dataset(args, role: str):
-    """The role's local files as an Arrow dataset of (source, target), or None when none are given."""
+def role_files(args, role: str) -> dict[str, str]:
+    """The role's local files by flag (``--train_source_file``, ...), after checking the flags go together."""
     source_file, target_file = getattr(args, f"{role}_source_file"), getattr(args, f"{role}_target_file")
     pairs_file = getattr(args, f"{role}_file")
     if (source_file is None) != (target_file is None):
         raise ValueError(f"Give both --{role}_source_file and --{role}_target_file, or neither.")
     if source_file and pairs_file:
         raise ValueError(f"Give --{role}_source_file/--{role}_target_file or --{role}_file, not both.")
+    if pairs_file and pairs_format(pairs_file) is None:
+        raise ValueError(f"--{role}_file {pairs_file!r}: use a .tsv or .jsonl file (optionally .gz).")
+    named = {f"--{role}_source_file": source_file, f"--{role}_target_file": target_file, f"--{role}_file": pairs_file}
+    return {flag: path for flag, path in named.items() if path}
+
+
+def local_dataset(args, role: str):
+    """The role's local files as an Arrow dataset of (source, target), or None when none are given."""
+    role_files(args, role)
+    source_file, target_file = getattr(args, f"{role}_source_file"), getattr(args, f"{role}_target_file")
+    pairs_file = getattr(args, f"{role}_file")
     if source_file:
         return parallel_text_dataset(
             source_file, target_file, (f"--{role}_source_file", f"--{role}_target_file"), cache_dir=args.cache_dir
@@ -687,9 +698,8 @@ def load_text_datasets(args, seed: int) -> dict:
     """
     check_data_arguments(args)
     for role in ROLES:  # every file first: a mistyped test path fails before the training corpus is read
-        for name in (f"{role}_source_file", f"{role}_target_file", f"{role}_file"):
-            if getattr(args, name):
-                check_file(getattr(args, name), f"--{name}")
+        for flag, path in role_files(args, role).items():
+            check_file(path, flag)
     local = {role: local_dataset(args, role) for role in ROLES}
     if local["train"] is not None and args.dataset_name:
         raise ValueError("Give training data as files or as --dataset_name, not both.")
