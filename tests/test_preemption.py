@@ -240,3 +240,25 @@ def test_a_budget_too_small_for_the_whole_checkpoint_saves_what_resumes_says_so_
 )
 def test_preemption_flags_out_of_range_are_refused_before_reading_data(flags, message):
     assert message in refused_before_reading(train_argv(*flags))
+
+
+def test_a_signal_during_an_evaluation_in_training_saves_without_finishing_it(data_dir, tmp_path):
+    """SIGTERM while training evaluates: the evaluation ends at its next batch (not after the whole validation set,
+    past the grace budget), the update it followed is saved, and training stops there, resumable."""
+    extra = ["--validation_size", "20", "--do_train", "true", "--do_eval", "true", "--eval_strategy", "steps"]
+    extra += ["--eval_steps", "2", "--per_device_eval_batch_size", "4"]
+    trainer = build(data_dir, tmp_path / "run", *extra).trainer
+    calls, generate = [], trainer.model.generate
+
+    def generate_and_signal(*args, **kwargs):
+        calls.append(trainer.state.global_step)
+        if len(calls) == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return generate(*args, **kwargs)
+
+    trainer.model.generate = generate_and_signal
+    with pytest.raises(TrainingInterrupted) as interrupted:
+        trainer.train()
+    assert calls == [2]  # one batch of the five, then the evaluation ended
+    assert interrupted.value.checkpoint == tmp_path / "run" / "checkpoint-2" and trainer.state.global_step == 2
+    check_resumable(interrupted.value.checkpoint)

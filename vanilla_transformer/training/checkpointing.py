@@ -445,6 +445,7 @@ class StopOnSignal(TrainerCallback):
         self.received: int | None = None
         self.received_at: float | None = None  # time.monotonic() when this process learnt of the signal
         self.saved: Path | None = None
+        self.training = False  # inside `installed`: a signal now stops training (and an evaluation within it)
         self._previous: dict = {}
 
     @contextmanager
@@ -457,9 +458,11 @@ class StopOnSignal(TrainerCallback):
         self._previous = {number: signal.getsignal(number) for number in self.SIGNALS}
         for number in self.SIGNALS:
             signal.signal(number, self._handle)
+        self.training = True
         try:
             yield
         finally:
+            self.training = False
             self._restore()
 
     def _restore(self) -> None:

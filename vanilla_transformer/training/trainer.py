@@ -106,6 +106,10 @@ def noam_schedule(
 # ---------------------------------------------------------------------------------------------
 
 
+class EvaluationInterrupted(Exception):
+    """A signal (Ctrl-C, SIGTERM) arrived during an evaluation inside training: it ends, and the run saves."""
+
+
 class WallClock(TrainerCallback, ExportableState):
     """Save a checkpoint every ``save_minutes`` ("checkpoints, which were written at 10-minute intervals",
     §6.1) and stop after ``max_train_minutes`` of training, saving the last update (so that averaging the
@@ -442,12 +446,34 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             add_throughput(logs, self.target_tokens, self.accelerator)
         super().log(logs, start_time)
 
+    def evaluate(self, *args, **kwargs):
+        """Seq2SeqTrainer's; an evaluation during training that a signal interrupts (`prediction_step`) ends
+        at once, with no metrics, and the update it followed is saved before training stops (`StopOnSignal`),
+        within a SIGTERM's grace budget rather than after the whole validation set."""
+        try:
+            return super().evaluate(*args, **kwargs)
+        except EvaluationInterrupted:
+            self.resume_point_only = not self.control.should_save  # not a save the run makes anyway
+            self.control.should_save = True
+            logger.warning(
+                f"evaluation at update {self.state.global_step} stopped by the signal: saving, then stopping"
+            )
+            return {}
+
+    def _interrupts_evaluation(self) -> bool:
+        """Whether a signal caught during training (`StopOnSignal`, installed only then) ends this evaluation:
+        not where the best model is chosen by its metrics, which an interrupted evaluation lacks."""
+        stop = getattr(self, "stop_on_signal", None)
+        return stop is not None and stop.training and not self.args.metric_for_best_model and stop._stop_requested()
+
     def prediction_step(self, model, inputs, prediction_loss_only, ignore_keys=None, **gen_kwargs):
         """Seq2SeqTrainer's, without its side effect on the model's generation config (it writes the
         library's fallback ``max_length=20`` there, which would then be saved with the model), and without the
         columns it pads every batch's hypotheses and labels with up to the generation config's ``max_length``
         (``max_position_embeddings`` as `save_pretrained` writes it: 1,024 a row, to be copied, gathered and
         decoded); the evaluation loop pads across batches itself."""
+        if self._interrupts_evaluation():  # each batch, on every process alike
+            raise EvaluationInterrupted
         if inputs.get("labels", 0) is None:  # DataCollatorForSeq2Seq's for a dataset without targets: none
             inputs = {name: value for name, value in inputs.items() if name != "labels"}
         unwrapped = self.accelerator.unwrap_model(model)
