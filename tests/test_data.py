@@ -319,6 +319,9 @@ def test_tokenizer_sample_takes_whole_blocks_up_to_the_requested_pairs(tmp_path,
     assert {i // 500 for i in sources} and all(sources.count(i) == 1 for i in sources[:10])
     assert len({i // 500 for i in sources}) == 3  # three whole blocks
     assert len(list(data.tokenizer_training_texts(text, None))) == 2 * count
+    for asked in (5, 1200, 4999):  # exactly the pairs asked for (the log says so), whole blocks but the last
+        sample = list(data.tokenizer_training_texts(text, asked, seed=3, block=500))
+        assert len(sample) == 2 * asked and len({s for s in sample if s.startswith("s")}) == asked
 
 
 # --- token batch sampler ---------------------------------------------------------------------

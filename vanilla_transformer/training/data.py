@@ -510,15 +510,18 @@ def tokenizer_training_texts(dataset, max_pairs: int | None, seed: int = 0, bloc
     """
     rows = len(dataset)
     if max_pairs is None or max_pairs >= rows:
-        starts = range(0, rows, block)
+        starts, left = range(0, rows, block), rows
     else:
         blocks = math.ceil(rows / block)
         chosen = np.random.default_rng(seed).choice(blocks, size=math.ceil(max_pairs / block), replace=False)
-        starts = sorted(int(b) * block for b in chosen)
-    for start in starts:
-        batch = dataset[start : start + block]
+        starts, left = sorted(int(b) * block for b in chosen), max_pairs
+    for start in starts:  # exactly the pairs asked for: the last block sampled is cut to them
+        batch = dataset[start : min(start + block, rows, start + left)]
+        left -= len(batch["source"])
         yield from batch["source"]
         yield from batch["target"]
+        if left <= 0:
+            return
 
 
 def tokenizer_cache_dir(text, settings: dict, cache_dir: str | None = None) -> Path:
