@@ -604,3 +604,14 @@ def test_a_missing_test_file_is_named_before_the_training_corpus_is_read(tmp_pat
     argv += ["--test_source_file", str(tmp_path / "tset.en"), "--test_target_file", target]
     with pytest.raises(FileNotFoundError, match=r"^--test_source_file '.*tset.en' does not exist"):
         train.load_text_datasets(train.parse_arguments(argv)[1], seed=0)
+
+
+def test_a_length_limit_past_a_new_models_positions_is_refused_before_reading():
+    """--max_source_length above a new model's positions (known from --preset and --config_overrides) fails with
+    the flags, before any data is read or a tokenizer trained."""
+    argv = train_argv("--config_overrides", "max_position_embeddings=64", "--max_source_length", "100")
+    message = refused_before_reading(argv + ["--max_tokens", "4096"])
+    assert (
+        message
+        == "--max_source_length 100 is more than the model's 64 positions (max_position_embeddings); give at most 64."
+    )

@@ -525,8 +525,20 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, traini
     if model_args.attn_implementation == "flex_attention" and (training_args.use_cpu or not torch.cuda.is_available()):
         check_flex_attention_on_cpu("--attn_implementation flex_attention")
     max_tokens = training_args.max_tokens
+    positions = (
+        None
+        if model_args.model_name_or_path
+        else model_config(  # a new model's, known from the flags
+            model_args.preset, model_args.config_overrides
+        ).max_position_embeddings
+    )
     for name in ("max_source_length", "max_target_length"):
         limit = getattr(data_args, name)
+        if positions is not None and limit is not None and limit > positions:  # (a checkpoint's: once loaded)
+            raise ValueError(
+                f"--{name} {limit} is more than the model's {positions} positions (max_position_embeddings); "
+                f"give at most {positions}."
+            )
         if max_tokens and limit is not None and limit > max_tokens:
             raise ValueError(
                 f"--{name} {limit} keeps pairs longer than --max_tokens {max_tokens}, which fit in no "
