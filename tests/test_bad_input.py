@@ -320,6 +320,17 @@ def test_hub_style_dataset_with_an_unknown_language_is_refused_on_the_first_row(
     assert text["target"] == [s.upper() for s in SENTENCES]
 
 
+def test_a_sliced_hub_split_takes_max_train_samples_too(tmp_path):
+    """--train_split with a slice of its own (train[:50%]) and --max_train_samples: the first N of that slice
+    (datasets refuses a second slice appended to the first)."""
+    records = [{"translation": {"en": f"{s} {i}", "de": s.upper()}} for i, s in enumerate(SENTENCES * 4)]
+    write(tmp_path / "hub" / "train.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    argv = ["--dataset_name", str(tmp_path / "hub"), "--output_dir", str(tmp_path / "o")]
+    argv += ["--cache_dir", str(tmp_path / "cache"), "--train_split", "train[:50%]", "--max_train_samples", "5"]
+    text = train.load_text_datasets(train.parse_arguments(argv)[1], seed=0)["train"]
+    assert text["source"] == [r["translation"]["en"] for r in records[:5]]
+
+
 def test_bom_and_crlf_are_read_as_the_text(tmp_path):
     """Correct result: the byte-order mark and the carriage returns are not part of any sentence."""
     path = write(

@@ -708,7 +708,8 @@ def load_text_datasets(args, seed: int) -> dict:
         raise ValueError("Give training data as files or as --dataset_name, not both.")
     datasets = dict(local)
     if args.dataset_name:
-        train_split = args.train_split + (f"[:{args.max_train_samples}]" if args.max_train_samples else "")
+        sliced = args.max_train_samples and "[" not in args.train_split  # a split already sliced: cut after reading
+        train_split = args.train_split + (f"[:{args.max_train_samples}]" if sliced else "")
         datasets["train"] = _hub_split(args, train_split)  # read only what is asked for
         for role, split in (("validation", args.validation_split), ("test", args.test_split)):
             if datasets[role] is None and split:
