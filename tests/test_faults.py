@@ -430,29 +430,38 @@ def test_the_training_budget_counts_the_minutes_trained_before_a_resume(data_dir
     assert later["WallClock"]["attributes"]["trained_before"] > trained
 
 
-def test_push_to_hub_uploads_the_averaged_model_and_the_projects_card(data_dir, tmp_path):
-    """--push_to_hub with --average_checkpoints: the Hub gets the final folder as saved (the mean of the last
-    checkpoints, and the card that says so), not the last weights the Trainer pushed while saving. Reference:
-    the local final folder. The card names the checkpoints the mean is of: 3 asked for, 2 kept."""
+def trained_and_pushed(data_dir: Path, tmp_path: Path, name: str, *flags: str) -> dict:
+    """training/train.py with --push_to_hub to a loopback Hub (output in tmp_path/pushed): the files of the
+    repository's main branch."""
     from hub_server import USER, LoopbackHub, client_environment
 
     hub = LoopbackHub(tmp_path / "hub", lifetime=600).start()
     try:
-        output, repo = tmp_path / "pushed", f"{USER}/averaged"
+        repo = f"{USER}/{name}"
         env = {**os.environ, **client_environment(hub, tmp_path / "home"), "PYTHONPATH": str(REPO)}
-        argv = run_argv(data_dir, output, "--max_steps", str(2 * SAVE_STEPS), "--average_checkpoints", "3")
+        argv = [*run_argv(data_dir, tmp_path / "pushed", *flags), "--push_to_hub", "--hub_model_id", repo]
         completed = subprocess.run(
-            [sys.executable, str(REPO / "training/train.py"), *argv, "--push_to_hub", "--hub_model_id", repo],
+            [sys.executable, str(REPO / "training/train.py"), *argv],
             env=env,
             capture_output=True,
             text=True,
             timeout=600,
         )
         assert completed.returncode == 0, completed.stderr[-3000:]
-        files = hub.store.files(repo, hub.store.resolve(repo, "main"))
-        pushed, card = files["model.safetensors"].read_bytes(), files["README.md"].read_text()
+        return hub.store.files(repo, hub.store.resolve(repo, "main"))
     finally:
         hub.stop()
+
+
+def test_push_to_hub_uploads_the_averaged_model_and_the_projects_card(data_dir, tmp_path):
+    """--push_to_hub with --average_checkpoints: the Hub gets the final folder as saved (the mean of the last
+    checkpoints, and the card that says so), not the last weights the Trainer pushed while saving. Reference:
+    the local final folder. The card names the checkpoints the mean is of: 3 asked for, 2 kept."""
+    output = tmp_path / "pushed"
+    files = trained_and_pushed(
+        data_dir, tmp_path, "averaged", "--max_steps", str(2 * SAVE_STEPS), "--average_checkpoints", "3"
+    )
+    pushed, card = files["model.safetensors"].read_bytes(), files["README.md"].read_text()
     assert pushed == (output / "model.safetensors").read_bytes()
     assert pushed != (output / f"checkpoint-{2 * SAVE_STEPS}" / "model.safetensors").read_bytes()  # not the last
     line = f"2 of the 3 asked for (uniform weights): checkpoint-{SAVE_STEPS}, checkpoint-{2 * SAVE_STEPS}"
@@ -462,32 +471,8 @@ def test_push_to_hub_uploads_the_averaged_model_and_the_projects_card(data_dir, 
 def test_push_to_hub_uploads_each_checkpoint_from_its_final_name(data_dir, tmp_path):
     """The Trainer uploads a checkpoint in the background; from the temporary folder, renamed meanwhile,
     that upload would lose files. Reference: the files of the last local checkpoint."""
-    from hub_server import USER, LoopbackHub, client_environment
-
-    hub = LoopbackHub(tmp_path / "hub", lifetime=600).start()
-    try:
-        output, repo = tmp_path / "pushed", f"{USER}/faults"
-        env = {**os.environ, **client_environment(hub, tmp_path / "home"), "PYTHONPATH": str(REPO)}
-        completed = subprocess.run(
-            [
-                sys.executable,
-                str(REPO / "training/train.py"),
-                *run_argv(data_dir, output, "--max_steps", "4"),
-                "--push_to_hub",
-                "--hub_model_id",
-                repo,
-                "--hub_strategy",
-                "checkpoint",
-            ],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert completed.returncode == 0, completed.stderr[-3000:]
-        files = hub.store.files(repo, hub.store.resolve(repo, "main"))
-    finally:
-        hub.stop()
+    output = tmp_path / "pushed"
+    files = trained_and_pushed(data_dir, tmp_path, "faults", "--max_steps", "4", "--hub_strategy", "checkpoint")
     pushed = {name.removeprefix("last-checkpoint/") for name in files if name.startswith("last-checkpoint/")}
     local = output / f"checkpoint-{SAVE_STEPS}"
     assert pushed == {path.name for path in local.iterdir()}
