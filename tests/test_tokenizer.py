@@ -308,12 +308,32 @@ def test_unreadable_file_is_an_error(tmp_path):
         train_tokenizer([unreadable], vocab_size=VOCAB_SIZE)
 
 
-@pytest.mark.parametrize("content", [b"\xff\xfe not utf-8\n", b"\x1f\x8b truncated gzip"], ids=["latin", "gzip"])
-def test_undecodable_file_is_an_error(tmp_path, content):
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"fine\nfine too\n\xff\xfe not utf-8\n", r"training file '.*bad.txt', line 3: not valid UTF-8"),
+        (b"\x1f\x8b truncated gzip", r"cannot read training file '.*bad.txt'"),
+    ],
+    ids=["latin", "gzip"],
+)
+def test_undecodable_file_is_an_error(tmp_path, content, message):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(content)
-    with pytest.raises(ValueError, match="cannot read training file .*bad.txt"):
+    with pytest.raises(ValueError, match=message):
         train_tokenizer([bad], vocab_size=VOCAB_SIZE)
+
+
+def test_files_are_read_by_the_training_datas_rules(tmp_path, monkeypatch):
+    """The tokenizer sees the lines train's data sees: the byte-order mark and each line's "\\r\\n" dropped, a lone
+    "\\r" inside a line kept (the data reader's rules, `numbered_lines`)."""
+    from vanilla_transformer import tokenization_vanilla_transformer as module
+    from vanilla_transformer.training.data import read_lines
+
+    path = tmp_path / "windows.txt"
+    path.write_bytes("\ufeffhello world\r\nsecond\rline\r\nlast".encode())
+    expected = ["hello world", "second\rline", "last"]
+    assert read_lines(path) == expected
+    assert list(module._lines_of_files([path])) == expected
 
 
 # Command line

@@ -31,6 +31,7 @@ import importlib
 import json
 import os
 import sys
+import zlib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -267,24 +268,42 @@ def _checked_paths(items: list | tuple) -> list[Path]:
     return paths
 
 
+def decoded_lines(lines, name: str) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` of raw byte lines (a file, or standard input): the text without its "\\n" or
+    "\\r\\n" (a lone "\\r" stays), a byte-order mark at the start dropped; invalid UTF-8 is an error naming
+    ``name`` and the line. The rules every reader of text in the package follows (training/data.py too)."""
+    for number, raw in enumerate(lines, start=1):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise ValueError(
+                f"{name}, line {number}: not valid UTF-8 ({error.reason} at byte {error.start} of the line); "
+                "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)."
+            ) from None
+        if number == 1:
+            text = text.removeprefix("\ufeff")
+        yield number, text.removesuffix("\n").removesuffix("\r")
+
+
 def _lines_of_files(paths: list[Path]) -> Iterator[str]:
     for path in paths:
+        name = f"training file {str(path)!r}"
         try:
-            with _open_text(path) as lines:
-                for line in lines:
-                    yield line.rstrip("\n")  # the newline ends the sentence; it is not part of it
-        except (UnicodeDecodeError, OSError, EOFError) as error:
+            with _open_binary(path) as lines:
+                for _, text in decoded_lines(lines, name):
+                    yield text
+        except (OSError, EOFError, zlib.error) as error:
             raise ValueError(
-                f"cannot read training file {str(path)!r}: {error}. Training files hold UTF-8 text, one "
-                "sentence per line, plain or gzip-compressed."
+                f"cannot read {name}: {error}. Training files hold UTF-8 text, one sentence per line, plain or "
+                "gzip-compressed."
             ) from error
 
 
-def _open_text(path: Path):
-    """Open a plain or gzip-compressed UTF-8 file for reading, told apart by content, not suffix."""
+def _open_binary(path: Path):
+    """Open a plain or gzip-compressed file for reading its byte lines, told apart by content, not suffix."""
     with open(path, "rb") as file:
         is_gzip = file.read(len(GZIP_MAGIC)) == GZIP_MAGIC
-    return gzip.open(path, "rt", encoding="utf-8") if is_gzip else open(path, encoding="utf-8")
+    return gzip.open(path, "rb") if is_gzip else open(path, "rb")
 
 
 def build_parser(prog: str = "vanilla-transformer tokenizer") -> argparse.ArgumentParser:

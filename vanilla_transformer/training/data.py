@@ -37,6 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..tokenization_vanilla_transformer import decoded_lines  # one reader's rules, the tokenizer's too
 from .caches import dataset_cache_folder, generator_cache_folder, rebuilt_if_damaged
 from .metrics import check_sacrebleu_tokenize
 
@@ -111,21 +112,6 @@ def numbered_lines(path: PathLike, what: str | None = None) -> Iterator[tuple[in
                 f"{name} is a damaged or truncated gzip file (it breaks off after line {number}: {error}); "
                 "download or compress it again."
             ) from None
-
-
-def decoded_lines(lines, name: str) -> Iterator[tuple[int, str]]:
-    """``(line number, text)`` of raw byte lines (a file, or standard input) by the rules of `numbered_lines`."""
-    for number, raw in enumerate(lines, start=1):
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise ValueError(
-                f"{name}, line {number}: not valid UTF-8 ({error.reason} at byte {error.start} of the line); "
-                "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)."
-            ) from None
-        if number == 1:
-            text = text.removeprefix("\ufeff")
-        yield number, text.removesuffix("\n").removesuffix("\r")
 
 
 def read_lines(path: PathLike, what: str | None = None) -> list[str]:
