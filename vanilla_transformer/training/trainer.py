@@ -142,10 +142,15 @@ class WallClock(TrainerCallback, ExportableState):
             "attributes": {"trained_before": self.trained_before if self.start is None else self.last_reading},
         }
 
-    def on_train_begin(self, args, state, control, **kwargs):
-        saved = state.stateful_callbacks.get(type(self).__name__) if state.global_step else None
+    @classmethod
+    def trained_in(cls, state) -> float | None:
+        """The seconds trained that a trainer state (a checkpoint's) records, or None where it holds no clock."""
+        saved = state.stateful_callbacks.get(cls.__name__)
         saved = saved[0] if isinstance(saved, list) and saved else saved  # one clock a run
-        self.trained_before = float((saved or {}).get("attributes", {}).get("trained_before", 0.0))
+        return (saved or {}).get("attributes", {}).get("trained_before")
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        self.trained_before = float((self.trained_in(state) if state.global_step else None) or 0.0)
         state.stateful_callbacks[type(self).__name__] = self.state()  # also where a checkpoint predates the clock's
         self.start = time.monotonic()
         self.last_reading = self.trained_before
@@ -363,8 +368,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         state = TrainerState.load_from_json(str(path))
         if self.args.max_steps > 0 and state.global_step >= self.args.max_steps:
             return f"update {state.global_step}, --max_steps {self.args.max_steps}"
-        clock = state.stateful_callbacks.get(WallClock.__name__) or {}
-        trained = (clock[0] if isinstance(clock, list) and clock else clock).get("attributes", {}).get("trained_before")
+        trained = WallClock.trained_in(state)
         if self.args.max_train_minutes and trained is not None and trained >= self.args.max_train_minutes * 60:
             return f"{trained / 60:.2f} minutes trained, --max_train_minutes {self.args.max_train_minutes:g}"
         return None
