@@ -357,8 +357,11 @@ def test_resume_last_skips_a_checkpoint_half_written_in_place(data_dir, four_ste
         build(data_dir, output, "--resume_from_checkpoint", str(half))
 
 
-def test_resume_with_another_architecture_or_tokenizer_is_refused(data_dir, four_steps, tmp_path):
+def test_resume_with_another_architecture_or_tokenizer_is_refused_before_the_data_is_read(
+    data_dir, four_steps, tmp_path, monkeypatch
+):
     output = four_steps[0]  # only read
+    monkeypatch.setattr(train, "load_text_datasets", lambda *a, **k: pytest.fail("read the data before refusing"))
     with pytest.raises(ValueError, match=r"another architecture than the flags build \(d_model: 64 there, 32 now"):
         build(data_dir, output, "--resume_from_checkpoint", "last", "--config_overrides", "d_model=32")
     other = tmp_path / "other-tokenizer"  # the same data in capitals: as many tokens, other ones

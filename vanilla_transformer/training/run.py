@@ -185,23 +185,29 @@ def build_trainer(model_args, data_args, training_args) -> Run:
         main_process_first=training_args.main_process_first,
         process_index=training_args.process_index,
     )
-    loads_tokenizer = tokenizer_source["name_or_path"] or resume  # loaded (and checked) before the data is read
+
+    def model_for(tokenizer):
+        model = prepare_model(
+            tokenizer,
+            checkpoint=model_args.model_name_or_path,
+            preset=model_args.preset,
+            config_overrides=model_args.config_overrides,
+            attn_implementation=model_args.attn_implementation,
+            resume=resume,
+        )
+        if resume is not None:
+            check_resume_matches(resume, model, tokenizer)
+        return model
+
+    # a tokenizer to load (always so when resuming) and its model are loaded and checked before the data is read
+    loads_tokenizer = tokenizer_source["name_or_path"] or resume
     tokenizer = prepare_tokenizer(**tokenizer_source) if loads_tokenizer else None
+    model = model_for(tokenizer) if tokenizer is not None else None
     with training_args.main_process_first(desc="reading the data"):
         text = load_text_datasets(data_args, training_args.seed)
-    if tokenizer is None:
+    if tokenizer is None:  # trained on the data, then the model sized to it
         tokenizer = prepare_tokenizer(text["train"], **tokenizer_source)
-
-    model = prepare_model(
-        tokenizer,
-        checkpoint=model_args.model_name_or_path,
-        preset=model_args.preset,
-        config_overrides=model_args.config_overrides,
-        attn_implementation=model_args.attn_implementation,
-        resume=resume,
-    )
-    if resume is not None:
-        check_resume_matches(resume, model, tokenizer)
+        model = model_for(tokenizer)
     tokenizer.model_max_length = model.config.max_position_embeddings  # so that truncation=True means something
     if do_predict and text["test"] is not None:
         check_test_sources_fit(text["test"], tokenizer, model, data_args)
