@@ -1216,3 +1216,31 @@ def test_processes_whose_clocks_disagree_stop_together_and_decay_alike(data_dir,
         assert result["steps"] == 4
         assert result["rates"] == pytest.approx(expected, rel=1e-9)
     assert ranks[0]["weights"] == ranks[1]["weights"]
+
+
+def test_accumulating_more_batches_than_an_epoch_holds_is_refused_before_the_first_update(data_dir, tmp_path, capsys):
+    """The Trainer ends an update at the epoch's end: with fewer batches in an epoch than
+    --gradient_accumulation_steps, every update would be smaller than asked."""
+    from vanilla_transformer.training.data import example_lengths
+
+    tokens = ("--max_tokens", "4000", "--max_steps", "1")
+    batches = TokenBatchSampler(example_lengths(build(data_dir, tmp_path / "b", *tokens).datasets["train"]), 4000)
+    batches = batches.num_batches
+    assert 1 < batches < 50
+    output = tmp_path / "over"
+    with pytest.raises(SystemExit) as exit_info:
+        argv = tiny_args(data_dir, output, *tokens, "--gradient_accumulation_steps", str(batches + 1))
+        train.main(argv, exit_on_bad_input=True)
+    error = capsys.readouterr().err.strip().splitlines()[-1]  # after the data's progress bars
+    assert exit_info.value.code == 2 and error.startswith("vanilla-transformer train: error: "), error
+    assert (
+        f"--gradient_accumulation_steps {batches + 1} asks for more batches per update than an epoch holds: "
+        f"{batches} token batches of --max_tokens 4000 per process (1 process(es))" in error
+    )
+    assert f"Give --gradient_accumulation_steps {batches} or less" in error
+    assert not (output / "trainer_state.json").exists()
+    exact = train.main(tiny_args(data_dir, tmp_path / "exact", *tokens, "--gradient_accumulation_steps", str(batches)))
+    assert exact["train_loss"] > 0
+    sentences = ("--max_tokens", "0", "--per_device_train_batch_size", "1000", "--max_steps", "1")  # 1,500 pairs
+    with pytest.raises(ValueError, match="per update than an epoch holds: 2 batches per process"):
+        train.main(tiny_args(data_dir, tmp_path / "s", *sentences, "--gradient_accumulation_steps", "3"))

@@ -75,7 +75,7 @@ from .options import (  # noqa: F401 (imported from here)
     steps_to_run,
 )
 from .run_lock import hold_output_dir
-from .trainer import TransformerTrainer
+from .trainer import TooFewBatches, TransformerTrainer
 from .translation import inputs_too_long, translate, where_too_long
 
 # A new model with a chosen attention implementation is made through this (private: checked at import)
@@ -117,7 +117,7 @@ def main(
             except TrainingInterrupted as interrupted:  # Ctrl-C or SIGTERM, after saving a checkpoint
                 logger.warning(str(interrupted))
                 raise SystemExit(128 + interrupted.signal_number) from None
-            except MemoryCheckError as error:  # the largest batches tried before the first update (--memory_probe)
+            except (MemoryCheckError, TooFewBatches) as error:  # found before the first update
                 if not exit_on_bad_input:
                     raise
                 exit_with_usage_error(prog, error)

@@ -106,6 +106,10 @@ def noam_schedule(
 # ---------------------------------------------------------------------------------------------
 
 
+class TooFewBatches(ValueError):
+    """Found when training starts: an epoch holds fewer batches per process than one update accumulates."""
+
+
 class EvaluationInterrupted(Exception):
     """A signal (Ctrl-C, SIGTERM) arrived during an evaluation inside training: it ends, and the run saves."""
 
@@ -585,7 +589,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         """Token-count batches (§5.1) when ``max_tokens`` is set (`TokenBatchSampler`), padded to bucket shapes
         where `pads_to_buckets`; accelerate deals them out to the processes."""
         if not self.args.max_tokens:
-            return super().get_train_dataloader()
+            return check_accumulation(super().get_train_dataloader(), self.args)
         import datasets
 
         dataset, collator = self.train_dataset, self.data_collator
@@ -615,7 +619,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
                 start_worker, num_workers=self.args.dataloader_num_workers, rank=self.args.process_index
             ),
         )
-        return self.accelerator.prepare(loader)
+        return check_accumulation(self.accelerator.prepare(loader), self.args)
 
     # -----------------------------------------------------------------------------------------
     # Sharded models (FSDP): checkpoints and the final model stay Hub folders
@@ -728,6 +732,21 @@ def evaluation_lengths(dataset) -> np.ndarray | None:
         return None
     lengths = list_lengths(dataset, [name for name in ("input_ids", "labels") if name in present])
     return np.maximum(lengths if lengths.shape[1] == 2 else lengths[:, 0], 1)  # (source, target) or source
+
+
+def check_accumulation(loader: DataLoader, args) -> DataLoader:
+    """An update sums ``--gradient_accumulation_steps`` batches of one epoch: an epoch with fewer batches per
+    process would make every update smaller than asked (the Trainer updates at the epoch's end), so it is
+    refused before the first update."""
+    batches, accumulation = len(loader), args.gradient_accumulation_steps
+    if batches < accumulation:
+        unit = f"token batches of --max_tokens {args.max_tokens}" if args.max_tokens else "batches"
+        raise TooFewBatches(
+            f"--gradient_accumulation_steps {accumulation} asks for more batches per update than an epoch holds: "
+            f"{batches} {unit} per process ({args.world_size} process(es)), so every update would sum {batches}. "
+            f"Give --gradient_accumulation_steps {batches} or less, or more training data."
+        )
+    return loader
 
 
 def length_sorted_sampler(loader) -> LengthSortedSampler | None:
