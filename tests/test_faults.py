@@ -33,6 +33,7 @@ from vanilla_transformer.training.checkpointing import (
     check_resumable,
     last_complete_checkpoint,
 )
+from vanilla_transformer.training.trainer import WallClock
 
 REPO = Path(__file__).resolve().parents[1]
 LETTERS = "a b c d e f g h i j".split()
@@ -412,9 +413,11 @@ def test_resuming_a_finished_run_trains_no_further_update(data_dir, tmp_path, ex
     ]
 
 
-def test_the_training_budget_counts_the_minutes_trained_before_a_resume(data_dir, tmp_path):
+@pytest.mark.parametrize("restore", [(), ("--restore_callback_states_from_checkpoint", "true")])
+def test_the_training_budget_counts_the_minutes_trained_before_a_resume(data_dir, tmp_path, restore):
     """--max_train_minutes is the whole run's: each checkpoint's trainer_state.json holds the seconds trained
-    until it, and the run resumed from it starts its clock there (the Trainer's own resume, in process)."""
+    until it, and the run resumed from it starts its clock there (the Trainer's own resume, in process).
+    Restoring callback states, the Trainer puts a copy in place of the run's clock: that copy is the clock."""
     output = tmp_path / "run"
     first = train.build_trainer(
         *train.parse_arguments(run_argv(data_dir, output, "--max_steps", "4", "--max_train_minutes", "60"))
@@ -424,10 +427,12 @@ def test_the_training_budget_counts_the_minutes_trained_before_a_resume(data_dir
     trained = saved["WallClock"]["attributes"]["trained_before"]
     assert 0 < trained < 60
     argv = run_argv(
-        data_dir, output, "--max_steps", "8", "--max_train_minutes", "60", "--resume_from_checkpoint", "last"
+        data_dir, output, "--max_steps", "8", "--max_train_minutes", "60", "--resume_from_checkpoint", "last", *restore
     )
     resumed = train.build_trainer(*train.parse_arguments(argv))
     resumed.trainer.train(resume_from_checkpoint=str(resumed.resume))
+    clocks = [c for c in resumed.trainer.callback_handler.callbacks if isinstance(c, WallClock)]
+    assert clocks == [resumed.trainer.wall_clock]
     assert resumed.trainer.wall_clock.trained_before == pytest.approx(trained)
     later = json.loads((output / "checkpoint-8" / "trainer_state.json").read_text())["stateful_callbacks"]
     assert later["WallClock"]["attributes"]["trained_before"] > trained

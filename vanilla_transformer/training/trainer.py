@@ -284,10 +284,8 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         if self.args.ema_decay:
             self.moving_average = ExponentialMovingAverage(self.args.ema_decay)
             self.add_callback(self.moving_average)
-        self.wall_clock = None
         if self.args.save_minutes or self.args.max_train_minutes:
-            self.wall_clock = WallClock(self.args.max_train_minutes, self.args.save_minutes)
-            self.add_callback(self.wall_clock)
+            self.add_callback(WallClock(self.args.max_train_minutes, self.args.save_minutes))
         self.target_tokens = TargetTokens()  # for throughput in target tokens/s
         if self.args.max_train_minutes and not self.args.disable_tqdm:  # a bar in minutes, not in max_steps
             self.remove_callback(ProgressCallback)
@@ -409,11 +407,15 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
+    @property
+    def wall_clock(self) -> WallClock | None:
+        """The run's `WallClock` (with --max_train_minutes or --save_minutes), as the callbacks hold it: the
+        Trainer replaces it by a copy of its own when restoring callback states
+        (--restore_callback_states_from_checkpoint)."""
+        return next((c for c in self.callback_handler.callbacks if isinstance(c, WallClock)), None)
+
     def _cooldown_factor(self, cooldown_minutes: float) -> float:
-        """The `WallClock` among the callbacks (the Trainer replaces it by a copy of its own when restoring
-        callback states, --restore_callback_states_from_checkpoint) reads the cooldown."""
-        clock = next((c for c in self.callback_handler.callbacks if isinstance(c, WallClock)), self.wall_clock)
-        return clock.cooldown_factor(cooldown_minutes)
+        return self.wall_clock.cooldown_factor(cooldown_minutes)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         inputs = dict(inputs)
