@@ -603,6 +603,39 @@ def test_default_maximum_output_length_is_input_length_plus_50():
     assert limited.shape[1] == 1 + 5
 
 
+LENGTH_RULE_CASES = {
+    "greedy": dict(num_beams=1),
+    "beam4": dict(num_beams=4),  # BeamSearch
+    "beam4, two returned": dict(num_beams=4, num_return_sequences=2),
+    "beam4, transformers' loop": dict(num_beams=4, return_dict_in_generate=True),
+}
+
+
+@pytest.mark.parametrize("case", LENGTH_RULE_CASES)
+def test_each_sentence_of_a_padded_batch_gets_its_own_input_length_plus_50(case):
+    """§6.1's limit is the sentence's: in a batch padded to 9 tokens, sources of 4 and 6 tokens stop at
+    4 + 50 and 6 + 50 new tokens, with the same tokens as each decoded alone, and without a </s>."""
+    model = tiny_model(seed=3)
+    model.lm_head.register_forward_hook(lambda m, i, o: o.index_fill(-1, torch.tensor([3]), -1e9))  # never ends
+    input_ids = torch.randint(4, VOCAB, (3, 9), generator=torch.Generator().manual_seed(0))
+    attention_mask = torch.ones_like(input_ids)
+    lengths = (9, 4, 6)
+    for row, length in enumerate(lengths):
+        input_ids[row, length:], attention_mask[row, length:] = 0, 0
+    settings = LENGTH_RULE_CASES[case]
+    batched = model.generate(input_ids=input_ids, attention_mask=attention_mask, **settings)
+    batched = batched if torch.is_tensor(batched) else batched.sequences
+    per_sentence = batched.shape[0] // 3
+    for row, length in enumerate(lengths):
+        rows = batched[row * per_sentence : (row + 1) * per_sentence]
+        alone = model.generate(input_ids=input_ids[row : row + 1, :length], **settings)
+        alone = alone if torch.is_tensor(alone) else alone.sequences
+        assert alone.shape[1] == 1 + length + 50
+        assert torch.equal(rows[:, : alone.shape[1]], alone)
+        assert torch.all(rows[:, alone.shape[1] :] == model.config.pad_token_id)
+    assert not (batched == 3).any()
+
+
 # --- ending a translation (issue 21, item 5: "undertrained models loop") -------------------------
 
 

@@ -5,7 +5,7 @@ The model class inherits `VanillaTransformerGenerationMixin`, a `GenerationMixin
 through its forward (``logits_to_keep``, the key/value cache) and the cache's public methods. The file
 loads as Hub remote code beside the model files (flat imports, no training dependencies).
 
-- `generate()` applies §6.1's limit (input length + 50 new tokens), the penalty the generation config
+- `generate()` applies §6.1's limit (each input's length + 50 new tokens), the penalty the generation config
   names (``length_penalty_formula``: GNMT's, the paper's, or transformers' own), and pads what follows
   ``</s>`` with ``<pad>``.
 - `BeamSearch` gives transformers' beam-search hypotheses with less work per step; `generate()` takes it
@@ -37,7 +37,13 @@ from transformers.generation.logits_process import (
     SuppressTokensAtBeginLogitsProcessor,
     SuppressTokensLogitsProcessor,
 )
-from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria
+from transformers.generation.stopping_criteria import (
+    EosTokenCriteria,
+    MaxLengthCriteria,
+    MaxTimeCriteria,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 from transformers.masking_utils import create_bidirectional_mask
 from transformers.modeling_outputs import BaseModelOutput, Seq2SeqLMOutput
 from transformers.utils import logging
@@ -122,8 +128,10 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
 
         Length, first match wins: ``max_length`` or ``max_new_tokens`` in the call (or in the
         ``generation_config`` passed); ``max_new_tokens`` set on the model's generation config; the
-        paper's rule, at most (longest source in the batch) + ``max_new_tokens_beyond_input`` (50)
-        tokens, capped by ``max_position_embeddings``. The rule beats the ``max_length`` stored in the
+        paper's rule, at most (the source's length) + ``max_new_tokens_beyond_input`` (50) tokens, capped
+        by ``max_position_embeddings``. The rule is each sentence's own (its length from the
+        ``attention_mask``, `SourceLengthCriteria`), so a hypothesis is cut where it would be decoded alone,
+        whatever else is in the batch. The rule beats the ``max_length`` stored in the
         model's generation config, which ``Seq2SeqTrainer`` sets to transformers' default of 20 as a
         side effect of evaluating; set ``max_new_tokens_beyond_input = None`` to use ``max_length``.
         The length penalty is the call's ``length_penalty_formula`` ("gnmt" or "length"), else the
@@ -131,7 +139,9 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         transformers' own loop ignores them, so that `BeamSearch` serves an evaluation too.
         """
         kwargs.pop("labels", None)  # Seq2SeqTrainer passes an evaluation's references along; decoding never reads them
-        limit = self._new_tokens_limit(inputs, generation_config, kwargs)
+        limit, each_sentence = self._new_tokens_limit(inputs, generation_config, kwargs), None
+        if limit is not None:  # where some sources are shorter than the batch, their own limits too
+            each_sentence = self._limit_each_sentence(self._extra_tokens(generation_config), limit, kwargs)
         if limit is not None:  # as a max_length (the start token + limit), which wins over the model's own
             ours = generation_config is None
             generation_config = copy.deepcopy(generation_config or self.generation_config)
@@ -153,10 +163,14 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
             _GNMT_PENALTY.reset(penalty)
         eos, pad = (self._setting(generation_config, name, kwargs) for name in ("eos_token_id", "pad_token_id"))
         eos = eos[0] if isinstance(eos, list) and len(eos) == 1 else eos
+        sequences = output if torch.is_tensor(output) else output.sequences
+        if each_sentence is not None and pad is not None:  # beam search fills a cut hypothesis' end with </s>
+            sequences = each_sentence.pad_beyond(sequences, pad)
         if isinstance(eos, int) and pad is not None:  # pad what follows </s> (beam search may not: see above)
-            if torch.is_tensor(output):
-                return pad_after_end_of_sequence(output, eos, pad)
-            output.sequences = pad_after_end_of_sequence(output.sequences, eos, pad)
+            sequences = pad_after_end_of_sequence(sequences, eos, pad)
+        if torch.is_tensor(output):
+            return sequences
+        output.sequences = sequences
         return output
 
     def save_pretrained(self, save_directory, *args, **kwargs):
@@ -187,22 +201,41 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         return getattr(self.generation_config, name, None)
 
     def _new_tokens_limit(self, inputs, generation_config: GenerationConfig | None, kwargs: dict) -> int | None:
-        """max_new_tokens under the paper's rule, or None when a length was given or the rule is off."""
+        """max_new_tokens under the paper's rule for the batch (its padded width + 50, at most the positions
+        allow), or None when a length was given or the rule is off."""
         if any(kwargs.get(k) is not None for k in ("max_length", "max_new_tokens")):
             return None
         if generation_config is not None and (generation_config.max_length or generation_config.max_new_tokens):
             return None
         if self.generation_config.max_new_tokens is not None:  # set on the model's config by the user
             return None
+        extra, source_length = self._extra_tokens(generation_config), _source_length(inputs, kwargs)
+        if extra is None or source_length is None:
+            return None
+        return min(source_length + extra, self.config.max_position_embeddings - 1)
+
+    def _extra_tokens(self, generation_config: GenerationConfig | None) -> int | None:
+        """The rule's new tokens beyond the source's length (``max_new_tokens_beyond_input``); None: no rule."""
         holder = next(
             (c for c in (generation_config, self.generation_config) if hasattr(c, MAX_NEW_TOKENS_BEYOND_INPUT)), None
         )
         # A generation config saved before the field existed gets the paper's rule too.
-        extra = getattr(holder, MAX_NEW_TOKENS_BEYOND_INPUT) if holder is not None else MAX_EXTRA_OUTPUT_TOKENS
-        source_length = _source_length(inputs, kwargs)
-        if extra is None or source_length is None:
+        return getattr(holder, MAX_NEW_TOKENS_BEYOND_INPUT) if holder is not None else MAX_EXTRA_OUTPUT_TOKENS
+
+    def _limit_each_sentence(self, extra: int, limit: int, kwargs: dict) -> SourceLengthCriteria | None:
+        """§6.1's limit is each sentence's: where the ``attention_mask`` says that a source is shorter than the
+        batch's padded width, a `SourceLengthCriteria` joins the call's stopping criteria (and is returned),
+        each sentence's limit its length + ``extra`` new tokens, at most the batch's ``limit``. One
+        host-device synchronisation."""
+        mask = kwargs.get("attention_mask")
+        if mask is None or mask.dim() != 2:
             return None
-        return min(source_length + extra, self.config.max_position_embeddings - 1)
+        lengths = mask.sum(dim=-1)
+        if int(lengths.min()) + extra >= limit:
+            return None  # the batch's limit is every sentence's
+        criterion = SourceLengthCriteria(torch.clamp(lengths + extra, max=limit) + 1)  # + the decoder's start token
+        kwargs["stopping_criteria"] = StoppingCriteriaList([*(kwargs.get("stopping_criteria") or []), criterion])
+        return criterion
 
     def _check_length_fits(self, generation_config: GenerationConfig, kwargs: dict) -> None:
         """Refuse, before decoding, a length the positional encoding cannot reach (the decoder's first
@@ -277,6 +310,32 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
             length_penalty=length_penalty,
             **kwargs,
         )
+
+
+class SourceLengthCriteria(StoppingCriteria):
+    """§6.1's length limit per sentence: a row stops once it holds ``max_lengths[sentence]`` tokens (the start
+    token included), as `MaxLengthCriteria` stops a batch of that sentence alone. The rows of a call come
+    sentence by sentence, the same number for each (beams, candidates or returned sequences)."""
+
+    def __init__(self, max_lengths: torch.Tensor):
+        self.max_lengths = max_lengths  # (sentences,)
+
+    def limits(self, sentences: torch.Tensor | None = None) -> torch.Tensor:
+        """The limits of these sentences (by batch position; all when None)."""
+        return self.max_lengths if sentences is None else self.max_lengths[sentences]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor | None, **kwargs) -> torch.BoolTensor:
+        return input_ids.shape[1] >= self._per_row(input_ids)
+
+    def pad_beyond(self, sequences: torch.LongTensor, pad_token_id: int) -> torch.LongTensor:
+        """``sequences`` (the call's output) with ``pad_token_id`` past each sentence's limit, where beam search
+        fills the end of a hypothesis cut there, in a batch decoded further."""
+        beyond = torch.arange(sequences.shape[1], device=sequences.device) >= self._per_row(sequences)[:, None]
+        return sequences.masked_fill(beyond, pad_token_id)
+
+    def _per_row(self, rows: torch.Tensor) -> torch.Tensor:
+        rows_per_sentence = rows.shape[0] // self.max_lengths.shape[0]
+        return self.max_lengths.to(rows.device).repeat_interleave(rows_per_sentence)
 
 
 def _source_length(inputs: torch.Tensor | None, kwargs: dict) -> int | None:
@@ -364,7 +423,7 @@ ROW_WISE_PROCESSORS = (
     NoRepeatNGramLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
 )
-ROW_WISE_CRITERIA = (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria)
+ROW_WISE_CRITERIA = (MaxLengthCriteria, EosTokenCriteria, MaxTimeCriteria, SourceLengthCriteria)
 
 
 class BeamSearch:
@@ -426,7 +485,12 @@ class BeamSearch:
 
     def __init__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
         self.model, self.config = model, generation_config
-        self.logits_processor, self.stopping_criteria = logits_processor, stopping_criteria
+        self.logits_processor = logits_processor
+        # the per-sentence limits read the sentences' batch positions, which change as sentences leave
+        self.sentence_limits = [c for c in stopping_criteria if isinstance(c, SourceLengthCriteria)]
+        self.stopping_criteria = StoppingCriteriaList(
+            [c for c in stopping_criteria if not isinstance(c, SourceLengthCriteria)]
+        )
         self.beams = generation_config.num_beams
         self.lean = generation_config.early_stopping is True and not logits_processor  # the paper's decoding
         end_tokens, self.fill = end_and_fill_tokens(generation_config)
@@ -527,7 +591,10 @@ class BeamSearch:
         """Which candidates hit a stopping criterion. The criteria `not_covered` admits read a sequence's
         last token and its length only, so they get a view with those, not the candidates' sequences."""
         last_tokens = token.reshape(-1, 1).expand(-1, self.length + 1)
-        return self.stopping_criteria(last_tokens, None).view(token.shape)
+        hits = self.stopping_criteria(last_tokens, None).view(token.shape)
+        for criterion in self.sentence_limits:  # (B, 1): a sentence at its limit, every candidate of it
+            hits = hits | (self.length + 1 >= criterion.limits(self.sentence_ids).to(token.device))[:, None]
+        return hits
 
     def _update_finished_beams(self, scores, beam, token, hits) -> None:
         """transformers' merge of the candidates that ended into the finished hypotheses, each candidate's count
@@ -634,6 +701,7 @@ def end_and_fill_tokens(generation_config: GenerationConfig) -> tuple[int, int]:
 
 __all__ = [
     "BeamSearch",
+    "SourceLengthCriteria",
     "VanillaTransformerGenerationMixin",
     "gnmt_length_penalty",
     "pad_after_end_of_sequence",
