@@ -4,6 +4,7 @@ kernels running. Every test here is marked ``gpu`` and skips without CUDA; their
 in tests/test_levers.py."""
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -182,6 +183,28 @@ def test_each_attention_kernel_trains_like_the_default(kernel):
     finally:
         attention_backends.prefer_in_training("default")
     assert_same_training(chosen, reference)
+
+
+@pytest.mark.parametrize("kernel", ["cudnn", "efficient"])
+def test_each_attention_kernel_runs_where_chosen(kernel):
+    """`--training_attention KERNEL` is a lever only where the kernel takes the call: torch falls back to the
+    next backend in silence otherwise. Each use of attention in training is tried with the kernel alone
+    (torch raises "No available kernel" where it declines); the uses it declines are named in a warning, and
+    a kernel that takes none of them fails."""
+    model, batch = model_of(), batch_of(8, 24, 20)
+    uses = (attention_backends.ENCODER, attention_backends.DECODER, attention_backends.CROSS)
+    declined = []
+    for use in uses:
+        try:
+            attention_backends.BACKENDS[True, use] = (attention_backends.KERNELS[kernel],)
+            loss_and_grads(model, batch)
+        except RuntimeError as error:
+            declined.append(f"{use} ({str(error).splitlines()[0]})")
+        finally:
+            attention_backends.prefer_in_training("default")
+    assert len(declined) < len(uses), f"{kernel} took no use of attention in training: {declined}"
+    if declined:
+        warnings.warn(f"--training_attention {kernel} falls back for: {'; '.join(declined)}", stacklevel=1)
 
 
 def test_fp8_trains_and_stays_near_bfloat16():
