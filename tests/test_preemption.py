@@ -198,6 +198,18 @@ def test_with_time_to_spare_a_sigterm_checkpoint_holds_the_moving_average(data_d
     assert ema_updates(checkpoint) == 3 and not (checkpoint / LEFT_OUT_NAME).exists()
 
 
+def test_a_signal_at_a_timed_save_makes_it_a_whole_checkpoint(data_dir, tmp_path):
+    """--save_minutes wants a save at the update the signal stops after: a regular checkpoint (kept, averaged),
+    not a point to resume from only, whichever callback learns of the save first."""
+    trainer = build(data_dir, tmp_path / "run", "--save_minutes", "1e-9").trainer  # a save after every update
+    trainer.add_callback(SignalAt(2))
+    with pytest.raises(TrainingInterrupted) as interrupted:
+        trainer.train()
+    checkpoint = interrupted.value.checkpoint
+    assert checkpoint == tmp_path / "run" / "checkpoint-3"
+    assert not (checkpoint / RESUME_POINT_NAME).exists()
+
+
 def test_a_budget_too_small_for_the_whole_checkpoint_saves_what_resumes_says_so_and_resumes(data_dir, tmp_path, caplog):
     extra = ("--ema_decay", "0.9", "--preemption_grace_seconds", "1e-6")
     reference = build(data_dir, tmp_path / "uninterrupted", *extra).trainer

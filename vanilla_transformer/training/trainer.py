@@ -278,8 +278,6 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         # Always count the target tokens of each accumulated batch: compute_loss normalises by them.
         self.model_accepts_loss_kwargs = True
         refuse_ignored_precision_or_sharding(self.args, self.accelerator, self.is_fsdp_enabled)
-        self.stop_on_signal = StopOnSignal(self, self.args.preemption_grace_seconds)
-        self.add_callback(self.stop_on_signal)
         self.moving_average = None
         if self.args.ema_decay:
             self.moving_average = ExponentialMovingAverage(self.args.ema_decay)
@@ -294,6 +292,10 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             )
         if self.args.device.type == "cpu":  # pinned memory only helps a copy to an accelerator (torch warns)
             self.args.dataloader_pin_memory = False
+        # after the callbacks that ask for saves (WallClock): a save they want is a whole checkpoint, not only a
+        # point to resume from
+        self.stop_on_signal = StopOnSignal(self, self.args.preemption_grace_seconds)
+        self.add_callback(self.stop_on_signal)
         self.divergence = DivergenceGuard(self)  # last: it reads whether the others log, evaluate or save
         self.add_callback(self.divergence)
         apply_levers(self.accelerator.unwrap_model(self.model), self.args)
