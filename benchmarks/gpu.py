@@ -1351,30 +1351,44 @@ class PhaseClock:
     def update_breakdown(self, fraction: float = 0.5) -> dict | None:
         """The mean host milliseconds per update of each of `UPDATE_PHASES` over the last ``fraction`` of
         training, and the mean update (the phases add up to it); the profiled window's updates, and the one
-        after it, are left out. No device reads are added, so on a GPU the host waits for the device only where
-        the run itself waits (a logging step, a full launch queue), and that wait counts in the phase it falls in."""
+        after it, are left out (all updates after the first where that leaves none, as
+        `steady_updates_per_second`). No device reads are added, so on a GPU the host waits for the device only
+        where the run itself waits (a logging step, a full launch queue), and that wait counts in the phase it
+        falls in."""
         if "end" not in self.marks or len(self.events) < 3:
             return None
-        since = self.marks["end"] - fraction * (self.marks["end"] - self.events[0][3])
         start, stop = getattr(self, "profiled_span", (math.inf, math.inf))
-        rows = [
-            (begin - previous[3], before - begin, after - before, end - after)
-            for previous, (begin, before, after, end) in zip(self.events, self.events[1:])
-            if begin >= since and not (end > start and previous[3] < stop)
-        ]
-        if not rows:
+        for share in (fraction, 1.0):
+            since = self.marks["end"] - share * (self.marks["end"] - self.events[0][3])
+            rows = [
+                (begin - previous[3], before - begin, after - before, end - after)
+                for previous, (begin, before, after, end) in zip(self.events, self.events[1:])
+                if begin >= since and not (end > start and previous[3] < stop)
+            ]
+            if rows:
+                break
+        else:
             return None
         means = [1e3 * sum(column) / len(rows) for column in zip(*rows)]
         return {"updates": len(rows), "update_ms": sum(means), **dict(zip(self.UPDATE_PHASES, means))}
 
     def steady_updates_per_second(self, fraction: float = 0.5) -> float | None:
-        """Updates per second over the last ``fraction`` of training (compilation and first shapes behind)."""
+        """Updates per second over the last ``fraction`` of training (compilation and first shapes behind), the
+        profiled window's updates left out; over all updates after the first where that leaves none (a run
+        too short for the profile to end early)."""
         if "end" not in self.marks or len(self.step_ends) < 3:
             return None
-        since = self.marks["end"] - fraction * (self.marks["end"] - self.step_ends[0])
-        since = max(since, getattr(self, "profiled_span", (0, 0))[1])  # after the profiled window, if it was late
-        late = [end for end in self.step_ends if end >= since]
-        return (len(late) - 1) / (late[-1] - late[0]) if len(late) >= 2 and late[-1] > late[0] else None
+        start, stop = getattr(self, "profiled_span", (math.inf, math.inf))
+        for share in (fraction, 1.0):
+            since = self.marks["end"] - share * (self.marks["end"] - self.step_ends[0])
+            gaps = [
+                end - previous
+                for previous, end in zip(self.step_ends, self.step_ends[1:])
+                if previous >= since and not (end > start and previous < stop)
+            ]
+            if gaps and sum(gaps) > 0:
+                return len(gaps) / sum(gaps)
+        return None
 
     def on_train_end(self, args, state, control, **kwargs):
         self.marks["end"] = time.perf_counter()

@@ -557,6 +557,7 @@ def test_an_update_is_split_at_the_trainers_callback_events(monkeypatch):
     assert breakdown["updates"] == 12 - 1 - 2 - 1  # not the first (no update before it), the window, the one after
     assert [round(breakdown[phase], 6) for phase in gpu.PhaseClock.UPDATE_PHASES] == [1, 6, 2, 1]
     assert breakdown["update_ms"] == pytest.approx(10)
+    assert clock.steady_updates_per_second(fraction=1.0) == pytest.approx(100)  # the same updates, 10 ms each
 
 
 def test_the_profiled_window_never_outlives_the_run(monkeypatch):
