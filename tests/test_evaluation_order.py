@@ -304,3 +304,15 @@ def test_the_benchmark_evaluates_both_orders_to_the_same_scores(setting, tmp_pat
     printed = capsys.readouterr().out
     assert "length / input:" in printed and "batch 8 / 4, sorted:" in printed
     assert benchmark.main(["--model", str(saved), "--data-dir", str(tmp_path / "absent")]) is None
+
+
+def test_a_tokenizer_that_pads_on_the_left_is_refused(setting, tmp_path):
+    """The collator pads as the tokenizer says; the encoder's positions count from each row's first column."""
+    import copy
+
+    model, tokenizer, _ = setting
+    left = copy.deepcopy(tokenizer)
+    left.padding_side = "left"
+    args = TransformerTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True)
+    with pytest.raises(ValueError, match="The tokenizer pads on the left: .*tokenizer.padding_side = 'right'"):
+        TransformerTrainer(model=model, args=args, processing_class=left)

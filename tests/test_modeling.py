@@ -636,6 +636,67 @@ def test_each_sentence_of_a_padded_batch_gets_its_own_input_length_plus_50(case)
     assert not (batched == 3).any()
 
 
+def never_ending_model(**overrides):
+    model = tiny_model(seed=3, **overrides)
+    model.lm_head.register_forward_hook(lambda m, i, o: o.index_fill(-1, torch.tensor([3]), -1e9))  # no </s>
+    return model
+
+
+def test_the_length_rule_survives_a_saved_generation_config_and_takes_the_calls_setting(tmp_path):
+    """save_pretrained writes max_length = max_position_embeddings for other readers; passing the saved
+    generation config back keeps input + 50. max_new_tokens_beyond_input in the call beats the config's."""
+    from transformers import GenerationConfig
+
+    model = never_ending_model()
+    model.save_pretrained(tmp_path)
+    reloaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
+    reloaded.lm_head.register_forward_hook(lambda m, i, o: o.index_fill(-1, torch.tensor([3]), -1e9))
+    saved = GenerationConfig.from_pretrained(tmp_path)
+    assert saved.max_length == model.config.max_position_embeddings > 1 + 5 + 50
+    input_ids = torch.randint(4, VOCAB, (1, 5))
+    for config in (None, reloaded.generation_config, saved):
+        assert reloaded.generate(input_ids=input_ids, generation_config=config, num_beams=1).shape[1] == 1 + 5 + 50
+    assert reloaded.generate(input_ids=input_ids, num_beams=1, max_new_tokens_beyond_input=10).shape[1] == 16
+    switched_off = reloaded.generate(input_ids=input_ids, num_beams=1, max_new_tokens_beyond_input=None)
+    assert switched_off.shape[1] == model.config.max_position_embeddings  # the saved max_length applies
+
+
+def test_a_decoder_prompt_does_not_eat_into_the_50_new_tokens():
+    model = never_ending_model()
+    input_ids = torch.randint(4, VOCAB, (1, 5))
+    for prompt in (1, 4):
+        decoder_input_ids = torch.full((1, prompt), model.config.decoder_start_token_id)
+        out = model.generate(input_ids=input_ids, decoder_input_ids=decoder_input_ids, num_beams=1)
+        assert out.shape[1] == prompt + 5 + 50
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
+def test_a_model_that_starts_decoding_with_eos_keeps_its_output(num_beams):
+    """fairseq's models start the decoder with </s>: the start token is not the end of the hypothesis."""
+    model = never_ending_model(decoder_start_token_id=3)
+    out = model.generate(input_ids=torch.randint(4, VOCAB, (1, 5)), num_beams=num_beams, max_new_tokens=6)
+    assert out[0, 0] == 3 and (out[0, 1:] != model.config.pad_token_id).all()
+
+
+def test_a_padded_source_without_attention_mask_is_decoded_as_with_one():
+    """transformers infers the mask from <pad> for decoder-only models only; an encoder-decoder would
+    attend to the padding and cut every sentence at the batch's limit."""
+    model = never_ending_model()
+    input_ids, attention_mask = source_batch()
+    for num_beams in (1, 4):
+        with_mask = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=num_beams)
+        assert torch.equal(model.generate(input_ids=input_ids, num_beams=num_beams), with_mask)
+
+
+def test_a_source_padded_on_the_left_is_refused():
+    model = tiny_model()
+    input_ids, attention_mask = source_batch()
+    left_ids, left_mask = input_ids.clone(), attention_mask.clone()
+    left_ids[1], left_mask[1] = input_ids[1].roll(3), attention_mask[1].roll(3)
+    with pytest.raises(ValueError, match=r"1 source\(s\) are padded on the left .*padding_side = 'right'"):
+        model.generate(input_ids=left_ids, attention_mask=left_mask, max_new_tokens=3)
+
+
 # --- ending a translation (issue 21, item 5: "undertrained models loop") -------------------------
 
 

@@ -104,14 +104,19 @@ def gnmt_length_penalty(length, alpha: float):
     return ((5 + length) / 6) ** alpha
 
 
-def pad_after_end_of_sequence(sequences: torch.Tensor, eos_token_id: int, pad_token_id: int) -> torch.Tensor:
-    """Every token after a row's first ``</s>`` becomes ``<pad>``.
+def pad_after_end_of_sequence(
+    sequences: torch.Tensor, eos_token_id: int, pad_token_id: int, prompt_length: int = 0
+) -> torch.Tensor:
+    """Every token after a row's first generated ``</s>`` becomes ``<pad>``; the decoder prompt's first
+    ``prompt_length`` columns are not looked at (a model may start decoding with ``</s>``, as fairseq's do).
 
     Beam search in transformers fills finished rows with ``pad_token_id or eos_token_id``, so a pad
     id of 0 (falsy) fills them with ``</s>``, and whoever counts non-pad tokens (the Trainer's
     ``gen_len``) counts the filler too.
     """
-    ended_before = (sequences == eos_token_id).long().cumsum(dim=-1) - (sequences == eos_token_id).long()
+    ends = sequences == eos_token_id
+    ends[:, :prompt_length] = False
+    ended_before = ends.long().cumsum(dim=-1) - ends.long()
     return sequences.masked_fill(ended_before > 0, pad_token_id)
 
 
@@ -126,30 +131,41 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
     def generate(self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs):
         """`GenerationMixin.generate` with the paper's length limit (§6.1) and outputs padded with ``<pad>``.
 
-        Length, first match wins: ``max_length`` or ``max_new_tokens`` in the call (or in the
-        ``generation_config`` passed); ``max_new_tokens`` set on the model's generation config; the
-        paper's rule, at most (the source's length) + ``max_new_tokens_beyond_input`` (50) tokens, capped
-        by ``max_position_embeddings``. The rule is each sentence's own (its length from the
-        ``attention_mask``, `SourceLengthCriteria`), so a hypothesis is cut where it would be decoded alone,
-        whatever else is in the batch. The rule beats the ``max_length`` stored in the
-        model's generation config, which ``Seq2SeqTrainer`` sets to transformers' default of 20 as a
-        side effect of evaluating; set ``max_new_tokens_beyond_input = None`` to use ``max_length``.
+        Length, first match wins (`_extra_tokens`): ``max_length`` or ``max_new_tokens`` in the call; else the
+        paper's rule, at most (the source's length) + ``max_new_tokens_beyond_input`` (50) new tokens after
+        the decoder prompt, capped by ``max_position_embeddings``, where the call, the ``generation_config``
+        passed or the model's says so. The rule is each sentence's own (its length from the source's mask,
+        `SourceLengthCriteria`), so a hypothesis is cut where it would be decoded alone, whatever else is in
+        the batch. It beats the ``max_length`` stored with it (`save_pretrained`'s, or the default of 20 that
+        ``Seq2SeqTrainer`` sets as a side effect of evaluating); set ``max_new_tokens_beyond_input = None``
+        to use ``max_length``. A source without an ``attention_mask`` gets one from its ``<pad>`` tokens, as
+        transformers does for decoder-only models only; one padded on the left is refused (`_shortest_source`).
         The length penalty is the call's ``length_penalty_formula`` ("gnmt" or "length"), else the
         generation config's. ``labels`` (which ``Seq2SeqTrainer`` passes with the source) are dropped, as
         transformers' own loop ignores them, so that `BeamSearch` serves an evaluation too.
         """
         kwargs.pop("labels", None)  # Seq2SeqTrainer passes an evaluation's references along; decoding never reads them
-        limit, each_sentence = self._new_tokens_limit(inputs, generation_config, kwargs), None
-        if limit is not None:  # where some sources are shorter than the batch, their own limits too
-            each_sentence = self._limit_each_sentence(self._extra_tokens(generation_config), limit, kwargs)
-        if limit is not None:  # as a max_length (the start token + limit), which wins over the model's own
+        extra = self._extra_tokens(generation_config, kwargs)  # the rule's, or None
+        prompt = kwargs["decoder_input_ids"].shape[1] if kwargs.get("decoder_input_ids") is not None else 1
+        mask = _source_mask(inputs, kwargs, self._setting(generation_config, "pad_token_id", kwargs))
+        shortest = None if mask is None else _shortest_source(mask)  # left padding refused
+        if mask is not None and "attention_mask" not in kwargs and shortest < mask.shape[1]:
+            kwargs["attention_mask"] = mask  # <pad> in the source: the encoder leaves it out, as the sentence alone
+        limit, each_sentence = None, None
+        if extra is not None and (width := _source_length(inputs, kwargs)) is not None:
+            limit = min(width + extra, self.config.max_position_embeddings - prompt)  # new tokens, for the batch
+            if shortest is not None and shortest + extra < limit:  # §6.1's limit is each sentence's
+                each_sentence = SourceLengthCriteria(torch.clamp(mask.sum(dim=-1) + extra, max=limit) + prompt)
+                criteria = [*(kwargs.get("stopping_criteria") or []), each_sentence]
+                kwargs["stopping_criteria"] = StoppingCriteriaList(criteria)
+        if limit is not None:  # as a max_length (the prompt + limit), which wins over the model's own
             ours = generation_config is None
             generation_config = copy.deepcopy(generation_config or self.generation_config)
             if ours:  # the call's settings go into our copy (transformers warns when given a config and settings);
                 # None (unset a default) and cache_implementation (read from the call by generate()) stay in the call
                 settings = [k for k, v in kwargs.items() if v is not None and k != "cache_implementation"]
                 kwargs.update(generation_config.update(**{k: kwargs.pop(k) for k in settings}))
-            generation_config.max_length, generation_config.max_new_tokens = limit + 1, None
+            generation_config.max_length, generation_config.max_new_tokens = limit + prompt, None
         self._check_length_fits(generation_config or self.generation_config, kwargs)
         formula = kwargs.pop(LENGTH_PENALTY_FORMULA, None) or self._setting(generation_config, LENGTH_PENALTY_FORMULA)
         if formula not in (None, *LENGTH_PENALTY_FORMULAS):
@@ -167,7 +183,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         if each_sentence is not None and pad is not None:  # beam search fills a cut hypothesis' end with </s>
             sequences = each_sentence.pad_beyond(sequences, pad)
         if isinstance(eos, int) and pad is not None:  # pad what follows </s> (beam search may not: see above)
-            sequences = pad_after_end_of_sequence(sequences, eos, pad)
+            sequences = pad_after_end_of_sequence(sequences, eos, pad, prompt_length=prompt)
         if torch.is_tensor(output):
             return sequences
         output.sequences = sequences
@@ -200,42 +216,29 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
                 return value
         return getattr(self.generation_config, name, None)
 
-    def _new_tokens_limit(self, inputs, generation_config: GenerationConfig | None, kwargs: dict) -> int | None:
-        """max_new_tokens under the paper's rule for the batch (its padded width + 50, at most the positions
-        allow), or None when a length was given or the rule is off."""
+    def _extra_tokens(self, generation_config: GenerationConfig | None, kwargs: dict) -> int | None:
+        """The rule's new tokens beyond the source's length (``max_new_tokens_beyond_input``), taken out of the
+        call's ``kwargs``; None where a length applies instead or the rule is off. First match wins: a
+        ``max_length`` or ``max_new_tokens`` in the call; the rule's setting in the call; the passed
+        ``generation_config``'s (a ``max_new_tokens`` there, else its rule's setting, else a ``max_length``
+        there); the model's ``max_new_tokens``; the model's rule (whose ``max_length`` only caps it: as
+        `save_pretrained` writes it, or as ``Seq2SeqTrainer`` leaves it)."""
+        given = kwargs.pop(MAX_NEW_TOKENS_BEYOND_INPUT, _NOT_GIVEN)
         if any(kwargs.get(k) is not None for k in ("max_length", "max_new_tokens")):
             return None
-        if generation_config is not None and (generation_config.max_length or generation_config.max_new_tokens):
-            return None
+        if given is not _NOT_GIVEN:
+            return given
+        if generation_config is not None:
+            if generation_config.max_new_tokens is not None:
+                return None
+            if hasattr(generation_config, MAX_NEW_TOKENS_BEYOND_INPUT):
+                return getattr(generation_config, MAX_NEW_TOKENS_BEYOND_INPUT)
+            if generation_config.max_length is not None:
+                return None
         if self.generation_config.max_new_tokens is not None:  # set on the model's config by the user
             return None
-        extra, source_length = self._extra_tokens(generation_config), _source_length(inputs, kwargs)
-        if extra is None or source_length is None:
-            return None
-        return min(source_length + extra, self.config.max_position_embeddings - 1)
-
-    def _extra_tokens(self, generation_config: GenerationConfig | None) -> int | None:
-        """The rule's new tokens beyond the source's length (``max_new_tokens_beyond_input``); None: no rule."""
-        holder = next(
-            (c for c in (generation_config, self.generation_config) if hasattr(c, MAX_NEW_TOKENS_BEYOND_INPUT)), None
-        )
         # A generation config saved before the field existed gets the paper's rule too.
-        return getattr(holder, MAX_NEW_TOKENS_BEYOND_INPUT) if holder is not None else MAX_EXTRA_OUTPUT_TOKENS
-
-    def _limit_each_sentence(self, extra: int, limit: int, kwargs: dict) -> SourceLengthCriteria | None:
-        """§6.1's limit is each sentence's: where the ``attention_mask`` says that a source is shorter than the
-        batch's padded width, a `SourceLengthCriteria` joins the call's stopping criteria (and is returned),
-        each sentence's limit its length + ``extra`` new tokens, at most the batch's ``limit``. One
-        host-device synchronisation."""
-        mask = kwargs.get("attention_mask")
-        if mask is None or mask.dim() != 2:
-            return None
-        lengths = mask.sum(dim=-1)
-        if int(lengths.min()) + extra >= limit:
-            return None  # the batch's limit is every sentence's
-        criterion = SourceLengthCriteria(torch.clamp(lengths + extra, max=limit) + 1)  # + the decoder's start token
-        kwargs["stopping_criteria"] = StoppingCriteriaList([*(kwargs.get("stopping_criteria") or []), criterion])
-        return criterion
+        return getattr(self.generation_config, MAX_NEW_TOKENS_BEYOND_INPUT, MAX_EXTRA_OUTPUT_TOKENS)
 
     def _check_length_fits(self, generation_config: GenerationConfig, kwargs: dict) -> None:
         """Refuse, before decoding, a length the positional encoding cannot reach (the decoder's first
@@ -336,6 +339,34 @@ class SourceLengthCriteria(StoppingCriteria):
     def _per_row(self, rows: torch.Tensor) -> torch.Tensor:
         rows_per_sentence = rows.shape[0] // self.max_lengths.shape[0]
         return self.max_lengths.to(rows.device).repeat_interleave(rows_per_sentence)
+
+
+_NOT_GIVEN = object()
+
+
+def _source_mask(inputs: torch.Tensor | None, kwargs: dict, pad_token_id: int | None) -> torch.Tensor | None:
+    """The source's padding mask (B, S): the call's ``attention_mask``, else the ``input_ids`` that are not
+    ``<pad>`` (which our tokenizer never makes of text); None where neither says."""
+    input_ids = inputs if inputs is not None else kwargs.get("input_ids")
+    mask = kwargs.get("attention_mask")
+    if mask is None and input_ids is not None and pad_token_id is not None and input_ids.dim() == 2:
+        mask = input_ids.ne(pad_token_id).long()
+    return mask if mask is not None and mask.dim() == 2 else None
+
+
+def _shortest_source(mask: torch.Tensor) -> int:
+    """The shortest source's length. A source padded on the left would put its first token at a later
+    position (§3.5's positions count from each row's first column, as MarianMT's do) and translate
+    differently: refused. One host-device synchronisation."""
+    lengths = mask.sum(dim=-1)
+    shortest, left_padded = torch.stack([lengths.min(), ((mask[:, 0] == 0) & (lengths > 0)).sum()]).tolist()
+    if left_padded:
+        raise ValueError(
+            f"{left_padded} source(s) are padded on the left (attention_mask starts with 0): the encoder's "
+            "positions start at each row's first column, so pad on the right (tokenizer.padding_side = 'right', "
+            "the tokenizer's default)."
+        )
+    return int(shortest)
 
 
 def _source_length(inputs: torch.Tensor | None, kwargs: dict) -> int | None:

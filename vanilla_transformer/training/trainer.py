@@ -278,6 +278,11 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         # Always count the target tokens of each accumulated batch: compute_loss normalises by them.
         self.model_accepts_loss_kwargs = True
         refuse_ignored_precision_or_sharding(self.args, self.accelerator, self.is_fsdp_enabled)
+        if getattr(self.processing_class, "padding_side", "right") != "right":  # the collator pads as it says
+            raise ValueError(
+                f"The tokenizer pads on the {self.processing_class.padding_side}: the encoder's positions start at "
+                "each row's first column (§3.5), so pad on the right (tokenizer.padding_side = 'right', its default)."
+            )
         self.moving_average = None
         if self.args.ema_decay:
             self.moving_average = ExponentialMovingAverage(self.args.ema_decay)
