@@ -405,3 +405,36 @@ def test_decoder_text_config_reports_the_target_vocabulary():
     config = build_tiny(share_encoder_decoder_embeddings=False, decoder_vocab_size=900)
     assert config.get_text_config(decoder=True).vocab_size == 900
     assert config.get_text_config(encoder=True).vocab_size == 1000
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        ({"pad_token_id": None}, "pad_token_id must be set: batches are padded with it"),
+        (
+            {"is_encoder_decoder": False},
+            r"is_encoder_decoder=False, is_decoder=False: this model is an encoder-decoder",
+        ),
+        ({"is_decoder": True}, r"is_encoder_decoder=True, is_decoder=True"),
+        ({"max_position_embeddings": 1}, "max_position_embeddings must be at least 2"),
+    ],
+)
+def test_settings_the_model_cannot_run_with_are_rejected(overrides, message):
+    assert_rejected(overrides, message)
+
+
+def test_generation_settings_given_to_the_config_are_named_as_left_out(caplog):
+    """transformers drops them from a model config in silence; they belong in the generation config."""
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            config = build_tiny(num_beams=5, length_penalty=2.0)
+    finally:
+        transformers_logging.disable_propagation()
+    assert not hasattr(config, "num_beams")
+    assert any(
+        "length_penalty=2.0, num_beams=5: generation settings belong in model.generation_config" in r.getMessage()
+        for r in caplog.records
+    ), [r.getMessage() for r in caplog.records]

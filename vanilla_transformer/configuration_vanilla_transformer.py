@@ -11,10 +11,13 @@ from __future__ import annotations
 import copy
 
 from huggingface_hub.dataclasses import strict
-from transformers import PretrainedConfig
+from transformers import GenerationConfig, PretrainedConfig
 from transformers.activations import ACT2FN
+from transformers.utils import logging
 
 from .pipeline_vanilla_transformer import CUSTOM_PIPELINES
+
+logger = logging.get_logger(__name__)
 
 # Table 3 of the paper. "base" and "big" are the two published models; "tiny" is for tests and demos.
 # The big model used dropout 0.3 for en-de and 0.1 for en-fr (§6.1); the preset carries 0.3.
@@ -159,6 +162,13 @@ class VanillaTransformerConfig(PretrainedConfig):
     def __post_init__(self, **kwargs):
         if self.decoder_vocab_size is None:
             self.decoder_vocab_size = self.vocab_size
+        # transformers drops generation settings given to a model config, without a word
+        if dropped := sorted(set(kwargs) & set(GenerationConfig._get_default_generation_params())):
+            logger.warning(
+                f"{', '.join(f'{name}={kwargs[name]!r}' for name in dropped)}: generation settings belong in "
+                "model.generation_config (a GenerationConfig, saved as generation_config.json), not in the model's "
+                "config; left out of it."
+            )
         kwargs.setdefault("auto_map", copy.deepcopy(AUTO_MAP))
         # Like auto_map: pipeline("translation", model=folder, trust_remote_code=True) finds the pipeline.
         kwargs.setdefault("custom_pipelines", copy.deepcopy(CUSTOM_PIPELINES))
@@ -202,6 +212,16 @@ class VanillaTransformerConfig(PretrainedConfig):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
                 raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+        if self.max_position_embeddings < 2:
+            raise ValueError(
+                f"max_position_embeddings must be at least 2 (the decoder's start token and one more), got "
+                f"{self.max_position_embeddings}."
+            )
+        if self.is_encoder_decoder is not True or self.is_decoder is not False:
+            raise ValueError(
+                f"is_encoder_decoder={self.is_encoder_decoder!r}, is_decoder={self.is_decoder!r}: this model is "
+                "an encoder-decoder (True, False); leave both unset."
+            )
         if self.head_dim is None:
             for name in ("encoder_attention_heads", "decoder_attention_heads"):
                 heads = getattr(self, name)
@@ -272,6 +292,11 @@ class VanillaTransformerConfig(PretrainedConfig):
                     )
         if self.decoder_start_token_id is None:
             raise ValueError("decoder_start_token_id must be set: the decoder needs a first input token.")
+        if self.pad_token_id is None:
+            raise ValueError(
+                "pad_token_id must be set: batches are padded with it, and labels shifted into decoder inputs "
+                "with it; use the tokenizer's pad id."
+            )
 
 
 __all__ = ["VanillaTransformerConfig", "PRESETS"]
