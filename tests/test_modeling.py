@@ -661,6 +661,23 @@ def test_the_length_rule_survives_a_saved_generation_config_and_takes_the_calls_
     assert switched_off.shape[1] == model.config.max_position_embeddings  # the saved max_length applies
 
 
+def test_max_new_tokens_on_a_saved_model_decodes_that_many_without_a_warning(tmp_path, caplog):
+    """The saved max_length only caps the length rule: a call's max_new_tokens is not 'both set'."""
+    from transformers.utils import logging as transformers_logging
+
+    never_ending_model().save_pretrained(tmp_path)
+    reloaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path).eval()
+    reloaded.lm_head.register_forward_hook(lambda m, i, o: o.index_fill(-1, torch.tensor([3]), -1e9))
+    transformers_logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            out = reloaded.generate(input_ids=torch.randint(4, VOCAB, (1, 5)), num_beams=1, max_new_tokens=3)
+    finally:
+        transformers_logging.disable_propagation()
+    assert out.shape[1] == 1 + 3
+    assert not [r.getMessage() for r in caplog.records if "max_new_tokens" in r.getMessage()]
+
+
 def test_a_decoder_prompt_does_not_eat_into_the_50_new_tokens():
     model = never_ending_model()
     input_ids = torch.randint(4, VOCAB, (1, 5))

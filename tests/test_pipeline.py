@@ -218,6 +218,11 @@ def test_a_generator_of_sentences_streams_the_same_translations(translate):
     assert [first, *streamed] == translate(TEXTS[:3])
 
 
+def test_a_tuple_translates_as_a_list_and_no_sentences_give_no_translations(translate):
+    assert translate(tuple(TEXTS[:2])) == translate(TEXTS[:2])
+    assert translate([]) == [] and translate(()) == []
+
+
 @pytest.mark.parametrize(
     "inputs", [torch.tensor([[5, 6, 3]]), [b"bytes"], {"text": "A man."}], ids=["ids", "bytes", "dict"]
 )

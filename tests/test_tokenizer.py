@@ -401,3 +401,23 @@ def test_multi30k_training_set_round_trips_without_unk():
         assert ids[-1] == tokenizer.eos_token_id and tokenizer.unk_token_id not in ids
     decoded = tokenizer.batch_decode(encoded.input_ids + encoded["labels"], skip_special_tokens=True)
     assert decoded == [unicodedata.normalize("NFKC", line) for line in english + german]
+
+
+def test_a_new_special_token_is_said_not_to_match_in_text_and_add_tokens_matches_it(tokenizer, caplog):
+    import copy
+
+    from transformers.utils import logging as transformers_logging
+
+    mine = copy.deepcopy(tokenizer)
+    transformers_logging.enable_propagation()
+    try:
+        with caplog.at_level("WARNING"):
+            mine.add_special_tokens({"additional_special_tokens": ["<2de>"]})
+    finally:
+        transformers_logging.disable_propagation()
+    assert any(
+        "<2de>: special tokens of this tokenizer are not matched in text" in r.getMessage() for r in caplog.records
+    )
+    assert mine.convert_tokens_to_ids("<2de>") not in mine("<2de> a man")["input_ids"]  # what the warning says
+    mine.add_tokens(["<2fr>"])
+    assert mine("<2fr> a man")["input_ids"][0] == mine.convert_tokens_to_ids("<2fr>")

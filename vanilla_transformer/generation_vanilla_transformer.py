@@ -158,6 +158,17 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
                 each_sentence = SourceLengthCriteria(torch.clamp(mask.sum(dim=-1) + extra, max=limit) + prompt)
                 criteria = [*(kwargs.get("stopping_criteria") or []), each_sentence]
                 kwargs["stopping_criteria"] = StoppingCriteriaList(criteria)
+        # A max_new_tokens in the call beats a max_length that only caps the rule (save_pretrained's, or the
+        # Trainer's 20); given to transformers as the max_length it means, since with both set it warns.
+        holder = generation_config or self.generation_config
+        if (
+            extra is None
+            and kwargs.get("max_new_tokens") is not None
+            and kwargs.get("max_length") is None
+            and getattr(holder, MAX_NEW_TOKENS_BEYOND_INPUT, None) is not None
+            and holder.max_length is not None
+        ):
+            limit = kwargs.pop("max_new_tokens")
         if limit is not None:  # as a max_length (the prompt + limit), which wins over the model's own
             ours = generation_config is None
             generation_config = copy.deepcopy(generation_config or self.generation_config)

@@ -146,12 +146,16 @@ class VanillaTranslationPipeline(Pipeline):
         return preprocess_params, generate_kwargs, postprocess_params
 
     def __call__(self, inputs, **kwargs):
-        """Translate a string, a list of strings, or an iterable of them (a generator, a dataset column).
+        """Translate a string, a list (or tuple) of strings, or an iterable of them (a generator, a dataset column).
 
         See the class docstring for the parameters.
         """
         if isinstance(inputs, types.GeneratorType):  # transformers < 5.14 reads a generator whole before it starts
             inputs = _Stream(inputs)
+        elif isinstance(inputs, tuple):  # sentences, as a list
+            inputs = list(inputs)
+        if isinstance(inputs, list) and not inputs:  # transformers reads the first item to choose how to run
+            return []
         result = super().__call__(inputs, **kwargs)
         if isinstance(inputs, str):
             return result

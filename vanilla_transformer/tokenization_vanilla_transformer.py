@@ -83,6 +83,22 @@ class VanillaTransformerTokenizer(TokenizersBackend):
             tokenizer.model_max_length = positions
         return tokenizer
 
+    def add_special_tokens(self, special_tokens_dict, *args, **kwargs):
+        """`add_special_tokens`, saying that a new special token is not matched in text: special tokens are
+        split there (``split_special_tokens=True``, so that a "</s>" typed in a sentence stays text), so a tag
+        such as "<2de>" in a sentence is read as its bytes. ``tokenizer.add_tokens(["<2de>"])`` matches it."""
+        added = super().add_special_tokens(special_tokens_dict, *args, **kwargs)
+        values = [
+            v for value in special_tokens_dict.values() for v in (value if isinstance(value, list | tuple) else [value])
+        ]
+        if self.split_special_tokens and (new := sorted({str(v) for v in values} - set(SPECIAL_TOKENS))):
+            logger.warning(
+                f"{', '.join(new)}: special tokens of this tokenizer are not matched in text "
+                "(split_special_tokens=True, so that '</s>' in a sentence stays text); to match a tag in text, "
+                "add it with tokenizer.add_tokens([...]) instead."
+            )
+        return added
+
 
 def _positions_saved_with(name_or_path, kwargs: dict) -> int | None:
     """``max_position_embeddings`` of the config.json beside the tokenizer (a folder, or a Hub repo in the
