@@ -163,7 +163,8 @@ class VanillaTransformerConfig(PretrainedConfig):
         if self.decoder_vocab_size is None:
             self.decoder_vocab_size = self.vocab_size
         # transformers drops generation settings given to a model config, without a word
-        if dropped := sorted(set(kwargs) & set(GenerationConfig._get_default_generation_params())):
+        defaults = getattr(GenerationConfig, "_get_default_generation_params", dict)  # private: see private_api.py
+        if dropped := sorted(set(kwargs) & set(defaults())):
             logger.warning(
                 f"{', '.join(f'{name}={kwargs[name]!r}' for name in dropped)}: generation settings belong in "
                 "model.generation_config (a GenerationConfig, saved as generation_config.json), not in the model's "

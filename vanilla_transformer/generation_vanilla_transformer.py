@@ -145,6 +145,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         transformers' own loop ignores them, so that `BeamSearch` serves an evaluation too.
         """
         kwargs.pop("labels", None)  # Seq2SeqTrainer passes an evaluation's references along; decoding never reads them
+        self._check_length_fits(GenerationConfig(), kwargs)  # the call's own length, in its own terms
         extra = self._extra_tokens(generation_config, kwargs)  # the rule's, or None
         prompt = kwargs["decoder_input_ids"].shape[1] if kwargs.get("decoder_input_ids") is not None else 1
         mask = _source_mask(inputs, kwargs, self._setting(generation_config, "pad_token_id", kwargs))
@@ -362,7 +363,7 @@ def _source_mask(inputs: torch.Tensor | None, kwargs: dict, pad_token_id: int | 
     mask = kwargs.get("attention_mask")
     if mask is None and input_ids is not None and pad_token_id is not None and input_ids.dim() == 2:
         mask = input_ids.ne(pad_token_id).long()
-    return mask if mask is not None and mask.dim() == 2 else None
+    return mask if mask is not None and mask.dim() == 2 and mask.shape[1] > 0 else None  # empty: the model says
 
 
 def _shortest_source(mask: torch.Tensor) -> int:

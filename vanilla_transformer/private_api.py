@@ -98,6 +98,12 @@ PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
         "generation: beam search, length penalty (GNMT)",
         NO_FALLBACK,
     ),
+    PrivateMember(
+        "transformers.GenerationConfig._get_default_generation_params",
+        "transformers 5.24.0",
+        "configuration: names the generation settings a model config drops",
+        "no warning: the settings are dropped as transformers does",
+    ),
     # --- the model (modeling_vanilla_transformer.py, visualization.py, training/run.py)
     PrivateMember(
         "transformers.PreTrainedModel._resize_token_embeddings",
