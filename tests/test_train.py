@@ -1244,3 +1244,22 @@ def test_accumulating_more_batches_than_an_epoch_holds_is_refused_before_the_fir
     sentences = ("--max_tokens", "0", "--per_device_train_batch_size", "1000", "--max_steps", "1")  # 1,500 pairs
     with pytest.raises(ValueError, match="per update than an epoch holds: 2 batches per process"):
         train.main(tiny_args(data_dir, tmp_path / "s", *sentences, "--gradient_accumulation_steps", "3"))
+
+
+@pytest.mark.parametrize("fused_loss", ["none", "chunked"])
+def test_the_training_loss_counts_every_process_tokens_with_and_without_a_fused_loss(
+    data_dir, tmp_path, monkeypatch, fused_loss
+):
+    """num_items_in_batch counts the target tokens of all processes and DDP averages the gradients, so each
+    process's loss is multiplied by the processes (as transformers' compute_loss does): the fused loss too."""
+    trainer = build(data_dir, tmp_path / "run", "--max_steps", "1", "--max_tokens", "200", "--fused_loss", fused_loss)
+    trainer = trainer.trainer
+    batch = next(iter(trainer.get_train_dataloader()))
+    tokens = (batch["labels"] != -100).sum()
+    model = trainer.accelerator.unwrap_model(trainer.model).train()
+    losses = []
+    for processes in (1, 2):
+        monkeypatch.setattr(type(trainer.accelerator), "num_processes", property(lambda self, p=processes: p))
+        torch.manual_seed(0)
+        losses.append(float(trainer.compute_loss(model, batch, num_items_in_batch=tokens)))
+    assert losses[1] == pytest.approx(2 * losses[0])

@@ -443,6 +443,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
                     self.args.label_smoothing_factor,
                     self.args.fused_loss,
                 )
+            loss = self._across_processes(loss, num_items_in_batch)
             return (loss, None) if return_outputs else loss
         outputs = model(**inputs, use_cache=False)  # teacher forcing needs no key/value cache, in training or not
         if not model.training:  # evaluation: the plain NLL, whose exp is the perplexity
@@ -452,9 +453,15 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         loss = label_smoothed_cross_entropy(
             outputs.logits, labels, num_items_in_batch, self.args.label_smoothing_factor
         )
-        if num_items_in_batch is not None and self.args.average_tokens_across_devices:
-            loss = loss * self.accelerator.num_processes  # DDP averages gradients over processes
+        loss = self._across_processes(loss, num_items_in_batch)
         return (loss, outputs) if return_outputs else loss
+
+    def _across_processes(self, loss: torch.Tensor, num_items_in_batch) -> torch.Tensor:
+        """The loss divided by the target tokens of all processes' batches (``num_items_in_batch``), times the
+        processes: DDP averages the gradients over them, so that the sum over all tokens is what comes out."""
+        if num_items_in_batch is not None and self.args.average_tokens_across_devices:
+            loss = loss * self.accelerator.num_processes
+        return loss
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         """The Trainer's, with the end of training's throughput from the sentences and target tokens trained on
