@@ -1263,3 +1263,29 @@ def test_the_training_loss_counts_every_process_tokens_with_and_without_a_fused_
         torch.manual_seed(0)
         losses.append(float(trainer.compute_loss(model, batch, num_items_in_batch=tokens)))
     assert losses[1] == pytest.approx(2 * losses[0])
+
+
+def test_a_resumed_epoch_under_several_processes_takes_that_epochs_batch_order(data_dir, tmp_path):
+    """With several processes accelerate shards the batch sampler (BatchSamplerShard), and a resumed epoch
+    skips its first batches (skip_first_batches): a wrapper too deep for the Trainer's set_epoch. The epoch's
+    start sets the sampler's epoch itself, so the rest of epoch 3 is epoch 3's, not epoch 0's."""
+    from accelerate.data_loader import BatchSamplerShard, DataLoaderShard, skip_first_batches
+
+    trainer = build(data_dir, tmp_path / "run", "--max_tokens", "200").trainer
+    trainer.get_train_dataloader()
+    sampler, per_epoch = trainer.token_sampler, trainer.token_batches_per_epoch
+    assert per_epoch == sampler.num_batches > 20
+
+    def rank_0(skip: int) -> list:  # as the Trainer's epoch runs it: skip (when resuming), set_epoch, iterate
+        shard = BatchSamplerShard(sampler, num_processes=2, process_index=0)
+        loader = DataLoaderShard(list(range(sum(map(len, sampler.batches)))), batch_sampler=shard, collate_fn=tuple)
+        loader = skip_first_batches(loader, skip) if skip else loader
+        loader.set_epoch(3)
+        return list(loader)
+
+    uninterrupted = rank_0(0)
+    sampler.set_epoch(0)  # a new process, resuming
+    trainer.token_batches_per_epoch = math.ceil(per_epoch / 2)  # a process's batches, of two
+    trainer.state.global_step = 3 * trainer.token_batches_per_epoch + 5  # 5 updates into epoch 3
+    trainer.callback_handler.on_epoch_begin(trainer.args, trainer.state, trainer.control)
+    assert sampler.epoch == 3 and rank_0(5) == uninterrupted[5:]

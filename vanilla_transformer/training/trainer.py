@@ -106,6 +106,24 @@ def noam_schedule(
 # ---------------------------------------------------------------------------------------------
 
 
+class SamplerEpoch(TrainerCallback):
+    """Each epoch's start sets the token batch sampler's epoch, which (with the seed) orders its batches. The
+    Trainer reaches the sampler through accelerate's wrappers only where it is one or two levels down; in the
+    epoch a multi-process run resumes in, `skip_first_batches` wraps it once more, and the resumed epoch
+    would take epoch 0's order (batches trained twice, others never). The epoch is the Trainer's own count:
+    the updates done over the updates an epoch holds."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_epoch_begin(self, args, state, control, **kwargs):
+        trainer = self.trainer
+        if trainer.token_sampler is not None and trainer.token_batches_per_epoch:
+            updates_per_epoch = max(math.ceil(trainer.token_batches_per_epoch / args.gradient_accumulation_steps), 1)
+            trainer.token_sampler.set_epoch(state.global_step // updates_per_epoch)
+        return control
+
+
 class TooFewBatches(ValueError):
     """Found when training starts: an epoch holds fewer batches per process than one update accumulates."""
 
@@ -301,6 +319,8 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         # point to resume from
         self.stop_on_signal = StopOnSignal(self, self.args.preemption_grace_seconds)
         self.add_callback(self.stop_on_signal)
+        self.token_sampler, self.token_batches_per_epoch = None, 0  # set by get_train_dataloader
+        self.add_callback(SamplerEpoch(self))
         self.divergence = DivergenceGuard(self)  # last: it reads whether the others log, evaluate or save
         self.add_callback(self.divergence)
         apply_levers(self.accelerator.unwrap_model(self.model), self.args)
@@ -635,7 +655,9 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
                 start_worker, num_workers=self.args.dataloader_num_workers, rank=self.args.process_index
             ),
         )
-        return check_accumulation(self.accelerator.prepare(loader), self.args)
+        loader = check_accumulation(self.accelerator.prepare(loader), self.args)
+        self.token_sampler, self.token_batches_per_epoch = sampler, len(loader)  # for `SamplerEpoch`
+        return loader
 
     # -----------------------------------------------------------------------------------------
     # Sharded models (FSDP): checkpoints and the final model stay Hub folders
