@@ -132,6 +132,14 @@ def test_each_row_applied_to_the_multi30k_base_keeps_the_papers_ratios(row):
     assert setting(config, change.label_smoothing, change.max_steps) == MULTI30K_TABLE[row]
 
 
+def test_a_base_with_learned_positions_keeps_them_in_every_row():
+    """Positions are the base's in every row; only (E) names them, and on a learned base it changes nothing."""
+    base = model_config("base", {**table3_overrides(MULTI30K_BASE), "position_embedding_type": "learned"})
+    for row in PAPER_TABLE:
+        change = table3.variation(table3.PAPER_ROWS[row], base, 0.2, 1000)
+        assert change.config.get("position_embedding_type", "learned") == "learned", row
+
+
 def test_the_multi30k_base_above_is_the_packaged_recipes():
     recipe = yaml.safe_load(cli.recipe_path("multi30k").read_text(encoding="utf-8"))
     assert (recipe["preset"], recipe["config_overrides"], recipe["label_smoothing_factor"]) == (
@@ -387,3 +395,14 @@ def test_without_matplotlib_the_table_is_written_and_the_picture_skipped_with_a_
     assert not (tmp_path / "table3.png").exists()
     assert said[-1] == "no picture: matplotlib is not installed (pip install 'vanilla-transformer[plot]')"
     assert summary["A1"]["delta_bleu"]["mean"] == -1.0 and summary["A1"]["runs"][42]["bleu"] == 19.0
+
+
+def test_rows_that_change_nothing_at_the_base_are_named():
+    """Rates scale at the paper's ratio: on a base without dropout, D1 and D2 train the base again."""
+    base = model_config("base", {**table3_overrides(MULTI30K_BASE), "dropout": 0.0})
+    jobs = [
+        table3.Job(row, 42, Path(row), [], table3.variation(table3.PAPER_ROWS[row], base, 0.2, 1000))
+        for row in ("base", "C1", "D1", "D2", "D3")
+    ]
+    assert table3.repeats_of_the_base(jobs) == ["D1", "D2"]
+    assert any("Row(s) D1, D2 change nothing at this base" in note for note in table3.notes_for("multi30k", jobs, 1))

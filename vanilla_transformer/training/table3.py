@@ -11,7 +11,8 @@ Each row is the paper's change applied to the recipe's base model, scaled to it:
 keeps its ratio to the paper's base (N 2 of 6 is a third of the recipe's layers, d_ff 1024 of 2048 half
 its d_ff, P_drop 0.2 twice its dropout, h 1 of 8 an eighth of its heads), rounded to a whole number of
 at least 1 where it counts something; d_k follows d_model / h where the paper's row keeps h d_k = d_model
-(A, and C's d_model rows). At the paper's base this gives the paper's rows exactly.
+(A, and C's d_model rows). At the paper's base this gives the paper's settings, but for d_v in rows B (the
+config's one head_dim is d_k = d_v). Positions are the base's in every row but (E).
 
 Every row is an ordinary run of ``vanilla-transformer train`` (`run.main` with a list of flags) in
 ``OUTPUT/ROW/seed-S``: the same updates (``--max-steps``), data and tokenizer (trained once, in
@@ -185,7 +186,7 @@ def variation(row: PaperRow, config, label_smoothing: float, max_steps: int) -> 
         changes["head_dim"] = _count(base_head_dim, Fraction(row.d_k, paper.d_k))
     if row.dropout is not None:
         changes["dropout"] = _rate(config.dropout, Fraction(str(row.dropout)) / Fraction(str(paper.dropout)))
-    if row.positions is not None:
+    if row.positions is not None and row.positions != paper.positions:  # (E); the others keep the base's
         changes["position_embedding_type"] = row.positions
     smoothing = (
         label_smoothing
@@ -703,8 +704,26 @@ def write_outputs(output_dir: Path, summary: dict, notes: list[str], report=prin
         report(f"wrote {output_dir / 'table3.png'}")
 
 
+def repeats_of_the_base(jobs: list[Job]) -> list[str]:
+    """The rows that change nothing at this base (D1-D4's rates on a base without dropout or label
+    smoothing, E on learned positions): they train the base again."""
+    base = next((job.variation for job in jobs if job.row == "base"), None)
+    if base is None:
+        return []
+    return sorted(
+        {
+            job.row
+            for job in jobs
+            if job.row != "base"
+            and {**base.config, **job.variation.config} == base.config
+            and (job.variation.label_smoothing, job.variation.max_steps) == (base.label_smoothing, base.max_steps)
+        }
+    )
+
+
 def notes_for(recipe: str, jobs: list[Job], seeds: int) -> list[str]:
     base = next(job for job in jobs if job.row == "base")
+    repeats = repeats_of_the_base(jobs)
     return [
         f"Table 3 (Vaswani et al., 2017) on the recipe `{recipe}`, written {time.strftime('%Y-%m-%d')}: "
         f"{base.variation.max_steps} updates a row, {seeds} seed(s) (mean ± spread over seeds; a change from "
@@ -714,7 +733,14 @@ def notes_for(recipe: str, jobs: list[Job], seeds: int) -> list[str]:
         "where the paper changed d_k alone.",
         "PPL: exp of the validation NLL per target BPE token (</s> included), without label smoothing; the "
         "paper's is per wordpiece on newstest2013, so compare changes from base, not values.",
-    ]
+    ] + (
+        [
+            f"Row(s) {', '.join(repeats)} change nothing at this base (a rate of 0 at the paper's ratio is 0): they "
+            "train the base again."
+        ]
+        if repeats
+        else []
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -780,6 +806,8 @@ def main(argv: list[str] | None = None, prog: str = "vanilla-transformer table3"
     jobs = plan(recipe_file, train_flags, rows, args.seeds, output_dir, prog)  # every row checked first
     for job in jobs:
         finished(job)  # a folder of another table is refused before anything runs
+    if repeats := repeats_of_the_base(jobs):
+        print(f"rows {', '.join(repeats)} change nothing at this base: they train the base again", file=sys.stderr)
     shared_tokenizer(recipe_file, train_flags, output_dir, prog)
     results, failures = run_jobs(jobs, devices)
     summary = summarize(rows, results, failures)
