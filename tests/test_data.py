@@ -456,6 +456,19 @@ def test_sampler_epoch_order_is_deterministic_and_changes_between_epochs():
     assert list(twin) == epoch1
     other_seed = TokenBatchSampler(lengths, max_tokens=200, seed=2)
     assert list(other_seed) != epoch0
+    assert list(other_seed) != epoch1  # seed 2's first epoch is not seed 1's second: consecutive seeds differ
+
+
+def test_consecutive_seeds_share_no_epoch_order():
+    """Seeds 42, 43, 44 (table3 --seeds 3) over 4 epochs: 12 different orders, none a shifted copy."""
+    lengths = random_lengths(random.Random(0), 500, 50, pairs=True)
+    orders = []
+    for seed in (42, 43, 44):
+        sampler = TokenBatchSampler(lengths, max_tokens=200, seed=seed)
+        for epoch in range(4):
+            sampler.set_epoch(epoch)
+            orders.append(tuple(map(tuple, sampler)))
+    assert len(set(orders)) == len(orders)
 
 
 def test_sampler_without_shuffle_goes_shortest_first():

@@ -311,7 +311,10 @@ class TokenBatchSampler(Sampler[list[int]]):
         """Batch indices in this epoch's order, identical on every rank."""
         if not self.shuffle:
             return np.arange(self.num_batches)
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        # (seed, epoch) together: seed + epoch would give seed s at epoch e the order of seed s + 1 at epoch e - 1
+        generator = torch.Generator().manual_seed(
+            int(np.random.SeedSequence([self.seed, self.epoch]).generate_state(1)[0])
+        )
         return torch.randperm(self.num_batches, generator=generator).numpy()
 
     def _rank_order(self) -> np.ndarray:
