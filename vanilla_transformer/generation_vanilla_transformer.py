@@ -139,7 +139,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         the batch. It beats the ``max_length`` stored with it (`save_pretrained`'s, or the default of 20 that
         ``Seq2SeqTrainer`` sets as a side effect of evaluating); set ``max_new_tokens_beyond_input = None``
         to use ``max_length``. A source without an ``attention_mask`` gets one from its ``<pad>`` tokens, as
-        transformers does for decoder-only models only; one padded on the left is refused (`_shortest_source`).
+        transformers does for decoder-only models only; one padded on the left is refused (`_source_lengths`).
         The length penalty is the call's ``length_penalty_formula`` ("gnmt" or "length"), else the
         generation config's. ``labels`` (which ``Seq2SeqTrainer`` passes with the source) are dropped, as
         transformers' own loop ignores them, so that `BeamSearch` serves an evaluation too.
@@ -149,14 +149,14 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         extra = self._extra_tokens(generation_config, kwargs)  # the rule's, or None
         prompt = kwargs["decoder_input_ids"].shape[1] if kwargs.get("decoder_input_ids") is not None else 1
         mask = _source_mask(inputs, kwargs, self._setting(generation_config, "pad_token_id", kwargs))
-        shortest = None if mask is None else _shortest_source(mask)  # left padding refused
+        lengths, shortest = (None, None) if mask is None else _source_lengths(mask)  # left padding refused
         if mask is not None and "attention_mask" not in kwargs and shortest < mask.shape[1]:
             kwargs["attention_mask"] = mask  # <pad> in the source: the encoder leaves it out, as the sentence alone
         limit, each_sentence = None, None
         if extra is not None and (width := _source_length(inputs, kwargs)) is not None:
             limit = min(width + extra, self.config.max_position_embeddings - prompt)  # new tokens, for the batch
             if shortest is not None and shortest + extra < limit:  # §6.1's limit is each sentence's
-                each_sentence = SourceLengthCriteria(torch.clamp(mask.sum(dim=-1) + extra, max=limit) + prompt)
+                each_sentence = SourceLengthCriteria(torch.clamp(lengths + extra, max=limit) + prompt)
                 criteria = [*(kwargs.get("stopping_criteria") or []), each_sentence]
                 kwargs["stopping_criteria"] = StoppingCriteriaList(criteria)
         # A max_new_tokens in the call beats a max_length that only caps the rule (save_pretrained's, or the
@@ -335,9 +335,9 @@ class SourceLengthCriteria(StoppingCriteria):
     def __init__(self, max_lengths: torch.Tensor):
         self.max_lengths = max_lengths  # (sentences,)
 
-    def limits(self, sentences: torch.Tensor | None = None) -> torch.Tensor:
-        """The limits of these sentences (by batch position; all when None)."""
-        return self.max_lengths if sentences is None else self.max_lengths[sentences]
+    def limits(self, sentences: torch.Tensor) -> torch.Tensor:
+        """The limits of these sentences (by batch position)."""
+        return self.max_lengths[sentences]
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor | None, **kwargs) -> torch.BoolTensor:
         return input_ids.shape[1] >= self._per_row(input_ids)
@@ -366,9 +366,9 @@ def _source_mask(inputs: torch.Tensor | None, kwargs: dict, pad_token_id: int | 
     return mask if mask is not None and mask.dim() == 2 and mask.shape[1] > 0 else None  # empty: the model says
 
 
-def _shortest_source(mask: torch.Tensor) -> int:
-    """The shortest source's length. A source padded on the left would put its first token at a later
-    position (§3.5's positions count from each row's first column, as MarianMT's do) and translate
+def _source_lengths(mask: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """Each source's length (B,) and the shortest one's. A source padded on the left would put its first token
+    at a later position (§3.5's positions count from each row's first column, as MarianMT's do) and translate
     differently: refused. One host-device synchronisation."""
     lengths = mask.sum(dim=-1)
     shortest, left_padded = torch.stack([lengths.min(), ((mask[:, 0] == 0) & (lengths > 0)).sum()]).tolist()
@@ -378,7 +378,7 @@ def _shortest_source(mask: torch.Tensor) -> int:
             "positions start at each row's first column, so pad on the right (tokenizer.padding_side = 'right', "
             "the tokenizer's default)."
         )
-    return int(shortest)
+    return lengths, int(shortest)
 
 
 def _source_length(inputs: torch.Tensor | None, kwargs: dict) -> int | None:

@@ -477,8 +477,8 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         return (loss, outputs) if return_outputs else loss
 
     def _across_processes(self, loss: torch.Tensor, num_items_in_batch) -> torch.Tensor:
-        """The loss divided by the target tokens of all processes' batches (``num_items_in_batch``), times the
-        processes: DDP averages the gradients over them, so that the sum over all tokens is what comes out."""
+        """A loss over all processes' target tokens (``num_items_in_batch``) times the processes: DDP averages the
+        gradients over them, so the mean over every token is what comes out."""
         if num_items_in_batch is not None and self.args.average_tokens_across_devices:
             loss = loss * self.accelerator.num_processes
         return loss
