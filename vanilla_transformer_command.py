@@ -48,10 +48,12 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def quick_answer(argv: list[str]) -> str | None:
-    """What ``--version``, ``recipe [NAME]`` or ``config [NAME]`` print; None for anything else, an unknown
+    """What ``--version``, ``recipe [NAME]`` or ``config [NAME]`` (or their ``--help``) print; None for anything else, an unknown
     name included (the package answers those, with its errors)."""
     if argv == ["--version"]:
         return shared().version_text()
+    if len(argv) == 2 and argv[0] in shared().PACKAGED and argv[1] in HELP_FLAGS:
+        return shared().packaged_usage(argv[0])
     if argv and argv[0] in shared().PACKAGED and len(argv) <= 2 and not argv[-1].startswith("-"):
         with contextlib.suppress(ValueError):
             return shared().packaged_text(*argv)

@@ -340,6 +340,25 @@ def test_a_listed_path_is_the_one_its_name_gives_and_lists_every_packaged_file(c
             assert Path(path).read_text() == (REPO / "training" / source / f"{name}.yaml").read_text()
 
 
+@pytest.mark.parametrize("argv", [["recipe", "--help"], ["config", "-h"]], ids=" ".join)
+def test_help_of_recipe_and_config_names_the_usage_and_every_packaged_file(argv, capsys):
+    """``--help`` on the two path commands answers (exit 0) in a fresh process without the package, and the
+    same from the package; it lists the names the folder holds."""
+    completed = python(
+        "-c",
+        "import sys, vanilla_transformer_command as command; command.main(sys.argv[1:]); "
+        "print(sorted({'torch', 'transformers', 'vanilla_transformer'} & set(sys.modules)), file=sys.stderr)",
+        *argv,
+        timeout=60,
+    )
+    assert completed.returncode == 0 and completed.stderr.strip() == "[]", completed.stderr[-2000:]
+    assert completed.stdout == printed_by(cli, argv, capsys)
+    folder = REPO / "vanilla_transformer" / "training" / {"recipe": "recipes", "config": "accelerate_configs"}[argv[0]]
+    names = sorted(path.stem for path in folder.glob("*.yaml"))
+    assert completed.stdout.startswith(f"usage: vanilla-transformer {argv[0]} [NAME]\n")
+    assert completed.stdout.endswith(f"names: {', '.join(names)}\n")
+
+
 def test_version_without_an_installed_distribution_is_a_one_line_error(monkeypatch, capsys):
     """A clone run without `pip install` has no metadata to read the version from: say so and how to fix it."""
     import vanilla_transformer_command as command

@@ -34,6 +34,7 @@ from .command_line import (  # noqa: F401 (imported from here)
     option_strings,
     packaged,
     packaged_text,
+    packaged_usage,
     recipe_names,
     recipe_path,
     subcommand_parsers,
@@ -106,6 +107,9 @@ def run_command(name: str, argv: list[str], prog: str | None = None):
 
 def print_path(kind: str, argv: list[str]) -> None:
     """What ``recipe [NAME]`` and ``config [NAME]`` print (the console script prints it itself), or their errors."""
+    if argv in (["-h"], ["--help"]):
+        sys.stdout.write(packaged_usage(kind))
+        return
     if len(argv) > 1 or (argv and argv[0].startswith("-")):
         exit_with_usage_error(f"{PROG} {kind}", f"give one name ({', '.join(packaged(kind))}), got {' '.join(argv)}")
     try:
@@ -120,6 +124,8 @@ def help_text(argv: list[str]) -> str | None:
     packaged screens (`help_screens`) instead where the installed versions are those they were rendered with."""
     if argv in ([], ["-h"], ["--help"]):
         return usage() + "\n"
+    if len(argv) == 2 and argv[0] in PATHS and argv[1] in {"-h", "--help"}:
+        return packaged_usage(argv[0])
     if len(argv) == 2 and argv[0] in TOOLS and argv[1] in {"-h", "--help"}:
         return importlib.import_module(TOOLS[argv[0]][0]).build_parser(f"{PROG} {argv[0]}").format_help()
     return None
@@ -187,6 +193,9 @@ def reference() -> str:
             "".join(text + "\n" for text in texts).rstrip(),
             "```",
         ]
+    for name, summary in PATHS.items():
+        sections += ["", f"## {PROG} {name}", "", summary[0].upper() + summary[1:] + ".", ""]
+        sections += ["```text", packaged_usage(name).rstrip(), "```"]
     return "\n".join(sections) + "\n"
 
 

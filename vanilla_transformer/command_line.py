@@ -58,6 +58,17 @@ def packaged_text(kind: str, name: str | None = None) -> str:
     return "".join(f"{each}\t{path}\n" for each, path in packaged(kind).items())
 
 
+def packaged_usage(kind: str) -> str:
+    """What ``recipe --help`` and ``config --help`` print: the usage, what each form prints, and the names."""
+    what = PACKAGED[kind][1]
+    return (
+        f"usage: {PROG} {kind} [NAME]\n\n"
+        f"Without NAME: each packaged {what}'s name and path, a line each (tab between them).\n"
+        f"With NAME (.yaml optional): that {what}'s path alone.\n\n"
+        f"names: {', '.join(packaged(kind))}\n"
+    )
+
+
 def recipe_names() -> list[str]:
     return list(packaged("recipe"))
 

@@ -38,8 +38,9 @@ def label_smoothed_cross_entropy(
 ) -> torch.Tensor:
     """Per-token cross-entropy with label smoothing (§5.4), summed and divided by the number of tokens.
 
-    ``(1 - eps) * -log p(y) + eps * mean over the vocabulary of -log p`` (Szegedy et al., 2016; the
-    same as fairseq's and ``cross_entropy(label_smoothing=eps)``); labels of -100 are ignored. The
+    ``(1 - eps) * -log p(y) + eps * mean over the vocabulary of -log p`` (Szegedy et al., 2016, and
+    ``cross_entropy(label_smoothing=eps)``: eps spread over all V entries, the true one included; fairseq
+    spreads it over the other V - 1, a difference of eps / V per entry); labels of -100 are ignored. The
     sum is divided by ``num_items_in_batch`` when given (the Trainer's count of target tokens in the
     whole accumulated batch, over all processes), else by this batch's tokens: every token weighs
     the same however the tokens fall into micro-batches. With ``label_smoothing=0`` it is the
