@@ -359,6 +359,35 @@ def test_help_of_recipe_and_config_names_the_usage_and_every_packaged_file(argv,
     assert completed.stdout.endswith(f"names: {', '.join(names)}\n")
 
 
+@pytest.mark.parametrize(
+    "argv, blocked",
+    [(["translate", "--help"], "accelerate"), (["average", "x"], "sacrebleu"), (["train", "multi30k"], "datasets")],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else value,
+)
+def test_a_tool_without_the_train_extra_names_the_pip_install_in_one_line(argv, blocked):
+    """A base install (no ``[train]``) asked for a training tool: one line naming what is missing and the
+    extra, exit status 2; from Python, importing the training package raises `MissingExtra` with the same."""
+    completed = python(
+        "-c",
+        f"import sys; sys.modules[{blocked!r}] = None; sys.argv[0] = 'vanilla-transformer'; "
+        "import vanilla_transformer_command as command; command.help_request = lambda argv: None; "
+        "command.main(sys.argv[1:])",
+        *argv,
+        timeout=120,
+    )
+    assert completed.returncode == 2 and completed.stdout == "", completed.stderr[-2000:]
+    assert completed.stderr == (
+        f"vanilla-transformer {argv[0]}: error: vanilla_transformer.training needs the 'train' extra, and "
+        f"{blocked} is not installed: pip install 'vanilla-transformer[train]'\n"
+    )
+    completed = python("-c", f"import sys; sys.modules[{blocked!r}] = None; import vanilla_transformer.training")
+    assert completed.returncode == 1
+    assert completed.stderr.splitlines()[-1] == (
+        f"vanilla_transformer.command_line.MissingExtra: vanilla_transformer.training needs the 'train' extra, "
+        f"and {blocked} is not installed: pip install 'vanilla-transformer[train]'"
+    )
+
+
 def test_version_without_an_installed_distribution_is_a_one_line_error(monkeypatch, capsys):
     """A clone run without `pip install` has no metadata to read the version from: say so and how to fix it."""
     import vanilla_transformer_command as command

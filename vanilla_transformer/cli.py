@@ -27,6 +27,7 @@ import sys
 from .command_line import (  # noqa: F401 (imported from here)
     HELP_COLUMNS,
     PROG,
+    MissingExtra,
     accelerate_config_names,
     accelerate_config_path,
     exit_with_usage_error,
@@ -92,10 +93,19 @@ def usage() -> str:
     return "\n".join(lines)
 
 
+def tool_module(name: str, prog: str):
+    """The module of tool ``name``; without its extra (`train`, `translate`, `average`, `table3` need
+    ``[train]``), one line naming the ``pip install`` and exit status 2."""
+    try:
+        return importlib.import_module(TOOLS[name][0])
+    except MissingExtra as error:
+        exit_with_usage_error(prog, error)
+
+
 def run_command(name: str, argv: list[str], prog: str | None = None):
     """Run tool ``name`` on ``argv`` as the command line does: bad input ends in one line, exit status 2."""
     prog = prog or f"{PROG} {name}"
-    module = importlib.import_module(TOOLS[name][0])
+    module = tool_module(name, prog)
     if name == "train":  # its parser takes both spellings itself, and only its checks are bad input
         return module.main(argv, prog=prog, exit_on_bad_input=True)
     parser = module.build_parser(prog)
@@ -127,7 +137,7 @@ def help_text(argv: list[str]) -> str | None:
     if len(argv) == 2 and argv[0] in PATHS and argv[1] in {"-h", "--help"}:
         return packaged_usage(argv[0])
     if len(argv) == 2 and argv[0] in TOOLS and argv[1] in {"-h", "--help"}:
-        return importlib.import_module(TOOLS[argv[0]][0]).build_parser(f"{PROG} {argv[0]}").format_help()
+        return tool_module(argv[0], f"{PROG} {argv[0]}").build_parser(f"{PROG} {argv[0]}").format_help()
     return None
 
 

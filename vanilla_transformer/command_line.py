@@ -132,6 +132,29 @@ def packaged_help(command: str) -> str | None:
     return packaged_screens.get("screens", {}).get(command)
 
 
+class MissingExtra(ImportError):
+    """A part of the package whose optional dependencies (an extra of pyproject.toml) are not installed."""
+
+
+def require_extra(extra: str, modules: tuple[str, ...], needed_by: str) -> None:
+    """Raise `MissingExtra` naming ``needed_by``, the modules missing and the ``pip install`` that adds them,
+    unless every module in ``modules`` is installed (found, not imported: some are imported only when used)."""
+    from importlib import util
+
+    def installed(name: str) -> bool:
+        try:
+            return util.find_spec(name) is not None
+        except (ImportError, ValueError, AttributeError):  # a module set to None in sys.modules: blocked
+            return False
+
+    missing = [name for name in modules if not installed(name)]
+    if missing:
+        raise MissingExtra(
+            f"{needed_by} needs the {extra!r} extra, and {', '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not installed: pip install 'vanilla-transformer[{extra}]'"
+        )
+
+
 def exit_with_usage_error(prog: str, error: BaseException | str) -> NoReturn:
     """One line on stderr, ``PROG: error: MESSAGE``, and exit status 2 (argparse's convention)."""
     print(f"{prog}: error: {error}", file=sys.stderr)

@@ -32,6 +32,11 @@ Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
   ready trainer.
 """
 
+# ruff: noqa: E402 (the extra is checked before the modules that need it are imported)
+from ..command_line import require_extra
+
+require_extra("train", ("datasets", "accelerate", "evaluate", "sacrebleu"), "vanilla_transformer.training")
+
 from .arguments import TransformerTrainingArguments
 from .averaging import average_checkpoints
 from .batching import LengthSortedSampler, PadToBucket, TokenBatchSampler
