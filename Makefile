@@ -4,6 +4,7 @@
 #               in .venv-floor, which holds the oldest versions pyproject.toml accepts
 PYTHON ?= python3
 VENV := .venv
+TORCH_INDEX ?=
 PY := $(VENV)/bin/python
 # The oldest supported versions: every floor of pyproject.toml pinned (tests/floor_requirements.py).
 FLOOR_VENV := .venv-floor
@@ -14,8 +15,9 @@ FLOOR_PY := $(FLOOR_VENV)/bin/python
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# The CPU wheel of torch 2.13.0, the newest torch tested (the floor run tests the oldest, .venv-floor).
-	$(PY) -m pip install -q torch==2.13.0
+	# torch 2.13.0, the newest torch tested (the floor run tests the oldest, .venv-floor). On Linux, PyPI's build is
+	# CUDA's (GBs of nvidia-* wheels); TORCH_INDEX=https://download.pytorch.org/whl/cpu takes the CPU build instead.
+	$(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e '.[train,plot,ctranslate2,dev]'
 	touch $@
 
