@@ -232,6 +232,31 @@ def test_cli_with_explicit_inputs(checkpoints, tmp_path, capsys):
     assert all(torch.equal(t, expected[name]) for name, t in stored(output).items())
 
 
+def test_inputs_out_of_update_order_are_refused_with_the_order_to_give(trainer_dir, tmp_path):
+    """A shell glob (``run/checkpoint-*``) gives checkpoint-1000 before checkpoint-900: the newest must be last
+    (it gives the side files; linear weights follow the order). Refused naming both, with the order to paste;
+    the updates come from trainer_state.json where there is one (here against the folder's name)."""
+    root, models = trainer_dir
+    globbed = sorted(str(folder) for folder in root.glob("checkpoint-[0-9]*"))
+    assert [Path(folder).name for folder in globbed] == ["checkpoint-100", "checkpoint-1000", "checkpoint-900"]
+    with pytest.raises(ValueError) as error:
+        main(["--inputs", *globbed, "--output-dir", str(tmp_path / "avg")])
+    message = str(error.value)
+    assert f"{root / 'checkpoint-1000'} (update 1000) comes before {root / 'checkpoint-900'} (update 900)" in message
+    in_order = [str(root / f"checkpoint-{step}") for step in (100, 900, 1000)]
+    assert message.endswith(f"--inputs {' '.join(in_order)}")
+    main(["--inputs", *in_order, "--output-dir", str(tmp_path / "avg")])  # the order it names is accepted
+    # trainer_state.json's global_step is the update, whatever the folder is called
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    for step, name in ((1000, "a"), (900, "b")):
+        shutil.copytree(root / f"checkpoint-{step}", renamed / name)
+        (renamed / name / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    with pytest.raises(ValueError, match="update 1000\\) comes before .* \\(update 900\\)"):
+        average_checkpoints([renamed / "a", renamed / "b"], tmp_path / "avg2")
+    average_checkpoints([renamed / "b", renamed / "a", tmp_path / "avg"], tmp_path / "avg3")  # no step: any place
+
+
 @pytest.mark.parametrize(
     "argv",
     [

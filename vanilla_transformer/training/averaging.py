@@ -28,6 +28,7 @@ files, generation settings, tokenizer files of the newest checkpoint).
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import shutil
 import sys
@@ -37,8 +38,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-from ..checkpoint_files import check_json, check_safetensors, tokenizer_difference
-from .checkpointing import checkpoint_folders, complete_checkpoints
+from ..checkpoint_files import CHECKPOINT_NAME, check_json, check_safetensors, tokenizer_difference
+from .checkpointing import TRAINER_STATE_NAME, checkpoint_folders, complete_checkpoints
 
 WEIGHTS_NAME = "model.safetensors"
 GENERATION_CONFIG_NAME = "generation_config.json"
@@ -132,6 +133,34 @@ def check_folders(checkpoints: list[Path]) -> None:
             f"Checkpoint(s) {', '.join(duplicates)} given more than once: each would count twice in "
             "the mean. Give each checkpoint once."
         )
+
+
+def checkpoint_step(folder: Path) -> int | None:
+    """The update a checkpoint was saved at: its ``trainer_state.json``'s ``global_step``, else the step in
+    its ``checkpoint-<step>`` name; None for a folder with neither (a model saved by ``save_pretrained``)."""
+    try:
+        step = json.loads((folder / TRAINER_STATE_NAME).read_text(encoding="utf-8")).get("global_step")
+    except (OSError, ValueError, AttributeError):
+        step = None
+    if isinstance(step, int) and not isinstance(step, bool):
+        return step
+    match = CHECKPOINT_NAME.fullmatch(folder.name)
+    return int(match.group(1)) if match else None
+
+
+def check_oldest_first(checkpoints: list[Path]) -> None:
+    """Checkpoints whose update is known come in the order of their updates: the newest (last) gives the
+    config, tokenizer and generation settings, and linear weights follow the order. A shell glob puts
+    ``checkpoint-10000`` before ``checkpoint-9000``; that order is refused, with the right one to paste."""
+    stepped = [(step, folder) for folder in checkpoints if (step := checkpoint_step(folder)) is not None]
+    for (step, folder), (next_step, next_folder) in zip(stepped, stepped[1:], strict=False):
+        if next_step < step:
+            in_order = " ".join(str(each) for _, each in sorted(stepped, key=lambda pair: pair[0]))
+            raise ValueError(
+                f"Checkpoints are averaged oldest first (the last one gives the config, tokenizer and generation "
+                f"settings; linear weights follow the order), but {folder} (update {step}) comes before "
+                f"{next_folder} (update {next_step}). Give them in the order of their updates: --inputs {in_order}"
+            )
 
 
 def architecture(config: dict) -> dict:
@@ -265,6 +294,7 @@ def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path, w
     checkpoints = [Path(folder) for folder in checkpoints]
     output_dir = Path(output_dir)
     check_folders(checkpoints)
+    check_oldest_first(checkpoints)
     if any(output_dir.resolve() == folder.resolve() for folder in checkpoints):
         raise ValueError(f"--output-dir {output_dir} is one of the inputs; choose a new folder.")
     check_same_architecture(checkpoints)
