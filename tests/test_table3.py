@@ -406,3 +406,36 @@ def test_rows_that_change_nothing_at_the_base_are_named():
     ]
     assert table3.repeats_of_the_base(jobs) == ["D1", "D2"]
     assert any("Row(s) D1, D2 change nothing at this base" in note for note in table3.notes_for("multi30k", jobs, 1))
+
+
+def test_e_on_a_base_with_learned_positions_is_named_a_repeat_of_the_base():
+    base = model_config("base", {**table3_overrides(MULTI30K_BASE), "position_embedding_type": "learned"})
+    jobs = [
+        table3.Job(row, 42, Path(row), [], table3.variation(table3.PAPER_ROWS[row], base, 0.2, 1000))
+        for row in ("base", "C1", "E")
+    ]
+    assert table3.repeats_of_the_base(jobs) == ["E"]
+    sinusoidal = model_config("base", table3_overrides(MULTI30K_BASE))
+    jobs = [
+        table3.Job(row, 42, Path(row), [], table3.variation(table3.PAPER_ROWS[row], sinusoidal, 0.2, 1000))
+        for row in ("base", "E")
+    ]
+    assert table3.repeats_of_the_base(jobs) == [] and jobs[1].variation.config["position_embedding_type"] == "learned"
+
+
+def test_rates_above_one_half_at_the_papers_ratio_are_named():
+    """On a base with dropout 0.3 and label smoothing 0.3, D2 (twice the paper's 0.1 dropout) is 0.6 and D4
+    (twice its 0.1 smoothing) 0.6: named, with the rate, in the notes; the base's own rates are not."""
+    base = model_config("base", {**table3_overrides(MULTI30K_BASE), "dropout": 0.3})
+    jobs = [
+        table3.Job(row, 42, Path(row), [], table3.variation(table3.PAPER_ROWS[row], base, 0.3, 1000))
+        for row in ("base", "D1", "D2", "D3", "D4")
+    ]
+    assert table3.rates_above_half(jobs) == ["D2's dropout 0.6", "D4's label smoothing 0.6"]
+    note = "Rates above 0.5 at the paper's ratio to this base, beyond any the paper trained: D2's dropout 0.6; D4's"
+    assert any(each.startswith(note) for each in table3.notes_for("multi30k", jobs, 1))
+    jobs = [
+        table3.Job(row, 42, Path(row), [], table3.variation(table3.PAPER_ROWS[row], base, 0.2, 1000))
+        for row in ("base", "D4")
+    ]
+    assert table3.rates_above_half(jobs) == [] and not any("above 0.5" in n for n in table3.notes_for("m", jobs, 1))

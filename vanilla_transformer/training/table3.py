@@ -186,7 +186,7 @@ def variation(row: PaperRow, config, label_smoothing: float, max_steps: int) -> 
         changes["head_dim"] = _count(base_head_dim, Fraction(row.d_k, paper.d_k))
     if row.dropout is not None:
         changes["dropout"] = _rate(config.dropout, Fraction(str(row.dropout)) / Fraction(str(paper.dropout)))
-    if row.positions is not None and row.positions != paper.positions:  # (E); the others keep the base's
+    if row.positions not in (None, paper.positions, config.position_embedding_type):  # (E); others keep the base's
         changes["position_embedding_type"] = row.positions
     smoothing = (
         label_smoothing
@@ -706,7 +706,7 @@ def write_outputs(output_dir: Path, summary: dict, notes: list[str], report=prin
 
 def repeats_of_the_base(jobs: list[Job]) -> list[str]:
     """The rows that change nothing at this base (D1-D4's rates on a base without dropout or label
-    smoothing, E on learned positions): they train the base again."""
+    smoothing, E on a base with learned positions): they train the base again."""
     base = next((job.variation for job in jobs if job.row == "base"), None)
     if base is None:
         return []
@@ -721,25 +721,47 @@ def repeats_of_the_base(jobs: list[Job]) -> list[str]:
     )
 
 
+def rates_above_half(jobs: list[Job]) -> list[str]:
+    """Each row whose dropout or label smoothing, at the paper's ratio to this base's, is above 0.5 (D2 on a
+    base with dropout 0.3: 0.6): more noise than signal, beyond any rate the paper trained."""
+    said = {}
+    for job in jobs:
+        dropout, smoothing = job.variation.config.get("dropout"), job.variation.label_smoothing
+        rates = [("dropout", dropout)] if dropout is not None and dropout > 0.5 else []
+        rates += [("label smoothing", smoothing)] if smoothing > 0.5 else []
+        if rates and job.row != "base":
+            said[job.row] = f"{job.row}'s {' and '.join(f'{name} {rate:g}' for name, rate in rates)}"
+    return [said[row] for row in sorted(said)]
+
+
 def notes_for(recipe: str, jobs: list[Job], seeds: int) -> list[str]:
     base = next(job for job in jobs if job.row == "base")
     repeats = repeats_of_the_base(jobs)
-    return [
-        f"Table 3 (Vaswani et al., 2017) on the recipe `{recipe}`, written {time.strftime('%Y-%m-%d')}: "
-        f"{base.variation.max_steps} updates a row, {seeds} seed(s) (mean ± spread over seeds; a change from "
-        "base is paired by seed), validation set, the model's beam search (§6.1), no averaging.",
-        "Rows are the paper's changes at their ratio to the recipe's base (sizes rounded to whole numbers); "
-        "blank cells are the base's. Our d_v is d_k (the config has one head_dim): rows B change d_v too, "
-        "where the paper changed d_k alone.",
-        "PPL: exp of the validation NLL per target BPE token (</s> included), without label smoothing; the "
-        "paper's is per wordpiece on newstest2013, so compare changes from base, not values.",
-    ] + (
+    high = rates_above_half(jobs)
+    return (
         [
-            f"Row(s) {', '.join(repeats)} change nothing at this base (a rate of 0 at the paper's ratio is 0): they "
-            "train the base again."
+            f"Table 3 (Vaswani et al., 2017) on the recipe `{recipe}`, written {time.strftime('%Y-%m-%d')}: "
+            f"{base.variation.max_steps} updates a row, {seeds} seed(s) (mean ± spread over seeds; a change from "
+            "base is paired by seed), validation set, the model's beam search (§6.1), no averaging.",
+            "Rows are the paper's changes at their ratio to the recipe's base (sizes rounded to whole numbers); "
+            "blank cells are the base's. Our d_v is d_k (the config has one head_dim): rows B change d_v too, "
+            "where the paper changed d_k alone.",
+            "PPL: exp of the validation NLL per target BPE token (</s> included), without label smoothing; the "
+            "paper's is per wordpiece on newstest2013, so compare changes from base, not values.",
         ]
-        if repeats
-        else []
+        + (
+            [
+                f"Row(s) {', '.join(repeats)} change nothing at this base (a rate of 0 at the paper's ratio is 0; E's "
+                "learned positions may be the base's): they train the base again."
+            ]
+            if repeats
+            else []
+        )
+        + (
+            [f"Rates above 0.5 at the paper's ratio to this base, beyond any the paper trained: {'; '.join(high)}."]
+            if high
+            else []
+        )
     )
 
 
@@ -808,6 +830,8 @@ def main(argv: list[str] | None = None, prog: str = "vanilla-transformer table3"
         finished(job)  # a folder of another table is refused before anything runs
     if repeats := repeats_of_the_base(jobs):
         print(f"rows {', '.join(repeats)} change nothing at this base: they train the base again", file=sys.stderr)
+    if high := rates_above_half(jobs):
+        print(f"rates above 0.5 at the paper's ratio to this base: {'; '.join(high)}", file=sys.stderr)
     shared_tokenizer(recipe_file, train_flags, output_dir, prog)
     results, failures = run_jobs(jobs, devices)
     summary = summarize(rows, results, failures)
