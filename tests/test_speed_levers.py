@@ -271,6 +271,26 @@ def test_sentences_that_end_at_the_first_step_leave_the_batch_with_transformers_
         assert rows[0] == sentences and rows[1] < 2 * sentences, rows  # one row per sentence, then 2 per kept one
 
 
+@pytest.mark.parametrize("num_beams", [1, 2])
+def test_with_two_end_ids_what_follows_either_is_padding(num_beams):
+    """A pad id of 0 is falsy, so transformers fills ended hypotheses with the first end id; with two end ids
+    every token after a row's first end (either id) must still be ``<pad>``, as with one."""
+    marian = marian_that_stops(seed=4, eos_bias=0.6)  # some rows end with the second id, others never
+    with torch.no_grad():
+        marian.final_logits_bias[0, SECOND_EOS] = 0.6
+    ours = from_marian(marian)
+    settings = dict(num_beams=num_beams, max_new_tokens=6, eos_token_id=[EOS, SECOND_EOS], pad_token_id=PAD)
+    produced = ours.generate(**padded_sources(seed=3), **settings)
+    ended_by_second = 0
+    for row in produced.tolist():
+        generated = row[1:]  # after the decoder's start token
+        ends = [position for position, token in enumerate(generated) if token in (EOS, SECOND_EOS)]
+        if ends:
+            assert all(token == PAD for token in generated[ends[0] + 1 :]), row
+            ended_by_second += generated[ends[0]] == SECOND_EOS and ends[0] + 1 < len(generated)
+    assert ended_by_second  # the case is a real one: a row ends with the second id before the longest
+
+
 def test_best_continuations_equal_the_top_k_over_all_beams_and_tokens():
     generator = torch.Generator().manual_seed(0)
     sentences, beams, vocabulary, keep = 5, 4, 30, 8

@@ -105,16 +105,17 @@ def gnmt_length_penalty(length, alpha: float):
 
 
 def pad_after_end_of_sequence(
-    sequences: torch.Tensor, eos_token_id: int, pad_token_id: int, prompt_length: int = 0
+    sequences: torch.Tensor, eos_token_id: int | list[int], pad_token_id: int, prompt_length: int = 0
 ) -> torch.Tensor:
-    """Every token after a row's first generated ``</s>`` becomes ``<pad>``; the decoder prompt's first
-    ``prompt_length`` columns are not looked at (a model may start decoding with ``</s>``, as fairseq's do).
+    """Every token after a row's first generated end of sequence (``</s>``, or any of a list of ids) becomes
+    ``<pad>``; the decoder prompt's first ``prompt_length`` columns are not looked at (a model may start
+    decoding with ``</s>``, as fairseq's do).
 
     Beam search in transformers fills finished rows with ``pad_token_id or eos_token_id``, so a pad
     id of 0 (falsy) fills them with ``</s>``, and whoever counts non-pad tokens (the Trainer's
     ``gen_len``) counts the filler too.
     """
-    ends = sequences == eos_token_id
+    ends = torch.isin(sequences, torch.as_tensor(eos_token_id, device=sequences.device))
     ends[:, :prompt_length] = False
     ended_before = ends.long().cumsum(dim=-1) - ends.long()
     return sequences.masked_fill(ended_before > 0, pad_token_id)
@@ -190,11 +191,10 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         finally:
             _GNMT_PENALTY.reset(penalty)
         eos, pad = (self._setting(generation_config, name, kwargs) for name in ("eos_token_id", "pad_token_id"))
-        eos = eos[0] if isinstance(eos, list) and len(eos) == 1 else eos
         sequences = output if torch.is_tensor(output) else output.sequences
         if each_sentence is not None and pad is not None:  # beam search fills a cut hypothesis' end with </s>
             sequences = each_sentence.pad_beyond(sequences, pad)
-        if isinstance(eos, int) and pad is not None:  # pad what follows </s> (beam search may not: see above)
+        if eos is not None and torch.as_tensor(eos).numel() and pad is not None:  # pad what follows </s> (see above)
             sequences = pad_after_end_of_sequence(sequences, eos, pad, prompt_length=prompt)
         if torch.is_tensor(output):
             return sequences
