@@ -154,6 +154,39 @@ def test_a_step_without_its_data_says_what_to_give(data_dir, trained, tmp_path, 
         run.main(["--model_name_or_path", str(trained), "--output_dir", str(tmp_path), "--use_cpu", *arguments])
 
 
+def files(data_dir: Path, *roles: str) -> list[str]:
+    return [
+        each
+        for role, stem in (("train", "train"), ("validation", "valid"))
+        if role in roles
+        for each in (
+            f"--{role}_source_file",
+            str(data_dir / f"{stem}.src"),
+            f"--{role}_target_file",
+            str(data_dir / f"{stem}.tgt"),
+        )
+    ]
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["new-model", "fine-tuning"])
+def test_an_eval_strategy_without_do_flags_still_trains(data_dir, trained, tmp_path, checkpoint):
+    """transformers turns do_eval on for any --eval_strategy; without a --do_* flag the run still trains (and
+    evaluates, having validation data), for a new model and a checkpoint alike, as docs/training.md runs it."""
+    model = ["--model_name_or_path", str(trained)] if checkpoint else []
+    argv = [*model, *files(data_dir, "train", "validation"), "--eval_strategy", "steps", "--eval_steps", "2"]
+    _, data_args, training_args = run.parse_arguments([*argv, "--output_dir", str(tmp_path)])
+    assert run.steps_to_run(training_args, data_args) == (True, True, False)
+    _, data_args, training_args = run.parse_arguments([*argv, "--do_eval", "--output_dir", str(tmp_path)])
+    assert run.steps_to_run(training_args, data_args) == (False, True, False)  # a --do_* flag decides
+
+
+def test_an_eval_strategy_without_validation_data_is_refused_before_reading(data_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(run, "load_text_datasets", lambda *a, **k: pytest.fail("read the data first"))
+    argv = [*files(data_dir, "train"), "--eval_strategy", "steps", "--output_dir", str(tmp_path), "--use_cpu"]
+    with pytest.raises(ValueError, match="--eval_strategy steps evaluates during training and needs validation data"):
+        run.main(argv)
+
+
 def test_evaluating_without_a_model_is_refused(data_dir, tmp_path):
     with pytest.raises(ValueError, match="need the model: give --model_name_or_path"):
         run.main(

@@ -351,6 +351,10 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
     model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     _drop_hub_dataset_named_none(data_args)
     _warn_ignored_flags(model_args, on_command_line)
+    if not given & {"do_train", "do_eval", "do_predict"}:
+        # transformers turns do_eval on for any --eval_strategy; with no --do_* flag the steps follow the data
+        # (`steps_to_run`: train, and evaluate where validation data is given), so that flag alone trains too
+        training_args.do_eval = False
     if model_args.model_name_or_path and not given & {"learning_rate", "lr_scale"}:
         training_args.learning_rate = FINE_TUNING_LEARNING_RATE
     if model_args.model_name_or_path and "warmup_steps" not in given:
@@ -632,13 +636,20 @@ def refuse_overrides_of_a_checkpoint(config_overrides: str | dict | None) -> Non
         )
 
 
-def check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict) -> None:
+def check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict, eval_strategy="no") -> None:
     """Each step asked for has its data (and evaluation alone has a model), from the flags alone."""
     given = {
         "train": data_args.train_source_file or data_args.train_file or data_args.dataset_name,
         "validation": validation_given(data_args),
         "test": data_args.test_source_file or data_args.test_file or data_args.test_split,
     }
+    strategy = getattr(eval_strategy, "value", eval_strategy)
+    if do_train and strategy != "no" and not given["validation"]:
+        raise ValueError(
+            f"--eval_strategy {strategy} evaluates during training and needs validation data: give "
+            "--validation_source_file/--validation_target_file, --validation_file, --validation_split of a Hub "
+            "dataset or --validation_size N; or --eval_strategy no."
+        )
     if do_train and not given["train"]:
         raise ValueError(
             "Give training data: --train_source_file/--train_target_file, --train_file (.tsv/.jsonl), or "

@@ -163,7 +163,7 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     check_arguments(model_args, data_args, training_args)
     set_seed(training_args.seed)
     do_train, do_eval, do_predict = steps_to_run(training_args, data_args)
-    check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict)
+    check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict, training_args.eval_strategy)
     resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir) if do_train else None
     if resume is not None:
         check_moving_average(resume, training_args.ema_decay)  # before the data is read
