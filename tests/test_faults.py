@@ -383,6 +383,20 @@ def test_resume_last_without_any_complete_checkpoint_says_to_start_anew(data_dir
         build(data_dir, tmp_path / "run", "--resume_from_checkpoint", "last")
 
 
+def test_resuming_a_checkpoint_saved_without_optimizer_state_is_refused_naming_the_fix(data_dir, tmp_path):
+    """--save_only_model leaves out optimizer.pt and scheduler.pt: the Trainer would resume in silence with
+    Adam's moments at zero and eq. (3)'s warm-up from its start. Refused before the data is read, both named
+    and by 'last', which skips it (logged) and finds nothing else."""
+    output = tmp_path / "run"
+    build(data_dir, output, "--max_steps", str(SAVE_STEPS), "--save_only_model", "true").trainer.train()
+    checkpoint = output / f"checkpoint-{SAVE_STEPS}"
+    assert (checkpoint / "model.safetensors").is_file() and not (checkpoint / "optimizer.pt").exists()
+    with pytest.raises(ValueError, match=rf"{checkpoint} holds no optimizer or scheduler state .*--model_name_or_path"):
+        build(data_dir, output, "--max_steps", str(2 * SAVE_STEPS), "--resume_from_checkpoint", str(checkpoint))
+    with pytest.raises(ValueError, match="no complete checkpoint-<step> folder"):
+        build(data_dir, output, "--max_steps", str(2 * SAVE_STEPS), "--resume_from_checkpoint", "last")
+
+
 def test_trainer_writes_no_checkpoint_folder_before_it_is_complete(four_steps):
     """While the Trainer writes, only the temporary folder exists; checkpoint-<step> appears by one rename."""
     output, seen = four_steps

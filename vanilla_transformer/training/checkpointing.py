@@ -93,6 +93,17 @@ def check_resumable(folder: str | os.PathLike, what: str = "--resume_from_checkp
             f"finished, or is a model folder rather than a training checkpoint. {remedy}"
         )
     check_json(folder / TRAINER_STATE_NAME, f"{what} {folder}", remedy)
+    # optimizer.pt (FSDP: optimizer.bin or an optimizer_0 folder) and scheduler.pt: without them the Trainer
+    # resumes in silence with Adam's moments at zero and eq. (3)'s warm-up from its start (--save_only_model)
+    if (
+        not any(path.name.startswith("optimizer") for path in folder.iterdir())
+        or not (folder / "scheduler.pt").is_file()
+    ):
+        raise ValueError(
+            f"{what} {folder} holds no optimizer or scheduler state (saved with --save_only_model?): resuming "
+            "would restart Adam's moments and the learning rate's warm-up at that update. Fine-tune from its "
+            f"weights instead (--model_name_or_path {folder}), or resume from a checkpoint saved with them."
+        )
     for path in sorted(folder.iterdir()):  # optimizer.pt, scheduler.pt, rng_state*.pth (torch's zip archives)
         if path.suffix in {".pt", ".pth"} and path.is_file():
             check_torch_archive(path, f"{what} {folder}", remedy)
