@@ -397,6 +397,27 @@ def test_resuming_a_checkpoint_saved_without_optimizer_state_is_refused_naming_t
         build(data_dir, output, "--max_steps", str(2 * SAVE_STEPS), "--resume_from_checkpoint", "last")
 
 
+def test_the_best_checkpoint_is_recorded_by_its_final_name_before_it_is_published(data_dir, tmp_path, monkeypatch):
+    """The Trainer records the best checkpoint where it wrote it (the staging folder). Under several processes
+    only the saving one publishes it, so every process must hold the final name before publishing: the others
+    load the best model from it at the end of training."""
+    flags = ["--max_steps", "4", "--save_steps", "2", "--eval_strategy", "steps", "--eval_steps", "2"]
+    flags += ["--load_best_model_at_end", "true", "--validation_size", "10", "--predict_with_generate", "false"]
+    trainer = build(data_dir, tmp_path / "run", *flags).trainer
+    seen, publish = [], type(trainer)._publish_checkpoint
+
+    def spy(self, staged, final, *rest):
+        seen.append((self.state.best_model_checkpoint, str(final)))
+        return publish(self, staged, final, *rest)
+
+    monkeypatch.setattr(type(trainer), "_publish_checkpoint", spy)
+    trainer.train()
+    assert len(seen) == 2 and all(STAGING_DIR not in best for best, _ in seen), seen
+    assert trainer.state.best_model_checkpoint in [final for _, final in seen]
+    saved = json.loads((Path(seen[-1][1]) / "trainer_state.json").read_text())
+    assert saved["best_model_checkpoint"] == trainer.state.best_model_checkpoint
+
+
 def test_trainer_writes_no_checkpoint_folder_before_it_is_complete(four_steps):
     """While the Trainer writes, only the temporary folder exists; checkpoint-<step> appears by one rename."""
     output, seen = four_steps

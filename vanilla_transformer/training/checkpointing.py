@@ -261,8 +261,11 @@ class CheckpointPolicy:
         finally:
             self._writing_checkpoint = False
         self.accelerator.wait_for_everyone()
+        best_is_this = self.state.best_model_checkpoint == str(staged)  # the Trainer recorded where it wrote
+        if best_is_this:  # on every process, not only the one that renames: the best is loaded by all at the end
+            self.state.best_model_checkpoint = str(run_dir / name)
         if self.args.should_save:  # 4.
-            self._publish_checkpoint(staged, run_dir / name, left_out)
+            self._publish_checkpoint(staged, run_dir / name, left_out, best_is_this)
         self.accelerator.wait_for_everyone()
         if self._push_when_published:
             self._push_when_published = False
@@ -299,9 +302,8 @@ class CheckpointPolicy:
         self.moving_average.save(staged)
         return {}
 
-    def _publish_checkpoint(self, staged: Path, final: Path, left_out: dict[str, str]) -> None:
-        if self.state.best_model_checkpoint == str(staged):  # the Trainer recorded where it wrote
-            self.state.best_model_checkpoint = str(final)
+    def _publish_checkpoint(self, staged: Path, final: Path, left_out: dict[str, str], best_is_this=False) -> None:
+        if best_is_this:  # the state saved in it names the final folder as the best
             self.state.save_to_json(str(staged / TRAINER_STATE_NAME))
         if self.resume_point_only:
             (staged / RESUME_POINT_NAME).write_text(json.dumps({"step": self.state.global_step}) + "\n")
