@@ -275,6 +275,32 @@ def test_fine_tuning_gets_its_own_schedule_unless_told_otherwise(trained, tmp_pa
     assert scratch.learning_rate is None and scratch.warmup_steps == 4000  # eq. (3)'s peak, the paper's warm-up
 
 
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (  # fine-tuning's warm-up is a share of the updates; eq. (3)'s peak needs a number of steps
+            ["--lr_scale", "0.5"],
+            r"eq\. 3, --lr_scale 0\.5\) needs --lr_scheduler_type inverse_sqrt and a whole number of "
+            r"--warmup_steps; got inverse_sqrt and 0\.1 \(0\.1 is a share of the updates, the default when",
+        ),
+        (
+            ["--lr_scale", "2", "--lr_scheduler_type", "linear", "--warmup_steps", "10"],
+            "needs --lr_scheduler_type inverse_sqrt .*; got linear and 10. Give",
+        ),
+        (["--learning_rate", "1e-3", "--warmup_steps", "0"], "Eq. \\(3\\) needs at least one warm-up step; got"),
+        (["--learning_rate", "1e-3", "--lr_scheduler_kwargs", '{"power": 2}'], "--lr_scheduler_kwargs .* does nothing"),
+    ],
+    ids=["lr-scale-fine-tuning", "another-schedule", "no-warm-up", "scheduler-kwargs"],
+)
+def test_schedule_flags_eq_3_cannot_take_are_refused_before_the_data_is_read(
+    data_dir, trained, tmp_path, monkeypatch, flags, message
+):
+    monkeypatch.setattr(run, "load_text_datasets", lambda *a, **k: pytest.fail("read the data first"))
+    argv = ["--model_name_or_path", str(trained), *files(data_dir, "train"), "--output_dir", str(tmp_path)]
+    with pytest.raises(ValueError, match=message):
+        run.main([*argv, "--use_cpu", *flags])
+
+
 def test_a_run_shorter_than_its_warm_up_is_warned_about(data_dir, tmp_path, caplog):
     prepared = run.build_trainer(
         *run.parse_arguments(tiny_args(data_dir, tmp_path, "--warmup_steps", "100", "--max_tokens", "300"))

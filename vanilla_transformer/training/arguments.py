@@ -353,8 +353,34 @@ def check_intervals(args: TransformerTrainingArguments) -> None:
             )
 
 
+def check_schedule(training_args: TransformerTrainingArguments) -> None:
+    """Eq. (3)'s flags, before any data is read: its peak (no --learning_rate) needs an integer warm-up, and
+    the schedule itself at least one warm-up step; it takes no --lr_scheduler_kwargs."""
+    scheduler = getattr(training_args.lr_scheduler_type, "value", training_args.lr_scheduler_type)
+    warmup = training_args.warmup_steps
+    if training_args.learning_rate is None and (scheduler != "inverse_sqrt" or not float(warmup).is_integer()):
+        ratio = (
+            f" ({warmup:g} is a share of the updates, the default when fine-tuning)"
+            if 0 < warmup < 1 and scheduler == "inverse_sqrt"
+            else ""
+        )
+        raise ValueError(
+            f"The paper's learning rate (eq. 3, --lr_scale {training_args.lr_scale:g}) needs --lr_scheduler_type "
+            f"inverse_sqrt and a whole number of --warmup_steps; got {scheduler} and {warmup:g}{ratio}. Give "
+            "--warmup_steps N, or the peak as --learning_rate."
+        )
+    if scheduler == "inverse_sqrt" and warmup <= 0:
+        raise ValueError(f"Eq. (3) needs at least one warm-up step; got --warmup_steps {warmup:g}. Give 1 or more.")
+    if scheduler == "inverse_sqrt" and training_args.lr_scheduler_kwargs:
+        raise ValueError(
+            f"--lr_scheduler_kwargs {training_args.lr_scheduler_kwargs!r} does nothing to eq. (3) "
+            "(--lr_scheduler_type inverse_sqrt takes --warmup_steps and --cooldown_minutes); drop it."
+        )
+
+
 def check_training_arguments(training_args: TransformerTrainingArguments) -> None:
     """Refuse combinations where a flag would be accepted and then have no effect."""
+    check_schedule(training_args)
     defaults = {f.name: f.default for f in dataclasses.fields(TransformerTrainingArguments)}
     if training_args.max_tokens:
         for name in ("per_device_train_batch_size", "train_sampling_strategy", "dataloader_drop_last"):

@@ -38,7 +38,7 @@ from transformers.trainer_utils import EvalLoopOutput, EvalPrediction, TrainOutp
 
 from ..private_api import require
 from ..training_kernels import label_smoothed_cross_entropy
-from .arguments import TransformerTrainingArguments, pads_to_buckets, sorts_evaluation
+from .arguments import TransformerTrainingArguments, check_schedule, pads_to_buckets, sorts_evaluation
 from .batching import LengthSortedSampler, PadToBucket, TokenBatchSampler
 from .checkpointing import (
     TRAINER_STATE_NAME,
@@ -252,13 +252,9 @@ def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> f
         if args.lr_scale != 1.0:
             raise ValueError("Give --learning_rate (the peak) or --lr_scale (a multiple of the paper's), not both.")
         return args.learning_rate
-    warmup = args.warmup_steps
-    if args.lr_scheduler_type != "inverse_sqrt" or not float(warmup).is_integer() or warmup < 1:
-        raise ValueError(
-            "The paper's learning rate (eq. 3) needs --lr_scheduler_type inverse_sqrt and an integer --warmup_steps "
-            f">= 1 (got {args.lr_scheduler_type}, {warmup}); with another schedule give --learning_rate."
-        )
-    return noam_learning_rate(int(warmup), d_model, int(warmup), args.lr_scale)
+    check_schedule(args)  # an inverse_sqrt schedule with a whole number of warm-up steps, at least 1
+    warmup = int(args.warmup_steps)
+    return noam_learning_rate(warmup, d_model, warmup, args.lr_scale)
 
 
 # ---------------------------------------------------------------------------------------------
