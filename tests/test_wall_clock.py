@@ -85,6 +85,23 @@ def test_a_resumed_run_goes_on_with_the_seconds_its_checkpoint_trained(monkeypat
     assert control.should_training_stop and control.should_save and resumed.next_save == pytest.approx(90.0)
 
 
+@pytest.mark.parametrize("strategy", ["no", "steps"])
+def test_the_end_of_the_budget_keeps_a_timed_save_due_at_the_same_update(monkeypatch, strategy):
+    """--save_minutes 1 --max_train_minutes 2: the update that ends the budget is also the second timed
+    save. With --save_strategy no the end of the budget alone saves nothing, but the timed save stays."""
+    now = [0.0]
+    monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))
+    clock, args = WallClock(max_minutes=2, save_minutes=1), types.SimpleNamespace(device="cpu", save_strategy=strategy)
+    clock.on_train_begin(args, TrainerState(), TrainerControl())
+    seen = []
+    for at in (90.0, 121.0):  # past the budget at the update after 121 s; the save of minute 2 due too
+        control = TrainerControl()
+        now[0] = at
+        clock.on_step_end(args, TrainerState(), control)
+        seen.append((control.should_save, control.should_training_stop))
+    assert seen == [(True, False), (True, True)]
+
+
 def test_a_checkpoint_from_before_the_clocks_state_starts_it_at_zero(monkeypatch):
     now = [0.0]
     monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(monotonic=lambda: now[0]))

@@ -217,7 +217,7 @@ class WallClock(TrainerCallback, ExportableState):
                 self.next_save += self.save_seconds
         if self.max_seconds and elapsed >= self.max_seconds:
             control.should_training_stop = True
-            control.should_save = args.save_strategy != "no"
+            control.should_save = control.should_save or args.save_strategy != "no"  # a --save_minutes save due
         return control
 
 
