@@ -7,7 +7,9 @@ checkpoint and moving average inherits them. fairseq stops with a ``FloatingPoin
 
 Checking a value on the host costs a synchronisation with the device, which at every update would
 stall a GPU run. So nothing is read per update: `DivergenceGuard` keeps, on the device, from values
-the Trainer computes anyway (each micro-batch's loss, the gradient norm), whether every update so
+the Trainer computes anyway (each micro-batch's loss, the gradient norm where it is measured: with
+clipping, or without it on logged updates only, so that a non-finite gradient is otherwise seen in the
+next update's loss), whether every update so
 far was finite, the last finite one and the first that was not. It reads that record (one
 synchronisation) only where the Trainer reads values itself: at logging, evaluation and saving steps
 and at the end of training; before a checkpoint is written, the checkpoint policy
@@ -201,7 +203,7 @@ class DivergenceGuard(TrainerCallback):
             name = next(iter(non_finite(weights)), "on another process") if weights else "on another process"
             raise TrainingDiverged(
                 f"Training diverged by update {step}: the weights hold non-finite values (e.g. {name}) although every "
-                f"loss and gradient norm was finite ({self._last_finite(last_update, last_loss)}). {CAUSES} Nothing "
+                f"loss, and every gradient norm measured, was finite ({self._last_finite(last_update, last_loss)}). {CAUSES} Nothing "
                 f"from update {step} was saved. {self._checkpoint()}",
                 step,
                 last_loss,
