@@ -14,7 +14,7 @@ from tokenizers import Tokenizer, models
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
-from vanilla_transformer.convert import from_marian, main, marian_to_interleaved, to_ctranslate2
+from vanilla_transformer.convert import convert_marian, from_marian, main, marian_to_interleaved, to_ctranslate2
 from vanilla_transformer.modeling_vanilla_transformer import sinusoidal_positions
 from vanilla_transformer.tokenization_vanilla_transformer import MIN_VOCAB_SIZE
 
@@ -245,6 +245,12 @@ def test_cli_from_marian_without_a_loadable_tokenizer_fails_clearly_unless_told_
     assert "Could not load the Marian tokenizer" in capsys.readouterr().err
     main(["from-marian", str(tmp_path / "marian"), str(tmp_path / "out"), "--no-tokenizer"])
     assert (tmp_path / "out" / "config.json").exists() and not (tmp_path / "out" / "tokenizer_config.json").exists()
+    (tmp_path / "a-file").write_text("")  # save_pretrained only logs an error for a file, and nothing is saved
+    with pytest.raises(SystemExit) as exit_info:
+        main(["from-marian", str(tmp_path / "marian"), str(tmp_path / "a-file"), "--no-tokenizer"])
+    assert exit_info.value.code == 2 and "a-file is a file; give a folder" in capsys.readouterr().err
+    with pytest.raises(NotADirectoryError, match="a-file is a file"):
+        convert_marian(tmp_path / "marian", tmp_path / "a-file")
 
 
 # --- CTranslate2: teacher-forced log-probabilities ----------------------------------------------------
@@ -452,6 +458,22 @@ def test_cli_to_ctranslate2_reads_model_and_tokenizer_from_a_saved_folder(tokeni
         main(["to-ctranslate2", str(tmp_path / "model"), str(tmp_path / "ct2")])
     assert "force" in capsys.readouterr().err
     main(["to-ctranslate2", str(tmp_path / "model"), str(tmp_path / "ct2"), "--force", "--quantization", "int8"])
+    config = (tmp_path / "model" / "config.json").read_text()
+    for output in (tmp_path / "model", tmp_path / "ct2-into-a-model"):  # the model itself, or another model
+        if output.name != "model":
+            model.save_pretrained(output)
+        with pytest.raises(SystemExit):  # even with --force: it would replace the model's config.json
+            main(["to-ctranslate2", str(tmp_path / "model"), str(output), "--force"])
+        assert "holds a transformers model (its config.json has model_type 'vanilla_transformer')" in (
+            capsys.readouterr().err
+        )
+    assert (tmp_path / "model" / "config.json").read_text() == config and not (
+        tmp_path / "model" / "model.bin"
+    ).exists()
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(SystemExit):
+        main(["to-ctranslate2", str(tmp_path / "model"), str(tmp_path / "a-file")])
+    assert "a-file is a file; give a folder" in capsys.readouterr().err
 
 
 def test_missing_ctranslate2_names_the_extra_to_install(tokenizer, tmp_path, monkeypatch):

@@ -360,6 +360,21 @@ def test_cli_reports_bad_input_without_traceback(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_cli_takes_underscores_and_refuses_a_file_as_the_output_before_training(tmp_path, capsys):
+    """Its help says every flag takes underscores too (the console script calls this function directly); an
+    output that is a file is refused before training (save_pretrained would only log an error)."""
+    corpus = _write_lines(tmp_path / "corpus.txt", CORPUS)
+    main([str(corpus), "--vocab_size", str(VOCAB_SIZE), "--output_dir", str(tmp_path / "out")])
+    loaded = AutoTokenizer.from_pretrained(tmp_path / "out")
+    assert _model_json(loaded) == _model_json(train_tokenizer([corpus], vocab_size=VOCAB_SIZE))
+    capsys.readouterr()
+    (tmp_path / "a-file").write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(corpus), "--vocab-size", str(VOCAB_SIZE), "--output-dir", str(tmp_path / "a-file")])
+    assert exit_info.value.code == 2 and "--output-dir" in capsys.readouterr().err
+    assert (tmp_path / "a-file").read_text() == ""
+
+
 def test_python_dash_m_saves_remote_code_and_auto_map(tmp_path):
     corpus = _write_lines(tmp_path / "corpus.txt", CORPUS)
     output = tmp_path / "out"

@@ -58,6 +58,7 @@ from __future__ import annotations
 import argparse
 import copy
 import importlib
+import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -364,6 +365,8 @@ def convert_marian(marian_model_or_path, output_dir, tokenizer=None) -> VanillaT
     The tokenizer, when given, is saved next to it with its own ``save_pretrained``: for opus-mt that is
     a sentencepiece `MarianTokenizer` (loading it back needs the ``sentencepiece`` package).
     """
+    if Path(output_dir).exists() and not Path(output_dir).is_dir():
+        raise NotADirectoryError(f"{output_dir} is a file; give a folder for the converted model.")
     model = from_marian(marian_model_or_path, tokenizer)
     model.save_pretrained(output_dir)
     if tokenizer is not None:
@@ -522,6 +525,21 @@ CTRANSLATE2_FILES = (
 )
 
 
+def _refuse_a_transformers_model_folder(output_dir: Path) -> None:
+    """CTranslate2 writes its own ``config.json``: never over a transformers model's (one with a
+    ``model_type``), not even with ``force``, which replaces an earlier export's files only."""
+    try:
+        config = json.loads((output_dir / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(config, dict) and "model_type" in config:
+        raise FileExistsError(
+            f"{output_dir} holds a transformers model (its config.json has model_type "
+            f"{config['model_type']!r}), whose config.json the CTranslate2 export would replace; give another "
+            "folder (--force replaces an earlier export's files only)."
+        )
+
+
 def _save(spec, output_dir: Path, quantization: str | None) -> None:
     spec.validate()
     spec.optimize(quantization=quantization)  # also aliases identical tensors (tied embeddings) to one
@@ -571,8 +589,11 @@ def to_ctranslate2(
     """
     ctranslate2 = _import_ctranslate2()
     output_dir = Path(output_dir)
+    if output_dir.exists() and not output_dir.is_dir():
+        raise NotADirectoryError(f"{output_dir} is a file; give a folder for the CTranslate2 model.")
     if output_dir.exists() and any(output_dir.iterdir()) and not force:
         raise FileExistsError(f"{output_dir} exists and is not empty; pass force=True (--force) to write into it.")
+    _refuse_a_transformers_model_folder(output_dir)
     model, tokenizer = _load_for_export(model_or_path, tokenizer)
     source, target = _vocabularies(model.config, tokenizer, target_tokenizer)
     spec = _transformer_spec(ctranslate2, model.config)
@@ -629,6 +650,8 @@ def _check_arguments(args: argparse.Namespace) -> None:
                 f"Could not load the Marian tokenizer from {args.source}: it has no tokenizer files. Give "
                 "--tokenizer NAME_OR_FOLDER, or --no-tokenizer to save the model alone."
             )
+        if args.output_dir.exists() and not args.output_dir.is_dir():
+            raise NotADirectoryError(f"OUTPUT_DIR {args.output_dir} is a file; give a folder for the converted model.")
         if (args.output_dir / "config.json").exists() and not args.force:
             raise FileExistsError(
                 f"{args.output_dir} already holds a model; choose a new folder, or pass --force to replace it."

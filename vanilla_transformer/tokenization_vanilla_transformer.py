@@ -346,7 +346,11 @@ def main(argv: list[str] | None = None, prog: str = "vanilla-transformer-train-t
     """Command line: train a tokenizer on text files and save it with ``save_pretrained``; bad input ends
     in one line, exit status 2."""
     parser = build_parser(prog)
-    args = parser.parse_args(argv)
+    # the installed package's spellings (this function is not remote code): --vocab_size as --vocab-size
+    with_dashes = importlib.import_module("vanilla_transformer.command_line").with_dashes
+    args = parser.parse_args(with_dashes(list(sys.argv[1:] if argv is None else argv), parser))
+    if args.output_dir.exists() and not args.output_dir.is_dir():
+        parser.exit(2, f"{parser.prog}: error: --output-dir {args.output_dir} is a file; give a folder.\n")
     try:
         tokenizer = train_tokenizer(
             args.files,
