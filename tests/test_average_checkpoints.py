@@ -182,6 +182,21 @@ def test_integer_tensors_are_kept_when_equal_and_refused_when_not(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
+def test_a_sentencepiece_tokenizer_is_copied_whole(checkpoints, tmp_path):
+    """A converted MarianMT's checkpoints hold MarianTokenizer's files; the average loads its tokenizer only
+    with all of them (the names are transformers' VOCAB_FILES_NAMES for Marian, see test_publish.py)."""
+    from test_publish import marian_vocabulary_files
+
+    _, folders = checkpoints
+    copies = [shutil.copytree(folder, tmp_path / folder.name) for folder in folders[:2]]
+    names = set(marian_vocabulary_files().values()) - {"tokenizer_config.json"}
+    for copy in copies:
+        for name in names:
+            (copy / name).write_bytes(f"{name} of the run".encode())
+    average_checkpoints(copies, tmp_path / "avg")
+    assert all((tmp_path / "avg" / name).read_bytes() == f"{name} of the run".encode() for name in names)
+
+
 def test_tokenizer_and_generation_config_come_from_the_last_checkpoint(checkpoints, tmp_path):
     _, folders = checkpoints
     last = shutil.copytree(folders[1], tmp_path / "last")

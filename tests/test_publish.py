@@ -79,6 +79,35 @@ def test_the_files_to_publish_are_the_model_and_what_loads_it(run_folder, capsys
     assert set(capsys.readouterr().out.split()) == MODEL_FILES
 
 
+def marian_vocabulary_files() -> dict[str, str]:
+    """MarianTokenizer's own files (its VOCAB_FILES_NAMES), read from transformers' source: the class needs
+    sentencepiece to be imported, which the tests do without."""
+    import ast
+    from importlib import util
+
+    tree = ast.parse(Path(util.find_spec("transformers.models.marian.tokenization_marian").origin).read_text())
+    return next(
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", None) == "VOCAB_FILES_NAMES"
+    )
+
+
+def test_a_converted_marian_folder_publishes_its_sentencepiece_files(run_folder, tmp_path, capsys):
+    """`convert from-marian` saves a MarianTokenizer: source.spm, target.spm, vocab.json (and target_vocab.json
+    for separate vocabularies) beside tokenizer_config.json; without them the repo's tokenizer cannot load."""
+    folder = tmp_path / "converted"
+    folder.mkdir()
+    for name in MODEL_FILES - {"tokenizer.json"}:
+        (folder / name).write_bytes((run_folder / name).read_bytes())
+    vocabulary = set(marian_vocabulary_files().values()) - {"tokenizer_config.json"}
+    assert {"source.spm", "target.spm", "vocab.json", "target_vocab.json"} <= vocabulary
+    for name in vocabulary:
+        (folder / name).write_bytes(b"sentencepiece model bytes")
+    cli(["publish", str(folder), "--repo-id", f"{USER}/x", "--dry-run"])
+    assert set(capsys.readouterr().out.split()) == (MODEL_FILES - {"tokenizer.json"}) | vocabulary
+
+
 def test_publish_uploads_the_model_files_in_one_commit_and_nothing_of_the_run(run_folder, tmp_path):
     hub = LoopbackHub(tmp_path / "store", lifetime=600).start()
     try:

@@ -30,6 +30,19 @@ LEFT_OUT_NAME = "left_out.json"  # what a checkpoint saved after SIGTERM had no 
 TORCH_WEIGHTS_NAME = "pytorch_model.bin"  # older checkpoints (e.g. opus-mt), a torch zip archive
 # Any one of these makes AutoTokenizer.from_pretrained find a tokenizer in a folder.
 TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "source.spm", "spiece.model")
+# What decides a saved tokenizer's ids: ours (tokenizer.json), a byte-level BPE's vocabulary and merges, a
+# sentencepiece model (MarianTokenizer's source.spm, target.spm and target_vocab.json; T5's spiece.model)
+TOKENIZER_VOCABULARY_FILES = (
+    "tokenizer.json",
+    "vocab.json",
+    "merges.txt",
+    "source.spm",
+    "target.spm",
+    "target_vocab.json",
+    "spiece.model",
+)
+# A saved tokenizer's files, each loaded by from_pretrained where present: copied and published together
+TOKENIZER_FILES = (*TOKENIZER_VOCABULARY_FILES, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
 
 
 class DamagedFileError(ValueError):
@@ -167,7 +180,7 @@ def tokenizer_definition(folder: str | os.PathLike) -> dict[str, object]:
     settings; other vocabulary files byte for byte. An empty dict: the folder has no tokenizer.
     """
     folder, definition = Path(folder), {}
-    for name in ("tokenizer.json", "vocab.json", "merges.txt", "source.spm", "target.spm", "spiece.model"):
+    for name in TOKENIZER_VOCABULARY_FILES:
         path = folder / name
         if not path.is_file():
             continue

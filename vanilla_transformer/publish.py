@@ -34,19 +34,18 @@ import time
 from fnmatch import fnmatch
 from pathlib import Path
 
-from .checkpoint_files import check_has_tokenizer, check_model_folder
+from .checkpoint_files import TOKENIZER_FILES, check_has_tokenizer, check_model_folder
 
 logger = logging.getLogger(__name__)
 
-# What from_pretrained reads: the model, its decoding settings, the tokenizer, the card.
+# What from_pretrained reads: the model, its decoding settings, the tokenizer (ours, or a converted
+# MarianMT's sentencepiece files), the card.
 MODEL_FILES = (
     "config.json",
     "generation_config.json",
     "model.safetensors",
     "model.safetensors.index.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
+    *TOKENIZER_FILES,
     "README.md",
 )
 RETRIES = 5  # after the first try: waits of 1, 2, 4, 8, 16 seconds, about half a minute in all

@@ -38,20 +38,13 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-from ..checkpoint_files import CHECKPOINT_NAME, check_json, check_safetensors, tokenizer_difference
+from ..checkpoint_files import CHECKPOINT_NAME, TOKENIZER_FILES, check_json, check_safetensors, tokenizer_difference
 from .checkpointing import TRAINER_STATE_NAME, checkpoint_folders, complete_checkpoints
 
 WEIGHTS_NAME = "model.safetensors"
 GENERATION_CONFIG_NAME = "generation_config.json"
-# Copied byte for byte from the newest checkpoint when present, with any tokenizer remote code.
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-)
+# The tokenizer's files (`TOKENIZER_FILES`) are copied byte for byte from the newest checkpoint when present,
+# with any tokenizer remote code.
 TOKENIZER_CODE_GLOB = "tokenization_*.py"
 # Config fields that may differ between checkpoints of one architecture: bookkeeping and
 # training-only settings. Everything else (d_model, heads, layers, ...) must match.
