@@ -6,6 +6,7 @@ own card parsers (`metadata_load`, `ModelCard`, `model_index_to_eval_results`), 
 directly for the usage example the card shows.
 """
 
+import json
 import re
 
 import pytest
@@ -120,6 +121,20 @@ def test_body_states_results_architecture_recipe_and_limitations(card_path, mode
     assert f"Fine-tuned from [{base}](https://huggingface.co/{base})" in text
     assert "Training data: wmt14." in text
     assert "## Limitations" in text and "Trained for 100k steps on one GPU instead of 8." in text
+
+
+def test_a_card_written_from_a_saved_folder_states_the_length_rule_it_decodes_with(model, tmp_path):
+    """save_pretrained writes max_length = max_position_embeddings for other readers; generate() still decodes
+    to the source's length + 50 (tests/test_length_penalty.py), so the card must say so, as it does from the
+    model in memory; a generation config that turns the rule off gets its max_length."""
+    model.save_pretrained(tmp_path / "saved")
+    text = write_model_card(tmp_path / "saved", languages=("en", "de")).read_text()
+    positions = model.config.max_position_embeddings
+    assert f"at most input length + 50 tokens (§6.1, {positions} at most)." in text
+    config = json.loads((tmp_path / "saved" / "generation_config.json").read_text())
+    off = {**config, "max_new_tokens_beyond_input": None, "max_length": 40}
+    (tmp_path / "saved" / "generation_config.json").write_text(json.dumps(off))
+    assert "at most 40 tokens." in write_model_card(tmp_path / "saved", languages=("en", "de")).read_text()
 
 
 def python_blocks(text: str) -> list[str]:

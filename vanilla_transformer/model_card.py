@@ -21,7 +21,7 @@ from huggingface_hub import EvalResult, ModelCardData
 from transformers import GenerationConfig, PretrainedConfig, PreTrainedModel
 
 from .configuration_vanilla_transformer import VanillaTransformerConfig
-from .generation_vanilla_transformer import penalty_formula_of
+from .generation_vanilla_transformer import MAX_EXTRA_OUTPUT_TOKENS, MAX_NEW_TOKENS_BEYOND_INPUT, penalty_formula_of
 from .modeling_vanilla_transformer import MODEL_TAGS
 from .pipeline_vanilla_transformer import REMOTE_CODE_TASK, TASK
 
@@ -283,12 +283,16 @@ def _training_section(datasets, hyperparameters: Mapping[str, Any] | None, gener
 
 
 def _decoding_sentence(generation_config: GenerationConfig) -> str:
+    # as generate() reads the model's own config (`_extra_tokens`): max_new_tokens, else §6.1's rule, whose
+    # max_length (saved as max_position_embeddings for other readers) only caps it, else max_length
+    extra = getattr(generation_config, MAX_NEW_TOKENS_BEYOND_INPUT, MAX_EXTRA_OUTPUT_TOKENS)
+    cap = f", {generation_config.max_length} at most" if generation_config.max_length else ""
     length = (
         f"at most {generation_config.max_new_tokens} new tokens"
         if generation_config.max_new_tokens
+        else f"at most input length + {extra} tokens (§6.1{cap})"
+        if extra is not None
         else f"at most {generation_config.max_length} tokens"
-        if generation_config.max_length
-        else "at most input length + 50 tokens (§6.1)"
     )
     name = penalty_formula_of(generation_config)
     formula = {"gnmt": "GNMT's ((5 + |Y|) / 6)^alpha, as the paper", "length": "|Y|^alpha"}.get(
