@@ -80,6 +80,21 @@ def test_command_line_reads_a_file_and_writes_hypotheses_in_order(model_dir, loa
     assert output.read_text().splitlines() == one_by_one(*loaded, SENTENCES)
 
 
+def test_a_line_break_inside_a_hypothesis_keeps_the_output_aligned_and_is_named(
+    model_dir, tmp_path, monkeypatch, caplog
+):
+    """The byte-level vocabulary has a piece for a line break; written as it is, it would shift every later
+    line of --output against its source. Each becomes a space, and the lines are named."""
+    hypotheses = ["a\nb", "c", "d\r\ne\rf", "\u2028g"]  # a line separator other than \r and \n is kept
+    monkeypatch.setattr(translate, "translate", lambda model, tokenizer, sources, *a, **k: hypotheses[: len(sources)])
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("one\ntwo\nthree\nfour\n")
+    with caplog.at_level(logging.WARNING):
+        translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(output)])
+    assert output.read_text(encoding="utf-8").split("\n") == ["a b", "c", "d e f", "\u2028g", ""]
+    assert f"--output {output}: 2 hypotheses held a line break" in caplog.text and "(line 1, 3)" in caplog.text
+
+
 def test_stdin_to_stdout(model_dir, loaded, monkeypatch, capsys):
     monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(b"short\nx\n")))  # bytes underneath, as a real stdin
     translate.main(["--model", str(model_dir)])

@@ -76,7 +76,7 @@ from .options import (  # noqa: F401 (imported from here)
 )
 from .run_lock import hold_output_dir
 from .trainer import TooFewBatches, TransformerTrainer
-from .translation import inputs_too_long, translate, where_too_long
+from .translation import as_lines, inputs_too_long, translate, where_too_long
 
 # A new model with a chosen attention implementation is made through this (private: checked at import)
 require("transformers.PreTrainedModel._from_config")
@@ -500,7 +500,9 @@ def predict(
         **{name: value for name, value in settings.items() if value is not None},
     )
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / PREDICTIONS_FILE).write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    (output_dir / PREDICTIONS_FILE).write_text(
+        as_lines(hypotheses, str(output_dir / PREDICTIONS_FILE)), encoding="utf-8"
+    )
     scores = score(
         hypotheses,
         list(references),

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import os
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -41,6 +42,19 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def source_limit(model, tokenizer) -> int:
     """The most source tokens the model accepts (its positions, or a smaller tokenizer limit)."""
     return min(model.config.max_position_embeddings, tokenizer.model_max_length)
+
+
+def as_lines(hypotheses: Sequence[str], written_to: str) -> str:
+    """The hypotheses one a line, for a file aligned line by line with its source. A byte-level vocabulary
+    can produce a line break; each one inside a hypothesis becomes a space, and the lines are named in a
+    warning, so that line N stays sentence N."""
+    broken = [i for i, hypothesis in enumerate(hypotheses) if "\n" in hypothesis or "\r" in hypothesis]
+    if broken:
+        logger.warning(
+            f"{written_to}: {len(broken)} hypotheses held a line break, written as a space so that each line "
+            f"is its sentence's (line {', '.join(str(i + 1) for i in broken[:10])}{' ...' if len(broken) > 10 else ''})"
+        )
+    return "".join(re.sub(r"\r\n|\r|\n", " ", hypothesis) + "\n" for hypothesis in hypotheses)
 
 
 def inputs_too_long(model, tokenizer, sentences: Sequence[str], todo: list[int] | None = None):
@@ -307,7 +321,7 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
         **generate_kwargs,
     )
     seconds = time.perf_counter() - started
-    text = "".join(h + "\n" for h in hypotheses)
+    text = as_lines(hypotheses, f"--output {args.output}")
     if args.output == "-":
         sys.stdout.write(text)
     else:
