@@ -331,6 +331,22 @@ def test_a_sliced_hub_split_takes_max_train_samples_too(tmp_path):
     assert text["source"] == [r["translation"]["en"] for r in records[:5]]
 
 
+def test_a_hub_split_with_validation_size_and_max_train_samples_is_cut_as_local_files_are(tmp_path):
+    """--validation_size V --max_train_samples N: V pairs held out of the whole split, then the first N of
+    the rest, the same pairs from a Hub dataset as from the same records in a local file (the Hub split was
+    cut to N first: N - V pairs trained, validation drawn from the first N only)."""
+    records = [{"translation": {"en": f"{s} {i}", "de": s.upper()}} for i, s in enumerate(SENTENCES * 4)]
+    text = "".join(json.dumps(r) + "\n" for r in records)
+    write(tmp_path / "hub" / "train.jsonl", text)
+    local = write(tmp_path / "local.jsonl", text)
+    flags = ["--validation_size", "3", "--max_train_samples", "5", "--output_dir", str(tmp_path / "o")]
+    flags += ["--cache_dir", str(tmp_path / "cache")]
+    hub = train.load_text_datasets(train.parse_arguments(["--dataset_name", str(tmp_path / "hub"), *flags])[1], seed=0)
+    files = train.load_text_datasets(train.parse_arguments(["--train_file", str(local), *flags])[1], seed=0)
+    for role, count in (("train", 5), ("validation", 3)):
+        assert len(hub[role]) == count and hub[role]["source"] == files[role]["source"], role
+
+
 def test_bom_and_crlf_are_read_as_the_text(tmp_path):
     """Correct result: the byte-order mark and the carriage returns are not part of any sentence."""
     path = write(

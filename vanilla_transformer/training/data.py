@@ -694,7 +694,9 @@ def load_text_datasets(args, seed: int) -> dict:
         raise ValueError("Give training data as files or as --dataset_name, not both.")
     datasets = dict(local)
     if args.dataset_name:
-        sliced = args.max_train_samples and "[" not in args.train_split  # a split already sliced: cut after reading
+        # the first N only, unless the split is sliced already (cut after reading) or --validation_size holds
+        # pairs out of the whole split first, as it does out of local files
+        sliced = args.max_train_samples and "[" not in args.train_split and not args.validation_size
         train_split = args.train_split + (f"[:{args.max_train_samples}]" if sliced else "")
         datasets["train"] = _hub_split(args, train_split)  # read only what is asked for
         for role, split in (("validation", args.validation_split), ("test", args.test_split)):
