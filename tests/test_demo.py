@@ -54,9 +54,9 @@ def test_demo_trains_on_the_users_files_when_given(tmp_path, capsys):
             "5",
             "--warmup-steps",
             "2",
-            "--train_source_file",
+            "--train-source-file",  # either spelling, as train takes it
             str(source),
-            "--train_target_file",
+            "--train-target-file",
             str(target),
             "--validation_source_file",
             str(source),

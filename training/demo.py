@@ -117,7 +117,8 @@ def report(model, tokenizer, pairs, exact_match: bool) -> None:
 def main(argv=None) -> None:
     started = time.time()
     args, extra = parse_args(argv)
-    user_data = any(flag in extra or any(a.startswith(flag + "=") for a in extra) for flag in USER_DATA_FLAGS)
+    given = {a.split("=", 1)[0].replace("-", "_").replace("__", "--", 1) for a in extra if a.startswith("--")}
+    user_data = bool(given & set(USER_DATA_FLAGS))  # either spelling: --train-source-file as --train_source_file
     if user_data:
         data_flags, test_pairs = [], None
     else:
