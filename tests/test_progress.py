@@ -43,6 +43,31 @@ def test_a_budget_in_minutes_shows_minutes_updates_loss_and_target_tokens_per_se
     bar.on_train_end(None, state, control)
 
 
+def test_a_resumed_run_shows_the_minutes_of_the_budget_trained_before(monkeypatch, capsys):
+    """Preempted at minute 20 of 25, resumed: the budget (`WallClock`) stops 5 minutes later, and the bar
+    goes on from 20, not from 0 (it would stop at 5.0/25)."""
+    now = [100.0]
+    monkeypatch.setattr(progress.time, "monotonic", lambda: now[0])
+    bar = TimeBudgetProgress(max_minutes=25, counter=TargetTokens(), minutes_before=lambda: 20.0)
+    state, control = TrainerState(max_steps=1_000_000), TrainerControl()
+    state.is_world_process_zero = True
+    bar.on_train_begin(None, state, control)
+    now[0] += 90.0
+    bar.on_step_end(None, state, control)
+    bar.training_bar.refresh()
+    assert "21.5/25 min" in capsys.readouterr().err.splitlines()[-1].split("\r")[-1]
+    bar.on_train_end(None, state, control)
+
+
+def test_the_bar_reads_the_minutes_the_wall_clock_restored(data_dir, tmp_path):
+    arguments = tiny_args(data_dir, tmp_path, "--max_steps", "1000000", "--max_train_minutes", "25")
+    arguments[arguments.index("--disable_tqdm") + 1] = "false"
+    trainer = train.build_trainer(*train.parse_arguments(arguments)).trainer
+    bar = next(c for c in trainer.callback_handler.callbacks if isinstance(c, TimeBudgetProgress))
+    trainer.wall_clock.trained_before = 1200.0  # as WallClock.on_train_begin sets it from a checkpoint
+    assert bar.minutes_before() == 20.0
+
+
 def test_the_end_of_training_reports_the_sentences_and_target_tokens_trained_on(data_dir, tmp_path):
     """One epoch of token batches: every training pair once, so the counts are the data set's own."""
     prepared = train.build_trainer(

@@ -10,6 +10,7 @@ unknown (the Multi30k recipe sets ``max_steps`` 1,000,000 as a mere bound) and i
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 from tqdm.auto import tqdm
@@ -56,16 +57,23 @@ class TimeBudgetProgress(ProgressCallback):
     """The training bar of a run with a budget in minutes: minutes done out of the budget, updates, the last
     logged loss and target tokens per second (this process's count times the number of processes)."""
 
-    def __init__(self, max_minutes: float, counter: TargetTokens, processes: int = 1):
+    def __init__(
+        self, max_minutes: float, counter: TargetTokens, processes: int = 1, minutes_before: Callable[[], float] = None
+    ):
+        """``minutes_before``: read when training begins, the minutes of the budget a resumed run trained before
+        (`WallClock`'s, which runs first): the bar goes on from there, as the budget does."""
         super().__init__()
         self.max_minutes, self.counter, self.processes = max_minutes, counter, processes
+        self.minutes_before = minutes_before or (lambda: 0.0)
         self.loss = None
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.current_step, self.start, self.refreshed = 0, time.monotonic(), 0.0
         self.start_tokens = self.counter.local()
+        self.before = min(self.minutes_before(), self.max_minutes)
         if state.is_world_process_zero:
             self.training_bar = tqdm(
+                initial=self.before,
                 total=self.max_minutes,
                 unit="min",
                 dynamic_ncols=True,
@@ -83,7 +91,7 @@ class TimeBudgetProgress(ProgressCallback):
         if self.loss is not None:
             postfix["loss"] = f"{self.loss:.3f}"
         self.training_bar.set_postfix(postfix, refresh=False)
-        self.training_bar.update(min(elapsed / 60, self.max_minutes) - self.training_bar.n)
+        self.training_bar.update(min(self.before + elapsed / 60, self.max_minutes) - self.training_bar.n)
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:

@@ -307,7 +307,12 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         if self.args.max_train_minutes and not self.args.disable_tqdm:  # a bar in minutes, not in max_steps
             self.remove_callback(ProgressCallback)
             self.add_callback(
-                TimeBudgetProgress(self.args.max_train_minutes, self.target_tokens, self.accelerator.num_processes)
+                TimeBudgetProgress(
+                    self.args.max_train_minutes,
+                    self.target_tokens,
+                    self.accelerator.num_processes,
+                    minutes_before=lambda: self.wall_clock.trained_before / 60,
+                )
             )
         if self.args.device.type == "cpu":  # pinned memory only helps a copy to an accelerator (torch warns)
             self.args.dataloader_pin_memory = False
