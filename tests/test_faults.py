@@ -418,6 +418,19 @@ def test_the_best_checkpoint_is_recorded_by_its_final_name_before_it_is_publishe
     assert saved["best_model_checkpoint"] == trainer.state.best_model_checkpoint
 
 
+def test_resuming_an_earlier_checkpoint_than_the_latest_is_refused_naming_the_later_ones(data_dir, tmp_path):
+    """The later checkpoints of the abandoned run would sit beside the new run's: `last` would resume from them
+    and averaging would mix the runs. Refused before the data is read; once they are moved away, it resumes."""
+    output = tmp_path / "run"
+    build(data_dir, output, "--max_steps", "4", "--save_steps", "2").trainer.train()
+    assert {folder.name for folder in output.glob("checkpoint-*")} == {"checkpoint-2", "checkpoint-4"}
+    earlier = ["--max_steps", "6", "--save_steps", "2", "--resume_from_checkpoint", str(output / "checkpoint-2")]
+    with pytest.raises(ValueError, match=r"also holds later checkpoints \(checkpoint-4\) of the run it goes back on"):
+        build(data_dir, output, *earlier)
+    (output / "checkpoint-4").rename(tmp_path / "set-aside")
+    assert build(data_dir, output, *earlier).resume == output / "checkpoint-2"
+
+
 def test_trainer_writes_no_checkpoint_folder_before_it_is_complete(four_steps):
     """While the Trainer writes, only the temporary folder exists; checkpoint-<step> appears by one rename."""
     output, seen = four_steps

@@ -139,6 +139,27 @@ def last_complete_checkpoint(root: str | os.PathLike) -> Path | None:
     return None
 
 
+def check_nothing_later(checkpoint: Path, output_dir: str | os.PathLike, what: str) -> None:
+    """Resuming from an earlier checkpoint of ``output_dir`` than its latest would leave the later ones of the
+    abandoned run beside the new run's: ``last`` would resume from them, and averaging the last N would mix
+    the two runs. Refused, naming them, before any data is read."""
+    match = CHECKPOINT_NAME.fullmatch(checkpoint.name)
+    if match is None or Path(output_dir).resolve() != checkpoint.resolve().parent:
+        return
+    later = [
+        folder
+        for folder in checkpoint_folders(output_dir)
+        if int(CHECKPOINT_NAME.fullmatch(folder.name)[1]) > int(match[1])
+    ]
+    if later:
+        raise ValueError(
+            f"{what} {checkpoint}: {output_dir} also holds later checkpoints ({', '.join(f.name for f in later)}) "
+            f"of the run it goes back on; the new run's checkpoints would be mixed with them ({RESUME_HINT} and "
+            "--average_checkpoints take the highest steps). Move them out of the folder first, or resume from "
+            "the latest."
+        )
+
+
 def resolve_checkpoint(
     resume_from_checkpoint, output_dir: str | os.PathLike, what: str = "resume_from_checkpoint"
 ) -> Path | None:
@@ -147,7 +168,9 @@ def resolve_checkpoint(
     if resume_from_checkpoint is None or resume_from_checkpoint is False:
         return None
     if resume_from_checkpoint is not True:
-        return check_resumable(resume_from_checkpoint, what)
+        checkpoint = check_resumable(resume_from_checkpoint, what)
+        check_nothing_later(checkpoint, output_dir, what)
+        return checkpoint
     last = last_complete_checkpoint(output_dir)
     if last is None:
         found = checkpoint_folders(output_dir)
