@@ -254,12 +254,17 @@ def test_preemption_flags_out_of_range_are_refused_before_reading_data(flags, me
     assert message in refused_before_reading(train_argv(*flags))
 
 
-def test_a_signal_during_an_evaluation_in_training_saves_without_finishing_it(data_dir, tmp_path):
+@pytest.mark.parametrize("eval_sets", [1, 2], ids=["one-eval-set", "two-eval-sets"])
+def test_a_signal_during_an_evaluation_in_training_saves_without_finishing_it(data_dir, tmp_path, eval_sets):
     """SIGTERM while training evaluates: the evaluation ends at its next batch (not after the whole validation set,
-    past the grace budget), the update it followed is saved, and training stops there, resumable."""
+    past the grace budget), the update it followed is saved, and training stops there, resumable. The save is a
+    point to resume from only (rotation and averaging leave it out), with several evaluation sets too (the
+    Trainer evaluates each in turn, and each stops)."""
     extra = ["--validation_size", "20", "--do_train", "true", "--do_eval", "true", "--eval_strategy", "steps"]
     extra += ["--eval_steps", "2", "--per_device_eval_batch_size", "4"]
     trainer = build(data_dir, tmp_path / "run", *extra).trainer
+    if eval_sets == 2:
+        trainer.eval_dataset = {"first": trainer.eval_dataset, "second": trainer.eval_dataset}
     calls, generate = [], trainer.model.generate
 
     def generate_and_signal(*args, **kwargs):
@@ -274,3 +279,4 @@ def test_a_signal_during_an_evaluation_in_training_saves_without_finishing_it(da
     assert calls == [2]  # one batch of the five, then the evaluation ended
     assert interrupted.value.checkpoint == tmp_path / "run" / "checkpoint-2" and trainer.state.global_step == 2
     check_resumable(interrupted.value.checkpoint)
+    assert (interrupted.value.checkpoint / RESUME_POINT_NAME).is_file()

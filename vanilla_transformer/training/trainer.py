@@ -498,7 +498,8 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         try:
             return super().evaluate(*args, **kwargs)
         except EvaluationInterrupted:
-            self.resume_point_only = not self.control.should_save  # not a save the run makes anyway
+            if not self.control.should_save:  # not a save the run makes anyway (the first of several eval sets
+                self.resume_point_only = True  # asks for it; the next ones find it asked, and leave it so)
             self.control.should_save = True
             logger.warning(
                 f"evaluation at update {self.state.global_step} stopped by the signal: saving, then stopping"
