@@ -613,3 +613,25 @@ def test_pad_to_bucket_pads_each_side_to_its_bucket_and_refuses_what_it_cannot_p
     assert batch["labels"][:, 3:].eq(-100).all() and batch["labels"][:, :3].eq(7).all()
     with pytest.raises(ValueError, match="does not know how to pad the collated 'token_type_ids'"):
         PadToBucket(lambda features: {"token_type_ids": torch.zeros(2, 3)}, 0, 100)(None)
+
+
+def ctrl_tokenizer(folder: Path, vocabulary: dict[str, int]):
+    """A Python (slow) BPE tokenizer, as MarianTokenizer is, from a vocabulary and merges of our own."""
+    from transformers import CTRLTokenizer
+
+    folder.mkdir()
+    (folder / "vocab.json").write_text(json.dumps(vocabulary))
+    (folder / "merges.txt").write_text("#version: 0.2\na b</w>\n")
+    return CTRLTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+
+
+def test_a_slow_tokenizer_with_other_ids_for_the_same_tokens_gets_another_cache_key(tmp_path):
+    """A slow tokenizer's repr names its path, size and special tokens, not its vocabulary: replacing its files
+    by others of the same size must not reuse the token ids cached for the old ones."""
+    tokens = ["<unk>", "a", "b", "ab", "a@@", "b@@"]
+    one = ctrl_tokenizer(tmp_path / "one", {token: i for i, token in enumerate(tokens)})
+    swapped = ctrl_tokenizer(tmp_path / "two", {token: i for i, token in enumerate([*tokens[:3], *tokens[:2:-1]])})
+    assert one("ab a").input_ids == [3, 1] and swapped("ab a").input_ids == [5, 1] and len(one) == len(swapped)
+    assert data.tokenizer_fingerprint(one) != data.tokenizer_fingerprint(swapped)
+    again = ctrl_tokenizer(tmp_path / "again", {token: i for i, token in enumerate(tokens)})
+    assert data.tokenizer_fingerprint(one) == data.tokenizer_fingerprint(again)  # the same files, the same key

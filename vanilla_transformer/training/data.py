@@ -386,10 +386,24 @@ def tokenizer_fingerprint(tokenizer) -> str:
     """What decides the token ids: the tokenizer's full definition and the settings its call uses."""
     from datasets.fingerprint import Hasher
 
-    backend = tokenizer.backend_tokenizer.to_str() if getattr(tokenizer, "is_fast", False) else repr(tokenizer)
+    backend = (
+        tokenizer.backend_tokenizer.to_str() if getattr(tokenizer, "is_fast", False) else _slow_definition(tokenizer)
+    )
     return Hasher.hash(
         [type(tokenizer).__name__, backend, tokenizer.all_special_ids, getattr(tokenizer, "split_special_tokens", None)]
     )
+
+
+def _slow_definition(tokenizer) -> list:
+    """A Python tokenizer's (MarianTokenizer's sentencepiece models, a BPE's vocabulary and merges) ids live in
+    its vocabulary files, which its repr does not show: the files as it saves them, byte for byte."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        tokenizer.save_pretrained(folder)
+        names = set(getattr(tokenizer, "vocab_files_names", {}).values())
+        files = [(path.name, path.read_bytes()) for path in sorted(Path(folder).iterdir()) if path.name in names]
+    return [repr(tokenizer), files]
 
 
 def tokenize_dataset(dataset, tokenizer, num_proc: int | None = None, desc: str = "tokenizing"):
