@@ -69,12 +69,25 @@ class RepoStore:
     def exists(self, repo_id: str) -> bool:
         return (self._repo_dir(repo_id) / "refs.json").is_file()
 
-    def create(self, repo_id: str) -> None:
+    def create(self, repo_id: str, private: bool = False) -> None:
         with self.lock:
             if self.exists(repo_id):
                 raise HubError(HTTPStatus.CONFLICT, "You already created this model repo")
             self._repo_dir(repo_id).mkdir(parents=True)
+            (self._repo_dir(repo_id) / "private.json").write_text(json.dumps(bool(private)))
             self._write_commit(repo_id, None, {".gitattributes": GITATTRIBUTES}, "initial commit")
+
+    def is_private(self, repo_id: str) -> bool:
+        return json.loads((self._repo_dir(repo_id) / "private.json").read_text())
+
+    def create_branch(self, repo_id: str, branch: str, starting_point: str = "main") -> None:
+        """A new branch at the commit ``starting_point`` names; 409 if it exists, as the Hub answers."""
+        with self.lock:
+            refs = json.loads((self._repo_dir(repo_id) / "refs.json").read_text())
+            if branch in refs:
+                raise HubError(HTTPStatus.CONFLICT, f"Reference already exists: refs/heads/{branch}")
+            refs[branch] = refs[starting_point] if starting_point in refs else starting_point
+            (self._repo_dir(repo_id) / "refs.json").write_text(json.dumps(refs))
 
     def resolve(self, repo_id: str, revision: str) -> str:
         """The commit sha of a branch name or of a (full) sha."""
@@ -143,6 +156,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         ("POST", rf"/api/models/{REPO}/preupload/{REVISION}", "preupload"),
         ("POST", rf"/api/models/{REPO}/commit/{REVISION}", "commit"),
         ("GET", rf"/api/models/{REPO}(?:/revision/{REVISION})?", "repo_info"),
+        ("POST", rf"/api/models/{REPO}/branch/(?P<branch>[^/]+)", "create_branch"),
         ("GET", rf"/api/models/{REPO}/tree/{REVISION}(?:/(?P<path>.+))?", "tree"),
         ("HEAD", rf"/{REPO}/resolve/{REVISION}/(?P<path>.+)", "resolve"),
         ("GET", rf"/{REPO}/resolve/{REVISION}/(?P<path>.+)", "resolve"),
@@ -257,7 +271,8 @@ class HubRequestHandler(BaseHTTPRequestHandler):
         repo_id = f"{payload.get('organization') or USER}/{payload['name']}"
         url = f"{self._endpoint()}/{repo_id}"
         try:
-            self.server.store.create(repo_id)
+            private = payload.get("visibility", "private" if payload.get("private") else "public") == "private"
+            self.server.store.create(repo_id, private=private)  # "visibility" since huggingface_hub 1.x, else "private"
         except HubError as error:
             self._send_json({"error": str(error), "url": url}, error.status)
             return
@@ -333,7 +348,7 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 "modelId": repo,
                 "author": repo.split("/")[0],
                 "sha": sha,
-                "private": False,
+                "private": self.server.store.is_private(repo),
                 "disabled": False,
                 "gated": False,
                 "downloads": 0,
@@ -342,6 +357,11 @@ class HubRequestHandler(BaseHTTPRequestHandler):
                 "siblings": [{"rfilename": path} for path in self.server.store.files(repo, sha)],
             }
         )
+
+    def create_branch(self, repo: str, branch: str):
+        self._require_token()
+        self.server.store.create_branch(repo, branch, self._json_body().get("startingPoint") or "main")
+        self._send_json({})
 
     def tree(self, repo: str, revision: str, path: str = ""):
         sha = self.server.store.resolve(repo, revision)

@@ -5,6 +5,7 @@ the repository ever had (what any reader could have seen), and the bytes of the 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -115,3 +116,41 @@ def test_a_republish_in_shards_deletes_the_old_single_file_in_the_same_commit(hu
     head = hub.store.root / REPO_ID / "commits" / hub.store.resolve(REPO_ID, "main")
     loaded = AutoModelForSeq2SeqLM.from_pretrained(head)  # what a reader of the repository loads
     assert all(torch.equal(loaded.state_dict()[name], value) for name, value in model.state_dict().items())
+
+
+def test_private_never_publishes_into_a_public_repo_and_a_new_branch_is_created(hub, run_folder, tmp_path):
+    """create_repo(exist_ok=True) leaves an existing repo as it is: --private on a public one is refused before
+    any upload (it would have published the model publicly). --revision names a branch, created from main
+    when new (a commit goes to existing branches only); main keeps its own commits."""
+    script = (
+        "import json, sys\n"
+        "from vanilla_transformer.publish import publish\n"
+        "folder, repo, changed, results = sys.argv[1], sys.argv[2], sys.argv[3], {}\n"
+        "publish(folder, repo)\n"
+        "try:\n"
+        "    publish(folder, repo, private=True)\n"
+        "except ValueError as error:\n"
+        "    results['private'] = str(error)\n"
+        "publish(changed, repo, revision='v2')\n"
+        "publish(folder, repo + '-private', private=True)\n"
+        "print(json.dumps(results))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HF_", "HUGGINGFACE_"))}
+    env.update(client_environment(hub, tmp_path / "home"), PYTHONPATH=str(REPO))
+    changed = shutil.copytree(run_folder, tmp_path / "changed")
+    (changed / "README.md").write_text((changed / "README.md").read_text() + "\nA second version.\n")
+    completed = subprocess.run(
+        [sys.executable, "-c", script, str(run_folder), REPO_ID, str(changed)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    message = json.loads(completed.stdout.splitlines()[-1])["private"]
+    assert message.startswith(f"--private: {REPO_ID} exists and is public, and publishing does not change that")
+    assert [paths for _, paths in hub.commits(REPO_ID)][1:] == [["README.md"]]  # none after the refusal; then v2's
+    on_main, on_v2 = hub.files(REPO_ID), hub.files(REPO_ID, "v2")
+    assert on_main["README.md"] == (run_folder / "README.md").read_bytes()  # main as it was
+    assert on_v2["README.md"].endswith(b"A second version.\n") and set(on_v2) == set(on_main)
+    assert hub.store.is_private(REPO_ID + "-private") and not hub.store.is_private(REPO_ID)

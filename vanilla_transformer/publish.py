@@ -145,6 +145,13 @@ def publish(
     for attempt in range(retries + 1):
         try:
             api.create_repo(repo_id, private=private, exist_ok=True)
+            if private and not api.repo_info(repo_id).private:  # create_repo leaves an existing repo as it is
+                raise ValueError(
+                    f"--private: {repo_id} exists and is public, and publishing does not change that; make it "
+                    "private in its settings on the Hub first, or leave --private out to publish it publicly."
+                )
+            if revision is not None:  # a commit goes to an existing branch only: create it from main
+                api.create_branch(repo_id, branch=revision, exist_ok=True)
             stale = stale_weights(api.list_repo_files(repo_id, revision=revision), contents)
             commit = api.create_commit(  # new operations each time: a commit marks its own as used
                 repo_id,
@@ -213,7 +220,7 @@ def build_parser(prog: str = "vanilla-transformer publish") -> argparse.Argument
     parser.add_argument("model_dir", help="a model folder: a training run's --output_dir, or save_pretrained's")
     parser.add_argument("--repo-id", required=True, help="the Hub repository, e.g. you/transformer-en-de")
     parser.add_argument("--private", action="store_true", help="create the repository private")
-    parser.add_argument("--revision", help="the branch to commit to (default: main)")
+    parser.add_argument("--revision", help="the branch to commit to, created from main if new (default: main)")
     parser.add_argument("--commit-message", default="Upload model", help="the commit's message")
     parser.add_argument("--dry-run", action="store_true", help="list the files that would be uploaded, upload nothing")
     parser.add_argument(
