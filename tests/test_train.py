@@ -919,6 +919,37 @@ def test_metrics_report_the_share_of_hypotheses_cut_off_by_the_length_limit():
     assert result["unfinished_percent"] == 50.0
 
 
+def test_validation_scores_are_against_the_references_as_written():
+    """The labels decode to the tokenizer's normalised text (NFKC: "…" as "...", a no-break space as a space);
+    given the references as written, a hypothesis equal to one scores against it, as predict's test set does.
+    References that are not these labels' text (another set, pairs dropped) are not used."""
+    import numpy as np
+    import sacrebleu
+    from transformers import EvalPrediction
+
+    from vanilla_transformer import train_tokenizer
+    from vanilla_transformer.training import TranslationMetrics
+
+    written = ["Er sagt\u00a0… eine ½ Stunde.", "Gut… sehr gut."]
+    tokenizer = train_tokenizer(iter(written * 5), vocab_size=300)
+    labels = tokenizer(text_target=written)["input_ids"]
+    width = max(map(len, labels)) + 1
+    label_ids = np.array([row + [-100] * (width - len(row)) for row in labels])
+    assert tokenizer.batch_decode(labels, skip_special_tokens=True) != written  # normalised
+    predictions = np.array(
+        [[tokenizer.bos_token_id] + row + [tokenizer.pad_token_id] * (width - len(row)) for row in labels]
+    )
+    prediction = EvalPrediction(predictions=predictions, label_ids=label_ids)
+    hypotheses = tokenizer.batch_decode(predictions, skip_special_tokens=True)
+    as_written = TranslationMetrics(tokenizer, written)(prediction)["bleu"]
+    assert as_written == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [written]).score) and as_written < 100
+    decoded = tokenizer.batch_decode(labels, skip_special_tokens=True)
+    for other in (written[::-1], written[:1], None):  # not these labels' text: the labels decoded
+        assert TranslationMetrics(tokenizer, other)(prediction)["bleu"] == pytest.approx(
+            sacrebleu.corpus_bleu(hypotheses, [decoded]).score
+        )
+
+
 def test_attention_implementation_flag_reaches_a_new_model(data_dir, tmp_path):
     trainer = build(data_dir, tmp_path, "--attn_implementation", "eager").trainer
     assert trainer.model.config._attn_implementation == "eager"

@@ -52,11 +52,26 @@ class TranslationMetrics:
     model looping; MarianMT's default ``forced_eos_token_id`` would hide such loops).
 
     Keeps the signatures of the last evaluation (``self.signatures``) for the model card.
+
+    ``references``: the evaluation set's target sentences as written, in its order. The hypotheses are scored
+    against them, as `score` scores a test set, where each still tokenizes to its row's labels; otherwise
+    (pairs dropped, another evaluation set) against the labels decoded, the text as the tokenizer normalises
+    it (NFKC: "…" as "...", a no-break space as a space), which sacreBLEU scores slightly differently.
     """
 
-    def __init__(self, tokenizer, **options):
+    def __init__(self, tokenizer, references: Sequence[str] | None = None, **options):
         self.tokenizer, self.options = tokenizer, options
+        self.references = None if references is None else list(references)
         self.signatures: dict[str, str] = {}
+
+    def _as_written(self, label_ids: np.ndarray) -> list[str] | None:
+        """`references` where they are the text of these labels (each tokenizes to its row), else None."""
+        if self.references is None or len(self.references) != len(label_ids):
+            return None
+        rows = [[int(token) for token in row if token >= 0] for row in label_ids]
+        if self.tokenizer(text_target=self.references, truncation=False)["input_ids"] != rows:
+            return None
+        return self.references
 
     def __call__(self, prediction) -> dict:
         if isinstance(prediction.predictions, tuple) or prediction.predictions.dtype.kind == "f":
@@ -68,7 +83,9 @@ class TranslationMetrics:
         predictions = np.where(prediction.predictions < 0, pad, prediction.predictions)
         labels = np.where(prediction.label_ids < 0, pad, prediction.label_ids)
         hypotheses = self.tokenizer.batch_decode(predictions, skip_special_tokens=True)
-        references = self.tokenizer.batch_decode(labels, skip_special_tokens=True)
+        references = self._as_written(prediction.label_ids) or self.tokenizer.batch_decode(
+            labels, skip_special_tokens=True
+        )
         result = score(hypotheses, references, **self.options)
         self.signatures = {kind: result.pop(f"{kind}_signature") for kind in ("bleu", "chrf")}
         # Generated tokens per sentence, counted as run_translation.py does: everything but padding.

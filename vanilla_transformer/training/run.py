@@ -238,7 +238,7 @@ def build_trainer(model_args, data_args, training_args) -> Run:
         data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
         processing_class=tokenizer,
         compute_metrics=(
-            TranslationMetrics(tokenizer, tokenize=data_args.sacrebleu_tokenize)
+            TranslationMetrics(tokenizer, text["validation"]["target"], tokenize=data_args.sacrebleu_tokenize)
             if datasets["validation"] is not None and training_args.predict_with_generate
             else None
         ),
