@@ -913,6 +913,8 @@ def run_flags(args) -> list[str]:
     return [
         "--save_strategy",
         "no",
+        "--save_minutes",  # the recipe's timed checkpoints off too: a save inside a 1-minute run is not training
+        "0",
         "--report_to",
         "none",
         "--disable_tqdm",
@@ -1539,6 +1541,8 @@ ESTIMATE_SECONDS = {
     "levers": 60,  # a lever row stops itself at its share of the budget: 60 s is enough for the plain step and a lever
 }
 SIZE = {"big": 1.0, "base": 0.6, "multi30k": 0.4}
+RUNAWAY_FACTOR = 3  # a measurement (but the levers', which keep to their share, and the last) stops at 3x its estimate
+RUNAWAY_MIN_SECONDS = 60.0  # ... or after a minute, where that is more
 
 
 def estimate_seconds(what: str, preset: str, mode: str, args) -> float:
@@ -1565,11 +1569,15 @@ def out_of_time(error: BaseException | None) -> OutOfTime | None:
     return None
 
 
+REPEAT_SECONDS = 5.0  # a time limit's alarm comes again this often until its measurement stops
+
+
 @contextmanager
 def time_limit(seconds: float):
     """Raise `OutOfTime` in the measurement once ``seconds`` have passed (SIGALRM: Python code, compilation
-    included, stops at its next bytecode; a running kernel first finishes). No limit where infinite or
-    where no alarm can be set (another thread, Windows)."""
+    included, stops at its next bytecode; a running kernel first finishes), and again every `REPEAT_SECONDS`
+    after, should code that catches every exception swallow one. No limit where infinite or where no alarm
+    can be set (another thread, Windows)."""
     if (
         not math.isfinite(seconds)
         or not hasattr(signal, "setitimer")
@@ -1583,14 +1591,15 @@ def time_limit(seconds: float):
 
     outer, started = signal.getitimer(signal.ITIMER_REAL)[0], time.perf_counter()  # an enclosing limit's time
     previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, max(min(seconds, outer or math.inf), 0.001))
+    signal.setitimer(signal.ITIMER_REAL, max(min(seconds, outer or math.inf), 0.001), REPEAT_SECONDS)
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
         if outer:
-            signal.setitimer(signal.ITIMER_REAL, max(outer - (time.perf_counter() - started), 0.001))
+            left = max(outer - (time.perf_counter() - started), 0.001)
+            signal.setitimer(signal.ITIMER_REAL, left, REPEAT_SECONDS)
 
 
 def jobs_of(args) -> list[tuple[str, str, str]]:
@@ -1667,6 +1676,8 @@ def main(argv=None) -> list[dict]:
             }
         else:
             job_started = time.perf_counter()
+            if what != "levers" and number < len(jobs) - 1:  # a job far past its estimate leaves the rest their time
+                left = min(left, max(RUNAWAY_FACTOR * estimate, RUNAWAY_MIN_SECONDS))
             try:
                 with time_limit(left):
                     result = MEASURES[what](preset, mode, args, left)

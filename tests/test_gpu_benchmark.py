@@ -389,6 +389,51 @@ def test_a_measurement_past_the_budget_is_stopped():
     assert time.perf_counter() - started < 5
 
 
+def test_a_measurement_that_swallows_the_first_stop_is_stopped_by_the_next(monkeypatch):
+    """Code that catches every exception (a library's retry loop) may swallow the first `OutOfTime`: the alarm
+    comes again, so the limit still holds."""
+    import time
+
+    monkeypatch.setattr(gpu, "REPEAT_SECONDS", 0.2)
+    started, swallowed = time.perf_counter(), []
+    with pytest.raises(gpu.OutOfTime):
+        with gpu.time_limit(0.2):
+            while time.perf_counter() - started < 30:
+                try:
+                    while time.perf_counter() - started < 30:
+                        pass
+                except Exception as error:  # the first stop, swallowed
+                    if swallowed:
+                        raise
+                    swallowed.append(error)
+    assert len(swallowed) == 1 and time.perf_counter() - started < 5
+
+
+def test_a_measurement_far_past_its_estimate_leaves_the_next_ones_their_time(tmp_path, monkeypatch):
+    """A job that runs away (a first pass over shapes far slower than thought) stops at 3x its estimate (or
+    a minute), not at the end of the whole budget: the jobs after it still run."""
+    import time
+
+    def runs_away(preset, mode, args, limit):
+        while True:
+            time.sleep(0.01)
+
+    monkeypatch.setattr(gpu, "RUNAWAY_MIN_SECONDS", 0.3)
+    monkeypatch.setitem(gpu.ESTIMATE_SECONDS, "training", 0.05)  # 3x: 0.03 s, so the floor of 0.3 s stops it
+    monkeypatch.setitem(gpu.MEASURES, "training", runs_away)
+    monkeypatch.setitem(
+        gpu.MEASURES, "decoding", lambda preset, mode, args, limit: {"what": "decoding", "skipped": "ran after it"}
+    )
+    started = time.perf_counter()
+    argv = ["--no-recipe", "--no-eval", "--no-loop", "--no-train-run", "--device", "cpu", "--presets", "tiny"]
+    argv += ["--modes", "eager", "--budget-minutes", "1", "--output", str(tmp_path / "gpu.json")]
+    results = gpu.main(argv)
+    rows = {row["what"]: row for row in results[1:]}
+    assert rows["training"]["skipped"].startswith("stopped after 0 s"), rows
+    assert rows["decoding"]["skipped"] == "ran after it"
+    assert time.perf_counter() - started < 20
+
+
 def test_levers_run_end_to_end_on_the_cpu(tmp_path):
     """``--levers --device cpu --presets tiny``: a row for every lever of `LEVERS` after the plain step's, each
     measured, refused in one line naming its flag (CUDA or FP8 only), or skipped for the budget."""

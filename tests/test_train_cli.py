@@ -301,6 +301,21 @@ def test_schedule_flags_eq_3_cannot_take_are_refused_before_the_data_is_read(
         run.main([*argv, "--use_cpu", *flags])
 
 
+def test_save_minutes_0_turns_off_a_recipes_timed_checkpoints(data_dir, tmp_path):
+    """The multi30k recipe saves every minute; --save_minutes 0 turns that off from the command line (a YAML null
+    cannot be typed there), and a negative value is refused."""
+    from vanilla_transformer.training.trainer import WallClock
+
+    argv = ["multi30k", "--dataset_name", "none", *files(data_dir, "train"), "--output_dir", str(tmp_path), "--use_cpu"]
+    argv += ["--max_steps", "3", "--max_train_minutes", "5", "--do_eval", "false", "--do_predict", "false"]
+    assert run.parse_arguments(argv)[2].save_minutes == 1  # the recipe's
+    trainer = run.build_trainer(*run.parse_arguments([*argv, "--save_minutes", "0"])).trainer
+    clocks = [callback for callback in trainer.callback_handler.callbacks if isinstance(callback, WallClock)]
+    assert len(clocks) == 1 and clocks[0].save_seconds is None and clocks[0].max_minutes == 5
+    with pytest.raises(ValueError, match="--save_minutes must be positive, or 0 for no timed checkpoints; got -1"):
+        run.build_trainer(*run.parse_arguments([*argv, "--save_minutes", "-1"]))
+
+
 def test_a_run_shorter_than_its_warm_up_is_warned_about(data_dir, tmp_path, caplog):
     prepared = run.build_trainer(
         *run.parse_arguments(tiny_args(data_dir, tmp_path, "--warmup_steps", "100", "--max_tokens", "300"))

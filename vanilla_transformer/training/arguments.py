@@ -98,7 +98,10 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         },
     )
     save_minutes: float | None = field(
-        default=None, metadata={"help": "also save a checkpoint every this many minutes (§6.1: every 10 minutes)"}
+        default=None,
+        metadata={
+            "help": "also save a checkpoint every this many minutes (§6.1: every 10 minutes); 0: none (a recipe's)"
+        },
     )
     max_train_minutes: float | None = field(
         default=None, metadata={"help": "stop training after this many minutes (or max_steps, whichever comes first)"}
@@ -253,10 +256,11 @@ def check_argument_ranges(args: TransformerTrainingArguments) -> None:
             raise ValueError(
                 f"--{name} must be in [0, 1), got {value} (the paper: label smoothing 0.1, Adam betas 0.9 and 0.98)."
             )
+    if args.save_minutes is not None and args.save_minutes < 0:
+        raise ValueError(f"--save_minutes must be positive, or 0 for no timed checkpoints; got {args.save_minutes}.")
     for name in (
         "learning_rate",
         "lr_scale",
-        "save_minutes",
         "max_train_minutes",
         "cooldown_minutes",
         "preemption_grace_seconds",
