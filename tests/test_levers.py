@@ -2,6 +2,8 @@
 against the plain step; those that need CUDA refused elsewhere in one line, and checked by the tests
 marked ``gpu`` (`make test-gpu`) where a GPU is at hand."""
 
+import sys
+
 import pytest
 import torch
 
@@ -409,3 +411,23 @@ def test_training_loss_takes_a_compiled_stand_in_for_the_model(fused_loss):
     compiled = torch.compile(model if fused_loss == "none" else model.model, backend="eager", dynamic=False)
     eager = levers.training_loss(model, inputs, labels, None, 0.1, fused_loss)
     torch.testing.assert_close(levers.training_loss(model, inputs, labels, None, 0.1, fused_loss, compiled), eager)
+
+
+def test_a_kernel_library_that_fails_to_import_refuses_its_lever_in_one_line(monkeypatch):
+    """liger-kernel installed for another torch or triton can raise more than ImportError on import; the lever
+    is refused naming the failure, so a benchmark skips its row instead of losing the rest."""
+    import importlib.abc
+
+    class Broken(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name.split(".")[0] == "liger_kernel":
+                raise RuntimeError("triton 3.6.0 is not supported")
+            return None
+
+    for name in [name for name in sys.modules if name.split(".")[0] == "liger_kernel"]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(sys, "meta_path", [Broken(), *sys.meta_path])
+    assert levers.refusal("--fused_loss liger", "cuda") == (
+        "--fused_loss liger: liger-kernel fails to import (RuntimeError: triton 3.6.0 is not supported); use "
+        "--fused_loss chunked."
+    )

@@ -57,6 +57,8 @@ def refusal(flag: str, device: str | torch.device) -> str | None:
             import liger_kernel  # noqa: F401
         except ImportError:
             return f"{flag} needs liger-kernel: {LIGER_INSTALL_HINT}; or use --fused_loss chunked."
+        except Exception as error:  # installed but not importable here (a torch or triton it was not built for)
+            return f"{flag}: liger-kernel fails to import ({type(error).__name__}: {error}); use --fused_loss chunked."
     if flag == "--fp8":
         if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
             name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
@@ -67,6 +69,8 @@ def refusal(flag: str, device: str | torch.device) -> str | None:
             import torchao.float8  # noqa: F401
         except ImportError:
             return f"--fp8 needs torchao: {FP8_INSTALL_HINT}."
+        except Exception as error:  # installed but not importable here (a torch it was not built for)
+            return f"--fp8: torchao fails to import ({type(error).__name__}: {error}); leave --fp8 out."
     return None
 
 
