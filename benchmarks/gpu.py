@@ -13,8 +13,11 @@
 
 Budget: a run keeps to ``--budget-minutes`` (7.5; 0: none). Each measurement has an estimate (`ESTIMATE_SECONDS`);
 one whose estimate does not fit in what is left is skipped and named, and one that runs past the budget is
-stopped (`time_limit`) and named; the rows so far are kept. The run writes two files: ``--output`` (JSON, by
-default gpu-results/gpu.json, with --levers gpu-results/levers.json) and the markdown table beside it.
+stopped (`time_limit`) and named, as is one far past its own estimate (3x, `RUNAWAY_FACTOR`); the rows so far
+are kept. The run writes three files: ``--output`` (JSON, by default gpu-results/gpu.json, with --levers
+gpu-results/levers.json), the markdown table beside it, and ``*.rows.jsonl``, each lever's and recipe variant's row
+as soon as it is measured (a run killed inside a job keeps them). On a lent machine, point ``--output`` where the
+files come back from.
 
 Levers (``--levers``): for each preset (big and the Multi30k shape), each lever of `LEVERS` (train.py's
 ``--compile_layers``, ``--fuse_projections``, ``--fused_loss``, ``--training_attention``, ``--fp8``,
@@ -611,6 +614,7 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
                         "seconds": round(time.perf_counter() - row_started, 1),
                     }
                 )
+                emit_row({"what": "levers", "preset": preset, **rows[-1]})
                 continue
             rows.append(
                 {
@@ -619,7 +623,7 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
                     "seconds": round(time.perf_counter() - row_started, 1),
                 }
             )
-            print(json.dumps(rows[-1]), flush=True)
+            emit_row({"what": "levers", "preset": preset, **rows[-1]})
             continue
         finally:
             trainee = plain = None
@@ -646,7 +650,7 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
         if name == "plain":
             plain_row = row
         rows.append(row)
-        print(json.dumps(row), flush=True)
+        emit_row({"what": "levers", "preset": preset, **row})
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
     return {
@@ -1186,6 +1190,7 @@ def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
                 rows.append(
                     {"variant": name, "flags": flags, **outcome, "seconds": round(time.perf_counter() - row_started, 1)}
                 )
+                emit_row({"what": "recipe", "preset": preset, **rows[-1]})
                 continue
             metrics = json.loads((output / "all_results.json").read_text(encoding="utf-8"))
             updates = json.loads((output / "trainer_state.json").read_text(encoding="utf-8"))["global_step"]
@@ -1205,7 +1210,7 @@ def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
                     "seconds": round(time.perf_counter() - row_started, 1),
                 }
             )
-            print(json.dumps(rows[-1]), flush=True)
+            emit_row({"what": "recipe", "preset": preset, **rows[-1]})
     return {
         "what": "recipe",
         "preset": preset,
@@ -1637,6 +1642,17 @@ def jobs_of(args) -> list[tuple[str, str, str]]:
 
 
 MEASURES = {}  # what -> measure(preset, mode, args), filled below the measurements
+ROWS_FILE: list[Path] = []  # where `emit_row` also appends (set by `main`): rows of a job not yet ended
+
+
+def emit_row(row: dict) -> None:
+    """A lever's or a recipe variant's row as soon as it is measured: printed, and appended to ``*.rows.jsonl``
+    beside the results, so that a run killed in the middle of a job (a device's time limit) keeps its rows."""
+    line = json.dumps(row)
+    print(line, flush=True)
+    for path in ROWS_FILE:
+        with path.open("a", encoding="utf-8") as rows:
+            rows.write(line + "\n")
 
 
 def main(argv=None) -> list[dict]:
@@ -1659,6 +1675,10 @@ def main(argv=None) -> list[dict]:
         torch.backends.cudnn.allow_tf32 = True
     results = [{"what": "machine", **machine(args), "budget_minutes": args.budget_minutes or None}]
     print(json.dumps(results[0]), flush=True)
+    rows_file = Path(args.output).with_suffix(".rows.jsonl")
+    rows_file.parent.mkdir(parents=True, exist_ok=True)
+    rows_file.write_text("", encoding="utf-8")
+    ROWS_FILE[:] = [rows_file]
     jobs = jobs_of(args)
     for number, (what, preset, mode) in enumerate(jobs):
         left = budget - (time.perf_counter() - started)
@@ -1698,7 +1718,7 @@ def main(argv=None) -> list[dict]:
 
 
 def write_results(results: list[dict], output: str) -> None:
-    """The JSON and, beside it, the markdown table (the only two files a run writes)."""
+    """The JSON and, beside it, the markdown table (with ``*.rows.jsonl``, the files a run writes)."""
     path = Path(output)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")

@@ -374,7 +374,7 @@ def test_a_measurement_that_does_not_fit_the_budget_is_named_not_run(tmp_path):
         ]
     )
     assert results[1]["what"] == "training" and results[1]["skipped"].startswith("expected to take")
-    assert len(list(tmp_path.iterdir())) == 2  # the JSON and the markdown table
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["gpu.json", "gpu.md", "gpu.rows.jsonl"]
     assert "training tiny eager | skipped: expected to take" in (tmp_path / "gpu.md").read_text()
 
 
@@ -474,6 +474,11 @@ def test_levers_run_end_to_end_on_the_cpu(tmp_path):
             assert row["loss_after"] == pytest.approx(row["plain_loss_after"], rel=0.02), name
     table = output.with_suffix(".md").read_text()
     assert "| lever | first pass tok/s | steady tok/s | warm-up s |" in table and "| plain |" in table
+    # each measured (or failed) row was also written as it came, for a run killed before the job ends
+    written = [json.loads(line) for line in output.with_suffix(".rows.jsonl").read_text().splitlines()]
+    measured = [row for row in levers["rows"] if "skipped" not in row or "seconds" in row]
+    assert [row["lever"] for row in written] == [row["lever"] for row in measured] and written
+    assert all(row["what"] == "levers" and row["preset"] == "tiny" for row in written)
 
 
 def test_profile_runs_on_the_cpu(tmp_path):
