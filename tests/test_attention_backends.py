@@ -96,6 +96,31 @@ def test_outputs_are_the_same_with_the_chosen_kernels(applied_on_cpu):
     torch.testing.assert_close(chosen, plain, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("training", [True, False], ids=["training", "evaluation"])
+def test_under_torch_compile_training_keeps_the_choice_and_the_rest_is_torchs(training, monkeypatch):
+    """A compiled lever row must differ from the eager step by its compilation alone, so training keeps the
+    table under torch.compile (dynamo records the choice in the graph: test below); evaluation and decoding
+    compiled keep torch's own order, as the compiled static-cache decoding was measured."""
+    module = tiny_model("sdpa").model.encoder.layers[0].self_attention.train(training)
+    on_cuda = types.SimpleNamespace(device=torch.device("cuda"), shape=(1, 3, 64))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    chosen = backends.chosen_backends(module, on_cuda, None)
+    assert chosen == (backends.BACKENDS[True, backends.ENCODER] if training else None)
+
+
+def test_dynamo_records_the_kernel_choice_in_the_graph_without_a_break():
+    """What the above relies on: `sdpa_kernel` (with its priority) traced into the compiled graph, no break."""
+    import torch._dynamo
+
+    def attend(q):
+        with backends.sdpa_kernel(list(backends.BACKENDS[True, backends.ENCODER]), set_priority=True):
+            return torch.nn.functional.scaled_dot_product_attention(q, q, q)
+
+    explained = torch._dynamo.explain(attend)(torch.randn(1, 2, 4, 8))
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    assert "_sdpa_kernel" in explained.graphs[0].code
+
+
 @pytest.mark.parametrize("implementation", ["eager", "sdpa"])
 def test_only_sdpa_calls_on_cuda_tensors_get_a_choice(implementation):
     module = tiny_model(implementation).model.encoder.layers[0].self_attention

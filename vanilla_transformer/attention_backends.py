@@ -17,7 +17,10 @@ together, paid again at every shape it has not seen (pytorch/pytorch#138522, #16
 
 The choice is one table, `BACKENDS`, keyed by (training or not, the use of the attention), so that a
 measurement (``benchmarks/gpu.py`` on a GPU) can change it in one place. It applies only to the
-``sdpa`` attention implementation on CUDA tensors outside ``torch.compile``; eager, flex,
+``sdpa`` attention implementation on CUDA tensors: in training also under ``torch.compile`` (dynamo records
+the choice in the graph, so that a compiled lever, ``--compile_layers`` or ``--cuda_graphs``, differs from
+the eager step by its compilation alone), elsewhere outside it (the compiled static-cache decoding keeps
+torch's own order, as measured on an H100 on 2026-11-27); eager, flex,
 ``output_attentions`` and every CPU call run exactly as before (flex attention on the CPU first checks that
 torch can build its kernel). This file is flat and imports nothing beyond torch and packaging (a dependency of
 transformers), so that it travels with the model as Hub remote code.
@@ -110,7 +113,7 @@ def attention_use(module, hidden_states: torch.Tensor, cache) -> str:
 
 def chosen_backends(module, hidden_states: torch.Tensor, cache) -> tuple[SDPBackend, ...] | None:
     """The backends a call should be limited to, or None where the choice is left to torch (not sdpa, not
-    CUDA, under torch.compile)."""
+    CUDA, under torch.compile but in training)."""
     if not _applies(module, hidden_states):
         return None
     training = module.training and torch.is_grad_enabled()
@@ -118,10 +121,11 @@ def chosen_backends(module, hidden_states: torch.Tensor, cache) -> tuple[SDPBack
 
 
 def _applies(module, hidden_states) -> bool:
+    training = module.training and torch.is_grad_enabled()
     return (
         module.config._attn_implementation == "sdpa"
         and hidden_states.device.type == "cuda"
-        and not torch.compiler.is_compiling()
+        and (training or not torch.compiler.is_compiling())
     )
 
 
