@@ -582,6 +582,7 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
             continue
         row_started = time.perf_counter()
         torch._dynamo.reset()  # each row compiles afresh, whatever an earlier one left (a stopped compilation)
+        counted = compile_counters()
         try:
             with time_limit(min(limit - spent - LEVER_GRACE_SECONDS, LEVER_ROW_SECONDS)):  # the rows so far stay
                 plain = LeverTrainee(copy.deepcopy(template), args)
@@ -646,6 +647,7 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
             "updates": 2 * len(batches),
             "step_peak_gib": memory["lever"],
             "plain_step_peak_gib": memory["plain"],
+            "compile_counters": counted_since(counted),  # the row's compilation: recompiles, breaks, graphs skipped
         }
         if name == "plain":
             plain_row = row
@@ -742,6 +744,7 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
                 compiled_by = "torch.compile(forward, fullgraph=True)"
                 for model in models.values():
                     model.forward = torch.compile(model.forward, fullgraph=True)
+        counted = compile_counters()
         runs = {name: (lambda model=model: model.generate(**inputs, **settings)) for name, model in models.items()}
         if ctranslate2 and "translate" in ctranslate2:
             runs["ctranslate2"] = ctranslate2.pop("translate")
@@ -770,6 +773,8 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
         "marian_sentences_per_second": len(lengths) / seconds["marian"],
         "ours_over_marian": seconds["marian"] / seconds["ours"],
         "compiled_by": compiled_by,
+        # ours and MarianMTModel together, over every call: recompiles, breaks, CUDA graphs skipped
+        "compile_counters": counted_since(counted) if mode == "compiled" else None,
     }
     if ctranslate2 is not None:
         if "ctranslate2" in seconds:
@@ -782,6 +787,29 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
             )
         result["ctranslate2"] = ctranslate2
     return result
+
+
+COMPILE_COUNTERS = (  # (group, name) of torch._dynamo.utils.counters: what a compiled row really ran
+    ("stats", "unique_graphs"),  # graphs compiled (a recompilation adds one)
+    ("graph_break", None),  # graph breaks, all reasons
+    ("inductor", "cudagraph_skips"),  # CUDA graphs not used (mutated inputs, CPU tensors, dynamic shapes...)
+    ("inductor", "cudagraph_recorded_non_static_inputs"),  # re-recorded for inputs whose address moved
+)
+
+
+def compile_counters() -> dict[str, int]:
+    """The running totals of `COMPILE_COUNTERS`; the difference over a measurement says whether its compiled
+    model recompiled, broke its graph or skipped CUDA graphs (a row's ``compiled_by`` says only what was asked)."""
+    from torch._dynamo.utils import counters
+
+    totals = {}
+    for group, name in COMPILE_COUNTERS:
+        totals[name or group] = int(sum(counters[group].values()) if name is None else counters[group][name])
+    return totals
+
+
+def counted_since(before: dict[str, int]) -> dict[str, int]:
+    return {name: value - before.get(name, 0) for name, value in compile_counters().items()}
 
 
 def ctranslate2_decoder(model, sources: list[list[int]], args, folder: Path) -> dict:

@@ -472,6 +472,11 @@ def test_levers_run_end_to_end_on_the_cpu(tmp_path):
         assert "error" not in row, row
         if "skipped" not in row:  # measured: the lever trains like the plain step on the same batches
             assert row["loss_after"] == pytest.approx(row["plain_loss_after"], rel=0.02), name
+    # what each row compiled: nothing for the plain step, graphs without a break for the compiled layers
+    assert plain["compile_counters"]["unique_graphs"] == 0
+    if "skipped" not in rows["compile_layers"]:
+        counted = rows["compile_layers"]["compile_counters"]
+        assert counted["unique_graphs"] > 0 and counted["graph_break"] == 0, counted
     table = output.with_suffix(".md").read_text()
     assert "| lever | first pass tok/s | steady tok/s | warm-up s |" in table and "| plain |" in table
     # each measured (or failed) row was also written as it came, for a run killed before the job ends
