@@ -25,7 +25,7 @@ MAX_TOKENS = 200  # run_argv's
 class SimulatedMemory:
     """Patch the model's forward: a training batch of more than ``limit`` tokens (both sides) runs out."""
 
-    def __init__(self, monkeypatch, limit: int):
+    def __init__(self, monkeypatch, limit: int, error=torch.OutOfMemoryError):
         self.limit, self.raised = limit, 0
         original = VanillaTransformerForConditionalGeneration.forward
 
@@ -34,7 +34,7 @@ class SimulatedMemory:
             tokens = kwargs["input_ids"].numel() + kwargs["decoder_input_ids"].numel()
             if model.training and tokens > self.limit:
                 self.raised += 1
-                raise torch.OutOfMemoryError(f"simulated: {tokens} tokens do not fit in {self.limit}")
+                raise error(f"simulated: {tokens} tokens do not fit in {self.limit}")
             return original(model, *args, **kwargs)
 
         monkeypatch.setattr(VanillaTransformerForConditionalGeneration, "forward", forward)
@@ -74,6 +74,29 @@ def test_the_largest_bucket_that_runs_out_names_its_shape_and_a_max_tokens_that_
     assert f"--max_tokens {fitting} fits" in message and f"--gradient_accumulation_steps {accumulation}" in message
     for name, p in run.trainer.model.named_parameters():  # nothing trained, no gradient left behind
         assert torch.equal(p, before[name]) and p.grad is None, name
+
+
+@pytest.mark.parametrize(
+    "message, taken",
+    [
+        ("CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", True),
+        ("cuDNN error: CUDNN_STATUS_ALLOC_FAILED", True),
+        ("CUDA error: out of memory", True),
+        ("expected scalar type Float but found Half", False),
+    ],
+    ids=["cublas", "cudnn", "cuda", "not-memory"],
+)
+def test_a_librarys_allocation_failure_counts_as_running_out_of_memory(probed, monkeypatch, message, taken):
+    """cuBLAS and cuDNN report a failed allocation as a RuntimeError, not torch's OutOfMemoryError; the probe
+    takes them for running out of memory (a --max_tokens that fits), and any other error for what it is."""
+    run, lengths = probed
+
+    def runtime_error(text):
+        return RuntimeError(f"{message} ({text})")
+
+    SimulatedMemory(monkeypatch, most_tokens(lengths, MAX_TOKENS) - 1, error=runtime_error)
+    with pytest.raises(MemoryCheckError if taken else RuntimeError, match=None if taken else "expected scalar"):
+        check_largest_batches_fit(run.trainer)
 
 
 def test_a_probe_that_fits_changes_no_weight_and_no_random_stream(probed):

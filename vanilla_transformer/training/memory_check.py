@@ -108,12 +108,24 @@ def _try(trainer, model, shape, device) -> bool:
             loss.backward()
             del moments, loss
         return True
-    except torch.OutOfMemoryError:
+    except (torch.OutOfMemoryError, RuntimeError) as error:
+        if not is_out_of_memory(error):
+            raise
         return False
     finally:
         del batch
         model.zero_grad(set_to_none=True)
         model.train(was_training)
+
+
+def is_out_of_memory(error: BaseException) -> bool:
+    """torch's ``OutOfMemoryError``, or a library's allocation failure that torch raises as a ``RuntimeError``
+    (cuBLAS's or cuDNN's ``..._STATUS_ALLOC_FAILED`` creating a handle or a workspace, "out of memory" from
+    another allocator): fairseq takes "out of memory" in the message for one too."""
+    if isinstance(error, torch.OutOfMemoryError):
+        return True
+    message = str(error)
+    return isinstance(error, RuntimeError) and ("out of memory" in message or "STATUS_ALLOC_FAILED" in message)
 
 
 def _moment_bytes(trainer, model) -> int:
@@ -207,7 +219,9 @@ class SkipOutOfMemoryBatches:
             return super().training_step(model, inputs, num_items_in_batch)
         try:
             return super().training_step(model, inputs, num_items_in_batch)
-        except torch.OutOfMemoryError:
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            if not is_out_of_memory(error):
+                raise
             shape = "x".join(str(size) for size in (*inputs["input_ids"].shape, inputs["labels"].shape[-1]))
         # here, after the except block: the traceback and the tensors it held are gone
         del inputs
