@@ -55,8 +55,11 @@ test-slow: setup
 	$(PY) -m pytest -q -m slow
 
 # The tests marked `gpu` (they skip without CUDA): each training lever against the plain step on one GPU.
-test-gpu: setup
-	$(PY) -m pytest -q -p no:cacheprovider -m gpu tests/test_gpu_levers.py
+# GPU_PY=python3 runs them with a Python that has CUDA's torch and the package's dependencies already
+# (a machine without network), instead of setting up .venv.
+GPU_PY ?=
+test-gpu: $(if $(GPU_PY),,setup)
+	$(or $(GPU_PY),$(PY)) -m pytest -q -p no:cacheprovider -m gpu -ra tests/test_gpu_levers.py
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) build dist *.egg-info
