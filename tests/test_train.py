@@ -1237,7 +1237,10 @@ def test_processes_whose_clocks_disagree_stop_together_and_decay_alike(data_dir,
         ),
     ]
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 0, completed.stderr[-4000:]
+    # both processes' whole stderr kept (pytest keeps the last runs' tmp_path): this test once saw one gloo
+    # process abort (SIGABRT, 2026-11-28, 13835b8) and the tail of the launcher's output did not say why
+    (tmp_path / "launcher-stderr.txt").write_text(completed.stderr)
+    assert completed.returncode == 0, f"{completed.stderr[-4000:]}\n(all of it: {tmp_path / 'launcher-stderr.txt'})"
     ranks = [json.loads((output / f"rank-{rank}.json").read_text()) for rank in (0, 1)]
     # update n ends 30 n s in (the slower clock); update n + 1 runs at eq. (3) times the share of the last minute left
     expected = [
