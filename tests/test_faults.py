@@ -356,6 +356,12 @@ def test_resume_last_skips_a_checkpoint_half_written_in_place(data_dir, four_ste
     (half / "trainer_state.json").unlink()
     with pytest.raises(FileNotFoundError, match=f"{half} has no trainer_state.json"):
         build(data_dir, output, "--resume_from_checkpoint", str(half))
+    # `last` takes the complete one, and train() (which checks it again) does not count the later half-written
+    # one as a later checkpoint of an abandoned run: it resumes and trains on
+    run = build(data_dir, output, "--resume_from_checkpoint", "last")
+    assert run.resume == complete
+    run.trainer.train(resume_from_checkpoint=str(run.resume))
+    assert run.trainer.state.global_step > SAVE_STEPS
 
 
 def test_resume_with_another_architecture_or_tokenizer_is_refused_before_the_data_is_read(
@@ -397,13 +403,18 @@ def test_resuming_a_checkpoint_saved_without_optimizer_state_is_refused_naming_t
         build(data_dir, output, "--max_steps", str(2 * SAVE_STEPS), "--resume_from_checkpoint", "last")
 
 
-def test_the_best_checkpoint_is_recorded_by_its_final_name_before_it_is_published(data_dir, tmp_path, monkeypatch):
+@pytest.mark.parametrize("output_dir", ["absolute", "./run"])
+def test_the_best_checkpoint_is_recorded_by_its_final_name_before_it_is_published(
+    data_dir, tmp_path, monkeypatch, output_dir
+):
     """The Trainer records the best checkpoint where it wrote it (the staging folder). Under several processes
     only the saving one publishes it, so every process must hold the final name before publishing: the others
-    load the best model from it at the end of training."""
+    load the best model from it at the end of training. The Trainer spells the path with os.path.join, so
+    ``./run`` stays ``./run/...`` there: compared as paths, not strings."""
     flags = ["--max_steps", "4", "--save_steps", "2", "--eval_strategy", "steps", "--eval_steps", "2"]
     flags += ["--load_best_model_at_end", "true", "--validation_size", "10", "--predict_with_generate", "false"]
-    trainer = build(data_dir, tmp_path / "run", *flags).trainer
+    monkeypatch.chdir(tmp_path)
+    trainer = build(data_dir, tmp_path / "run" if output_dir == "absolute" else output_dir, *flags).trainer
     seen, publish = [], type(trainer)._publish_checkpoint
 
     def spy(self, staged, final, *rest):
@@ -413,9 +424,10 @@ def test_the_best_checkpoint_is_recorded_by_its_final_name_before_it_is_publishe
     monkeypatch.setattr(type(trainer), "_publish_checkpoint", spy)
     trainer.train()
     assert len(seen) == 2 and all(STAGING_DIR not in best for best, _ in seen), seen
-    assert trainer.state.best_model_checkpoint in [final for _, final in seen]
+    assert Path(trainer.state.best_model_checkpoint) in [Path(final) for _, final in seen]
     saved = json.loads((Path(seen[-1][1]) / "trainer_state.json").read_text())
-    assert saved["best_model_checkpoint"] == trainer.state.best_model_checkpoint
+    assert Path(saved["best_model_checkpoint"]) == Path(trainer.state.best_model_checkpoint)
+    assert Path(trainer.state.best_model_checkpoint).is_dir()
 
 
 def test_resuming_an_earlier_checkpoint_than_the_latest_is_refused_naming_the_later_ones(data_dir, tmp_path):

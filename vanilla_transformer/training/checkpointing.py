@@ -142,14 +142,15 @@ def last_complete_checkpoint(root: str | os.PathLike) -> Path | None:
 def check_nothing_later(checkpoint: Path, output_dir: str | os.PathLike, what: str) -> None:
     """Resuming from an earlier checkpoint of ``output_dir`` than its latest would leave the later ones of the
     abandoned run beside the new run's: ``last`` would resume from them, and averaging the last N would mix
-    the two runs. Refused, naming them, before any data is read."""
+    the two runs. Refused, naming them, before any data is read. Later folders that ``last`` skips as
+    incomplete do not count (so ``last`` itself, checked again by `TransformerTrainer.train`, always passes)."""
     match = CHECKPOINT_NAME.fullmatch(checkpoint.name)
     if match is None or Path(output_dir).resolve() != checkpoint.resolve().parent:
         return
     later = [
         folder
         for folder in checkpoint_folders(output_dir)
-        if int(CHECKPOINT_NAME.fullmatch(folder.name)[1]) > int(match[1])
+        if int(CHECKPOINT_NAME.fullmatch(folder.name)[1]) > int(match[1]) and _problem(check_resumable, folder) is None
     ]
     if later:
         raise ValueError(
@@ -284,7 +285,8 @@ class CheckpointPolicy:
         finally:
             self._writing_checkpoint = False
         self.accelerator.wait_for_everyone()
-        best_is_this = self.state.best_model_checkpoint == str(staged)  # the Trainer recorded where it wrote
+        best = self.state.best_model_checkpoint  # the Trainer recorded where it wrote, as os.path.join spells it
+        best_is_this = best is not None and Path(best) == staged  # "./run/..." and "run/..." alike
         if best_is_this:  # on every process, not only the one that renames: the best is loaded by all at the end
             self.state.best_model_checkpoint = str(run_dir / name)
         if self.args.should_save:  # 4.
