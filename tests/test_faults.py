@@ -401,6 +401,10 @@ def test_resuming_a_checkpoint_saved_without_optimizer_state_is_refused_naming_t
         build(data_dir, output, "--max_steps", str(2 * SAVE_STEPS), "--resume_from_checkpoint", str(checkpoint))
     with pytest.raises(ValueError, match="no complete checkpoint-<step> folder"):
         build(data_dir, output, "--max_steps", str(2 * SAVE_STEPS), "--resume_from_checkpoint", "last")
+    # DeepSpeed keeps the optimizer and the scheduler in its own global_step<N> folder: that is state to resume
+    (checkpoint / f"global_step{SAVE_STEPS}").mkdir()
+    (checkpoint / f"global_step{SAVE_STEPS}" / "mp_rank_00_model_states.pt").write_bytes(b"")
+    assert check_resumable(checkpoint) == checkpoint
 
 
 @pytest.mark.parametrize("output_dir", ["absolute", "./run"])

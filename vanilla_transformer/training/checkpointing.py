@@ -93,12 +93,12 @@ def check_resumable(folder: str | os.PathLike, what: str = "--resume_from_checkp
             f"finished, or is a model folder rather than a training checkpoint. {remedy}"
         )
     check_json(folder / TRAINER_STATE_NAME, f"{what} {folder}", remedy)
-    # optimizer.pt (FSDP: optimizer.bin or an optimizer_0 folder) and scheduler.pt: without them the Trainer
-    # resumes in silence with Adam's moments at zero and eq. (3)'s warm-up from its start (--save_only_model)
-    if (
-        not any(path.name.startswith("optimizer") for path in folder.iterdir())
-        or not (folder / "scheduler.pt").is_file()
-    ):
+    # optimizer.pt (FSDP: optimizer.bin or an optimizer_0 folder) and scheduler.pt, or DeepSpeed's global_step*
+    # folder, which holds both: without them the Trainer resumes in silence with Adam's moments at zero and
+    # eq. (3)'s warm-up from its start (--save_only_model)
+    names = [path.name for path in folder.iterdir()]
+    deepspeed = any(name.startswith("global_step") for name in names)
+    if not deepspeed and (not any(name.startswith("optimizer") for name in names) or "scheduler.pt" not in names):
         raise ValueError(
             f"{what} {folder} holds no optimizer or scheduler state (saved with --save_only_model?): resuming "
             "would restart Adam's moments and the learning rate's warm-up at that update. Fine-tune from its "
