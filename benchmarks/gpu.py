@@ -1606,7 +1606,7 @@ REPEAT_SECONDS = 5.0  # a time limit's alarm comes again this often until its me
 
 
 @contextmanager
-def time_limit(seconds: float):
+def time_limit(seconds: float, reason: str = "at the end of --budget-minutes"):
     """Raise `OutOfTime` in the measurement once ``seconds`` have passed (SIGALRM: Python code, compilation
     included, stops at its next bytecode; a running kernel first finishes), and again every `REPEAT_SECONDS`
     after, should code that catches every exception swallow one. No limit where infinite or where no alarm
@@ -1620,7 +1620,7 @@ def time_limit(seconds: float):
         return
 
     def stop(signum, frame):
-        raise OutOfTime(f"stopped after {seconds:.0f} s, at the end of --budget-minutes")
+        raise OutOfTime(f"stopped after {seconds:.0f} s, {reason}")
 
     outer, started = signal.getitimer(signal.ITIMER_REAL)[0], time.perf_counter()  # an enclosing limit's time
     previous = signal.signal(signal.SIGALRM, stop)
@@ -1724,10 +1724,13 @@ def main(argv=None) -> list[dict]:
             }
         else:
             job_started = time.perf_counter()
-            if what != "levers" and number < len(jobs) - 1:  # a job far past its estimate leaves the rest their time
-                left = min(left, max(RUNAWAY_FACTOR * estimate, RUNAWAY_MIN_SECONDS))
+            reason, cap = "at the end of --budget-minutes", max(RUNAWAY_FACTOR * estimate, RUNAWAY_MIN_SECONDS)
+            # within a budget, a job far past its estimate leaves the rest their time (not the levers', which keep
+            # to their share, nor the last); without one (--budget-minutes 0) every job runs to its end
+            if what != "levers" and number < len(jobs) - 1 and math.isfinite(left) and cap < left:
+                left, reason = cap, f"at {RUNAWAY_FACTOR}x its estimate of {estimate:.0f} s"
             try:
-                with time_limit(left):
+                with time_limit(left, reason):
                     result = MEASURES[what](preset, mode, args, left)
             except Exception as error:  # one failed measurement must not lose the others
                 result = {"what": what, "preset": preset, "mode": mode, "error": f"{type(error).__name__}: {error}"}

@@ -391,6 +391,20 @@ def test_a_tool_without_the_train_extra_names_the_pip_install_in_one_line(argv, 
     assert str(error.value) == message
 
 
+def test_without_evaluate_the_training_tools_load_and_scoring_names_the_extra(monkeypatch):
+    """evaluate is imported only to score: its absence stops scoring, with the extra named, not the package."""
+    import importlib
+
+    from vanilla_transformer.command_line import MissingExtra
+
+    for name in [name for name in sys.modules if name.startswith("vanilla_transformer.training")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "evaluate", None)
+    metrics = importlib.import_module("vanilla_transformer.training.metrics")
+    with pytest.raises(MissingExtra, match="Scoring .* needs the 'train' extra, and evaluate is not installed"):
+        metrics.load_translation_metric()
+
+
 def test_version_without_an_installed_distribution_is_a_one_line_error(monkeypatch, capsys):
     """A clone run without `pip install` has no metadata to read the version from: say so and how to fix it."""
     import vanilla_transformer_command as command

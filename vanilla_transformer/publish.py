@@ -150,8 +150,8 @@ def publish(
                     f"--private: {repo_id} exists and is public, and publishing does not change that; make it "
                     "private in its settings on the Hub first, or leave --private out to publish it publicly."
                 )
-            if revision is not None:  # a commit goes to an existing branch only: create it from main
-                api.create_branch(repo_id, branch=revision, exist_ok=True)
+            if revision is not None and not revision.startswith("refs/pr/"):  # a commit goes to an existing
+                api.create_branch(repo_id, branch=revision, exist_ok=True)  # branch only: made from main if new
             stale = stale_weights(api.list_repo_files(repo_id, revision=revision), contents)
             commit = api.create_commit(  # new operations each time: a commit marks its own as used
                 repo_id,

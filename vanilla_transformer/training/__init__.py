@@ -35,7 +35,8 @@ Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
 # ruff: noqa: E402 (the extra is checked before the modules that need it are imported)
 from ..command_line import require_extra
 
-require_extra("train", ("datasets", "accelerate", "evaluate", "sacrebleu"), "vanilla_transformer.training")
+# what the modules import (evaluate only when scoring, with its own message: `metrics.load_translation_metric`)
+require_extra("train", ("datasets", "accelerate", "sacrebleu"), "vanilla_transformer.training")
 
 from .arguments import TransformerTrainingArguments
 from .averaging import average_checkpoints

@@ -15,11 +15,14 @@ from pathlib import Path
 
 import numpy as np
 
+from ..command_line import require_extra
+
 METRIC_PATH = Path(__file__).with_name("bleu_chrf.py")
 
 
 def load_translation_metric():
     """The sacreBLEU + chrF metric as an `evaluate.EvaluationModule`, loaded from this package (no network)."""
+    require_extra("train", ("evaluate",), "Scoring (sacreBLEU and chrF through evaluate)")
     import evaluate
 
     return evaluate.load(str(METRIC_PATH))
