@@ -101,6 +101,22 @@ def test_compiled_layers_train_like_eager_over_bucket_shapes():
     assert counter.frame_count <= 4
 
 
+def test_compiled_training_keeps_the_attention_kernel_choice_without_a_graph_break():
+    """On this GPU's torch: a compiled layer in training traces `sdpa_kernel` (the table of
+    attention_backends) into its graph, without a break, so a compiled lever differs from eager by its
+    compilation alone (the CPU test checks the tracing on the torch of the test suite)."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    model = model_of()
+    layer = model.model.encoder.layers[0]
+    hidden = torch.randn(4, 16, model.config.d_model, device="cuda")
+    mask = torch.zeros(4, 1, 16, 16, device="cuda")
+    explained = torch._dynamo.explain(layer)(hidden, mask)
+    assert explained.graph_break_count == 0, [str(reason.reason) for reason in explained.break_reasons]
+    assert any("_sdpa_kernel" in graph.code for graph in explained.graphs)
+
+
 def test_fused_projections_train_like_the_plain_step():
     plain, fused = model_of(), model_of()
     levers.fuse_projections(fused)
