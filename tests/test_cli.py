@@ -359,6 +359,18 @@ def test_help_of_recipe_and_config_names_the_usage_and_every_packaged_file(argv,
     assert completed.stdout.endswith(f"names: {', '.join(names)}\n")
 
 
+def without_the_training_package(monkeypatch) -> None:
+    """``vanilla_transformer.training`` and its modules out of sys.modules, to be imported afresh, and put back
+    afterwards with the package's attribute (a fresh import sets it). Not ``training_kernels``, which the model
+    imported: a second copy of it would leave the first one's classes in the model and patches on the other."""
+    import vanilla_transformer
+
+    monkeypatch.setattr(vanilla_transformer, "training", vanilla_transformer.training)
+    for name in list(sys.modules):
+        if name == "vanilla_transformer.training" or name.startswith("vanilla_transformer.training."):
+            monkeypatch.delitem(sys.modules, name)
+
+
 @pytest.mark.parametrize(
     "argv, blocked",
     [(["translate", "--help"], "accelerate"), (["average", "x"], "sacrebleu"), (["train", "multi30k"], "datasets")],
@@ -373,8 +385,7 @@ def test_a_tool_without_the_train_extra_names_the_pip_install_in_one_line(argv, 
     import vanilla_transformer_command as command
     from vanilla_transformer.command_line import MissingExtra
 
-    for name in [name for name in sys.modules if name.startswith("vanilla_transformer.training")]:
-        monkeypatch.delitem(sys.modules, name)
+    without_the_training_package(monkeypatch)
     monkeypatch.setitem(sys.modules, blocked, None)  # `import` and find_spec now fail, as without the package
     monkeypatch.setattr(command, "help_request", lambda argv: None)  # the package's answer, not a packaged screen
     message = (
@@ -397,8 +408,7 @@ def test_without_evaluate_the_training_tools_load_and_scoring_names_the_extra(mo
 
     from vanilla_transformer.command_line import MissingExtra
 
-    for name in [name for name in sys.modules if name.startswith("vanilla_transformer.training")]:
-        monkeypatch.delitem(sys.modules, name)
+    without_the_training_package(monkeypatch)
     monkeypatch.setitem(sys.modules, "evaluate", None)
     metrics = importlib.import_module("vanilla_transformer.training.metrics")
     with pytest.raises(MissingExtra, match="Scoring .* needs the 'train' extra, and evaluate is not installed"):
