@@ -1742,6 +1742,7 @@ def main(argv=None) -> list[dict]:
         write_results(results, args.output)
         if args.device.startswith("cuda"):
             torch.cuda.empty_cache()
+    ROWS_FILE.clear()  # a measurement called on its own later writes to no run's file
     results[0]["seconds"] = round(time.perf_counter() - started, 1)
     write_results(results, args.output)
     print(markdown_table(results), flush=True)

@@ -650,8 +650,6 @@ def _check_arguments(args: argparse.Namespace) -> None:
                 f"Could not load the Marian tokenizer from {args.source}: it has no tokenizer files. Give "
                 "--tokenizer NAME_OR_FOLDER, or --no-tokenizer to save the model alone."
             )
-        if args.output_dir.exists() and not args.output_dir.is_dir():
-            raise NotADirectoryError(f"OUTPUT_DIR {args.output_dir} is a file; give a folder for the converted model.")
         if (args.output_dir / "config.json").exists() and not args.force:
             raise FileExistsError(
                 f"{args.output_dir} already holds a model; choose a new folder, or pass --force to replace it."

@@ -65,16 +65,17 @@ class TranslationMetrics:
     def __init__(self, tokenizer, references: Sequence[str] | None = None, **options):
         self.tokenizer, self.options = tokenizer, options
         self.references = None if references is None else list(references)
+        self._reference_ids = None  # the references tokenized, once for every evaluation
         self.signatures: dict[str, str] = {}
 
     def _as_written(self, label_ids: np.ndarray) -> list[str] | None:
         """`references` where they are the text of these labels (each tokenizes to its row), else None."""
         if self.references is None or len(self.references) != len(label_ids):
             return None
+        if self._reference_ids is None:
+            self._reference_ids = self.tokenizer(text_target=self.references, truncation=False)["input_ids"]
         rows = [[int(token) for token in row if token >= 0] for row in label_ids]
-        if self.tokenizer(text_target=self.references, truncation=False)["input_ids"] != rows:
-            return None
-        return self.references
+        return self.references if self._reference_ids == rows else None
 
     def __call__(self, prediction) -> dict:
         if isinstance(prediction.predictions, tuple) or prediction.predictions.dtype.kind == "f":

@@ -736,33 +736,26 @@ def rates_above_half(jobs: list[Job]) -> list[str]:
 
 def notes_for(recipe: str, jobs: list[Job], seeds: int) -> list[str]:
     base = next(job for job in jobs if job.row == "base")
-    repeats = repeats_of_the_base(jobs)
-    high = rates_above_half(jobs)
-    return (
-        [
-            f"Table 3 (Vaswani et al., 2017) on the recipe `{recipe}`, written {time.strftime('%Y-%m-%d')}: "
-            f"{base.variation.max_steps} updates a row, {seeds} seed(s) (mean ± spread over seeds; a change from "
-            "base is paired by seed), validation set, the model's beam search (§6.1), no averaging.",
-            "Rows are the paper's changes at their ratio to the recipe's base (sizes rounded to whole numbers); "
-            "blank cells are the base's. Our d_v is d_k (the config has one head_dim): rows B change d_v too, "
-            "where the paper changed d_k alone.",
-            "PPL: exp of the validation NLL per target BPE token (</s> included), without label smoothing; the "
-            "paper's is per wordpiece on newstest2013, so compare changes from base, not values.",
-        ]
-        + (
-            [
-                f"Row(s) {', '.join(repeats)} change nothing at this base (a rate of 0 at the paper's ratio is 0; E's "
-                "learned positions may be the base's): they train the base again."
-            ]
-            if repeats
-            else []
+    notes = [
+        f"Table 3 (Vaswani et al., 2017) on the recipe `{recipe}`, written {time.strftime('%Y-%m-%d')}: "
+        f"{base.variation.max_steps} updates a row, {seeds} seed(s) (mean ± spread over seeds; a change from "
+        "base is paired by seed), validation set, the model's beam search (§6.1), no averaging.",
+        "Rows are the paper's changes at their ratio to the recipe's base (sizes rounded to whole numbers); "
+        "blank cells are the base's. Our d_v is d_k (the config has one head_dim): rows B change d_v too, "
+        "where the paper changed d_k alone.",
+        "PPL: exp of the validation NLL per target BPE token (</s> included), without label smoothing; the "
+        "paper's is per wordpiece on newstest2013, so compare changes from base, not values.",
+    ]
+    if repeats := repeats_of_the_base(jobs):
+        notes.append(
+            f"Row(s) {', '.join(repeats)} change nothing at this base (a rate of 0 at the paper's ratio is 0; E's "
+            "learned positions may be the base's): they train the base again."
         )
-        + (
-            [f"Rates above 0.5 at the paper's ratio to this base, beyond any the paper trained: {'; '.join(high)}."]
-            if high
-            else []
+    if high := rates_above_half(jobs):
+        notes.append(
+            f"Rates above 0.5 at the paper's ratio to this base, beyond any the paper trained: {'; '.join(high)}."
         )
-    )
+    return notes
 
 
 # ---------------------------------------------------------------------------------------------
