@@ -19,6 +19,9 @@ gpu-results/levers.json), the markdown table beside it, and ``*.rows.jsonl``, ea
 as soon as it is measured (a run killed inside a job keeps them). On a lent machine, point ``--output`` where the
 files come back from.
 
+Sizes: the synthetic batches have a 37,000-word vocabulary and 12,288 padded tokens a side, 20 of them per lever pass
+(`SIZES`); on a CPU (``--device cpu``), 1,000 words, 1,024 tokens and 4 batches, so that a tiny preset finishes.
+
 Levers (``--levers``): for each preset (big and the Multi30k shape), each lever of `LEVERS` (train.py's
 ``--compile_layers``, ``--fuse_projections``, ``--fused_loss``, ``--training_attention``, ``--fp8``,
 ``--cuda_graphs``, and the whole model under torch.compile) against the plain step (ours, eager) and MarianMTModel,
@@ -128,6 +131,13 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "A100": 312.0}
 
 
+# The sizes of the synthetic batches: the paper's on a GPU; on a CPU, what a tiny preset measures in a minute
+SIZES = {
+    "gpu": {"vocab_size": 37000, "max_tokens": 12288, "lever_steps": 20},
+    "cpu": {"vocab_size": 1000, "max_tokens": 1024, "lever_steps": 4},
+}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -140,8 +150,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16", help="autocast dtype")
-    parser.add_argument("--vocab-size", type=int, default=37000)
-    parser.add_argument("--max-tokens", type=int, default=12288, help="padded tokens per batch and side")
+    parser.add_argument("--vocab-size", type=int, help="the synthetic batches' vocabulary (37000; on a CPU 1000)")
+    parser.add_argument(
+        "--max-tokens", type=int, help="padded tokens per batch and side (12288; on a CPU 1024, sized to finish)"
+    )
     parser.add_argument("--warmup", type=int, default=10, help="untimed steps first (compilation happens here)")
     parser.add_argument("--steps", type=int, default=30, help="timed training steps")
     parser.add_argument("--no-decode", action="store_true", help="skip the decoding measurements")
@@ -188,7 +200,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--levers", action="store_true", help="compare every training lever against the plain step and MarianMTModel"
     )
-    parser.add_argument("--lever-steps", type=int, default=20, help="with --levers: batches per pass (two passes)")
+    parser.add_argument("--lever-steps", type=int, help="with --levers: batches per pass, two passes (20; on a CPU 4)")
     parser.add_argument(
         "--recipe", action="store_true", help="only train the Multi30k recipe, plain and with each --recipe-variants"
     )
@@ -207,6 +219,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--no-profile", action="store_true", help="leave the profile out of the full run")
     args = parser.parse_args(argv)
+    for name, value in SIZES["cpu" if args.device == "cpu" and not args.shapes_only else "gpu"].items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.presets is None:
         args.presets = "big,multi30k" if args.levers else "big,base"
     if args.output is None:
@@ -584,7 +599,11 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
         torch._dynamo.reset()  # each row compiles afresh, whatever an earlier one left (a stopped compilation)
         counted = compile_counters()
         try:
-            with time_limit(min(limit - spent - LEVER_GRACE_SECONDS, LEVER_ROW_SECONDS)):  # the rows so far stay
+            budget_left = limit - spent - LEVER_GRACE_SECONDS
+            cap = (budget_left, "at the end of --budget-minutes")
+            if LEVER_ROW_SECONDS < budget_left:
+                cap = (LEVER_ROW_SECONDS, f"at the {LEVER_ROW_SECONDS} s that one lever row may take")
+            with time_limit(*cap):  # the rows so far stay
                 plain = LeverTrainee(copy.deepcopy(template), args)
                 trainee = LeverTrainee(
                     copy.deepcopy(template), args, **{k: v for k, v in lever.items() if k not in LEVER_ROW_KEYS}
@@ -1605,12 +1624,15 @@ def out_of_time(error: BaseException | None) -> OutOfTime | None:
 REPEAT_SECONDS = 5.0  # a time limit's alarm comes again this often until its measurement stops
 
 
+LIMITS: list[tuple[float, str]] = []  # (deadline on perf_counter, reason) of each `time_limit` in force
+
+
 @contextmanager
 def time_limit(seconds: float, reason: str = "at the end of --budget-minutes"):
-    """Raise `OutOfTime` in the measurement once ``seconds`` have passed (SIGALRM: Python code, compilation
-    included, stops at its next bytecode; a running kernel first finishes), and again every `REPEAT_SECONDS`
-    after, should code that catches every exception swallow one. No limit where infinite or where no alarm
-    can be set (another thread, Windows)."""
+    """Raise `OutOfTime` in the measurement once ``seconds`` have passed, or an enclosing limit's time, whichever
+    comes first, naming the limit that ran out (SIGALRM: Python code, compilation included, stops at its next
+    bytecode; a running kernel first finishes), and again every `REPEAT_SECONDS` after, should code that catches
+    every exception swallow one. No limit where infinite or where no alarm can be set (another thread, Windows)."""
     if (
         not math.isfinite(seconds)
         or not hasattr(signal, "setitimer")
@@ -1618,21 +1640,26 @@ def time_limit(seconds: float, reason: str = "at the end of --budget-minutes"):
     ):
         yield
         return
+    started = time.perf_counter()
 
     def stop(signum, frame):
-        raise OutOfTime(f"stopped after {seconds:.0f} s, {reason}")
+        deadline, why = min(LIMITS)
+        raise OutOfTime(f"stopped after {time.perf_counter() - started:.0f} s, {why}")
 
-    outer, started = signal.getitimer(signal.ITIMER_REAL)[0], time.perf_counter()  # an enclosing limit's time
+    def arm() -> None:  # the alarm at the nearest deadline of the limits in force
+        signal.setitimer(signal.ITIMER_REAL, max(min(LIMITS)[0] - time.perf_counter(), 0.001), REPEAT_SECONDS)
+
+    LIMITS.append((started + seconds, reason))
     previous = signal.signal(signal.SIGALRM, stop)
-    signal.setitimer(signal.ITIMER_REAL, max(min(seconds, outer or math.inf), 0.001), REPEAT_SECONDS)
+    arm()
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
-        if outer:
-            left = max(outer - (time.perf_counter() - started), 0.001)
-            signal.setitimer(signal.ITIMER_REAL, left, REPEAT_SECONDS)
+        LIMITS.remove((started + seconds, reason))
+        if LIMITS:
+            arm()
 
 
 def jobs_of(args) -> list[tuple[str, str, str]]:

@@ -389,6 +389,36 @@ def test_a_measurement_past_the_budget_is_stopped():
     assert time.perf_counter() - started < 5
 
 
+def test_a_stop_names_the_limit_that_ran_out_and_an_enclosing_limit_holds_after_an_inner_one():
+    import time
+
+    with pytest.raises(gpu.OutOfTime, match="stopped after 0 s, at the end of --budget-minutes"):
+        with gpu.time_limit(0.3):  # the budget runs out first, inside a row's longer cap
+            with gpu.time_limit(60, "at the 60 s that one lever row may take"):
+                time.sleep(5)
+    with pytest.raises(gpu.OutOfTime, match="at the 0 s that one lever row may take"):
+        with gpu.time_limit(60):
+            with gpu.time_limit(0.2, "at the 0 s that one lever row may take"):
+                time.sleep(5)
+    started = time.perf_counter()
+    with pytest.raises(gpu.OutOfTime, match="at the end of --budget-minutes"):
+        with gpu.time_limit(0.5):
+            with gpu.time_limit(60, "inner"):
+                pass
+            time.sleep(5)  # the enclosing limit is armed again when the inner one ends
+    assert time.perf_counter() - started < 3 and gpu.LIMITS == []
+
+
+def test_on_a_cpu_the_synthetic_batches_are_sized_to_finish_and_on_a_gpu_are_the_papers():
+    cpu = gpu.parse_args(["--levers", "--device", "cpu", "--presets", "tiny"])
+    assert (cpu.vocab_size, cpu.max_tokens, cpu.lever_steps) == (1000, 1024, 4)
+    cuda = gpu.parse_args(["--levers", "--device", "cuda"])
+    assert (cuda.vocab_size, cuda.max_tokens, cuda.lever_steps) == (37000, 12288, 20)
+    given = gpu.parse_args(["--device", "cpu", "--max-tokens", "256", "--vocab-size", "300", "--lever-steps", "2"])
+    assert (given.vocab_size, given.max_tokens, given.lever_steps) == (300, 256, 2)
+    assert gpu.parse_args(["--shapes-only", "--device", "cpu"]).max_tokens == 12288  # the paper's epoch, no device
+
+
 def test_a_measurement_that_swallows_the_first_stop_is_stopped_by_the_next(monkeypatch):
     """Code that catches every exception (a library's retry loop) may swallow the first `OutOfTime`: the alarm
     comes again, so the limit still holds."""
