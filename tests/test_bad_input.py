@@ -185,11 +185,24 @@ def test_a_misspelt_config_override_is_refused_with_the_close_match():
         ("d_model=64,d_model=32", "sets d_model twice"),
         ("d_model=60,encoder_attention_heads=8", "d_model=60 is not divisible"),
         ("dropout=1.5", r"dropout must be in \[0, 1\)"),
-        ("d_model=abc", "d_model must be a positive integer"),
+        ("d_model=abc", "'d_model' expected int, got str"),
+        ("normalize_before=maybe", "'normalize_before' expected bool, got str"),
+        ("scale_embedding=no", "'scale_embedding' expected bool, got str"),
     ],
 )
 def test_config_overrides_are_checked_before_reading_data(overrides, message):
     assert re.search(message, refused_before_reading(train_argv("--config_overrides", overrides)))
+
+
+@pytest.mark.parametrize("spelling", ["false", "False"])
+def test_a_boolean_override_in_either_spelling_builds_the_model_it_names(spelling):
+    """``normalize_before=False`` once arrived as the string 'False', which is true: the pre-norm model."""
+    overrides = train.parse_overrides(f"normalize_before={spelling},scale_embedding={spelling},head_dim=None")
+    assert overrides == {"normalize_before": False, "scale_embedding": False, "head_dim": None}
+    config = train.model_config("tiny", f"normalize_before={spelling.lower()}")
+    assert config.normalize_before is False
+    model = VanillaTransformerForConditionalGeneration(config)
+    assert isinstance(model.model.encoder.layer_norm, torch.nn.Identity)  # post-norm (§3.1): no final LayerNorm
 
 
 def test_a_config_override_typo_never_reaches_config_json(tmp_path):

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from huggingface_hub.errors import StrictDataclassClassValidationError
+from huggingface_hub.errors import StrictDataclassClassValidationError, StrictDataclassFieldValidationError
 from transformers import AutoConfig
 from transformers.cache_utils import DynamicCache
 
@@ -328,6 +328,34 @@ def test_target_only_ids_may_exceed_the_source_vocabulary():
 
 def test_decoder_start_token_is_required():
     assert_rejected({"decoder_start_token_id": None}, r"decoder_start_token_id must be set")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("normalize_before", "False"),  # a non-empty string is true: it would build the pre-norm model
+        ("scale_embedding", "False"),
+        ("tie_word_embeddings", "no"),
+        ("share_encoder_decoder_embeddings", "False"),
+        ("dropout", "0.1"),
+        ("eos_token_id", [3, 4]),
+        ("pad_token_id", 0.0),
+        ("d_model", 64.0),
+        ("position_embedding_type", 1),
+    ],
+)
+def test_a_value_of_another_type_than_the_fields_is_refused_naming_the_field(field, value):
+    """The reference: each field's annotation on the class (a bool is a bool, an id an int)."""
+    with pytest.raises(StrictDataclassFieldValidationError, match=f"'{field}'"):
+        VanillaTransformerConfig.from_preset("tiny", **{field: value})
+
+
+@pytest.mark.parametrize("field", ["layer_norm_eps", "init_std", "linear_init_std", "dropout"])
+def test_a_whole_number_is_taken_where_the_field_is_a_float(field):
+    assert getattr(VanillaTransformerConfig.from_preset("tiny", **{field: 1 if field != "dropout" else 0}), field) in (
+        0,
+        1,
+    )
 
 
 @pytest.mark.parametrize(

@@ -6,8 +6,8 @@ only the paper's variants need (``head_dim``, ``position_embedding_type``, ``nor
 ``share_encoder_decoder_embeddings``) are documented below. Presets are data, not code.
 """
 
-from __future__ import annotations
-
+# No `from __future__ import annotations`: `@strict` checks the type of a field only where its annotation is a
+# type, not a string; with it, normalize_before="False" (a true string) built the pre-norm model.
 import copy
 
 from huggingface_hub.dataclasses import strict
@@ -147,10 +147,10 @@ class VanillaTransformerConfig(PretrainedConfig):
     normalize_before: bool = False
     share_encoder_decoder_embeddings: bool = True
     tie_word_embeddings: bool = True
-    init_std: float | None = None
+    init_std: float | int | None = None
     linear_init: str = "normal"
     linear_init_std: float | int | None = None
-    layer_norm_eps: float = 1e-5
+    layer_norm_eps: float | int = 1e-5
     pad_token_id: int | None = 0
     bos_token_id: int | None = 2
     eos_token_id: int | None = 3
@@ -176,7 +176,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         super().__post_init__(**kwargs)
 
     @classmethod
-    def from_dict(cls, config_dict: dict, **kwargs) -> VanillaTransformerConfig:
+    def from_dict(cls, config_dict: dict, **kwargs) -> "VanillaTransformerConfig":
         """`PretrainedConfig.from_dict`, refusing the config of another model (transformers only warns)."""
         model_type = config_dict.get("model_type", cls.model_type)
         if model_type != cls.model_type:
@@ -188,7 +188,7 @@ class VanillaTransformerConfig(PretrainedConfig):
         return super().from_dict(config_dict, **kwargs)
 
     @classmethod
-    def from_preset(cls, name: str, **overrides) -> VanillaTransformerConfig:
+    def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":
         """A config from the paper's Table 3 (``"base"``, ``"big"``) or ``"tiny"``, with overrides."""
         if name not in PRESETS:
             raise ValueError(f"Unknown preset {name!r}; choose one of {sorted(PRESETS)}.")

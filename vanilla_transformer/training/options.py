@@ -572,7 +572,8 @@ CONFIG_FIELDS = tuple(field.name for field in dataclasses.fields(VanillaTransfor
 
 
 def parse_overrides(text: str | None) -> dict:
-    """``"d_model=256,dropout=0.3,activation_function=relu"`` -> typed dict (JSON values, else strings).
+    """``"d_model=256,dropout=0.3,activation_function=relu"`` -> typed dict (JSON values or Python's True, False
+    and None, else strings; the config refuses a string where it wants another type).
 
     Every key must be a field of `VanillaTransformerConfig`: a misspelt one would otherwise be saved
     in config.json as a new field while the real one kept its default.
@@ -592,11 +593,18 @@ def parse_overrides(text: str | None) -> dict:
             )
         if key in overrides:
             raise ValueError(f"--config_overrides sets {key} twice; give it once.")
+        value = value.strip()
+        if value in PYTHON_LITERALS:  # Python's spelling of JSON's true, false and null
+            overrides[key] = PYTHON_LITERALS[value]
+            continue
         try:
             overrides[key] = json.loads(value)
         except json.JSONDecodeError:
-            overrides[key] = value.strip()
+            overrides[key] = value
     return overrides
+
+
+PYTHON_LITERALS = {"True": True, "False": False, "None": None}
 
 
 def model_config(
