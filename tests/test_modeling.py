@@ -661,6 +661,20 @@ def test_the_length_rule_survives_a_saved_generation_config_and_takes_the_calls_
     assert switched_off.shape[1] == model.config.max_position_embeddings  # the saved max_length applies
 
 
+@pytest.mark.parametrize("value", [-3, 2.5, "5", True])
+def test_a_length_rule_that_is_not_a_whole_number_of_tokens_is_refused_naming_it(value):
+    """-3 once cut a short source's output to fewer tokens than its start token; the others failed in torch."""
+    model = never_ending_model()
+    input_ids = torch.randint(4, VOCAB, (2, 5))
+    with pytest.raises(ValueError, match=f"max_new_tokens_beyond_input={value!r}: give a whole number"):
+        model.generate(input_ids=input_ids, num_beams=1, max_new_tokens_beyond_input=value)
+    model.generation_config.max_new_tokens_beyond_input = value
+    with pytest.raises(ValueError, match="max_new_tokens_beyond_input="):
+        model.generate(input_ids=input_ids, num_beams=1)
+    model.generation_config.max_new_tokens_beyond_input = 0  # the source's length, no more
+    assert model.generate(input_ids=input_ids, num_beams=1).shape[1] == 1 + 5
+
+
 def test_max_new_tokens_on_a_saved_model_decodes_that_many_without_a_warning(tmp_path, caplog):
     """The saved max_length only caps the length rule: a call's max_new_tokens is not 'both set'."""
     from transformers.utils import logging as transformers_logging

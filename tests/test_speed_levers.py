@@ -103,6 +103,18 @@ def test_beam_search_gives_marians_hypotheses_while_finished_sentences_leave_the
         assert min(rows) < max(rows)  # some sentence finished before the others and left the batch
 
 
+def test_more_beams_than_the_vocabulary_can_fill_decode_as_transformers_does():
+    """2 x 24 beams keep 48 candidates a step, more than the 40 tokens of a row: transformers takes them over
+    beams x vocabulary, so the call is handed to its loop (a top-48 of 40 tokens would fail)."""
+    marian = marian_that_stops()
+    ours, inputs = from_marian(marian), padded_sources(sentences=2)
+    settings = dict(num_beams=24, length_penalty=0.6, early_stopping=True, max_new_tokens=6)
+    expected = marian.generate(**inputs, **settings)
+    ended = expected == EOS
+    expected = expected.masked_fill(ended.long().cumsum(1) - ended.long() > 0, PAD)  # Marian fills with </s>
+    assert torch.equal(ours.generate(**inputs, **settings), expected)
+
+
 def test_the_papers_decoding_is_served_by_our_beam_search(monkeypatch):
     """generate() hands the cache over under the installed transformers' name (5.24 renamed it to
     `cache`); were it looked for under another, the call would silently go to transformers' search."""

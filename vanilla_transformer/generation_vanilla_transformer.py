@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextvars
 import copy
+import numbers
 
 import torch
 from torch import nn
@@ -148,6 +149,11 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         kwargs.pop("labels", None)  # Seq2SeqTrainer passes an evaluation's references along; decoding never reads them
         self._check_length_fits(GenerationConfig(), kwargs)  # the call's own length, in its own terms
         extra = self._extra_tokens(generation_config, kwargs)  # the rule's, or None
+        if extra is not None and (isinstance(extra, bool) or not isinstance(extra, numbers.Integral) or extra < 0):
+            raise ValueError(
+                f"{MAX_NEW_TOKENS_BEYOND_INPUT}={extra!r}: give a whole number of new tokens beyond the source's "
+                f"length, 0 or more (§6.1 uses 50), or None to decode to max_length / max_new_tokens instead."
+            )
         prompt = kwargs["decoder_input_ids"].shape[1] if kwargs.get("decoder_input_ids") is not None else 1
         mask = _source_mask(inputs, kwargs, self._setting(generation_config, "pad_token_id", kwargs))
         lengths, shortest = (None, None) if mask is None else _source_lengths(mask)  # left padding refused
@@ -523,8 +529,17 @@ class BeamSearch:
             )
             and all(type(criterion) in ROW_WISE_CRITERIA for criterion in stopping_criteria),
             "the attention implementation takes no tensor mask": model.config._attn_implementation in ("eager", "sdpa"),
+            "it keeps more candidates per beam than the vocabulary has tokens": BeamSearch.candidates(generation_config)
+            <= model.config.decoder_vocab_size,
         }
         return next((reason for reason, holds in checks.items() if not holds), None)
+
+    @staticmethod
+    def candidates(generation_config) -> int:
+        """Candidates kept per sentence at each step, as `_beam_search` keeps them: two per beam, or one more than
+        the end tokens, so that enough continue when some end."""
+        end_tokens, _ = end_and_fill_tokens(generation_config)
+        return max(2, 1 + end_tokens) * generation_config.num_beams
 
     def __init__(self, model, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs):
         self.model, self.config = model, generation_config
@@ -536,8 +551,8 @@ class BeamSearch:
         )
         self.beams = generation_config.num_beams
         self.lean = generation_config.early_stopping is True and not logits_processor  # the paper's decoding
-        end_tokens, self.fill = end_and_fill_tokens(generation_config)
-        self.keep = max(2, 1 + end_tokens) * self.beams  # candidates per sentence, as `_beam_search` keeps
+        _, self.fill = end_and_fill_tokens(generation_config)
+        self.keep = BeamSearch.candidates(generation_config)
         self.top_beams_mask = torch.arange(self.keep, device=input_ids.device) < self.beams
         sentences, self.prompt_length = input_ids.shape[0] // self.beams, input_ids.shape[1]
         self.length = self.prompt_length
