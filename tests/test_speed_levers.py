@@ -461,13 +461,27 @@ def test_dropout_keeps_each_unit_with_probability_1_minus_p_and_scales_it():
     assert torch.equal(inputs.grad, kept.float() / 0.7)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_dropout_of_half_precision_units_keeps_each_with_probability_1_minus_p(dtype, p):
+    """Under autocast the sub-layer outputs are bf16: uniforms drawn in bf16 take about 1.7k values in [0, 1), and
+    ``u >= 0.1`` held for 89.8% of them. The reference is §5.4's rate, as a binomial."""
+    torch.manual_seed(0)
+    units = 4_000_000
+    outputs = UniformMaskDropout(p).train()(torch.ones(units, dtype=dtype))
+    assert outputs.dtype == dtype
+    kept = (outputs != 0).sum().item()
+    assert abs(kept - (1 - p) * units) < 5 * (p * (1 - p) * units) ** 0.5
+    assert torch.equal(outputs.unique(), torch.tensor([0, 1 / (1 - p)], dtype=dtype))
+
+
 def test_dropout_is_the_identity_in_eval_and_at_p_0():
     inputs = torch.randn(5, 7)
     assert UniformMaskDropout(0.3).eval()(inputs) is inputs
     assert torch.equal(UniformMaskDropout(0.0).train()(inputs), inputs)
 
 
-# --- compiled paths (issue 17) ----------------------------------------------------------------------
+# --- compiled paths --------------------------------------------------------------------------------
 
 
 def tiny_model() -> VanillaTransformerForConditionalGeneration:

@@ -17,8 +17,8 @@ class UniformMaskDropout(nn.Dropout):
     The same distribution: each unit kept with probability 1 - p (a uniform float is >= p with that
     probability, to float precision) and scaled by 1 / (1 - p). On CPU ``F.dropout`` draws with
     ``bernoulli_``, about three times slower than ``torch.rand``, and dropout was a tenth of a training
-    step; here the uniform draws become the scaled mask in place (kept for the backward as float32,
-    4 bytes a unit where ``F.dropout`` keeps 1). Other devices keep ``F.dropout``'s fused kernel.
+    step; here the uniform draws become the scaled mask in place (kept for the backward in the units' type,
+    2 or 4 bytes a unit where ``F.dropout`` keeps 1). Other devices keep ``F.dropout``'s fused kernel.
     """
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
@@ -26,8 +26,9 @@ class UniformMaskDropout(nn.Dropout):
             return hidden_states
         if hidden_states.device.type != "cpu" or not 0 < self.p < 1:
             return super().forward(hidden_states)
-        mask = torch.rand_like(hidden_states).ge_(self.p).mul_(1 / (1 - self.p))  # 0 or 1 / (1 - p)
-        return hidden_states * mask
+        # 0 or 1 / (1 - p), drawn in float32 whatever the units' type: a bf16 uniform takes too few values
+        mask = torch.rand(hidden_states.shape).ge_(self.p).mul_(1 / (1 - self.p))
+        return hidden_states * mask.to(hidden_states.dtype)
 
 
 def label_smoothed_cross_entropy(
