@@ -592,6 +592,20 @@ def test_beam_search_defaults_are_the_papers():
     assert generation_config.early_stopping is True
 
 
+def test_a_folder_without_generation_config_json_decodes_as_the_paper_does(tmp_path):
+    """transformers builds a greedy config from config.json where the file is missing; §6.1 decodes with beam 4,
+    alpha 0.6 and source + 50. A folder that has the file keeps what it says."""
+    model = tiny_model()
+    model.save_pretrained(tmp_path)
+    (tmp_path / "generation_config.json").unlink()
+    loaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path).generation_config
+    assert (loaded.num_beams, loaded.length_penalty, loaded.early_stopping) == (4, 0.6, True)
+    assert (loaded.length_penalty_formula, loaded.max_new_tokens_beyond_input) == ("gnmt", 50)
+    model.generation_config.num_beams = 2
+    model.save_pretrained(tmp_path)
+    assert VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path).generation_config.num_beams == 2
+
+
 def test_default_maximum_output_length_is_input_length_plus_50():
     model = tiny_model(seed=3)
     # make </s> impossible so that decoding runs to its limit

@@ -130,6 +130,14 @@ def pad_after_end_of_sequence(
 class VanillaTransformerGenerationMixin(GenerationMixin):
     """`GenerationMixin` with §6.1's decoding: the length rule, GNMT's length penalty and `BeamSearch`."""
 
+    def adjust_generation_fn(self, generation_config, *args, **kwargs):
+        """`from_pretrained`'s reading of generation_config.json. Where a folder has none, transformers builds a
+        config from config.json (greedy, no length rule); this model decodes as §6.1 says instead."""
+        super().adjust_generation_fn(generation_config, *args, **kwargs)
+        if generation_config is None and getattr(self.generation_config, "_from_model_config", False):
+            logger.info("no generation_config.json: decoding as the paper does (beam 4, GNMT alpha 0.6, source + 50)")
+            self.generation_config = paper_generation_config(self.config)
+
     def generate(self, inputs: torch.Tensor | None = None, generation_config: GenerationConfig | None = None, **kwargs):
         """`GenerationMixin.generate` with the paper's length limit (§6.1) and outputs padded with ``<pad>``.
 
