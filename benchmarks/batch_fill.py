@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from vanilla_transformer import train_tokenizer
-from vanilla_transformer.training import TokenBatchSampler, read_lines
+from vanilla_transformer.training import TokenBatchSampler, read_parallel
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -35,11 +35,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def corpus_lengths(args) -> np.ndarray:
     """(source, target) token counts of the training pairs, end-of-sentence included."""
-    sources = read_lines(args.data_dir / f"train.{args.source}.gz")
-    targets = read_lines(args.data_dir / f"train.{args.target}.gz")
+    pairs = read_parallel(args.data_dir / f"train.{args.source}.gz", args.data_dir / f"train.{args.target}.gz")
+    sources, targets = [source for source, _ in pairs], [target for _, target in pairs]  # aligned, or refused
     tokenizer = train_tokenizer(iter(sources + targets), vocab_size=args.vocab_size)
     encoded = tokenizer(sources, text_target=targets)
-    return np.array([(len(s), len(t)) for s, t in zip(encoded["input_ids"], encoded["labels"])], dtype=np.int64)
+    return np.array(
+        [(len(s), len(t)) for s, t in zip(encoded["input_ids"], encoded["labels"], strict=True)], dtype=np.int64
+    )
 
 
 def fill(lengths: np.ndarray, max_tokens: int, pad_to_buckets: bool) -> dict:

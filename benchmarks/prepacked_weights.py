@@ -11,8 +11,8 @@ generate() on a model and on a copy of it with the switch on, alternating, with 
 needed; they almost never emit ``</s>``, so every call decodes its N steps): a source of 20 tokens, beam 4,
 ``max_new_tokens = N``: the paper's decoding, which `BeamSearch` runs through its lean step.
 ``--processor`` also sets ``min_new_tokens = N``, a logits processor, which takes the general step. The
-first call of each pair reorders the weights (``--fresh`` reorders them at every call, as after each
-optimizer step). Medians over the repeats; the outputs must be identical.
+first call of each pair reorders the weights. Medians over the repeats; the outputs must be identical. On
+trained weights, `benchmarks/decoding.py --levers` times it (docs/benchmarks/speed.md).
 The defaults are an opus-mt-sized model (Helsinki-NLP's MarianMT models: 512/2048, 6+6 layers, 58k).
 """
 

@@ -171,6 +171,11 @@ def test_average_checkpoints_never_slices_from_the_end(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
+def test_fp16_on_the_cpu_is_refused_before_the_data_is_read():
+    message = refused_before_reading(train_argv("--fp16", "--use_cpu"))
+    assert "--fp16 on cpu" in message and "--bf16" in message
+
+
 def test_a_misspelt_config_override_is_refused_with_the_close_match():
     message = refused_before_reading(train_argv("--config_overrides", "d_modle=32,encoder_layers=1"))
     assert "no field 'd_modle'" in message and "'d_model'" in message

@@ -3,6 +3,8 @@
 import gzip
 import random
 
+import pytest
+
 from helpers import load_script
 
 batch_fill = load_script("benchmarks/batch_fill.py")
@@ -23,3 +25,11 @@ def test_batch_fill_counts_the_batches_the_sampler_makes(tmp_path):
         assert result["sentences_per_batch"] == round(400 / result["batches"], 1)
         assert result["real_share_of_padded_tokens"] == round(lengths.sum() / (2 * 128 * result["batches"]), 4)
     assert bucketed["batches"] >= exact["batches"]  # padding to buckets can only take room from sentences
+
+
+def test_files_of_different_lengths_are_refused_naming_both(tmp_path):
+    for side, count in (("en", 5), ("de", 4)):
+        with gzip.open(tmp_path / f"train.{side}.gz", "wt", encoding="utf-8") as file:
+            file.write("ein Hund\n" * count)
+    with pytest.raises(ValueError, match=r"train\.en\.gz' has 5 lines but .*train\.de\.gz' has 4"):
+        batch_fill.main(["--data-dir", str(tmp_path), "--vocab-size", "300"])

@@ -115,7 +115,11 @@ class DataArguments:
         metadata={"help": "hold out this many training pairs for validation when no validation data is given"},
     )
     max_source_length: int | None = field(
-        default=None, metadata={"help": "drop (and count) longer pairs; default: the model's max_position_embeddings"}
+        default=None,
+        metadata={
+            "help": "drop (and count) longer pairs; default: the model's max_position_embeddings, or --max_tokens "
+            "where smaller"
+        },
     )
     max_target_length: int | None = field(default=None, metadata={"help": "as --max_source_length, target side"})
     max_train_samples: int | None = field(default=None, metadata={"help": "use only the first N training pairs"})
