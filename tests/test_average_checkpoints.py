@@ -5,6 +5,7 @@ a model whose state dict is set to that mean, and the files of the input checkpo
 """
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -270,6 +271,15 @@ def test_inputs_out_of_update_order_are_refused_with_the_order_to_give(trainer_d
     with pytest.raises(ValueError, match="update 1000\\) comes before .* \\(update 900\\)"):
         average_checkpoints([renamed / "a", renamed / "b"], tmp_path / "avg2")
     average_checkpoints([renamed / "b", renamed / "a", tmp_path / "avg"], tmp_path / "avg3")  # no step: any place
+
+
+def test_two_checkpoints_at_the_same_update_are_named_as_two_runs(trainer_dir, tmp_path, caplog):
+    root, _ = trainer_dir
+    other = tmp_path / "other-run" / "checkpoint-900"
+    shutil.copytree(root / "checkpoint-900", other)
+    with caplog.at_level(logging.WARNING):
+        average_checkpoints([root / "checkpoint-900", other], tmp_path / "avg")
+    assert f"{root / 'checkpoint-900'} and {other} are both at update 900: checkpoints of two runs?" in caplog.text
 
 
 @pytest.mark.parametrize(

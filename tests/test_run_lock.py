@@ -89,6 +89,15 @@ def test_a_lock_from_another_host_is_refused_naming_the_host_and_kept(tmp_path):
     assert (tmp_path / LOCK_FILE).read_text() == written  # not taken over
 
 
+def test_a_lock_file_cut_short_that_no_process_holds_is_taken_over_with_a_warning(tmp_path, caplog):
+    (tmp_path / LOCK_FILE).write_text('{"host": "')  # a write stopped half-way: no host, no pid to check
+    with caplog.at_level(logging.WARNING):
+        lock = RunLock(tmp_path).acquire()
+    assert "taking over a lock file that cannot be read" in caplog.text
+    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+    lock.release()
+
+
 def test_the_lock_goes_with_a_run_that_fails(data_dir, tmp_path):
     output = tmp_path / "run"
     with pytest.raises((ValueError, OSError), match="--resume_from_checkpoint"):  # refused after the lock was taken

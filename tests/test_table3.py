@@ -397,6 +397,41 @@ def test_without_matplotlib_the_table_is_written_and_the_picture_skipped_with_a_
     assert summary["A1"]["delta_bleu"]["mean"] == -1.0 and summary["A1"]["runs"][42]["bleu"] == 19.0
 
 
+@pytest.mark.parametrize("name", [table3.FLAGS_FILE, table3.RESULT_FILE])
+def test_a_record_cut_short_is_named_with_what_to_do_and_records_are_written_whole(name, tmp_path, monkeypatch):
+    job = table3.Job("base", 42, tmp_path, ["--seed", "42"], None)
+    (tmp_path / name).write_text('{"row": "base", "flags": ', encoding="utf-8")  # a write stopped half-way
+    with pytest.raises(ValueError, match=f"{tmp_path / name} is not valid JSON .*delete it"):
+        table3.finished(job)
+
+    def stopped(self, target):
+        raise KeyboardInterrupt  # stopped between writing and renaming
+
+    (tmp_path / name).unlink()
+    monkeypatch.setattr(Path, "replace", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        table3.write_record(tmp_path / name, {"flags": job.flags})
+    assert table3.finished(job) is None  # no record rather than half of one
+
+
+def test_a_change_paired_over_fewer_seeds_than_the_row_says_how_many():
+    """A1 seeds 1 and 2 (BLEU 19, 18); base finished seed 2 only (20): A1's mean is 18.5, its change -2.00 is
+    seed 2's alone, which the table must say, or a reader computes 18.5 - 20."""
+    result = {
+        "wall_seconds": 60.0,
+        "parameters": 1e6,
+        "perplexity": 5.0,
+        "bleu": 20.0,
+        "chrf": 40.0,
+        **dict(zip(table3.SETTING, (2, 64, 128, 4, 16, 16, 0.1, 0.1, "sinusoidal", 10))),
+    }
+    results = {("base", 2): result, ("A1", 1): {**result, "bleu": 19.0}, ("A1", 2): {**result, "bleu": 18.0}}
+    summary = table3.summarize(["base", "A1"], results, {("base", 1): "RuntimeError: out of memory"})
+    row = next(line for line in table3.markdown(summary, []).splitlines() if line.startswith("| A1 "))
+    assert "| 18.50 ± 0.71 |" in row and "| -2.00 (n=1) |" in row
+    assert "paired over the K seeds whose base run finished" in table3.markdown(summary, [])
+
+
 def test_rows_that_change_nothing_at_the_base_are_named():
     """Rates scale at the paper's ratio: on a base without dropout, D1 and D2 train the base again."""
     base = model_config("base", {**table3_overrides(MULTI30K_BASE), "dropout": 0.0})

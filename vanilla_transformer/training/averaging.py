@@ -41,6 +41,8 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM
 from ..checkpoint_files import CHECKPOINT_NAME, TOKENIZER_FILES, check_json, check_safetensors, tokenizer_difference
 from .checkpointing import TRAINER_STATE_NAME, checkpoint_folders, complete_checkpoints
 
+logger = logging.getLogger(__name__)
+
 WEIGHTS_NAME = "model.safetensors"
 GENERATION_CONFIG_NAME = "generation_config.json"
 # The tokenizer's files (`TOKENIZER_FILES`) are copied byte for byte from the newest checkpoint when present,
@@ -147,6 +149,12 @@ def check_oldest_first(checkpoints: list[Path]) -> None:
     ``checkpoint-10000`` before ``checkpoint-9000``; that order is refused, with the right one to paste."""
     stepped = [(step, folder) for folder in checkpoints if (step := checkpoint_step(folder)) is not None]
     for (step, folder), (next_step, next_folder) in zip(stepped, stepped[1:], strict=False):
+        if next_step == step:
+            logger.warning(
+                f"{folder} and {next_folder} are both at update {step}: checkpoints of two runs? §6.1 averages the "
+                "last checkpoints of one run, whose weights stay close; the mean of separately trained models "
+                "may not translate at all."
+            )
         if next_step < step:
             in_order = " ".join(str(each) for _, each in sorted(stepped, key=lambda pair: pair[0]))
             raise ValueError(

@@ -70,6 +70,12 @@ class RunLock:
                 continue
             break
         holder = _read(fd)
+        if locked and "unreadable" in holder:  # cut short (a full disk, a crash mid-write), and no process holds it
+            logger.warning(
+                f"--output_dir {self.output_dir}: taking over a lock file that cannot be read "
+                f"({holder['unreadable']}); no process holds its lock"
+            )
+            holder = {}
         if holder and holder.get("host") != socket.gethostname():
             os.close(fd)  # unlocks
             raise OutputDirInUse(self._held_elsewhere(holder))
@@ -160,7 +166,7 @@ def _read(fd: int) -> dict:
     try:
         holder = json.loads(content) if content.strip() else {}
     except json.JSONDecodeError:
-        holder = {"host": "?", "pid": "?", "started": f"unreadable lock file: {content[:60]!r}"}
+        holder = {"host": "?", "pid": "?", "started": "?", "unreadable": f"{content[:60]!r}"}
     return holder if isinstance(holder, dict) else {}
 
 

@@ -378,12 +378,27 @@ def shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir: Path
 # ---------------------------------------------------------------------------------------------
 
 
+def write_record(path: Path, record: dict) -> None:
+    """A row's flags or result as JSON, whole or not at all (a stopped run or a full disk leaves no half file)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    partial.replace(path)
+
+
+def read_record(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{path} is not valid JSON ({error}): delete it, and table3 trains its row again, resuming from the "
+            "row's last checkpoint."
+        ) from None
+
+
 def finished(job: Job) -> dict | None:
     """The job's result when its folder holds one; an error when the folder's run started with other flags."""
     saved = {
-        name: json.loads((job.folder / name).read_text(encoding="utf-8"))
-        for name in (FLAGS_FILE, RESULT_FILE)
-        if (job.folder / name).is_file()
+        name: read_record(job.folder / name) for name in (FLAGS_FILE, RESULT_FILE) if (job.folder / name).is_file()
     }
     for record in saved.values():
         if record.get("flags") != job.flags:
@@ -399,7 +414,7 @@ def run_job(job: Job, device: str | None) -> dict:
     """Train and score one row (resuming from its last checkpoint when it has one); its result, also saved."""
     flags = job.flags + (RESUME_HINT.split() if checkpoint_folders(job.folder) else [])
     job.folder.mkdir(parents=True, exist_ok=True)
-    (job.folder / FLAGS_FILE).write_text(json.dumps({"flags": job.flags}, indent=2) + "\n", encoding="utf-8")
+    write_record(job.folder / FLAGS_FILE, {"flags": job.flags})
     start = time.monotonic()
     if device is None:
         try:
@@ -429,7 +444,7 @@ def run_job(job: Job, device: str | None) -> dict:
         "wall_seconds": time.monotonic() - start,
         **trained_run(job.folder),
     }
-    (job.folder / RESULT_FILE).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
+    write_record(job.folder / RESULT_FILE, result)
     return result
 
 
@@ -606,7 +621,7 @@ def markdown(summary: dict, notes: list[str]) -> str:
             changes = (
                 ["", ""]
                 if row == "base"
-                else [_mean(entry["delta_perplexity"], sign=True), _mean(entry["delta_bleu"], sign=True)]
+                else [_paired_change(entry, "delta_perplexity"), _paired_change(entry, "delta_bleu")]
             )
             cells += [
                 _mean(entry["perplexity"]),
@@ -627,7 +642,16 @@ def markdown(summary: dict, notes: list[str]) -> str:
     failed = [
         f"- {row} seed {seed}: {error}" for row, entry in summary.items() for seed, error in entry["failed"].items()
     ]
+    if any("(n=" in line for line in lines[2:]):
+        failed.append("- ΔPPL/ΔBLEU marked (n=K) are paired over the K seeds whose base run finished")
     return "\n".join([*notes, "", *lines, *(["", "Failed:", *failed] if failed else [])]) + "\n"
+
+
+def _paired_change(entry: dict, key: str) -> str:
+    """A change from base, with the number of seeds it is paired over where base finished fewer than the row."""
+    spread = entry[key]
+    text = _mean(spread, sign=True)
+    return text if spread is None or spread["n"] == len(entry["seeds"]) else f"{text} (n={spread['n']})"
 
 
 def _cell(value) -> str:
