@@ -612,10 +612,12 @@ def test_translate_references_that_do_not_align_name_both_files(model_dir, tmp_p
 def test_empty_source_tensors_get_a_clear_error(model_dir):
     model = VanillaTransformerForConditionalGeneration.from_pretrained(model_dir).eval()
     empty = torch.zeros(2, 0, dtype=torch.long)
-    with pytest.raises(ValueError, match=r"empty sequence \(shape \(2, 0\)\)"):
+    with pytest.raises(ValueError, match=r"empty sequence in input_ids \(shape \(2, 0\)\)"):
         model(input_ids=empty, decoder_input_ids=torch.full((2, 1), model.config.decoder_start_token_id))
-    with pytest.raises(ValueError, match=r"empty sequence \(shape \(2, 0\)\)"):
+    with pytest.raises(ValueError, match=r"empty sequence in input_ids \(shape \(2, 0\)\)"):
         model.generate(input_ids=empty)
+    with pytest.raises(ValueError, match=r"empty sequence in decoder_input_ids \(shape \(2, 0\)\)"):
+        model(input_ids=torch.full((2, 3), 5), decoder_input_ids=empty)
 
 
 def test_pad_to_buckets_outside_its_choices_is_refused_from_python_too(tmp_path):

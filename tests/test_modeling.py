@@ -953,8 +953,10 @@ def test_learned_positions_are_parameters_of_table_3_row_e():
 
 def test_sequence_longer_than_max_positions_is_an_error_not_a_truncation():
     model = tiny_model()
-    with pytest.raises(ValueError, match="longer than max_position_embeddings=128"):
+    with pytest.raises(ValueError, match="129 tokens in input_ids is longer than max_position_embeddings=128.*trunc"):
         model(input_ids=torch.full((1, 129), 5), decoder_input_ids=torch.full((1, 2), 5))
+    with pytest.raises(ValueError, match="129 tokens in decoder_input_ids is longer than max_position_embeddings"):
+        model(input_ids=torch.full((1, 2), 5), decoder_input_ids=torch.full((1, 129), 5))
 
 
 def test_decoder_without_encoder_output_is_an_error():

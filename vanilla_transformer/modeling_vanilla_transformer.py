@@ -121,8 +121,9 @@ POSITIONAL_ENCODINGS = {"sinusoidal": SinusoidalPositionalEncoding, "learned": L
 class TransformerEmbedding(nn.Module):
     """Input of a stack: ``Dropout(embedding(x) * sqrt(d_model) + PE)`` (§3.4, §3.5, §5.4)."""
 
-    def __init__(self, config: VanillaTransformerConfig, token_embedding: nn.Embedding):
+    def __init__(self, config: VanillaTransformerConfig, token_embedding: nn.Embedding, inputs: str = "input_ids"):
         super().__init__()
+        self.inputs = inputs  # what the model's caller names this stack's tokens, for the errors below
         self.token_embedding = token_embedding
         self.scale = math.sqrt(config.d_model) if config.scale_embedding else 1.0
         self.positional_encoding = POSITIONAL_ENCODINGS[config.position_embedding_type](config)
@@ -141,15 +142,16 @@ class TransformerEmbedding(nn.Module):
         length = inputs_embeds.shape[1]
         if length == 0:
             raise ValueError(
-                f"Got an empty sequence (shape {tuple(inputs_embeds.shape[:2])}): every input needs at least one "
-                "token, e.g. the </s> that the tokenizer appends to every sentence."
+                f"Got an empty sequence in {self.inputs} (shape {tuple(inputs_embeds.shape[:2])}): every input needs "
+                "at least one token, e.g. the </s> that the tokenizer appends to every sentence."
             )
         # Compiled code cannot branch on a static cache's length; generate() checks the limit up front.
         if not torch.compiler.is_compiling() and int(past_length) + length > self.max_positions:
             raise ValueError(
-                f"A sequence of {int(past_length) + length} tokens is longer than max_position_embeddings="
-                f"{self.max_positions}. Shorten the input (or generation's max_length), or raise "
-                f"max_position_embeddings in the config (sinusoidal positions need no retraining)."
+                f"A sequence of {int(past_length) + length} tokens in {self.inputs} is longer than "
+                f"max_position_embeddings={self.max_positions}. Shorten the input (the tokenizer's truncation=True "
+                "cuts it at model_max_length, as pipeline(..., truncation=True) does), or generation's max_length, "
+                "or raise max_position_embeddings in the config (sinusoidal positions need no retraining)."
             )
         position_ids = torch.arange(length, device=inputs_embeds.device) + past_length
         return self.dropout(inputs_embeds * self.scale + self.positional_encoding(position_ids))
@@ -544,10 +546,11 @@ class VanillaTransformerStack(VanillaTransformerPreTrainedModel):
     a final LayerNorm (pre-norm leaves the residual stream unnormalised)."""
 
     layer_class: type[nn.Module]
+    inputs: str  # the name of its tokens in the model's forward
 
     def __init__(self, config: VanillaTransformerConfig, token_embedding: nn.Embedding, num_layers: int):
         super().__init__(config)
-        self.embedding = TransformerEmbedding(config, token_embedding)
+        self.embedding = TransformerEmbedding(config, token_embedding, self.inputs)
         self.layers = nn.ModuleList([self.layer_class(config, layer_idx=i) for i in range(num_layers)])
         self.layer_norm = (
             nn.LayerNorm(config.d_model, eps=config.layer_norm_eps) if config.normalize_before else nn.Identity()
@@ -566,6 +569,7 @@ class VanillaTransformerEncoder(VanillaTransformerStack):
     """N identical layers over the embedded source (§3.1); attention sees every source position."""
 
     layer_class = VanillaTransformerEncoderLayer
+    inputs = "input_ids"
     _can_record_outputs = {
         "hidden_states": VanillaTransformerEncoderLayer,
         "attentions": VanillaTransformerAttention,
@@ -594,6 +598,7 @@ class VanillaTransformerDecoder(VanillaTransformerStack):
     """N identical layers over the embedded target prefix, attending to the encoder output (§3.1)."""
 
     layer_class = VanillaTransformerDecoderLayer
+    inputs = "decoder_input_ids"
     _can_record_outputs = {
         "hidden_states": VanillaTransformerDecoderLayer,
         "attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="self_attention"),
