@@ -1,5 +1,5 @@
 """Bad input to the command-line tools ends in a correct result or in an error that names the file,
-line or flag and says how to fix it, before any long work (issue 16).
+line or flag and says how to fix it, before any long work.
 
 "Before any long work" is checked by giving a flag error together with a training file that does
 not exist: the flag must be named, not the file, so nothing was read. The references are the

@@ -1,4 +1,4 @@
-"""Interoperability (issue 6): MarianMT checkpoints imported exactly, export to CTranslate2.
+"""Interoperability: MarianMT checkpoints imported exactly, export to CTranslate2.
 
 References: `MarianMTModel` itself, built from random configs with random weights (LayerNorms
 included, so that a wrong permutation cannot hide): logits and `generate()` on a padded batch; and

@@ -1,4 +1,4 @@
-"""Crashes during training (issue 16): kill -9 at any moment, a full disk, Ctrl-C.
+"""Crashes during training: kill -9 at any moment, a full disk, Ctrl-C.
 
 The reference for "the run finishes as if nothing happened" is an uninterrupted run with the same
 seed and data, in a separate process like the interrupted one: the final weights must be equal.

@@ -742,7 +742,7 @@ def test_a_source_padded_on_the_left_is_refused():
         model.generate(input_ids=left_ids, attention_mask=left_mask, max_new_tokens=3)
 
 
-# --- ending a translation (issue 21, item 5: "undertrained models loop") -------------------------
+# --- ending a translation: undertrained models loop -----------------------------------------------
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
