@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from test_bad_input import refused_before_reading, train_argv
@@ -39,6 +40,7 @@ from vanilla_transformer.training import run as train
 from vanilla_transformer.training.checkpointing import (
     LEFT_OUT_NAME,
     RESUME_POINT_NAME,
+    StopOnSignal,
     TrainingInterrupted,
     check_resumable,
 )
@@ -252,6 +254,75 @@ def test_a_budget_too_small_for_the_whole_checkpoint_saves_what_resumes_says_so_
 )
 def test_preemption_flags_out_of_range_are_refused_before_reading_data(flags, message):
     assert message in refused_before_reading(train_argv(*flags))
+
+
+def test_under_a_launcher_a_grace_past_its_sigkill_is_refused_before_reading_data(monkeypatch):
+    """torchrun's agent sends SIGKILL 30 s after it passes a SIGTERM on (TORCH_ELASTIC_SHUTDOWN_TIMEOUT, which
+    torch 2.13 reads, sets that time): a grace of 90 s would be cut at 30, and the checkpoint with it."""
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job-1")
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", raising=False)
+    message = refused_before_reading(train_argv("--preemption_grace_seconds", "90"))
+    assert "sends SIGKILL 30 s after it passes a SIGTERM on" in message and "within 25 s" in message
+    train.parse_arguments(train_argv("--preemption_grace_seconds", "25"))  # the default fits
+    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
+    train.parse_arguments(train_argv("--preemption_grace_seconds", "90"))
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    train.parse_arguments(train_argv("--preemption_grace_seconds", "600"))  # no launcher: the scheduler's call
+
+
+class Voters:
+    """What `StopOnSignal` sees of a trainer on one of two processes: the other process's votes, and a hook that
+    runs inside the all-reduce (where a signal's handler runs once the collective returns)."""
+
+    def __init__(self, others: list[list[float]], during=None):
+        self.args = type("Args", (), {"world_size": 2})()
+        self.accelerator, self.resume_point_only = self, False
+        self.device, self.others, self.during = "cpu", others, during
+
+    def reduce(self, tensor, reduction):
+        if self.during is not None:
+            self.during()
+            self.during = None
+        return tensor + torch.tensor(self.others.pop(0))
+
+
+def test_a_signal_during_the_vote_counts_at_the_next_vote_on_every_process():
+    """A SIGTERM handled while this process waits in the vote: the vote (nobody had one) decides, for this process
+    as for the other, and no grace deadline applies before they agree; the next vote stops both."""
+    stop = StopOnSignal(None, grace_seconds=25)
+    stop.trainer = Voters([[0, 0], [0, 0]], during=lambda: stop._handle(signal.SIGTERM, None))
+    assert stop._stop_requested() is False  # the other process, given the same sum, does not stop either
+    assert stop.deadline() is None  # a checkpoint written now holds what the other's holds
+    assert stop._stop_requested() is True and stop.received == signal.SIGTERM
+    assert stop.deadline() == pytest.approx(stop.received_at + 25)
+
+
+def test_a_signal_after_the_last_vote_stops_every_process_at_the_end_alike():
+    stop = StopOnSignal(None, grace_seconds=25)
+    stop.trainer = Voters([[0, 1]])  # the other process got a SIGTERM after the last update's vote
+    with pytest.raises(TrainingInterrupted, match="Training stopped by SIGTERM at step 7"):
+        stop.raise_if_stopped(7)
+    calm = StopOnSignal(None, grace_seconds=25)
+    calm.trainer = Voters([[0, 0]])
+    calm.raise_if_stopped(7)  # nobody got one: both go on to evaluate and save
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="POSIX signals")
+def test_a_second_sigterm_is_ignored_and_a_second_ctrl_c_stops_at_once():
+    """SLURM signals every process of a step and torchrun passes its own SIGTERM on: each process gets two at
+    once, and the second must not kill it before it saves. Ctrl-C twice still means "stop now"."""
+    stop = StopOnSignal(None, grace_seconds=25)
+    stop.trainer = Voters([])
+    stop.trainer.args.world_size = 1
+    with stop.installed():
+        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGTERM)  # before this test, the default handler: the process died here
+        assert stop.received == signal.SIGTERM and signal.getsignal(signal.SIGTERM) == stop._handle
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
 
 
 @pytest.mark.parametrize("eval_sets", [1, 2], ids=["one-eval-set", "two-eval-sets"])

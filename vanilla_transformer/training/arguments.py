@@ -11,6 +11,7 @@ imported here.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 
 import torch
@@ -285,6 +286,32 @@ def check_argument_ranges(args: TransformerTrainingArguments) -> None:
     _check_cooldown(args)
     _check_average_weights(args)
     _check_ema_decay(args)
+    _check_preemption_grace(args)
+
+
+LAUNCHER_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+LAUNCHER_SHUTDOWN_MARGIN = 5  # seconds a process needs after its checkpoint to exit before the launcher's SIGKILL
+
+
+def launcher_shutdown_seconds() -> float | None:
+    """How long `torchrun` / `accelerate launch` lets its processes run after passing a SIGTERM on, before it
+    sends SIGKILL; None outside such a launch. ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` where the installed torch
+    reads it (2.13 does; releases before 2.12 hard-code the 30 s), else 30."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:
+        return None
+    reads_it = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 12)
+    return float(os.environ[LAUNCHER_SHUTDOWN_ENV]) if reads_it and os.environ.get(LAUNCHER_SHUTDOWN_ENV) else 30.0
+
+
+def _check_preemption_grace(args: TransformerTrainingArguments) -> None:
+    limit = launcher_shutdown_seconds()
+    if limit is not None and args.preemption_grace_seconds > limit - LAUNCHER_SHUTDOWN_MARGIN:
+        raise ValueError(
+            f"--preemption_grace_seconds {args.preemption_grace_seconds:g}: the launcher (accelerate launch, torchrun) "
+            f"sends SIGKILL {limit:g} s after it passes a SIGTERM on, so a checkpoint must be written within "
+            f"{limit - LAUNCHER_SHUTDOWN_MARGIN:g} s. Give at most that, or launch with "
+            f"{LAUNCHER_SHUTDOWN_ENV}=SECONDS set (torch 2.12 and later read it)."
+        )
 
 
 def _check_ema_decay(args: TransformerTrainingArguments) -> None:

@@ -469,10 +469,12 @@ class StopOnSignal(TrainerCallback):
     SIGTERM is how schedulers preempt (SLURM, Kubernetes, spot instances: SIGKILL follows after a grace
     period), so after it the checkpoint must be written within ``grace_seconds`` of the signal: what
     resumes best first, the rest as the budget allows (`CheckpointPolicy`). A signal during a regular
-    save stops right after it, without another update. A second signal acts at once (the previous
-    handlers are back), for when saving is not wanted. With several processes they agree at every
-    update and save whether any of them got a signal (SIGTERM over SIGINT), so that all stop at the
-    same step and write one checkpoint together.
+    save stops right after it, without another update. A second Ctrl-C acts at once (the previous
+    handler is back), for when saving is not wanted; a second SIGTERM is ignored (a launcher passes the
+    scheduler's on, and SLURM signals every process too, so each gets two at once). With several
+    processes, whether to stop is decided by their vote alone, at every update (SIGTERM over SIGINT): all
+    stop at the same step and write one checkpoint together, and a signal that lands while a vote runs
+    counts at the next one.
     """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -482,6 +484,7 @@ class StopOnSignal(TrainerCallback):
         self.grace_seconds = grace_seconds
         self.received: int | None = None
         self.received_at: float | None = None  # time.monotonic() when this process learnt of the signal
+        self.agreed = False  # every process knows of the signal (the vote): saves may now follow its budget
         self.saved: Path | None = None
         self.training = False  # inside `installed`: a signal now stops training (and an evaluation within it)
         self._previous: dict = {}
@@ -490,6 +493,7 @@ class StopOnSignal(TrainerCallback):
     def installed(self):
         """Handle the signals while the block runs (only the main thread may install handlers)."""
         self.received, self.received_at, self.saved, self.trainer.resume_point_only = None, None, None, False
+        self.agreed = False
         if threading.current_thread() is not threading.main_thread():
             yield
             return
@@ -509,8 +513,11 @@ class StopOnSignal(TrainerCallback):
         self._previous = {}
 
     def _handle(self, number, frame) -> None:
+        if self.received == signal.SIGTERM or self.received == number:  # the same again: already stopping
+            return
         self.received, self.received_at = number, time.monotonic()
-        self._restore()
+        if signal.SIGINT in self._previous:  # a second Ctrl-C stops at once
+            signal.signal(signal.SIGINT, self._previous.pop(signal.SIGINT))
         budget = (
             f" within {self.grace_seconds:g} s (--preemption_grace_seconds)"
             if number == signal.SIGTERM and self.grace_seconds
@@ -518,7 +525,7 @@ class StopOnSignal(TrainerCallback):
         )
         logger.warning(
             f"{signal.Signals(number).name} received: finishing this update, then saving a checkpoint"
-            f"{budget} and stopping (send it again to stop at once, without saving)."
+            f"{budget} and stopping (Ctrl-C again stops at once, without saving)."
         )
 
     def deadline(self) -> float | None:
@@ -526,10 +533,14 @@ class StopOnSignal(TrainerCallback):
         budget; None without one (no signal, or Ctrl-C, whose user can wait)."""
         if self.received != signal.SIGTERM or not self.grace_seconds:
             return None
+        if self.trainer.args.world_size > 1 and not self.agreed:  # what a checkpoint holds is decided alike
+            return None
         return self.received_at + self.grace_seconds
 
     def _stop_requested(self) -> bool:
-        """Whether any process got a signal (one all-reduce with several); all then hold the same one."""
+        """Whether any process got a signal: with several, the sum of their votes (one all-reduce) alone decides,
+        never what this process learnt after casting its vote, so that every process decides alike; all then
+        hold the same signal."""
         if self.trainer.args.world_size > 1:
             got = torch.tensor(
                 [self.received == signal.SIGINT, self.received == signal.SIGTERM],
@@ -537,10 +548,12 @@ class StopOnSignal(TrainerCallback):
                 device=self.trainer.accelerator.device,
             )
             got = self.trainer.accelerator.reduce(got, reduction="sum").tolist()
-            if any(got):
-                self.received = signal.SIGTERM if got[1] else signal.SIGINT
-                self.received_at = self.received_at or time.monotonic()  # another process got it
-        return self.received is not None
+            if not any(got):  # a signal that landed during the vote counts at the next one
+                return False
+            self.received = signal.SIGTERM if got[1] else signal.SIGINT
+            self.received_at = self.received_at or time.monotonic()  # another process got it
+        self.agreed = self.received is not None
+        return self.agreed
 
     def on_step_end(self, args, state, control, **kwargs):
         if self._stop_requested():
@@ -560,7 +573,8 @@ class StopOnSignal(TrainerCallback):
         return control
 
     def raise_if_stopped(self, step: int) -> None:
-        if self.received is not None:
+        """After training: a last vote, so that a signal after the last update's vote stops every process alike."""
+        if self._stop_requested():
             raise TrainingInterrupted(self.received, step, self.saved)
 
 
