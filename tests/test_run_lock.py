@@ -32,7 +32,7 @@ from test_faults import (  # noqa: F401
 )
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.checkpointing import check_resumable
-from vanilla_transformer.training.run_lock import LOCK_FILE, OutputDirInUse, RunLock
+from vanilla_transformer.training.run_lock import LOCK_FILE, OutputDirInUse, RunLock, hold_output_dir
 
 HOLDER = textwrap.dedent("""
     import sys, time
@@ -131,6 +131,33 @@ def test_a_second_run_on_a_folder_in_use_exits_2_in_one_line_and_the_first_finis
         check_resumable(checkpoint)
         assert_same_weights(checkpoint, uninterrupted / checkpoint.name)
     assert_same_weights(output, uninterrupted)
+
+
+@pytest.mark.parametrize("process_index", [0, 1])
+def test_a_folder_the_main_process_cannot_make_stops_every_process_with_its_reason(
+    process_index, tmp_path, monkeypatch
+):
+    """Not only a lock held elsewhere: an output folder under a file fails on the main process, and the others,
+    waiting in the broadcast, learn why and stop too (they had waited there until the launcher killed them)."""
+    import torch
+
+    (tmp_path / "file").write_text("not a folder")
+    output = tmp_path / "file" / "run"
+    args = type("Args", (), {"process_index": process_index, "world_size": 2, "output_dir": str(output)})()
+    sent = []
+
+    def broadcast(outcome, src):
+        if process_index == 0:
+            sent.append(outcome[0])
+        else:  # what the main process sent
+            outcome[0] = (OSError, f"--output_dir {output}: [Errno 20] Not a directory: '{output}'")
+
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "broadcast_object_list", broadcast)
+    with pytest.raises(OSError, match=f"--output_dir {output}: .*Not a directory"):
+        hold_output_dir(args)
+    if process_index == 0:
+        assert sent[0][0] is OSError and "Not a directory" in sent[0][1]
 
 
 @pytest.mark.slow

@@ -140,7 +140,9 @@ def hold_output_dir(training_args) -> RunLock | None:
         try:
             lock = RunLock(training_args.output_dir).acquire()
         except OutputDirInUse as error:
-            refusal = str(error)
+            refusal = (OutputDirInUse, str(error))
+        except OSError as error:  # e.g. no permission, or a file where a folder should be
+            refusal = (OSError, f"--output_dir {training_args.output_dir}: {error}")
     import torch
 
     if training_args.world_size > 1 and torch.distributed.is_initialized():  # the others follow the main process
@@ -148,7 +150,8 @@ def hold_output_dir(training_args) -> RunLock | None:
         torch.distributed.broadcast_object_list(outcome, src=0)
         refusal = outcome[0]
     if refusal is not None:
-        raise OutputDirInUse(refusal)
+        kind, message = refusal
+        raise kind(message)
     return lock
 
 
