@@ -245,6 +245,38 @@ def test_gzip_file_gives_the_same_vocabulary_as_plain(tmp_path):
     )
 
 
+@pytest.mark.parametrize("compressed", [False, True], ids=["plain", "gzip"])
+def test_a_pipe_gives_the_same_vocabulary_as_its_file(tmp_path, compressed):
+    """``vanilla-transformer tokenizer <(zcat train.en.gz)``: a pipe can be read once; telling gzip from plain
+    text once took its first 8 KiB away (the 400 first lines of a big file, a small file whole)."""
+    import threading
+
+    source = _write_lines(tmp_path / ("corpus.txt.gz" if compressed else "corpus.txt"), CORPUS)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    done = threading.Event()
+
+    def write():
+        try:
+            fifo.write_bytes(source.read_bytes())
+        except BrokenPipeError:  # the reader closed the pipe early
+            pass
+        while not done.wait(0.1):  # a reader that opens the pipe again gets an end of file, not a wait forever
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # no reader now
+                pass
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        piped = train_tokenizer([fifo], vocab_size=VOCAB_SIZE)
+    finally:
+        done.set()
+        writer.join()
+    assert _model_json(piped) == _model_json(train_tokenizer([source], vocab_size=VOCAB_SIZE))
+
+
 # Bad input: a clear error that says what is wrong
 
 

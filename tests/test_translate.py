@@ -260,6 +260,13 @@ def test_blank_lines_give_blank_outputs_and_are_not_decoded(loaded, model_dir, t
     ]
 
 
+def test_an_input_of_blank_lines_only_gives_as_many_blank_lines(model_dir, tmp_path):
+    source, output = tmp_path / "in.txt", tmp_path / "out.txt"
+    source.write_text("\n  \n\n")
+    translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(output)])
+    assert output.read_text() == "\n\n\n"
+
+
 @pytest.fixture(scope="module")
 def short_model_dir(tmp_path_factory) -> Path:
     return save_model(tmp_path_factory.mktemp("short"), max_position_embeddings=12)

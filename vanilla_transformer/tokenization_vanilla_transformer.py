@@ -26,8 +26,10 @@ library, ``tokenizers`` and ``transformers``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gzip
 import importlib
+import io
 import json
 import os
 import sys
@@ -315,11 +317,35 @@ def _lines_of_files(paths: list[Path]) -> Iterator[str]:
             ) from error
 
 
+@contextlib.contextmanager
 def _open_binary(path: Path):
-    """Open a plain or gzip-compressed file for reading its byte lines, told apart by content, not suffix."""
+    """A plain or gzip-compressed file's byte lines, told apart by content, not suffix. The file is opened once:
+    a pipe (``<(zcat train.en.gz)``) cannot be read again, so the bytes read to tell are put back in front."""
     with open(path, "rb") as file:
-        is_gzip = file.read(len(GZIP_MAGIC)) == GZIP_MAGIC
-    return gzip.open(path, "rb") if is_gzip else open(path, "rb")
+        head = file.read(len(GZIP_MAGIC))
+        stream = io.BufferedReader(_Prefixed(head, file))
+        if head == GZIP_MAGIC:
+            with gzip.GzipFile(fileobj=stream, mode="rb") as unzipped:
+                yield unzipped
+        else:
+            yield stream
+
+
+class _Prefixed(io.RawIOBase):
+    """``head`` (bytes already read), then the rest of ``file``."""
+
+    def __init__(self, head: bytes, file):
+        self.head, self.file = head, file
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        if self.head:
+            count = min(len(buffer), len(self.head))
+            buffer[:count], self.head = self.head[:count], self.head[count:]
+            return count
+        return self.file.readinto(buffer)
 
 
 def build_parser(prog: str = "vanilla-transformer tokenizer") -> argparse.ArgumentParser:

@@ -62,6 +62,8 @@ def inputs_too_long(model, tokenizer, sentences: Sequence[str], todo: list[int] 
     default all) and the positions of those longer than the limit."""
     todo = range(len(sentences)) if todo is None else todo
     limit = source_limit(model, tokenizer)
+    if not todo:  # only blank lines: nothing to tokenize (a fast tokenizer fails on an empty batch)
+        return limit, {}, []
     lengths = {i: len(ids) for i, ids in zip(todo, tokenizer([sentences[i] for i in todo])["input_ids"])}
     return limit, lengths, [i for i in todo if lengths[i] > limit]
 
