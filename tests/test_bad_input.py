@@ -616,7 +616,7 @@ def test_empty_source_tensors_get_a_clear_error(model_dir):
         model(input_ids=empty, decoder_input_ids=torch.full((2, 1), model.config.decoder_start_token_id))
     with pytest.raises(ValueError, match=r"empty sequence in input_ids \(shape \(2, 0\)\)"):
         model.generate(input_ids=empty)
-    with pytest.raises(ValueError, match=r"empty sequence in decoder_input_ids \(shape \(2, 0\)\)"):
+    with pytest.raises(ValueError, match=r"empty sequence in decoder_input_ids \(or labels\) \(shape \(2, 0\)\)"):
         model(input_ids=torch.full((2, 3), 5), decoder_input_ids=empty)
 
 

@@ -604,6 +604,12 @@ def test_a_folder_without_generation_config_json_decodes_as_the_paper_does(tmp_p
     model.generation_config.num_beams = 2
     model.save_pretrained(tmp_path)
     assert VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path).generation_config.num_beams == 2
+    # a file written from a model config (a converted MarianMT's) is taken as written too
+    written = json.loads((tmp_path / "generation_config.json").read_text())
+    written.update(_from_model_config=True, num_beams=5, bad_words_ids=[[0]])
+    (tmp_path / "generation_config.json").write_text(json.dumps(written))
+    loaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path).generation_config
+    assert (loaded.num_beams, loaded.bad_words_ids) == (5, [[0]])
 
 
 def test_default_maximum_output_length_is_input_length_plus_50():
@@ -955,7 +961,9 @@ def test_sequence_longer_than_max_positions_is_an_error_not_a_truncation():
     model = tiny_model()
     with pytest.raises(ValueError, match="129 tokens in input_ids is longer than max_position_embeddings=128.*trunc"):
         model(input_ids=torch.full((1, 129), 5), decoder_input_ids=torch.full((1, 2), 5))
-    with pytest.raises(ValueError, match="129 tokens in decoder_input_ids is longer than max_position_embeddings"):
+    with pytest.raises(
+        ValueError, match=r"129 tokens in decoder_input_ids \(or labels\) is longer than max_position_embeddings"
+    ):
         model(input_ids=torch.full((1, 2), 5), decoder_input_ids=torch.full((1, 129), 5))
 
 

@@ -264,10 +264,11 @@ def test_under_a_launcher_a_grace_past_its_sigkill_is_refused_before_reading_dat
     message = refused_before_reading(train_argv("--preemption_grace_seconds", "90"))
     assert "sends SIGKILL 30 s after it passes a SIGTERM on" in message and "within 25 s" in message
     train.parse_arguments(train_argv("--preemption_grace_seconds", "25"))  # the default fits
-    monkeypatch.setenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "120")
-    train.parse_arguments(train_argv("--preemption_grace_seconds", "90"))
+    for name in ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "PET_SHUTDOWN_TIMEOUT"):  # torch's variable, torchrun's flag's
+        monkeypatch.setenv(name, "120")
+        train.parse_arguments(train_argv("--preemption_grace_seconds", "90"))
+        monkeypatch.delenv(name)
     monkeypatch.delenv("TORCHELASTIC_RUN_ID")
-    monkeypatch.delenv("TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
     train.parse_arguments(train_argv("--preemption_grace_seconds", "600"))  # no launcher: the scheduler's call
 
 

@@ -90,12 +90,14 @@ def test_a_lock_from_another_host_is_refused_naming_the_host_and_kept(tmp_path):
 
 
 def test_a_lock_file_cut_short_that_no_process_holds_is_taken_over_with_a_warning(tmp_path, caplog):
-    (tmp_path / LOCK_FILE).write_text('{"host": "')  # a write stopped half-way: no host, no pid to check
-    with caplog.at_level(logging.WARNING):
-        lock = RunLock(tmp_path).acquire()
-    assert "taking over a lock file that cannot be read" in caplog.text
-    assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
-    lock.release()
+    for damaged in (b'{"host": "', b'\xff\xfe{"host"'):  # a write stopped half-way; bytes that are not UTF-8
+        (tmp_path / LOCK_FILE).write_bytes(damaged)
+        with caplog.at_level(logging.WARNING):
+            lock = RunLock(tmp_path).acquire()
+        assert "taking over a lock file that cannot be read" in caplog.text
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
+        lock.release()
+        caplog.clear()
 
 
 def test_the_lock_goes_with_a_run_that_fails(data_dir, tmp_path):

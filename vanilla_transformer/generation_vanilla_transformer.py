@@ -22,8 +22,10 @@ from __future__ import annotations
 import contextvars
 import copy
 import numbers
+import os
 
 import torch
+from huggingface_hub import try_to_load_from_cache
 from torch import nn
 from transformers import GenerationConfig, GenerationMixin
 from transformers.cache_utils import DynamicCache, EncoderDecoderCache
@@ -59,6 +61,7 @@ require(
 )
 
 logger = logging.get_logger(__name__)
+GENERATION_CONFIG_FILE = "generation_config.json"
 
 # transformers 5.24 renamed the key/value cache `past_key_values` -> `cache` in generate()'s model
 # kwargs, in forward arguments and in model outputs: the installed version's name.
@@ -93,6 +96,16 @@ def paper_generation_config(config) -> GenerationConfig:
         pad_token_id=config.pad_token_id,
         **{MAX_NEW_TOKENS_BEYOND_INPUT: MAX_EXTRA_OUTPUT_TOKENS, LENGTH_PENALTY_FORMULA: "gnmt"},
     )
+
+
+def _has_generation_file(pretrained, kwargs: dict) -> bool:
+    """Whether the folder or Hub repo a model was loaded from holds generation_config.json; a Hub repo the cache
+    knows nothing of counts as holding it (transformers' reading stands)."""
+    name = os.path.join(kwargs.get("subfolder") or "", GENERATION_CONFIG_FILE)
+    if os.path.isdir(pretrained):
+        return os.path.isfile(os.path.join(pretrained, name))
+    found = try_to_load_from_cache(str(pretrained), name, kwargs.get("cache_dir"), kwargs.get("revision"))
+    return found is None or isinstance(found, str)  # else the cache's record that the repo has no such file
 
 
 def penalty_formula_of(generation_config: GenerationConfig) -> str:
@@ -130,11 +143,12 @@ def pad_after_end_of_sequence(
 class VanillaTransformerGenerationMixin(GenerationMixin):
     """`GenerationMixin` with §6.1's decoding: the length rule, GNMT's length penalty and `BeamSearch`."""
 
-    def adjust_generation_fn(self, generation_config, *args, **kwargs):
+    def adjust_generation_fn(self, generation_config, from_auto_class, from_pipeline, pretrained, *args, **kwargs):
         """`from_pretrained`'s reading of generation_config.json. Where a folder has none, transformers builds a
-        config from config.json (greedy, no length rule); this model decodes as §6.1 says instead."""
-        super().adjust_generation_fn(generation_config, *args, **kwargs)
-        if generation_config is None and getattr(self.generation_config, "_from_model_config", False):
+        config from config.json (greedy, no length rule); this model decodes as §6.1 says instead. A file that
+        is there is taken as written, ``"_from_model_config": true`` (a MarianMT's) included."""
+        super().adjust_generation_fn(generation_config, from_auto_class, from_pipeline, pretrained, *args, **kwargs)
+        if generation_config is None and pretrained is not None and not _has_generation_file(pretrained, kwargs):
             logger.info("no generation_config.json: decoding as the paper does (beam 4, GNMT alpha 0.6, source + 50)")
             self.generation_config = paper_generation_config(self.config)
 

@@ -598,7 +598,7 @@ class VanillaTransformerDecoder(VanillaTransformerStack):
     """N identical layers over the embedded target prefix, attending to the encoder output (§3.1)."""
 
     layer_class = VanillaTransformerDecoderLayer
-    inputs = "decoder_input_ids"
+    inputs = "decoder_input_ids (or labels)"
     _can_record_outputs = {
         "hidden_states": VanillaTransformerDecoderLayer,
         "attentions": OutputRecorder(VanillaTransformerAttention, index=1, layer_name="self_attention"),

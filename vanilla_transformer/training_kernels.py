@@ -27,7 +27,8 @@ class UniformMaskDropout(nn.Dropout):
         if hidden_states.device.type != "cpu" or not 0 < self.p < 1:
             return super().forward(hidden_states)
         # 0 or 1 / (1 - p), drawn in float32 whatever the units' type: a bf16 uniform takes too few values
-        mask = torch.rand(hidden_states.shape).ge_(self.p).mul_(1 / (1 - self.p))
+        mask = torch.rand(hidden_states.shape, dtype=torch.float32, device=hidden_states.device)
+        mask = mask.ge_(self.p).mul_(1 / (1 - self.p))
         return hidden_states * mask.to(hidden_states.dtype)
 
 

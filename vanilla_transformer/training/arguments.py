@@ -289,18 +289,24 @@ def check_argument_ranges(args: TransformerTrainingArguments) -> None:
     _check_preemption_grace(args)
 
 
-LAUNCHER_SHUTDOWN_ENV = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+LAUNCHER_SHUTDOWN_ENVS = ("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "PET_SHUTDOWN_TIMEOUT")  # torch's, torchrun's flag's
 LAUNCHER_SHUTDOWN_MARGIN = 5  # seconds a process needs after its checkpoint to exit before the launcher's SIGKILL
 
 
 def launcher_shutdown_seconds() -> float | None:
     """How long `torchrun` / `accelerate launch` lets its processes run after passing a SIGTERM on, before it
-    sends SIGKILL; None outside such a launch. ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` where the installed torch
-    reads it (2.13 does; releases before 2.12 hard-code the 30 s), else 30."""
+    sends SIGKILL; None outside such a launch. ``TORCH_ELASTIC_SHUTDOWN_TIMEOUT`` (or ``PET_SHUTDOWN_TIMEOUT``,
+    torchrun's ``--shutdown_timeout`` given as a variable) where the installed torch reads it (2.13 does;
+    releases before 2.12 hard-code the 30 s), else 30."""
     if "TORCHELASTIC_RUN_ID" not in os.environ:
         return None
-    reads_it = tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 12)
-    return float(os.environ[LAUNCHER_SHUTDOWN_ENV]) if reads_it and os.environ.get(LAUNCHER_SHUTDOWN_ENV) else 30.0
+    if tuple(int(part) for part in torch.__version__.split(".")[:2]) >= (2, 12):
+        for name in LAUNCHER_SHUTDOWN_ENVS:
+            try:
+                return float(os.environ[name])
+            except (KeyError, ValueError):  # unset, or not a number (torch's launcher would have refused it)
+                continue
+    return 30.0
 
 
 def _check_preemption_grace(args: TransformerTrainingArguments) -> None:
@@ -310,7 +316,8 @@ def _check_preemption_grace(args: TransformerTrainingArguments) -> None:
             f"--preemption_grace_seconds {args.preemption_grace_seconds:g}: the launcher (accelerate launch, torchrun) "
             f"sends SIGKILL {limit:g} s after it passes a SIGTERM on, so a checkpoint must be written within "
             f"{limit - LAUNCHER_SHUTDOWN_MARGIN:g} s. Give at most that, or launch with "
-            f"{LAUNCHER_SHUTDOWN_ENV}=SECONDS set (torch 2.12 and later read it)."
+            f"{LAUNCHER_SHUTDOWN_ENVS[0]}=SECONDS set (torch 2.12 and later read it; torchrun's --shutdown_timeout "
+            "alone does not reach the processes it starts)."
         )
 
 

@@ -168,7 +168,7 @@ def _read(fd: int) -> dict:
     content = os.read(fd, 4096)
     try:
         holder = json.loads(content) if content.strip() else {}
-    except json.JSONDecodeError:
+    except ValueError:  # not JSON, or not even UTF-8
         holder = {"host": "?", "pid": "?", "started": "?", "unreadable": f"{content[:60]!r}"}
     return holder if isinstance(holder, dict) else {}
 
