@@ -207,6 +207,12 @@ def test_a_model_that_is_not_marian_is_refused():
         from_marian(VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny")))
 
 
+def test_a_folder_of_another_model_is_refused_naming_it(tmp_path):
+    VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny")).save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match=f"{tmp_path} describes a 'vanilla_transformer' model .*not a MarianMT one"):
+        from_marian(str(tmp_path))
+
+
 def marian_tokenizer() -> PreTrainedTokenizerFast:
     """A word-level stand-in for the sentencepiece MarianTokenizer, with Marian's id layout."""
     vocab = {"</s>": 0, "<unk>": 1, **{f"w{i}": i for i in range(2, MARIAN_PAD)}, "<pad>": MARIAN_PAD}

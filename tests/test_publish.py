@@ -131,6 +131,17 @@ def test_publish_uploads_the_model_files_in_one_commit_and_nothing_of_the_run(ru
         hub.stop()
 
 
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["upload", "dry-run"])
+def test_a_folder_that_does_not_exist_is_refused_in_one_line(dry_run, tmp_path, capsys):
+    """A misspelt runs/en-dee once listed nothing and exited 0 with --dry-run (a name with one slash passes for a
+    Hub id elsewhere; publish uploads a folder on this disk)."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["publish", "runs/en-dee", "--repo-id", f"{USER}/x", *dry_run])
+    error = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(error.splitlines()) == 1
+    assert "MODEL_DIR runs/en-dee is not a folder" in error
+
+
 def test_a_folder_without_its_tokenizer_is_refused_in_one_line(tmp_path, run_folder, capsys):
     bare = tmp_path / "bare"
     bare.mkdir()

@@ -240,6 +240,38 @@ def test_an_empty_translation_gets_no_pictures_and_is_named_on_stderr(loaded, tm
     assert "input(s) 0, 2: their translation is empty" in capsys.readouterr().err
 
 
+def test_an_input_too_long_for_the_model_gets_no_picture_and_is_named(short_model_dir, tmp_path, capsys):
+    """--truncate or --skip-long translated it; its picture would need the whole source, which the model cannot
+    read: it once failed after the translations were written, and --metrics-json was lost."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(short_model_dir).eval()
+    tokenizer = AutoTokenizer.from_pretrained(short_model_dir)
+    long_line = " ".join(["medium sentence"] * 10)
+    args = argparse.Namespace(attention_png=str(tmp_path / "pictures"), attention_count=3)
+    paths, skipped = translate.write_pictures(model, tokenizer, [long_line, "short"], ["x y", "x"], args)
+    assert skipped == [0] and sorted(p.name for p in (tmp_path / "pictures").iterdir()) == ["0001"]
+    assert "input(s) 0: longer than the 12 tokens the model reads" in capsys.readouterr().err
+
+
+def test_a_device_torch_does_not_know_is_refused_naming_the_flag(model_dir, tmp_path):
+    source = tmp_path / "in.txt"
+    source.write_text("short\n")
+    with pytest.raises(ValueError, match="--device bogus: not a device"):
+        translate.main(["--model", str(model_dir), "--input", str(source), "--device", "bogus"])
+
+
+def test_metrics_json_dash_writes_to_stdout_when_the_translations_go_to_a_file(model_dir, tmp_path, capsys):
+    source = tmp_path / "in.txt"
+    source.write_text("short\n")
+    translate.main(
+        ["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "o"), "--metrics-json", "-"]
+    )
+    assert json.loads(capsys.readouterr().out)["sentences"] == 1 and not (tmp_path / "-").exists()
+    with pytest.raises(ValueError, match="would both write to stdout"):
+        translate.main(["--model", str(model_dir), "--input", str(source), "--metrics-json", "-"])
+
+
 # ---------------------------------------------------------------------------------------------
 # Blank lines, lines longer than the model accepts, dtype, progress
 # ---------------------------------------------------------------------------------------------

@@ -65,7 +65,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from transformers import AutoTokenizer, MarianMTModel
+from transformers import AutoConfig, AutoTokenizer, MarianMTModel
 
 from .checkpoint_files import check_has_tokenizer, check_model_folder, has_tokenizer, is_local
 from .configuration_vanilla_transformer import VanillaTransformerConfig
@@ -310,6 +310,12 @@ def _check_tokenizer(tokenizer, config: VanillaTransformerConfig, size: int, sid
 
 def _load_marian(marian_model_or_path) -> MarianMTModel:
     if isinstance(marian_model_or_path, (str, os.PathLike)):
+        model_type = AutoConfig.from_pretrained(marian_model_or_path).model_type
+        if model_type != "marian":
+            raise ValueError(
+                f"{marian_model_or_path} describes a {model_type!r} model (config.json), not a MarianMT one: give "
+                "a MarianMT folder or Hub id (e.g. Helsinki-NLP/opus-mt-en-de)."
+            )
         return MarianMTModel.from_pretrained(marian_model_or_path)
     if not isinstance(marian_model_or_path, MarianMTModel):
         raise TypeError(f"Expected a MarianMTModel or a path to one, got {type(marian_model_or_path).__name__}.")

@@ -107,6 +107,8 @@ def card_to_publish(folder: str | Path) -> bytes | None:
 def check_publishable(folder: str | Path) -> list[str]:
     """The files `publish` would upload; an error naming the fix when the folder is no complete model."""
     what = f"MODEL_DIR {folder}"
+    if not Path(folder).is_dir():  # publish uploads a folder on this disk: a name is never a Hub id here
+        raise FileNotFoundError(f"{what} is not a folder; give the folder a training run saved its final model in.")
     check_model_folder(folder, what, remedy="Give the folder a training run saved its final model in.")
     check_has_tokenizer(
         folder,

@@ -193,7 +193,9 @@ def build_parser(prog: str = "vanilla-transformer translate") -> argparse.Argume
     parser.add_argument("--input", default="-", help="source sentences, one a line (.gz ok); '-' = stdin")
     parser.add_argument("--output", default="-", help="where hypotheses go, one a line; '-' = stdout")
     parser.add_argument("--references", help="reference translations, aligned with --input: print BLEU and chrF")
-    parser.add_argument("--metrics-json", help="also write the scores (and timing) to this JSON file")
+    parser.add_argument(
+        "--metrics-json", help="also write the scores (and timing) to this JSON file; '-' = stdout, with --output FILE"
+    )
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
     parser.add_argument("--num-beams", type=int, help="default: the model's generation config (paper: 4)")
     parser.add_argument("--length-penalty", type=float, help="default: the model's generation config (paper: 0.6)")
@@ -265,6 +267,12 @@ def check_paths(args: argparse.Namespace) -> None:
         raise NotADirectoryError(f"--attention-png {args.attention_png} is a file; give a folder.")
     if args.sacrebleu_tokenize is not None:
         check_sacrebleu_tokenize(args.sacrebleu_tokenize, "--sacrebleu-tokenize")
+    if args.metrics_json == "-" and args.output == "-":
+        raise ValueError("--metrics-json - and --output - would both write to stdout: give --output a file.")
+    try:
+        torch.device(args.device)
+    except RuntimeError:
+        raise ValueError(f"--device {args.device}: not a device; give cpu, cuda, cuda:1, mps, ...") from None
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: no CUDA device is available here; use --device cpu.")
 
@@ -337,7 +345,9 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
         pictures, skipped = write_pictures(model, tokenizer, sources, hypotheses, args)
         result["attention_pictures"] = [str(p) for p in pictures]
         result["attention_skipped"] = skipped
-    if args.metrics_json:
+    if args.metrics_json == "-":
+        sys.stdout.write(json.dumps(result, indent=2) + "\n")
+    elif args.metrics_json:
         Path(args.metrics_json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
 
@@ -357,24 +367,27 @@ def write_pictures(
 ) -> tuple[list[Path], list[int]]:
     """Attention pictures (Figures 3-5 of the paper) of the first inputs with their translations, a folder each.
 
-    An empty translation has no target side to draw: its input is skipped, said on stderr, and its
-    index returned in the second list, so the translations themselves are never held back.
+    An empty translation has no target side to draw, and an input longer than the model accepts (skipped or
+    truncated by --skip-long / --truncate) cannot be read whole: such inputs are skipped, said on stderr, and
+    their indices returned in the second list, so the translations themselves are never held back.
     """
     from ..visualization import write_attention_pictures
 
-    paths, skipped = [], []
-    for index, (source, hypothesis) in enumerate(zip(sources[: args.attention_count], hypotheses)):
-        if not hypothesis.strip():
-            skipped.append(index)
-            continue
-        folder = Path(args.attention_png) / f"{index:04d}"
-        paths += write_attention_pictures(model, tokenizer, source, folder, target=hypothesis)
-    if skipped:
-        print(
-            f"No attention pictures for input(s) {', '.join(map(str, skipped))}: their translation is empty.",
-            file=sys.stderr,
-        )
-    return paths, skipped
+    first = list(zip(sources[: args.attention_count], hypotheses))
+    drawn = [index for index, (_, hypothesis) in enumerate(first) if hypothesis.strip()]
+    limit, _, too_long = inputs_too_long(model, tokenizer, sources, drawn)
+    paths = []
+    for index in drawn:
+        if index not in too_long:
+            folder = Path(args.attention_png) / f"{index:04d}"
+            paths += write_attention_pictures(model, tokenizer, first[index][0], folder, target=first[index][1])
+    for indices, reason in (
+        ([index for index in range(len(first)) if index not in drawn], "their translation is empty"),
+        (too_long, f"longer than the {limit} tokens the model reads"),
+    ):
+        if indices:
+            print(f"No attention pictures for input(s) {', '.join(map(str, indices))}: {reason}.", file=sys.stderr)
+    return paths, sorted(set(range(len(first))) - set(drawn) | set(too_long))
 
 
 if __name__ == "__main__":
