@@ -378,16 +378,21 @@ def test_a_folder_trained_with_other_flags_is_refused_before_anything_runs(table
     assert f"{table / 'base' / 'seed-42'} holds row base (seed 42) trained with other flags" in error
 
 
-def test_without_matplotlib_the_table_is_written_and_the_picture_skipped_with_a_message(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
-    result = {
+def scored_run(bleu: float = 20.0) -> dict:
+    """What `run_job` records of one trained and scored row (a tiny setting)."""
+    return {
         "wall_seconds": 60.0,
         "parameters": 1e6,
         "perplexity": 5.0,
-        "bleu": 20.0,
+        "bleu": bleu,
         "chrf": 40.0,
         **dict(zip(table3.SETTING, (2, 64, 128, 4, 16, 16, 0.1, 0.1, "sinusoidal", 10))),
     }
+
+
+def test_without_matplotlib_the_table_is_written_and_the_picture_skipped_with_a_message(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now raises ImportError
+    result = scored_run()
     summary = table3.summarize(["base", "A1"], {("base", 42): result, ("A1", 42): {**result, "bleu": 19.0}}, {})
     said = []
     table3.write_outputs(tmp_path, summary, ["notes"], report=said.append)
@@ -417,14 +422,7 @@ def test_a_record_cut_short_is_named_with_what_to_do_and_records_are_written_who
 def test_a_change_paired_over_fewer_seeds_than_the_row_says_how_many():
     """A1 seeds 1 and 2 (BLEU 19, 18); base finished seed 2 only (20): A1's mean is 18.5, its change -2.00 is
     seed 2's alone, which the table must say, or a reader computes 18.5 - 20."""
-    result = {
-        "wall_seconds": 60.0,
-        "parameters": 1e6,
-        "perplexity": 5.0,
-        "bleu": 20.0,
-        "chrf": 40.0,
-        **dict(zip(table3.SETTING, (2, 64, 128, 4, 16, 16, 0.1, 0.1, "sinusoidal", 10))),
-    }
+    result = scored_run()
     results = {("base", 2): result, ("A1", 1): {**result, "bleu": 19.0}, ("A1", 2): {**result, "bleu": 18.0}}
     summary = table3.summarize(["base", "A1"], results, {("base", 1): "RuntimeError: out of memory"})
     row = next(line for line in table3.markdown(summary, []).splitlines() if line.startswith("| A1 "))
