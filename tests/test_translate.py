@@ -254,6 +254,12 @@ def test_an_input_too_long_for_the_model_gets_no_picture_and_is_named(short_mode
     assert "input(s) 0: longer than the 12 tokens the model reads" in capsys.readouterr().err
 
 
+def test_sources_and_references_both_from_stdin_are_refused(model_dir):
+    """They once read the sources, then 0 references, and blamed the line counts."""
+    with pytest.raises(ValueError, match="--input - and --references - would both read standard input"):
+        translate.main(["--model", str(model_dir), "--input", "-", "--references", "-"])
+
+
 def test_a_device_torch_does_not_know_is_refused_naming_the_flag(model_dir, tmp_path):
     source = tmp_path / "in.txt"
     source.write_text("short\n")

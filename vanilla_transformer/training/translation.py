@@ -244,6 +244,8 @@ def read_input(path: str, what: str) -> list[str]:
 def check_paths(args: argparse.Namespace) -> None:
     """What can be wrong with the paths and names before the model is loaded and anything decoded:
     the model folder and its tokenizer, and every file the results go to."""
+    if args.input == "-" and args.references == "-":
+        raise ValueError("--input - and --references - would both read standard input: give one of them a file.")
     check_model_folder(args.model, f"--model {args.model}")
     if args.tokenizer:
         check_has_tokenizer(
