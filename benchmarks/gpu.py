@@ -1643,8 +1643,7 @@ def time_limit(seconds: float, reason: str = "at the end of --budget-minutes"):
     started = time.perf_counter()
 
     def stop(signum, frame):
-        deadline, why = min(LIMITS)
-        raise OutOfTime(f"stopped after {time.perf_counter() - started:.0f} s, {why}")
+        raise OutOfTime(f"stopped after {time.perf_counter() - started:.0f} s, {min(LIMITS)[1]}")
 
     def arm() -> None:  # the alarm at the nearest deadline of the limits in force
         signal.setitimer(signal.ITIMER_REAL, max(min(LIMITS)[0] - time.perf_counter(), 0.001), REPEAT_SECONDS)

@@ -251,7 +251,7 @@ def test_an_input_too_long_for_the_model_gets_no_picture_and_is_named(short_mode
     args = argparse.Namespace(attention_png=str(tmp_path / "pictures"), attention_count=3)
     paths, skipped = translate.write_pictures(model, tokenizer, [long_line, "short"], ["x y", "x"], args)
     assert skipped == [0] and sorted(p.name for p in (tmp_path / "pictures").iterdir()) == ["0001"]
-    assert "input(s) 0: longer than the 12 tokens the model reads" in capsys.readouterr().err
+    assert "input(s) 0: longer than the 12 tokens" in capsys.readouterr().err
 
 
 def test_sources_and_references_both_from_stdin_are_refused(model_dir):

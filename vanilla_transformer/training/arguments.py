@@ -421,14 +421,18 @@ def check_schedule(training_args: TransformerTrainingArguments) -> None:
         )
 
 
+def fp16_refusal(device_type: str) -> str:
+    return (
+        f"--fp16 on {device_type}: accelerate autocasts to float16 (with a loss scaler) only on a GPU, so this run "
+        "would train in float32 without saying so. Use --bf16 on the CPU, or run on a GPU."
+    )
+
+
 def check_training_arguments(training_args: TransformerTrainingArguments) -> None:
     """Refuse combinations where a flag would be accepted and then have no effect."""
     check_schedule(training_args)
     if training_args.fp16 and (training_args.use_cpu or not torch.accelerator.is_available()):
-        raise ValueError(  # as `refuse_ignored_precision_or_sharding` says once accelerate has chosen a device
-            "--fp16 on cpu: accelerate autocasts to float16 (with a loss scaler) only on a GPU, so this run would "
-            "train in float32 without saying so. Use --bf16 on the CPU, or run on a GPU."
-        )
+        raise ValueError(fp16_refusal("cpu"))  # where accelerate has no other device to choose
     defaults = {f.name: f.default for f in dataclasses.fields(TransformerTrainingArguments)}
     if training_args.max_tokens:
         for name in ("per_device_train_batch_size", "train_sampling_strategy", "dataloader_drop_last"):

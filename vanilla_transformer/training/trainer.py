@@ -38,7 +38,13 @@ from transformers.trainer_utils import EvalLoopOutput, EvalPrediction, TrainOutp
 
 from ..private_api import require
 from ..training_kernels import label_smoothed_cross_entropy
-from .arguments import TransformerTrainingArguments, check_schedule, pads_to_buckets, sorts_evaluation
+from .arguments import (
+    TransformerTrainingArguments,
+    check_schedule,
+    fp16_refusal,
+    pads_to_buckets,
+    sorts_evaluation,
+)
 from .batching import LengthSortedSampler, PadToBucket, TokenBatchSampler
 from .checkpointing import (
     TRAINER_STATE_NAME,
@@ -810,10 +816,7 @@ def refuse_ignored_precision_or_sharding(args, accelerator, is_fsdp_enabled: boo
     (on the CPU the processes stay MULTI_CPU, i.e. DDP). Either way the run would not be what was asked.
     """
     if args.fp16 and not accelerator.native_amp:
-        raise ValueError(
-            f"--fp16 on {accelerator.device.type}: accelerate autocasts to float16 (with a loss scaler) only on a "
-            "GPU, so this run would train in float32 without saying so. Use --bf16 on the CPU, or run on a GPU."
-        )
+        raise ValueError(fp16_refusal(accelerator.device.type))
     if os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true" and not is_fsdp_enabled:
         raise ValueError(
             f"Launched with an FSDP config, but accelerate does not shard on {accelerator.device.type} (it would run "

@@ -376,20 +376,17 @@ def write_pictures(
     from ..visualization import write_attention_pictures
 
     first = list(zip(sources[: args.attention_count], hypotheses))
-    drawn = [index for index, (_, hypothesis) in enumerate(first) if hypothesis.strip()]
-    limit, _, too_long = inputs_too_long(model, tokenizer, sources, drawn)
+    empty = [index for index, (_, hypothesis) in enumerate(first) if not hypothesis.strip()]
+    limit, _, too_long = inputs_too_long(model, tokenizer, sources, [i for i in range(len(first)) if i not in empty])
     paths = []
-    for index in drawn:
-        if index not in too_long:
+    for index, (source, hypothesis) in enumerate(first):
+        if index not in empty and index not in too_long:
             folder = Path(args.attention_png) / f"{index:04d}"
-            paths += write_attention_pictures(model, tokenizer, first[index][0], folder, target=first[index][1])
-    for indices, reason in (
-        ([index for index in range(len(first)) if index not in drawn], "their translation is empty"),
-        (too_long, f"longer than the {limit} tokens the model reads"),
-    ):
+            paths += write_attention_pictures(model, tokenizer, source, folder, target=hypothesis)
+    for indices, reason in ((empty, "their translation is empty"), (too_long, f"longer than the {limit} tokens")):
         if indices:
             print(f"No attention pictures for input(s) {', '.join(map(str, indices))}: {reason}.", file=sys.stderr)
-    return paths, sorted(set(range(len(first))) - set(drawn) | set(too_long))
+    return paths, sorted(empty + too_long)
 
 
 if __name__ == "__main__":
