@@ -531,6 +531,16 @@ def test_translate_a_model_folder_without_tokenizer_says_to_give_one(model_dir, 
     assert len((tmp_path / "out.txt").read_text().splitlines()) == 1
 
 
+def test_translate_a_model_folder_with_tokenizer_config_but_no_tokenizer_json(model_dir, tmp_path, monkeypatch):
+    half = tmp_path / "half"
+    shutil.copytree(model_dir, half)
+    (half / "tokenizer.json").unlink()
+    source = write(tmp_path / "in.txt", "a b c\n")
+    monkeypatch.setattr(translation, "translate", lambda *a, **k: pytest.fail("decoded before the check"))
+    with pytest.raises(FileNotFoundError, match=f"--model {half}: .* but no tokenizer.json.*--tokenizer"):
+        translation.main(["--model", str(half), "--input", source, "--output", str(tmp_path / "out.txt")])
+
+
 def test_translate_a_truncated_model_names_the_file(model_dir, tmp_path):
     damaged = tmp_path / "damaged"
     shutil.copytree(model_dir, damaged)

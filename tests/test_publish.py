@@ -98,14 +98,16 @@ def test_a_converted_marian_folder_publishes_its_sentencepiece_files(run_folder,
     for separate vocabularies) beside tokenizer_config.json; without them the repo's tokenizer cannot load."""
     folder = tmp_path / "converted"
     folder.mkdir()
-    for name in MODEL_FILES - {"tokenizer.json"}:
+    ours = MODEL_FILES - {"tokenizer.json", "tokenization_vanilla_transformer.py"}  # a MarianTokenizer instead
+    for name in ours:
         (folder / name).write_bytes((run_folder / name).read_bytes())
     vocabulary = set(marian_vocabulary_files().values()) - {"tokenizer_config.json"}
     assert {"source.spm", "target.spm", "vocab.json", "target_vocab.json"} <= vocabulary
     for name in vocabulary:
         (folder / name).write_bytes(b"sentencepiece model bytes")
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "MarianTokenizer"}')
     cli(["publish", str(folder), "--repo-id", f"{USER}/x", "--dry-run"])
-    assert set(capsys.readouterr().out.split()) == (MODEL_FILES - {"tokenizer.json"}) | vocabulary
+    assert set(capsys.readouterr().out.split()) == ours | vocabulary
 
 
 def test_publish_uploads_the_model_files_in_one_commit_and_nothing_of_the_run(run_folder, tmp_path):
@@ -152,3 +154,17 @@ def test_a_folder_without_its_tokenizer_is_refused_in_one_line(tmp_path, run_fol
     error = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and len(error.splitlines()) == 1
     assert error.startswith("vanilla-transformer publish: error:") and "tokenizer" in error
+
+
+def test_a_folder_with_our_tokenizer_config_but_no_tokenizer_json_is_refused(tmp_path, run_folder, capsys):
+    """VanillaTransformerTokenizer reads its vocabulary from tokenizer.json alone: a folder with only its
+    tokenizer_config.json passed the check and would publish a repo whose tokenizer cannot load."""
+    folder = tmp_path / "half"
+    folder.mkdir()
+    for name in MODEL_FILES - {"tokenizer.json"}:
+        (folder / name).write_bytes((run_folder / name).read_bytes())
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["publish", str(folder), "--repo-id", f"{USER}/x", "--dry-run"])
+    error = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(error.splitlines()) == 1
+    assert "tokenizer_config.json for VanillaTransformerTokenizer but no tokenizer.json" in error

@@ -166,6 +166,22 @@ def check_has_tokenizer(folder: str | os.PathLike, what: str, how_to_fix: str) -
         raise FileNotFoundError(
             f"{what}: {folder} has no tokenizer (none of {', '.join(TOKENIZER_MARKERS)}). {how_to_fix}"
         )
+    if needs_tokenizer_json(folder):
+        raise FileNotFoundError(
+            f"{what}: {folder} has a tokenizer_config.json for VanillaTransformerTokenizer but no tokenizer.json, "
+            f"which holds its vocabulary; copy tokenizer.json from where the tokenizer was saved. {how_to_fix}"
+        )
+
+
+def needs_tokenizer_json(folder: str | os.PathLike) -> bool:
+    """A folder whose tokenizer_config.json names our tokenizer, which reads its vocabulary from
+    tokenizer.json alone, and that has no tokenizer.json: AutoTokenizer would fail in its own words."""
+    folder = Path(folder)
+    config = folder / "tokenizer_config.json"
+    if (folder / "tokenizer.json").is_file() or not config.is_file():
+        return False
+    saved = check_json(config, f"The tokenizer of {folder}", "Save the tokenizer again.")
+    return isinstance(saved, dict) and saved.get("tokenizer_class") == "VanillaTransformerTokenizer"
 
 
 def without_runtime_settings(tokenizer_json: dict) -> dict:
