@@ -296,9 +296,21 @@ def test_pipeline_save_pretrained_declares_translation_not_the_registered_name(t
 # ---------------------------------------------------------------------------------------------
 
 
-def test_the_trained_tokenizer_matches_its_model(translator):
+def test_the_trained_tokenizer_matches_its_model(translator, caplog):
     model, tokenizer = translator
     assert check_tokenizer_matches_model(tokenizer, model.config) is None
+    assert not caplog.records
+
+
+def test_a_tokenizer_smaller_than_the_target_vocabulary_is_warned_about(translator, caplog):
+    """Ids past the tokenizer's end decode to nothing: a word the model emits there vanishes silently."""
+    _, tokenizer = translator
+    size = len(tokenizer)
+    assert tokenizer.decode([size + 3]) == ""  # the reference: what the user would otherwise never see
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=size + 8)
+    assert check_tokenizer_matches_model(tokenizer, config) is None
+    assert f"The tokenizer has {size} tokens, fewer than the model's {size + 8}" in caplog.text
+    assert f"ids {size}..{size + 7} decode to nothing" in caplog.text
 
 
 def test_disagreeing_special_ids_are_each_named(translator):

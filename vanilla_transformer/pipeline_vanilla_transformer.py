@@ -32,6 +32,9 @@ import types
 
 from torch.utils.data import IterableDataset
 from transformers import GenerationConfig, Pipeline
+from transformers.utils import logging
+
+logger = logging.get_logger(__name__)
 
 TASK = "vanilla-translation"  # registered by `import vanilla_transformer`
 REMOTE_CODE_TASK = "translation"  # declared by checkpoints, for trust_remote_code=True
@@ -53,7 +56,17 @@ def check_tokenizer_matches_model(tokenizer, config) -> None:
     Checked: the ids of ``<pad>``, ``</s>`` and ``<s>`` (where both sides define one), and that every
     token id of the tokenizer exists in the model's (source) vocabulary. Either mismatch means the
     model would read the wrong tokens (or index past its embedding matrix) without any error.
+
+    A tokenizer with fewer tokens than the model's target vocabulary is warned about, not refused (a
+    vocabulary padded to a multiple of 8 is legitimate): the ids it lacks decode to nothing, so a word
+    the model emits there would vanish from the text without a trace.
     """
+    target_size = getattr(config, "decoder_vocab_size", None) or config.vocab_size
+    if len(tokenizer) < target_size:
+        logger.warning(
+            f"The tokenizer has {len(tokenizer)} tokens, fewer than the model's {target_size}: it may not be the "
+            f"tokenizer the model was trained with, and ids {len(tokenizer)}..{target_size - 1} decode to nothing."
+        )
     problems = []
     for name in SPECIAL_TOKEN_IDS:
         token_id = getattr(tokenizer, name)
