@@ -380,11 +380,28 @@ def test_progress_bar_on_stderr_unless_switched_off(model_dir, tmp_path, capsys)
     source = tmp_path / "in.txt"
     source.write_text("short\nx\n")
     translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "o")])
-    assert "translating" in capsys.readouterr().err
+    shown = capsys.readouterr().err
+    assert "translating" in shown and "Loading weights" in shown  # ours, and transformers' own
     translate.main(
         ["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "o"), "--no-progress"]
     )
-    assert "translating" not in capsys.readouterr().err
+    hidden = capsys.readouterr().err
+    assert "translating" not in hidden and "Loading weights" not in hidden
+    from transformers.utils import logging as transformers_logging
+
+    assert transformers_logging.is_progress_bar_enabled()  # as it was, for whatever runs next
+
+
+def test_an_output_ending_in_gz_is_written_compressed(model_dir, loaded, tmp_path):
+    """Every reader here takes .gz files by their content; a .gz output that held plain text would be
+    refused by ``gunzip`` and by tools that go by the name."""
+    import gzip
+
+    source = tmp_path / "in.txt"
+    source.write_text("".join(s + "\n" for s in SENTENCES))
+    translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "o.gz")])
+    with gzip.open(tmp_path / "o.gz", "rt", encoding="utf-8") as file:
+        assert file.read().splitlines() == one_by_one(*loaded, SENTENCES)
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,8 @@ weights, a tokenizer), the output paths and the input files before loading anyth
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gzip
 import json
 import logging
 import math
@@ -191,7 +193,7 @@ def build_parser(prog: str = "vanilla-transformer translate") -> argparse.Argume
     parser.add_argument("--model", required=True, help="model folder or Hub id (with its tokenizer)")
     parser.add_argument("--tokenizer", help="tokenizer, if not the model's")
     parser.add_argument("--input", default="-", help="source sentences, one a line (.gz ok); '-' = stdin")
-    parser.add_argument("--output", default="-", help="where hypotheses go, one a line; '-' = stdout")
+    parser.add_argument("--output", default="-", help="where hypotheses go, one a line (.gz: compressed); '-' = stdout")
     parser.add_argument("--references", help="reference translations, aligned with --input: print BLEU and chrF")
     parser.add_argument(
         "--metrics-json", help="also write the scores (and timing) to this JSON file; '-' = stdout, with --output FILE"
@@ -307,8 +309,9 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
             f"--input {args.input} has {len(sources)} lines but --references has {len(references)} ({args.references}); "
             "line i of the references must translate line i of the input, so they need the same number of lines."
         )
-    model = _load(AutoModelForSeq2SeqLM, args.model, "--model", dtype=DTYPES[args.dtype]).to(args.device)
-    tokenizer = _load(AutoTokenizer, args.tokenizer or args.model, "--tokenizer" if args.tokenizer else "--model")
+    with progress_bars(not args.no_progress):  # transformers' own: "Loading weights", downloads
+        model = _load(AutoModelForSeq2SeqLM, args.model, "--model", dtype=DTYPES[args.dtype]).to(args.device)
+        tokenizer = _load(AutoTokenizer, args.tokenizer or args.model, "--tokenizer" if args.tokenizer else "--model")
     check_tokenizer_matches_model(tokenizer, model.config)
     generate_kwargs = {
         key: value
@@ -336,6 +339,9 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
     text = as_lines(hypotheses, f"--output {args.output}")
     if args.output == "-":
         sys.stdout.write(text)
+    elif args.output.endswith(".gz"):  # read back by every reader here, as --input is
+        with gzip.open(args.output, "wt", encoding="utf-8", newline="") as file:
+            file.write(text)
     else:
         Path(args.output).write_text(text, encoding="utf-8")
     result = {"sentences": len(sources), "seconds": seconds, "sentences_per_second": len(sources) / max(seconds, 1e-9)}
@@ -352,6 +358,21 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
     elif args.metrics_json:
         Path(args.metrics_json).write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
     return result
+
+
+@contextlib.contextmanager
+def progress_bars(shown: bool):
+    """transformers' progress bars on or off for the block, as they were afterwards."""
+    from transformers.utils import logging as transformers_logging
+
+    were_shown = transformers_logging.is_progress_bar_enabled()
+    if not shown:
+        transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if were_shown:
+            transformers_logging.enable_progress_bar()
 
 
 def _load(auto_class, name: str, flag: str, **kwargs):
