@@ -168,3 +168,19 @@ def test_a_folder_with_our_tokenizer_config_but_no_tokenizer_json_is_refused(tmp
     error = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and len(error.splitlines()) == 1
     assert "tokenizer_config.json for VanillaTransformerTokenizer but no tokenizer.json" in error
+
+
+@pytest.mark.parametrize("repo_id", ["you/x y", "you/a/b", "you/x.git", "-you/x"])
+@pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["upload", "dry-run"])
+def test_a_repo_id_the_hub_cannot_hold_is_refused_before_anything(repo_id, dry_run, run_folder, capsys):
+    """The reference is huggingface_hub's own rule; --dry-run once listed the files for any name, and the
+    upload failed only at create_repo."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    with pytest.raises(HFValidationError):
+        validate_repo_id(repo_id)
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["publish", str(run_folder), f"--repo-id={repo_id}", *dry_run])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and not captured.out
+    assert f"--repo-id {repo_id!r} is not a Hub repository name" in captured.err

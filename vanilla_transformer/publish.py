@@ -119,6 +119,20 @@ def check_publishable(folder: str | Path) -> list[str]:
     return model_files(folder)
 
 
+def check_repo_id(repo_id: str) -> None:
+    """A name the Hub can hold, checked by huggingface_hub's own rule before anything is read or sent."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError:
+        raise ValueError(
+            f"--repo-id {repo_id!r} is not a Hub repository name: give OWNER/NAME (or NAME, in your own namespace), "
+            "each of letters, digits, '-', '_' and '.', not starting or ending in '-' or '.', at most 96 "
+            "characters, and not ending in '.git'."
+        ) from None
+
+
 def publish(
     folder: str | Path,
     repo_id: str,
@@ -240,6 +254,7 @@ def main(argv=None, prog: str = "vanilla-transformer publish") -> str:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
     if args.retries < 0:
         raise ValueError(f"--retries must be 0 or more, got {args.retries}.")
+    check_repo_id(args.repo_id)
     files = check_publishable(args.model_dir)
     if args.dry_run:
         print("\n".join(files))
