@@ -568,6 +568,34 @@ def test_translate_a_model_that_exists_nowhere(tmp_path):
         translation.main(["--model", str(tmp_path / "none"), "--input", source])
 
 
+@pytest.fixture
+def hub_offline(monkeypatch):
+    """Hub ids resolved from the local cache alone, as HF_HUB_OFFLINE=1 does, without the client's retries."""
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def test_a_name_that_is_no_folder_and_no_hub_model_is_said_so_in_one_line(hub_offline, tmp_path, capsys):
+    """A name without a folder of that name is taken for a Hub id; when the Hub cannot give it either, the
+    Hub client's several lines (offline-mode advice and all) became the whole error, naming no flag."""
+    source = write(tmp_path / "in.txt", "a b c\n")
+    with pytest.raises(OSError, match="^--model no-such-model: no such folder here, and not loadable as a Hub model"):
+        translation.main(["--model", "no-such-model", "--input", source, "--output", str(tmp_path / "out.txt")])
+    cases = [
+        ["to-ctranslate2", "no-such-model", str(tmp_path / "ct2"), "--tokenizer", "no-such-tokenizer"],
+        ["to-ctranslate2", "no-such-model", str(tmp_path / "ct2")],
+        ["from-marian", "no-such-model", str(tmp_path / "m")],
+    ]
+    for argv in cases:
+        with pytest.raises(SystemExit) as exit_info:
+            convert_main(argv)
+        error = capsys.readouterr().err.strip()
+        assert exit_info.value.code == 2 and len(error.splitlines()) == 1, (argv, error)
+        assert "no-such-" in error and "no such folder here, and not loadable as a Hub model" in error, (argv, error)
+
+
 def test_convert_without_tokenizer_truncated_weights_and_unknown_quantization(model_dir, tmp_path, capsys):
     bare = tmp_path / "bare"
     bare.mkdir()

@@ -116,6 +116,18 @@ def is_local(name: str | os.PathLike) -> bool:
     return Path(text).exists() or text.startswith((".", "/", "~")) or text.count("/") > 1
 
 
+def from_pretrained_named(load, name: str | os.PathLike, what: str, **kwargs):
+    """``load(name, **kwargs)`` (a ``from_pretrained``). A name that is neither a folder here nor loadable
+    from the Hub is said so in one line that starts with ``what``, not in the Hub client's many lines."""
+    try:
+        return load(name, **kwargs)
+    except OSError as error:
+        if is_local(name):
+            raise
+        reason = " ".join(str(error).split())
+        raise OSError(f"{what}: no such folder here, and not loadable as a Hub model ({reason})") from error
+
+
 def check_model_folder(
     folder: str | os.PathLike, what: str, remedy: str = "Save or download the model again.", weights: bool = True
 ) -> None:

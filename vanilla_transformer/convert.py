@@ -67,7 +67,7 @@ import torch
 from torch import nn
 from transformers import AutoConfig, AutoTokenizer, MarianMTModel
 
-from .checkpoint_files import check_has_tokenizer, check_model_folder, has_tokenizer, is_local
+from .checkpoint_files import check_has_tokenizer, check_model_folder, from_pretrained_named, has_tokenizer, is_local
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_positions
 
@@ -310,7 +310,8 @@ def _check_tokenizer(tokenizer, config: VanillaTransformerConfig, size: int, sid
 
 def _load_marian(marian_model_or_path) -> MarianMTModel:
     if isinstance(marian_model_or_path, (str, os.PathLike)):
-        model_type = AutoConfig.from_pretrained(marian_model_or_path).model_type
+        config = from_pretrained_named(AutoConfig.from_pretrained, marian_model_or_path, str(marian_model_or_path))
+        model_type = config.model_type
         if model_type != "marian":
             raise ValueError(
                 f"{marian_model_or_path} describes a {model_type!r} model (config.json), not a MarianMT one: give "
@@ -560,7 +561,9 @@ def _load_for_export(model_or_path, tokenizer):
         if tokenizer is None:
             raise ValueError("Pass tokenizer=: CTranslate2 stores the vocabulary as the tokenizer's pieces.")
         return model_or_path, tokenizer
-    model = VanillaTransformerForConditionalGeneration.from_pretrained(model_or_path)
+    model = from_pretrained_named(
+        VanillaTransformerForConditionalGeneration.from_pretrained, model_or_path, str(model_or_path)
+    )
     return model, tokenizer if tokenizer is not None else AutoTokenizer.from_pretrained(model_or_path)
 
 
@@ -679,8 +682,10 @@ def _check_arguments(args: argparse.Namespace) -> None:
 
 def _tokenizer_for(path: str, what: str):
     try:
-        return AutoTokenizer.from_pretrained(path)
+        return from_pretrained_named(AutoTokenizer.from_pretrained, path, f"Could not load the {what} tokenizer {path}")
     except (OSError, ValueError, ImportError) as error:
+        if isinstance(error, OSError) and not is_local(path):
+            raise  # named in one line already
         raise ValueError(f"Could not load the {what} tokenizer from {path}: {error}") from error
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint_files import check_has_tokenizer, check_model_folder, is_local
+from ..checkpoint_files import check_has_tokenizer, check_model_folder, from_pretrained_named
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULAS
 from ..pipeline_vanilla_transformer import check_tokenizer_matches_model
 from .data import decoded_lines, read_lines
@@ -310,8 +310,11 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
             "line i of the references must translate line i of the input, so they need the same number of lines."
         )
     with progress_bars(not args.no_progress):  # transformers' own: "Loading weights", downloads
-        model = _load(AutoModelForSeq2SeqLM, args.model, "--model", dtype=DTYPES[args.dtype]).to(args.device)
-        tokenizer = _load(AutoTokenizer, args.tokenizer or args.model, "--tokenizer" if args.tokenizer else "--model")
+        model = from_pretrained_named(
+            AutoModelForSeq2SeqLM.from_pretrained, args.model, f"--model {args.model}", dtype=DTYPES[args.dtype]
+        ).to(args.device)
+        flag = f"--tokenizer {args.tokenizer}" if args.tokenizer else f"--model {args.model}"
+        tokenizer = from_pretrained_named(AutoTokenizer.from_pretrained, args.tokenizer or args.model, flag)
     check_tokenizer_matches_model(tokenizer, model.config)
     generate_kwargs = {
         key: value
@@ -373,16 +376,6 @@ def progress_bars(shown: bool):
     finally:
         if were_shown:
             transformers_logging.enable_progress_bar()
-
-
-def _load(auto_class, name: str, flag: str, **kwargs):
-    """``auto_class.from_pretrained(name)``; a name that is neither a folder here nor on the Hub is said so."""
-    try:
-        return auto_class.from_pretrained(name, **kwargs)
-    except OSError as error:
-        if is_local(name):
-            raise
-        raise OSError(f"{flag} {name}: no such folder here, and not loadable as a Hub model ({error}).") from error
 
 
 def write_pictures(
