@@ -392,6 +392,39 @@ def test_cli_reports_bad_input_without_traceback(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("missing", "{tmp}/missing.txt does not exist; fix the path."),
+        ("folder", "{tmp} is a folder; give the text files in it"),
+        ("bzip2", "training file '{tmp}/corpus.bz2' is bzip2-compressed; decompress it, or recompress it with gzip."),
+        ("xz", "training file '{tmp}/corpus.xz' is xz-compressed; decompress it"),
+        ("blank", "{tmp}/blank.txt: no sentence, only empty or blank lines"),
+        ("vocab", "--vocab-size 100 cannot hold the 256 byte-level symbols"),
+        ("frequency", "--min-frequency must be 1 or more, got 0"),
+    ],
+)
+def test_cli_errors_name_the_file_or_flag_in_the_command_lines_words(case, expected, tmp_path, capsys):
+    """Not in the Python API's words ("item 0 of texts_or_files", "vocab_size=100"), and a bzip2 or xz file
+    is named as such, not read as text that is "not valid UTF-8"."""
+    import bz2
+    import lzma
+
+    corpus = _write_lines(tmp_path / "corpus.txt", CORPUS)
+    (tmp_path / "corpus.bz2").write_bytes(bz2.compress(corpus.read_bytes()))
+    (tmp_path / "corpus.xz").write_bytes(lzma.compress(corpus.read_bytes()))
+    (tmp_path / "blank.txt").write_text("\n  \n")
+    files = {"missing": "missing.txt", "folder": "", "bzip2": "corpus.bz2", "xz": "corpus.xz", "blank": "blank.txt"}
+    argv = [str(tmp_path / files.get(case, "corpus.txt")), "--output-dir", str(tmp_path / "out")]
+    argv += {"vocab": ["--vocab-size", "100"], "frequency": ["--min-frequency", "0"]}.get(case, [])
+    with pytest.raises(SystemExit) as exit_info:
+        main([argument.rstrip("/") for argument in argv])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(error.strip().splitlines()) == 1
+    assert expected.format(tmp=tmp_path) in error
+    assert "texts_or_files" not in error and not (tmp_path / "out").exists()
+
+
 def test_cli_takes_underscores_and_refuses_a_file_as_the_output_before_training(tmp_path, capsys):
     """Its help says every flag takes underscores too (the console script calls this function directly); an
     output that is a file is refused before training (save_pretrained would only log an error)."""

@@ -54,6 +54,8 @@ DEFAULT_VOCAB_SIZE = 37000  # §5.1, WMT 2014 English-German
 # max_position_embeddings. Set it to the model's when that differs (train.py does).
 DEFAULT_MODEL_MAX_LENGTH = 1024
 GZIP_MAGIC = b"\x1f\x8b"
+# What other compressed files start with: refused by name, not read as text that is "not valid UTF-8"
+OTHER_COMPRESSIONS = {b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
 
 
 class VanillaTransformerTokenizer(TokenizersBackend):
@@ -162,7 +164,7 @@ def train_tokenizer(
     )
     backend.train_from_iterator(texts, trainer=trainer)
     if not texts.has_text:
-        raise ValueError(
+        raise NoTrainingText(
             "texts_or_files contains no text (no items, or only empty or whitespace lines); "
             "pass at least one non-empty sentence or a file that has one."
         )
@@ -183,6 +185,10 @@ def train_tokenizer(
         split_special_tokens=True,
         model_max_length=model_max_length,
     )
+
+
+class NoTrainingText(ValueError):
+    """What `train_tokenizer` was given holds no sentence."""
 
 
 def _check_training_sizes(vocab_size, min_frequency) -> None:
@@ -307,7 +313,7 @@ def _lines_of_files(paths: list[Path]) -> Iterator[str]:
     for path in paths:
         name = f"training file {str(path)!r}"
         try:
-            with _open_binary(path) as lines:
+            with open_text_bytes(path, name) as lines:
                 for _, text in decoded_lines(lines, name):
                     yield text
         except (OSError, EOFError, zlib.error) as error:
@@ -318,16 +324,25 @@ def _lines_of_files(paths: list[Path]) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _open_binary(path: Path):
-    """A plain or gzip-compressed file's byte lines, told apart by content, not suffix. The file is opened once:
-    a pipe (``<(zcat train.en.gz)``) cannot be read again, so the bytes read to tell are put back in front."""
+def open_text_bytes(path: str | os.PathLike, name: str):
+    """A plain or gzip-compressed file's byte lines, told apart by content, not suffix; another compression is
+    an error naming ``name``. The file is opened once: a pipe (``<(zcat train.en.gz)``) cannot be read again,
+    so the bytes read to tell are put back in front. The one opener of text files in the package."""
     with open(path, "rb") as file:
-        head = file.read(len(GZIP_MAGIC))
+        head = file.read(8)
+        for magic, kind in OTHER_COMPRESSIONS.items():
+            if head.startswith(magic):
+                raise ValueError(f"{name} is {kind}-compressed; decompress it, or recompress it with gzip.")
         stream = io.BufferedReader(_Prefixed(head, file))
-        if head == GZIP_MAGIC:
+        suffix_gz = str(path).endswith(".gz")
+        if head.startswith(GZIP_MAGIC):
+            if not suffix_gz:
+                logger.info(f"{name} is gzip-compressed (read as such, whatever its suffix)")
             with gzip.GzipFile(fileobj=stream, mode="rb") as unzipped:
                 yield unzipped
         else:
+            if suffix_gz:
+                logger.warning(f"{name} ends in .gz but is not gzip-compressed: reading it as plain text")
             yield stream
 
 
@@ -368,6 +383,28 @@ def build_parser(prog: str = "vanilla-transformer tokenizer") -> argparse.Argume
     return parser
 
 
+def _command_line_problem(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line, in its own words (flags, not `train_tokenizer`'s arguments)."""
+    if args.output_dir.exists() and not args.output_dir.is_dir():
+        return f"--output-dir {args.output_dir} is a file; give a folder."
+    if args.vocab_size < MIN_VOCAB_SIZE:
+        return (
+            f"--vocab-size {args.vocab_size} cannot hold the {len(BYTE_ALPHABET)} byte-level symbols and the "
+            f"{len(SPECIAL_TOKENS)} special tokens; give --vocab-size {MIN_VOCAB_SIZE} or more (the paper: "
+            f"{DEFAULT_VOCAB_SIZE})."
+        )
+    if args.min_frequency < 1:
+        return f"--min-frequency must be 1 or more, got {args.min_frequency}."
+    for path in args.files:
+        if not path.exists():
+            return f"{path} does not exist; fix the path."
+        if path.is_dir():
+            return f"{path} is a folder; give the text files in it (e.g. {path}/*.gz)."
+        if not os.access(path, os.R_OK):
+            return f"{path} is not readable; give the current user read permission."
+    return None
+
+
 def main(argv: list[str] | None = None, prog: str = "vanilla-transformer-train-tokenizer") -> None:
     """Command line: train a tokenizer on text files and save it with ``save_pretrained``; bad input ends
     in one line, exit status 2."""
@@ -375,14 +412,19 @@ def main(argv: list[str] | None = None, prog: str = "vanilla-transformer-train-t
     # the installed package's spellings (this function is not remote code): --vocab_size as --vocab-size
     with_dashes = importlib.import_module("vanilla_transformer.command_line").with_dashes
     args = parser.parse_args(with_dashes(list(sys.argv[1:] if argv is None else argv), parser))
-    if args.output_dir.exists() and not args.output_dir.is_dir():
-        parser.exit(2, f"{parser.prog}: error: --output-dir {args.output_dir} is a file; give a folder.\n")
+    if problem := _command_line_problem(args):
+        parser.exit(2, f"{parser.prog}: error: {problem}\n")
     try:
         tokenizer = train_tokenizer(
             args.files,
             vocab_size=args.vocab_size,
             min_frequency=args.min_frequency,
             show_progress=sys.stderr.isatty(),
+        )
+    except NoTrainingText:
+        names = " ".join(str(path) for path in args.files)
+        parser.exit(
+            2, f"{parser.prog}: error: {names}: no sentence, only empty or blank lines; give files with text.\n"
         )
     except (TypeError, ValueError, OSError) as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")

@@ -37,15 +37,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..tokenization_vanilla_transformer import decoded_lines  # one reader's rules, the tokenizer's too
+from ..tokenization_vanilla_transformer import decoded_lines, open_text_bytes  # one reader's rules, the tokenizer's too
 from .caches import dataset_cache_folder, generator_cache_folder, rebuilt_if_damaged
 from .metrics import check_sacrebleu_tokenize
 
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
-GZIP_MAGIC = b"\x1f\x8b"
-OTHER_COMPRESSIONS = {b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
 # Bump when what the readers or tokenize_dataset write changes, so that old caches are not reused.
 CACHE_VERSION = "1"
 PAIR_COLUMNS = ("source", "target")
@@ -79,21 +77,6 @@ def check_file(path: PathLike, what: str | None = None) -> Path:
     return path
 
 
-def _binary_lines(path: Path, name: str):
-    with open(path, "rb") as file:
-        head = file.read(8)
-    if head.startswith(GZIP_MAGIC):
-        if path.suffix != ".gz":
-            logger.info(f"{name} is gzip-compressed (read as such, whatever its suffix)")
-        return gzip.open(path, "rb")
-    for magic, kind in OTHER_COMPRESSIONS.items():
-        if head.startswith(magic):
-            raise ValueError(f"{name} is {kind}-compressed; decompress it, or recompress it with gzip.")
-    if path.suffix == ".gz":
-        logger.warning(f"{name} ends in .gz but is not gzip-compressed: reading it as plain text")
-    return open(path, "rb")
-
-
 def numbered_lines(path: PathLike, what: str | None = None) -> Iterator[tuple[int, str]]:
     """``(line number, text)`` for every line of a UTF-8 text file (plain or gzip), read lazily.
 
@@ -103,7 +86,7 @@ def numbered_lines(path: PathLike, what: str | None = None) -> Iterator[tuple[in
     path = check_file(path, what)
     name = _named(path, what)
     number = 0
-    with _binary_lines(path, name) as lines:
+    with open_text_bytes(path, name) as lines:
         try:
             for number, text in decoded_lines(lines, name):
                 yield number, text
