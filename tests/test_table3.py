@@ -378,6 +378,18 @@ def test_a_folder_trained_with_other_flags_is_refused_before_anything_runs(table
     assert f"{table / 'base' / 'seed-42'} holds row base (seed 42) trained with other flags" in error
 
 
+def test_the_same_output_dir_spelled_relative_finds_its_finished_rows(table, data_dir, monkeypatch, capsys):
+    """The saved flags hold paths as given: the same folder named relative to the working directory was once
+    refused as "trained with other flags"."""
+    monkeypatch.setattr(run, "main", lambda flags: pytest.fail("a finished row was trained again"))
+    monkeypatch.chdir(table.parent)
+    before = (table / "table3.json").read_text()
+    cli.main(table3_command(data_dir, Path(table.name)))
+    out = capsys.readouterr().out
+    assert all(f"{row} seed 42: finished before" in out for row in ("base", "B1", "D4"))
+    assert (table / "table3.json").read_text() == before
+
+
 def scored_run(bleu: float = 20.0) -> dict:
     """What `run_job` records of one trained and scored row (a tiny setting)."""
     return {

@@ -401,13 +401,20 @@ def finished(job: Job) -> dict | None:
         name: read_record(job.folder / name) for name in (FLAGS_FILE, RESULT_FILE) if (job.folder / name).is_file()
     }
     for record in saved.values():
-        if record.get("flags") != job.flags:
+        if not same_flags(record.get("flags", []), job.flags):
             raise ValueError(
                 f"{job.folder} holds row {job.row} (seed {job.seed}) trained with other flags than these "
                 f"({' '.join(record.get('flags', []))}); give another --output-dir, or delete the folder "
                 "to train it again."
             )
     return saved.get(RESULT_FILE)
+
+
+def same_flags(saved: list[str], flags: list[str]) -> bool:
+    """The same flags, where a path may be spelled another way (relative or absolute, ``./``) for the same file."""
+    return len(saved) == len(flags) and all(
+        a == b or Path(a).resolve() == Path(b).resolve() for a, b in zip(saved, flags, strict=True)
+    )
 
 
 def run_job(job: Job, device: str | None) -> dict:
