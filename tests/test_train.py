@@ -17,7 +17,10 @@ import pytest
 import torch
 from accelerate.data_loader import prepare_data_loader
 from safetensors.torch import load_file
+from transformers import DataCollatorForSeq2Seq
 
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.training import TransformerTrainer, TransformerTrainingArguments
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.batching import TokenBatchSampler
 from vanilla_transformer.training.checkpointing import STAGING_DIR
@@ -231,6 +234,34 @@ def test_adam_hyperparameters_default_to_the_papers(data_dir, tmp_path):
 def test_explicit_peak_learning_rate_is_used_as_given(data_dir, tmp_path):
     trainer = build(data_dir, tmp_path, "--learning_rate", "0.002", "--warmup_steps", "10").trainer
     assert trainer.args.learning_rate == 0.002
+
+
+def test_two_trainers_from_one_arguments_object_each_get_their_models_peak(tmp_path):
+    """Eq. (3)'s peak depends on d_model: the first trainer once wrote its peak into the caller's arguments,
+    and a second trainer for another model took it as a given --learning_rate."""
+    args = TransformerTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, max_tokens=0)
+    for d_model in (64, 256):
+        config = VanillaTransformerConfig.from_preset("tiny", d_model=d_model)
+        trainer = TransformerTrainer(model=VanillaTransformerForConditionalGeneration(config), args=args)
+        assert trainer.args.learning_rate == pytest.approx(d_model**-0.5 * 4000**-0.5, rel=1e-12)
+    assert args.learning_rate is None  # as the caller made it
+
+
+def test_one_process_that_sees_several_gpus_is_refused_before_the_data_is_read(data_dir, tmp_path):
+    """transformers would wrap the model in torch.nn.DataParallel, which hands compute_loss a token count per
+    GPU: the first update failed with a shape mismatch. Simulated as transformers' device set-up records it."""
+    model_args, data_args, training_args = train.parse_arguments(tiny_args(data_dir, tmp_path))
+    data_args.train_source_file = "/nonexistent/train.src"  # the refusal must come before this is read
+    training_args._setup_devices  # noqa: B018 (what sets n_gpu)
+    training_args._n_gpu = 2
+    with pytest.raises(ValueError, match="2 GPUs are visible to this one process.*--num_processes 2"):
+        train.build_trainer(model_args, data_args, training_args)
+    args = TransformerTrainingArguments(output_dir=str(tmp_path), report_to="none", use_cpu=True, max_tokens=0)
+    args._setup_devices  # noqa: B018
+    args._n_gpu = 2
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny"))
+    with pytest.raises(ValueError, match="torch.nn.DataParallel"):
+        TransformerTrainer(model=model, args=args)
 
 
 def test_peak_and_scale_together_is_an_error(data_dir, tmp_path):
@@ -604,6 +635,49 @@ def test_the_average_counts_optimizer_updates_and_a_new_train_call_starts_a_new_
     assert trainer.moving_average.updates == trainer.state.global_step == 3
     trainer.train()
     assert trainer.moving_average.updates == 3
+
+
+def test_a_second_train_call_reports_its_own_tokens_not_the_sum(data_dir, tmp_path):
+    """The reference: the target tokens (labels other than -100) of the batches the second call trains on,
+    counted from the data loader (the same batches: the same seed and epoch)."""
+    trainer = build(data_dir, tmp_path, "--max_steps", "3", "--max_tokens", "60", "--learning_rate", "1e-3").trainer
+    first = trainer.train().metrics
+    loader = trainer.get_train_dataloader()
+    expected = sum(int((batch["labels"] != -100).sum()) for batch, _ in zip(loader, range(3)))
+    second = trainer.train().metrics
+    assert first["train_target_tokens"] == second["train_target_tokens"] == expected
+
+
+def test_a_streamed_data_set_of_sentence_batches_trains_as_seq2seqtrainer_does(data_dir, tmp_path):
+    """A torch IterableDataset has no length: the accumulation check called len() on its loader and failed
+    where transformers' own Seq2SeqTrainer trains --max_steps updates."""
+    prepared = build(data_dir, tmp_path / "run", "--max_steps", "1")
+    rows = [{"input_ids": e["input_ids"], "labels": e["labels"]} for e in prepared.datasets["train"].select(range(32))]
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter(rows)
+
+    args = TransformerTrainingArguments(
+        output_dir=str(tmp_path / "stream"),
+        max_tokens=0,
+        max_steps=2,
+        per_device_train_batch_size=8,
+        report_to="none",
+        use_cpu=True,
+        learning_rate=1e-3,
+        warmup_steps=1,
+        save_strategy="no",
+    )
+    collator = DataCollatorForSeq2Seq(prepared.tokenizer, model=prepared.trainer.model)
+    trainer = TransformerTrainer(
+        model=prepared.trainer.model,
+        args=args,
+        train_dataset=Stream(),
+        data_collator=collator,
+        processing_class=prepared.tokenizer,
+    )
+    assert trainer.train().global_step == 2
 
 
 @pytest.mark.parametrize("decay", [0.0, 0.8])
@@ -1050,6 +1124,21 @@ def test_unknown_key_in_an_argument_file_is_named(tmp_path):
                 "10",
             ],
             "--load_best_model_at_end the best checkpoint",
+        ),
+        (  # the Trainer keeps the best checkpoint out of the rotation: the "last 5" would hold an old one
+            [
+                "--average_checkpoints",
+                "2",
+                "--load_best_model_at_end",
+                "true",
+                "--save_strategy",
+                "steps",
+                "--eval_strategy",
+                "steps",
+                "--validation_size",
+                "10",
+            ],
+            "--average_checkpoints 2 makes the average .* --load_best_model_at_end the best checkpoint",
         ),
     ],
 )

@@ -447,6 +447,13 @@ def check_training_arguments(training_args: TransformerTrainingArguments) -> Non
             "(--max_tokens 0) are padded to their longest sentence. Drop one of them."
         )
     if training_args.average_checkpoints:
+        if training_args.load_best_model_at_end:
+            raise ValueError(
+                f"--average_checkpoints {training_args.average_checkpoints} makes the average of the last "
+                "checkpoints the final model, and --load_best_model_at_end the best checkpoint (which the Trainer "
+                "also keeps out of --save_total_limit's rotation, so the last ones would not be the newest): give "
+                "one of them."
+            )
         if training_args.save_strategy == "no":
             raise ValueError("--average_checkpoints needs checkpoints: set --save_strategy steps and --save_steps.")
         limit = training_args.save_total_limit
@@ -455,3 +462,17 @@ def check_training_arguments(training_args: TransformerTrainingArguments) -> Non
                 f"--save_total_limit {limit} keeps fewer checkpoints than --average_checkpoints "
                 f"{training_args.average_checkpoints} averages; raise the limit."
             )
+
+
+def refuse_data_parallel(training_args) -> None:
+    """One process that sees several GPUs: transformers would wrap the model in ``torch.nn.DataParallel``,
+    which hands the loss a token count per GPU while the loss is computed on the gathered outputs (it failed at
+    the first update), and which is slower than a process per GPU anyway."""
+    if training_args.n_gpu > 1:
+        count = training_args.n_gpu
+        raise ValueError(
+            f"{count} GPUs are visible to this one process, and transformers would run the model under "
+            "torch.nn.DataParallel, which this recipe does not support. Start one process per GPU: accelerate "
+            f"launch --num_processes {count} ... or torchrun --nproc_per_node {count} ...; or train on one GPU "
+            "with CUDA_VISIBLE_DEVICES=0."
+        )

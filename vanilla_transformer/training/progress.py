@@ -26,6 +26,9 @@ class TargetTokens:
         self.tokens: torch.Tensor | None = None
         self.sentences = 0
 
+    def reset(self) -> None:
+        self.tokens, self.sentences = None, 0
+
     def add(self, labels: torch.Tensor) -> None:
         count = (labels != -100).sum()
         self.tokens = count if self.tokens is None else self.tokens + count

@@ -53,7 +53,7 @@ from ..checkpoint_files import (
 from ..command_line import exit_with_usage_error
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULA, MAX_NEW_TOKENS_BEYOND_INPUT
 from ..private_api import require
-from .arguments import schedule_name
+from .arguments import refuse_data_parallel, schedule_name
 from .averaging import MEAN_NAMES, architecture, average_checkpoints
 from .caches import usable_tokenizer_cache
 from .checkpointing import TrainingInterrupted, complete_checkpoints, resolve_checkpoint
@@ -161,6 +161,7 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     or tokenizer to load are checked before the data is read. In several processes, the first one reads and
     tokenises the data (and trains the tokenizer) while the others wait, then they memory-map its cache."""
     check_arguments(model_args, data_args, training_args)
+    refuse_data_parallel(training_args)  # not in check_arguments: table3 --devices checks its rows in a parent
     set_seed(training_args.seed)
     do_train, do_eval, do_predict = steps_to_run(training_args, data_args)
     check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict, training_args.eval_strategy)
@@ -549,7 +550,7 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
             "steps": trainer.state.global_step,
             "tokens per batch (max, padded)": training_args.max_tokens or "sentence batches",
             "gradient accumulation": training_args.gradient_accumulation_steps,
-            "peak learning rate": training_args.learning_rate,
+            "peak learning rate": trainer.args.learning_rate,  # eq. (3)'s peak is resolved by the trainer
             "warm-up steps": training_args.warmup_steps,
             "schedule": schedule_name(training_args),
             "label smoothing": training_args.label_smoothing_factor,

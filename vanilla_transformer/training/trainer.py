@@ -34,7 +34,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import ProgressCallback, Seq2SeqTrainer, TrainerCallback, TrainerState
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import EvalLoopOutput, EvalPrediction, TrainOutput
+from transformers.trainer_utils import EvalLoopOutput, EvalPrediction, TrainOutput, has_length
 
 from ..private_api import require
 from ..training_kernels import label_smoothed_cross_entropy
@@ -43,6 +43,7 @@ from .arguments import (
     check_schedule,
     fp16_refusal,
     pads_to_buckets,
+    refuse_data_parallel,
     sorts_evaluation,
 )
 from .batching import LengthSortedSampler, PadToBucket, TokenBatchSampler
@@ -291,7 +292,11 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
                 f"TransformerTrainer needs TransformerTrainingArguments (Seq2SeqTrainingArguments with the paper's "
                 f"defaults and max_tokens), got {type(self.args).__name__}."
             )
-        self.args.learning_rate = resolve_learning_rate(self.args, self._d_model)
+        refuse_data_parallel(self.args)
+        learning_rate = resolve_learning_rate(self.args, self._d_model)
+        if learning_rate != self.args.learning_rate:  # eq. (3)'s peak for this model, on the trainer's own copy:
+            self.args = copy.copy(self.args)  # the caller's arguments may build a trainer for another model
+            self.args.learning_rate = learning_rate
         # compute_loss smooths itself in training. In evaluation, Seq2SeqTrainer takes the loss from
         # ``label_smoother(outputs, labels)``: ours is the plain per-token NLL, counted over the whole set.
         self.label_smoother = self.evaluation_loss = EvaluationLoss(self.accelerator)
@@ -382,6 +387,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
                 return self._take_the_finished_checkpoint(checkpoint, finished)
         elif self.moving_average is not None:  # a new run (or a retry) averages its own updates only
             self.moving_average.reset()
+        self.target_tokens.reset()  # a retry or another trial reports its own throughput, not the sum
         check_largest_batches_fit(self)  # --memory_probe: a batch that cannot fit fails now, not hours in
         with self.stop_on_signal.installed():
             result = super().train(None if checkpoint is None else str(checkpoint), *args, **kwargs)
@@ -784,6 +790,8 @@ def check_accumulation(loader: DataLoader, args) -> DataLoader:
     """An update sums ``--gradient_accumulation_steps`` batches of one epoch: an epoch with fewer batches per
     process would make every update smaller than asked (the Trainer updates at the epoch's end), so it is
     refused before the first update."""
+    if not has_length(loader):  # a streamed data set: the Trainer runs --max_steps updates, epochs unknown
+        return loader
     batches, accumulation = len(loader), args.gradient_accumulation_steps
     if batches < accumulation:
         unit = f"token batches of --max_tokens {args.max_tokens}" if args.max_tokens else "batches"
