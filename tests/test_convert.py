@@ -11,7 +11,14 @@ import sys
 import pytest
 import torch
 from tokenizers import Tokenizer, models
-from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, MarianConfig, MarianMTModel, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForSeq2SeqLM,
+    AutoTokenizer,
+    GenerationConfig,
+    MarianConfig,
+    MarianMTModel,
+    PreTrainedTokenizerFast,
+)
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
 from vanilla_transformer.convert import convert_marian, from_marian, main, marian_to_interleaved, to_ctranslate2
@@ -114,6 +121,33 @@ def test_marian_generation_is_identical_on_a_padded_batch(case, settings):
     expected = marian.generate(**inputs)
     assert expected[:, 0].eq(marian.config.decoder_start_token_id).all()  # Marian starts from <pad>
     assert torch.equal(ours.generate(**inputs), expected)
+
+
+@pytest.mark.parametrize("generation", ["opus-mt", "transformers-default"])
+def test_without_a_length_given_the_converted_model_stops_where_marian_does(generation, tmp_path):
+    """Marian's generation config limits the output with max_length (opus-mt: 512, with a forced </s> at the
+    end); the converted model once cut every output at input length + 50 (§6.1's rule, our default) instead.
+    The same after saving and loading the converted folder."""
+    marian = random_marian(max_position_embeddings=512)
+    if generation == "opus-mt":  # opus-mt-en-de's generation_config.json, with this vocabulary's ids
+        marian.generation_config = GenerationConfig(
+            bad_words_ids=[[MARIAN_PAD]],
+            bos_token_id=0,
+            decoder_start_token_id=MARIAN_PAD,
+            eos_token_id=MARIAN_EOS,
+            forced_eos_token_id=MARIAN_EOS,
+            max_length=512,
+            num_beams=4,
+            pad_token_id=MARIAN_PAD,
+            renormalize_logits=True,
+        )
+    input_ids, attention_mask = marian_batch()
+    expected = marian.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=1)
+    ours = from_marian(marian)
+    assert torch.equal(ours.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=1), expected)
+    ours.save_pretrained(tmp_path)
+    reloaded = VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path)
+    assert torch.equal(reloaded.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=1), expected)
 
 
 def test_marian_position_table_is_ours_with_sines_and_cosines_in_halves():

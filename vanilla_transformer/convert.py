@@ -351,6 +351,10 @@ def from_marian(marian_model_or_path, tokenizer=None) -> VanillaTransformerForCo
     model = VanillaTransformerForConditionalGeneration(config)
     _assign(model, weights)
     model.generation_config = copy.deepcopy(marian.generation_config)
+    # Marian's own length limit (max_length), not §6.1's input + 50 that our configs default to; a config marked
+    # as made from the model's config loses every field of ours when read back, so it is marked as written
+    model.generation_config.max_new_tokens_beyond_input = None
+    model.generation_config._from_model_config = False
     return model.to(marian.dtype).eval()
 
 
