@@ -8,6 +8,7 @@ files themselves (bytes written, folders left untouched) and the flags as given.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import logging
@@ -26,7 +27,7 @@ import vanilla_transformer
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.checkpoint_files import DamagedFileError, check_safetensors
 from vanilla_transformer.convert import main as convert_main
-from vanilla_transformer.training import averaging, translation
+from vanilla_transformer.training import averaging, data, translation
 from vanilla_transformer.training import run as train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -283,6 +284,62 @@ def test_jsonl_with_an_unknown_language_names_the_flag_and_file_before_reading_i
     message = str(error.value)
     assert "missing key 'translation.fr'" in message and "--target_lang fr" in message and path in message
     assert "not json" not in message  # the first record decided, not a read of the whole file
+
+
+@pytest.mark.parametrize("form", ["aligned", "tsv"])
+def test_a_validation_file_empty_once_decompressed_is_named(form, tmp_path):
+    """gzip of nothing is 20 bytes, so it passed the check for empty files: the reader then ended in a bare
+    StopIteration (TSV) or in datasets' 'Instruction "train" corresponds to no data!' (aligned files)."""
+    train_file = write(tmp_path / "train.tsv", "".join(f"{s}\t{s.upper()}\n" for s in SENTENCES))
+    empty = gzip.compress(b"")
+    if form == "tsv":
+        flags = ["--validation_file", write(tmp_path / "valid.tsv.gz", empty)]
+        expected = "--validation_file .*valid.tsv.gz' is empty once decompressed"
+    else:
+        flags = [
+            "--validation_source_file",
+            write(tmp_path / "valid.en.gz", empty),
+            "--validation_target_file",
+            write(tmp_path / "valid.de.gz", empty),
+        ]
+        expected = "--validation_source_file .*valid.en.gz' is empty once decompressed"
+    args = train.parse_arguments(train_argv(*flags, train_file=train_file))[1]
+    with pytest.raises(ValueError, match=expected):
+        train.load_text_datasets(args, seed=0)
+
+
+def test_a_validation_set_of_blank_pairs_is_refused_before_the_tokenizer_is_trained(tmp_path, monkeypatch):
+    train_file = write(tmp_path / "train.tsv", "".join(f"{s}\t{s.upper()}\n" for s in SENTENCES))
+    flags = [
+        "--validation_source_file",
+        write(tmp_path / "valid.en", "\n \nsome text\n"),
+        "--validation_target_file",
+        write(tmp_path / "valid.de", "\nblank\n\n"),
+    ]
+    monkeypatch.setattr(train, "prepare_tokenizer", lambda *a, **k: pytest.fail("the tokenizer was trained"))
+    with pytest.raises(ValueError, match="--validation_source_file and --validation_target_file: none of its 3 pairs"):
+        train.build_trainer(*train.parse_arguments(train_argv(*flags, train_file=train_file)))
+
+
+def test_a_validation_file_is_checked_before_the_training_corpus_is_read(tmp_path):
+    """The training pairs here are misaligned, which only a full read of them finds: the validation file's
+    missing key must be named instead, as it is found on its first record."""
+    source = write(tmp_path / "train.en", "".join(s + "\n" for s in SENTENCES))
+    target = write(tmp_path / "train.de", "".join(s + "\n" for s in SENTENCES[:-1]))
+    validation = write(tmp_path / "valid.jsonl", json.dumps({"translation": {"en": "a"}}) + "\n")
+    argv = train_argv("--train_source_file", source, "--train_target_file", target, "--validation_file", validation)
+    argv = argv[: argv.index("--train_file")] + argv[argv.index("--train_file") + 2 :]
+    with pytest.raises(ValueError, match="missing key 'translation.de'"):
+        train.load_text_datasets(train.parse_arguments(argv)[1], seed=0)
+
+
+def test_a_utf16_file_is_named_as_such_with_the_conversion_that_works(tmp_path):
+    """'Not valid UTF-8 ... iconv -f latin1' turned UTF-16 (what PowerShell writes) into text with a NUL
+    between every two characters, which the reader then accepted."""
+    path = tmp_path / "train.en"
+    path.write_text("Hello world\nGood morning\n", encoding="utf-16")
+    with pytest.raises(ValueError, match="is UTF-16 text .*iconv -f utf-16 -t utf-8"):
+        data.read_lines(path, "--train_source_file")
 
 
 def test_jsonl_missing_nested_key_later_names_the_line(tmp_path):

@@ -146,3 +146,19 @@ def test_an_error_that_is_not_a_damaged_cache_passes_unchanged(tmp_path):
 
     with pytest.raises(ValueError, match="^a mistake in the data$"):
         caches.rebuilt_if_damaged(failing, tmp_path / "cache")
+
+
+def test_a_file_another_run_is_writing_is_never_taken_for_a_damaged_one(tmp_path):
+    """A failed build scans the cache for damaged entries; datasets writes a new one under a folder ending in
+    .incomplete, whose half-written Arrow file a scan once deleted under a run still writing it."""
+    writing = tmp_path / "cache" / "generator" / "default-0123" / "0.0.0" / "abc.incomplete"
+    writing.mkdir(parents=True)
+    (writing / "generator-train.arrow").write_bytes(b"ARROW1\x00\x00half")
+    assert caches.arrow_problem(writing / "generator-train.arrow")  # the reference: read alone, it is damaged
+
+    def failing():
+        raise ValueError("a mistake in the data")
+
+    with pytest.raises(ValueError, match="^a mistake in the data$"):
+        caches.rebuilt_if_damaged(failing, tmp_path / "cache")
+    assert (writing / "generator-train.arrow").is_file()

@@ -300,6 +300,11 @@ def decoded_lines(lines, name: str) -> Iterator[tuple[int, str]]:
         try:
             text = raw.decode("utf-8")
         except UnicodeDecodeError as error:
+            if number == 1 and raw.startswith((b"\xff\xfe", b"\xfe\xff")):  # UTF-16's byte-order mark
+                raise ValueError(
+                    f"{name} is UTF-16 text (it starts with UTF-16's byte-order mark), as Windows PowerShell "
+                    "writes it; convert it to UTF-8 (e.g. iconv -f utf-16 -t utf-8)."
+                ) from None
             raise ValueError(
                 f"{name}, line {number}: not valid UTF-8 ({error.reason} at byte {error.start} of the line); "
                 "convert the file to UTF-8 (e.g. iconv -f latin1 -t utf-8)."

@@ -89,6 +89,8 @@ def damaged_entries(folder: Path) -> dict[Path, str]:
     for path in sorted(folder.rglob("*.arrow")):
         if path.parent in prepared and not path.name.startswith("cache-"):
             continue  # a split file, checked with its dataset
+        if any(parent.name.endswith(".incomplete") for parent in path.parents):
+            continue  # being written by a run (this one's failed build leaves none): not ours to judge
         if not any(entry in path.parents for entry in damaged) and (problem := arrow_problem(path)):
             damaged[path] = problem
     return damaged

@@ -95,6 +95,8 @@ def numbered_lines(path: PathLike, what: str | None = None) -> Iterator[tuple[in
                 f"{name} is a damaged or truncated gzip file (it breaks off after line {number}: {error}); "
                 "download or compress it again."
             ) from None
+    if number == 0:  # a compressed file of nothing (a plain one is refused as empty by check_file)
+        raise ValueError(f"{name} is empty once decompressed; give a file with at least one sentence.")
 
 
 def read_lines(path: PathLike, what: str | None = None) -> list[str]:
@@ -148,7 +150,7 @@ def _tsv_rows(path: str, source_column: int, target_column: int, what: str | Non
             why = (
                 f"need at least {needed} (source column {source_column}, target column {target_column})"
                 if len(fields) < needed
-                else f"line 1 has {expected}: is there a tab inside a sentence?"
+                else f"line 1 has {expected}: is there a tab inside a sentence, on this line or on line 1?"
             )
             raise ValueError(
                 f"{name}, line {number}: {len(fields)} tab-separated field(s), {why}. Every line holds the same "
@@ -655,6 +657,16 @@ def _json_keys(args, record: dict, where: str) -> tuple[str, str]:
     return keys[0], keys[1]
 
 
+def check_has_text(dataset, where: str) -> None:
+    """An evaluation or test set with at least one pair that has text on both sides: one of only blank pairs
+    would otherwise be found empty after the tokenizer is trained and the training corpus tokenised."""
+    if not any(source.strip() and target.strip() for source, target in zip(dataset["source"], dataset["target"])):
+        raise ValueError(
+            f"{where}: none of its {len(dataset)} pairs has text on both sides (each is empty or blank on one "
+            "side or both); give pairs of sentences."
+        )
+
+
 def _hub_split(args, split: str):
     return hub_dataset(
         args.dataset_name,
@@ -686,7 +698,12 @@ def load_text_datasets(args, seed: int) -> dict:
     for role in ROLES:  # every file first: a mistyped test path fails before the training corpus is read
         for flag, path in role_files(args, role).items():
             check_file(path, flag)
-    local = {role: local_dataset(args, role) for role in ROLES}
+    # the small sets first: a problem inside a validation or test file shows before the training corpus is read
+    read = {role: local_dataset(args, role) for role in sorted(ROLES, key=lambda role: role == "train")}
+    local = {role: read[role] for role in ROLES}
+    for role in ("validation", "test"):
+        if local[role] is not None:
+            check_has_text(local[role], " and ".join(role_files(args, role)))
     if local["train"] is not None and args.dataset_name:
         raise ValueError("Give training data as files or as --dataset_name, not both.")
     datasets = dict(local)
@@ -699,6 +716,7 @@ def load_text_datasets(args, seed: int) -> dict:
         for role, split in (("validation", args.validation_split), ("test", args.test_split)):
             if datasets[role] is None and split:
                 datasets[role] = _hub_split(args, split)
+                check_has_text(datasets[role], f"--dataset_name {args.dataset_name}, split {split!r}")
     if args.validation_size:
         if datasets["train"] is None:
             raise ValueError("--validation_size holds out training pairs, but no training data is given.")
