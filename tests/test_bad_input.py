@@ -321,6 +321,14 @@ def test_a_validation_set_of_blank_pairs_is_refused_before_the_tokenizer_is_trai
         train.build_trainer(*train.parse_arguments(train_argv(*flags, train_file=train_file)))
 
 
+def test_a_training_corpus_of_blank_pairs_is_named_by_its_flag(tmp_path, monkeypatch):
+    """It was refused by the tokenizer trainer, in its Python argument's words (texts_or_files)."""
+    train_file = write(tmp_path / "train.tsv", "\t\n \t \nonly source\t\n")
+    monkeypatch.setattr(train, "prepare_tokenizer", lambda *a, **k: pytest.fail("the tokenizer was trained"))
+    with pytest.raises(ValueError, match="--train_file: none of its 3 pairs has text on both sides"):
+        train.build_trainer(*train.parse_arguments(train_argv(train_file=train_file)))
+
+
 def test_a_validation_file_is_checked_before_the_training_corpus_is_read(tmp_path):
     """The training pairs here are misaligned, which only a full read of them finds: the validation file's
     missing key must be named instead, as it is found on its first record."""

@@ -324,6 +324,19 @@ def test_tokenizer_sample_takes_whole_blocks_up_to_the_requested_pairs(tmp_path,
         assert len(sample) == 2 * asked and len({s for s in sample if s.startswith("s")}) == asked
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_tokenizer_sample_has_the_pairs_asked_for_when_the_short_last_block_is_drawn(tmp_path, cache, seed):
+    """2,100 pairs in blocks of 1,000: the last block holds 100. Seeds that drew it (0, 4 and 5) gave 1,100
+    pairs for 1,500 asked, while the log said 1,500."""
+    text = parallel_text_dataset(
+        write(tmp_path / "s", [f"s{i}" for i in range(2100)]),
+        write(tmp_path / "t", [f"t{i}" for i in range(2100)]),
+        cache_dir=cache,
+    )
+    sample = list(data.tokenizer_training_texts(text, 1500, seed=seed))
+    assert len(sample) == 2 * 1500 and len({s for s in sample if s.startswith("s")}) == 1500
+
+
 # --- token batch sampler ---------------------------------------------------------------------
 
 

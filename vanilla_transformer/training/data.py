@@ -497,9 +497,11 @@ def tokenizer_training_texts(dataset, max_pairs: int | None, seed: int = 0, bloc
     if max_pairs is None or max_pairs >= rows:
         starts, left = range(0, rows, block), rows
     else:
-        blocks = math.ceil(rows / block)
-        chosen = np.random.default_rng(seed).choice(blocks, size=math.ceil(max_pairs / block), replace=False)
-        starts, left = sorted(int(b) * block for b in chosen), max_pairs
+        blocks, rng = math.ceil(rows / block), np.random.default_rng(seed)
+        chosen = {int(b) for b in rng.choice(blocks, size=math.ceil(max_pairs / block), replace=False)}
+        if sum(min(block, rows - b * block) for b in chosen) < max_pairs:  # the short last block is among them
+            chosen.add(int(rng.choice(sorted(set(range(blocks)) - chosen))))  # one more, a full one
+        starts, left = sorted(b * block for b in chosen), max_pairs
     for start in starts:  # exactly the pairs asked for: the last block sampled is cut to them
         batch = dataset[start : min(start + block, rows, start + left)]
         left -= len(batch["source"])
@@ -658,9 +660,10 @@ def _json_keys(args, record: dict, where: str) -> tuple[str, str]:
 
 
 def check_has_text(dataset, where: str) -> None:
-    """An evaluation or test set with at least one pair that has text on both sides: one of only blank pairs
-    would otherwise be found empty after the tokenizer is trained and the training corpus tokenised."""
-    if not any(source.strip() and target.strip() for source, target in zip(dataset["source"], dataset["target"])):
+    """A set with at least one pair that has text on both sides, read until the first one: a set of only blank
+    pairs would otherwise be found empty after the tokenizer is trained and the training corpus tokenised."""
+    batches = dataset.iter(batch_size=1000)
+    if not any(s.strip() and t.strip() for batch in batches for s, t in zip(batch["source"], batch["target"])):
         raise ValueError(
             f"{where}: none of its {len(dataset)} pairs has text on both sides (each is empty or blank on one "
             "side or both); give pairs of sentences."
@@ -701,7 +704,7 @@ def load_text_datasets(args, seed: int) -> dict:
     # the small sets first: a problem inside a validation or test file shows before the training corpus is read
     read = {role: local_dataset(args, role) for role in sorted(ROLES, key=lambda role: role == "train")}
     local = {role: read[role] for role in ROLES}
-    for role in ("validation", "test"):
+    for role in ROLES:
         if local[role] is not None:
             check_has_text(local[role], " and ".join(role_files(args, role)))
     if local["train"] is not None and args.dataset_name:
@@ -713,6 +716,7 @@ def load_text_datasets(args, seed: int) -> dict:
         sliced = args.max_train_samples and "[" not in args.train_split and not args.validation_size
         train_split = args.train_split + (f"[:{args.max_train_samples}]" if sliced else "")
         datasets["train"] = _hub_split(args, train_split)  # read only what is asked for
+        check_has_text(datasets["train"], f"--dataset_name {args.dataset_name}, split {train_split!r}")
         for role, split in (("validation", args.validation_split), ("test", args.test_split)):
             if datasets[role] is None and split:
                 datasets[role] = _hub_split(args, split)
