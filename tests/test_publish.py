@@ -3,6 +3,7 @@ alone. Pushed with the real huggingface_hub client to the loopback Hub (tests/hu
 fresh process; the reference is the list of files from_pretrained and the remote code read, written
 out below, and the bytes on disk."""
 
+import json
 import os
 import subprocess
 import sys
@@ -184,3 +185,43 @@ def test_a_repo_id_the_hub_cannot_hold_is_refused_before_anything(repo_id, dry_r
     captured = capsys.readouterr()
     assert exit_info.value.code == 2 and not captured.out
     assert f"--repo-id {repo_id!r} is not a Hub repository name" in captured.err
+
+
+def test_a_tokenizer_that_is_not_the_models_is_refused_before_anything(tmp_path, run_folder, capsys):
+    """docs/hub.md says so; the folder once passed and was listed (and uploaded) whole. The reference is the
+    pipeline's check of the same pair."""
+    from transformers import AutoTokenizer
+
+    from vanilla_transformer import check_tokenizer_matches_model
+
+    folder = tmp_path / "other"
+    folder.mkdir()
+    for name in MODEL_FILES:
+        (folder / name).write_bytes((run_folder / name).read_bytes())
+    saved = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(
+        json.dumps({**saved, "vocab_size": 40, "decoder_vocab_size": 40, "pad_token_id": 5})
+    )
+    config = VanillaTransformerConfig.from_pretrained(folder)
+    with pytest.raises(ValueError, match="does not match the model"):
+        check_tokenizer_matches_model(AutoTokenizer.from_pretrained(folder), config)
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["publish", str(folder), "--repo-id", f"{USER}/x", "--dry-run"])
+    captured = capsys.readouterr()
+    assert exit_info.value.code == 2 and not captured.out
+    assert f"MODEL_DIR {folder}: The tokenizer does not match the model" in captured.err
+
+
+def test_weights_in_the_older_torch_format_are_published_with_the_model(tmp_path, run_folder, capsys):
+    """A folder whose weights are pytorch_model.bin (as opus-mt's are) passed the checks, and its upload held
+    no weights at all. The reference: the files from_pretrained reads from that folder."""
+    from safetensors.torch import load_file
+
+    folder = tmp_path / "older"
+    folder.mkdir()
+    for name in MODEL_FILES - {"model.safetensors"}:
+        (folder / name).write_bytes((run_folder / name).read_bytes())
+    torch.save(load_file(run_folder / "model.safetensors"), folder / "pytorch_model.bin")
+    VanillaTransformerForConditionalGeneration.from_pretrained(folder)  # loadable from these files alone
+    cli(["publish", str(folder), "--repo-id", f"{USER}/x", "--dry-run"])
+    assert set(capsys.readouterr().out.split()) == (MODEL_FILES - {"model.safetensors"}) | {"pytorch_model.bin"}

@@ -34,7 +34,8 @@ import time
 from fnmatch import fnmatch
 from pathlib import Path
 
-from .checkpoint_files import TOKENIZER_FILES, check_has_tokenizer, check_model_folder
+from .checkpoint_files import TOKENIZER_FILES, check_has_tokenizer, check_model_folder, weight_files
+from .pipeline_vanilla_transformer import check_tokenizer_matches_model
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +60,7 @@ def model_files(folder: str | Path) -> list[str]:
     folder = Path(folder)
     names = {name for name in MODEL_FILES if (folder / name).is_file()}
     names |= {path.name for path in folder.glob("model-*-of-*.safetensors")}
+    names |= {path.name for path in weight_files(folder)}  # the weights from_pretrained reads (pytorch_model.bin)
     return sorted(names | {f"{module}.py" for module in _code_modules(folder)})
 
 
@@ -116,7 +118,26 @@ def check_publishable(folder: str | Path) -> list[str]:
         "Save the tokenizer next to the model (tokenizer.save_pretrained(MODEL_DIR)); "
         "a run's own output folder has it.",
     )
+    check_tokenizer_belongs(folder, what)
     return model_files(folder)
+
+
+def check_tokenizer_belongs(folder: str | Path, what: str) -> None:
+    """A tokenizer of the ``tokenizers`` library (tokenizer.json: ours and most) that loads and that the model can
+    read (`check_tokenizer_matches_model`). Sentencepiece tokenizers (a converted MarianMT's) are left to their
+    library, which the package does not need."""
+    if not (Path(folder) / "tokenizer.json").is_file():
+        return
+    from transformers import AutoConfig, AutoTokenizer
+
+    try:
+        tokenizer, config = AutoTokenizer.from_pretrained(folder), AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{what}: its tokenizer or config does not load ({error}); save them again.") from None
+    try:
+        check_tokenizer_matches_model(tokenizer, config)
+    except ValueError as error:
+        raise ValueError(f"{what}: {error}") from None
 
 
 def check_repo_id(repo_id: str) -> None:
