@@ -10,6 +10,7 @@ import json
 import re
 
 import pytest
+import torch
 from huggingface_hub import ModelCard, metadata_load
 from huggingface_hub.repocard_data import model_index_to_eval_results
 from transformers import GenerationConfig
@@ -130,11 +131,25 @@ def test_a_card_written_from_a_saved_folder_states_the_length_rule_it_decodes_wi
     model.save_pretrained(tmp_path / "saved")
     text = write_model_card(tmp_path / "saved", languages=("en", "de")).read_text()
     positions = model.config.max_position_embeddings
-    assert f"at most input length + 50 tokens (§6.1, {positions} at most)." in text
+    assert f"at most input length + 50 tokens (§6.1, {positions - 1} at most)." in text  # the start token takes one
     config = json.loads((tmp_path / "saved" / "generation_config.json").read_text())
     off = {**config, "max_new_tokens_beyond_input": None, "max_length": 40}
     (tmp_path / "saved" / "generation_config.json").write_text(json.dumps(off))
     assert "at most 40 tokens." in write_model_card(tmp_path / "saved", languages=("en", "de")).read_text()
+
+
+def test_the_cards_length_limit_is_the_one_generate_applies_not_a_trainers_max_length(tmp_path):
+    """A stock Seq2SeqTrainer leaves max_length 20 on the model's generation config; §6.1's rule ignores it, and
+    the card once said "20 at most" of a model that then generated more. The reference is generate() itself."""
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny"))
+    model.generation_config.max_length = 20
+    text = write_model_card(tmp_path, model=model, languages=("en", "de")).read_text()
+    positions = model.config.max_position_embeddings
+    assert f"at most input length + 50 tokens (§6.1, {positions - 1} at most)." in text and "20 at most" not in text
+    source = torch.full((1, 40), 5)
+    model.generation_config.eos_token_id = None  # nothing ends a hypothesis early: the limit alone stops it
+    new_tokens = model.generate(input_ids=source, num_beams=1).shape[1] - 1
+    assert new_tokens == min(40 + 50, positions - 1) > 20
 
 
 def python_blocks(text: str) -> list[str]:

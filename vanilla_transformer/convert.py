@@ -42,7 +42,9 @@ position table set explicitly (ours, sinusoidal interleaved or learned). Decodin
 ``decoder_start_token_id`` through the model's ``decoder_start_token`` setting; ``<pad>`` stays an
 ordinary vocabulary entry (unlike CTranslate2's Marian loader, which drops it). To decode like
 ``generate()``, call ``translate_batch(..., beam_size=4, length_penalty=0.6, return_end_token=True,
-min_decoding_length=0)``. CTranslate2 has one length penalty, transformers' ``length ** alpha``, not
+min_decoding_length=0, max_decoding_length=N)`` with ``generate(..., max_new_tokens=N)``; CTranslate2's
+``max_decoding_length`` is the batch's (default 256), where §6.1's rule stops each sentence at its own
+length + 50 (give each sentence alone, with N = its length + 50, for that). CTranslate2 has one length penalty, transformers' ``length ** alpha``, not
 the paper's GNMT penalty ``((5 + length) / 6) ** alpha`` that our generation config selects
 (``length_penalty_formula="gnmt"``): outputs are identical to ``generate(...,
 length_penalty_formula="length")``, and can differ from the default in which finished hypothesis
@@ -596,7 +598,8 @@ def to_ctranslate2(
 
     Checked (tests/test_convert.py): the log-probabilities of `ctranslate2.Translator.score_batch`
     equal the model's, and ``translate_batch(beam_size=1 or 4, length_penalty=0.6,
-    return_end_token=True, min_decoding_length=0)`` returns ``generate()``'s tokens and scores
+    return_end_token=True, min_decoding_length=0, max_decoding_length=N)`` returns ``generate(...,
+    max_new_tokens=N)``'s tokens and scores
     (``num_beams=4, length_penalty=0.6, early_stopping=True``); see the module docstring for why those
     two CTranslate2 options are needed.
     """

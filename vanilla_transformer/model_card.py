@@ -163,7 +163,7 @@ def write_model_card(
         fine_tuned=f" Fine-tuned from [{base_model}](https://huggingface.co/{base_model})." if base_model else "",
         results=_results_table(results),
         architecture=_architecture_rows(config, num_parameters),
-        training=_training_section(datasets, training_hyperparameters, generation_config),
+        training=_training_section(datasets, training_hyperparameters, generation_config, config),
         datasets=", ".join(datasets) or "not recorded",
         task=TASK,
         remote_task=REMOTE_CODE_TASK,
@@ -270,7 +270,7 @@ def _architecture_rows(config: PretrainedConfig, num_parameters: int | None) -> 
     return "\n".join(f"| {name} | {value} |" for name, value in rows.items())
 
 
-def _training_section(datasets, hyperparameters: Mapping[str, Any] | None, generation_config) -> str:
+def _training_section(datasets, hyperparameters: Mapping[str, Any] | None, generation_config, config) -> str:
     parts = [f"Training data: {', '.join(datasets) or 'not recorded'}."]
     if hyperparameters:
         rows = ["| hyperparameter | value |", "| --- | --- |"]
@@ -278,15 +278,16 @@ def _training_section(datasets, hyperparameters: Mapping[str, Any] | None, gener
     else:
         parts.append("Training hyperparameters were not recorded.")
     if generation_config is not None:
-        parts.append(_decoding_sentence(generation_config))
+        parts.append(_decoding_sentence(generation_config, config.max_position_embeddings))
     return "\n\n".join(parts)
 
 
-def _decoding_sentence(generation_config: GenerationConfig) -> str:
-    # as generate() reads the model's own config (`_extra_tokens`): max_new_tokens, else §6.1's rule, whose
-    # max_length (saved as max_position_embeddings for other readers) only caps it, else max_length
+def _decoding_sentence(generation_config: GenerationConfig, positions: int) -> str:
+    # as generate() reads the model's own config (`_extra_tokens`): max_new_tokens, else §6.1's rule, which
+    # ignores max_length (a Trainer's 20, or max_position_embeddings as saved for other readers) and stops at the
+    # positions the model has (the start token takes one), else max_length
     extra = getattr(generation_config, MAX_NEW_TOKENS_BEYOND_INPUT, MAX_EXTRA_OUTPUT_TOKENS)
-    cap = f", {generation_config.max_length} at most" if generation_config.max_length else ""
+    cap = f", {positions - 1} at most"
     length = (
         f"at most {generation_config.max_new_tokens} new tokens"
         if generation_config.max_new_tokens
