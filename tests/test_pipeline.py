@@ -223,6 +223,20 @@ def test_a_tuple_translates_as_a_list_and_no_sentences_give_no_translations(tran
     assert translate([]) == [] and translate(()) == []
 
 
+def test_truncation_cuts_at_the_models_positions_with_a_tokenizer_built_in_memory(translator, translate):
+    """A tokenizer from train_tokenizer keeps model_max_length 1024 until saved with a model; truncation=True
+    then left a 300-token input longer than the model's 128 positions, and the model's error advised
+    truncation=True. The reference: generate() on the input cut to 128 tokens."""
+    model, tokenizer = translator
+    text = " ".join(["a small text to learn"] * 60)
+    assert len(tokenizer(text)["input_ids"]) > model.config.max_position_embeddings < tokenizer.model_max_length
+    settings = dict(num_beams=1, max_new_tokens=5)
+    with torch.no_grad():
+        cut = tokenizer([text], truncation=True, max_length=model.config.max_position_embeddings, return_tensors="pt")
+        expected = tokenizer.decode(model.generate(**cut, **settings)[0], skip_special_tokens=True)
+    assert translate(text, truncation=True, **settings) == [{"translation_text": expected}]
+
+
 @pytest.mark.parametrize(
     "inputs", [torch.tensor([[5, 6, 3]]), [b"bytes"], {"text": "A man."}], ids=["ids", "bytes", "dict"]
 )

@@ -99,7 +99,8 @@ class VanillaTranslationPipeline(Pipeline):
     Call parameters:
         src_lang, tgt_lang: passed to tokenizers that know languages (those with a
             ``_build_translation_inputs`` method, e.g. NLLB, M2M100, mBART); other tokenizers reject them.
-        truncation: truncate inputs longer than the tokenizer's ``model_max_length``.
+        truncation: truncate inputs longer than the tokenizer's ``model_max_length`` or the model's
+            ``max_position_embeddings``, whichever is smaller.
         clean_up_tokenization_spaces: passed to ``tokenizer.decode`` (default: off, so that the text
             comes back as the model wrote it).
         return_tensors: return ``{"translation_token_ids": ...}`` instead of text.
@@ -182,7 +183,10 @@ class VanillaTranslationPipeline(Pipeline):
             return self.tokenizer._build_translation_inputs(
                 text, return_tensors="pt", truncation=truncation, src_lang=src_lang, tgt_lang=tgt_lang
             )
-        inputs = self.tokenizer(text, truncation=truncation, return_tensors="pt")
+        # cut at what the model takes too: a tokenizer built in memory keeps its default model_max_length (1024)
+        positions = getattr(self.model.config, "max_position_embeddings", None) if truncation else None
+        limit = {} if positions is None else {"max_length": min(self.tokenizer.model_max_length, positions)}
+        inputs = self.tokenizer(text, truncation=truncation, return_tensors="pt", **limit)
         return {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
 
     def _forward(self, model_inputs, **generate_kwargs):
