@@ -382,6 +382,33 @@ def test_same_language_on_both_sides_is_refused(tmp_path):
         train.load_text_datasets(args, seed=0)
 
 
+def test_a_run_that_only_translates_does_not_read_the_training_split(model_dir, tmp_path):
+    """With --dataset_name, the training split was taken into (source, target) pairs and checked whatever the
+    steps: on WMT14, 4.5M pairs processed to translate 3k test sentences (datasets itself prepares every split
+    of a dataset it loads, which is not ours to change)."""
+    records = [{"translation": {"en": s, "de": s.upper()}} for s in SENTENCES]
+    write(tmp_path / "hub" / "train.jsonl", "".join(json.dumps(r) + "\n" for r in records))
+    write(tmp_path / "hub" / "test.jsonl", "".join(json.dumps(r) + "\n" for r in records[:2]))
+    argv = [
+        "--dataset_name",
+        str(tmp_path / "hub"),
+        "--test_split",
+        "test",
+        "--do_predict",
+        "--model_name_or_path",
+        str(model_dir),
+        "--output_dir",
+        str(tmp_path / "o"),
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        "--report_to",
+        "none",
+        "--use_cpu",
+    ]
+    prepared = train.build_trainer(*train.parse_arguments(argv))
+    assert prepared.text["train"] is None and prepared.text["test"]["source"] == SENTENCES[:2]
+
+
 def test_hub_style_dataset_with_an_unknown_language_is_refused_on_the_first_row(tmp_path):
     """A local folder loads through the same `datasets.load_dataset` call as a Hub name (no network)."""
     records = [{"translation": {"en": s, "de": s.upper()}} for s in SENTENCES]

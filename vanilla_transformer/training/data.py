@@ -691,18 +691,22 @@ def _first(dataset, count: int | None, flag: str):
     return dataset.select(range(min(count, len(dataset))))
 
 
-def load_text_datasets(args, seed: int) -> dict:
+def load_text_datasets(args, seed: int, train: bool = True) -> dict:
     """``{"train": ..., "validation": ..., "test": ...}`` Arrow datasets of (source, target); None where absent.
 
     ``args`` is `options.DataArguments`: local files for each role, or a Hub dataset's splits; a validation
     set held out of the training pairs (``validation_size``, shuffled with ``seed``); the first N of each.
+    ``train=False``: the training pairs are not read (a run that only evaluates or translates, with a tokenizer
+    to load), unless ``validation_size`` holds pairs out of them.
     """
     check_data_arguments(args)
     for role in ROLES:  # every file first: a mistyped test path fails before the training corpus is read
         for flag, path in role_files(args, role).items():
             check_file(path, flag)
+    train = train or bool(args.validation_size)
     # the small sets first: a problem inside a validation or test file shows before the training corpus is read
-    read = {role: local_dataset(args, role) for role in sorted(ROLES, key=lambda role: role == "train")}
+    roles = [role for role in ("validation", "test", "train") if train or role != "train"]
+    read = {role: local_dataset(args, role) for role in roles} | ({} if train else {"train": None})
     local = {role: read[role] for role in ROLES}
     for role in ROLES:
         if local[role] is not None:
@@ -711,12 +715,13 @@ def load_text_datasets(args, seed: int) -> dict:
         raise ValueError("Give training data as files or as --dataset_name, not both.")
     datasets = dict(local)
     if args.dataset_name:
-        # the first N only, unless the split is sliced already (cut after reading) or --validation_size holds
-        # pairs out of the whole split first, as it does out of local files
-        sliced = args.max_train_samples and "[" not in args.train_split and not args.validation_size
-        train_split = args.train_split + (f"[:{args.max_train_samples}]" if sliced else "")
-        datasets["train"] = _hub_split(args, train_split)  # read only what is asked for
-        check_has_text(datasets["train"], f"--dataset_name {args.dataset_name}, split {train_split!r}")
+        if train:
+            # the first N only, unless the split is sliced already (cut after reading) or --validation_size holds
+            # pairs out of the whole split first, as it does out of local files
+            sliced = args.max_train_samples and "[" not in args.train_split and not args.validation_size
+            train_split = args.train_split + (f"[:{args.max_train_samples}]" if sliced else "")
+            datasets["train"] = _hub_split(args, train_split)  # read only what is asked for
+            check_has_text(datasets["train"], f"--dataset_name {args.dataset_name}, split {train_split!r}")
         for role, split in (("validation", args.validation_split), ("test", args.test_split)):
             if datasets[role] is None and split:
                 datasets[role] = _hub_split(args, split)

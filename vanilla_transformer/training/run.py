@@ -204,8 +204,8 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     loads_tokenizer = tokenizer_source["name_or_path"] or resume
     tokenizer = prepare_tokenizer(**tokenizer_source) if loads_tokenizer else None
     model = model_for(tokenizer) if tokenizer is not None else None
-    with training_args.main_process_first(desc="reading the data"):
-        text = load_text_datasets(data_args, training_args.seed)
+    with training_args.main_process_first(desc="reading the data"):  # the training pairs only where needed
+        text = load_text_datasets(data_args, training_args.seed, train=do_train or tokenizer is None)
     if tokenizer is None:  # trained on the data, then the model sized to it
         tokenizer = prepare_tokenizer(text["train"], **tokenizer_source)
         model = model_for(tokenizer)
