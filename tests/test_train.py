@@ -5,6 +5,7 @@ accumulation vs two processes), and a task the model must solve."""
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import random
@@ -229,6 +230,29 @@ def test_adam_hyperparameters_default_to_the_papers(data_dir, tmp_path):
     assert group["betas"] == (0.9, 0.98) and group["eps"] == 1e-9
     assert trainer.args.label_smoothing_factor == 0.1 and trainer.args.warmup_steps == 4000
     assert trainer.args.max_grad_norm == 0 and trainer.args.weight_decay == 0  # the paper clips and decays nothing
+
+
+def test_a_run_that_ends_inside_the_warm_up_says_so(data_dir, tmp_path, caplog, monkeypatch):
+    """A time budget can end training before warm-up does (fine-tuning's 10% of the planned updates, with
+    --max_train_minutes): the run ended at a fraction of its peak rate without a word."""
+    import types
+
+    from vanilla_transformer.training import trainer as trainer_module
+
+    trainer = build(data_dir, tmp_path, "--warmup_steps", "50", "--max_train_minutes", "10").trainer
+    now = [0.0]
+
+    def clock():  # 4 minutes pass at each look: the budget's 10 run out at the third update
+        now[0] += 240.0
+        return now[0]
+
+    monkeypatch.setattr(trainer_module, "time", types.SimpleNamespace(monotonic=clock))
+    with caplog.at_level(logging.WARNING):
+        trainer.train()
+    steps = trainer.state.global_step
+    assert 0 < steps < 50
+    assert f"Training stopped after {steps} updates, inside the 50-step warm-up" in caplog.text
+    assert f"ended at {steps / 50:.0%} of its peak" in caplog.text
 
 
 def test_explicit_peak_learning_rate_is_used_as_given(data_dir, tmp_path):

@@ -392,6 +392,13 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         with self.stop_on_signal.installed():
             result = super().train(None if checkpoint is None else str(checkpoint), *args, **kwargs)
         self.stop_on_signal.raise_if_stopped(self.state.global_step)
+        warmup = getattr(self.lr_scheduler, "warmup_steps", None)
+        if warmup is not None and self.state.global_step < warmup:  # e.g. a time budget ended it early
+            logger.warning(
+                f"Training stopped after {self.state.global_step} updates, inside the {warmup}-step warm-up (eq. 3): "
+                f"the learning rate ended at {self.state.global_step / warmup:.0%} of its peak. Lower --warmup_steps "
+                "(a number of updates, or a fraction of the updates planned by --max_steps or --num_train_epochs)."
+            )
         if self.moving_average is not None:  # --ema_decay: what training made is the average
             self.moving_average.copy_to(self.accelerator.unwrap_model(self.model))
             logger.info(
@@ -444,6 +451,8 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             if self.args.cooldown_minutes:  # the last minutes of the budget decay eq. (3) to 0
                 cooldown = partial(self._cooldown_factor, self.args.cooldown_minutes)
             self.lr_scheduler = noam_schedule(optimizer or self.optimizer, self._d_model, warmup, cooldown)
+            # for the end of training's look back, where the plan did not say so already
+            self.lr_scheduler.warmup_steps = warmup if num_training_steps >= warmup else None
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
