@@ -239,7 +239,8 @@ def test_a_run_that_ends_inside_the_warm_up_says_so(data_dir, tmp_path, caplog, 
 
     from vanilla_transformer.training import trainer as trainer_module
 
-    trainer = build(data_dir, tmp_path, "--warmup_steps", "50", "--max_train_minutes", "10").trainer
+    flags = ["--warmup_steps", "50", "--max_train_minutes", "10", "--num_train_epochs", "40"]  # 80 planned
+    trainer = build(data_dir, tmp_path, *flags).trainer
     now = [0.0]
 
     def clock():  # 4 minutes pass at each look: the budget's 10 run out at the third update
