@@ -978,6 +978,20 @@ def test_a_test_source_longer_than_the_model_accepts_is_refused_before_training(
           "--test_source_file", source, "--test_target_file", target)  # fmt: skip
 
 
+def test_a_too_long_test_source_in_a_jsonl_file_with_blank_lines_is_named_by_its_line(data_dir, tmp_path, monkeypatch):
+    """The JSONL reader skips blank lines, so pair i is not on line i + 1: the error named line 2 for a pair on
+    line 4. The reference: the line the pair was written on."""
+    pairs = reverse_pairs(3, seed=3)
+    pairs[1] = (" ".join(["a b c d"] * 20), "d c b a")
+    records = [json.dumps({"translation": {"en": s, "de": t}}) for s, t in pairs]
+    path = tmp_path / "test.jsonl"
+    path.write_text("\n".join([records[0], "", "", records[1], records[2]]) + "\n")  # pair 1 on line 4
+    monkeypatch.setattr(train.TransformerTrainer, "train", lambda *a, **k: pytest.fail("trained"))
+    flags = ["--config_overrides", "max_position_embeddings=32", "--do_train", "--do_predict", "--test_file", str(path)]
+    with pytest.raises(ValueError, match=f"--test_file {path}, line 4 \\("):
+        build(data_dir, tmp_path / "out", *flags, "--source_lang", "en", "--target_lang", "de")
+
+
 def test_a_generation_config_files_max_length_limits_decoding(data_dir, tmp_path):
     """--generation_config naming a file with max_length (and nothing of the paper's length rule): generate()
     decodes to that length, not to the source + 50 of the rule; a file that keeps the rule keeps it."""

@@ -57,7 +57,15 @@ from .arguments import refuse_data_parallel, schedule_name
 from .averaging import MEAN_NAMES, architecture, average_checkpoints
 from .caches import usable_tokenizer_cache
 from .checkpointing import TrainingInterrupted, complete_checkpoints, resolve_checkpoint
-from .data import ROLES, load_text_datasets, tokenize_pairs, tokenizer_cache_dir, tokenizer_training_texts
+from .data import (
+    ROLES,
+    load_text_datasets,
+    numbered_lines,
+    pairs_format,
+    tokenize_pairs,
+    tokenizer_cache_dir,
+    tokenizer_training_texts,
+)
 from .memory_check import MemoryCheckError
 from .metrics import TranslationMetrics, score
 from .moving_average import check_checkpoint as check_moving_average
@@ -378,12 +386,15 @@ def check_test_sources_fit(test, tokenizer, model, data_args) -> None:
     limit, lengths, too_long = inputs_too_long(model, tokenizer, sources)
     if not too_long:
         return
+    line_numbers = None
     if data_args.test_source_file or data_args.test_file:
         flag = "--test_source_file" if data_args.test_source_file else "--test_file"
         lines_of = f"{flag} {data_args.test_source_file or data_args.test_file}"
+        if data_args.test_file and pairs_format(data_args.test_file) == ".jsonl":  # its blank lines hold no pair
+            line_numbers = [n for n, text in numbered_lines(data_args.test_file, flag) if text.strip()]
     else:
         lines_of = None
-    where = where_too_long(too_long, lengths, lines_of)
+    where = where_too_long(too_long, lengths, lines_of, line_numbers)
     name = "" if lines_of else f" (--dataset_name {data_args.dataset_name}, split {data_args.test_split})"
     raise ValueError(
         f"--do_predict: {len(too_long)} test source(s) are longer than the {limit} tokens the model accepts{name}: "

@@ -70,12 +70,13 @@ def inputs_too_long(model, tokenizer, sentences: Sequence[str], todo: list[int] 
     return limit, lengths, [i for i in todo if lengths[i] > limit]
 
 
-def where_too_long(too_long: list[int], lengths: dict, lines_of: str | None) -> str:
-    """Where the first ten too-long inputs are: "FILE, line 3 (70 tokens), ...", or "number 3 ..." without a file."""
+def where_too_long(too_long: list[int], lengths: dict, lines_of: str | None, line_numbers=None) -> str:
+    """Where the first ten too-long inputs are: "FILE, line 3 (70 tokens), ...", or "number 3 ..." without a file.
+    ``line_numbers[i]``: input i's line in the file, where that is not i + 1 (a .jsonl file with blank lines)."""
     return (
         (f"{lines_of}, line" if lines_of else "number")
         + " "
-        + ", ".join(f"{i + 1} ({lengths[i]} tokens)" for i in too_long[:10])
+        + ", ".join(f"{line_numbers[i] if line_numbers else i + 1} ({lengths[i]} tokens)" for i in too_long[:10])
         + (" ..." if len(too_long) > 10 else "")
     )
 
