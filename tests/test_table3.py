@@ -378,16 +378,20 @@ def test_a_folder_trained_with_other_flags_is_refused_before_anything_runs(table
     assert f"{table / 'base' / 'seed-42'} holds row base (seed 42) trained with other flags" in error
 
 
-def test_the_same_output_dir_spelled_relative_finds_its_finished_rows(table, data_dir, monkeypatch, capsys):
+def test_the_same_output_dir_spelled_relative_finds_its_finished_rows(table, monkeypatch):
     """The saved flags hold paths as given: the same folder named relative to the working directory was once
-    refused as "trained with other flags"."""
-    monkeypatch.setattr(run, "main", lambda flags: pytest.fail("a finished row was trained again"))
+    refused as "trained with other flags". The reference: the base row's own saved flags, with every path
+    under the table's folder spelled relative to its parent."""
+    folder = table / "base" / "seed-42"
+    saved = json.loads((folder / table3.FLAGS_FILE).read_text())["flags"]
+    relative = [flag.replace(f"{table}", table.name) for flag in saved]
+    assert relative != saved
     monkeypatch.chdir(table.parent)
-    before = (table / "table3.json").read_text()
-    cli.main(table3_command(data_dir, Path(table.name)))
-    out = capsys.readouterr().out
-    assert all(f"{row} seed 42: finished before" in out for row in ("base", "B1", "D4"))
-    assert (table / "table3.json").read_text() == before
+    job = table3.Job("base", 42, Path(table.name) / "base" / "seed-42", relative, None)
+    assert table3.finished(job) == json.loads((folder / table3.RESULT_FILE).read_text())
+    other = table3.Job("base", 42, job.folder, [*relative[:-1], "elsewhere"], None)
+    with pytest.raises(ValueError, match="trained with other flags"):
+        table3.finished(other)
 
 
 def scored_run(bleu: float = 20.0) -> dict:
