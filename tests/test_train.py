@@ -468,6 +468,23 @@ def test_resume_continues_from_the_saved_step(data_dir, tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_resuming_with_other_batching_says_what_changed(data_dir, tmp_path, caplog):
+    """skip_first_batches skips the checkpoint's batches counted in this run's batches: with another
+    --max_tokens the rest of the epoch is cut anew. Said, with the flag's values there and now; the same flags
+    say nothing. The reference: the checkpoint's own training_args.bin."""
+    common = ("--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2", "--learning_rate", "0.003")
+    train.main(tiny_args(data_dir, tmp_path, *common, "--max_tokens", "200"))
+    saved = torch.load(tmp_path / "checkpoint-2" / "training_args.bin", weights_only=False)
+    assert saved.max_tokens == 200
+    resume = ("--resume_from_checkpoint", "last", "--max_steps", "3")
+    with caplog.at_level(logging.WARNING):
+        build(data_dir, tmp_path, *common, "--max_tokens", "200", *resume)
+    assert "other batching" not in caplog.text
+    with caplog.at_level(logging.WARNING):
+        build(data_dir, tmp_path, *common, "--max_tokens", "120", *resume)
+    assert "with other batching (--max_tokens 200 there, 120 now)" in caplog.text
+
+
 def test_average_checkpoints_flag_saves_the_mean_of_the_last_ones(data_dir, tmp_path):
     """5 steps, a checkpoint every 2: the final step is saved too, so the mean is of steps 4 and 5."""
     output = tmp_path / "run"

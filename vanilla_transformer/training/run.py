@@ -176,6 +176,7 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir) if do_train else None
     if resume is not None:
         check_moving_average(resume, training_args.ema_decay)  # before the data is read
+        warn_if_batching_changed(resume, training_args)
     if do_train:
         check_output_dir(training_args, resuming=resume is not None)
     if model_args.model_name_or_path:
@@ -429,6 +430,37 @@ def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
                 f"--resume_from_checkpoint {checkpoint} was trained with another tokenizer than the one "
                 "given now; drop --tokenizer_name_or_path to use the checkpoint's."
             )
+
+
+# What decides the batches of an epoch and which of them a resumed run skips (`skip_first_batches`)
+BATCHING = ("max_tokens", "per_device_train_batch_size", "gradient_accumulation_steps", "world_size", "seed")
+
+
+def warn_if_batching_changed(checkpoint: Path, training_args) -> None:
+    """A run resumed in the middle of an epoch skips the batches its checkpoint trained, counted in this run's
+    batches: with other batching flags (or another number of processes) the rest of that epoch is cut anew, so
+    some of its pairs are trained twice and others not at all. Legitimate (a job requeued on fewer GPUs), so
+    said, not refused; the epochs after are whole."""
+    path = checkpoint / "training_args.bin"
+    if not path.is_file():
+        return
+    import torch
+
+    try:
+        saved = torch.load(path, weights_only=False)
+    except Exception:  # another version's class, or no Trainer's file: nothing to compare
+        return
+    changed = [
+        f"--{name} {getattr(saved, name)} there, {getattr(training_args, name)} now"
+        for name in BATCHING
+        if hasattr(saved, name) and getattr(saved, name) != getattr(training_args, name)
+    ]
+    if changed:
+        logger.warning(
+            f"resuming {checkpoint} with other batching ({'; '.join(changed).replace('--world_size', 'processes')}): "
+            "the rest of its epoch is batched anew, so some of its pairs are trained twice and others not at all "
+            "(the epochs after it are whole)"
+        )
 
 
 def resolve_resume(value, output_dir: str | Path) -> Path | None:
