@@ -289,6 +289,20 @@ def test_one_process_that_sees_several_gpus_is_refused_before_the_data_is_read(d
         TransformerTrainer(model=model, args=args)
 
 
+def test_training_a_tokenizer_on_several_machines_is_refused_before_the_data_is_read(data_dir, tmp_path, monkeypatch):
+    """main_process_first is per machine: the first process of a second machine looked for the tokenizer cache
+    before the first machine had written it (or trained another). Two processes, one a machine, as torchrun's
+    LOCAL_WORLD_SIZE says; two on one machine pass."""
+    model_args, data_args, training_args = train.parse_arguments(tiny_args(data_dir, tmp_path))
+    data_args.train_source_file = "/nonexistent/train.src"  # the refusal must come before this is read
+    monkeypatch.setattr(type(training_args), "world_size", property(lambda self: 2))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    with pytest.raises(ValueError, match="2 processes on 2 machines .* --tokenizer_name_or_path"):
+        train.build_trainer(model_args, data_args, training_args)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # one machine: the first process trains it, the others load it
+    assert train.refuse_tokenizer_training_on_several_machines(2) is None
+
+
 def test_peak_and_scale_together_is_an_error(data_dir, tmp_path):
     with pytest.raises(ValueError, match="not both"):
         build(data_dir, tmp_path, "--learning_rate", "0.002", "--lr_scale", "2")

@@ -26,6 +26,7 @@ import contextlib
 import json
 import logging
 import math
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -211,6 +212,8 @@ def build_trainer(model_args, data_args, training_args) -> Run:
 
     # a tokenizer to load (always so when resuming) and its model are loaded and checked before the data is read
     loads_tokenizer = tokenizer_source["name_or_path"] or resume
+    if not loads_tokenizer:
+        refuse_tokenizer_training_on_several_machines(training_args.world_size)
     tokenizer = prepare_tokenizer(**tokenizer_source) if loads_tokenizer else None
     model = model_for(tokenizer) if tokenizer is not None else None
     with training_args.main_process_first(desc="reading the data"):  # the training pairs only where needed
@@ -430,6 +433,20 @@ def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
                 f"--resume_from_checkpoint {checkpoint} was trained with another tokenizer than the one "
                 "given now; drop --tokenizer_name_or_path to use the checkpoint's."
             )
+
+
+def refuse_tokenizer_training_on_several_machines(world_size: int) -> None:
+    """The tokenizer is trained by the first process of each machine (`main_process_first` is per machine) and
+    loaded by the others from a cache the first one of the whole run writes: on a second machine they would
+    look for it before it exists, or train another. Refused before the data is read; the launcher's
+    LOCAL_WORLD_SIZE (torchrun, accelerate) tells how many processes run on this machine."""
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    if world_size > local:
+        raise ValueError(
+            f"This run has {world_size} processes on {world_size // max(local, 1)} machines and would train its "
+            "tokenizer: train it once first (vanilla-transformer tokenizer TRAIN_FILES --output-dir tokenizer) and "
+            "give --tokenizer_name_or_path tokenizer."
+        )
 
 
 # What decides the batches of an epoch and which of them a resumed run skips (`skip_first_batches`)
