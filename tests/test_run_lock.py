@@ -162,6 +162,24 @@ def test_a_folder_the_main_process_cannot_make_stops_every_process_with_its_reas
         assert sent[0][0] is OSError and "Not a directory" in sent[0][1]
 
 
+def test_any_other_failure_of_the_main_process_reaches_the_others_too(tmp_path, monkeypatch):
+    """Only OutputDirInUse and OSError were sent: any other error on the main process skipped the broadcast,
+    and the other processes waited in it until the launcher killed them."""
+    import torch
+
+    def broken(self):
+        raise KeyError("host")
+
+    monkeypatch.setattr(RunLock, "acquire", broken)
+    args = type("Args", (), {"process_index": 0, "world_size": 2, "output_dir": str(tmp_path / "run")})()
+    sent = []
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "broadcast_object_list", lambda outcome, src: sent.append(outcome[0]))
+    with pytest.raises(KeyError, match="host"):  # the main process: its own error, with its traceback
+        hold_output_dir(args)
+    assert sent[0][0] is RuntimeError and "could not take the run lock (KeyError: 'host')" in sent[0][1]
+
+
 @pytest.mark.slow
 def test_every_process_of_a_launch_is_refused_when_the_main_one_is(data_dir, tmp_path):
     """Under accelerate launch only the main process locks; the other one learns its outcome and exits too

@@ -135,7 +135,7 @@ def hold_output_dir(training_args) -> RunLock | None:
     """Lock ``training_args.output_dir`` for this run: the main process takes the lock, every process learns
     the outcome; `OutputDirInUse` on every process when another run holds it. The lock (main process) or
     None (the others); release it with ``.release()`` when the run ends."""
-    lock, refusal = None, None
+    lock, refusal, failure = None, None, None
     if training_args.process_index == 0:
         try:
             lock = RunLock(training_args.output_dir).acquire()
@@ -143,12 +143,21 @@ def hold_output_dir(training_args) -> RunLock | None:
             refusal = (OutputDirInUse, str(error))
         except OSError as error:  # e.g. no permission, or a file where a folder should be
             refusal = (OSError, f"--output_dir {training_args.output_dir}: {error}")
+        except Exception as error:  # anything else: raised here as it is, and the others learn of it too
+            failure = error
+            refusal = (
+                RuntimeError,
+                f"--output_dir {training_args.output_dir}: the main process could not take the run lock "
+                f"({type(error).__name__}: {error})",
+            )
     import torch
 
     if training_args.world_size > 1 and torch.distributed.is_initialized():  # the others follow the main process
         outcome = [refusal]
         torch.distributed.broadcast_object_list(outcome, src=0)
         refusal = outcome[0]
+    if failure is not None:
+        raise failure
     if refusal is not None:
         kind, message = refusal
         raise kind(message)
