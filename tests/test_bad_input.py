@@ -407,6 +407,9 @@ def test_a_run_that_only_translates_does_not_read_the_training_split(model_dir, 
     ]
     prepared = train.build_trainer(*train.parse_arguments(argv))
     assert prepared.text["train"] is None and prepared.text["test"]["source"] == SENTENCES[:2]
+    files = write(tmp_path / "train.tsv", "".join(f"{s}\t{s.upper()}\n" for s in SENTENCES))
+    with pytest.raises(ValueError, match="as files or as --dataset_name, not both"):  # refused by the flags
+        train.build_trainer(*train.parse_arguments([*argv, "--train_file", files]))
 
 
 def test_hub_style_dataset_with_an_unknown_language_is_refused_on_the_first_row(tmp_path):

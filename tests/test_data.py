@@ -337,6 +337,37 @@ def test_tokenizer_sample_has_the_pairs_asked_for_when_the_short_last_block_is_d
     assert len(sample) == 2 * 1500 and len({s for s in sample if s.startswith("s")}) == 1500
 
 
+def test_a_tokenizer_cached_from_the_earlier_sample_is_not_reused(tmp_path, cache):
+    """The sampler once drew fewer pairs than asked; a tokenizer trained on that sample and cached under the
+    same data and settings was reused silently after the fix. Planted here under the earlier key (the settings
+    without the sampler's version): the run trains its own."""
+    import contextlib
+
+    from vanilla_transformer.training import run
+
+    text = parallel_text_dataset(
+        write(tmp_path / "s", [f"source {i} words" for i in range(2100)]),
+        write(tmp_path / "t", [f"target {i} words" for i in range(2100)]),
+        cache_dir=cache,
+    )
+    settings = {"vocab_size": 300, "min_frequency": 2, "pairs": 1500, "seed": 0}
+    planted = train_tokenizer(iter(["something else entirely"] * 3), vocab_size=270)
+    planted.save_pretrained(data.tokenizer_cache_dir(text, settings, cache))
+    tokenizer = run.prepare_tokenizer(
+        text,
+        vocab_size=300,
+        train_pairs=1500,
+        seed=0,
+        cache_dir=cache,
+        main_process_first=lambda desc: contextlib.nullcontext(),
+    )
+    assert tokenizer.get_vocab() != planted.get_vocab()
+    assert (
+        tokenizer.get_vocab()
+        == train_tokenizer(data.tokenizer_training_texts(text, 1500, seed=0), vocab_size=300).get_vocab()
+    )
+
+
 # --- token batch sampler ---------------------------------------------------------------------
 
 

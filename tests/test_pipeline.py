@@ -339,6 +339,25 @@ def test_disagreeing_special_ids_are_each_named(translator):
     assert "AutoTokenizer.from_pretrained" in message
 
 
+def test_a_tokenizer_of_separate_vocabularies_is_not_warned_about(translator, caplog):
+    """MarianTokenizer(separate_vocabs=True) counts its source vocabulary in len(), and decodes with its target
+    one: a converted model of separate vocabularies was warned about on every run."""
+    import copy
+
+    _, tokenizer = translator
+    separate = copy.deepcopy(tokenizer)
+    separate.separate_vocabs = True
+    size = len(tokenizer)
+    config = VanillaTransformerConfig.from_preset(
+        "tiny", vocab_size=size, decoder_vocab_size=size + 8, share_encoder_decoder_embeddings=False
+    )
+    check_tokenizer_matches_model(tokenizer, config)
+    assert "fewer than the model's" in caplog.text  # the reference: the same sizes with a joint vocabulary
+    caplog.clear()
+    check_tokenizer_matches_model(separate, config)
+    assert not caplog.records
+
+
 def test_a_tokenizer_larger_than_the_vocabulary_is_refused(translator):
     _, tokenizer = translator
     config = VanillaTransformerConfig.from_preset("tiny", vocab_size=len(tokenizer) - 10)

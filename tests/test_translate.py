@@ -376,7 +376,11 @@ def test_dtype_and_device_flags_decode_as_a_model_loaded_in_that_dtype(model_dir
     assert output.read_text().splitlines() == one_by_one(model, tokenizer, SENTENCES)
 
 
-def test_progress_bar_on_stderr_unless_switched_off(model_dir, tmp_path, capsys):
+def test_progress_bar_on_stderr_unless_switched_off(model_dir, tmp_path, capsys, monkeypatch):
+    from transformers.utils import logging as transformers_logging
+
+    if not transformers_logging.is_progress_bar_enabled():  # HF_HUB_DISABLE_PROGRESS_BARS=1, as CI often sets
+        monkeypatch.setattr(transformers_logging, "_tqdm_active", True)  # on for this test, put back after it
     source = tmp_path / "in.txt"
     source.write_text("short\nx\n")
     translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(tmp_path / "o")])
@@ -387,8 +391,6 @@ def test_progress_bar_on_stderr_unless_switched_off(model_dir, tmp_path, capsys)
     )
     hidden = capsys.readouterr().err
     assert "translating" not in hidden and "Loading weights" not in hidden
-    from transformers.utils import logging as transformers_logging
-
     assert transformers_logging.is_progress_bar_enabled()  # as it was, for whatever runs next
 
 

@@ -62,7 +62,8 @@ def check_tokenizer_matches_model(tokenizer, config) -> None:
     the model emits there would vanish from the text without a trace.
     """
     target_size = getattr(config, "decoder_vocab_size", None) or config.vocab_size
-    if len(tokenizer) < target_size:
+    # a tokenizer of separate vocabularies (MarianTokenizer's separate_vocabs) counts its source side in len()
+    if len(tokenizer) < target_size and not getattr(tokenizer, "separate_vocabs", False):
         logger.warning(
             f"The tokenizer has {len(tokenizer)} tokens, fewer than the model's {target_size}: it may not be the "
             f"tokenizer the model was trained with, and ids {len(tokenizer)}..{target_size - 1} decode to nothing."

@@ -486,6 +486,10 @@ def list_lengths(dataset, names) -> np.ndarray:
     return np.array(rows, dtype=np.int64).reshape(len(rows), len(names))
 
 
+# How `tokenizer_training_texts` samples, part of a trained tokenizer's cache key: 2 makes up a short last block
+TOKENIZER_SAMPLE_VERSION = 2
+
+
 def tokenizer_training_texts(dataset, max_pairs: int | None, seed: int = 0, block: int = 1000) -> Iterator[str]:
     """Source and target sentences of up to ``max_pairs`` pairs for training the tokenizer.
 
@@ -703,6 +707,8 @@ def load_text_datasets(args, seed: int, train: bool = True) -> dict:
     for role in ROLES:  # every file first: a mistyped test path fails before the training corpus is read
         for flag, path in role_files(args, role).items():
             check_file(path, flag)
+    if role_files(args, "train") and args.dataset_name:
+        raise ValueError("Give training data as files or as --dataset_name, not both.")
     train = train or bool(args.validation_size)
     # the small sets first: a problem inside a validation or test file shows before the training corpus is read
     roles = [role for role in ("validation", "test", "train") if train or role != "train"]
@@ -711,8 +717,6 @@ def load_text_datasets(args, seed: int, train: bool = True) -> dict:
     for role in ROLES:
         if local[role] is not None:
             check_has_text(local[role], " and ".join(role_files(args, role)))
-    if local["train"] is not None and args.dataset_name:
-        raise ValueError("Give training data as files or as --dataset_name, not both.")
     datasets = dict(local)
     if args.dataset_name:
         if train:

@@ -60,6 +60,7 @@ from .caches import usable_tokenizer_cache
 from .checkpointing import TrainingInterrupted, complete_checkpoints, resolve_checkpoint
 from .data import (
     ROLES,
+    TOKENIZER_SAMPLE_VERSION,
     load_text_datasets,
     numbered_lines,
     pairs_format,
@@ -321,6 +322,7 @@ def prepare_tokenizer(
             "or --model_name_or_path."
         )
     settings = {"vocab_size": vocab_size, "min_frequency": min_frequency, "pairs": train_pairs, "seed": seed}
+    settings["sample"] = TOKENIZER_SAMPLE_VERSION  # a tokenizer trained on another sample of the data is not reused
     cached = tokenizer_cache_dir(train_text, settings, cache_dir)
     with main_process_first(desc="training the tokenizer"):  # once; the other processes load it
         if usable_tokenizer_cache(cached):  # a damaged one is deleted (with a warning) and trained again
