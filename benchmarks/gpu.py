@@ -466,15 +466,19 @@ LEVERS = {
         compile="layers", loss="chunked", flags=["--compile_layers", "--fused_loss chunked"]
     ),
     "fused_loss liger": dict(loss="liger", flags=["--fused_loss liger"]),
-    "training_attention cudnn": dict(attention="cudnn", flags=["--training_attention"]),
-    "training_attention efficient": dict(attention="efficient", flags=["--training_attention"]),
+    "training_attention cudnn": dict(
+        attention="cudnn", flags=["--training_attention cudnn"], refused_as="--training_attention"
+    ),
+    "training_attention efficient": dict(
+        attention="efficient", flags=["--training_attention efficient"], refused_as="--training_attention"
+    ),
     "cuda_graphs, static shapes": dict(  # a compilation per bucket shape
         compile="cuda_graphs static",
         flags=["--torch_compile", "--torch_compile_mode reduce-overhead"],
         refused_as="--cuda_graphs",  # CUDA only
         presets=("multi30k", "tiny"),
     ),
-    "torch_compile (whole model, static shapes)": dict(compile="model", flags=[]),
+    "torch_compile (whole model, static shapes)": dict(compile="model", flags=["--torch_compile"]),
 }
 LEVER_ROW_SECONDS = 90  # the most one row may take: its compilations, two passes, its losses and memory
 
@@ -1727,6 +1731,9 @@ def main(argv=None) -> list[dict]:
     if args.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
+        if args.profile or not args.no_profile:  # CUDA graphs captured before the profiler's first start crash
+            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):  # or hang it (pytorch
+                pass  # issues 75504, 135003): started once here, as torch.profiler._utils._init_for_cuda_graphs does
     results = [{"what": "machine", **machine(args), "budget_minutes": args.budget_minutes or None}]
     print(json.dumps(results[0]), flush=True)
     rows_file = Path(args.output).with_suffix(".rows.jsonl")
@@ -1809,7 +1816,7 @@ def markdown_table(results: list[dict]) -> str:
         "| measurement | ours | MarianMTModel | Marian time / ours (median, quartiles) |",
         "|---|---|---|---|",
     ]
-    profiles = []
+    profiles, lever_tables = [], []
 
     def tokens(entry):
         mfu = f", MFU {entry['mfu']:.1%}" if entry.get("mfu") is not None else ""
@@ -1820,12 +1827,14 @@ def markdown_table(results: list[dict]) -> str:
 
     for r in results[1:]:
         name = f"{r['what']} {r.get('preset')} {r.get('mode', '')}".strip()
-        if "skipped" in r:
-            lines.append(f"| {name} | skipped: {r['skipped']} | | |")
-        elif "error" in r:
-            lines.append(f"| {name} | {r['error']} | | |")
-        elif r["what"] == "levers":
-            lines += lever_lines(r)
+        if "skipped" in r or "error" in r:
+            lines.append(f"| {name} | {outcome_cell(r)} | | |")
+        elif r["what"] == "levers":  # a row here, its table of levers after this one
+            lines.append(
+                f"| levers {r['preset']} ({r['batches']} batches, {r['distinct_shapes']} shapes, two passes) | "
+                "see below | | |"
+            )
+            lever_tables.append(r)
         elif r["what"] == "recipe":
             lines += recipe_lines(r)
         elif r["what"] == "profile":
@@ -1846,7 +1855,7 @@ def markdown_table(results: list[dict]) -> str:
             )
             ct2 = r.get("ctranslate2")
             if ct2 and "skipped" in ct2:
-                lines.append(f"| {name}, beam 4, CTranslate2 | skipped: {ct2['skipped']} | | |")
+                lines.append(f"| {name}, beam 4, CTranslate2 | skipped: {cell(ct2['skipped'])} | | |")
             elif ct2:
                 lines.append(
                     f"| {name}, beam 4, CTranslate2 {ct2['version']} {ct2['compute_type']} | "
@@ -1890,16 +1899,27 @@ def markdown_table(results: list[dict]) -> str:
                 lines.append(
                     f"| train.py {r['preset']}, phases | writing the text {r['text_seconds']:.1f} s; {phases} | | |"
                 )
+    for r in lever_tables:
+        lines += ["", *lever_lines(r)]
     for r in profiles:
         lines += profile_lines(r)
     return "\n".join(lines) + "\n"
 
 
+def cell(text: str) -> str:
+    """An error or a reason as one table cell: its first line, at most 300 characters, no column bar."""
+    first = str(text).strip().splitlines()[0] if str(text).strip() else ""
+    first = first.replace("|", "\\|")
+    return first if len(first) <= 300 else first[:297] + "..."
+
+
+def outcome_cell(row: dict) -> str:
+    return "skipped: " + cell(row["skipped"]) if row.get("skipped") else cell(row["error"])
+
+
 def lever_lines(r: dict) -> list[str]:
     """A table row per lever: first pass and steady target tok/s, warm-up, peak memory, loss vs the plain step."""
     lines = [
-        f"| levers {r['preset']} ({r['batches']} batches, {r['distinct_shapes']} shapes, two passes) | see below | | |",
-        "",
         f"Levers, {r['preset']} (ours; the plain step and MarianMTModel on the same batches, alternating):",
         "",
         "| lever | first pass tok/s | steady tok/s | warm-up s | lever time / plain | plain steady | "
@@ -1908,10 +1928,7 @@ def lever_lines(r: dict) -> list[str]:
     ]
     for row in r["rows"]:
         if "skipped" in row or "error" in row:
-            lines.append(
-                f"| {row['lever']} | {row.get('skipped') and 'skipped: ' + row['skipped'] or row['error']} "
-                "| | | | | | | |"
-            )
+            lines.append(f"| {row['lever']} | {outcome_cell(row)} | | | | | | | |")
             continue
         ratio = row["lever_time_over_plain"]
         memory = (
@@ -1938,7 +1955,7 @@ def recipe_lines(r: dict) -> list[str]:
     for row in r["rows"]:
         name = f"train.py multi30k recipe {r['dtype']}, {r['minutes']:g} min, {' '.join(row['flags']) or 'plain'}"
         if "skipped" in row or "error" in row:
-            lines.append(f"| {name} | {row.get('skipped') and 'skipped: ' + row['skipped'] or row['error']} | | |")
+            lines.append(f"| {name} | {outcome_cell(row)} | | |")
             continue
         steady, first = row["steady_updates_per_second"], row["first_update_seconds"]
         lines.append(

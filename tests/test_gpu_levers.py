@@ -89,16 +89,19 @@ def test_chunked_loss_holds_less_memory_than_the_full_logits():
 
 
 def test_compiled_layers_train_like_eager_over_bucket_shapes():
-    from torch._dynamo.testing import CompileCounterWithBackend
+    """Graphs counted as dynamo counts them (unique_graphs): its frame count also counts a trace restarted
+    once sdpa fixes a float attribute (dropout, scaling) that dynamic shapes had made symbolic, 5 frames for
+    3 graphs when forced through the CUDA attention path on the CPU."""
+    from torch._dynamo.utils import counters
 
     torch._dynamo.reset()
+    counters.clear()
     eager, compiled = model_of(), model_of()
-    counter = CompileCounterWithBackend("inductor")
-    levers.compile_layers(compiled, backend=counter)
+    levers.compile_layers(compiled, backend="inductor")
     for index, shape in enumerate([(8, 16, 16), (4, 32, 24), (16, 8, 8), (6, 40, 32)]):
         batch = batch_of(*shape, seed=index)
         assert_same_training(loss_and_grads(compiled, batch), loss_and_grads(eager, batch))
-    assert counter.frame_count <= 4
+    assert 0 < counters["stats"]["unique_graphs"] <= 4
 
 
 def test_compiled_training_keeps_the_attention_kernel_choice_without_a_graph_break():
@@ -185,8 +188,9 @@ def test_train_runs_with_cuda_graphs(tmp_path):
             compiled_without_cudagraph_skips()
         losses[name] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
         assert losses[name] and all(math.isfinite(loss) for loss in losses[name]), (name, losses[name])
-    assert losses["cuda_graphs"][-1] < losses["cuda_graphs"][0], losses
-    assert losses["cuda_graphs"][-1] == pytest.approx(losses["plain"][-1], rel=0.15), losses
+    # inductor draws other dropout masks than eager, so the runs part ways: the last five updates' mean, not one
+    assert sum(losses["cuda_graphs"][-5:]) < 5 * losses["cuda_graphs"][0], losses
+    assert sum(losses["cuda_graphs"][-5:]) / 5 == pytest.approx(sum(losses["plain"][-5:]) / 5, rel=0.15), losses
 
 
 @pytest.mark.parametrize("kernel", ["cudnn", "efficient", "math"])  # flash leads the default already
