@@ -722,6 +722,27 @@ def test_a_decoder_prompt_does_not_eat_into_the_50_new_tokens():
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])
+def test_a_prompt_without_the_start_token_decodes_as_transformers_prepends_it(num_beams):
+    """transformers puts the start token in front of a prompt that lacks it; the prompt was counted as given, so
+    the last prompt token was taken for generated (a prompt ending in </s>, as tokenizer(text_target=...) makes
+    one, then had every new token padded out) and the 50 new tokens were one short. The reference: the same
+    prompt with the start token given."""
+    model = never_ending_model()
+    input_ids, start, eos = (
+        torch.randint(4, VOCAB, (1, 5)),
+        model.config.decoder_start_token_id,
+        model.config.eos_token_id,
+    )
+    for prompt in ([9], [9, eos]):
+        without = model.generate(input_ids=input_ids, decoder_input_ids=torch.tensor([prompt]), num_beams=num_beams)
+        given = model.generate(
+            input_ids=input_ids, decoder_input_ids=torch.tensor([[start, *prompt]]), num_beams=num_beams
+        )
+        assert torch.equal(without, given) and without.shape[1] == 1 + len(prompt) + 5 + 50, prompt
+        assert (without[0, 1 + len(prompt) :] != model.config.pad_token_id).all()
+
+
+@pytest.mark.parametrize("num_beams", [1, 4])
 def test_a_model_that_starts_decoding_with_eos_keeps_its_output(num_beams):
     """fairseq's models start the decoder with </s>: the start token is not the end of the hypothesis."""
     model = never_ending_model(decoder_start_token_id=3)

@@ -176,7 +176,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
                 f"{MAX_NEW_TOKENS_BEYOND_INPUT}={extra!r}: give a whole number of new tokens beyond the source's "
                 f"length, 0 or more (§6.1 uses 50), or None to decode to max_length / max_new_tokens instead."
             )
-        prompt = kwargs["decoder_input_ids"].shape[1] if kwargs.get("decoder_input_ids") is not None else 1
+        prompt = self._prompt_length(generation_config, kwargs)
         mask = _source_mask(inputs, kwargs, self._setting(generation_config, "pad_token_id", kwargs))
         lengths, shortest = (None, None) if mask is None else _source_lengths(mask)  # left padding refused
         if mask is not None and "attention_mask" not in kwargs and shortest < mask.shape[1]:
@@ -247,6 +247,18 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
             return super().save_pretrained(save_directory, *args, **kwargs)
         finally:
             self.generation_config = config
+
+    def _prompt_length(self, generation_config: GenerationConfig | None, kwargs: dict) -> int:
+        """The decoder prompt's length as transformers decodes it: the call's ``decoder_input_ids`` (1 without),
+        one longer where no row starts with the start token, which transformers then puts in front."""
+        prompt = kwargs.get("decoder_input_ids")
+        if prompt is None:
+            return 1
+        start = self._setting(generation_config, "decoder_start_token_id", kwargs)
+        start = self._setting(generation_config, "bos_token_id", kwargs) if start is None else start
+        if isinstance(start, int) and prompt.shape[1] > 0 and bool((prompt[:, 0] != start).all()):
+            return prompt.shape[1] + 1
+        return prompt.shape[1]
 
     def _setting(self, generation_config: GenerationConfig | None, name: str, kwargs: dict | None = None):
         """A generation setting: the call's, else the passed config's, else the model's (as `generate()`
