@@ -7,6 +7,7 @@ accumulation through the real Trainer).
 """
 
 import json
+import logging
 import math
 import os
 import shutil
@@ -740,6 +741,25 @@ def test_a_prompt_without_the_start_token_decodes_as_transformers_prepends_it(nu
         )
         assert torch.equal(without, given) and without.shape[1] == 1 + len(prompt) + 5 + 50, prompt
         assert (without[0, 1 + len(prompt) :] != model.config.pad_token_id).all()
+
+
+def test_forced_eos_with_the_per_sentence_limit_is_warned_about(caplog):
+    """ForcedEOSTokenLogitsProcessor forces </s> at the batch's limit: a short sentence cut at its own limit in
+    a batch ends without the </s> it gets decoded alone (the reference, shown here), which is said once."""
+    from transformers.utils import logging as transformers_logging
+
+    model = never_ending_model()
+    model.generation_config.forced_eos_token_id = model.config.eos_token_id
+    input_ids, attention_mask = source_batch()
+    short = int(attention_mask.sum(dim=1).argmin())
+    length = int(attention_mask[short].sum())
+    alone = model.generate(input_ids=input_ids[short : short + 1, :length], num_beams=1)
+    batch = model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=1)
+    assert alone[0, -1] == model.config.eos_token_id and model.config.eos_token_id not in batch[short]
+    transformers_logging.get_logger("vanilla_transformer.generation_vanilla_transformer").warning_once.cache_clear()
+    with caplog.at_level(logging.WARNING):
+        model.generate(input_ids=input_ids, attention_mask=attention_mask, num_beams=1)
+    assert "forced_eos_token_id forces </s> at the batch's length limit" in caplog.text
 
 
 @pytest.mark.parametrize("num_beams", [1, 4])

@@ -188,6 +188,12 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
                 each_sentence = SourceLengthCriteria(torch.clamp(lengths + extra, max=limit) + prompt)
                 criteria = [*(kwargs.get("stopping_criteria") or []), each_sentence]
                 kwargs["stopping_criteria"] = StoppingCriteriaList(criteria)
+                if self._setting(generation_config, "forced_eos_token_id", kwargs) is not None:
+                    logger.warning_once(
+                        "forced_eos_token_id forces </s> at the batch's length limit, not at each sentence's (§6.1's "
+                        "source length + 50): a sentence of this batch cut at its own limit ends without it, unlike "
+                        "decoded alone. Decode such sentences one by one, or set max_new_tokens_beyond_input=None."
+                    )
         # A max_new_tokens in the call beats a max_length that only caps the rule (save_pretrained's, or the
         # Trainer's 20); given to transformers as the max_length it means, since with both set it warns.
         holder = generation_config or self.generation_config
