@@ -35,6 +35,25 @@ def test_prepacked_products_equal_x_w_transposed_and_follow_a_changed_weight(row
 
 
 @needs_onednn
+def test_a_weight_replaced_by_another_tensor_is_packed_anew():
+    """`.data = new` keeps the Parameter's version counter, and a freed tensor's address is soon reused: the
+    packed copy of the old weight was once used for the new one. The reference: F.linear on the new weight."""
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(64, 64)
+    linear.__class__ = PrepackedLinear
+    states = torch.randn(3, 64)
+    with torch.no_grad():
+        linear(states)
+        for _ in range(20):
+            for _ in range(2):  # two replacements between products: the second may take the first's freed address
+                new = torch.randn(64, 64)
+                linear.weight.data = new
+                del new
+            expected = torch.nn.functional.linear(states, linear.weight, linear.bias)
+            assert torch.allclose(linear(states), expected, atol=1e-5)
+
+
+@needs_onednn
 @pytest.mark.parametrize("case", ["paper", "min-length"])
 def test_the_switch_keeps_the_hypotheses_the_files_and_the_tying_and_undoes(case, tmp_path):
     plain = from_marian(marian_that_stops())

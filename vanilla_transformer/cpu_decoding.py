@@ -54,7 +54,7 @@ class PrepackedLinear(nn.Linear):
     oneDNN (made at the first such product, made again when the weight changed)."""
 
     packed: torch.Tensor | None = None
-    packed_from: tuple | None = None  # (storage, version) of the weight the copy was made from
+    packed_from: tuple | None = None  # (address, version, tensor) of the weight the copy was made from
 
     def forward(self, states: torch.Tensor) -> torch.Tensor:
         if (
@@ -69,10 +69,12 @@ class PrepackedLinear(nn.Linear):
         ):
             return super().forward(states)
         weight = self.weight.detach()
-        source = (weight.data_ptr(), self.weight._version)
-        if self.packed_from != source:
+        # The tensor itself is kept with its address: a weight replaced by `.data = new` keeps its version
+        # counter, and the address of a freed tensor is soon reused, so address and version alone could match
+        # a new weight; a tensor still held cannot have its address reused.
+        if self.packed_from is None or self.packed_from[:2] != (weight.data_ptr(), self.weight._version):
             self.packed = torch.ops.mkldnn._reorder_linear_weight(weight, max(1, states.numel() // states.shape[-1]))
-            self.packed_from = source
+            self.packed_from = (weight.data_ptr(), self.weight._version, self.weight.data)
         return onednn_linear(states, self.packed, self.bias)
 
 
