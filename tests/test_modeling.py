@@ -743,6 +743,12 @@ def test_a_prompt_without_the_start_token_decodes_as_transformers_prepends_it(nu
         assert (without[0, 1 + len(prompt) :] != model.config.pad_token_id).all()
 
 
+def test_an_empty_batch_is_refused_in_words():
+    """It failed inside the source-length helper with "min(): Expected reduction dim..."."""
+    with pytest.raises(ValueError, match="a batch of 0 sources"):
+        never_ending_model().generate(input_ids=torch.zeros(0, 5, dtype=torch.long))
+
+
 def test_forced_eos_with_the_per_sentence_limit_is_warned_about(caplog):
     """ForcedEOSTokenLogitsProcessor forces </s> at the batch's limit: a short sentence cut at its own limit in
     a batch ends without the </s> it gets decoded alone (the reference, shown here), which is said once."""

@@ -178,6 +178,8 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
             )
         prompt = self._prompt_length(generation_config, kwargs)
         mask = _source_mask(inputs, kwargs, self._setting(generation_config, "pad_token_id", kwargs))
+        if mask is not None and mask.shape[0] == 0:
+            raise ValueError("generate() got a batch of 0 sources: give at least one sentence.")
         lengths, shortest = (None, None) if mask is None else _source_lengths(mask)  # left padding refused
         if mask is not None and "attention_mask" not in kwargs and shortest < mask.shape[1]:
             kwargs["attention_mask"] = mask  # <pad> in the source: the encoder leaves it out, as the sentence alone
