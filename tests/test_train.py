@@ -482,6 +482,22 @@ def test_resume_continues_from_the_saved_step(data_dir, tmp_path):
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_resuming_does_not_call_the_tied_embeddings_missing(data_dir, tmp_path, caplog):
+    """A checkpoint holds the shared matrix once; transformers called its tied names (both embeddings, the
+    pre-softmax projection) missing keys on every resume. The reference: the resumed model's three matrices
+    are one tensor holding the checkpoint's values."""
+    common = ("--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2", "--learning_rate", "0.003")
+    train.main(tiny_args(data_dir, tmp_path, *common, "--max_tokens", "200"))
+    prepared = build(
+        data_dir, tmp_path, *common, "--max_tokens", "200", "--resume_from_checkpoint", "last", "--max_steps", "3"
+    )
+    with caplog.at_level(logging.WARNING):
+        prepared.trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+    assert "missing keys" not in caplog.text
+    model = prepared.trainer.model
+    assert model.lm_head.weight is model.model.shared.weight
+
+
 def test_resuming_with_other_batching_says_what_changed(data_dir, tmp_path, caplog):
     """skip_first_batches skips the checkpoint's batches counted in this run's batches: with another
     --max_tokens the rest of the epoch is cut anew. Said, with the flag's values there and now; the same flags

@@ -153,6 +153,12 @@ PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
         NO_FALLBACK,
     ),
     PrivateMember(
+        "transformers.Trainer._issue_warnings_after_load",
+        T5,
+        "training/trainer.py: a resumed checkpoint's tied weights are not called missing",
+        "transformers warns that the tied aliases of the embedding matrix are missing (they are tied again)",
+    ),
+    PrivateMember(
         "transformers.Trainer._load_optimizer_and_scheduler",
         T5,
         "training/checkpointing.py: --ema_decay on resume",

@@ -407,6 +407,15 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             )
         return result
 
+    def _issue_warnings_after_load(self, load_result) -> None:
+        """A checkpoint holds one shared matrix once (§3.4: source and target embeddings and the pre-softmax
+        projection); its other names are aliases of a loaded parameter, tied again, not missing weights."""
+        model = self.accelerator.unwrap_model(self.model)
+        loaded = dict(model.named_parameters()).keys() | dict(model.named_buffers()).keys()
+        aliases = set(model.state_dict()) - loaded
+        missing = [key for key in load_result.missing_keys if key not in aliases]
+        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+
     def _training_ended_at(self, checkpoint) -> str | None:
         """Why ``checkpoint`` ends the training these arguments ask for (its update reached --max_steps, or its
         minutes --max_train_minutes), or None: a run resumed from it (a requeued job whose evaluation was cut
