@@ -376,3 +376,23 @@ def test_a_time_budget_stops_training_and_checkpoints_follow_the_clock(data_dir,
     # update n ends 20 n seconds after training began: a checkpoint at 60 s and 120 s, the stop at 160 s
     assert state["global_step"] == 8
     assert sorted(int(p.name.split("-")[1]) for p in output.glob("checkpoint-*")) == [3, 6, 8]
+
+
+def test_config_overrides_after_a_recipe_change_its_model_key_by_key(tmp_path, caplog):
+    """The command line's --config_overrides replaced the recipe's whole value: `multi30k --config_overrides
+    dropout=0.3` trained the preset's 6+6 layers of 512, not the recipe's 3+3 of 256. And fine-tuning from a
+    recipe was refused for the recipe's own config_overrides, which the user never typed. The reference: the
+    recipe file's own values."""
+    import yaml
+
+    from vanilla_transformer.training.options import model_config, parse_arguments, parse_overrides, recipe_path
+
+    recipe = parse_overrides(yaml.safe_load(recipe_path("multi30k").read_text())["config_overrides"])
+    model_args, _, _ = parse_arguments(["multi30k", "--config_overrides", "dropout=0.3", "--output_dir", str(tmp_path)])
+    config = model_config(model_args.preset, model_args.config_overrides)
+    assert (config.d_model, config.encoder_layers, config.dropout) == (recipe["d_model"], recipe["encoder_layers"], 0.3)
+    with caplog.at_level(logging.WARNING):
+        model_args, _, _ = parse_arguments(
+            ["multi30k", "--model_name_or_path", str(tmp_path / "model"), "--output_dir", str(tmp_path)]
+        )
+    assert model_args.config_overrides is None and "the recipe's config_overrides" in caplog.text

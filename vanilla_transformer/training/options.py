@@ -348,13 +348,18 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
         _refuse_foreign_flags(values, f"{str(path)!r}")
         if unknown := sorted(set(values) - known):
             raise ValueError(f"{str(path)!r} has unknown argument(s) {unknown}; see `{prog} --help` for the names.")
-        parser.set_defaults(**_typed_file_values(parser, values, path))
+        recipe = _typed_file_values(parser, values, path)
+        parser.set_defaults(**recipe)
         given |= set(values)
+    else:
+        recipe = {}
     _refuse_foreign_flags(given, "the command line")
     _refuse_unknown_flags(parser, argv)
     model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     _drop_hub_dataset_named_none(data_args)
     _warn_ignored_flags(model_args, on_command_line)
+    if recipe.get("config_overrides"):
+        model_args.config_overrides = _recipe_overrides(recipe["config_overrides"], model_args, on_command_line)
     if not given & {"do_train", "do_eval", "do_predict"}:
         # transformers turns do_eval on for any --eval_strategy; with no --do_* flag the steps follow the data
         # (`steps_to_run`: train, and evaluate where validation data is given), so that flag alone trains too
@@ -364,6 +369,29 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
     if model_args.model_name_or_path and "warmup_steps" not in given:
         training_args.warmup_steps = FINE_TUNING_WARMUP_RATIO
     return model_args, data_args, training_args
+
+
+def _recipe_overrides(from_recipe, model_args: ModelArguments, on_command_line: set):
+    """The recipe's --config_overrides with the command line's: merged key by key, the command line's winning
+    (the recipe's model, with dropout=0.3, not the preset's); dropped with a warning when a checkpoint is
+    fine-tuned, whose architecture is its own (the recipe's shape was never asked for on the command line)."""
+    if "config_overrides" not in on_command_line:
+        if model_args.model_name_or_path:
+            logger.warning(
+                f"the recipe's config_overrides ({from_recipe}) is ignored: --model_name_or_path "
+                f"{model_args.model_name_or_path} is loaded with its own architecture"
+            )
+            return None
+        return from_recipe
+    merged = {**parse_overrides(_as_text(from_recipe)), **parse_overrides(_as_text(model_args.config_overrides))}
+    return _as_text(merged)
+
+
+def _as_text(overrides: str | dict | None) -> str:
+    """--config_overrides as text (a recipe may give a mapping): ``key=JSON value``, comma-separated."""
+    if isinstance(overrides, dict):
+        return ",".join(f"{key}={json.dumps(value)}" for key, value in overrides.items())
+    return overrides or ""
 
 
 def _typed_file_values(parser: argparse.ArgumentParser, values: dict, path: Path) -> dict:
