@@ -256,6 +256,17 @@ def test_a_run_that_ends_inside_the_warm_up_says_so(data_dir, tmp_path, caplog, 
     assert f"ended at {steps / 50:.0%} of its peak" in caplog.text
 
 
+def test_a_warm_up_share_of_planned_updates_under_a_time_budget_is_warned_about_first(data_dir, tmp_path, caplog):
+    """Fine-tuning's warm-up is 10% of the updates the run plans; with --max_train_minutes and a large
+    --max_steps bound, that is a warm-up the budget never ends: said when the schedule is made, not after."""
+    flags = ["--learning_rate", "1e-3", "--warmup_steps", "0.1", "--max_train_minutes", "1", "--max_steps", "100000"]
+    trainer = build(data_dir, tmp_path, *flags).trainer
+    with caplog.at_level(logging.WARNING):
+        trainer.create_optimizer_and_scheduler(num_training_steps=100000)
+    assert "--warmup_steps 0.1 is a share of the 100000 updates the run plans" in caplog.text
+    assert "10000 updates of warm-up" in caplog.text
+
+
 def test_explicit_peak_learning_rate_is_used_as_given(data_dir, tmp_path):
     trainer = build(data_dir, tmp_path, "--learning_rate", "0.002", "--warmup_steps", "10").trainer
     assert trainer.args.learning_rate == 0.002

@@ -265,14 +265,20 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     return Run(trainer, tokenizer, datasets, text, resume)
 
 
+def warmup_words(warmup_steps: float) -> str:
+    """--warmup_steps as words: a number of updates, or (below 1) a share of the updates the run plans."""
+    return (
+        f"{warmup_steps:g} warm-up updates" if warmup_steps >= 1 else f"a warm-up of {warmup_steps:.0%} of the updates"
+    )
+
+
 def log_the_run(trainer, train_dataset) -> None:
     """Who runs what: the process, the model's size, the learning-rate schedule, the training pairs."""
     args, model = trainer.args, trainer.accelerator.unwrap_model(trainer.model)
     logger.info(f"process {args.process_index} of {args.world_size}")
     logger.info(
         f"model: {model.num_parameters():,} parameters; schedule: {schedule_name(args)}, peak learning rate "
-        f"{args.learning_rate:.3g} after {args.warmup_steps:g} warm-up "
-        f"{'steps' if args.warmup_steps >= 1 else 'of the updates'}"
+        f"{args.learning_rate:.3g} after {warmup_words(args.warmup_steps)}"
         + ("" if train_dataset is None else f"; {len(train_dataset)} training pairs")
     )
 
@@ -613,7 +619,7 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
             "tokens per batch (max, padded)": training_args.max_tokens or "sentence batches",
             "gradient accumulation": training_args.gradient_accumulation_steps,
             "peak learning rate": trainer.args.learning_rate,  # eq. (3)'s peak is resolved by the trainer
-            "warm-up steps": training_args.warmup_steps,
+            "warm-up": warmup_words(training_args.warmup_steps),
             "schedule": schedule_name(training_args),
             "label smoothing": training_args.label_smoothing_factor,
             "Adam": f"({training_args.adam_beta1}, {training_args.adam_beta2}, {training_args.adam_epsilon})",

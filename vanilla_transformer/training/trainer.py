@@ -451,6 +451,12 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             warmup = self.args.get_warmup_steps(num_training_steps)
             if warmup < 1:
                 raise ValueError("Eq. (3) needs at least one warm-up step: set --warmup_steps >= 1.")
+            if 0 < self.args.warmup_steps < 1 and self.args.max_train_minutes:
+                logger.warning(
+                    f"--warmup_steps {self.args.warmup_steps:g} is a share of the {num_training_steps} updates the run "
+                    f"plans (--max_steps or --num_train_epochs): {warmup} updates of warm-up, which --max_train_minutes "
+                    "may end long before. Give --warmup_steps as a number of updates."
+                )
             if num_training_steps < warmup:
                 logger.warning(
                     f"Training stops after {num_training_steps} updates, inside the {warmup}-step warm-up: the "
