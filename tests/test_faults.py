@@ -432,6 +432,10 @@ def test_the_best_checkpoint_is_recorded_by_its_final_name_before_it_is_publishe
     saved = json.loads((Path(seen[-1][1]) / "trainer_state.json").read_text())
     assert Path(saved["best_model_checkpoint"]) == Path(trainer.state.best_model_checkpoint)
     assert Path(trainer.state.best_model_checkpoint).is_dir()
+    from vanilla_transformer.training.run import best_and_scoring_lines  # the card names where its weights are from
+
+    best = Path(trainer.state.best_model_checkpoint).name
+    assert best_and_scoring_lines(trainer, scored=False) == {"weights from": f"the best checkpoint, {best}"}
 
 
 def test_resuming_an_earlier_checkpoint_than_the_latest_is_refused_naming_the_later_ones(data_dir, tmp_path):

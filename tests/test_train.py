@@ -457,6 +457,8 @@ def test_model_learns_to_reverse_and_the_saved_folder_loads(data_dir, tmp_path):
     card = ModelCard.load(output / "README.md")
     results = {result.metric_type: result.metric_value for result in card.data.eval_results}
     assert results == {"bleu": round(metrics["eval_bleu"], 2), "chrf": round(metrics["eval_chrf"], 2)}
+    # scored greedily (--generation_num_beams 1) while the card describes the saved beam-4 decoding: said
+    assert "| validation scores decoded with | beam 1 (--generation_num_beams" in (output / "README.md").read_text()
 
 
 def test_resume_continues_from_the_saved_step(data_dir, tmp_path):

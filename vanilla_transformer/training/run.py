@@ -629,8 +629,28 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
                 if training_args.ema_decay
                 else {}
             ),
+            **best_and_scoring_lines(trainer, bool(scores)),
         },
     )
+
+
+def best_and_scoring_lines(trainer, scored: bool) -> dict:
+    """The card's lines where the saved weights or the scores are not what the rest of the card implies: the best
+    checkpoint (--load_best_model_at_end) instead of the last update's, and validation scores decoded with
+    --generation_num_beams / --generation_max_length instead of the generation config the card describes."""
+    args, lines = trainer.args, {}
+    if args.load_best_model_at_end and trainer.state.best_model_checkpoint:
+        lines["weights from"] = f"the best checkpoint, {Path(trainer.state.best_model_checkpoint).name}"
+    settings = [
+        f"beam {args.generation_num_beams}" if args.generation_num_beams else "",
+        f"at most {args.generation_max_length} tokens" if args.generation_max_length else "",
+    ]
+    if scored and any(settings):
+        lines["validation scores decoded with"] = (
+            ", ".join(filter(None, settings))
+            + " (--generation_num_beams, --generation_max_length), not the decoding below"
+        )
+    return lines
 
 
 def averaged_checkpoints_line(trainer) -> str:
