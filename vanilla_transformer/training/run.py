@@ -27,6 +27,7 @@ import json
 import logging
 import math
 import os
+import signal
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -117,6 +118,9 @@ def main(
             if not exit_on_bad_input:
                 raise
             exit_with_usage_error(prog, error)
+        except KeyboardInterrupt:  # Ctrl-C while the data is read or the tokenizer trained: nothing to resume
+            logger.warning("stopped by Ctrl-C before training started: nothing was saved; run the command again")
+            raise SystemExit(128 + signal.SIGINT) from None
         trainer, tokenizer = run.trainer, run.tokenizer
         do_train, do_eval, do_predict = steps_to_run(training_args, data_args)
         log_the_run(trainer, run.datasets["train"])
