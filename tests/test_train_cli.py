@@ -412,3 +412,15 @@ def test_ctrl_c_before_training_starts_exits_130_and_says_nothing_was_saved(tmp_
         run.main(tiny_args(tmp_path, tmp_path / "out"), exit_on_bad_input=True)
     assert exit_info.value.code == 130
     assert "before training started: nothing was saved" in caplog.text
+
+
+def test_the_help_describes_this_tools_behaviour_not_the_stock_trainers(capsys):
+    """transformers' own help said --resume_from_checkpoint and --do_* are "not directly used by Trainer" and that
+    --generation_max_length defaults to the model config's max_length; here `last` resumes, no --do_* flag
+    trains, and the length is each source's + 50."""
+    with pytest.raises(SystemExit):
+        run.parse_arguments(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Not directly used by" not in text
+    assert "or `last`: the newest complete checkpoint in --output_dir" in text
+    assert "default: each source's length + 50 (§6.1)" in text

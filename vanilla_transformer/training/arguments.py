@@ -424,7 +424,7 @@ def check_schedule(training_args: TransformerTrainingArguments) -> None:
 def fp16_refusal(device_type: str) -> str:
     return (
         f"--fp16 on {device_type}: accelerate autocasts to float16 (with a loss scaler) only on a GPU, so this run "
-        "would train in float32 without saying so. Use --bf16 on the CPU, or run on a GPU."
+        "would train in float32 without saying so. Use --bf16 true --use_cpu true on the CPU, or run on a GPU."
     )
 
 

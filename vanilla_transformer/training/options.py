@@ -246,6 +246,15 @@ HELP = {
     "per_device_train_batch_size": "sentences per batch, only with --max_tokens 0 (sentence batches); by default "
     "--max_tokens sets the batch by token count and this flag is refused",
     "output_dir": "where checkpoints, the final model (Hub format) and its card go",
+    "resume_from_checkpoint": "a checkpoint folder to resume from, or `last`: the newest complete checkpoint in "
+    "--output_dir (what a requeued job gives)",
+    "do_train": "train; without any --do_* flag the run trains, and evaluates where validation data is given",
+    "do_eval": "evaluate on the validation data (after training, where it trains)",
+    "do_predict": "translate and score the test data after training (--test_file, --test_source_file or --test_split)",
+    "generation_max_length": "the longest output in evaluation and prediction, in tokens; default: each "
+    "source's length + 50 (§6.1)",
+    "generation_num_beams": "beams in evaluation and prediction; default: the model's generation config (the "
+    "paper's 4)",
 }
 NO_DEFAULT_SHOWN = {"per_device_train_batch_size"}
 
