@@ -424,3 +424,11 @@ def test_the_help_describes_this_tools_behaviour_not_the_stock_trainers(capsys):
     assert "Not directly used by" not in text
     assert "or `last`: the newest complete checkpoint in --output_dir" in text
     assert "default: each source's length + 50 (§6.1)" in text
+
+
+def test_an_unquoted_no_in_a_yaml_recipe_is_explained(tmp_path):
+    """YAML 1.1 reads `eval_strategy: no` as false; the refusal named 'False' and the choices only."""
+    recipe = tmp_path / "run.yaml"
+    recipe.write_text("eval_strategy: no\n")
+    with pytest.raises(ValueError, match="eval_strategy: 'False' is not one of .* quote it, e.g. 'no'"):
+        run.parse_arguments([str(recipe), "--output_dir", str(tmp_path / "out")])

@@ -425,7 +425,10 @@ def _typed_file_values(parser: argparse.ArgumentParser, values: dict, path: Path
         for item in converted:
             if action.choices is not None and item not in action.choices:
                 choices = ", ".join(str(choice) for choice in action.choices)
-                raise ValueError(f"{str(path)!r}: {name}: {item!r} is not one of {choices}.")
+                hint = ""
+                if isinstance(value, bool) and {"no", "yes", "on", "off"} & {str(c) for c in action.choices}:
+                    hint = " YAML reads an unquoted no, yes, on or off as a boolean: quote it, e.g. 'no'."
+                raise ValueError(f"{str(path)!r}: {name}: {item!r} is not one of {choices}.{hint}")
         typed[name] = converted if several else converted[0]
     return typed
 
