@@ -528,6 +528,16 @@ def test_resuming_with_other_batching_says_what_changed(data_dir, tmp_path, capl
     assert "with other batching (--max_tokens 200 there, 120 now)" in caplog.text
 
 
+def test_fewer_checkpoints_than_averaged_name_why_not_a_limit(data_dir, tmp_path, caplog):
+    """--save_steps past the run's length leaves the last step's checkpoint only; the warning said "only 1 were
+    kept", as if a --save_total_limit (none here) had removed the others."""
+    flags = ["--max_steps", "3", "--save_strategy", "steps", "--save_steps", "500", "--average_checkpoints", "3"]
+    with caplog.at_level(logging.WARNING):
+        train.main(tiny_args(data_dir, tmp_path / "run", *flags, "--max_tokens", "200"))
+    assert sorted(p.name for p in (tmp_path / "run").glob("checkpoint-*")) == ["checkpoint-3"]
+    assert "averaging 1 checkpoints instead of 3: the run left only 1 complete (--save_steps" in caplog.text
+
+
 def test_average_checkpoints_flag_saves_the_mean_of_the_last_ones(data_dir, tmp_path):
     """5 steps, a checkpoint every 2: the final step is saved too, so the mean is of steps 4 and 5."""
     output = tmp_path / "run"

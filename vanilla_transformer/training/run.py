@@ -537,7 +537,10 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
         checkpoints = complete_checkpoints(output_dir)  # oldest first; incomplete ones named in the log
         chosen = checkpoints[max(0, len(checkpoints) - average) :]
         if len(chosen) < average:
-            logger.warning(f"averaging {len(chosen)} checkpoints instead of {average}: only {len(chosen)} were kept")
+            logger.warning(
+                f"averaging {len(chosen)} checkpoints instead of {average}: the run left only {len(chosen)} complete "
+                "(--save_steps or --save_minutes too far apart for its length, or --save_total_limit)"
+            )
         average_checkpoints(chosen, output_dir, weights)
         trainer.averaged_checkpoints = [path.name for path in chosen]  # for the card
         logger.info(f"final model = {MEAN_NAMES[weights]} of {', '.join(p.name for p in chosen)}")
