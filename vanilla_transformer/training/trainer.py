@@ -414,7 +414,8 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         loaded = dict(model.named_parameters()).keys() | dict(model.named_buffers()).keys()
         aliases = set(model.state_dict()) - loaded
         missing = [key for key in load_result.missing_keys if key not in aliases]
-        super()._issue_warnings_after_load(load_result._replace(missing_keys=missing))
+        kept = type(load_result)(missing_keys=missing, unexpected_keys=load_result.unexpected_keys)  # a namedtuple
+        super()._issue_warnings_after_load(kept)
 
     def _training_ended_at(self, checkpoint) -> str | None:
         """Why ``checkpoint`` ends the training these arguments ask for (its update reached --max_steps, or its
