@@ -1209,6 +1209,11 @@ def test_unknown_key_in_an_argument_file_is_named(tmp_path):
         train.parse_arguments([str(config)])
 
 
+# flags of a run that keeps its best checkpoint as the final model
+BEST_AT_END = ["--load_best_model_at_end", "true", "--save_strategy", "steps", "--eval_strategy", "steps"]
+BEST_AT_END += ["--validation_size", "10"]
+
+
 @pytest.mark.parametrize(
     "arguments, message",
     [
@@ -1220,33 +1225,11 @@ def test_unknown_key_in_an_argument_file_is_named(tmp_path):
         (["--ema_decay", "1"], "--ema_decay must be at least 0 and below 1"),
         (["--ema_decay", "0.998", "--average_checkpoints", "2", "--save_strategy", "steps"], "give one of them"),
         (
-            [
-                "--ema_decay",
-                "0.998",
-                "--load_best_model_at_end",
-                "true",
-                "--save_strategy",
-                "steps",
-                "--eval_strategy",
-                "steps",
-                "--validation_size",
-                "10",
-            ],
+            ["--ema_decay", "0.998", *BEST_AT_END],
             "--load_best_model_at_end the best checkpoint",
         ),
         (  # the Trainer keeps the best checkpoint out of the rotation: the "last 5" would hold an old one
-            [
-                "--average_checkpoints",
-                "2",
-                "--load_best_model_at_end",
-                "true",
-                "--save_strategy",
-                "steps",
-                "--eval_strategy",
-                "steps",
-                "--validation_size",
-                "10",
-            ],
+            ["--average_checkpoints", "2", *BEST_AT_END],
             "--average_checkpoints 2 makes the average .* --load_best_model_at_end the best checkpoint",
         ),
     ],
