@@ -711,9 +711,10 @@ def load_text_datasets(args, seed: int, train: bool = True) -> dict:
         raise ValueError("Give training data as files or as --dataset_name, not both.")
     train = train or bool(args.validation_size)
     # the small sets first: a problem inside a validation or test file shows before the training corpus is read
-    roles = [role for role in ("validation", "test", "train") if train or role != "train"]
-    read = {role: local_dataset(args, role) for role in roles} | ({} if train else {"train": None})
-    local = {role: read[role] for role in ROLES}
+    local = {
+        role: local_dataset(args, role) if train or role != "train" else None
+        for role in ("validation", "test", "train")
+    }
     for role in ROLES:
         if local[role] is not None:
             check_has_text(local[role], " and ".join(role_files(args, role)))

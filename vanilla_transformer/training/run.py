@@ -462,7 +462,13 @@ def refuse_tokenizer_training_on_several_machines(world_size: int) -> None:
 
 
 # What decides the batches of an epoch and which of them a resumed run skips (`skip_first_batches`)
-BATCHING = ("max_tokens", "per_device_train_batch_size", "gradient_accumulation_steps", "world_size", "seed")
+BATCHING = {
+    "max_tokens": "--max_tokens",
+    "per_device_train_batch_size": "--per_device_train_batch_size",
+    "gradient_accumulation_steps": "--gradient_accumulation_steps",
+    "world_size": "processes",
+    "seed": "--seed",
+}
 
 
 def warn_if_batching_changed(checkpoint: Path, training_args) -> None:
@@ -480,13 +486,13 @@ def warn_if_batching_changed(checkpoint: Path, training_args) -> None:
     except Exception:  # another version's class, or no Trainer's file: nothing to compare
         return
     changed = [
-        f"--{name} {getattr(saved, name)} there, {getattr(training_args, name)} now"
-        for name in BATCHING
+        f"{label} {getattr(saved, name)} there, {getattr(training_args, name)} now"
+        for name, label in BATCHING.items()
         if hasattr(saved, name) and getattr(saved, name) != getattr(training_args, name)
     ]
     if changed:
         logger.warning(
-            f"resuming {checkpoint} with other batching ({'; '.join(changed).replace('--world_size', 'processes')}): "
+            f"resuming {checkpoint} with other batching ({'; '.join(changed)}): "
             "the rest of its epoch is batched anew, so some of its pairs are trained twice and others not at all "
             "(the epochs after it are whole)"
         )
