@@ -39,7 +39,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from common import argument_parser, machine
 from gpu import DTYPES, config_of, marian_of
 
-# Operators that only make a new view of the same memory, or read metadata: no kernel on a GPU.
+# Operators that only make a new view of the same memory, read metadata or allocate: no kernel on a GPU.
 VIEWS = {
     "aten.alias",
     "aten.as_strided",
@@ -59,6 +59,12 @@ VIEWS = {
     "aten.unsqueeze",
     "aten.view",
     "aten._unsafe_view",
+    # allocations: the caching allocator's work on the host, no kernel
+    "aten.empty",
+    "aten.empty_like",
+    "aten.empty_strided",
+    "aten.new_empty",
+    "aten.new_empty_strided",
 }
 HOST_READS = ("__bool__", "item", "tolist", "__int__", "__float__")  # plus the nonzero operator, counted as a read
 CAST = "aten._to_copy"

@@ -7,12 +7,14 @@ import torch
 import operator_count
 
 
-def test_the_counter_sees_each_operator_and_leaves_views_out():
+def test_the_counter_sees_each_operator_and_leaves_views_and_allocations_out():
     with operator_count.Count() as count:
         a, b = torch.ones(2, 3), torch.ones(3, 2)
         (a @ b).t().unsqueeze(0).sum()
+        torch.empty_like(a), a.new_empty(4), torch.empty(5)
     assert count.operators["aten.mm"] == 1 and count.operators["aten.ones"] == 2 and count.operators["aten.sum"] == 1
-    assert count.kernels() == 4  # the transpose and the view launch nothing
+    assert count.operators["aten.empty_like"] == 1 and count.operators["aten.new_empty"] == 1
+    assert count.kernels() == 4  # the transpose, the view and the allocations launch nothing
 
 
 def test_each_read_of_a_value_on_the_host_is_counted():
