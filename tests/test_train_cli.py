@@ -250,6 +250,18 @@ def test_an_argument_files_values_take_the_flags_types(tmp_path):
     assert training_args.max_tokens == 2048 and training_args.learning_rate == 1.0 and training_args.do_eval is True
 
 
+def test_a_field_of_one_value_or_a_list_takes_a_files_list(tmp_path):
+    """``report_to: str | list[str]`` (TrainingArguments): the command line gives one value, a file may give a
+    list, as transformers takes it from Python; a list for a flag of one value is still refused (above)."""
+    config = tmp_path / "run.yaml"
+    config.write_text("output_dir: out\nreport_to: [none]\n")
+    assert run.parse_arguments([str(config)])[2].report_to == []  # transformers' "none", as a list
+    config.write_text("output_dir: out\nreport_to: [tensorboard]\n")
+    assert run.parse_arguments([str(config)])[2].report_to == ["tensorboard"]
+    config.write_text("output_dir: out\nreport_to: tensorboard\n")
+    assert run.parse_arguments([str(config)])[2].report_to == ["tensorboard"]
+
+
 def test_equals_sign_flags_are_recognised_too(tmp_path):
     with pytest.raises(ValueError, match="--num_beams .* is a run_translation.py flag"):
         run.parse_arguments(["--num_beams=4", "--output_dir", str(tmp_path)])

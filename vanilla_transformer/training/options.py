@@ -408,6 +408,7 @@ def _typed_file_values(parser: argparse.ArgumentParser, values: dict, path: Path
     does for the command line (it does neither for defaults): YAML's 0 for a column named by a string becomes "0",
     and 4096.5 for a count of tokens is refused naming the file and the flag, before anything is read."""
     actions = {action.dest: action for action in parser._actions}
+    one_or_a_list = _one_value_or_a_list()
     typed = {}
     for name, value in values.items():
         action = actions[name]
@@ -415,6 +416,7 @@ def _typed_file_values(parser: argparse.ArgumentParser, values: dict, path: Path
             typed[name] = value
             continue
         several = action.nargs in ("+", "*") or isinstance(action.nargs, int)
+        several = several or (isinstance(value, list) and name in one_or_a_list)
         items = value if several and isinstance(value, list) else [value]
         try:
             if isinstance(value, list) and not several:
@@ -431,6 +433,18 @@ def _typed_file_values(parser: argparse.ArgumentParser, values: dict, path: Path
                 raise ValueError(f"{str(path)!r}: {name}: {item!r} is not one of {choices}.{hint}")
         typed[name] = converted if several else converted[0]
     return typed
+
+
+def _one_value_or_a_list() -> set[str]:
+    """The fields that take one value or a list (``report_to: str | list[str]``): one on the command line, where
+    the parser reads a single value, either in an argument file (``report_to: [tensorboard, trackio]``)."""
+    names = set()
+    for arguments in (ModelArguments, DataArguments, TransformerTrainingArguments):
+        hints = typing.get_type_hints(arguments)
+        for name in (f.name for f in dataclasses.fields(arguments)):
+            if any(typing.get_origin(option) is list for option in typing.get_args(hints[name])):
+                names.add(name)
+    return names
 
 
 def _refuse_unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> None:
