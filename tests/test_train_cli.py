@@ -410,6 +410,39 @@ def test_config_overrides_after_a_recipe_change_its_model_key_by_key(tmp_path, c
     assert model_args.config_overrides is None and "the recipe's config_overrides" in caplog.text
 
 
+def test_a_recipes_model_and_tokenizer_keys_unused_by_a_fine_tune_are_named(tmp_path, caplog):
+    """Fine-tuning a checkpoint with a recipe's data and schedule: the recipe's preset, config_overrides and
+    tokenizer size build nothing (the checkpoint brings its shape and tokenizer); they were dropped silently,
+    all but config_overrides. The reference: the keys the recipe file holds."""
+    import yaml
+
+    from vanilla_transformer.training.options import parse_arguments, recipe_path
+
+    recipe = yaml.safe_load(recipe_path("multi30k").read_text())
+    unused = sorted({"preset", "config_overrides", "tokenizer_vocab_size"} & set(recipe))
+    assert len(unused) == 3
+    output = ["--output_dir", str(tmp_path)]
+    with caplog.at_level(logging.WARNING):
+        parse_arguments(["multi30k", "--model_name_or_path", str(tmp_path / "model"), *output])
+    lines = [r.getMessage() for r in caplog.records if "the recipe's" in r.getMessage()]
+    assert lines == [
+        f"the recipe's {', '.join(unused)} ignored: --model_name_or_path {tmp_path / 'model'} is "
+        "loaded with its own architecture and tokenizer"
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # a loaded tokenizer only: the recipe's model is built, its size unused
+        model_args, _, _ = parse_arguments(["multi30k", "--tokenizer_name_or_path", str(tmp_path / "tok"), *output])
+    assert [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()] == [
+        f"the recipe's tokenizer_vocab_size ignored: the tokenizer is loaded from --tokenizer_name_or_path "
+        f"{tmp_path / 'tok'}, not trained"
+    ]
+    assert model_args.config_overrides == recipe["config_overrides"]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):  # a new model and tokenizer: every key is used
+        parse_arguments(["multi30k", *output])
+    assert "ignored" not in caplog.text
+
+
 def test_ctrl_c_before_training_starts_exits_130_and_says_nothing_was_saved(tmp_path, monkeypatch, caplog):
     """A Ctrl-C while a large corpus is read or the tokenizer trained (minutes on WMT14) ended in a traceback
     and exit status 1, which the documented table reads as "an error". The same Ctrl-C during training exits

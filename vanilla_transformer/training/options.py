@@ -366,7 +366,7 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
     _refuse_unknown_flags(parser, argv)
     model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     _drop_hub_dataset_named_none(data_args)
-    _warn_ignored_flags(model_args, on_command_line)
+    _warn_ignored_flags(model_args, on_command_line, set(recipe) - on_command_line)
     if recipe.get("config_overrides"):
         model_args.config_overrides = _recipe_overrides(recipe["config_overrides"], model_args, on_command_line)
     if not given & {"do_train", "do_eval", "do_predict"}:
@@ -385,13 +385,7 @@ def _recipe_overrides(from_recipe, model_args: ModelArguments, on_command_line: 
     (the recipe's model, with dropout=0.3, not the preset's); dropped with a warning when a checkpoint is
     fine-tuned, whose architecture is its own (the recipe's shape was never asked for on the command line)."""
     if "config_overrides" not in on_command_line:
-        if model_args.model_name_or_path:
-            logger.warning(
-                f"the recipe's config_overrides ({from_recipe}) is ignored: --model_name_or_path "
-                f"{model_args.model_name_or_path} is loaded with its own architecture"
-            )
-            return None
-        return from_recipe
+        return None if model_args.model_name_or_path else from_recipe  # _warn_ignored_flags said so
     merged = {**parse_overrides(_as_text(from_recipe)), **parse_overrides(_as_text(model_args.config_overrides))}
     return _as_text(merged)
 
@@ -492,17 +486,26 @@ def _refuse_foreign_flags(names, where: str) -> None:
         )
 
 
-def _warn_ignored_flags(model_args: ModelArguments, given: set) -> None:
-    """Flags for a new model or a new tokenizer, given where none is built: said in the log (they do nothing)."""
+MODEL_FLAGS = {"preset", "config_overrides"}  # a new model's shape
+TOKENIZER_FLAGS = {"tokenizer_vocab_size", "tokenizer_min_frequency", "tokenizer_train_pairs"}  # a new tokenizer's
+
+
+def _warn_ignored_flags(model_args: ModelArguments, given: set, from_recipe: set = frozenset()) -> None:
+    """Flags for a new model or a new tokenizer, given on the command line (``given``) or by a recipe
+    (``from_recipe``) where none is built: said in the log, in one line for each (they do nothing)."""
     loaded = model_args.model_name_or_path
-    if loaded and (names := sorted(given & {"preset"})):
-        logger.warning(f"--{names[0]} is ignored: --model_name_or_path {loaded} is loaded with its own architecture")
-    tokenizer_flags = {"tokenizer_vocab_size", "tokenizer_min_frequency", "tokenizer_train_pairs"}
-    if (model_args.tokenizer_name_or_path or loaded) and (names := sorted(given & tokenizer_flags)):
-        logger.warning(
-            f"{', '.join('--' + name for name in names)} ignored: the tokenizer is loaded (from "
-            "--tokenizer_name_or_path or --model_name_or_path), not trained"
-        )
+    ignored = (MODEL_FLAGS if loaded else set()) | (
+        TOKENIZER_FLAGS if model_args.tokenizer_name_or_path or loaded else set()
+    )
+    why = (
+        f"--model_name_or_path {loaded} is loaded with its own architecture and tokenizer"
+        if loaded
+        else f"the tokenizer is loaded from --tokenizer_name_or_path {model_args.tokenizer_name_or_path}, not trained"
+    )
+    if names := sorted(given & ignored - {"config_overrides"}):  # the command line's is refused (a checkpoint's)
+        logger.warning(f"{', '.join('--' + name for name in names)} ignored: {why}")
+    if names := sorted(from_recipe & ignored):
+        logger.warning(f"the recipe's {', '.join(names)} ignored: {why}")
 
 
 def recipe_or_error(name: str) -> Path:
