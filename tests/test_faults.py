@@ -460,7 +460,7 @@ def test_trainer_writes_no_checkpoint_folder_before_it_is_complete(four_steps):
 
 
 @pytest.mark.parametrize("extra", [[], ["--ema_decay", "0.9"]], ids=["last weights", "moving average"])
-def test_resuming_a_finished_run_trains_no_further_update(data_dir, tmp_path, extra):
+def test_resuming_a_finished_run_trains_no_further_update(data_dir, tmp_path, extra, caplog):
     """A run resumed from the checkpoint that ended its training (a requeued job whose evaluation was cut short)
     trains nothing more: the same model as the finished run's (its moving average with --ema_decay), the same
     update count, no new checkpoint. The Trainer alone would run one more update first."""
@@ -471,14 +471,35 @@ def test_resuming_a_finished_run_trains_no_further_update(data_dir, tmp_path, ex
     finished = {name: p.detach().clone() for name, p in first.trainer.model.state_dict().items()}
     argv = run_argv(data_dir, output, *steps, "--resume_from_checkpoint", "last")
     again = train.build_trainer(*train.parse_arguments(argv))
-    result = again.trainer.train(resume_from_checkpoint=str(again.resume))
+    with caplog.at_level(logging.WARNING):
+        result = again.trainer.train(resume_from_checkpoint=str(again.resume))
     assert result.global_step == again.trainer.state.global_step == 2 * SAVE_STEPS
+    # the first trainer saved no trainer_state.json of its own (train.main does): its train_* metrics are unknown
+    assert result.metrics == {} and "the train_* metrics of that training are not known" in caplog.text
     for name, tensor in again.trainer.model.state_dict().items():
         assert torch.equal(tensor, finished[name]), name
     assert sorted(p.name for p in output.glob("checkpoint-*")) == [
         f"checkpoint-{SAVE_STEPS}",
         f"checkpoint-{2 * SAVE_STEPS}",
     ]
+
+
+def test_a_requeued_finished_run_keeps_the_train_metrics_of_the_training_it_found(data_dir, tmp_path):
+    """The whole command run again after it finished (a requeued job): nothing is trained, and all_results.json
+    and trainer_state.json were rewritten without the train_* metrics (train_runtime, train_loss, the
+    throughput) of the training that made the model. The reference: the first run's own all_results.json."""
+    output = tmp_path / "run"
+    argv = run_argv(data_dir, output, "--max_steps", str(2 * SAVE_STEPS))
+    train.main(argv)
+    argv += ["--resume_from_checkpoint", "last"]  # the requeued job's command (docs/training.md)
+    first = json.loads((output / "all_results.json").read_text())
+    trained = {key: value for key, value in first.items() if key.startswith("train_")}
+    assert {"train_runtime", "train_loss", "train_target_tokens_per_second"} <= set(trained)
+    state = json.loads((output / "trainer_state.json").read_text())
+    train.main(argv)
+    again = json.loads((output / "all_results.json").read_text())
+    assert {key: again.get(key) for key in trained} == trained
+    assert json.loads((output / "trainer_state.json").read_text())["log_history"] == state["log_history"]
 
 
 @pytest.mark.parametrize("restore", [(), ("--restore_callback_states_from_checkpoint", "true")])

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import math
 import os
@@ -442,8 +443,31 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         if self.moving_average is not None:
             self.moving_average.load(checkpoint)
             self.moving_average.copy_to(model)
-        losses = [entry["loss"] for entry in self.state.log_history if "loss" in entry]
-        return TrainOutput(self.state.global_step, losses[-1] if losses else float("nan"), {})
+        summary = self._end_of_training_entry(self.state.global_step)
+        if summary is None:
+            losses = [entry["loss"] for entry in self.state.log_history if "loss" in entry]
+            logger.warning(
+                f"{Path(self.args.output_dir) / TRAINER_STATE_NAME} holds no end-of-training entry for update "
+                f"{self.state.global_step}: the train_* metrics of that training are not known to this run"
+            )
+            return TrainOutput(self.state.global_step, losses[-1] if losses else float("nan"), {})
+        self.state.log_history.append(summary)  # save_state writes it back, as the finished run did
+        metrics = {key: value for key, value in summary.items() if key != "step"}
+        return TrainOutput(self.state.global_step, summary.get("train_loss", float("nan")), metrics)
+
+    def _end_of_training_entry(self, global_step: int) -> dict | None:
+        """The Trainer's end-of-training log entry (``train_runtime``, ``train_loss``, throughput...) for the training
+        that ended at ``global_step``, from the trainer_state.json that run saved in --output_dir (the checkpoints
+        are saved before it exists), or None where that run did not get so far."""
+        path = Path(self.args.output_dir) / TRAINER_STATE_NAME
+        if not path.is_file():
+            return None
+        try:
+            history = json.loads(path.read_text(encoding="utf-8")).get("log_history", [])
+        except (OSError, ValueError):
+            return None
+        ends = [entry for entry in history if "train_runtime" in entry and entry.get("step") == global_step]
+        return dict(ends[-1]) if ends else None
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
         if self.args.lr_scheduler_type != "inverse_sqrt":
