@@ -108,6 +108,7 @@ def write_model_card(
     repo_id: str | None = None,
     model_name: str | None = None,
     datasets: Sequence[str] = (),
+    training_data: str | None = None,
     metrics: Sequence[Mapping[str, Any]] = (),
     training_hyperparameters: Mapping[str, Any] | None = None,
     base_model: str | None = None,
@@ -125,6 +126,8 @@ def write_model_card(
         repo_id: the Hub id the usage examples load (default: the folder's name under ``<user>/``).
         model_name: the card's title and the model-index name (default: the repo's name).
         datasets: Hub ids (or names) of the training data.
+        training_data: what the card's text calls the training data where it is no Hub dataset (local files,
+            e.g. "train.en.gz and train.de.gz"); default: ``datasets``.
         metrics: one mapping per score: ``name`` (shown, e.g. "BLEU"), ``type`` (metric id, e.g.
             "bleu", "chrf"), ``value``, ``dataset`` (id or name of the test set); optionally
             ``dataset_name``, ``dataset_config`` (e.g. "de-en"), ``split`` and ``signature`` (the
@@ -156,6 +159,7 @@ def write_model_card(
         model_name=model_name,
         eval_results=results or None,
     )
+    data_words = training_data or ", ".join(datasets) or "not recorded"
     body = TEMPLATE.format(
         title=model_name,
         source=source,
@@ -163,8 +167,8 @@ def write_model_card(
         fine_tuned=f" Fine-tuned from [{base_model}](https://huggingface.co/{base_model})." if base_model else "",
         results=_results_table(results),
         architecture=_architecture_rows(config, num_parameters),
-        training=_training_section(datasets, training_hyperparameters, generation_config, config),
-        datasets=", ".join(datasets) or "not recorded",
+        training=_training_section(data_words, training_hyperparameters, generation_config, config),
+        datasets=data_words,
         task=TASK,
         remote_task=REMOTE_CODE_TASK,
         repo_id=repo_id,
@@ -270,8 +274,8 @@ def _architecture_rows(config: PretrainedConfig, num_parameters: int | None) -> 
     return "\n".join(f"| {name} | {value} |" for name, value in rows.items())
 
 
-def _training_section(datasets, hyperparameters: Mapping[str, Any] | None, generation_config, config) -> str:
-    parts = [f"Training data: {', '.join(datasets) or 'not recorded'}."]
+def _training_section(data_words: str, hyperparameters: Mapping[str, Any] | None, generation_config, config) -> str:
+    parts = [f"Training data: {data_words}."]
     if hyperparameters:
         rows = ["| hyperparameter | value |", "| --- | --- |"]
         parts.append("\n".join(rows + [f"| {name} | {value} |" for name, value in hyperparameters.items()]))

@@ -625,6 +625,7 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
         model=trainer.accelerator.unwrap_model(trainer.model),
         languages=(data_args.source_lang, data_args.target_lang),
         datasets=[data_args.dataset_name] if data_args.dataset_name else [],
+        training_data=local_training_data(data_args, trainer.train_dataset),
         metrics=scores,
         base_model=base_model,
         training_hyperparameters={
@@ -645,6 +646,22 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
             **best_and_scoring_lines(trainer, bool(scores)),
         },
     )
+
+
+def local_training_data(data_args, train_dataset) -> str | None:
+    """The card's words for training data read from local files: their names (not their folders, which are the
+    trainer's machine's) and the pairs trained on; None for a Hub dataset, which the card names by its id."""
+    if data_args.dataset_name:
+        return None
+    files = [data_args.train_source_file, data_args.train_target_file] if data_args.train_source_file else []
+    names = [Path(file).name for file in (files or [data_args.train_file]) if file]
+    if not names:
+        return None
+    words = f"local file{'s' if len(names) > 1 else ''} {' and '.join(f'`{name}`' for name in names)}"
+    try:
+        return f"{words} ({len(train_dataset):,} pairs)"
+    except TypeError:  # a streamed set has no length
+        return words
 
 
 def best_and_scoring_lines(trainer, scored: bool) -> dict:
