@@ -271,6 +271,14 @@ def test_new_model_flags_with_a_checkpoint_and_tokenizer_flags_with_a_tokenizer_
         )
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU may take --bf16 itself")
+def test_bf16_without_a_gpu_names_the_flag_that_trains_in_bfloat16_on_the_cpu():
+    """transformers says "Your setup doesn't support bf16/gpu. You need to assign use_cpu": the flags by our names."""
+    with pytest.raises(ValueError, match=r"^--bf16 true: no GPU with bfloat16 here; add --use_cpu true"):
+        train.parse_arguments([a for a in train_argv("--bf16", "true") if a != "--use_cpu"])
+    assert train.parse_arguments(train_argv("--bf16", "true"))[2].bf16  # with --use_cpu: bfloat16 on the CPU
+
+
 def write(path: Path, text: str | bytes) -> str:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))

@@ -364,7 +364,15 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
         recipe = {}
     _refuse_foreign_flags(given, "the command line")
     _refuse_unknown_flags(parser, argv)
-    model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    try:
+        model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
+    except ValueError as error:
+        if "doesn't support bf16/gpu" in str(error):  # transformers' words for --bf16 without a bfloat16 GPU
+            raise ValueError(
+                "--bf16 true: no GPU with bfloat16 here; add --use_cpu true to train in bfloat16 on the CPU "
+                "(autocast), or leave --bf16 out to train in float32."
+            ) from None
+        raise
     _drop_hub_dataset_named_none(data_args)
     _warn_ignored_flags(model_args, on_command_line, set(recipe) - on_command_line)
     if recipe.get("config_overrides"):
