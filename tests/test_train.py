@@ -308,10 +308,39 @@ def test_training_a_tokenizer_on_several_machines_is_refused_before_the_data_is_
     data_args.train_source_file = "/nonexistent/train.src"  # the refusal must come before this is read
     monkeypatch.setattr(type(training_args), "world_size", property(lambda self: 2))
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    with pytest.raises(ValueError, match="2 processes on 2 machines .* --tokenizer_name_or_path"):
+    with pytest.raises(
+        ValueError, match="2 processes on 2 machines .* --tokenizer_only true.* --tokenizer_name_or_path"
+    ):
         train.build_trainer(model_args, data_args, training_args)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # one machine: the first process trains it, the others load it
     assert train.refuse_tokenizer_training_on_several_machines(2) is None
+
+
+def test_tokenizer_only_saves_the_tokenizer_a_run_would_train_and_nothing_else(data_dir, tmp_path):
+    """--tokenizer_only: what a run of several machines is told to do first. The reference: the tokenizer that
+    train.main itself trains and saves in <output_dir>/tokenizer for the same flags (same sample, same seed)."""
+    from transformers import AutoTokenizer
+
+    flags = ["--tokenizer_train_pairs", "150", "--cache_dir", str(tmp_path / "cache-a")]
+    assert train.main(tiny_args(data_dir, tmp_path / "only", *flags, "--tokenizer_only", "true")) == {}
+    assert sorted(p.name for p in (tmp_path / "only").iterdir()) == ["tokenizer"]  # no model, no checkpoint
+    flags[-1] = str(tmp_path / "cache-b")  # trained anew, not taken from the first one's cache
+    train.main(tiny_args(data_dir, tmp_path / "run", *flags, "--max_steps", "1"))
+    only, run = (AutoTokenizer.from_pretrained(tmp_path / name / "tokenizer") for name in ("only", "run"))
+    assert only.get_vocab() == run.get_vocab() and len(only) == len(run)
+    assert only.backend_tokenizer.to_str() == run.backend_tokenizer.to_str()
+
+
+def test_tokenizer_only_is_refused_where_it_would_train_nothing_or_in_several_processes(
+    data_dir, tmp_path, monkeypatch
+):
+    loaded = tiny_args(data_dir, tmp_path / "a", "--tokenizer_only", "true", "--tokenizer_name_or_path", str(tmp_path))
+    with pytest.raises(ValueError, match=r"^--tokenizer_only trains a tokenizer, and --tokenizer_name_or_path"):
+        train.save_tokenizer_only(*train.parse_arguments(loaded))
+    model_args, data_args, training_args = train.parse_arguments(tiny_args(data_dir, tmp_path / "b"))
+    monkeypatch.setattr(type(training_args), "world_size", property(lambda self: 4))
+    with pytest.raises(ValueError, match=r"^--tokenizer_only runs as one process, not 4"):
+        train.save_tokenizer_only(model_args, data_args, training_args)
 
 
 def test_peak_and_scale_together_is_an_error(data_dir, tmp_path):

@@ -168,6 +168,13 @@ class ModelArguments:
             "input_sentence_size)"
         },
     )
+    tokenizer_only: bool = field(
+        default=False,
+        metadata={
+            "help": "train the tokenizer these flags would train, save it in <output_dir>/tokenizer and stop: "
+            "once, as one process, for a run of several machines to load with --tokenizer_name_or_path"
+        },
+    )
     attn_implementation: str | None = field(default=None, metadata={"help": "eager, sdpa or flex_attention"})
     length_penalty: float | None = field(
         default=None,

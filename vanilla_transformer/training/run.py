@@ -113,6 +113,9 @@ def main(
             model_args, data_args, training_args = parse_arguments(argv, prog)
             logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
             lock = hold_output_dir(training_args)  # one run per --output_dir, before any data is read
+            if model_args.tokenizer_only:
+                save_tokenizer_only(model_args, data_args, training_args)
+                return {}
             run = build_trainer(model_args, data_args, training_args)  # data, tokenizer, model, trainer
         except (ValueError, OSError) as error:
             if not exit_on_bad_input:
@@ -447,6 +450,40 @@ def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
             )
 
 
+def save_tokenizer_only(model_args, data_args, training_args) -> Path:
+    """``--tokenizer_only``: the tokenizer `build_trainer` would train for these flags (the same sample of the
+    same training pairs, the same cache), saved in ``<output_dir>/tokenizer``, and nothing else: trained once,
+    by one process, for a run of several machines to load with --tokenizer_name_or_path."""
+    loaded = model_args.tokenizer_name_or_path or model_args.model_name_or_path
+    if loaded:
+        flag = "--tokenizer_name_or_path" if model_args.tokenizer_name_or_path else "--model_name_or_path"
+        raise ValueError(f"--tokenizer_only trains a tokenizer, and {flag} {loaded} gives one: leave one out.")
+    if training_args.world_size > 1:
+        raise ValueError(
+            f"--tokenizer_only runs as one process, not {training_args.world_size}: run it with "
+            "`vanilla-transformer train`, without accelerate launch or torchrun."
+        )
+    check_arguments(model_args, data_args, training_args)
+    check_steps_have_data(model_args, data_args, True, False, False)
+    check_output_dir(training_args, resuming=False)  # the checkpoints there need the tokenizer they were trained with
+    text = load_text_datasets(data_args, training_args.seed, train=True)
+    tokenizer = prepare_tokenizer(
+        text["train"],
+        output_dir=training_args.output_dir,
+        vocab_size=model_args.tokenizer_vocab_size,
+        min_frequency=model_args.tokenizer_min_frequency,
+        train_pairs=model_args.tokenizer_train_pairs,
+        seed=training_args.seed,
+        cache_dir=data_args.cache_dir,
+    )
+    folder = Path(training_args.output_dir) / "tokenizer"
+    logger.info(
+        f"saved a tokenizer of {len(tokenizer)} tokens to {folder}; give it to the run with --tokenizer_name_or_path "
+        f"{folder}"
+    )
+    return folder
+
+
 def refuse_tokenizer_training_on_several_machines(world_size: int) -> None:
     """The tokenizer is trained by the first process of each machine (`main_process_first` is per machine) and
     loaded by the others from a cache the first one of the whole run writes: on a second machine they would
@@ -456,8 +493,9 @@ def refuse_tokenizer_training_on_several_machines(world_size: int) -> None:
     if world_size > local:
         raise ValueError(
             f"This run has {world_size} processes on {world_size // max(local, 1)} machines and would train its "
-            "tokenizer: train it once first (vanilla-transformer tokenizer TRAIN_FILES --output-dir tokenizer) and "
-            "give --tokenizer_name_or_path tokenizer."
+            "tokenizer: train it once first, with the same command as one process (vanilla-transformer train ...) "
+            "and --tokenizer_only true, which saves <output_dir>/tokenizer; then give --tokenizer_name_or_path "
+            "<output_dir>/tokenizer here."
         )
 
 
