@@ -202,6 +202,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--lever-steps", type=int, help="with --levers: batches per pass, two passes (20; on a CPU 4)")
     parser.add_argument(
+        "--compile-backend",
+        default="inductor",
+        choices=("inductor", "aot_eager", "eager"),
+        help="with --levers: torch.compile's backend in the compiled rows but CUDA graphs' (inductor, as train.py; "
+        "aot_eager traces the same graphs without generating code: their counts and losses in seconds on a CPU)",
+    )
+    parser.add_argument(
         "--recipe", action="store_true", help="only train the Multi30k recipe, plain and with each --recipe-variants"
     )
     parser.add_argument("--no-recipe", action="store_true", help="leave the Multi30k recipe's train.py runs out")
@@ -514,12 +521,15 @@ class LeverTrainee(Trainee):
         target = self.model if loss == "none" else self.model.model
         self.forward = None
         if compile == "layers":
-            levers.compile_layers(self.model)
+            levers.compile_layers(self.model, backend=args.compile_backend)
         elif compile == "cuda_graphs":  # train.py's --cuda_graphs: dynamic shapes, a graph recorded per shape
             self.forward = torch.compile(target, **levers.CUDA_GRAPHS)
         elif compile in ("model", "cuda_graphs static"):  # one compilation per bucket shape
             allow_recompiles(4 * args.lever_steps)
-            self.forward = torch.compile(target, dynamic=False, mode=None if compile == "model" else "reduce-overhead")
+            if compile == "model":
+                self.forward = torch.compile(target, dynamic=False, backend=args.compile_backend)
+            else:
+                self.forward = torch.compile(target, dynamic=False, mode="reduce-overhead")
 
     def step(self, batch: dict) -> float:
         from vanilla_transformer import attention_backends
@@ -683,6 +693,7 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
         "preset": preset,
         "dtype": args.dtype,
         "max_tokens": args.max_tokens,
+        "compile_backend": args.compile_backend,
         "batches": len(batches),
         "distinct_shapes": len({(*b["input_ids"].shape, b["labels"].shape[1]) for b in batches}),
         "plain": plain_row,
@@ -1831,8 +1842,9 @@ def markdown_table(results: list[dict]) -> str:
             lines.append(f"| {name} | {outcome_cell(r)} | | |")
         elif r["what"] == "levers":  # a row here, its table of levers after this one
             lines.append(
-                f"| levers {r['preset']} ({r['batches']} batches, {r['distinct_shapes']} shapes, two passes) | "
-                "see below | | |"
+                f"| levers {r['preset']} ({r['batches']} batches, {r['distinct_shapes']} shapes, two passes"
+                f"{'' if r.get('compile_backend', 'inductor') == 'inductor' else ', compiled by ' + r['compile_backend']}"
+                ") | see below | | |"
             )
             lever_tables.append(r)
         elif r["what"] == "recipe":
