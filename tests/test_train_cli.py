@@ -313,6 +313,18 @@ def test_schedule_flags_eq_3_cannot_take_are_refused_before_the_data_is_read(
         run.main([*argv, "--use_cpu", *flags])
 
 
+def test_a_fine_tune_of_a_local_checkpoint_names_it_in_the_card(data_dir, trained, tmp_path):
+    """The card said nothing of a local base model (the Hub's base_model metadata takes Hub ids only): its text
+    names the folder, not the path, and the metadata stays without one. A Hub id: test_model_card.py."""
+    from huggingface_hub import ModelCard
+
+    argv = ["--model_name_or_path", str(trained), *files(data_dir, "train"), "--output_dir", str(tmp_path / "ft")]
+    run.main([*argv, "--use_cpu", "--max_steps", "2", "--report_to", "none", "--disable_tqdm", "true"])
+    card = ModelCard.load(tmp_path / "ft" / "README.md")
+    assert f"Fine-tuned from a local checkpoint, `{trained.name}`." in card.text
+    assert str(trained.parent) not in card.text and card.data.base_model is None
+
+
 def test_save_minutes_0_turns_off_a_recipes_timed_checkpoints(data_dir, tmp_path):
     """The multi30k recipe saves every minute; --save_minutes 0 turns that off from the command line (a YAML null
     cannot be typed there), and a negative value is refused."""

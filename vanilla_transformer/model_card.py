@@ -112,6 +112,7 @@ def write_model_card(
     metrics: Sequence[Mapping[str, Any]] = (),
     training_hyperparameters: Mapping[str, Any] | None = None,
     base_model: str | None = None,
+    local_base_model: str | None = None,
     license: str = "apache-2.0",
     tags: Sequence[str] = (),
     extra_notes: str | None = None,
@@ -134,6 +135,8 @@ def write_model_card(
             sacreBLEU signature, kept in the model-index as ``args.signature``).
         training_hyperparameters: name -> value, shown as a table (e.g. the Trainer's arguments).
         base_model: Hub id of the model this one was fine-tuned from.
+        local_base_model: the name of a local checkpoint folder it was fine-tuned from instead (said in the
+            text; the Hub's ``base_model`` metadata takes Hub ids only).
         license: an SPDX-style id as the Hub knows them.
         tags: extra Hub tags, after the package's own.
         extra_notes: Markdown appended to the limitations, e.g. how this run differs from the paper.
@@ -164,7 +167,7 @@ def write_model_card(
         title=model_name,
         source=source,
         target=target,
-        fine_tuned=f" Fine-tuned from [{base_model}](https://huggingface.co/{base_model})." if base_model else "",
+        fine_tuned=_fine_tuned_sentence(base_model, local_base_model),
         results=_results_table(results),
         architecture=_architecture_rows(config, num_parameters),
         training=_training_section(data_words, training_hyperparameters, generation_config, config),
@@ -272,6 +275,12 @@ def _architecture_rows(config: PretrainedConfig, num_parameters: int | None) -> 
     if num_parameters is not None:
         rows["parameters"] = f"{num_parameters / 1e6:.1f}M"
     return "\n".join(f"| {name} | {value} |" for name, value in rows.items())
+
+
+def _fine_tuned_sentence(base_model: str | None, local_base_model: str | None) -> str:
+    if base_model:
+        return f" Fine-tuned from [{base_model}](https://huggingface.co/{base_model})."
+    return f" Fine-tuned from a local checkpoint, `{local_base_model}`." if local_base_model else ""
 
 
 def _training_section(data_words: str, hyperparameters: Mapping[str, Any] | None, generation_config, config) -> str:

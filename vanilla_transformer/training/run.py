@@ -666,6 +666,7 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
         training_data=local_training_data(data_args, trainer.train_dataset),
         metrics=scores,
         base_model=base_model,
+        local_base_model=Path(checkpoint).resolve().name if checkpoint and not base_model else None,
         training_hyperparameters={
             "steps": trainer.state.global_step,
             "tokens per batch (max, padded)": training_args.max_tokens or "sentence batches",
