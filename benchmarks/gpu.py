@@ -467,6 +467,7 @@ LEVERS = {
     "fp8 + compile_layers": dict(fp8=True, compile="layers", flags=["--fp8", "--compile_layers"]),
     "compile_layers": dict(compile="layers", flags=["--compile_layers"]),
     "fuse_projections": dict(fuse=True, flags=["--fuse_projections"]),
+    "sync_free_step": dict(sync_free=True, flags=["--sync_free_step"]),
     "cuda_graphs": dict(compile="cuda_graphs", flags=["--cuda_graphs"], presets=("multi30k", "tiny")),
     "fused_loss chunked": dict(loss="chunked", flags=["--fused_loss chunked"]),
     "compile_layers + fused_loss chunked": dict(
@@ -507,6 +508,7 @@ class LeverTrainee(Trainee):
         fp8: bool = False,
         attention: str = "default",
         fuse: bool = False,
+        sync_free: bool = False,
         flags=(),
     ):
         from vanilla_transformer.training import levers
@@ -517,6 +519,9 @@ class LeverTrainee(Trainee):
             levers.convert_to_fp8(model)
         if fuse:
             levers.fuse_projections(model)
+        if sync_free:
+            levers.sync_free_step(model)
+        self.sync_free = sync_free
         super().__init__(model, "eager", args)
         target = self.model if loss == "none" else self.model.model
         self.forward = None
@@ -568,6 +573,7 @@ class LeverTrainee(Trainee):
                 0.1,
                 self.loss_kind if training else "none",
                 self.forward if training else None,
+                always_scale=self.sync_free,
             )
 
 

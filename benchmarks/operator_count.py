@@ -18,9 +18,10 @@ backward, fused AdamW. Operators per phase, dtype conversions (``aten._to_copy``
 activations and gradients, and the masks' conversions to bool) counted apart, for ours; ours with its weights in
 bfloat16 and no autocast (what a lever keeping the weights in bfloat16 beside float32 masters would launch, less
 the masters' few multi-tensor copies: not built, no GPU has measured launches against it);
-ours with ``--fuse_projections`` and a MarianMTModel of the same shape (`gpu.marian_of`), on one batch of
-``--rows`` sentences of ``--source`` and ``--target`` tokens (the Multi30k recipe's batch: about 70 sentences of
-13-15 tokens), the last source positions of every third sentence padded.
+ours with ``--fuse_projections``, ours with ``--sync_free_step`` (no host read) and a MarianMTModel of the
+same shape (`gpu.marian_of`), on one batch of ``--rows`` sentences of ``--source`` and ``--target`` tokens (the
+Multi30k recipe's batch: about 70 sentences of 13-15 tokens), the last source positions of every third sentence
+padded.
 
 Beam search: ``generate()`` with beam 4 and the paper's length penalty over ``--decode-rows`` sentences, exactly
 ``--decode-tokens`` new tokens each: operators and host reads per decoding step (per decoder call), ours holding
@@ -168,10 +169,11 @@ def training_batch(args, device) -> dict:
     return {"input_ids": input_ids.to(device), "attention_mask": attention_mask.to(device), "labels": labels.to(device)}
 
 
-def count_update(model, batch: dict, args, autocast: bool = True) -> dict:
+def count_update(model, batch: dict, args, autocast: bool = True, sync_free: bool = False) -> dict:
     """Operators (all but views) of each phase of one update, autocast's casts among them, and host reads;
     without ``autocast``, the model as it is (weights in bfloat16: the operators a run keeping its weights in
-    bfloat16, beside float32 masters for the optimizer, would launch, less the masters' few multi-tensor copies)."""
+    bfloat16, beside float32 masters for the optimizer, would launch, less the masters' few multi-tensor copies);
+    ``sync_free``: the step of ``--sync_free_step`` (its model's stacks keep every mask, the loss always scales)."""
     from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
     model = model.to(args.device).train()
@@ -194,7 +196,7 @@ def count_update(model, batch: dict, args, autocast: bool = True) -> dict:
                         use_cache=False,
                     ).logits
                 with Count() as counts["loss"]:
-                    loss = label_smoothed_cross_entropy(logits, labels, (labels != -100).sum(), 0.1)
+                    loss = label_smoothed_cross_entropy(logits, labels, (labels != -100).sum(), 0.1, sync_free)
             with Count() as counts["backward"]:
                 loss.backward()
             with Count() as counts["optimizer"]:
@@ -259,6 +261,10 @@ def measure(preset: str, args) -> dict:
             "marian": count_update(marian, batch, args),
         },
     }
+    if levers.refusal("--sync_free_step", args.device) is None:  # transformers 5.15+
+        sync_free = VanillaTransformerForConditionalGeneration(config)
+        levers.sync_free_step(sync_free)
+        result["update"]["ours, --sync_free_step"] = count_update(sync_free, batch, args, sync_free=True)
     if args.dtype != "float32":  # what a lever that keeps the weights in the autocast dtype would leave
         weights = VanillaTransformerForConditionalGeneration(config).to(DTYPES[args.dtype])
         result["update"][f"ours, weights in {args.dtype}"] = count_update(weights, batch, args, autocast=False)

@@ -182,6 +182,90 @@ def test_fused_projections_leave_decoding_with_a_cache_as_it_was():
     torch.testing.assert_close(logits[1], logits[0], rtol=1e-5, atol=1e-5)
 
 
+def host_reads_of(step) -> int:
+    """How often ``step()`` reads a tensor's value on the host (each read waits for a GPU)."""
+    reads, names = [], ("__bool__", "item", "tolist", "__int__", "__float__")
+    originals = {name: getattr(torch.Tensor, name) for name in names}
+
+    def counting(original):
+        def read(*args, **kwargs):
+            reads.append(original)
+            return original(*args, **kwargs)
+
+        return read
+
+    try:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, counting(original))
+        step()
+    finally:
+        for name, original in originals.items():
+            setattr(torch.Tensor, name, original)
+    return len(reads)
+
+
+@pytest.mark.parametrize("padded", [True, False], ids=["padded batch", "unpadded batch"])
+def test_the_sync_free_step_reads_nothing_back_and_trains_like_the_plain_step(padded):
+    """--sync_free_step: forward, the label-smoothed loss and backward read no tensor on the host, where the plain
+    step reads the encoder's and the cross-attention's masks (transformers' check for an unpadded batch) and the
+    loss's incoming gradient; the loss and every gradient equal the plain step's (an unpadded batch: the plain
+    step attends without a mask, the lever with one of all ones)."""
+    plain, sync_free = tiny_model(), tiny_model()
+    levers.sync_free_step(sync_free)
+    input_ids, attention_mask, labels = batch(3, 9, 7)
+    if not padded:
+        attention_mask = torch.ones_like(attention_mask)
+    reads = {}
+    for name, model in (("plain", plain), ("sync free", sync_free)):
+        model.train()
+
+        def step(model=model):
+            inputs = inputs_of(model, input_ids, attention_mask, labels)
+            count = (labels != -100).sum()
+            loss = levers.training_loss(model, inputs, labels, count, 0.1, always_scale=model is sync_free)
+            loss.backward()
+            model.loss_ = loss.detach()
+
+        reads[name] = host_reads_of(step)
+    assert reads == {"plain": 3, "sync free": 0}
+    torch.testing.assert_close(sync_free.loss_, plain.loss_, rtol=0 if padded else 1e-6, atol=0 if padded else 1e-6)
+    for (name, p), (_, q) in zip(plain.named_parameters(), sync_free.named_parameters()):
+        torch.testing.assert_close(q.grad, p.grad, msg=name, **({} if padded else {"rtol": 1e-5, "atol": 1e-6}))
+
+
+def test_the_sync_free_step_needs_a_mask_builder_that_can_keep_masks(monkeypatch):
+    """transformers before 5.15 has no allow_is_bidirectional_skip: the lever would silently keep its host reads."""
+    from transformers import masking_utils
+
+    from vanilla_transformer.training import TransformerTrainingArguments
+
+    monkeypatch.setattr(masking_utils, "create_bidirectional_mask", lambda config, inputs_embeds, attention_mask: None)
+    with pytest.raises(ValueError, match=r"^--sync_free_step needs transformers 5.15 or newer"):
+        TransformerTrainingArguments(output_dir="unused", use_cpu=True, sync_free_step=True)
+    with pytest.raises(ValueError, match=r"^--sync_free_step needs transformers 5.15 or newer"):
+        levers.sync_free_step(tiny_model())
+
+
+def test_the_sync_free_step_in_the_trainer_reads_nothing_back_and_gives_the_plain_runs_losses(tmp_path):
+    """`train --sync_free_step true`: the Trainer's loss (compute_loss) and its backward read nothing on the host,
+    and two updates log the losses of the same run without the lever."""
+    from test_train import build, reverse_pairs, write_pairs
+
+    write_pairs(tmp_path, "train", reverse_pairs(60, seed=1))
+    losses = {}
+    for flag in ("false", "true"):
+        flags = ["--max_steps", "2", "--max_tokens", "200", "--logging_steps", "1", "--sync_free_step", flag]
+        trainer = build(tmp_path, tmp_path / f"out-{flag}", *flags).trainer
+        trainer.train()
+        losses[flag] = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    assert losses["true"] == losses["false"] and len(losses["true"]) == 2
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    assert not model.model.encoder.drops_unpadded_masks and not model.model.decoder.drops_unpadded_masks
+    batch = next(iter(trainer.get_train_dataloader()))
+    count = (batch["labels"] != -100).sum()
+    assert host_reads_of(lambda: trainer.compute_loss(model.train(), batch, num_items_in_batch=count).backward()) == 0
+
+
 def test_train_flags_reach_the_model(tmp_path):
     """`train --fuse_projections true` (apply_levers, as the Trainer starts): the trained model's attention
     modules compute fused products in the Trainer's own loss (`compute_loss`, with the config's ``use_cache``

@@ -41,11 +41,14 @@ def tiny():
 def test_an_update_and_a_decoding_step_are_counted_for_ours_and_marian(tiny):
     result = tiny["bfloat16"]
     update = result["update"]
-    for name in ("ours", "ours, --fuse_projections", "marian", "ours, weights in bfloat16"):
+    for name in ("ours", "ours, --fuse_projections", "marian", "ours, weights in bfloat16", "ours, --sync_free_step"):
         phases = update[name]
         assert all(phases[p]["operators"] > 0 for p in ("forward", "loss", "backward", "optimizer")), phases
         parts = sum(phases[p]["operators"] for p in ("forward", "loss", "backward", "optimizer"))
         assert phases["update"]["operators"] == parts
+    # the masks' two reads (transformers' check for an unpadded batch) and the loss's one, none with the lever
+    assert update["ours"]["update"]["host_reads"] == 3
+    assert update["ours, --sync_free_step"]["update"]["host_reads"] == 0
     # one product for the projections of one input: fewer operators forward and backward
     assert update["ours, --fuse_projections"]["forward"]["operators"] < update["ours"]["forward"]["operators"]
     assert update["ours, --fuse_projections"]["backward"]["operators"] < update["ours"]["backward"]["operators"]

@@ -543,10 +543,21 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
 
 class VanillaTransformerStack(VanillaTransformerPreTrainedModel):
     """What encoder and decoder share (§3.1): the embedded input, N identical layers, and for pre-norm
-    a final LayerNorm (pre-norm leaves the residual stream unnormalised)."""
+    a final LayerNorm (pre-norm leaves the residual stream unnormalised).
+
+    ``drops_unpadded_masks`` (cleared by the training lever ``--sync_free_step``, never saved): transformers'
+    mask builder asks whether a batch has any padding (a read of the mask on the host, which waits for the
+    GPU) so that an unpadded batch attends without a mask; cleared, every batch keeps its mask and nothing
+    is read back. The same attention either way."""
 
     layer_class: type[nn.Module]
     inputs: str  # the name of its tokens in the model's forward
+    drops_unpadded_masks = True
+
+    def _bidirectional_mask(self, **kwargs):
+        if not self.drops_unpadded_masks:  # transformers 5.15+ (levers.refusal checks it)
+            kwargs["allow_is_bidirectional_skip"] = False
+        return create_bidirectional_mask(config=self.config, **kwargs)
 
     def __init__(self, config: VanillaTransformerConfig, token_embedding: nn.Embedding, num_layers: int):
         super().__init__(config)
@@ -588,7 +599,7 @@ class VanillaTransformerEncoder(VanillaTransformerStack):
         **kwargs,
     ) -> BaseModelOutput:
         hidden_states = self.embedding(input_ids, inputs_embeds)  # (B, S, d_model)
-        mask = create_bidirectional_mask(config=self.config, inputs_embeds=hidden_states, attention_mask=attention_mask)
+        mask = self._bidirectional_mask(inputs_embeds=hidden_states, attention_mask=attention_mask)
         for layer in self.layers:
             hidden_states = layer(hidden_states, mask, **kwargs)
         return BaseModelOutput(last_hidden_state=self.layer_norm(hidden_states))
@@ -631,8 +642,7 @@ class VanillaTransformerDecoder(VanillaTransformerStack):
         self_attention_mask = create_causal_mask(  # the cache is positional: its keyword's name changed in 5.24
             self.config, hidden_states, attention_mask, cache.self_attention_cache if cache is not None else None
         )
-        cross_attention_mask = create_bidirectional_mask(
-            config=self.config,
+        cross_attention_mask = self._bidirectional_mask(
             inputs_embeds=hidden_states,
             attention_mask=encoder_attention_mask,
             encoder_hidden_states=encoder_hidden_states,

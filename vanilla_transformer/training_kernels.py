@@ -37,6 +37,7 @@ def label_smoothed_cross_entropy(
     labels: torch.Tensor,
     num_items_in_batch: int | torch.Tensor | None = None,
     label_smoothing: float = 0.0,
+    always_scale: bool = False,
 ) -> torch.Tensor:
     """Per-token cross-entropy with label smoothing (§5.4), summed and divided by the number of tokens.
 
@@ -47,7 +48,9 @@ def label_smoothed_cross_entropy(
     whole accumulated batch, over all processes), else by this batch's tokens: every token weighs
     the same however the tokens fall into micro-batches. With ``label_smoothing=0`` it is the
     negative log-likelihood per token, whose exp is the perplexity. Computed by `ChunkedSmoothedCrossEntropy`
-    (under ``torch.compile`` by ``cross_entropy``, which the compiler fuses itself).
+    (under ``torch.compile`` by ``cross_entropy``, which the compiler fuses itself). ``always_scale``: the
+    backward multiplies the gradient by the incoming one even where that is 1 (``loss.backward()``), instead of
+    reading it on the host to skip the multiply (the training lever ``--sync_free_step``).
     """
     labels = labels.to(logits.device)
     count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
@@ -58,7 +61,7 @@ def label_smoothed_cross_entropy(
             logits.float(), labels, ignore_index=-100, reduction="sum", label_smoothing=label_smoothing
         )
         return total / count
-    return ChunkedSmoothedCrossEntropy.apply(logits, labels, label_smoothing, count)
+    return ChunkedSmoothedCrossEntropy.apply(logits, labels, label_smoothing, count, always_scale)
 
 
 class ChunkedSmoothedCrossEntropy(torch.autograd.Function):
@@ -73,7 +76,10 @@ class ChunkedSmoothedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, labels: torch.Tensor, smoothing: float, count) -> torch.Tensor:
+    def forward(
+        ctx, logits: torch.Tensor, labels: torch.Tensor, smoothing: float, count, always_scale: bool = False
+    ) -> torch.Tensor:
+        ctx.always_scale = always_scale
         ignored = labels == -100
         targets = labels.masked_fill(ignored, 0)
         row_weight = (~ignored).float() / count
@@ -101,7 +107,9 @@ class ChunkedSmoothedCrossEntropy(torch.autograd.Function):
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad_total: torch.Tensor):
         (grad,) = ctx.saved_tensors
-        return grad if bool(grad_total == 1) else grad * grad_total, None, None, None  # loss.backward() passes 1
+        if not ctx.always_scale and bool(grad_total == 1):  # loss.backward() passes 1: a host read, no multiply
+            return grad, None, None, None, None
+        return grad * grad_total, None, None, None, None
 
 
 def cache_sized_row_chunks(logits: torch.Tensor) -> list[slice]:

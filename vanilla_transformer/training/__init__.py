@@ -25,7 +25,7 @@ Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
 - `run_lock`: one run per output folder (`RunLock`, `hold_output_dir`); `memory_check`: the largest batches
   tried before the first update (`check_largest_batches_fit`), ``--skip_oom_batches`` (`SkipOutOfMemoryBatches`).
 - `levers`: GPU speed levers of training (``--compile_layers``, ``--fuse_projections``, ``--fused_loss``,
-  ``--cuda_graphs``, ``--fp8``, ``--training_attention``), each off by default.
+  ``--cuda_graphs``, ``--sync_free_step``, ``--fp8``, ``--training_attention``), each off by default.
 - `run`: a whole training run from flags (``vanilla-transformer train``, `main`, which reads top to
   bottom), its steps with plain parameters (`data.load_text_datasets`, `prepare_tokenizer`,
   `prepare_model`, `data.tokenize_pairs`, `set_decoding`, `predict`) and `build_trainer`, `main` up to a

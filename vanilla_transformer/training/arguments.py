@@ -163,6 +163,13 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
             "choices": list(FUSED_LOSSES),
         },
     )
+    sync_free_step: bool = field(
+        default=False,
+        metadata={
+            "help": "a training step that reads nothing back from the GPU: every batch keeps its attention masks, "
+            "the loss's gradient is always scaled (3 host reads an update fewer; not measured)"
+        },
+    )
     fp8: bool = field(
         default=False,
         metadata={"help": "float8 matrix multiplies in the layers, torchao (compute capability 8.9+; not measured)"},

@@ -16,15 +16,21 @@ needs CUDA, by a test marked ``gpu`` (``make test-gpu``).
   fused linear cross-entropy (CUDA only, the ``liger`` extra).
 - `fuse_projections`: the attention projections that read the same input as one matrix product (q, k, v of
   self-attention; k, v of the encoder output): fewer and larger kernels, the same parameters.
+- `sync_free_step`: a training step that reads nothing back from the GPU: every batch keeps its attention
+  masks (transformers' builder reads each mask on the host to drop an unpadded batch's) and the loss's backward
+  multiplies its gradient by the incoming one without asking whether that is 1: three host reads an update
+  fewer, for one multiply over the logits' gradient.
 - `convert_to_fp8`: the big model's linear layers in float8 (torchao's float8 training; Hopper or newer).
 - the attention kernel of training (`attention_backends.prefer_in_training`).
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 
 import torch
+from transformers import masking_utils
 
 from .. import attention_backends
 from ..training_kernels import label_smoothed_cross_entropy
@@ -59,6 +65,16 @@ def refusal(flag: str, device: str | torch.device) -> str | None:
             return f"{flag} needs liger-kernel: {LIGER_INSTALL_HINT}; or use --fused_loss chunked."
         except Exception as error:  # installed but not importable here (a torch or triton it was not built for)
             return f"{flag}: liger-kernel fails to import ({type(error).__name__}: {error}); use --fused_loss chunked."
+    if (
+        flag == "--sync_free_step"
+        and "allow_is_bidirectional_skip" not in inspect.signature(masking_utils.create_bidirectional_mask).parameters
+    ):
+        import transformers
+
+        return (
+            f"{flag} needs transformers 5.15 or newer (its mask builder's allow_is_bidirectional_skip), not "
+            f"{transformers.__version__}; pip install 'transformers>=5.15', or leave it out."
+        )
     if flag == "--fp8":
         if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
             name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
@@ -83,6 +99,8 @@ def requested(args) -> list[str]:
         flags.append("--fused_loss liger")
     if getattr(args, "fp8", False):
         flags.append("--fp8")
+    if getattr(args, "sync_free_step", False):
+        flags.append("--sync_free_step")
     if getattr(args, "training_attention", "default") != "default":
         flags.append("--training_attention")
     return flags
@@ -132,6 +150,8 @@ def apply_levers(model, args) -> None:
         fuse_projections(model)
     if getattr(args, "compile_layers", False):
         compile_layers(model)
+    if getattr(args, "sync_free_step", False):
+        sync_free_step(model)
     if getattr(args, "training_attention", "default") != "default":
         attention_backends.prefer_in_training(args.training_attention)
 
@@ -160,6 +180,27 @@ def fuse_projections(model, fused: bool = True) -> None:
                 )
     for module in attention_modules:
         module.fused_projections = fused
+
+
+# ---------------------------------------------------------------------------------------------
+# A step that reads nothing back from the GPU
+# ---------------------------------------------------------------------------------------------
+
+
+def sync_free_step(model, sync_free: bool = True) -> None:
+    """The encoder and decoder of ``model`` keep every batch's attention masks
+    (`VanillaTransformerStack.drops_unpadded_masks` cleared): transformers' mask builder no longer reads a mask
+    on the host (``padding_mask.all()``, once for the encoder's mask and once for the cross-attention's) to
+    attend without one where a batch has no padding. The loss's side, ``always_scale``, is `training_loss`'s
+    argument. Token batches are almost never unpadded, so the masks are the ones the step used already."""
+    reason = refusal("--sync_free_step", "cpu")
+    if reason:
+        raise ValueError(reason)
+    stacks = [m for m in model.modules() if hasattr(type(m), "drops_unpadded_masks")]
+    if not stacks:
+        raise ValueError(f"--sync_free_step: {type(model).__name__} has no VanillaTransformer encoder or decoder.")
+    for stack in stacks:
+        stack.drops_unpadded_masks = not sync_free
 
 
 # ---------------------------------------------------------------------------------------------
@@ -282,14 +323,16 @@ def training_loss(
     label_smoothing: float,
     fused_loss: str = "none",
     forward=None,
+    always_scale: bool = False,
 ) -> torch.Tensor:
     """The training loss of ``model`` (unwrapped) on ``inputs`` (input_ids, attention_mask,
     decoder_input_ids): with ``fused_loss`` "none" the model's logits and `label_smoothed_cross_entropy`,
     else the decoder's last hidden states and the chunked or liger loss with the pre-softmax weight.
-    ``forward``: a compiled stand-in for ``model`` ("none") or ``model.model`` (the others)."""
+    ``forward``: a compiled stand-in for ``model`` ("none") or ``model.model`` (the others). ``always_scale``:
+    `label_smoothed_cross_entropy`'s (--sync_free_step; the fused losses always scale)."""
     if fused_loss == "none":
         logits = (model if forward is None else forward)(**inputs, use_cache=False).logits
-        return label_smoothed_cross_entropy(logits, labels, num_items_in_batch, label_smoothing)
+        return label_smoothed_cross_entropy(logits, labels, num_items_in_batch, label_smoothing, always_scale)
     hidden = (model.model if forward is None else forward)(**inputs, use_cache=False).last_hidden_state
     loss = chunked_linear_cross_entropy if fused_loss == "chunked" else liger_linear_cross_entropy
     return loss(hidden, model.lm_head.weight, labels, num_items_in_batch, label_smoothing)
@@ -342,5 +385,6 @@ __all__ = [
     "liger_linear_cross_entropy",
     "refusal",
     "requested",
+    "sync_free_step",
     "training_loss",
 ]

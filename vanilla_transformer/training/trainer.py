@@ -524,6 +524,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
                     num_items_in_batch,
                     self.args.label_smoothing_factor,
                     self.args.fused_loss,
+                    always_scale=self.args.sync_free_step,
                 )
             loss = self._across_processes(loss, num_items_in_batch)
             return (loss, None) if return_outputs else loss
@@ -533,7 +534,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             return (loss, outputs) if return_outputs else loss
         self.target_tokens.add(labels)
         loss = label_smoothed_cross_entropy(
-            outputs.logits, labels, num_items_in_batch, self.args.label_smoothing_factor
+            outputs.logits, labels, num_items_in_batch, self.args.label_smoothing_factor, self.args.sync_free_step
         )
         loss = self._across_processes(loss, num_items_in_batch)
         return (loss, outputs) if return_outputs else loss
