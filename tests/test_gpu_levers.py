@@ -128,6 +128,39 @@ def test_fused_projections_train_like_the_plain_step():
         assert_same_training(loss_and_grads(fused, batch), loss_and_grads(plain, batch))
 
 
+def test_the_sync_free_step_makes_no_synchronisation():
+    """--sync_free_step on CUDA under ``torch.cuda.set_sync_debug_mode("error")``: forward, loss and backward wait
+    for the GPU nowhere (the CPU test counts Tensor reads; this sees every synchronisation, nonzero and copies to
+    the host included), where the plain step does (so the check is on); the same training as the plain step."""
+    plain, sync_free = model_of(), model_of()
+    levers.sync_free_step(sync_free)
+    input_ids, attention_mask, labels = batch_of(8, 16, 16)
+    count = (labels != -100).sum()  # the Trainer's token count, made before the step
+
+    def step(model, always_scale: bool):
+        inputs = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "decoder_input_ids": model.prepare_decoder_input_ids_from_labels(labels),
+        }
+        model.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = levers.training_loss(model, inputs, labels, count, 0.1, always_scale=always_scale)
+        loss.backward()
+        return loss.detach().float(), {name: p.grad.detach().float().clone() for name, p in model.named_parameters()}
+
+    step(sync_free, True), step(plain, False)  # the first calls' lazy set-up (cuBLAS handles) may synchronise
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        trained = step(sync_free, True)
+        with pytest.raises(RuntimeError, match="synchroniz"):
+            step(plain, False)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert_same_training(trained, step(plain, False))
+
+
 def compiled_without_cudagraph_skips() -> None:
     """Something was compiled, and inductor skipped CUDA graphs nowhere (it falls back to plain kernels, with a
     warning, for mutated inputs, CPU tensors and the like: the lever would then do nothing)."""
