@@ -274,9 +274,17 @@ def test_new_model_flags_with_a_checkpoint_and_tokenizer_flags_with_a_tokenizer_
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU may take --bf16 itself")
 def test_bf16_without_a_gpu_names_the_flag_that_trains_in_bfloat16_on_the_cpu():
     """transformers says "Your setup doesn't support bf16/gpu. You need to assign use_cpu": the flags by our names."""
-    with pytest.raises(ValueError, match=r"^--bf16 true: no GPU with bfloat16 here; add --use_cpu true"):
-        train.parse_arguments([a for a in train_argv("--bf16", "true") if a != "--use_cpu"])
+    no_cpu_flag = [a for a in train_argv() if a != "--use_cpu"]
+    with pytest.raises(ValueError, match=r"^--bf16 true: no GPU with bfloat16 here; add --use_cpu true.* leave --bf16"):
+        train.parse_arguments([*no_cpu_flag, "--bf16", "true"])
+    with pytest.raises(ValueError, match=r"^--bf16_full_eval true: .* leave --bf16_full_eval out"):
+        train.parse_arguments([*no_cpu_flag, "--bf16_full_eval", "true"])
+    with pytest.raises(ValueError, match=r"give --bf16 false \(the recipe sets bf16: true\)"):
+        train.parse_arguments(["wmt14-en-de-base", "--output_dir", "/nonexistent/out"])
     assert train.parse_arguments(train_argv("--bf16", "true"))[2].bf16  # with --use_cpu: bfloat16 on the CPU
+    # --tokenizer_only trains nothing in any precision: the recipe's bf16 does not stop it on a CPU-only machine
+    only = train.parse_arguments(["wmt14-en-de-base", "--output_dir", "/nonexistent/out", "--tokenizer_only", "true"])
+    assert only[0].tokenizer_only and not only[2].bf16 and only[1].dataset_name.endswith("wmt14")
 
 
 def write(path: Path, text: str | bytes) -> str:

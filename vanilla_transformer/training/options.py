@@ -354,6 +354,7 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
     """
     parser = build_parser(prog)
     argv = list(sys.argv[1:] if argv is None else argv)
+    as_given = list(argv)
     known = {action.dest for action in parser._actions}
     given = {token[2:].split("=", 1)[0].replace("-", "_") for token in argv if token.startswith("--")}
     on_command_line = set(given)  # a recipe file may set model flags that a fine-tuning command does not need
@@ -374,12 +375,12 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
     try:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     except ValueError as error:
-        if "doesn't support bf16/gpu" in str(error):  # transformers' words for --bf16 without a bfloat16 GPU
-            raise ValueError(
-                "--bf16 true: no GPU with bfloat16 here; add --use_cpu true to train in bfloat16 on the CPU "
-                "(autocast), or leave --bf16 out to train in float32."
-            ) from None
-        raise
+        if "doesn't support bf16/gpu" not in str(error):  # transformers' words for bf16 without a bfloat16 GPU
+            raise
+        flags, _ = parser.parse_known_args(argv)
+        if flags.tokenizer_only:  # nothing is trained in any precision: the recipe's bf16 (wmt14) does not apply
+            return parse_arguments([*as_given, "--bf16", "false", "--bf16_full_eval", "false"], prog)
+        raise ValueError(_no_bfloat16_message(flags, set(recipe) - on_command_line)) from None
     _drop_hub_dataset_named_none(data_args)
     _warn_ignored_flags(model_args, on_command_line, set(recipe) - on_command_line)
     if recipe.get("config_overrides"):
@@ -393,6 +394,21 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
     if model_args.model_name_or_path and "warmup_steps" not in given:
         training_args.warmup_steps = FINE_TUNING_WARMUP_RATIO
     return model_args, data_args, training_args
+
+
+def _no_bfloat16_message(flags: argparse.Namespace, from_recipe: set) -> str:
+    """transformers' "Your setup doesn't support bf16/gpu", in the command's flags: which flag asked for bfloat16
+    (--bf16, --bf16_full_eval; the recipe's or the command line's), and what to give instead."""
+    name = "bf16" if flags.bf16 else "bf16_full_eval"
+    off = f"give --{name} false (the recipe sets {name}: true)" if name in from_recipe else f"leave --{name} out"
+    if torch.cuda.is_available():  # a GPU before Ampere (V100, T4): float16 instead
+        return (
+            f"--{name} true: this GPU has no bfloat16 (it needs compute capability 8.0+); give --fp16 true, or {off}."
+        )
+    return (
+        f"--{name} true: no GPU with bfloat16 here; add --use_cpu true for bfloat16 on the CPU (autocast), or {off} "
+        "for float32."
+    )
 
 
 def _recipe_overrides(from_recipe, model_args: ModelArguments, on_command_line: set):
@@ -512,11 +528,15 @@ def _warn_ignored_flags(model_args: ModelArguments, given: set, from_recipe: set
     ignored = (MODEL_FLAGS if loaded else set()) | (
         TOKENIZER_FLAGS if model_args.tokenizer_name_or_path or loaded else set()
     )
-    why = (
-        f"--model_name_or_path {loaded} is loaded with its own architecture and tokenizer"
-        if loaded
-        else f"the tokenizer is loaded from --tokenizer_name_or_path {model_args.tokenizer_name_or_path}, not trained"
-    )
+    tokenizer = model_args.tokenizer_name_or_path
+    if loaded and tokenizer:
+        why = (
+            f"--model_name_or_path {loaded} brings its architecture, --tokenizer_name_or_path {tokenizer} the tokenizer"
+        )
+    elif loaded:
+        why = f"--model_name_or_path {loaded} is loaded with its own architecture and tokenizer"
+    else:
+        why = f"the tokenizer is loaded from --tokenizer_name_or_path {tokenizer}, not trained"
     if names := sorted(given & ignored - {"config_overrides"}):  # the command line's is refused (a checkpoint's)
         logger.warning(f"{', '.join('--' + name for name in names)} ignored: {why}")
     if names := sorted(from_recipe & ignored):
