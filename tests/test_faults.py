@@ -500,6 +500,12 @@ def test_a_requeued_finished_run_keeps_the_train_metrics_of_the_training_it_foun
     again = json.loads((output / "all_results.json").read_text())
     assert {key: again.get(key) for key in trained} == trained
     assert json.loads((output / "trainer_state.json").read_text())["log_history"] == state["log_history"]
+    # a damaged trainer_state.json, or another run's that ended at the same update: its metrics are not taken
+    other = {**state, "log_history": [{**state["log_history"][0], "loss": 99.0}, *state["log_history"][1:]]}
+    for text in ("null", "[]", '{"log_history": null}', "{not json", json.dumps(other)):
+        (output / "trainer_state.json").write_text(text)
+        train.main(argv)
+        assert "train_runtime" not in json.loads((output / "all_results.json").read_text()), text
 
 
 @pytest.mark.parametrize("restore", [(), ("--restore_callback_states_from_checkpoint", "true")])

@@ -337,6 +337,9 @@ def test_tokenizer_only_is_refused_where_it_would_train_nothing_or_in_several_pr
     loaded = tiny_args(data_dir, tmp_path / "a", "--tokenizer_only", "true", "--tokenizer_name_or_path", str(tmp_path))
     with pytest.raises(ValueError, match=r"^--tokenizer_only trains a tokenizer, and --tokenizer_name_or_path"):
         train.save_tokenizer_only(*train.parse_arguments(loaded))
+    resumed = tiny_args(data_dir, tmp_path / "r", "--tokenizer_only", "true", "--resume_from_checkpoint", "last")
+    with pytest.raises(ValueError, match=r"^--tokenizer_only trains a new tokenizer; --resume_from_checkpoint last"):
+        train.save_tokenizer_only(*train.parse_arguments(resumed))
     model_args, data_args, training_args = train.parse_arguments(tiny_args(data_dir, tmp_path / "b"))
     monkeypatch.setattr(type(training_args), "world_size", property(lambda self: 4))
     with pytest.raises(ValueError, match=r"^--tokenizer_only runs as one process, not 4"):

@@ -458,6 +458,12 @@ def save_tokenizer_only(model_args, data_args, training_args) -> Path:
     if loaded:
         flag = "--tokenizer_name_or_path" if model_args.tokenizer_name_or_path else "--model_name_or_path"
         raise ValueError(f"--tokenizer_only trains a tokenizer, and {flag} {loaded} gives one: leave one out.")
+    if training_args.resume_from_checkpoint:
+        raise ValueError(
+            f"--tokenizer_only trains a new tokenizer; --resume_from_checkpoint {training_args.resume_from_checkpoint} "
+            "continues a run with the tokenizer it was trained with (its checkpoint's, or <output_dir>/tokenizer): "
+            "leave one out."
+        )
     if training_args.world_size > 1:
         raise ValueError(
             f"--tokenizer_only runs as one process, not {training_args.world_size}: run it with "
@@ -697,10 +703,7 @@ def local_training_data(data_args, train_dataset) -> str | None:
     if not names:
         return None
     words = f"local file{'s' if len(names) > 1 else ''} {' and '.join(f'`{name}`' for name in names)}"
-    try:
-        return f"{words} ({len(train_dataset):,} pairs)"
-    except TypeError:  # a streamed set has no length
-        return words
+    return f"{words} ({len(train_dataset):,} pairs)"
 
 
 def best_and_scoring_lines(trainer, scored: bool) -> dict:

@@ -458,15 +458,21 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
     def _end_of_training_entry(self, global_step: int) -> dict | None:
         """The Trainer's end-of-training log entry (``train_runtime``, ``train_loss``, throughput...) for the training
         that ended at ``global_step``, from the trainer_state.json that run saved in --output_dir (the checkpoints
-        are saved before it exists), or None where that run did not get so far."""
+        are saved before it exists): only where that file's log begins with the finished checkpoint's (so it is
+        the same run's), else None (that run did not get so far, or the file is another's or damaged)."""
         path = Path(self.args.output_dir) / TRAINER_STATE_NAME
-        if not path.is_file():
-            return None
         try:
-            history = json.loads(path.read_text(encoding="utf-8")).get("log_history", [])
-        except (OSError, ValueError):
+            history = json.loads(path.read_text(encoding="utf-8")).get("log_history")
+        except (OSError, ValueError, AttributeError):  # absent, unreadable, not JSON, not an object
             return None
-        ends = [entry for entry in history if "train_runtime" in entry and entry.get("step") == global_step]
+        logged = self.state.log_history  # the finished checkpoint's, loaded from its trainer_state.json
+        if not isinstance(history, list) or history[: len(logged)] != logged:
+            return None
+        ends = [
+            entry
+            for entry in history[len(logged) :]
+            if isinstance(entry, dict) and "train_runtime" in entry and entry.get("step") == global_step
+        ]
         return dict(ends[-1]) if ends else None
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
