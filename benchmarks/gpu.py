@@ -1850,6 +1850,7 @@ def markdown_table(results: list[dict]) -> str:
             lines.append(
                 f"| levers {r['preset']} ({r['batches']} batches, {r['distinct_shapes']} shapes, two passes"
                 f"{'' if r.get('compile_backend', 'inductor') == 'inductor' else ', compiled by ' + r['compile_backend']}"
+                f"{'' if r.get('compile_backend', 'inductor') == 'inductor' else ' (CUDA graphs: inductor)'}"
                 ") | see below | | |"
             )
             lever_tables.append(r)

@@ -514,7 +514,10 @@ def test_levers_run_end_to_end_on_the_cpu(tmp_path):
         assert counted["unique_graphs"] > 0 and counted["graph_break"] == 0, counted
     table = output.with_suffix(".md").read_text()
     assert "| lever | first pass tok/s | steady tok/s | warm-up s |" in table and "| plain |" in table
-    assert levers["compile_backend"] == "aot_eager" and "two passes, compiled by aot_eager) |" in table
+    assert (
+        levers["compile_backend"] == "aot_eager"
+        and "two passes, compiled by aot_eager (CUDA graphs: inductor)) |" in table
+    )
     # each measured (or failed) row was also written as it came, for a run killed before the job ends
     written = [json.loads(line) for line in output.with_suffix(".rows.jsonl").read_text().splitlines()]
     measured = [row for row in levers["rows"] if "skipped" not in row or "seconds" in row]

@@ -450,6 +450,13 @@ def test_a_recipes_model_and_tokenizer_keys_unused_by_a_fine_tune_are_named(tmp_
     ]
     assert model_args.config_overrides == recipe["config_overrides"]
     caplog.clear()
+    with caplog.at_level(logging.WARNING):  # both loaded: each named for what it brings
+        parse_arguments(["multi30k", "--model_name_or_path", "ck", "--tokenizer_name_or_path", "tok", *output])
+    assert [r.getMessage() for r in caplog.records if "ignored" in r.getMessage()] == [
+        f"the recipe's {', '.join(unused)} ignored: --model_name_or_path ck brings its architecture, "
+        "--tokenizer_name_or_path tok the tokenizer"
+    ]
+    caplog.clear()
     with caplog.at_level(logging.WARNING):  # a new model and tokenizer: every key is used
         parse_arguments(["multi30k", *output])
     assert "ignored" not in caplog.text

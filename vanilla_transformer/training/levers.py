@@ -329,7 +329,8 @@ def training_loss(
     decoder_input_ids): with ``fused_loss`` "none" the model's logits and `label_smoothed_cross_entropy`,
     else the decoder's last hidden states and the chunked or liger loss with the pre-softmax weight.
     ``forward``: a compiled stand-in for ``model`` ("none") or ``model.model`` (the others). ``always_scale``:
-    `label_smoothed_cross_entropy`'s (--sync_free_step; the fused losses always scale)."""
+    `label_smoothed_cross_entropy`'s (--sync_free_step; the chunked loss always scales, liger-kernel's backward
+    reads its incoming gradient on the host whatever this says)."""
     if fused_loss == "none":
         logits = (model if forward is None else forward)(**inputs, use_cache=False).logits
         return label_smoothed_cross_entropy(logits, labels, num_items_in_batch, label_smoothing, always_scale)
