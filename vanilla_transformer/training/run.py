@@ -196,11 +196,7 @@ def build_trainer(model_args, data_args, training_args) -> Run:
         flag="--tokenizer_name_or_path" if model_args.tokenizer_name_or_path else "--model_name_or_path",
         checkpoint=resume,
         output_dir=training_args.output_dir,
-        vocab_size=model_args.tokenizer_vocab_size,
-        min_frequency=model_args.tokenizer_min_frequency,
-        train_pairs=model_args.tokenizer_train_pairs,
-        seed=training_args.seed,
-        cache_dir=data_args.cache_dir,
+        **new_tokenizer_settings(model_args, data_args, training_args),
         main_process_first=training_args.main_process_first,
         process_index=training_args.process_index,
     )
@@ -293,6 +289,18 @@ def log_the_run(trainer, train_dataset) -> None:
 # ---------------------------------------------------------------------------------------------
 # The steps, with plain parameters
 # ---------------------------------------------------------------------------------------------
+
+
+def new_tokenizer_settings(model_args, data_args, training_args) -> dict:
+    """`prepare_tokenizer`'s arguments for a tokenizer trained on the data, from a run's flags: its size, the
+    sample it is trained on and where it is kept (one mapping for `build_trainer`, --tokenizer_only, table3)."""
+    return {
+        "vocab_size": model_args.tokenizer_vocab_size,
+        "min_frequency": model_args.tokenizer_min_frequency,
+        "train_pairs": model_args.tokenizer_train_pairs,
+        "seed": training_args.seed,
+        "cache_dir": data_args.cache_dir,
+    }
 
 
 def prepare_tokenizer(
@@ -476,11 +484,7 @@ def save_tokenizer_only(model_args, data_args, training_args) -> Path:
     tokenizer = prepare_tokenizer(
         text["train"],
         output_dir=training_args.output_dir,
-        vocab_size=model_args.tokenizer_vocab_size,
-        min_frequency=model_args.tokenizer_min_frequency,
-        train_pairs=model_args.tokenizer_train_pairs,
-        seed=training_args.seed,
-        cache_dir=data_args.cache_dir,
+        **new_tokenizer_settings(model_args, data_args, training_args),
     )
     folder = Path(training_args.output_dir) / "tokenizer"
     logger.info(

@@ -361,12 +361,7 @@ def shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir: Path
     if not model_args.tokenizer_name_or_path and not (folder / "tokenizer.json").is_file():
         text = run.load_text_datasets(data_args, training_args.seed)
         tokenizer = run.prepare_tokenizer(
-            text["train"],
-            vocab_size=model_args.tokenizer_vocab_size,
-            min_frequency=model_args.tokenizer_min_frequency,
-            train_pairs=model_args.tokenizer_train_pairs,
-            seed=training_args.seed,
-            cache_dir=data_args.cache_dir,
+            text["train"], **run.new_tokenizer_settings(model_args, data_args, training_args)
         )
         partial = folder.with_name("tokenizer.partial")
         tokenizer.save_pretrained(partial)
