@@ -262,6 +262,32 @@ def test_a_field_of_one_value_or_a_list_takes_a_files_list(tmp_path):
     assert run.parse_arguments([str(config)])[2].report_to == ["tensorboard"]
 
 
+@pytest.mark.parametrize(
+    ("file", "command_line", "message"),
+    [
+        ("report_to: [none, tensorboard]", [], r"^'.*run.yaml': report_to: 'none' stands alone, not in a list with "),
+        ("report_to: [tensorboard, all]", [], r"^'.*run.yaml': report_to: 'all' stands alone"),
+        ("report_to: [tensorbaord]", [], r"^'.*run.yaml': report_to: 'tensorbaord' is not .*did you mean tensorb"),
+        ("", ["--report_to", "wandbb"], r"^--report_to: 'wandbb' is not an integration .*did you mean wandb\?"),
+        ("report_to: [none]", ["--report_to", "tensorbaord"], r"^--report_to: 'tensorbaord' is not an integ"),
+    ],
+)
+def test_report_to_is_checked_before_any_data_is_read(tmp_path, file, command_line, message):
+    """transformers checks --report_to's names when the Trainer is built, after the tokenizer is trained and the
+    data tokenized (hours into WMT14), and reads ``[none, tensorboard]`` as an integration named "none": both
+    refused at once, naming the file or the flag. The reference: transformers' own error for the same value."""
+    import yaml
+    from transformers.integrations import get_reporting_integration_callbacks
+
+    config = tmp_path / "run.yaml"
+    config.write_text(f"output_dir: out\n{file}\n")
+    with pytest.raises(ValueError, match=message):
+        run.parse_arguments([str(config), *command_line])
+    value = command_line[-1:] or yaml.safe_load(file)["report_to"]  # the value the run would have used
+    with pytest.raises(ValueError, match="is not supported"):
+        get_reporting_integration_callbacks(value)
+
+
 def test_equals_sign_flags_are_recognised_too(tmp_path):
     with pytest.raises(ValueError, match="--num_beams .* is a run_translation.py flag"):
         run.parse_arguments(["--num_beams=4", "--output_dir", str(tmp_path)])
@@ -460,6 +486,24 @@ def test_a_recipes_model_and_tokenizer_keys_unused_by_a_fine_tune_are_named(tmp_
     with caplog.at_level(logging.WARNING):  # a new model and tokenizer: every key is used
         parse_arguments(["multi30k", *output])
     assert "ignored" not in caplog.text
+
+
+def test_unused_recipe_keys_are_named_once_in_a_run_of_several_processes(tmp_path, caplog, monkeypatch):
+    """Every process of a multi-machine run parses the flags; the line naming the unused keys comes from the one
+    that logs (transformers' ``should_log``: process 0, or each machine's first with --log_on_each_node), not
+    from all 16 of two 8-GPU machines."""
+    from vanilla_transformer.training.arguments import TransformerTrainingArguments
+    from vanilla_transformer.training.options import parse_arguments
+
+    argv = ["multi30k", "--tokenizer_name_or_path", str(tmp_path / "tok"), "--output_dir", str(tmp_path)]
+    monkeypatch.setattr(TransformerTrainingArguments, "process_index", property(lambda self: 3))
+    with caplog.at_level(logging.WARNING):
+        parse_arguments([*argv, "--log_on_each_node", "false"])
+    assert "ignored" not in caplog.text
+    monkeypatch.setattr(TransformerTrainingArguments, "process_index", property(lambda self: 0))
+    with caplog.at_level(logging.WARNING):
+        parse_arguments([*argv, "--log_on_each_node", "false"])
+    assert "the recipe's tokenizer_vocab_size ignored" in caplog.text
 
 
 def test_ctrl_c_before_training_starts_exits_130_and_says_nothing_was_saved(tmp_path, monkeypatch, caplog):

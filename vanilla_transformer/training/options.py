@@ -28,6 +28,7 @@ from pathlib import Path
 import torch
 from huggingface_hub.errors import StrictDataclassError
 from transformers import HfArgumentParser
+from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .. import PRESETS, VanillaTransformerConfig
@@ -382,7 +383,11 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
             return parse_arguments([*as_given, "--bf16", "false", "--bf16_full_eval", "false"], prog)
         raise ValueError(_no_bfloat16_message(flags, set(recipe) - on_command_line)) from None
     _drop_hub_dataset_named_none(data_args)
-    _warn_ignored_flags(model_args, on_command_line, set(recipe) - on_command_line)
+    _refuse_unknown_integrations(
+        training_args.report_to, f"{str(path)!r}: report_to" if "report_to" in set(recipe) - on_command_line else None
+    )
+    if training_args.should_log:  # once, not in every process of a run of several
+        _warn_ignored_flags(model_args, on_command_line, set(recipe) - on_command_line)
     if recipe.get("config_overrides"):
         model_args.config_overrides = _recipe_overrides(recipe["config_overrides"], model_args, on_command_line)
     if not given & {"do_train", "do_eval", "do_predict"}:
@@ -458,6 +463,29 @@ def _typed_file_values(parser: argparse.ArgumentParser, values: dict, path: Path
                 raise ValueError(f"{str(path)!r}: {name}: {item!r} is not one of {choices}.{hint}")
         typed[name] = converted if several else converted[0]
     return typed
+
+
+def _refuse_unknown_integrations(report_to: list[str], where: str | None) -> None:
+    """--report_to's names, checked before any data is read: transformers checks them when the Trainer is built,
+    after the tokenizer is trained and the data tokenized. ``none`` and ``all`` stand alone (transformers reads
+    ``[none, tensorboard]`` as an integration named none); ``where`` names the argument file that gave them."""
+    known = set(INTEGRATION_TO_CALLBACK)
+    where = where or "--report_to"
+    alone = {"none", "all"} & set(report_to)
+    if alone and len(report_to) > 1:
+        word = alone.pop()
+        raise ValueError(
+            f"{where}: {word!r} stands alone, not in a list with {[name for name in report_to if name != word]}; "
+            f"give {word} or the integrations."
+        )
+    for name in report_to:
+        if name not in known:
+            close = difflib.get_close_matches(name, sorted(known), n=1)
+            raise ValueError(
+                f"{where}: {name!r} is not an integration transformers reports to"
+                f"{f' (did you mean {close[0]}?)' if close else ''}; give none, all, or any of "
+                f"{', '.join(sorted(known))}."
+            )
 
 
 def _one_value_or_a_list() -> set[str]:
