@@ -118,6 +118,35 @@ def test_schedule_equals_the_papers_formula(data_dir, tmp_path, scale):
     assert max(rates) == pytest.approx(scale * d_model**-0.5 * warmup**-0.5) == rates[warmup - 1]  # the peak
 
 
+def test_the_run_logs_its_schedule_only_where_it_trains(data_dir, tmp_path, caplog):
+    """The log's first lines say what the run does: the learning-rate schedule (eq. 3) and the pairs where it
+    trains; an evaluation alone names no schedule it never follows."""
+    flags = ["--warmup_steps", "50", "--learning_rate", "0.002"]
+    trained = build(data_dir, tmp_path / "train", *flags)
+    with caplog.at_level(logging.INFO, logger="vanilla_transformer.train"):
+        train.log_the_run(trained.trainer, trained.datasets["train"])
+    assert "schedule: " in caplog.text and "peak learning rate 0.002 after 50 warm-up updates" in caplog.text
+    assert "1500 training pairs" in caplog.text
+    caplog.clear()
+    trained.trainer.save_model(str(tmp_path / "model"))
+    valid = ["--validation_source_file", str(data_dir / "valid.src"), "--validation_target_file"]
+    evaluated = build(
+        data_dir,
+        tmp_path / "eval",
+        *valid,
+        str(data_dir / "valid.tgt"),
+        "--do_eval",
+        "true",
+        "--model_name_or_path",
+        str(tmp_path / "model"),
+    )
+    assert evaluated.datasets["train"] is None
+    with caplog.at_level(logging.INFO, logger="vanilla_transformer.train"):
+        train.log_the_run(evaluated.trainer, evaluated.datasets["train"])
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("model: ")]
+    assert lines == [f"model: {evaluated.trainer.model.num_parameters():,} parameters; no training"]
+
+
 def test_cooldown_decays_the_papers_rate_linearly_to_zero_over_the_last_minutes(data_dir, tmp_path, monkeypatch):
     """--cooldown_minutes 2 of a 6-minute budget, on a fake clock where every update takes 30 s: eq. (3)
     until minute 4, then eq. (3) times the share of the 2 minutes left, 0 at the end."""

@@ -276,13 +276,15 @@ def warmup_words(warmup_steps: float) -> str:
 
 
 def log_the_run(trainer, train_dataset) -> None:
-    """Who runs what: the process, the model's size, the learning-rate schedule, the training pairs."""
+    """Who runs what: the process, the model's size; where it trains, the learning-rate schedule and the pairs."""
     args, model = trainer.args, trainer.accelerator.unwrap_model(trainer.model)
     logger.info(f"process {args.process_index} of {args.world_size}")
+    if train_dataset is None:  # an evaluation or a prediction alone follows no schedule
+        logger.info(f"model: {model.num_parameters():,} parameters; no training")
+        return
     logger.info(
         f"model: {model.num_parameters():,} parameters; schedule: {schedule_name(args)}, peak learning rate "
-        f"{args.learning_rate:.3g} after {warmup_words(args.warmup_steps)}"
-        + ("" if train_dataset is None else f"; {len(train_dataset)} training pairs")
+        f"{args.learning_rate:.3g} after {warmup_words(args.warmup_steps)}; {len(train_dataset)} training pairs"
     )
 
 
