@@ -120,8 +120,8 @@ def resume_to_the_end(data_dir: Path, output: Path) -> str:
     return err
 
 
-def stopped_at(err: str) -> int:
-    return int(err.split("Training stopped by SIGTERM at step ")[1].split()[0])
+def stopped_at(err: str, by: str = "SIGTERM") -> int:
+    return int(err.split(f"Training stopped by {by} at step ")[1].split()[0])
 
 
 def test_sigterm_saves_within_the_budget_exits_143_and_resume_gives_the_uninterrupted_model(data_dir, uninterrupted):
@@ -174,6 +174,20 @@ def test_sigterm_to_every_process_of_the_job_data_loader_workers_too_still_saves
     assert code == 128 + signal.SIGTERM, err[-3000:]
     assert "Traceback" not in err
     check_resumable(output / f"checkpoint-{stopped_at(err)}")
+
+
+def test_ctrl_c_in_a_terminal_with_data_loader_workers_is_handled_once(data_dir, tmp_path):
+    """A terminal's Ctrl-C reaches its whole foreground process group, the data loader's workers too; they
+    inherited the run's handler and each said "SIGINT received" as if it would save. The main process alone
+    saves and says so, once."""
+    output = tmp_path / "ctrl-c"
+    process = start(data_dir, output, "--dataloader_num_workers", "2", pause=0.3, own_process_group=True)
+    wait_for_updates(process, 2)
+    os.killpg(process.pid, signal.SIGINT)
+    code, _, err = finish(process)
+    assert code == 128 + signal.SIGINT, err[-3000:]
+    assert "Traceback" not in err and err.count("SIGINT received") == 1, err[-3000:]
+    check_resumable(output / f"checkpoint-{stopped_at(err, 'SIGINT')}")
 
 
 class SignalAt(train.TrainerCallback):

@@ -579,12 +579,16 @@ class StopOnSignal(TrainerCallback):
 
 
 def start_worker(worker_id: int, num_workers: int, rank: int) -> None:
-    """A data loader worker's start (``worker_init_fn``): the Trainer's seeding, and SIGTERM left to the main process.
+    """A data loader worker's start (``worker_init_fn``): the Trainer's seeding, and the stopping signals left to
+    the main process.
 
     SLURM signals every process of a job step, the loader's workers too. torch's worker handler dies of a
     SIGTERM that its parent did not send, and the main process then raises "DataLoader worker ... is killed
-    by signal" in the middle of the update, before any checkpoint. Ignored here, the signal reaches the main
-    process alone, which saves, stops and shuts its workers down as at the end of any run.
+    by signal" in the middle of the update, before any checkpoint. A terminal's Ctrl-C reaches every process
+    of its group as well, and a worker forked while `StopOnSignal` was installed would say it saves. Ignored
+    here, each signal reaches the main process alone, which saves, stops and shuts its workers down as at the
+    end of any run (a worker whose parent has gone exits by itself).
     """
     seed_worker(worker_id, num_workers=num_workers, rank=rank)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for number in StopOnSignal.SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
