@@ -468,6 +468,7 @@ LEVERS = {
     "compile_layers": dict(compile="layers", flags=["--compile_layers"]),
     "fuse_projections": dict(fuse=True, flags=["--fuse_projections"]),
     "sync_free_step": dict(sync_free=True, flags=["--sync_free_step"]),
+    "bf16_weights": dict(bf16_weights=True, flags=["--bf16_weights"]),
     "cuda_graphs": dict(compile="cuda_graphs", flags=["--cuda_graphs"], presets=("multi30k", "tiny")),
     "fused_loss chunked": dict(loss="chunked", flags=["--fused_loss chunked"]),
     "compile_layers + fused_loss chunked": dict(
@@ -497,7 +498,8 @@ LEVER_GRACE_SECONDS = 10  # a lever row stops this long before the budget ends, 
 
 class LeverTrainee(Trainee):
     """A Trainee whose step takes a lever: compiled layers or model, CUDA graphs, fused projections, a fused loss,
-    float8 linears, the attention kernel of training; the same loss as train.py's (`levers.training_loss`)."""
+    float8 linears, the attention kernel of training, bfloat16 weights with float32 masters (no autocast); the
+    same loss as train.py's (`levers.training_loss`)."""
 
     def __init__(
         self,
@@ -509,12 +511,16 @@ class LeverTrainee(Trainee):
         attention: str = "default",
         fuse: bool = False,
         sync_free: bool = False,
+        bf16_weights: bool = False,
         flags=(),
     ):
         from vanilla_transformer.training import levers
 
         self.levers, self.loss_kind, self.attention, self.compile = levers, loss, attention, compile
         model = model.to(args.device)
+        self.bf16_weights = bf16_weights
+        if bf16_weights:  # the weights in bfloat16, no autocast; the optimizer's float32 masters below
+            levers.bfloat16_weights(model)
         if fp8:
             levers.convert_to_fp8(model)
         if fuse:
@@ -523,6 +529,8 @@ class LeverTrainee(Trainee):
             levers.sync_free_step(model)
         self.sync_free = sync_free
         super().__init__(model, "eager", args)
+        if bf16_weights:
+            levers.keep_float32_masters(self.optimizer)
         target = self.model if loss == "none" else self.model.model
         self.forward = None
         if compile == "layers":
@@ -563,7 +571,7 @@ class LeverTrainee(Trainee):
         with torch.autocast(
             device_type=self.args.device.split(":")[0],
             dtype=DTYPES[self.args.dtype],
-            enabled=self.args.dtype != "float32",
+            enabled=self.args.dtype != "float32" and not self.bf16_weights,
         ):
             return self.levers.training_loss(
                 self.model,

@@ -15,10 +15,9 @@ one piece on a GPU. Both are counted as a GPU runs them, for ours and Marian ali
 
 Training update, as ``train --bf16`` takes it: forward under bfloat16 autocast, the package's label-smoothed loss,
 backward, fused AdamW. Operators per phase, dtype conversions (``aten._to_copy``: autocast's casts of weights,
-activations and gradients, and the masks' conversions to bool) counted apart, for ours; ours with its weights in
-bfloat16 and no autocast (what a lever keeping the weights in bfloat16 beside float32 masters would launch, less
-the masters' few multi-tensor copies: not built, no GPU has measured launches against it);
-ours with ``--fuse_projections``, ours with ``--sync_free_step`` (no host read) and a MarianMTModel of the
+activations and gradients, and the masks' conversions to bool) counted apart, for ours; ours with
+``--bf16_weights`` (the weights in bfloat16, no autocast, float32 masters in the optimizer: two multi-tensor copies
+an update); ours with ``--fuse_projections``, ours with ``--sync_free_step`` (no host read) and a MarianMTModel of the
 same shape (`gpu.marian_of`), on one batch of ``--rows`` sentences of ``--source`` and ``--target`` tokens (the
 Multi30k recipe's batch: about 70 sentences of 13-15 tokens), the last source positions of every third sentence
 padded.
@@ -171,9 +170,10 @@ def training_batch(args, device) -> dict:
 
 def count_update(model, batch: dict, args, autocast: bool = True, sync_free: bool = False) -> dict:
     """Operators (all but views) of each phase of one update, autocast's casts among them, and host reads;
-    without ``autocast``, the model as it is (weights in bfloat16: the operators a run keeping its weights in
-    bfloat16, beside float32 masters for the optimizer, would launch, less the masters' few multi-tensor copies);
-    ``sync_free``: the step of ``--sync_free_step`` (its model's stacks keep every mask, the loss always scales)."""
+    without ``autocast``, the model as it is, with float32 masters in the optimizer where its weights are in
+    bfloat16 (``--bf16_weights``); ``sync_free``: the step of ``--sync_free_step`` (its model's stacks keep every
+    mask, the loss always scales)."""
+    from vanilla_transformer.training import levers
     from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
     model = model.to(args.device).train()
@@ -181,6 +181,8 @@ def count_update(model, batch: dict, args, autocast: bool = True, sync_free: boo
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.0, fused=True
     )
+    if next(model.parameters()).dtype == torch.bfloat16:
+        levers.keep_float32_masters(optimizer)
     labels = batch["labels"]
     phases, reads = {}, []
     with counted_reads(reads):
@@ -265,9 +267,10 @@ def measure(preset: str, args) -> dict:
         sync_free = VanillaTransformerForConditionalGeneration(config)
         levers.sync_free_step(sync_free)
         result["update"]["ours, --sync_free_step"] = count_update(sync_free, batch, args, sync_free=True)
-    if args.dtype != "float32":  # what a lever that keeps the weights in the autocast dtype would leave
-        weights = VanillaTransformerForConditionalGeneration(config).to(DTYPES[args.dtype])
-        result["update"][f"ours, weights in {args.dtype}"] = count_update(weights, batch, args, autocast=False)
+    if args.dtype == "bfloat16":  # --bf16_weights: no autocast, float32 masters
+        weights = VanillaTransformerForConditionalGeneration(config)
+        levers.bfloat16_weights(weights)
+        result["update"]["ours, --bf16_weights"] = count_update(weights, batch, args, autocast=False)
     marian = marian_of(config)
     result["decoding"] = {"ours": count_decoding(from_marian(marian), args), "marian": count_decoding(marian, args)}
     return result

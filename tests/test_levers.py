@@ -515,3 +515,124 @@ def test_a_kernel_library_that_fails_to_import_refuses_its_lever_in_one_line(mon
         "--fused_loss liger: liger-kernel fails to import (RuntimeError: triton 3.6.0 is not supported); use "
         "--fused_loss chunked."
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# --bf16_weights: the weights in bfloat16, float32 masters in the optimizer
+# ---------------------------------------------------------------------------------------------
+
+
+def test_float32_masters_step_as_adam_on_float32_copies_and_keep_updates_bfloat16_would_lose():
+    """The reference: AdamW on float32 copies of the weights, given the bfloat16 gradients cast up, by hand; the
+    model's weights are its masters rounded to bfloat16. An update below bfloat16's resolution of a weight,
+    which AdamW over the bfloat16 weights themselves loses, accumulates in the masters."""
+    model = tiny_model()
+    levers.bfloat16_weights(model)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    reference = [p.detach().float().clone().requires_grad_() for p in model.parameters()]
+    hyper = dict(lr=1e-4, betas=(0.9, 0.98), eps=1e-9, weight_decay=0.01)
+    optimizer = torch.optim.AdamW(model.parameters(), **hyper)
+    levers.keep_float32_masters(optimizer)
+    by_hand = torch.optim.AdamW(reference, **hyper)
+    bare = [p.detach().clone().requires_grad_() for p in model.parameters()]  # bfloat16, no masters
+    initial = [p.detach().clone() for p in model.parameters()]
+    plain = torch.optim.AdamW(bare, **hyper)
+    for step in range(3):
+        input_ids, attention_mask, labels = batch(3, 7, 6, seed=step)
+        loss = levers.training_loss(model, inputs_of(model, input_ids, attention_mask, labels), labels, None, 0.1)
+        loss.backward()
+        for p, r, b in zip(model.parameters(), reference, bare):
+            r.grad, b.grad = p.grad.float(), p.grad.clone()
+        optimizer.step()
+        by_hand.step()
+        plain.step()
+        optimizer.zero_grad()  # a plain loop's idiom: the model's gradients go too, not only the masters'
+        assert all(p.grad is None for p in model.parameters())
+    masters = [master for _, master in optimizer.float32_masters]
+    assert len(masters) == len(reference) and all(m.dtype == torch.float32 for m in masters)
+    for master, r, p in zip(masters, reference, model.parameters()):
+        assert torch.equal(master, r.detach())
+        assert torch.equal(p.detach(), r.detach().to(torch.bfloat16))
+    # AdamW over the bfloat16 weights themselves leaves many where they started (updates of ~lr below a weight's
+    # resolution); the masters moved nearly all of them
+    stayed = sum(int((b.detach() == start).sum()) for b, start in zip(bare, initial))
+    moved = sum(int((m != start.float()).sum()) for m, start in zip(masters, initial))
+    total = sum(m.numel() for m in masters)
+    assert stayed > total // 4 and moved > 0.9 * total, (stayed, moved, total)
+
+
+def test_float32_masters_travel_in_the_optimizer_state_and_refuse_a_state_without_them():
+    model = tiny_model()
+    levers.bfloat16_weights(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    levers.keep_float32_masters(optimizer)
+    input_ids, attention_mask, labels = batch(3, 7, 6)
+    levers.training_loss(model, inputs_of(model, input_ids, attention_mask, labels), labels, None, 0.1).backward()
+    optimizer.step()
+    state = optimizer.state_dict()
+    saved = state[levers.MASTER_WEIGHTS_KEY]
+    assert [t.dtype for t in saved] == [torch.float32] * len(list(model.parameters()))
+    other = tiny_model()  # new weights: loading the state gives it the masters and their rounding
+    levers.bfloat16_weights(other)
+    resumed = torch.optim.AdamW(other.parameters(), lr=1e-3)
+    levers.keep_float32_masters(resumed)
+    resumed.load_state_dict(state)
+    for (p, m), (q, n) in zip(optimizer.float32_masters, resumed.float32_masters):
+        assert torch.equal(m, n) and torch.equal(p, q)
+    assert torch.equal(resumed.state_dict()["state"][0]["exp_avg"], state["state"][0]["exp_avg"])
+    without = torch.optim.AdamW(tiny_model().parameters(), lr=1e-3).state_dict()  # a float32 run's
+    with pytest.raises(ValueError, match=r"^--bf16_weights: this optimizer state holds no float32 master weights"):
+        resumed.load_state_dict(without)
+
+
+def test_bf16_weights_in_the_trainer_resume_exactly_and_save_bfloat16_models(tmp_path):
+    """`train --bf16_weights true`: the model trains in bfloat16 without autocast (--bf16's is turned off), its
+    checkpoints hold the bfloat16 weights and the float32 masters (optimizer.pt), and a run resumed from one ends
+    with the weights and masters of the run that went on: the reference is that uninterrupted run."""
+    from safetensors.torch import load_file
+
+    from test_train import build, reverse_pairs, write_pairs
+
+    write_pairs(tmp_path, "train", reverse_pairs(60, seed=1))
+    flags = ["--max_tokens", "200", "--bf16_weights", "true", "--save_strategy", "steps", "--save_steps", "2"]
+    flags += ["--learning_rate", "0.003", "--warmup_steps", "1"]
+    whole = build(tmp_path, tmp_path / "whole", *flags, "--max_steps", "4", "--bf16", "true").trainer
+    assert whole.args.bf16 is False and whole.args.bf16_weights
+    whole.train()
+    model = whole.accelerator.unwrap_model(whole.model)
+    assert {p.dtype for p in model.parameters()} == {torch.bfloat16}
+    assert {t.dtype for t in load_file(tmp_path / "whole" / "checkpoint-4" / "model.safetensors").values()} == {
+        torch.bfloat16
+    }
+    state = torch.load(tmp_path / "whole" / "checkpoint-4" / "optimizer.pt", weights_only=True)
+    masters = state[levers.MASTER_WEIGHTS_KEY]
+    assert masters[0].dtype == torch.float32
+    stopped = build(tmp_path, tmp_path / "stopped", *flags, "--max_steps", "2").trainer
+    stopped.train()
+    resumed = build(tmp_path, tmp_path / "stopped", *flags, "--max_steps", "4", "--resume_from_checkpoint", "last")
+    resumed.trainer.train(resume_from_checkpoint=str(resumed.resume))
+    again = torch.load(tmp_path / "stopped" / "checkpoint-4" / "optimizer.pt", weights_only=True)
+    assert all(torch.equal(a, b) for a, b in zip(again[levers.MASTER_WEIGHTS_KEY], masters))
+    final = load_file(tmp_path / "stopped" / "checkpoint-4" / "model.safetensors")
+    expected = load_file(tmp_path / "whole" / "checkpoint-4" / "model.safetensors")
+    assert final.keys() == expected.keys() and all(torch.equal(final[k], expected[k]) for k in final)
+    # the masters hold more than the model files: a resume from the bfloat16 weights alone would differ
+    assert any(not torch.equal(m, m.to(torch.bfloat16).float()) for m in masters)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--fp16", "true"], r"^--bf16_weights with --fp16: "),
+        (["--fsdp", "full_shard"], r"^--bf16_weights with --fsdp: "),
+    ],
+)
+def test_bf16_weights_refuse_what_they_cannot_combine_with(tmp_path, flags, message):
+    from vanilla_transformer.training.arguments import TransformerTrainingArguments
+
+    with pytest.raises(ValueError, match=message):
+        TransformerTrainingArguments(output_dir=str(tmp_path), use_cpu=True, bf16_weights=True, **_kwargs(flags))
+
+
+def _kwargs(flags: list[str]) -> dict:
+    return {flags[0][2:]: True if flags[1] == "true" else flags[1]}

@@ -224,6 +224,13 @@ PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
         "training/moving_average.py: the moving average's update, one fused call",
         NO_FALLBACK,
     ),
+    PrivateMember(
+        "torch._foreach_copy_",
+        "torch 2.7.0 - 2.13.0",
+        "training/levers.py: --bf16_weights' copies between the weights and their float32 masters, one fused call "
+        "each way on CUDA",
+        NO_FALLBACK,
+    ),
     # --- torch (cpu_decoding.py): prepacked weights for decoding on the CPU, opt-in
     PrivateMember(
         "torch.ops.mkldnn._linear_pointwise",

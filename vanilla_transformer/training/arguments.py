@@ -174,6 +174,14 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         default=False,
         metadata={"help": "float8 matrix multiplies in the layers, torchao (compute capability 8.9+; not measured)"},
     )
+    bf16_weights: bool = field(
+        default=False,
+        metadata={
+            "help": "the weights in bfloat16 and no autocast (it replaces --bf16's), float32 copies of them in the "
+            "optimizer (fairseq's --bf16): fewer casts; checkpoints and the model saved in bfloat16, the copies "
+            "in optimizer.pt (not measured)"
+        },
+    )
     training_attention: str = field(
         default="default",
         metadata={

@@ -21,6 +21,9 @@ needs CUDA, by a test marked ``gpu`` (``make test-gpu``).
   multiplies its gradient by the incoming one without asking whether that is 1: three host reads an update
   fewer, for one multiply over the logits' gradient.
 - `convert_to_fp8`: the big model's linear layers in float8 (torchao's float8 training; Hopper or newer).
+- `bfloat16_weights` and `keep_float32_masters`: the weights themselves in bfloat16, no autocast (none of its
+  casts of weights, activations and their gradients), float32 copies of them in the optimizer (fairseq's
+  ``--bf16``).
 - the attention kernel of training (`attention_backends.prefer_in_training`).
 """
 
@@ -33,7 +36,10 @@ import torch
 from transformers import masking_utils
 
 from .. import attention_backends
+from ..private_api import require
 from ..training_kernels import label_smoothed_cross_entropy
+
+require("torch._foreach_copy_")  # --bf16_weights (keep_float32_masters)
 
 FUSED_LOSSES = ("none", "chunked", "liger")
 TRAINING_ATTENTION = ("default", *attention_backends.KERNELS)
@@ -75,6 +81,11 @@ def refusal(flag: str, device: str | torch.device) -> str | None:
             f"{flag} needs transformers 5.15 or newer (its mask builder's allow_is_bidirectional_skip), not "
             f"{transformers.__version__}; pip install 'transformers>=5.15', or leave it out."
         )
+    if flag == "--bf16_weights" and device.type == "cuda" and not torch.cuda.is_bf16_supported(False):
+        return (
+            f"--bf16_weights: {torch.cuda.get_device_name(device)} has no bfloat16 (compute capability 8.0+); "
+            "leave it out (--fp16 true trains in float16 autocast)."
+        )
     if flag == "--fp8":
         if device.type != "cuda" or torch.cuda.get_device_capability(device) < (8, 9):
             name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
@@ -101,9 +112,26 @@ def requested(args) -> list[str]:
         flags.append("--fp8")
     if getattr(args, "sync_free_step", False):
         flags.append("--sync_free_step")
+    if getattr(args, "bf16_weights", False):
+        flags.append("--bf16_weights")
     if getattr(args, "training_attention", "default") != "default":
         flags.append("--training_attention")
     return flags
+
+
+def _bfloat16_weights_refusal(args) -> str | None:
+    """Why --bf16_weights cannot run with these arguments, or None (the device: `refusal`)."""
+    if getattr(args, "fp16", False):
+        return "--bf16_weights with --fp16: the weights in bfloat16 leave no place for float16 autocast; give one."
+    if getattr(args, "fp8", False):
+        return "--bf16_weights with --fp8: float8 training is measured over float32 weights only; leave one out."
+    if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
+        which = "--fsdp" if getattr(args, "fsdp", None) else "--deepspeed"
+        return (
+            f"--bf16_weights with {which}: the float32 masters live in a plain optimizer (one process, or one "
+            f"per GPU with DDP), not in a sharded one; leave one out ({which} has mixed precision of its own)."
+        )
+    return None
 
 
 def check_levers(args) -> None:
@@ -137,13 +165,19 @@ def check_levers(args) -> None:
         reason = refusal(flag, device)
         if reason:
             raise ValueError(reason)
+    if getattr(args, "bf16_weights", False):
+        if reason := _bfloat16_weights_refusal(args):
+            raise ValueError(reason)
+        args.bf16 = False  # the model computes in bfloat16 itself: no autocast around it
     if getattr(args, "cuda_graphs", False):
         args.torch_compile, args.torch_compile_mode = True, CUDA_GRAPHS["mode"]
 
 
 def apply_levers(model, args) -> None:
-    """What the levers change on the model before training: float8 linears, compiled layers, the attention
-    kernel of training. Called by TransformerTrainer.__init__ (before the optimizer exists)."""
+    """What the levers change on the model before training: bfloat16 weights, float8 linears, fused projections,
+    compiled layers, the attention kernel of training. Called by TransformerTrainer.__init__ (before the optimizer exists)."""
+    if getattr(args, "bf16_weights", False):
+        bfloat16_weights(model)
     if getattr(args, "fp8", False):
         convert_to_fp8(model)
     if getattr(args, "fuse_projections", False):
@@ -371,17 +405,116 @@ def convert_to_fp8(model) -> None:
     convert_to_float8_training(model, module_filter_fn=takes, config=Float8LinearConfig(pad_inner_dim=True))
 
 
+# ---------------------------------------------------------------------------------------------
+# Weights in bfloat16, float32 masters in the optimizer (fairseq's --bf16)
+# ---------------------------------------------------------------------------------------------
+
+MASTER_WEIGHTS_KEY = "float32_master_weights"  # in the optimizer's state dict (a checkpoint's optimizer.pt)
+
+
+def bfloat16_weights(model) -> None:
+    """``model``'s parameters and buffers in bfloat16: it computes in bfloat16 without autocast, which casts each
+    weight, the activations around every float32 operator (layer norm, softmax) and their gradients back at every
+    update (`operator_count.py`: 716 operators an update of the Multi30k shape under autocast, 439 this way). The
+    optimizer keeps float32 masters (`keep_float32_masters`): an update smaller than bfloat16's resolution of a
+    weight (2^-8 of it) would otherwise be lost."""
+    model.to(torch.bfloat16)
+
+
+def keep_float32_masters(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer``, built over a model's bfloat16 parameters and not stepped yet, updates float32 copies of them
+    (masters) instead: before each step the gradients are copied up into the masters', after it the masters are
+    rounded into the parameters; its ``zero_grad`` clears the parameters' gradients with the masters'. Its state
+    dict holds the masters (`MASTER_WEIGHTS_KEY`), so that a run resumed
+    from a checkpoint goes on from the float32 values, not from the bfloat16 ones the model files hold; loading a
+    state dict without them (a checkpoint trained without --bf16_weights) is refused. The learning-rate
+    scheduler and gradient clipping see the optimizer and the parameters as ever."""
+    if getattr(optimizer, "float32_masters", None) is not None:
+        return
+    if optimizer.state:
+        raise ValueError("keep_float32_masters: the optimizer has stepped already; give it before its first step.")
+    pairs = []  # (the model's bfloat16 parameter, its float32 master)
+    for group in optimizer.param_groups:
+        masters = []
+        for parameter in group["params"]:
+            if parameter.dtype == torch.float32:  # already float32: its own master
+                masters.append(parameter)
+                continue
+            master = torch.nn.Parameter(parameter.detach().float(), requires_grad=parameter.requires_grad)
+            pairs.append((parameter, master))
+            masters.append(master)
+        group["params"] = masters
+    optimizer.float32_masters = pairs
+
+    # One multi-tensor copy each way: on CUDA torch._foreach_copy_ converts between dtypes in a few kernels where
+    # every source shares a dtype and every destination another (the masters' gradients stay allocated for it)
+    def gradients_up(optimizer, args, kwargs) -> None:
+        sources, targets = [], []
+        for parameter, master in pairs:
+            if parameter.grad is None:  # left out of this update: the optimizer skips it
+                master.grad = None
+                continue
+            if master.grad is None:
+                master.grad = torch.empty_like(master)
+            sources.append(parameter.grad)
+            targets.append(master.grad)
+        if targets:
+            torch._foreach_copy_(targets, sources)
+
+    @torch.no_grad()
+    def weights_down(optimizer, args, kwargs) -> None:
+        torch._foreach_copy_([parameter for parameter, _ in pairs], [master for _, master in pairs])  # rounded
+
+    def save_masters(optimizer, state_dict: dict) -> dict:
+        state_dict[MASTER_WEIGHTS_KEY] = [master.detach() for _, master in pairs]
+        return state_dict
+
+    @torch.no_grad()
+    def load_masters(optimizer, state_dict: dict) -> dict:
+        state_dict = dict(state_dict)
+        saved = state_dict.pop(MASTER_WEIGHTS_KEY, None)
+        if saved is None or len(saved) != len(pairs):
+            raise ValueError(
+                "--bf16_weights: this optimizer state holds no float32 master weights for the model's "
+                f"{len(pairs)} bfloat16 parameters (it was saved by a run without --bf16_weights, or of another "
+                "model): resume it as it was trained, or start from its weights with --model_name_or_path."
+            )
+        for (parameter, master), values in zip(pairs, saved):
+            master.copy_(values)
+            parameter.copy_(master)  # what the checkpoint's model file holds already, rounded alike
+        return state_dict
+
+    zero_masters = optimizer.zero_grad
+
+    def zero_grad(set_to_none: bool = True) -> None:  # the idiom `optimizer.zero_grad()` clears the model's too
+        zero_masters(set_to_none)
+        for parameter, _ in pairs:
+            if set_to_none:
+                parameter.grad = None
+            elif parameter.grad is not None:
+                parameter.grad.detach_().zero_()
+
+    optimizer.zero_grad = zero_grad
+    optimizer.register_step_pre_hook(gradients_up)
+    optimizer.register_step_post_hook(weights_down)
+    optimizer.register_state_dict_post_hook(save_masters)
+    optimizer.register_load_state_dict_pre_hook(load_masters)
+
+
 __all__ = [
     "CUDA_GRAPHS",
     "FUSED_LOSSES",
     "TRAINING_ATTENTION",
     "ChunkedLinearCrossEntropy",
+    "MASTER_WEIGHTS_KEY",
     "apply_levers",
+    "bfloat16_weights",
     "check_levers",
     "chunked_linear_cross_entropy",
     "compile_layers",
     "convert_to_fp8",
     "fuse_projections",
+    "keep_float32_masters",
     "layers_of",
     "liger_linear_cross_entropy",
     "refusal",

@@ -59,7 +59,7 @@ from .checkpointing import (
 )
 from .data import example_lengths, list_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
-from .levers import CUDA_GRAPHS, apply_levers, training_loss
+from .levers import CUDA_GRAPHS, apply_levers, keep_float32_masters, training_loss
 from .memory_check import SkipOutOfMemoryBatches, check_largest_batches_fit
 from .moving_average import EMA_FILE, ExponentialMovingAverage, check_checkpoint
 from .progress import TargetTokens, TimeBudgetProgress, add_throughput
@@ -337,6 +337,14 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         self.divergence = DivergenceGuard(self)  # last: it reads whether the others log, evaluate or save
         self.add_callback(self.divergence)
         apply_levers(self.accelerator.unwrap_model(self.model), self.args)
+
+    def create_optimizer(self, *args, **kwargs) -> torch.optim.Optimizer:
+        """The Trainer's optimizer (--optim); with --bf16_weights over float32 copies of the bfloat16 weights
+        (`levers.keep_float32_masters`), which its checkpoints' optimizer.pt then holds."""
+        optimizer = super().create_optimizer(*args, **kwargs)
+        if self.args.bf16_weights:
+            keep_float32_masters(optimizer)
+        return optimizer
 
     @property
     def _d_model(self) -> int:
