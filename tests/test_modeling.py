@@ -570,6 +570,28 @@ def test_generation_is_identical_with_dynamic_cache_static_cache_and_no_cache(ca
     assert torch.equal(without, static)
 
 
+def test_a_static_cache_asked_for_in_the_call_is_used_without_transformers_deprecation_warning(caplog):
+    """generate(cache_implementation="static") under the paper's length rule: our copy of the generation config
+    takes the call's settings, and transformers warns ("Passing `generation_config` together with
+    generation-related arguments ... is deprecated") about any left in the call. The cache it builds is static."""
+    from transformers import StaticCache
+    from transformers.utils import logging as transformers_logging
+
+    model = tiny_model()
+    input_ids, attention_mask = source_batch()
+    transformers_logging.get_logger("transformers").warning_once.cache_clear()  # a warning said once a process
+    with caplog.at_level(logging.WARNING):
+        out = model.generate(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            num_beams=2,
+            cache_implementation="static",
+            return_dict_in_generate=True,
+        )
+    assert "is deprecated" not in caplog.text
+    assert isinstance(out.past_key_values.self_attention_cache, StaticCache)
+
+
 @pytest.mark.parametrize("case", GENERATION_CASES)
 def test_batched_generation_with_padding_equals_one_by_one(case):
     model = tiny_model()

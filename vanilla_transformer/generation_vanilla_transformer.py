@@ -211,8 +211,11 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
             ours = generation_config is None
             generation_config = copy.deepcopy(generation_config or self.generation_config)
             if ours:  # the call's settings go into our copy (transformers warns when given a config and settings);
-                # None (unset a default) and cache_implementation (read from the call by generate()) stay in the call
-                settings = [k for k, v in kwargs.items() if v is not None and k != "cache_implementation"]
+                # None (unset a default) and cache_implementation="paged" (which generate() reads from the call, to
+                # switch to continuous batching) stay in the call
+                settings = [
+                    k for k, v in kwargs.items() if v is not None and (k, v) != ("cache_implementation", "paged")
+                ]
                 kwargs.update(generation_config.update(**{k: kwargs.pop(k) for k in settings}))
             generation_config.max_length, generation_config.max_new_tokens = limit + prompt, None
         self._check_length_fits(generation_config or self.generation_config, kwargs)
