@@ -425,3 +425,47 @@ def test_an_empty_input_file_is_an_error(model_dir, tmp_path):
     source.write_bytes(b"")
     with pytest.raises(ValueError, match="--input .*is empty"):
         translate.main(["--model", str(model_dir), "--input", str(source)])
+
+
+def test_the_static_cache_translates_alike_in_few_batch_shapes(model_dir, loaded, tmp_path, monkeypatch):
+    """--static-cache: generate() with a static cache (compiled on CUDA, one graph per batch shape), each batch's
+    sources padded to a multiple of 16 tokens so that the shapes are few. The reference: each sentence decoded
+    alone with the default cache."""
+    source = tmp_path / "in.txt"
+    source.write_text("".join(s + "\n" for s in SENTENCES))
+    expected = one_by_one(*loaded, SENTENCES)
+    calls = []
+    generate = VanillaTransformerForConditionalGeneration.generate
+
+    def recorded(self, *args, **kwargs):
+        calls.append((tuple(kwargs["input_ids"].shape), kwargs.get("cache_implementation")))
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(VanillaTransformerForConditionalGeneration, "generate", recorded)
+    output = tmp_path / "out.txt"
+    argv = ["--model", str(model_dir), "--input", str(source), "--output", str(output), "--batch-size", "2"]
+    translate.main([*argv, "--static-cache"])
+    assert output.read_text().splitlines() == expected
+    assert len(calls) == 3 and all(cache == "static" and width % 16 == 0 for (_, width), cache in calls), calls
+    calls.clear()
+    translate.main(argv)  # without it: the default cache, each batch as wide as its longest source
+    assert all(cache is None for _, cache in calls) and any(width % 16 for (_, width), _ in calls), calls
+
+
+def test_padding_to_a_multiple_stops_at_the_models_positions(short_model_dir):
+    """A source of 12 tokens for a model of 12 positions stays 12 wide: a multiple of 16 would need positions the
+    model does not have."""
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+    model = AutoModelForSeq2SeqLM.from_pretrained(short_model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(short_model_dir)
+    model.generation_config.max_new_tokens = 5
+    long_line = " ".join(["medium sentence"] * 10)
+    lines = ["short", long_line, "x"]
+    expected = translate.translate(model, tokenizer, lines, long_inputs="truncate")
+    padded = translate.translate(model, tokenizer, lines, long_inputs="truncate", pad_to_multiple_of=16)
+    assert padded == expected
+    batch = tokenizer(["short"], return_tensors="pt")
+    widened = translate._padded_to_multiple(batch, 16, 12, tokenizer.pad_token_id)
+    width, length = widened["input_ids"].shape[1], int(batch["attention_mask"][0].sum())
+    assert width == 12 and widened["attention_mask"][0].tolist() == [1] * length + [0] * (12 - length)

@@ -38,6 +38,9 @@ from .metrics import check_sacrebleu_tokenize
 logger = logging.getLogger(__name__)
 
 LONG_INPUT_POLICIES = ("error", "skip", "truncate")
+# --static-cache: a batch's sources padded to a multiple of this many tokens, so that the graphs generate()
+# compiles for a static cache (one per batch shape) are few: the longest source over 16, plus the last batch
+STATIC_CACHE_MULTIPLE = 16
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -89,6 +92,7 @@ def translate(
     long_inputs: str = "error",
     progress: bool = False,
     lines_of: str | None = None,
+    pad_to_multiple_of: int | None = None,
     **generate_kwargs,
 ) -> list[str]:
     """Translate ``sentences`` in batches of similar length; returns hypotheses in input order.
@@ -100,6 +104,10 @@ def translate(
         progress: show a progress bar (tqdm) with sentences per second.
         lines_of: the file the sentences are the lines of (e.g. ``"--input test.en"``), for messages
             that name lines rather than input numbers.
+        pad_to_multiple_of: pad each batch's sources to a multiple of this many tokens (at most the model's
+            limit), so that batches come in few shapes: with ``cache_implementation="static"``, generate()
+            compiles one graph per shape on CUDA. The hypotheses are those of the unpadded batch (§6.1's length
+            limit is each sentence's own).
         generate_kwargs: passed to ``model.generate`` (e.g. ``num_beams=1``).
     """
     if batch_size < 1:
@@ -136,7 +144,10 @@ def translate(
         indices = order[start : start + batch_size]
         batch = tokenizer(
             [sentences[i] for i in indices], return_tensors="pt", padding=True, truncation=True, max_length=limit
-        ).to(model.device)
+        )
+        if pad_to_multiple_of:
+            batch = _padded_to_multiple(batch, pad_to_multiple_of, limit, tokenizer.pad_token_id)
+        batch = batch.to(model.device)
         with torch.inference_mode():
             generated = model.generate(**batch, **generate_kwargs)
         for index, text in zip(indices, tokenizer.batch_decode(generated, skip_special_tokens=True)):
@@ -147,6 +158,17 @@ def translate(
     if unfinished:
         _warn_unfinished(sorted(unfinished), len(order), lines_of)
     return hypotheses
+
+
+def _padded_to_multiple(batch, multiple: int, limit: int, pad_token_id: int):
+    """``batch`` (input_ids, attention_mask; padded on the right) widened with padding to a multiple of ``multiple``
+    tokens, or to ``limit`` where the multiple would pass it (the model has no positions beyond)."""
+    width = batch["input_ids"].shape[1]
+    extra = min(-(-width // multiple) * multiple, max(limit, width)) - width
+    if extra:
+        batch["input_ids"] = torch.nn.functional.pad(batch["input_ids"], (0, extra), value=pad_token_id)
+        batch["attention_mask"] = torch.nn.functional.pad(batch["attention_mask"], (0, extra), value=0)
+    return batch
 
 
 def _ended(generated: torch.Tensor, model, generate_kwargs: dict) -> list[bool]:
@@ -209,6 +231,13 @@ def build_parser(prog: str = "vanilla-transformer translate") -> argparse.Argume
         "default: the model's generation config",
     )
     parser.add_argument("--max-new-tokens", type=int, help="default: source length + 50 (§6.1)")
+    parser.add_argument(
+        "--static-cache",
+        action="store_true",
+        help="beam search with a static cache, which generate() compiles on CUDA (CUDA graphs: a graph per batch "
+        f"shape, sources padded to a multiple of {STATIC_CACHE_MULTIPLE} tokens); the same translations (not "
+        "measured)",
+    )
     long = parser.add_mutually_exclusive_group()
     long.add_argument("--skip-long", action="store_true", help="inputs longer than the model accepts: empty output")
     long.add_argument("--truncate", action="store_true", help="inputs longer than the model accepts: cut them")
@@ -327,6 +356,8 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
         }.items()
         if value is not None
     }
+    if args.static_cache:
+        generate_kwargs["cache_implementation"] = "static"
     long_inputs = "skip" if args.skip_long else "truncate" if args.truncate else "error"
     started = time.perf_counter()
     hypotheses = translate(
@@ -337,6 +368,7 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
         long_inputs=long_inputs,
         progress=not args.no_progress,
         lines_of=f"--input {args.input}",
+        pad_to_multiple_of=STATIC_CACHE_MULTIPLE if args.static_cache else None,
         **generate_kwargs,
     )
     seconds = time.perf_counter() - started
