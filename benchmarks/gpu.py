@@ -161,8 +161,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--decode-modes",
         default="eager,compiled",
-        help="comma-separated: eager (dynamic cache), compiled (static cache, torch.compile)",
+        help="comma-separated: eager (dynamic cache), compiled (static cache, torch.compile), buckets (translate "
+        "--static-cache: sorted batches of varied lengths padded to a multiple of 16 tokens, a graph per shape)",
     )
+    parser.add_argument("--decode-batches", type=int, default=8, help="the buckets mode's batches (sorted by length)")
     parser.add_argument("--no-loop", action="store_true", help="skip timing train.py's loop")
     parser.add_argument("--no-eval", action="store_true", help="skip train's evaluation in each --eval_order")
     parser.add_argument("--eval-preset", default="multi30k", help="the model shape of the evaluation row")
@@ -835,6 +837,74 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
             )
         result["ctranslate2"] = ctranslate2
     return result
+
+
+def measure_bucketed_decoding(preset: str, args) -> dict:
+    """What ``translate --static-cache`` decodes: ``--decode-batches`` batches of ``--decode-batch`` sentences of
+    WMT-like lengths, sorted by length as translate sorts them, each padded to a multiple of 16 tokens
+    (`translation.padded_to_multiple`); beam 4, exactly ``--decode-tokens`` new tokens each. Ours and the
+    MarianMTModel whose weights it holds, each with a static cache (which generate() compiles on CUDA, one graph per
+    batch shape) and with the default dynamic cache, alternating: the first pass over the batches (the
+    compilations) and the second, in sentences/s."""
+    from vanilla_transformer.convert import from_marian
+    from vanilla_transformer.training.translation import STATIC_CACHE_MULTIPLE, padded_to_multiple
+
+    torch.manual_seed(args.seed)
+    config = config_of(preset, args)
+    dtype = DTYPES[args.dtype]
+    marian = marian_of(config).eval()
+    ours = from_marian(marian).eval()
+    models = {"ours": ours.to(args.device, dtype), "marian": marian.to(args.device, dtype)}
+    count = args.decode_batches * args.decode_batch
+    lengths = np.sort(synthetic_lengths(count, args.seed + 2)[:, 0])
+    limit = config.max_position_embeddings
+    batches, widths = [], set()
+    for start in range(0, count, args.decode_batch):
+        chunk = torch.as_tensor(np.minimum(lengths[start : start + args.decode_batch], limit))
+        mask = (torch.arange(int(chunk.max())) < chunk[:, None]).long()
+        ids = torch.randint(4, args.vocab_size, mask.shape).masked_fill(mask == 0, config.pad_token_id)
+        batch = padded_to_multiple(
+            {"input_ids": ids, "attention_mask": mask}, STATIC_CACHE_MULTIPLE, limit, config.pad_token_id
+        )
+        widths.add(tuple(batch["input_ids"].shape))
+        batches.append({name: tensor.to(args.device) for name, tensor in batch.items()})
+    settings = dict(
+        num_beams=4,
+        length_penalty=0.6,
+        max_new_tokens=args.decode_tokens,
+        min_new_tokens=args.decode_tokens,
+        early_stopping=True,
+    )
+    variants = {f"{name}, {cache}": (model, cache) for cache in ("static", "dynamic") for name, model in models.items()}
+    seconds = {name: [] for name in variants}
+    counted = compile_counters()
+    with torch.inference_mode():
+        for repeat in range(2):  # the first pass compiles a graph per shape (static, on CUDA); the second reuses them
+            order = list(variants) if repeat == 0 else list(reversed(variants))
+            for name in order:
+                model, cache = variants[name]
+                synchronize(args.device)
+                started = time.perf_counter()
+                for batch in batches:
+                    model.generate(
+                        **batch, **settings, **({"cache_implementation": "static"} if cache == "static" else {})
+                    )
+                synchronize(args.device)
+                seconds[name].append(time.perf_counter() - started)
+    rates = {name: {"first_pass": count / times[0], "second_pass": count / times[1]} for name, times in seconds.items()}
+    return {
+        "what": "decoding buckets",
+        "preset": preset,
+        "dtype": args.dtype,
+        "beams": 4,
+        "sentences": count,
+        "batches": len(batches),
+        "shapes": len(widths),
+        "new_tokens": args.decode_tokens,
+        "sentences_per_second": rates,
+        "compiled": args.device.startswith("cuda"),  # generate() compiles a static cache's forward on CUDA only
+        "compile_counters": counted_since(counted),
+    }
 
 
 COMPILE_COUNTERS = (  # (group, name) of torch._dynamo.utils.counters: what a compiled row really ran
@@ -1618,6 +1688,7 @@ ESTIMATE_SECONDS = {
     "training compiled": 200,
     "decoding": 30,
     "decoding compiled": 120,
+    "decoding buckets": 240,  # a compilation per batch shape, ours and Marian: a guess, not yet timed on a GPU
     "loop": 45,
     "profile": 30,
     "evaluation": 125,  # nine passes (a warm-up, two timed, of each variant) of 512 sentences; not yet timed on a GPU
@@ -1820,7 +1891,9 @@ def write_results(results: list[dict], output: str) -> None:
 MEASURES.update(
     {
         "training": lambda preset, mode, args, limit: measure_training(preset, mode, args),
-        "decoding": lambda preset, mode, args, limit: measure_decoding(preset, mode, args),
+        "decoding": lambda preset, mode, args, limit: (
+            measure_bucketed_decoding(preset, args) if mode == "buckets" else measure_decoding(preset, mode, args)
+        ),
         "loop": lambda preset, mode, args, limit: measure_loop(preset, args),
         "train_run": lambda preset, mode, args, limit: measure_train_run(preset, args),
         "profile": lambda preset, mode, args, limit: measure_profile(preset, args),
@@ -1892,6 +1965,21 @@ def markdown_table(results: list[dict]) -> str:
                     f"{ct2['equal_to_ours']}/{ct2['sentences']} "
                     f"hypotheses equal ours; its time / ours {ct2['ours_over_ctranslate2']:.2f} | | |"
                 )
+        elif r["what"] == "decoding buckets":
+            rates = r["sentences_per_second"]
+            cells = "; ".join(
+                f"{cache} {rates[f'ours, {cache}']['first_pass']:.1f} first pass, "
+                f"{rates[f'ours, {cache}']['second_pass']:.1f} second"
+                for cache in ("static", "dynamic")
+            )
+            marian = "; ".join(
+                f"{cache} {rates[f'marian, {cache}']['second_pass']:.1f}" for cache in ("static", "dynamic")
+            )
+            compiled = "compiled" if r["compiled"] else "not compiled (CPU)"
+            lines.append(
+                f"| {name}, beam 4, {r['batches']} sorted batches in {r['shapes']} shapes (translate --static-cache; "
+                f"static cache {compiled}) | {cells} sentences/s | {marian} (second pass) | |"
+            )
         elif r["what"] == "evaluation":
             low, high = r["length_over_input_range"]
             lines.append(

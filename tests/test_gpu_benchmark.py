@@ -745,3 +745,21 @@ def test_the_markdown_keeps_one_table_and_an_error_in_one_cell():
     assert "File 'x.py'" not in text and "y" * 300 not in text
     long = {"what": "training", "preset": "base", "mode": "eager", "error": "z" * 400}
     assert "| training base eager | " + "z" * 297 + "... | | |" in gpu.markdown_table([machine, long])
+
+
+def test_bucketed_decoding_times_translates_static_cache_over_few_shapes(tmp_path):
+    """``--decode-modes buckets``: translate --static-cache's batches (sorted, padded to a multiple of 16 tokens),
+    ours and MarianMTModel with a static and a dynamic cache, two passes each; on a CPU nothing is compiled."""
+    _, result = gpu.main(
+        [
+            *("--presets", "", "--decode-presets", "tiny", "--decode-modes", "buckets", "--device", "cpu"),
+            *("--dtype", "float32", "--vocab-size", "300", "--decode-batch", "4", "--decode-batches", "3"),
+            *("--decode-tokens", "3", "--no-eval", "--no-recipe", "--no-loop", "--no-train-run"),
+            *("--output", str(tmp_path / "buckets.json")),
+        ]
+    )
+    assert result["what"] == "decoding buckets" and result["batches"] == 3 and 1 <= result["shapes"] <= 3
+    rates = result["sentences_per_second"]
+    assert set(rates) == {"ours, static", "marian, static", "ours, dynamic", "marian, dynamic"}
+    assert all(rate["first_pass"] > 0 and rate["second_pass"] > 0 for rate in rates.values())
+    assert result["compiled"] is False and "translate --static-cache" in (tmp_path / "buckets.md").read_text()

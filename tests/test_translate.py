@@ -466,6 +466,6 @@ def test_padding_to_a_multiple_stops_at_the_models_positions(short_model_dir):
     padded = translate.translate(model, tokenizer, lines, long_inputs="truncate", pad_to_multiple_of=16)
     assert padded == expected
     batch = tokenizer(["short"], return_tensors="pt")
-    widened = translate._padded_to_multiple(batch, 16, 12, tokenizer.pad_token_id)
+    widened = translate.padded_to_multiple(batch, 16, 12, tokenizer.pad_token_id)
     width, length = widened["input_ids"].shape[1], int(batch["attention_mask"][0].sum())
     assert width == 12 and widened["attention_mask"][0].tolist() == [1] * length + [0] * (12 - length)

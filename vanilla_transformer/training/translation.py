@@ -146,7 +146,7 @@ def translate(
             [sentences[i] for i in indices], return_tensors="pt", padding=True, truncation=True, max_length=limit
         )
         if pad_to_multiple_of:
-            batch = _padded_to_multiple(batch, pad_to_multiple_of, limit, tokenizer.pad_token_id)
+            batch = padded_to_multiple(batch, pad_to_multiple_of, limit, tokenizer.pad_token_id)
         batch = batch.to(model.device)
         with torch.inference_mode():
             generated = model.generate(**batch, **generate_kwargs)
@@ -160,7 +160,7 @@ def translate(
     return hypotheses
 
 
-def _padded_to_multiple(batch, multiple: int, limit: int, pad_token_id: int):
+def padded_to_multiple(batch, multiple: int, limit: int, pad_token_id: int):
     """``batch`` (input_ids, attention_mask; padded on the right) widened with padding to a multiple of ``multiple``
     tokens, or to ``limit`` where the multiple would pass it (the model has no positions beyond)."""
     width = batch["input_ids"].shape[1]
