@@ -286,6 +286,8 @@ def log_the_run(trainer, train_dataset) -> None:
         f"model: {model.num_parameters():,} parameters; schedule: {schedule_name(args)}, peak learning rate "
         f"{args.learning_rate:.3g} after {warmup_words(args.warmup_steps)}; {len(train_dataset)} training pairs"
     )
+    if getattr(args, "bf16_weights", False):
+        logger.info("--bf16_weights: the weights in bfloat16 without autocast, float32 copies in the optimizer")
 
 
 # ---------------------------------------------------------------------------------------------
