@@ -868,6 +868,7 @@ def measure_bucketed_decoding(preset: str, args) -> dict:
         )
         widths.add(tuple(batch["input_ids"].shape))
         batches.append({name: tensor.to(args.device) for name, tensor in batch.items()})
+    allow_recompiles(len(widths))  # a graph per batch shape, as translate --static-cache allows
     settings = dict(
         num_beams=4,
         length_penalty=0.6,

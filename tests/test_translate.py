@@ -442,11 +442,16 @@ def test_the_static_cache_translates_alike_in_few_batch_shapes(model_dir, loaded
         return generate(self, *args, **kwargs)
 
     monkeypatch.setattr(VanillaTransformerForConditionalGeneration, "generate", recorded)
+    from vanilla_transformer.training import trainer
+
+    allowed = []  # torch.compile's limit of graphs (8), raised to the batch shapes planned
+    monkeypatch.setattr(trainer, "allow_recompiles", allowed.append)
     output = tmp_path / "out.txt"
     argv = ["--model", str(model_dir), "--input", str(source), "--output", str(output), "--batch-size", "2"]
     translate.main([*argv, "--static-cache"])
     assert output.read_text().splitlines() == expected
     assert len(calls) == 3 and all(cache == "static" and width % 16 == 0 for (_, width), cache in calls), calls
+    assert allowed == [len(set(calls))]
     calls.clear()
     translate.main(argv)  # without it: the default cache, each batch as wide as its longest source
     assert all(cache is None for _, cache in calls) and any(width % 16 for (_, width), _ in calls), calls

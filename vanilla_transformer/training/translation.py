@@ -137,6 +137,14 @@ def translate(
         if long_inputs == "skip":
             todo = [i for i in todo if lengths[i] <= limit]
     order = sorted(todo, key=lambda i: lengths[i])
+    static = (generate_kwargs.get("cache_implementation") or model.generation_config.cache_implementation) == "static"
+    if static and pad_to_multiple_of:  # torch.compile keeps 8 graphs by default, then decodes the rest uncompiled
+        from .trainer import allow_recompiles
+
+        batches = (order[start : start + batch_size] for start in range(0, len(order), batch_size))
+        allow_recompiles(
+            len({(len(b), padded_width(min(lengths[b[-1]], limit), pad_to_multiple_of, limit)) for b in batches})
+        )
     model.eval()
     bar = _progress_bar(len(order), progress)
     unfinished = []
@@ -160,11 +168,16 @@ def translate(
     return hypotheses
 
 
+def padded_width(width: int, multiple: int, limit: int) -> int:
+    """``width`` rounded up to a multiple of ``multiple``, or ``limit`` where the multiple would pass it (the model
+    has no positions beyond)."""
+    return min(-(-width // multiple) * multiple, max(limit, width))
+
+
 def padded_to_multiple(batch, multiple: int, limit: int, pad_token_id: int):
-    """``batch`` (input_ids, attention_mask; padded on the right) widened with padding to a multiple of ``multiple``
-    tokens, or to ``limit`` where the multiple would pass it (the model has no positions beyond)."""
+    """``batch`` (input_ids, attention_mask; padded on the right) widened with padding to `padded_width`."""
     width = batch["input_ids"].shape[1]
-    extra = min(-(-width // multiple) * multiple, max(limit, width)) - width
+    extra = padded_width(width, multiple, limit) - width
     if extra:
         batch["input_ids"] = torch.nn.functional.pad(batch["input_ids"], (0, extra), value=pad_token_id)
         batch["attention_mask"] = torch.nn.functional.pad(batch["attention_mask"], (0, extra), value=0)
