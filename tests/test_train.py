@@ -1094,6 +1094,41 @@ def test_do_predict_decodes_the_test_set_with_the_generation_flags(data_dir, tmp
     assert len(lines) == 2 and all(len(run.tokenizer(line)["input_ids"]) <= 7 for line in lines)
 
 
+def test_static_cache_decoding_evaluates_and_predicts_alike_in_few_shapes(data_dir, tmp_path, monkeypatch):
+    """--static_cache_decoding: evaluation (Seq2SeqTrainer's generate) and prediction (`run.predict`, translate)
+    decode with a static cache, the sources padded to a multiple of 16 tokens (a compiled graph per shape on
+    CUDA). The reference: the same trainer decoding without it; the same hypotheses and loss."""
+    from datasets import Dataset
+
+    run = build(data_dir, tmp_path, "--generation_num_beams", "2", "--per_device_eval_batch_size", "4")
+    trainer = run.trainer
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    model.generation_config.max_new_tokens = 6  # an untrained model never stops by itself
+    calls = []
+    generate = model.generate
+    monkeypatch.setattr(
+        model,
+        "generate",
+        lambda *a, **kw: calls.append((kw["input_ids"].shape[1], kw.get("cache_implementation"))) or generate(*a, **kw),
+    )
+    sentences = run.datasets["train"].select(range(10))
+    test = Dataset.from_dict({"source": ["a b c", "d e", "f g h i j a b"], "target": ["c b a", "e d", "j i h g f"]})
+    outputs, predictions = {}, {}
+    for static in (False, True):
+        trainer.args.static_cache_decoding = static
+        calls.clear()
+        outputs[static] = trainer.predict(sentences)
+        train.predict(trainer, run.tokenizer, test)
+        predictions[static] = (tmp_path / "generated_predictions.txt").read_text()
+        if static:
+            assert calls and all(width % 16 == 0 and cache == "static" for width, cache in calls), calls
+        else:
+            assert all(cache is None for _, cache in calls) and any(width % 16 for width, _ in calls), calls
+    assert (outputs[True].predictions == outputs[False].predictions).all()
+    assert outputs[True].metrics["test_loss"] == pytest.approx(outputs[False].metrics["test_loss"], rel=1e-6)
+    assert predictions[True] == predictions[False]
+
+
 def test_a_test_source_longer_than_the_model_accepts_is_refused_before_training(data_dir, tmp_path, monkeypatch):
     """--do_predict scores the whole test set: a source past the model's positions fails before any training,
     naming the file and its line, instead of after training (where translate() would refuse it)."""

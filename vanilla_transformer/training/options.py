@@ -240,6 +240,7 @@ DECODING_GROUP = (
     "generation_config",
     "per_device_eval_batch_size",
     "eval_order",
+    "static_cache_decoding",
     "sacrebleu_tokenize",
     "compound_split_bleu",
 )

@@ -87,7 +87,7 @@ from .options import (  # noqa: F401 (imported from here)
 )
 from .run_lock import hold_output_dir
 from .trainer import TooFewBatches, TransformerTrainer
-from .translation import as_lines, inputs_too_long, translate, where_too_long
+from .translation import STATIC_CACHE_MULTIPLE, as_lines, inputs_too_long, translate, where_too_long
 
 # A new model with a chosen attention implementation is made through this (private: checked at import)
 require("transformers.PreTrainedModel._from_config")
@@ -625,12 +625,15 @@ def predict(
     sources, references = test["source"], test["target"]
     args = trainer.args  # the decoding flags evaluation takes (Seq2SeqTrainer's), for the test set too
     settings = {"num_beams": args.generation_num_beams, "max_length": args.generation_max_length}
+    if args.static_cache_decoding:
+        settings["cache_implementation"] = "static"
     hypotheses = translate(
         model,
         tokenizer,
         list(sources),
         args.per_device_eval_batch_size,
         progress=not args.disable_tqdm,
+        pad_to_multiple_of=STATIC_CACHE_MULTIPLE if args.static_cache_decoding else None,
         **{name: value for name, value in settings.items() if value is not None},
     )
     output_dir.mkdir(parents=True, exist_ok=True)

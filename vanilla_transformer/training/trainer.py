@@ -63,6 +63,7 @@ from .levers import CUDA_GRAPHS, apply_levers, keep_float32_masters, training_lo
 from .memory_check import SkipOutOfMemoryBatches, check_largest_batches_fit
 from .moving_average import EMA_FILE, ExponentialMovingAverage, check_checkpoint
 from .progress import TargetTokens, TimeBudgetProgress, add_throughput
+from .translation import STATIC_CACHE_MULTIPLE, padded_to_multiple
 
 logger = logging.getLogger(__name__)
 
@@ -599,6 +600,12 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         if inputs.get("labels", 0) is None:  # DataCollatorForSeq2Seq's for a dataset without targets: none
             inputs = {name: value for name, value in inputs.items() if name != "labels"}
         unwrapped = self.accelerator.unwrap_model(model)
+        if self.args.static_cache_decoding and self.args.predict_with_generate and not prediction_loss_only:
+            # few batch shapes, one compiled graph each (translate --static-cache); the loss ignores the padding
+            limit = unwrapped.config.max_position_embeddings
+            inputs = padded_to_multiple(dict(inputs), STATIC_CACHE_MULTIPLE, limit, unwrapped.config.pad_token_id)
+            given = gen_kwargs or getattr(self, "_gen_kwargs", {})  # Seq2SeqTrainer's, taken only where none is given
+            gen_kwargs = {**given, "cache_implementation": "static"}
         saved = copy.deepcopy(unwrapped.generation_config)
         try:
             loss, generated, labels = super().prediction_step(
@@ -630,6 +637,8 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         """
         if self.is_fsdp_enabled and not self.accelerator._models:
             self.accelerator.prepare_model(self.model, device_placement=True, evaluation_mode=True)
+        if self.args.static_cache_decoding:  # a compiled graph per batch shape: at most one a batch
+            allow_recompiles(len(dataloader))
         if not self.args.predict_with_generate or self._sequences_per_input() == 1:
             self.gather_function = partial(
                 self.accelerator.gather_for_metrics, use_gather_object=self.args.eval_use_gather_object
