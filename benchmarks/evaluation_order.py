@@ -26,6 +26,7 @@ from common import add_data_dir, alternate, argument_parser, machine, multi30k_f
 
 ORDERS = ("input", "length")
 LARGER = "length, larger batch"
+STATIC = "length, static cache"  # --static_cache_decoding: compiled by generate() on CUDA, a graph per shape
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -58,13 +59,15 @@ def evaluation_speed(
     repeats: int,
     bf16: bool = False,
     larger_batch: int | None = None,
+    static_cache: bool = False,
 ) -> dict:
     """`TransformerTrainer.evaluate()` of ``model`` on ``pairs`` in each order of `ORDERS`, alternating: per
     order the seconds of each timed pass, the sentences per second of the median pass and the last pass's
     metrics; and how many times faster sorting by length evaluated (median ratio and the range of the passes).
     With ``larger_batch``, also sorted by length in batches of that many sentences ("length, larger batch", in the
     same alternation) and how many times faster than sorted in ``batch_size`` (on a GPU, where a beam step of
-    a few sentences waits on kernel launches)."""
+    a few sentences waits on kernel launches). With ``static_cache``, also sorted with ``--static_cache_decoding``
+    ("length, static cache": its graphs compiled in the untimed first pass) and how many times faster than sorted."""
     from datasets import Dataset
     from transformers import DataCollatorForSeq2Seq
 
@@ -73,9 +76,11 @@ def evaluation_speed(
     sources, targets = [source for source, _ in pairs], [target for _, target in pairs]
     dataset = Dataset.from_dict(dict(tokenizer(sources, text_target=targets)))
     model = model.to(device).eval()
-    variants = {order: (order, batch_size) for order in ORDERS}
+    variants = {order: (order, batch_size, False) for order in ORDERS}
     if larger_batch:
-        variants[LARGER] = ("length", larger_batch)
+        variants[LARGER] = ("length", larger_batch, False)
+    if static_cache:
+        variants[STATIC] = ("length", batch_size, True)
     with tempfile.TemporaryDirectory() as folder:
         trainers = {
             name: TransformerTrainer(
@@ -85,6 +90,7 @@ def evaluation_speed(
                     predict_with_generate=True,
                     per_device_eval_batch_size=size,
                     eval_order=order,
+                    static_cache_decoding=static,
                     use_cpu=device == "cpu",
                     bf16=bf16,
                     bf16_full_eval=bf16,
@@ -96,7 +102,7 @@ def evaluation_speed(
                 data_collator=DataCollatorForSeq2Seq(tokenizer, model=model),
                 compute_metrics=TranslationMetrics(tokenizer),
             )
-            for name, (order, size) in variants.items()
+            for name, (order, size, static) in variants.items()
         }
 
         def evaluate(name: str):
@@ -126,6 +132,9 @@ def evaluation_speed(
         faster, lowest, highest = speed_ratio(seconds["length"], seconds[LARGER])
         result[LARGER]["batch_size"] = larger_batch
         result["larger_over_length"], result["larger_over_length_range"] = faster, [lowest, highest]
+    if static_cache:
+        faster, lowest, highest = speed_ratio(seconds["length"], seconds[STATIC])
+        result["static_over_length"], result["static_over_length_range"] = faster, [lowest, highest]
     return result
 
 

@@ -174,6 +174,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--eval-larger-batch", type=int, default=256, help="also sorted in batches of this many sentences (0: not)"
     )
+    parser.add_argument(
+        "--eval-static-cache",
+        action="store_true",
+        help="the evaluation row also sorted with --static_cache_decoding (its compilations in the untimed pass)",
+    )
     parser.add_argument("--decode-batch", type=int, default=128, help="sentences per generate() call")
     parser.add_argument("--decode-tokens", type=int, default=30, help="new tokens per sentence")
     parser.add_argument("--decode-repeats", type=int, default=3, help="timed generate() calls (median)")
@@ -1015,6 +1020,7 @@ def measure_evaluation(preset: str, args) -> dict:
         repeats=args.eval_repeats,
         bf16=bf16_supported(args),
         larger_batch=args.eval_larger_batch or None,
+        static_cache=args.eval_static_cache,
     )
     return {"what": "evaluation", "preset": preset, "mode": "eager", **result}
 
@@ -1996,6 +2002,14 @@ def markdown_table(results: list[dict]) -> str:
                     f"| train's evaluation {r['preset']}, sorted, batch {larger['batch_size']} | "
                     f"{larger['sentences_per_second']:.1f} sentences/s | | batch {larger['batch_size']} / "
                     f"{r['batch_size']} {r['larger_over_length']:.2f} [{low:.2f}, {high:.2f}] |"
+                )
+            static = r.get("length, static cache")
+            if static:
+                low, high = r["static_over_length_range"]
+                lines.append(
+                    f"| train's evaluation {r['preset']}, sorted, `--static_cache_decoding` | "
+                    f"{static['sentences_per_second']:.1f} sentences/s | | static / dynamic cache "
+                    f"{r['static_over_length']:.2f} [{low:.2f}, {high:.2f}] |"
                 )
         elif r["what"] == "loop":
             lines.append(

@@ -763,3 +763,20 @@ def test_bucketed_decoding_times_translates_static_cache_over_few_shapes(tmp_pat
     assert set(rates) == {"ours, static", "marian, static", "ours, dynamic", "marian, dynamic"}
     assert all(rate["first_pass"] > 0 and rate["second_pass"] > 0 for rate in rates.values())
     assert result["compiled"] is False and "translate --static-cache" in (tmp_path / "buckets.md").read_text()
+
+
+def test_the_evaluation_row_times_static_cache_decoding_to_the_same_scores(tmp_path):
+    """``--eval-static-cache``: train's evaluation sorted by length, also with --static_cache_decoding; the same
+    hypotheses, so the same BLEU, loss and lengths as the dynamic cache's."""
+    _, result = gpu.main(
+        [
+            *("--presets", "", "--no-decode", "--no-recipe", "--no-loop", "--no-train-run", "--device", "cpu"),
+            *("--dtype", "float32", "--vocab-size", "300", "--eval-preset", "tiny", "--eval-sentences", "3"),
+            *("--eval-batch", "3", "--eval-repeats", "1", "--eval-larger-batch", "0", "--eval-static-cache"),
+            *("--output", str(tmp_path / "evaluation.json")),
+        ]
+    )
+    static, dynamic = result["length, static cache"], result["length"]
+    assert static["bleu"] == dynamic["bleu"] and static["gen_len"] == dynamic["gen_len"]
+    assert static["loss"] == pytest.approx(dynamic["loss"], rel=1e-6)  # sources of another width: other roundings
+    assert result["static_over_length"] > 0 and "`--static_cache_decoding`" in (tmp_path / "evaluation.md").read_text()
