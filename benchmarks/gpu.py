@@ -759,6 +759,18 @@ def config_of(preset: str, args) -> VanillaTransformerConfig:
     return VanillaTransformerConfig.from_preset(base, vocab_size=args.vocab_size, **overrides)
 
 
+def beam_settings(args) -> dict:
+    """generate()'s settings of the decoding rows: beam 4, the paper's length penalty, exactly ``--decode-tokens``
+    new tokens a sentence (random weights never stop on their own; every model does the same work)."""
+    return dict(
+        num_beams=4,
+        length_penalty=0.6,
+        max_new_tokens=args.decode_tokens,
+        min_new_tokens=args.decode_tokens,
+        early_stopping=True,
+    )
+
+
 def measure_decoding(preset: str, mode: str, args) -> dict:
     """Beam 4 with ``generate()``: ours and the MarianMTModel whose weights ours holds (`from_marian`),
     alternating on the same sentences, the same number of new tokens each; with the eager rows, also
@@ -783,13 +795,7 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
             "input_ids": source.masked_fill(attention_mask == 0, 0).to(args.device),
             "attention_mask": attention_mask.to(args.device),
         }
-        settings = dict(
-            num_beams=4,
-            length_penalty=0.6,
-            max_new_tokens=args.decode_tokens,
-            min_new_tokens=args.decode_tokens,
-            early_stopping=True,
-        )
+        settings = beam_settings(args)
         compiled_by = None
         if mode == "compiled":  # what a user of generate() gets with a static cache
             settings["cache_implementation"] = "static"
@@ -874,13 +880,7 @@ def measure_bucketed_decoding(preset: str, args) -> dict:
         widths.add(tuple(batch["input_ids"].shape))
         batches.append({name: tensor.to(args.device) for name, tensor in batch.items()})
     allow_recompiles(len(widths))  # a graph per batch shape, as translate --static-cache allows
-    settings = dict(
-        num_beams=4,
-        length_penalty=0.6,
-        max_new_tokens=args.decode_tokens,
-        min_new_tokens=args.decode_tokens,
-        early_stopping=True,
-    )
+    settings = beam_settings(args)
     variants = {f"{name}, {cache}": (model, cache) for cache in ("static", "dynamic") for name, model in models.items()}
     seconds = {name: [] for name in variants}
     counted = compile_counters()

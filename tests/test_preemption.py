@@ -163,31 +163,21 @@ def test_sigterm_while_a_checkpoint_is_written_stops_after_it_and_resume_gives_t
     assert_same_weights(output, uninterrupted)
 
 
-def test_sigterm_to_every_process_of_the_job_data_loader_workers_too_still_saves(data_dir, tmp_path):
-    """SLURM signals every process of a job step, the data loader's workers too. A worker killed by it would end
-    the run before the checkpoint (torch raises "DataLoader worker ... is killed by signal" in the main process)."""
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_signal_to_every_process_data_loader_workers_too_saves_once(data_dir, tmp_path, number):
+    """SLURM signals every process of a job step, and a terminal's Ctrl-C its whole foreground process group: the
+    data loader's workers too. A worker killed by SIGTERM would end the run before the checkpoint (torch raises
+    "DataLoader worker ... is killed by signal" in the main process); workers forked with the run's handler each
+    said "SIGINT received" as if they would save. The main process alone saves, and says so once."""
+    name = signal.Signals(number).name
     output = tmp_path / "whole-group"
-    process = start(data_dir, output, "--dataloader_num_workers", "1", pause=0.3, own_process_group=True)
-    wait_for_updates(process, 2)
-    os.killpg(process.pid, signal.SIGTERM)
-    code, _, err = finish(process)
-    assert code == 128 + signal.SIGTERM, err[-3000:]
-    assert "Traceback" not in err
-    check_resumable(output / f"checkpoint-{stopped_at(err)}")
-
-
-def test_ctrl_c_in_a_terminal_with_data_loader_workers_is_handled_once(data_dir, tmp_path):
-    """A terminal's Ctrl-C reaches its whole foreground process group, the data loader's workers too; they
-    inherited the run's handler and each said "SIGINT received" as if it would save. The main process alone
-    saves and says so, once."""
-    output = tmp_path / "ctrl-c"
     process = start(data_dir, output, "--dataloader_num_workers", "2", pause=0.3, own_process_group=True)
     wait_for_updates(process, 2)
-    os.killpg(process.pid, signal.SIGINT)
+    os.killpg(process.pid, number)
     code, _, err = finish(process)
-    assert code == 128 + signal.SIGINT, err[-3000:]
-    assert "Traceback" not in err and err.count("SIGINT received") == 1, err[-3000:]
-    check_resumable(output / f"checkpoint-{stopped_at(err, 'SIGINT')}")
+    assert code == 128 + number, err[-3000:]
+    assert "Traceback" not in err and err.count(f"{name} received") == 1, err[-3000:]
+    check_resumable(output / f"checkpoint-{stopped_at(err, name)}")
 
 
 class SignalAt(train.TrainerCallback):
