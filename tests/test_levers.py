@@ -621,18 +621,95 @@ def test_bf16_weights_in_the_trainer_resume_exactly_and_save_bfloat16_models(tmp
 
 
 @pytest.mark.parametrize(
-    ("flags", "message"),
+    ("given", "environment", "message"),
     [
-        (["--fp16", "true"], r"^--bf16_weights with --fp16: "),
-        (["--fsdp", "full_shard"], r"^--bf16_weights with --fsdp: "),
+        ({"fp16": True}, {}, r"^--bf16_weights with --fp16: "),
+        ({"fsdp": "full_shard"}, {}, r"^--bf16_weights with --fsdp: "),
+        ({}, {"ACCELERATE_USE_FSDP": "true"}, r"^--bf16_weights with an accelerate config with fsdp: "),
+        ({}, {"ACCELERATE_USE_DEEPSPEED": "true"}, r"^--bf16_weights with an accelerate config with deepspeed: "),
+        ({}, {"ACCELERATE_MIXED_PRECISION": "fp16"}, r"^--bf16_weights with accelerate's mixed precision fp16 "),
+        ({"optim": "schedule_free_adamw"}, {}, r"^--bf16_weights with --optim schedule_free_adamw: "),
+        ({"optim": "adalomo"}, {}, r"^--bf16_weights with --optim adalomo: "),
     ],
+    ids=["fp16", "fsdp", "accelerate fsdp", "accelerate deepspeed", "accelerate fp16", "schedule-free", "lomo"],
 )
-def test_bf16_weights_refuse_what_they_cannot_combine_with(tmp_path, flags, message):
+def test_bf16_weights_refuse_what_they_cannot_combine_with(tmp_path, monkeypatch, given, environment, message):
+    """Sharded optimizers (FSDP, DeepSpeed: by flag or by `accelerate launch --config_file`) would not hold the
+    masters (FSDP 2 failed after tokenizing, swapping optimizer parameters for shards); accelerate's own mixed
+    precision would put autocast back; some optimizers change the weights outside step()."""
     from vanilla_transformer.training.arguments import TransformerTrainingArguments
 
+    for name, value in environment.items():
+        monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=message):
-        TransformerTrainingArguments(output_dir=str(tmp_path), use_cpu=True, bf16_weights=True, **_kwargs(flags))
+        TransformerTrainingArguments(output_dir=str(tmp_path), use_cpu=True, bf16_weights=True, **given)
 
 
-def _kwargs(flags: list[str]) -> dict:
-    return {flags[0][2:]: True if flags[1] == "true" else flags[1]}
+def test_float32_masters_start_from_the_weights_at_the_first_step():
+    """DDP broadcasts the first process's weights after the optimizer is made: the masters take the weights of
+    the first step, not of the optimizer's creation."""
+    model = tiny_model()
+    levers.bfloat16_weights(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    levers.keep_float32_masters(optimizer)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(1.0)  # as a broadcast would change them
+    broadcast = [parameter.detach().clone() for parameter in model.parameters()]
+    for parameter in model.parameters():
+        parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()  # lr 0: the weights stay as the broadcast left them
+    for (parameter, master), expected in zip(optimizer.float32_masters, broadcast):
+        assert torch.equal(parameter, expected) and torch.equal(master, expected.float())
+
+
+def test_a_bf16_weights_checkpoint_resumed_without_the_flag_goes_on_from_its_masters():
+    """Resumed without --bf16_weights, the float32 model takes the saved float32 masters as its weights (not the
+    bfloat16 weights of the model file), and its optimizer the moments."""
+    model = tiny_model()
+    levers.bfloat16_weights(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    levers.keep_float32_masters(optimizer)
+    input_ids, attention_mask, labels = batch(3, 7, 6)
+    levers.training_loss(model, inputs_of(model, input_ids, attention_mask, labels), labels, None, 0.1).backward()
+    optimizer.step()
+    state = optimizer.state_dict()
+    plain = tiny_model()  # float32
+    resumed = torch.optim.AdamW(plain.parameters(), lr=1e-3)
+    levers.take_float32_masters(resumed)
+    resumed.load_state_dict(state)
+    for parameter, (_, master) in zip(plain.parameters(), optimizer.float32_masters):
+        assert parameter.dtype == torch.float32 and torch.equal(parameter.detach(), master)
+    assert torch.equal(resumed.state_dict()["state"][0]["exp_avg"], state["state"][0]["exp_avg"])
+
+
+def test_bf16_weights_train_twice_on_one_trainer_and_a_fine_tune_of_their_model_loads_float32(tmp_path):
+    """A second train() of the same trainer (the optimizer kept, inside accelerate's wrapper) goes on; the saved
+    model (bfloat16, as its config says) is fine-tuned in float32, not in bfloat16 without masters."""
+    from test_train import build, reverse_pairs, write_pairs
+
+    write_pairs(tmp_path, "train", reverse_pairs(60, seed=1))
+    flags = ["--max_tokens", "200", "--max_steps", "2", "--learning_rate", "0.003", "--warmup_steps", "1"]
+    trainer = build(tmp_path, tmp_path / "run", *flags, "--bf16_weights", "true").trainer
+    trainer.train()
+    trainer.train()
+    trainer.save_model(str(tmp_path / "model"))
+    fine_tune = build(tmp_path, tmp_path / "fine", *flags, "--model_name_or_path", str(tmp_path / "model")).trainer
+    model = fine_tune.accelerator.unwrap_model(fine_tune.model)
+    assert {p.dtype for p in model.parameters()} == {torch.float32}
+
+
+def test_the_memory_probe_reserves_the_masters_and_their_moments():
+    """--memory_probe holds what the optimizer will: Adam's two moments of each weight, in the weights' dtype; with
+    --bf16_weights, float32 moments and the float32 masters (12 bytes a weight, not 2 x 2)."""
+    from types import SimpleNamespace
+
+    from vanilla_transformer.training.memory_check import _moment_bytes
+
+    model = tiny_model()
+    weights = sum(p.numel() for p in model.parameters())
+    plain = SimpleNamespace(args=SimpleNamespace(optim="adamw_torch_fused", bf16_weights=False))
+    lever = SimpleNamespace(args=SimpleNamespace(optim="adamw_torch_fused", bf16_weights=True))
+    assert _moment_bytes(plain, model) == 8 * weights
+    levers.bfloat16_weights(model)
+    assert _moment_bytes(plain, model) == 4 * weights and _moment_bytes(lever, model) == 12 * weights

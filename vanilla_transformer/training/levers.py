@@ -30,6 +30,7 @@ needs CUDA, by a test marked ``gpu`` (``make test-gpu``).
 from __future__ import annotations
 
 import inspect
+import logging
 import os
 
 import torch
@@ -40,6 +41,8 @@ from ..private_api import require
 from ..training_kernels import label_smoothed_cross_entropy
 
 require("torch._foreach_copy_")  # --bf16_weights (keep_float32_masters)
+
+logger = logging.getLogger(__name__)
 
 FUSED_LOSSES = ("none", "chunked", "liger")
 TRAINING_ATTENTION = ("default", *attention_backends.KERNELS)
@@ -125,11 +128,29 @@ def _bfloat16_weights_refusal(args) -> str | None:
         return "--bf16_weights with --fp16: the weights in bfloat16 leave no place for float16 autocast; give one."
     if getattr(args, "fp8", False):
         return "--bf16_weights with --fp8: float8 training is measured over float32 weights only; leave one out."
-    if getattr(args, "fsdp", None) or getattr(args, "deepspeed", None):
-        which = "--fsdp" if getattr(args, "fsdp", None) else "--deepspeed"
+    launched = {
+        name: os.environ.get(f"ACCELERATE_USE_{name.upper()}", "false").lower() == "true"
+        for name in ("fsdp", "deepspeed")
+    }  # accelerate launch --config_file with FSDP or DeepSpeed
+    for name in ("fsdp", "deepspeed"):
+        if getattr(args, name, None) or launched[name]:
+            which = f"--{name}" if getattr(args, name, None) else f"an accelerate config with {name}"
+            return (
+                f"--bf16_weights with {which}: the float32 masters live in a plain optimizer (one process, or one "
+                "per GPU with DDP), not in a sharded one; leave one out (it has mixed precision of its own)."
+            )
+    precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    if precision not in ("no", ""):
         return (
-            f"--bf16_weights with {which}: the float32 masters live in a plain optimizer (one process, or one "
-            f"per GPU with DDP), not in a sharded one; leave one out ({which} has mixed precision of its own)."
+            f"--bf16_weights with accelerate's mixed precision {precision} (accelerate launch --mixed_precision, or "
+            "its config): the weights in bfloat16 run without autocast; launch with --mixed_precision no."
+        )
+    optim = str(getattr(getattr(args, "optim", ""), "value", getattr(args, "optim", "")))
+    if optim.startswith("schedule_free") or "lomo" in optim or optim.endswith("layerwise"):
+        return (
+            f"--bf16_weights with --optim {optim}: it updates the weights outside its step() (in the backward pass, "
+            "or swaps them for evaluation), where the float32 masters are not; choose an optimizer such as "
+            "adamw_torch_fused."
         )
     return None
 
@@ -429,6 +450,7 @@ def keep_float32_masters(optimizer: torch.optim.Optimizer) -> None:
     from a checkpoint goes on from the float32 values, not from the bfloat16 ones the model files hold; loading a
     state dict without them (a checkpoint trained without --bf16_weights) is refused. The learning-rate
     scheduler and gradient clipping see the optimizer and the parameters as ever."""
+    optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer: the one it wraps
     if getattr(optimizer, "float32_masters", None) is not None:
         return
     if optimizer.state:
@@ -446,24 +468,30 @@ def keep_float32_masters(optimizer: torch.optim.Optimizer) -> None:
         group["params"] = masters
     optimizer.float32_masters = pairs
 
+    fresh = [True]  # the masters take the parameters' values at the first step, unless a state dict gave them:
+    # after DDP's broadcast of the first process's weights, which follows the optimizer's creation
+
     # One multi-tensor copy each way: on CUDA torch._foreach_copy_ converts between dtypes in a few kernels where
-    # every source shares a dtype and every destination another (the masters' gradients stay allocated for it)
+    # every source shares a dtype and every destination another. The masters' gradients live for the step only.
+    @torch.no_grad()
     def gradients_up(optimizer, args, kwargs) -> None:
+        if fresh[0]:
+            torch._foreach_copy_([master for _, master in pairs], [parameter for parameter, _ in pairs])
+            fresh[0] = False
         sources, targets = [], []
         for parameter, master in pairs:
-            if parameter.grad is None:  # left out of this update: the optimizer skips it
-                master.grad = None
-                continue
-            if master.grad is None:
-                master.grad = torch.empty_like(master)
-            sources.append(parameter.grad)
-            targets.append(master.grad)
+            master.grad = None if parameter.grad is None else torch.empty_like(master)  # None: the step skips it
+            if parameter.grad is not None:
+                sources.append(parameter.grad)
+                targets.append(master.grad)
         if targets:
             torch._foreach_copy_(targets, sources)
 
     @torch.no_grad()
     def weights_down(optimizer, args, kwargs) -> None:
         torch._foreach_copy_([parameter for parameter, _ in pairs], [master for _, master in pairs])  # rounded
+        for _, master in pairs:
+            master.grad = None
 
     def save_masters(optimizer, state_dict: dict) -> dict:
         state_dict[MASTER_WEIGHTS_KEY] = [master.detach() for _, master in pairs]
@@ -482,6 +510,7 @@ def keep_float32_masters(optimizer: torch.optim.Optimizer) -> None:
         for (parameter, master), values in zip(pairs, saved):
             master.copy_(values)
             parameter.copy_(master)  # what the checkpoint's model file holds already, rounded alike
+        fresh[0] = False
         return state_dict
 
     zero_masters = optimizer.zero_grad
@@ -499,6 +528,35 @@ def keep_float32_masters(optimizer: torch.optim.Optimizer) -> None:
     optimizer.register_step_post_hook(weights_down)
     optimizer.register_state_dict_post_hook(save_masters)
     optimizer.register_load_state_dict_pre_hook(load_masters)
+
+
+def take_float32_masters(optimizer: torch.optim.Optimizer) -> None:
+    """``optimizer``, over float32 weights, loading the state of a --bf16_weights run (a checkpoint resumed without
+    the flag): the float32 masters saved with it become the weights, so that training goes on from them rather
+    than from the bfloat16 weights of the checkpoint's model file; said in the log."""
+    optimizer = getattr(optimizer, "optimizer", optimizer)
+
+    @torch.no_grad()
+    def take(optimizer, state_dict: dict) -> dict | None:
+        if MASTER_WEIGHTS_KEY not in state_dict:
+            return None
+        state_dict = dict(state_dict)
+        saved = state_dict.pop(MASTER_WEIGHTS_KEY)
+        parameters = [parameter for group in optimizer.param_groups for parameter in group["params"]]
+        if len(saved) != len(parameters) or any(p.shape != v.shape for p, v in zip(parameters, saved)):
+            raise ValueError(
+                f"this optimizer state holds float32 master weights of {len(saved)} tensors (a --bf16_weights run) "
+                f"that do not match the model's {len(parameters)} parameters: resume it with the model it trained."
+            )
+        for parameter, values in zip(parameters, saved):
+            parameter.copy_(values)
+        logger.info(
+            "resuming a --bf16_weights checkpoint without the flag: its float32 master weights are the weights "
+            "now, and training goes on in float32"
+        )
+        return state_dict
+
+    optimizer.register_load_state_dict_pre_hook(take)
 
 
 __all__ = [
@@ -520,5 +578,6 @@ __all__ = [
     "refusal",
     "requested",
     "sync_free_step",
+    "take_float32_masters",
     "training_loss",
 ]

@@ -129,10 +129,16 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 def _moment_bytes(trainer, model) -> int:
-    """Adam's first and second moments, one of each per trained weight, allocated at the first update."""
+    """Adam's first and second moments, one of each per trained weight, allocated at the first update; with
+    --bf16_weights the float32 masters too, and the moments in float32 (the masters' gradients live only within
+    the optimizer's step, after the backward pass)."""
+    trained = [p for p in model.parameters() if p.requires_grad]
+    if getattr(trainer.args, "bf16_weights", False):
+        adam = "adam" in str(getattr(trainer.args.optim, "value", trainer.args.optim)).lower()
+        return (3 if adam else 1) * 4 * sum(p.numel() for p in trained)
     if "adam" not in str(getattr(trainer.args.optim, "value", trainer.args.optim)).lower():
         return 0
-    return 2 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    return 2 * sum(p.numel() * p.element_size() for p in trained)
 
 
 def probe_applies(trainer) -> bool:

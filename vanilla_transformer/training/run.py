@@ -389,7 +389,9 @@ def prepare_model(
     extra = {"attn_implementation": attn_implementation} if attn_implementation else {}
     if checkpoint:
         refuse_overrides_of_a_checkpoint(config_overrides)
-        model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint, **extra)
+        # float32 whatever it was saved in (a --bf16_weights run saves bfloat16, which transformers would keep):
+        # autocast and --bf16_weights start from float32 weights
+        model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint, dtype=torch.float32, **extra)
         check_tokenizer_matches_model(tokenizer, model.config)
     else:
         config = model_config(preset, config_overrides, tokenizer)

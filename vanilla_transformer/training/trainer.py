@@ -59,7 +59,7 @@ from .checkpointing import (
 )
 from .data import example_lengths, list_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
-from .levers import CUDA_GRAPHS, apply_levers, keep_float32_masters, training_loss
+from .levers import CUDA_GRAPHS, apply_levers, keep_float32_masters, take_float32_masters, training_loss
 from .memory_check import SkipOutOfMemoryBatches, check_largest_batches_fit
 from .moving_average import EMA_FILE, ExponentialMovingAverage, check_checkpoint
 from .progress import TargetTokens, TimeBudgetProgress, add_throughput
@@ -341,10 +341,13 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
 
     def create_optimizer(self, *args, **kwargs) -> torch.optim.Optimizer:
         """The Trainer's optimizer (--optim); with --bf16_weights over float32 copies of the bfloat16 weights
-        (`levers.keep_float32_masters`), which its checkpoints' optimizer.pt then holds."""
+        (`levers.keep_float32_masters`), which its checkpoints' optimizer.pt then holds; without, it takes such
+        copies as its weights where it resumes a --bf16_weights checkpoint (`levers.take_float32_masters`)."""
         optimizer = super().create_optimizer(*args, **kwargs)
         if self.args.bf16_weights:
             keep_float32_masters(optimizer)
+        else:  # a --bf16_weights checkpoint resumed without the flag: from its float32 masters
+            take_float32_masters(optimizer)
         return optimizer
 
     @property
