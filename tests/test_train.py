@@ -345,12 +345,14 @@ def test_training_a_tokenizer_on_several_machines_is_refused_before_the_data_is_
     assert train.refuse_tokenizer_training_on_several_machines(2) is None
 
 
-def test_tokenizer_only_saves_the_tokenizer_a_run_would_train_and_nothing_else(data_dir, tmp_path):
+@pytest.mark.parametrize("held_out", [(), ("--validation_size", "300")], ids=["all pairs", "validation held out"])
+def test_tokenizer_only_saves_the_tokenizer_a_run_would_train_and_nothing_else(data_dir, tmp_path, held_out):
     """--tokenizer_only: what a run of several machines is told to do first. The reference: the tokenizer that
-    train.main itself trains and saves in <output_dir>/tokenizer for the same flags (same sample, same seed)."""
+    train.main itself trains and saves in <output_dir>/tokenizer for the same flags (same sample, same seed), also
+    where the run holds validation pairs out of the training data (--validation_size: it evaluates on them)."""
     from transformers import AutoTokenizer
 
-    flags = ["--tokenizer_train_pairs", "150", "--cache_dir", str(tmp_path / "cache-a")]
+    flags = ["--tokenizer_train_pairs", "150", *held_out, "--cache_dir", str(tmp_path / "cache-a")]
     assert train.main(tiny_args(data_dir, tmp_path / "only", *flags, "--tokenizer_only", "true")) == {}
     assert sorted(p.name for p in (tmp_path / "only").iterdir()) == ["tokenizer"]  # no model, no checkpoint
     flags[-1] = str(tmp_path / "cache-b")  # trained anew, not taken from the first one's cache

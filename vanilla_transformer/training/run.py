@@ -484,7 +484,8 @@ def save_tokenizer_only(model_args, data_args, training_args) -> Path:
             "`vanilla-transformer train`, without accelerate launch or torchrun."
         )
     check_arguments(model_args, data_args, training_args)
-    check_steps_have_data(model_args, data_args, True, False, False)
+    _, do_eval, do_predict = steps_to_run(training_args, data_args)  # as the run the tokenizer is for checks them
+    check_steps_have_data(model_args, data_args, True, do_eval, do_predict)
     check_output_dir(training_args, resuming=False)  # the checkpoints there need the tokenizer they were trained with
     text = load_text_datasets(data_args, training_args.seed, train=True)
     tokenizer = prepare_tokenizer(
