@@ -241,6 +241,33 @@ def test_an_argument_files_values_are_typed_as_the_flags_are(line, message, tmp_
         run.parse_arguments([str(config)])
 
 
+@pytest.mark.parametrize(
+    ("name", "text", "message"),
+    [
+        (
+            "run.yaml",
+            "output_dir: out\nmax_steps: 10\n  bad: indent\n",
+            r"^'.*run.yaml', line 3, column \d+: not valid YAML",
+        ),
+        ("run.yaml", "output_dir: out\nreport_to: [none\n", r"^'.*run.yaml', line \d+, column \d+: not valid YAML"),
+        ("run.json", '{"output_dir": "out",}', r"^'.*run.json', line 1, column \d+: not valid JSON"),
+        ("run.yaml", "", r"^'.*run.yaml' is empty"),
+    ],
+    ids=["yaml indentation", "yaml bracket", "json comma", "empty"],
+)
+def test_a_malformed_argument_file_is_one_line_naming_the_file_and_line(tmp_path, capsys, name, text, message):
+    """A YAML or JSON syntax error in a recipe file: one line naming the file, the line and the column, exit 2 from
+    the command line (it was the parser's traceback, without the file's name)."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        run.parse_arguments([str(path)])
+    with pytest.raises(SystemExit) as stopped:
+        run.main([str(path)], exit_on_bad_input=True)
+    error = capsys.readouterr().err.strip()
+    assert stopped.value.code == 2 and len(error.splitlines()) == 1 and name in error, error
+
+
 def test_an_argument_files_values_take_the_flags_types(tmp_path):
     """YAML's numbers and booleans where a flag takes text or a number: as the command line's tokens would be."""
     config = tmp_path / "run.yaml"

@@ -585,11 +585,24 @@ def read_argument_file(path: Path) -> dict:
         raise FileNotFoundError(f"Argument file {str(path)!r} does not exist.")
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".json":
-        values = json.loads(text)
+        try:
+            values = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"{str(path)!r}, line {error.lineno}, column {error.colno}: not valid JSON ({error.msg})."
+            ) from None
     else:
         import yaml
 
-        values = yaml.safe_load(text)
+        try:
+            values = yaml.safe_load(text)
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f", line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+            problem = getattr(error, "problem", None) or str(error).splitlines()[0]
+            raise ValueError(f"{str(path)!r}{where}: not valid YAML ({problem}).") from None
+    if values is None:
+        raise ValueError(f"{str(path)!r} is empty: give it the flags as `name: value` lines.")
     if not isinstance(values, dict):
         raise ValueError(f"{str(path)!r} must hold a mapping of argument names to values, got {type(values).__name__}.")
     return values
