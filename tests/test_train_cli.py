@@ -268,6 +268,22 @@ def test_a_malformed_argument_file_is_one_line_naming_the_file_and_line(tmp_path
     assert stopped.value.code == 2 and len(error.splitlines()) == 1 and name in error, error
 
 
+def test_flex_attention_is_refused_for_training_on_the_cpu_before_any_data_is_read(tmp_path, monkeypatch):
+    """torch has no backward pass of flex attention on the CPU: the run failed at its first update, after the data
+    and the tokenizer ("FlexAttention does not support backward on CPU"); now before anything is read."""
+    from vanilla_transformer.training import data
+
+    monkeypatch.setattr(data, "load_text_datasets", lambda *a, **k: pytest.fail("the data was read"))
+    monkeypatch.setattr(run, "load_text_datasets", lambda *a, **k: pytest.fail("the data was read"))
+    source, target = tmp_path / "train.en", tmp_path / "train.de"
+    source.write_text("a b\n")
+    target.write_text("b a\n")
+    argv = ["--train_source_file", str(source), "--train_target_file", str(target), "--preset", "tiny", "--use_cpu"]
+    argv += ["--output_dir", str(tmp_path / "out"), "--attn_implementation", "flex_attention", "--report_to", "none"]
+    with pytest.raises(ValueError, match=r"^--attn_implementation flex_attention: torch has no backward pass"):
+        run.main(argv)
+
+
 def test_an_argument_files_values_take_the_flags_types(tmp_path):
     """YAML's numbers and booleans where a flag takes text or a number: as the command line's tokens would be."""
     config = tmp_path / "run.yaml"

@@ -666,6 +666,12 @@ def check_arguments(model_args: ModelArguments, data_args: DataArguments, traini
     check_model_arguments(model_args)
     if model_args.attn_implementation == "flex_attention" and (training_args.use_cpu or not torch.cuda.is_available()):
         check_flex_attention_on_cpu("--attn_implementation flex_attention")
+        if steps_to_run(training_args, data_args)[0]:  # torch: "FlexAttention does not support backward on CPU"
+            raise ValueError(
+                "--attn_implementation flex_attention: torch has no backward pass of flex attention on the CPU, so "
+                "it cannot train there; train with sdpa (the default) and decode with flex attention later, or "
+                "train on a GPU."
+            )
     max_tokens = training_args.max_tokens
     positions = (
         None
