@@ -121,9 +121,8 @@ import torch
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.convert import CTRANSLATE2_INSTALL_HINT
-from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler
+from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler, allow_recompiles
 from vanilla_transformer.training.flops import training_flops
-from vanilla_transformer.training.trainer import allow_recompiles
 from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}

@@ -13,11 +13,10 @@ from torch._dynamo.testing import CompileCounter
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
 from vanilla_transformer.training import levers
-from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler
+from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler, allow_recompiles
 from vanilla_transformer.training.trainer import (
     TransformerTrainer,
     TransformerTrainingArguments,
-    allow_recompiles,
     pads_to_buckets,
 )
 

@@ -408,3 +408,15 @@ class LengthSortedSampler(Sampler[int]):
         restored = np.empty_like(grouped)
         restored[self.order] = grouped
         return restored.reshape(rows.shape)
+
+
+def allow_recompiles(shapes: int) -> None:
+    """Let torch.compile keep a graph for each of ``shapes`` batch shapes (and a few more, e.g. for the
+    last batches), where its limit would fall back to running uncompiled."""
+    import torch._dynamo.config as dynamo
+
+    name = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"  # torch < 2.7
+    setattr(dynamo, name, max(getattr(dynamo, name), shapes + 8))
+    for name in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
+        if hasattr(dynamo, name):
+            setattr(dynamo, name, max(getattr(dynamo, name), 4 * (shapes + 8)))

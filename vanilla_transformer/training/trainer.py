@@ -47,7 +47,7 @@ from .arguments import (
     refuse_data_parallel,
     sorts_evaluation,
 )
-from .batching import LengthSortedSampler, PadToBucket, TokenBatchSampler
+from .batching import LengthSortedSampler, PadToBucket, TokenBatchSampler, allow_recompiles
 from .checkpointing import (
     TRAINER_STATE_NAME,
     CheckpointPolicy,
@@ -228,18 +228,6 @@ class WallClock(TrainerCallback, ExportableState):
             control.should_training_stop = True
             control.should_save = control.should_save or args.save_strategy != "no"  # a --save_minutes save due
         return control
-
-
-def allow_recompiles(shapes: int) -> None:
-    """Let torch.compile keep a graph for each of ``shapes`` batch shapes (and a few more, e.g. for the
-    last batches), where its limit would fall back to running uncompiled."""
-    import torch._dynamo.config as dynamo
-
-    name = "recompile_limit" if hasattr(dynamo, "recompile_limit") else "cache_size_limit"  # torch < 2.7
-    setattr(dynamo, name, max(getattr(dynamo, name), shapes + 8))
-    for name in ("accumulated_recompile_limit", "accumulated_cache_size_limit"):
-        if hasattr(dynamo, name):
-            setattr(dynamo, name, max(getattr(dynamo, name), 4 * (shapes + 8)))
 
 
 def without_padding_columns(tokens: torch.Tensor | None, pad_token_id: int | None) -> torch.Tensor | None:

@@ -32,6 +32,7 @@ import torch
 from ..checkpoint_files import check_has_tokenizer, check_model_folder, from_pretrained_named
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULAS
 from ..pipeline_vanilla_transformer import check_tokenizer_matches_model
+from .batching import allow_recompiles
 from .data import decoded_lines, read_lines
 from .metrics import check_sacrebleu_tokenize
 
@@ -139,8 +140,6 @@ def translate(
     order = sorted(todo, key=lambda i: lengths[i])
     static = (generate_kwargs.get("cache_implementation") or model.generation_config.cache_implementation) == "static"
     if static and pad_to_multiple_of:  # torch.compile keeps 8 graphs by default, then decodes the rest uncompiled
-        from .trainer import allow_recompiles
-
         batches = (order[start : start + batch_size] for start in range(0, len(order), batch_size))
         allow_recompiles(
             len({(len(b), padded_width(min(lengths[b[-1]], limit), pad_to_multiple_of, limit)) for b in batches})
