@@ -561,7 +561,8 @@ def test_float32_masters_step_as_adam_on_float32_copies_and_keep_updates_bfloat1
     assert stayed > total // 4 and moved > 0.9 * total, (stayed, moved, total)
 
 
-def test_float32_masters_travel_in_the_optimizer_state_and_refuse_a_state_without_them():
+def stepped_with_float32_masters():
+    """A bfloat16 model and its AdamW over float32 masters, one update made."""
     model = tiny_model()
     levers.bfloat16_weights(model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -569,6 +570,11 @@ def test_float32_masters_travel_in_the_optimizer_state_and_refuse_a_state_withou
     input_ids, attention_mask, labels = batch(3, 7, 6)
     levers.training_loss(model, inputs_of(model, input_ids, attention_mask, labels), labels, None, 0.1).backward()
     optimizer.step()
+    return model, optimizer
+
+
+def test_float32_masters_travel_in_the_optimizer_state_and_refuse_a_state_without_them():
+    model, optimizer = stepped_with_float32_masters()
     state = optimizer.state_dict()
     saved = state[levers.MASTER_WEIGHTS_KEY]
     assert [t.dtype for t in saved] == [torch.float32] * len(list(model.parameters()))
@@ -666,13 +672,7 @@ def test_float32_masters_start_from_the_weights_at_the_first_step():
 def test_a_bf16_weights_checkpoint_resumed_without_the_flag_goes_on_from_its_masters():
     """Resumed without --bf16_weights, the float32 model takes the saved float32 masters as its weights (not the
     bfloat16 weights of the model file), and its optimizer the moments."""
-    model = tiny_model()
-    levers.bfloat16_weights(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    levers.keep_float32_masters(optimizer)
-    input_ids, attention_mask, labels = batch(3, 7, 6)
-    levers.training_loss(model, inputs_of(model, input_ids, attention_mask, labels), labels, None, 0.1).backward()
-    optimizer.step()
+    model, optimizer = stepped_with_float32_masters()
     state = optimizer.state_dict()
     plain = tiny_model()  # float32
     resumed = torch.optim.AdamW(plain.parameters(), lr=1e-3)
