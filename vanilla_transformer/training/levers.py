@@ -436,7 +436,7 @@ MASTER_WEIGHTS_KEY = "float32_master_weights"  # in the optimizer's state dict (
 def bfloat16_weights(model) -> None:
     """``model``'s parameters and buffers in bfloat16: it computes in bfloat16 without autocast, which casts each
     weight, the activations around every float32 operator (layer norm, softmax) and their gradients back at every
-    update (`operator_count.py`: 716 operators an update of the Multi30k shape under autocast, 439 this way). The
+    update (`operator_count.py`: 716 operators an update of the Multi30k shape under autocast, 441 this way). The
     optimizer keeps float32 masters (`keep_float32_masters`): an update smaller than bfloat16's resolution of a
     weight (2^-8 of it) would otherwise be lost."""
     model.to(torch.bfloat16)
@@ -446,10 +446,10 @@ def keep_float32_masters(optimizer: torch.optim.Optimizer) -> None:
     """``optimizer``, built over a model's bfloat16 parameters and not stepped yet, updates float32 copies of them
     (masters) instead: before each step the gradients are copied up into the masters', after it the masters are
     rounded into the parameters; its ``zero_grad`` clears the parameters' gradients with the masters'. Its state
-    dict holds the masters (`MASTER_WEIGHTS_KEY`), so that a run resumed
-    from a checkpoint goes on from the float32 values, not from the bfloat16 ones the model files hold; loading a
-    state dict without them (a checkpoint trained without --bf16_weights) is refused. The learning-rate
-    scheduler and gradient clipping see the optimizer and the parameters as ever."""
+    dict holds the masters (`MASTER_WEIGHTS_KEY`), so that a run resumed from a checkpoint goes on from the float32
+    values, not from the bfloat16 ones the model files hold; loading a state dict without them (a checkpoint
+    trained without --bf16_weights) is refused. The learning-rate scheduler and gradient clipping see the
+    optimizer and the parameters as ever."""
     optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's AcceleratedOptimizer: the one it wraps
     if getattr(optimizer, "float32_masters", None) is not None:
         return
@@ -480,8 +480,8 @@ def keep_float32_masters(optimizer: torch.optim.Optimizer) -> None:
             fresh[0] = False
         sources, targets = [], []
         for parameter, master in pairs:
-            master.grad = None if parameter.grad is None else torch.empty_like(master)  # None: the step skips it
-            if parameter.grad is not None:
+            if parameter.grad is not None:  # without one (left out of this update) the step skips the master
+                master.grad = torch.empty_like(master)
                 sources.append(parameter.grad)
                 targets.append(master.grad)
         if targets:
