@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import types
 from pathlib import Path
 
@@ -178,6 +179,45 @@ def test_an_eval_strategy_without_do_flags_still_trains(data_dir, trained, tmp_p
     assert run.steps_to_run(training_args, data_args) == (True, True, False)
     _, data_args, training_args = run.parse_arguments([*argv, "--do_eval", "--output_dir", str(tmp_path)])
     assert run.steps_to_run(training_args, data_args) == (False, True, False)  # a --do_* flag decides
+
+
+@pytest.mark.parametrize(
+    "flags, steps",
+    [
+        (["--do_eval", "false"], (True, False, False)),  # train, as without the flag, but no evaluation
+        (["--do-eval=false"], (True, False, False)),
+        (["--do_train", "false"], (False, True, False)),
+        (["--do_predict", "false"], (True, True, False)),
+        (["--do_train", "--do_eval", "false"], (True, False, False)),
+        (["--do_train", "--eval_strategy", "steps"], (True, True, False)),  # transformers' do_eval stays
+    ],
+)
+def test_a_step_turned_off_leaves_the_others_following_the_data(data_dir, tmp_path, flags, steps):
+    argv = [*files(data_dir, "train", "validation"), *flags, "--output_dir", str(tmp_path)]
+    _, data_args, training_args = run.parse_arguments(argv)
+    assert run.steps_to_run(training_args, data_args) == steps
+
+
+def test_a_recipe_file_turning_evaluation_off_trains_without_evaluating(data_dir, tmp_path):
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("do_eval: false\n")
+    argv = [str(recipe), *files(data_dir, "train", "validation"), "--output_dir", str(tmp_path / "out")]
+    _, data_args, training_args = run.parse_arguments(argv)
+    assert run.steps_to_run(training_args, data_args) == (True, False, False)
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--do_train", "false", "--do_eval", "false"], "--do_train false --do_eval false: nothing left to run"),
+        (["--do_eval", "false", "--eval_strategy", "steps"], "--do_eval false and --eval_strategy steps"),
+        (["--do_train", "--do_eval", "false", "--eval_strategy", "epoch"], "give --eval_strategy no"),
+    ],
+)
+def test_steps_that_leave_nothing_or_contradict_are_refused(data_dir, tmp_path, flags, message):
+    argv = [*files(data_dir, "train", "validation"), *flags, "--output_dir", str(tmp_path)]
+    with pytest.raises(ValueError, match=re.escape(message)):
+        run.parse_arguments(argv)
 
 
 def test_an_eval_strategy_without_validation_data_is_refused_before_reading(data_dir, tmp_path, monkeypatch):

@@ -257,7 +257,8 @@ HELP = {
     "output_dir": "where checkpoints, the final model (Hub format) and its card go",
     "resume_from_checkpoint": "a checkpoint folder to resume from, or `last`: the newest complete checkpoint in "
     "--output_dir (what a requeued job gives)",
-    "do_train": "train; without any --do_* flag the run trains, and evaluates where validation data is given",
+    "do_train": "train; without any --do_* flag the run trains, and evaluates where validation data is given "
+    "(--do_eval false: trains only)",
     "do_eval": "evaluate on the validation data (after training, where it trains)",
     "do_predict": "translate and score the test data after training (--test_file, --test_source_file or --test_split)",
     "generation_max_length": "the longest output in evaluation and prediction, in tokens; default: each "
@@ -391,15 +392,46 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
         _warn_ignored_flags(model_args, on_command_line, set(recipe) - on_command_line)
     if recipe.get("config_overrides"):
         model_args.config_overrides = _recipe_overrides(recipe["config_overrides"], model_args, on_command_line)
-    if not given & {"do_train", "do_eval", "do_predict"}:
-        # transformers turns do_eval on for any --eval_strategy; with no --do_* flag the steps follow the data
-        # (`steps_to_run`: train, and evaluate where validation data is given), so that flag alone trains too
-        training_args.do_eval = False
+    _resolve_steps(parser.parse_known_args(argv)[0], given, data_args, training_args)
     if model_args.model_name_or_path and not given & {"learning_rate", "lr_scale"}:
         training_args.learning_rate = FINE_TUNING_LEARNING_RATE
     if model_args.model_name_or_path and "warmup_steps" not in given:
         training_args.warmup_steps = FINE_TUNING_WARMUP_RATIO
     return model_args, data_args, training_args
+
+
+STEP_FLAGS = ("do_train", "do_eval", "do_predict")
+
+
+def _resolve_steps(flags: argparse.Namespace, given: set, data_args: DataArguments, training_args) -> None:
+    """The --do_* flags as given (``flags``: before transformers turns do_eval on for any --eval_strategy).
+
+    With none given, the steps follow the data (`steps_to_run`: train, and evaluate where validation data is
+    given), so that --eval_strategy alone trains too. With only some turned off (``--do_eval false``), the
+    others still follow the data: the run trains without evaluating, not the other way round.
+    """
+    named = [name for name in STEP_FLAGS if name in given]
+    if not named:
+        training_args.do_eval = False
+        return
+    if any(getattr(flags, name) for name in named):
+        on = {name for name in named if getattr(flags, name)}
+    else:
+        on = {"do_train"} | ({"do_eval"} if validation_given(data_args) else set())
+        on -= set(named)
+        if not on:
+            off = " ".join(f"--{name} false" for name in named)
+            raise ValueError(f"{off}: nothing left to run; give --do_train, --do_eval or --do_predict.")
+    strategy = getattr(training_args.eval_strategy, "value", training_args.eval_strategy)
+    if "do_eval" in named and not flags.do_eval and strategy != "no":
+        raise ValueError(
+            f"--do_eval false and --eval_strategy {strategy}, which evaluates during training: "
+            "give --eval_strategy no, or leave --do_eval out."
+        )
+    if training_args.do_eval and "do_eval" not in named:  # transformers' do_eval for an --eval_strategy
+        on.add("do_eval")
+    for name in STEP_FLAGS:
+        setattr(training_args, name, name in on)
 
 
 def _no_bfloat16_message(flags: argparse.Namespace, from_recipe: set) -> str:
