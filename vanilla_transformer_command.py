@@ -31,6 +31,14 @@ HELP_FLAGS = ("-h", "--help")
 
 
 def main(argv: list[str] | None = None) -> None:
+    try:
+        answer(argv)
+    except KeyboardInterrupt:  # Ctrl-C in the seconds of importing torch, or in a tool that has no line of its own
+        sys.stderr.write("vanilla-transformer: stopped by Ctrl-C\n")
+        raise SystemExit(130) from None
+
+
+def answer(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     answer = quick_answer(argv)
     if answer is not None:

@@ -5,6 +5,7 @@ command-line reference in docs/cli.md, and several processes through `accelerate
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from importlib import metadata
@@ -288,6 +289,27 @@ def test_help_of_a_command_that_does_not_exist_is_the_commands_error(capsys):
     with pytest.raises(SystemExit) as exit_info:
         command.main(["trian", "--help"])
     assert exit_info.value.code == 2 and "did you mean 'train'" in capsys.readouterr().err
+
+
+def test_ctrl_c_while_the_package_is_imported_ends_in_one_line_not_a_traceback():
+    """The first seconds of any command import torch and transformers; a Ctrl-C then ended in a KeyboardInterrupt
+    traceback from deep in an import."""
+    script = (
+        "import sys, vanilla_transformer_command as command; print('ready', flush=True); command.main(sys.argv[1:])"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-c", script, "translate"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGINT)  # while `import vanilla_transformer` runs (seconds: torch)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 130, err[-2000:]
+    assert err.strip().splitlines() == ["vanilla-transformer: stopped by Ctrl-C"], err[-2000:]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -356,3 +356,74 @@ def test_a_signal_during_an_evaluation_in_training_saves_without_finishing_it(da
     assert interrupted.value.checkpoint == tmp_path / "run" / "checkpoint-2" and trainer.state.global_step == 2
     check_resumable(interrupted.value.checkpoint)
     assert (interrupted.value.checkpoint / RESUME_POINT_NAME).is_file()
+
+
+def signal_self(number: int):
+    """A stand-in that signals this process, as a scheduler or a terminal would while the real call runs."""
+
+    def stand_in(original):
+        def signalled(*args, **kwargs):
+            os.kill(os.getpid(), number)
+            return original(*args, **kwargs)
+
+        return signalled
+
+    return stand_in
+
+
+@pytest.mark.parametrize(
+    "where, number, said",
+    [
+        ("evaluate", signal.SIGTERM, "stopped by SIGTERM after training, while evaluating: the model is saved in "),
+        ("evaluate", signal.SIGINT, "stopped by Ctrl-C after training, while evaluating: the model is saved in "),
+        ("save", signal.SIGTERM, "stopped by SIGTERM after training, while saving the final model: "),
+        ("build", signal.SIGTERM, "stopped by SIGTERM before training started: nothing was saved"),
+    ],
+)
+def test_a_signal_outside_training_says_where_it_stopped_and_frees_the_output_dir(
+    data_dir, tmp_path, monkeypatch, caplog, where, number, said
+):
+    """SIGTERM outside training (a scheduler preempting the final evaluation, or the data's tokenization) ended the
+    process without a word and left its run lock; Ctrl-C then ended in a traceback. Each now ends with one line
+    saying where the run stopped and what is saved, the exit status of the signal, and --output_dir unlocked."""
+    output = tmp_path / "run"
+    if where == "evaluate":
+        monkeypatch.setattr(
+            train.TransformerTrainer, "evaluate", signal_self(number)(train.TransformerTrainer.evaluate)
+        )
+    elif where == "save":
+        monkeypatch.setattr(train, "save_final_model", signal_self(number)(train.save_final_model))
+    else:
+        monkeypatch.setattr(train, "build_trainer", signal_self(number)(train.build_trainer))
+    before = signal.getsignal(signal.SIGTERM)
+    argv = run_argv(data_dir, output, "--validation_size", "8", "--save_strategy", "steps", "--save_steps", "2")
+    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as stopped:
+        train.main(argv)
+    assert stopped.value.code == 128 + number
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("stopped by")]
+    assert len(lines) == 1 and lines[0].startswith(said), lines
+    if where == "save":  # the run's last checkpoint is complete: resuming from it ends the run, not trains on
+        assert f"{output} may be incomplete; the same command with --resume_from_checkpoint last takes " in lines[0]
+        assert lines[0].endswith(f"checkpoint-{MAX_STEPS} and trains no more")
+    assert not (output / "_run.lock").exists()
+    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
+
+
+def test_after_a_sigterm_in_the_final_evaluation_the_same_command_resumed_evaluates_without_training(
+    data_dir, tmp_path, monkeypatch, caplog
+):
+    """What the line after a SIGTERM in the final evaluation promises: the same command with --resume_from_checkpoint
+    last takes the last checkpoint, trains no more, and evaluates."""
+    output = tmp_path / "run"
+    argv = run_argv(data_dir, output, "--validation_size", "8", "--save_strategy", "steps", "--save_steps", "2")
+    with monkeypatch.context() as patch:
+        evaluate = train.TransformerTrainer.evaluate
+        patch.setattr(train.TransformerTrainer, "evaluate", signal_self(signal.SIGTERM)(evaluate))
+        with pytest.raises(SystemExit):
+            train.main(argv)
+    steps = []
+    monkeypatch.setattr(train.TransformerTrainer, "training_step", lambda *a, **k: steps.append(1))
+    with caplog.at_level(logging.WARNING):
+        metrics = train.main([*argv, "--resume_from_checkpoint", "last"])
+    assert "eval_loss" in metrics and not steps
+    assert f"checkpoint-{MAX_STEPS} ends the training" in caplog.text

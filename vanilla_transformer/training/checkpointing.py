@@ -447,6 +447,40 @@ def _write_failure(error: BaseException, run_dir: Path, name: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
+class Stopped(BaseException):
+    """SIGTERM outside training (`sigterm_raises`), raised where the run is, as Ctrl-C raises KeyboardInterrupt:
+    the run then says where it stopped and gives its --output_dir back (a base class of neither, so that no
+    ``except Exception`` of a library swallows it)."""
+
+    signal_number = signal.SIGTERM
+
+
+def _raise_stopped(number, frame) -> None:
+    ignore_further_sigterms()  # once: a launcher passes the scheduler's on, so two arrive
+    raise Stopped()
+
+
+def ignore_further_sigterms() -> None:
+    """The run is stopping: another SIGTERM must not cut its clean-up short (until `sigterm_raises` ends)."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+@contextmanager
+def sigterm_raises():
+    """While the block runs, SIGTERM raises `Stopped` (the default would end the process without a word and leave
+    its run lock); during training `StopOnSignal` takes it over and gives it back. The handler before is back
+    after the block, whatever it set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 class TrainingInterrupted(KeyboardInterrupt):
     """Training stopped on a signal after saving ``checkpoint`` (None when the signal came too late to save)."""
 

@@ -43,6 +43,7 @@ from transformers import (
     TrainerCallback,
     set_seed,
 )
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from .. import VanillaTransformerForConditionalGeneration, check_tokenizer_matches_model, train_tokenizer
 from ..checkpoint_files import (
@@ -58,7 +59,15 @@ from ..private_api import require
 from .arguments import refuse_data_parallel, schedule_name
 from .averaging import MEAN_NAMES, architecture, average_checkpoints
 from .caches import usable_tokenizer_cache
-from .checkpointing import TrainingInterrupted, complete_checkpoints, resolve_checkpoint
+from .checkpointing import (
+    RESUME_HINT,
+    Stopped,
+    TrainingInterrupted,
+    complete_checkpoints,
+    ignore_further_sigterms,
+    resolve_checkpoint,
+    sigterm_raises,
+)
 from .data import (
     ROLES,
     TOKENIZER_SAMPLE_VERSION,
@@ -107,70 +116,115 @@ def main(
     processes it ends by closing the process group, as a script's last line should: a process that
     exits with gloo's threads still running is aborted at shutdown ("terminate called without an
     active exception", exit code -6) after a run that succeeded."""
-    lock = None
-    try:
+    lock, stage = None, Stage()
+    with sigterm_raises():  # also around the clean-up below: a SIGTERM then is ignored until it is done
         try:
-            model_args, data_args, training_args = parse_arguments(argv, prog)
-            logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-            lock = hold_output_dir(training_args)  # one run per --output_dir, before any data is read
-            if model_args.tokenizer_only:
-                save_tokenizer_only(model_args, data_args, training_args)
-                return {}
-            run = build_trainer(model_args, data_args, training_args)  # data, tokenizer, model, trainer
-        except (ValueError, OSError) as error:
-            if not exit_on_bad_input:
-                raise
-            exit_with_usage_error(prog, error)
-        except KeyboardInterrupt:  # Ctrl-C while the data is read or the tokenizer trained: nothing to resume
-            logger.warning("stopped by Ctrl-C before training started: nothing was saved; run the command again")
-            raise SystemExit(128 + signal.SIGINT) from None
-        trainer, tokenizer = run.trainer, run.tokenizer
-        do_train, do_eval, do_predict = steps_to_run(training_args, data_args)
-        log_the_run(trainer, run.datasets["train"])
-        metrics: dict = {}
-        if do_train:
             try:
-                result = trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
-            except TrainingInterrupted as interrupted:  # Ctrl-C or SIGTERM, after saving a checkpoint
-                logger.warning(str(interrupted))
-                raise SystemExit(128 + interrupted.signal_number) from None
-            except (MemoryCheckError, TooFewBatches) as error:  # found before the first update
+                model_args, data_args, training_args = parse_arguments(argv, prog)
+                logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+                lock = hold_output_dir(training_args)  # one run per --output_dir, before any data is read
+                if model_args.tokenizer_only:
+                    save_tokenizer_only(model_args, data_args, training_args)
+                    return {}
+                run = build_trainer(model_args, data_args, training_args)  # data, tokenizer, model, trainer
+            except (ValueError, OSError) as error:
                 if not exit_on_bad_input:
                     raise
                 exit_with_usage_error(prog, error)
-            metrics.update(result.metrics)
-            trainer.save_state()  # trainer_state.json: the logged loss curve, next to the model
-            save_final_model(trainer, tokenizer, training_args.average_checkpoints, training_args.average_weights)
-        if do_eval:
-            evaluation = trainer.evaluate(metric_key_prefix="eval")
-            evaluation["eval_perplexity"] = math.exp(min(evaluation["eval_loss"], 50.0))
-            metrics.update(evaluation)
-        if do_predict:
-            metrics.update(
-                predict(
-                    trainer,
-                    tokenizer,
-                    run.text["test"],
-                    data_args.sacrebleu_tokenize,
-                    data_args.target_lang if data_args.compound_split_bleu else None,
-                )
+            return _train_evaluate_predict(run, model_args, data_args, training_args, stage, prog, exit_on_bad_input)
+        except (KeyboardInterrupt, Stopped) as stop:  # TrainingInterrupted is answered where it is raised
+            number = getattr(stop, "signal_number", signal.SIGINT)
+            ignore_further_sigterms()
+            logger.warning(f"stopped by {'SIGTERM' if number == signal.SIGTERM else 'Ctrl-C'} {stage.said()}")
+            raise SystemExit(128 + number) from None
+        finally:
+            if lock is not None:
+                lock.release()
+            close_process_group()
+
+
+@dataclass
+class Stage:
+    """Where `main` is, for the line that a Ctrl-C or a SIGTERM outside training ends the run with."""
+
+    doing: str = "before training started"
+    output_dir: str | None = None  # set once training has ended
+    final_checkpoint: Path | None = None  # of the last update, where saved: a run resumed from it trains no more
+
+    def said(self) -> str:
+        if self.output_dir is None:
+            if self.doing == "during training":  # a second Ctrl-C: the checkpoint was not written
+                return f"during training, without saving: {RESUME_HINT} continues from the last checkpoint, if any"
+            return f"{self.doing}: nothing was saved; run the command again"
+        again = (
+            f"; the same command with {RESUME_HINT} takes {self.final_checkpoint} and trains no more"
+            if self.final_checkpoint is not None
+            else ""
+        )
+        if self.doing == "while saving the final model":
+            return f"after training, while saving the final model: {self.output_dir} may be incomplete{again}"
+        return (
+            f"after training, {self.doing}: the model is saved in {self.output_dir} (evaluate it, or translate the "
+            f"test set, with --model_name_or_path {self.output_dir} --do_eval or --do_predict){again}"
+        )
+
+
+def _train_evaluate_predict(
+    run, model_args, data_args, training_args, stage: Stage, prog: str, exit_on_bad_input: bool
+) -> dict:
+    """`main` from a built trainer: train, save, evaluate, predict, as the --do_* flags say; the metrics."""
+    trainer, tokenizer = run.trainer, run.tokenizer
+    do_train, do_eval, do_predict = steps_to_run(training_args, data_args)
+    log_the_run(trainer, run.datasets["train"])
+    metrics: dict = {}
+    if do_train:
+        stage.doing = "during training"
+        try:
+            result = trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
+        except TrainingInterrupted as interrupted:  # Ctrl-C or SIGTERM, after saving a checkpoint
+            ignore_further_sigterms()  # stopping: see `StopOnSignal`'s second SIGTERM
+            logger.warning(str(interrupted))
+            raise SystemExit(128 + interrupted.signal_number) from None
+        except (MemoryCheckError, TooFewBatches) as error:  # found before the first update
+            if not exit_on_bad_input:
+                raise
+            exit_with_usage_error(prog, error)
+        stage.doing, stage.output_dir = "while saving the final model", training_args.output_dir
+        final = Path(training_args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}"
+        stage.final_checkpoint = final if final.is_dir() else None
+        metrics.update(result.metrics)
+        trainer.save_state()  # trainer_state.json: the logged loss curve, next to the model
+        save_final_model(trainer, tokenizer, training_args.average_checkpoints, training_args.average_weights)
+    if do_eval:
+        stage.doing = "while evaluating"
+        evaluation = trainer.evaluate(metric_key_prefix="eval")
+        evaluation["eval_perplexity"] = math.exp(min(evaluation["eval_loss"], 50.0))
+        metrics.update(evaluation)
+    if do_predict:
+        stage.doing = "while translating the test set"
+        metrics.update(
+            predict(
+                trainer,
+                tokenizer,
+                run.text["test"],
+                data_args.sacrebleu_tokenize,
+                data_args.target_lang if data_args.compound_split_bleu else None,
             )
-        trainer.save_metrics("all", metrics)
-        if do_train and trainer.is_world_process_zero():
-            write_card(Path(training_args.output_dir), trainer, model_args, data_args, metrics)
-            logger.info(f"saved the model, tokenizer and generation config to {training_args.output_dir}")
-        if do_train and training_args.push_to_hub:  # the folder as saved, its card included
-            push_final_model(trainer, Path(training_args.output_dir))
-        if trainer.is_world_process_zero():
-            logger.info(
-                "metrics: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
-            )
-        trainer.accelerator.wait_for_everyone()  # leave together: no process exits mid-collective
-        return metrics
-    finally:
-        if lock is not None:
-            lock.release()
-        close_process_group()
+        )
+    stage.doing = "while writing the metrics and the model card"
+    trainer.save_metrics("all", metrics)
+    if do_train and trainer.is_world_process_zero():
+        write_card(Path(training_args.output_dir), trainer, model_args, data_args, metrics)
+        logger.info(f"saved the model, tokenizer and generation config to {training_args.output_dir}")
+    if do_train and training_args.push_to_hub:  # the folder as saved, its card included
+        stage.doing = "while pushing the model to the Hub"
+        push_final_model(trainer, Path(training_args.output_dir))
+    if trainer.is_world_process_zero():
+        logger.info(
+            "metrics: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
+        )
+    trainer.accelerator.wait_for_everyone()  # leave together: no process exits mid-collective
+    return metrics
 
 
 def build_trainer(model_args, data_args, training_args) -> Run:
