@@ -103,6 +103,24 @@ def test_do_eval_alone_evaluates_the_checkpoint_without_training(data_dir, train
     assert {"eval_loss", "eval_bleu", "eval_gen_len"} <= set(metrics) and "train_runtime" not in metrics
 
 
+def test_an_evaluation_only_run_writes_tensorboard_events_under_its_output_dir(
+    data_dir, trained, tmp_path, monkeypatch
+):
+    """transformers' TensorBoardCallback picks its folder when training begins: a run that only evaluates (or a
+    requeued run that trains no more) wrote its events into ./runs of whatever directory it was started in."""
+    started_in = tmp_path / "cwd"
+    started_in.mkdir()
+    monkeypatch.chdir(started_in)
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    output = tmp_path / "evaluation"
+    valid = ["--validation_source_file", str(data_dir / "valid.src"), "--validation_target_file"]
+    valid.append(str(data_dir / "valid.tgt"))
+    flags = ["--use_cpu", "--disable_tqdm", "true", "--generation_num_beams", "1", "--report_to", "tensorboard"]
+    run.main(["--model_name_or_path", str(trained), "--do_eval", "--output_dir", str(output), *valid, *flags])
+    assert not list(started_in.iterdir())
+    assert len(list((output / "runs").glob("*/events.out.tfevents.*"))) >= 1
+
+
 def test_predict_with_generate_false_reports_the_loss_and_finishes_the_run(data_dir, tmp_path):
     metrics = run.main(
         tiny_args(

@@ -34,6 +34,8 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 from transformers import ProgressCallback, Seq2SeqTrainer, TrainerCallback, TrainerState
+from transformers.integrations import TensorBoardCallback
+from transformers.integrations.integration_utils import default_logdir
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import EvalLoopOutput, EvalPrediction, TrainOutput, has_length
 
@@ -259,6 +261,16 @@ def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> f
 # ---------------------------------------------------------------------------------------------
 
 
+def _tensorboard_beside_the_run(trainer) -> None:
+    """TensorBoardCallback takes ``--output_dir/runs/<time>_<host>`` for its events at on_train_begin: a run that
+    logs without training (evaluation or prediction only, or a requeued run whose checkpoint ends its training)
+    had its writer made in ``./runs`` of the current directory. It gets that folder now (the environment's
+    TENSORBOARD_LOGGING_DIR, which it read itself, still wins)."""
+    for callback in trainer.callback_handler.callbacks:
+        if isinstance(callback, TensorBoardCallback) and callback.logging_dir is None:
+            callback.logging_dir = os.path.join(trainer.args.output_dir, default_logdir())
+
+
 class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPolicy, Seq2SeqTrainer):
     """Seq2SeqTrainer with the paper's recipe: token-count batches, per-token label smoothing, eq. (3).
 
@@ -326,6 +338,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         self.divergence = DivergenceGuard(self)  # last: it reads whether the others log, evaluate or save
         self.add_callback(self.divergence)
         apply_levers(self.accelerator.unwrap_model(self.model), self.args)
+        _tensorboard_beside_the_run(self)
 
     def create_optimizer(self, *args, **kwargs) -> torch.optim.Optimizer:
         """The Trainer's optimizer (--optim); with --bf16_weights over float32 copies of the bfloat16 weights
