@@ -1305,10 +1305,24 @@ def test_yaml_argument_file_with_command_line_override(data_dir, tmp_path):
     assert data_args.train_source_file == str(data_dir / "train.src")
 
 
-def test_unknown_key_in_an_argument_file_is_named(tmp_path):
+def test_unknown_key_in_an_argument_file_is_named_with_the_closest(tmp_path):
     config = tmp_path / "run.yaml"
     config.write_text("output_dir: out\nwarmup_step: 100\n")
-    with pytest.raises(ValueError, match=r"unknown argument\(s\) \['warmup_step'\]"):
+    message = r"run.yaml': 'warmup_step' is not an argument of .* \(did you mean 'warmup_steps'\?\); see"
+    with pytest.raises(ValueError, match=message):
+        train.parse_arguments([str(config)])
+
+
+def test_an_argument_file_takes_names_with_dashes_as_the_command_line_does(tmp_path):
+    config = tmp_path / "run.yaml"
+    config.write_text("output-dir: out\nwarmup-steps: 100\nmax_tokens: 512\n")
+    _, _, training_args = train.parse_arguments([str(config)])
+    assert training_args.warmup_steps == 100 and training_args.max_tokens == 512 and training_args.output_dir == "out"
+    config.write_text("output_dir: out\nwarmup-steps: 100\nwarmup_steps: 200\n")
+    with pytest.raises(ValueError, match="run.yaml' gives warmup_steps twice"):
+        train.parse_arguments([str(config)])
+    config.write_text("output_dir: out\n3: 100\n")
+    with pytest.raises(ValueError, match="run.yaml': 3 is not an argument name"):
         train.parse_arguments([str(config)])
 
 

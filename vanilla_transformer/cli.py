@@ -20,7 +20,6 @@ for both. The library never imports this module: it runs the tools, they do not 
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import sys
 
@@ -30,6 +29,7 @@ from .command_line import (  # noqa: F401 (imported from here)
     MissingExtra,
     accelerate_config_names,
     accelerate_config_path,
+    did_you_mean,
     exit_with_usage_error,
     help_rendered_with,
     option_strings,
@@ -222,10 +222,9 @@ def main(argv: list[str] | None = None) -> None:
     elif argv[0] in TOOLS:
         run_command(argv[0], argv[1:])
     else:
-        close = difflib.get_close_matches(argv[0], [*TOOLS, *PATHS], n=1)
         exit_with_usage_error(
             PROG,
-            f"no command {argv[0]!r}{f' (did you mean {close[0]!r}?)' if close else ''}; "
+            f"no command {argv[0]!r}{did_you_mean(argv[0], [*TOOLS, *PATHS])}; "
             f"the commands are {', '.join([*TOOLS, *PATHS])} (see {PROG} --help)",
         )
 

@@ -28,6 +28,16 @@ HELP_COLUMNS = 80  # the width the packaged screens and docs/cli.md are rendered
 HELP_DEPENDS_ON = ("torch", "transformers", "accelerate", "huggingface_hub")
 
 
+def did_you_mean(word: str, choices, quoted: bool = True, most: int = 1) -> str:
+    """`` (did you mean 'x'?)`` for the ``most`` closest of ``choices`` to a misspelt ``word`` (``'x' or 'y'``
+    for more), or "" where none is close: the one wording of every "no such name" error of the package."""
+    import difflib  # only for these errors
+
+    close = difflib.get_close_matches(word, list(choices), n=most)
+    names = " or ".join(repr(name) if quoted else name for name in close)
+    return f" (did you mean {names}?)" if close else ""
+
+
 def packaged(kind: str) -> dict[str, Path]:
     """The package's files of ``kind`` (recipe, config) by name, in the order of the names."""
     folder = Path(__file__).resolve().parent / PACKAGED[kind][0]
@@ -39,12 +49,8 @@ def packaged_path(kind: str, name: str) -> Path:
     files = packaged(kind)
     stem = name.removesuffix(".yaml")
     if stem not in files:
-        import difflib  # only for this error
-
-        close = difflib.get_close_matches(stem, list(files), n=1)
         raise ValueError(
-            f"There is no {PACKAGED[kind][1]} named {name!r}"
-            f"{f' (did you mean {close[0]!r}?)' if close else ''}; the package has "
+            f"There is no {PACKAGED[kind][1]} named {name!r}{did_you_mean(stem, files)}; the package has "
             f"{', '.join(files)}."
         )
     return files[stem]

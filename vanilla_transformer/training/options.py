@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import difflib
 import json
 import logging
 import math
@@ -33,7 +32,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .. import PRESETS, VanillaTransformerConfig
 from ..attention_backends import check_flex_attention_on_cpu
-from ..command_line import recipe_names, recipe_path
+from ..command_line import did_you_mean, recipe_names, recipe_path
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULAS
 from ..private_api import require
 from ..tokenization_vanilla_transformer import MIN_VOCAB_SIZE
@@ -366,8 +365,11 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
         path = Path(first) if Path(first).suffix in ARGUMENT_FILE_SUFFIXES else recipe_or_error(first)
         values = read_argument_file(path)
         _refuse_foreign_flags(values, f"{str(path)!r}")
-        if unknown := sorted(set(values) - known):
-            raise ValueError(f"{str(path)!r} has unknown argument(s) {unknown}; see `{prog} --help` for the names.")
+        for name in sorted(set(values) - known):
+            raise ValueError(
+                f"{str(path)!r}: {name!r} is not an argument of {prog}{did_you_mean(name, sorted(known))}; see "
+                f"`{prog} --help` for the names."
+            )
         recipe = _typed_file_values(parser, values, path)
         parser.set_defaults(**recipe)
         given |= set(values)
@@ -513,10 +515,9 @@ def _refuse_unknown_integrations(report_to: list[str], where: str | None) -> Non
         )
     for name in report_to:
         if name not in known:
-            close = difflib.get_close_matches(name, sorted(known), n=1)
             raise ValueError(
                 f"{where}: {name!r} is not an integration transformers reports to"
-                f"{f' (did you mean {close[0]}?)' if close else ''}; give none, all, or any of "
+                f"{did_you_mean(name, sorted(known), quoted=False)}; give none, all, or any of "
                 f"{', '.join(sorted(known))}."
             )
 
@@ -539,10 +540,9 @@ def _refuse_unknown_flags(parser: argparse.ArgumentParser, argv: list[str]) -> N
     for token in argv:
         flag = token.split("=", 1)[0]
         if token.startswith("--") and flag not in parser._option_string_actions:
-            close = difflib.get_close_matches(flag, flags, n=1)
             raise ValueError(
-                f"{flag} is not a flag of {parser.prog}"
-                f"{f' (did you mean {close[0]}?)' if close else ''}; see {parser.prog} --help."
+                f"{flag} is not a flag of {parser.prog}{did_you_mean(flag, flags, quoted=False)}; "
+                f"see {parser.prog} --help."
             )
         if (
             token.startswith("-")
@@ -637,7 +637,15 @@ def read_argument_file(path: Path) -> dict:
         raise ValueError(f"{str(path)!r} is empty: give it the flags as `name: value` lines.")
     if not isinstance(values, dict):
         raise ValueError(f"{str(path)!r} must hold a mapping of argument names to values, got {type(values).__name__}.")
-    return values
+    named: dict = {}
+    for key, value in values.items():  # max-steps or max_steps, as on the command line
+        name = key.replace("-", "_") if isinstance(key, str) else key
+        if not isinstance(name, str):
+            raise ValueError(f"{str(path)!r}: {key!r} is not an argument name (a word, such as max_steps).")
+        if name in named:
+            raise ValueError(f"{str(path)!r} gives {name} twice (as {name} and as {name.replace('_', '-')}).")
+        named[name] = value
+    return named
 
 
 def check_model_arguments(model_args: ModelArguments) -> None:
@@ -647,10 +655,9 @@ def check_model_arguments(model_args: ModelArguments) -> None:
         refuse_overrides_of_a_checkpoint(model_args.config_overrides)
     else:
         if model_args.preset not in PRESETS:
-            close = difflib.get_close_matches(model_args.preset, PRESETS, n=1)
             raise ValueError(
-                f"--preset {model_args.preset!r} does not exist"
-                f"{f' (did you mean {close[0]!r}?)' if close else ''}; choose one of {', '.join(PRESETS)}."
+                f"--preset {model_args.preset!r} does not exist{did_you_mean(model_args.preset, PRESETS)}; "
+                f"choose one of {', '.join(PRESETS)}."
             )
         model_config(model_args.preset, model_args.config_overrides)  # a value the config refuses fails now
     if model_args.tokenizer_vocab_size < MIN_VOCAB_SIZE:
@@ -761,10 +768,9 @@ def parse_overrides(text: str | None) -> dict:
         if not sep or not key:
             raise ValueError(f"--config_overrides item {item!r} is not key=value (e.g. d_model=256).")
         if key not in CONFIG_FIELDS:
-            close = difflib.get_close_matches(key, CONFIG_FIELDS, n=3)
             raise ValueError(
                 f"--config_overrides {key}={value}: the config has no field {key!r}"
-                f"{' (did you mean ' + ' or '.join(map(repr, close)) + '?)' if close else ''}. The fields "
+                f"{did_you_mean(key, CONFIG_FIELDS, most=3)}. The fields "
                 "are those of VanillaTransformerConfig, e.g. d_model, encoder_layers, dropout."
             )
         if key in overrides:

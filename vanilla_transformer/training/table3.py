@@ -31,7 +31,6 @@ BLEU per row, with the seed spread) go to ``OUTPUT``.
 from __future__ import annotations
 
 import argparse
-import difflib
 import gc
 import hashlib
 import json
@@ -51,7 +50,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-from ..command_line import with_dashes
+from ..command_line import did_you_mean, with_dashes
 from . import run
 from .checkpointing import RESUME_HINT, checkpoint_folders
 from .options import (
@@ -214,10 +213,8 @@ def select_rows(text: str | None) -> list[str]:
         elif name.upper() in groups:
             wanted |= {row for row in PAPER_ROWS if PAPER_ROWS[row].group == name.upper()}
         else:
-            close = difflib.get_close_matches(name, [*PAPER_ROWS, *sorted(groups)], n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
             raise ValueError(
-                f"--rows {name!r} is not a row of Table 3{hint}; "
+                f"--rows {name!r} is not a row of Table 3{did_you_mean(name, [*PAPER_ROWS, *sorted(groups)])}; "
                 f"the rows are {', '.join(PAPER_ROWS)}, and the groups {', '.join(sorted(groups))}."
             )
     return [name for name in PAPER_ROWS if name in wanted]
