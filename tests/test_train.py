@@ -371,6 +371,13 @@ def test_tokenizer_only_is_refused_where_it_would_train_nothing_or_in_several_pr
     resumed = tiny_args(data_dir, tmp_path / "r", "--tokenizer_only", "true", "--resume_from_checkpoint", "last")
     with pytest.raises(ValueError, match=r"^--tokenizer_only trains a new tokenizer; --resume_from_checkpoint last"):
         train.save_tokenizer_only(*train.parse_arguments(resumed))
+    (tmp_path / "c" / "checkpoint-3").mkdir(parents=True)  # another run's: it needs its own tokenizer
+    old_run = tiny_args(data_dir, tmp_path / "c", "--tokenizer_only", "true")
+    with pytest.raises(
+        ValueError, match=r"checkpoint-3\), which need the tokenizer .*: choose a new --output_dir"
+    ) as e:
+        train.save_tokenizer_only(*train.parse_arguments(old_run))
+    assert "--resume_from_checkpoint" not in str(e.value)  # which --tokenizer_only refuses
     model_args, data_args, training_args = train.parse_arguments(tiny_args(data_dir, tmp_path / "b"))
     monkeypatch.setattr(type(training_args), "world_size", property(lambda self: 4))
     with pytest.raises(ValueError, match=r"^--tokenizer_only runs as one process, not 4"):

@@ -79,6 +79,17 @@ def test_do_predict_alone_translates_the_test_file_in_input_order_and_scores_it(
     assert all((before[name] == after[name]).all() for name in before)
 
 
+def test_predictions_cut_off_by_the_length_limit_name_trains_flag(data_dir, trained, tmp_path, caplog):
+    """The warning for translations the length limit cut off names the flag that moves the limit: train's
+    --generation_max_length, not translate's --max-new-tokens."""
+    test = ["--test_source_file", str(data_dir / "test.src"), "--test_target_file", str(data_dir / "test.tgt")]
+    flags = ["--use_cpu", "--disable_tqdm", "true", "--report_to", "none", "--generation_max_length", "2"]
+    with caplog.at_level(logging.WARNING):
+        run.main(["--model_name_or_path", str(trained), "--do_predict", "--output_dir", str(tmp_path), *test, *flags])
+    assert "9 of 9 translation(s) reached the length limit" in caplog.text
+    assert "a longer limit (--generation_max_length)" in caplog.text and "--max-new-tokens" not in caplog.text
+
+
 def test_do_eval_alone_evaluates_the_checkpoint_without_training(data_dir, trained, tmp_path):
     metrics = run.main(
         [

@@ -172,7 +172,7 @@ def test_translations_cut_off_by_the_length_limit_are_named_in_a_warning(loaded,
         handle.remove()
     if eos_logit < 0:
         assert "3 of 3 translation(s) reached the length limit without </s>" in caplog.text
-        assert "--input in.txt, line 1, 3, 4." in caplog.text
+        assert "--input in.txt, line 1, 3, 4. Long inputs may need a longer limit (max_new_tokens);" in caplog.text
     else:
         assert "length limit" not in caplog.text
 
@@ -311,7 +311,7 @@ def short_model_dir(tmp_path_factory) -> Path:
 
 
 def test_a_line_too_long_fails_before_decoding_and_is_named(short_model_dir, tmp_path, monkeypatch):
-    from transformers import AutoTokenizer
+    from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(short_model_dir)
     long_line = " ".join(["medium sentence"] * 10)
@@ -324,10 +324,14 @@ def test_a_line_too_long_fails_before_decoding_and_is_named(short_model_dir, tmp
     )
     with pytest.raises(
         ValueError,
-        match=r"longer than the 12 tokens the model accepts: --input .*in.txt, line 2 \(\d+ tokens\).*--skip-long",
+        match=r"longer than the 12 tokens the model accepts: --input .*in.txt, line 2 \(\d+ tokens\)\. .*"
+        r"skip or truncate them \(--skip-long or --truncate\)\.$",
     ):
         translate.main(["--model", str(short_model_dir), "--input", str(source), "--output", str(tmp_path / "o")])
     assert decoded == [] and not (tmp_path / "o").exists()
+    model = AutoModelForSeq2SeqLM.from_pretrained(short_model_dir)
+    with pytest.raises(ValueError, match=r"skip or truncate them \(long_inputs=\"skip\" or \"truncate\"\)\.$"):
+        translate.translate(model, tokenizer, ["short", long_line])  # from Python: the argument, not a flag
 
 
 def test_skip_long_leaves_the_line_empty_and_truncate_translates_its_start(short_model_dir, tmp_path):

@@ -685,16 +685,22 @@ def check_model_arguments(model_args: ModelArguments) -> None:
         )
 
 
-def check_output_dir(training_args, resuming: bool) -> None:
+def check_output_dir(training_args, resuming: bool, tokenizer_only: bool = False) -> None:
     """A new run must not write into the folder of another: their checkpoints would mix (averaging would
-    take some of each) and the new tokenizer would replace the one the old checkpoints need."""
+    take some of each) and the new tokenizer would replace the one the old checkpoints need (``tokenizer_only``:
+    that is all --tokenizer_only would write, and it has no run to continue)."""
     output_dir = Path(training_args.output_dir)
     if resuming or not output_dir.is_dir():
         return
     if old := checkpoint_folders(output_dir):
+        held = f"--output_dir {output_dir} already holds checkpoints of a run ({', '.join(p.name for p in old[-3:])})"
+        if tokenizer_only:
+            raise ValueError(
+                f"{held}, which need the tokenizer they were trained with: choose a new --output_dir for the new "
+                "tokenizer (or delete the old one)."
+            )
         raise ValueError(
-            f"--output_dir {output_dir} already holds checkpoints of a run ({', '.join(p.name for p in old[-3:])}). "
-            f"Continue that run with {RESUME_HINT}, or choose a new --output_dir (or delete the old one)."
+            f"{held}. Continue that run with {RESUME_HINT}, or choose a new --output_dir (or delete the old one)."
         )
 
 

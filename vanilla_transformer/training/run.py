@@ -540,7 +540,7 @@ def save_tokenizer_only(model_args, data_args, training_args) -> Path:
     check_arguments(model_args, data_args, training_args)
     _, do_eval, do_predict = steps_to_run(training_args, data_args)  # as the run the tokenizer is for checks them
     check_steps_have_data(model_args, data_args, True, do_eval, do_predict)
-    check_output_dir(training_args, resuming=False)  # the checkpoints there need the tokenizer they were trained with
+    check_output_dir(training_args, resuming=False, tokenizer_only=True)
     text = load_text_datasets(data_args, training_args.seed, train=True)
     tokenizer = prepare_tokenizer(
         text["train"],
@@ -691,6 +691,7 @@ def predict(
         args.per_device_eval_batch_size,
         progress=not args.disable_tqdm,
         pad_to_multiple_of=STATIC_CACHE_MULTIPLE if args.static_cache_decoding else None,
+        flags={"max_new_tokens": "--generation_max_length"},
         **{name: value for name, value in settings.items() if value is not None},
     )
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -94,6 +94,7 @@ def translate(
     progress: bool = False,
     lines_of: str | None = None,
     pad_to_multiple_of: int | None = None,
+    flags: Mapping[str, str] | None = None,
     **generate_kwargs,
 ) -> list[str]:
     """Translate ``sentences`` in batches of similar length; returns hypotheses in input order.
@@ -109,8 +110,11 @@ def translate(
             limit), so that batches come in few shapes: with ``cache_implementation="static"``, generate()
             compiles one graph per shape on CUDA. The hypotheses are those of the unpadded batch (§6.1's length
             limit is each sentence's own).
+        flags: the command line's flags for ``long_inputs`` and ``max_new_tokens``, for the messages that say how
+            to change them (``{"max_new_tokens": "--max-new-tokens"}``); without, they name these arguments.
         generate_kwargs: passed to ``model.generate`` (e.g. ``num_beams=1``).
     """
+    flags = {"long_inputs": 'long_inputs="skip" or "truncate"', "max_new_tokens": "max_new_tokens", **(flags or {})}
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
     if long_inputs not in LONG_INPUT_POLICIES:
@@ -129,7 +133,7 @@ def translate(
         if long_inputs == "error":
             raise ValueError(
                 f"{len(too_long)} input(s) are longer than the {limit} tokens the model accepts: {where}. Shorten "
-                "them, or choose to skip or truncate them (translate.py --skip-long / --truncate)."
+                f"them, or choose to skip or truncate them ({flags['long_inputs']})."
             )
         logger.warning(
             f"{'skipping' if long_inputs == 'skip' else 'truncating'} {len(too_long)} input(s) longer "
@@ -163,7 +167,7 @@ def translate(
         bar.update(len(indices))
     bar.close()
     if unfinished:
-        _warn_unfinished(sorted(unfinished), len(order), lines_of)
+        _warn_unfinished(sorted(unfinished), len(order), lines_of, flags["max_new_tokens"])
     return hypotheses
 
 
@@ -192,7 +196,7 @@ def _ended(generated: torch.Tensor, model, generate_kwargs: dict) -> list[bool]:
     return torch.isin(generated[:, 1:], eos).any(dim=1).tolist()
 
 
-def _warn_unfinished(unfinished: list[int], total: int, lines_of: str | None) -> None:
+def _warn_unfinished(unfinished: list[int], total: int, lines_of: str | None, length_flag: str) -> None:
     """Say which translations the length limit cut off: an undertrained model loops instead of ending."""
     where = (
         (f"{lines_of}, line" if lines_of else "number")
@@ -202,7 +206,7 @@ def _warn_unfinished(unfinished: list[int], total: int, lines_of: str | None) ->
     )
     logger.warning(
         f"{len(unfinished)} of {total} translation(s) reached the length limit without </s> and are cut off: "
-        f"{where}. Long inputs may need a higher max_new_tokens (--max-new-tokens); a model that repeats "
+        f"{where}. Long inputs may need a longer limit ({length_flag}); a model that repeats "
         "itself instead of ending is undertrained: train it longer, or decode with no_repeat_ngram_size=3 (not in "
         "the paper)."
     )
@@ -381,6 +385,7 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
         progress=not args.no_progress,
         lines_of=f"--input {args.input}",
         pad_to_multiple_of=STATIC_CACHE_MULTIPLE if args.static_cache else None,
+        flags={"long_inputs": "--skip-long or --truncate", "max_new_tokens": "--max-new-tokens"},
         **generate_kwargs,
     )
     seconds = time.perf_counter() - started
