@@ -529,7 +529,7 @@ def test_model_learns_to_reverse_and_the_saved_folder_loads(data_dir, tmp_path):
     assert results == {"bleu": round(metrics["eval_bleu"], 2), "chrf": round(metrics["eval_chrf"], 2)}
     # scored greedily (--generation_num_beams 1) while the card describes the saved beam-4 decoding: said
     text = (output / "README.md").read_text()
-    assert "| validation scores decoded with | beam 1 (--generation_num_beams" in text
+    assert "| scores decoded with | beam 1 (--generation_num_beams" in text
     # local files: named (not their folders) with the pairs trained on, where "not recorded" stood
     pairs = sum(1 for _ in open(data_dir / "train.src", encoding="utf-8"))
     assert f"Training data: local files `train.src` and `train.tgt` ({pairs:,} pairs)." in text

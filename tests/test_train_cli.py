@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import shutil
 import types
 from pathlib import Path
 
@@ -461,6 +462,49 @@ def test_a_fine_tune_of_a_local_checkpoint_names_it_in_the_card(data_dir, traine
     card = ModelCard.load(tmp_path / "ft" / "README.md")
     assert f"Fine-tuned from a local checkpoint, `{trained.name}`." in card.text
     assert str(trained.parent) not in card.text and card.data.base_model is None
+
+
+def test_the_card_names_the_data_each_score_is_of_and_carries_the_test_scores(data_dir, trained, tmp_path):
+    """The card's results named local data "custom" under a "test set" header even for validation scores, left the
+    --do_predict scores out, and named a base checkpoint-N folder without its run. Each score now says what it was
+    scored on (file names, not folders; or the held-out pairs), the test set's scores come with their signatures
+    (the same as predict_results.json's), and a checkpoint is named with its run's folder."""
+    from huggingface_hub import ModelCard
+
+    base = tmp_path / "base-run" / "checkpoint-40"
+    shutil.copytree(trained, base)
+    argv = ["--model_name_or_path", str(base), *files(data_dir, "train", "validation"), "--output_dir", str(tmp_path)]
+    argv += ["--test_source_file", str(data_dir / "test.src"), "--test_target_file", str(data_dir / "test.tgt")]
+    argv += ["--do_train", "--do_eval", "--do_predict", "--generation_num_beams", "1"]
+    metrics = run.main([*argv, "--use_cpu", "--max_steps", "2", "--report_to", "none", "--disable_tqdm", "true"])
+    card = ModelCard.load(tmp_path / "README.md")
+    rows = {(r.dataset_name, r.dataset_split, r.metric_type): r for r in card.data.eval_results}
+    assert set(rows) == {
+        ("valid.src and valid.tgt", "validation", "bleu"),
+        ("valid.src and valid.tgt", "validation", "chrf"),
+        ("test.src and test.tgt", "test", "bleu"),
+        ("test.src and test.tgt", "test", "chrf"),
+    }
+    predicted = json.loads((tmp_path / "predict_results.json").read_text())
+    for kind in ("bleu", "chrf"):
+        assert rows["test.src and test.tgt", "test", kind].metric_value == round(predicted[f"predict_{kind}"], 2)
+        assert rows["test.src and test.tgt", "test", kind].metric_args == {
+            "signature": predicted[f"predict_{kind}_signature"]
+        }
+        assert rows["valid.src and valid.tgt", "validation", kind].metric_value == round(metrics[f"eval_{kind}"], 2)
+    assert "| data | split | metric | score |" in card.text and "custom" not in card.text
+    assert "Fine-tuned from a local checkpoint, `base-run/checkpoint-40`." in card.text
+    assert str(tmp_path) not in card.text
+
+
+def test_a_card_names_held_out_validation_pairs_as_such(data_dir, tmp_path):
+    from huggingface_hub import ModelCard
+
+    argv = [*files(data_dir, "train"), "--validation_size", "10", "--preset", "tiny", "--tokenizer_vocab_size", "280"]
+    argv += ["--output_dir", str(tmp_path), "--max_steps", "2", "--generation_num_beams", "1"]
+    run.main([*argv, "--use_cpu", "--report_to", "none", "--disable_tqdm", "true"])
+    names = {r.dataset_name for r in ModelCard.load(tmp_path / "README.md").data.eval_results}
+    assert names == {"10 pairs held out of the training data"}
 
 
 def test_save_minutes_0_turns_off_a_recipes_timed_checkpoints(data_dir, tmp_path):

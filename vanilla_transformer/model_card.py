@@ -249,13 +249,13 @@ def _eval_result(metric: Mapping[str, Any], index: int, source: str, target: str
 def _results_table(results: list[EvalResult]) -> str:
     if not results:
         return "No evaluation results were recorded for this checkpoint."
-    rows = ["| test set | split | metric | score | sacreBLEU signature |", "| --- | --- | --- | --- | --- |"]
+    rows = ["| data | split | metric | score | sacreBLEU signature |", "| --- | --- | --- | --- | --- |"]
     for result in results:
-        test_set = result.dataset_name + (f" ({result.dataset_config})" if result.dataset_config else "")
+        data = result.dataset_name + (f" ({result.dataset_config})" if result.dataset_config else "")
         # A | inside a table cell ends the cell, even in a code span, unless escaped (GitHub Markdown).
         signature = "`" + result.metric_args["signature"].replace("|", "\\|") + "`" if result.metric_args else "-"
         split = result.dataset_split or "-"
-        rows.append(f"| {test_set} | {split} | {result.metric_name} | {result.metric_value:.2f} | {signature} |")
+        rows.append(f"| {data} | {split} | {result.metric_name} | {result.metric_value:.2f} | {signature} |")
     return "\n".join(rows)
 
 

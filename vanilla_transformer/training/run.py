@@ -711,8 +711,53 @@ def predict(
     return results
 
 
+CARD_SCORES = (("sacreBLEU", "bleu"), ("chrF", "chrf"), ("tokenized BLEU (as the paper)", "tokenized_bleu"))
+
+
+def card_scores(metrics: dict, data_args, signatures: dict) -> list[dict]:
+    """The model card's scores: the validation set's (``eval_*``; sacreBLEU's signatures from the last evaluation,
+    ``signatures``) and the test set's (``predict_*``, with their own), each named by the data it was scored on."""
+    scores = []
+    for prefix, role in (("eval", "validation"), ("predict", "test")):
+        dataset, split = scored_data(data_args, role)
+        for name, kind in CARD_SCORES:
+            if f"{prefix}_{kind}" in metrics:
+                signature = signatures.get(kind) if prefix == "eval" else metrics.get(f"{prefix}_{kind}_signature")
+                scores.append(
+                    {
+                        "name": name,
+                        "type": kind,
+                        "value": round(metrics[f"{prefix}_{kind}"], 2),
+                        "dataset": dataset,
+                        "split": split,
+                        "signature": signature,
+                    }
+                )
+    return scores
+
+
+def scored_data(data_args, role: str) -> tuple[str, str]:
+    """(what the card calls the ``role`` data, its split): a Hub dataset's id and split, or local files by their
+    names (not their folders, which are the trainer's machine's), or the pairs held out of the training data."""
+    split = getattr(data_args, f"{role}_split", None)
+    if data_args.dataset_name and split:
+        return data_args.dataset_name, split
+    if role == "validation" and data_args.validation_size:
+        return f"{data_args.validation_size} pairs held out of the training data", role
+    files = [getattr(data_args, f"{role}_source_file"), getattr(data_args, f"{role}_target_file")]
+    names = [Path(file).name for file in (files if files[0] else [getattr(data_args, f"{role}_file")]) if file]
+    return " and ".join(names) or "not recorded", role
+
+
+def base_checkpoint_name(checkpoint: str) -> str:
+    """A local base model as the card names it: its folder's name, with the run's folder for a checkpoint-N (not
+    the whole path, which is the trainer's machine's)."""
+    path = Path(checkpoint).resolve()
+    return f"{path.parent.name}/{path.name}" if path.name.startswith(f"{PREFIX_CHECKPOINT_DIR}-") else path.name
+
+
 def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) -> Path:
-    """README.md of the saved model: Hub metadata with the validation scores, the recipe, how to load it."""
+    """README.md of the saved model: Hub metadata with the validation and test scores, the recipe, how to load it."""
     from ..model_card import write_model_card
 
     training_args = trainer.args
@@ -720,19 +765,7 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
     checkpoint = model_args.model_name_or_path
     base_model = checkpoint if checkpoint and not Path(checkpoint).exists() else None
     signatures = trainer.compute_metrics.signatures if trainer.compute_metrics else {}
-    dataset = data_args.dataset_name or "custom"
-    scores = [
-        {
-            "name": name,
-            "type": kind,
-            "value": round(metrics[f"eval_{kind}"], 2),
-            "dataset": dataset,
-            "split": "validation",
-            "signature": signatures.get(kind),
-        }
-        for name, kind in (("sacreBLEU", "bleu"), ("chrF", "chrf"))
-        if f"eval_{kind}" in metrics
-    ]
+    scores = card_scores(metrics, data_args, signatures)
     return write_model_card(
         output_dir,
         model=trainer.accelerator.unwrap_model(trainer.model),
@@ -741,7 +774,7 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
         training_data=local_training_data(data_args, trainer.train_dataset),
         metrics=scores,
         base_model=base_model,
-        local_base_model=Path(checkpoint).resolve().name if checkpoint and not base_model else None,
+        local_base_model=base_checkpoint_name(checkpoint) if checkpoint and not base_model else None,
         training_hyperparameters={
             "steps": trainer.state.global_step,
             "tokens per batch (max, padded)": training_args.max_tokens or "sentence batches",
@@ -777,7 +810,7 @@ def local_training_data(data_args, train_dataset) -> str | None:
 
 def best_and_scoring_lines(trainer, scored: bool) -> dict:
     """The card's lines where the saved weights or the scores are not what the rest of the card implies: the best
-    checkpoint (--load_best_model_at_end) instead of the last update's, and validation scores decoded with
+    checkpoint (--load_best_model_at_end) instead of the last update's, and scores decoded with
     --generation_num_beams / --generation_max_length instead of the generation config the card describes."""
     args, lines = trainer.args, {}
     if args.load_best_model_at_end and trainer.state.best_model_checkpoint:
@@ -787,7 +820,7 @@ def best_and_scoring_lines(trainer, scored: bool) -> dict:
         f"at most {args.generation_max_length} tokens" if args.generation_max_length else "",
     ]
     if scored and any(settings):
-        lines["validation scores decoded with"] = (
+        lines["scores decoded with"] = (
             ", ".join(filter(None, settings))
             + " (--generation_num_beams, --generation_max_length), not the decoding below"
         )
