@@ -497,6 +497,18 @@ def test_the_card_names_the_data_each_score_is_of_and_carries_the_test_scores(da
     assert str(tmp_path) not in card.text
 
 
+def test_fine_tuning_a_checkpoint_of_a_moving_average_run_says_which_weights_it_starts_from(
+    data_dir, trained, tmp_path, caplog
+):
+    base = tmp_path / "ema-run" / "checkpoint-40"
+    shutil.copytree(trained, base)
+    shutil.copy(base / "model.safetensors", base / "ema.safetensors")
+    argv = ["--model_name_or_path", str(base), *files(data_dir, "train"), "--output_dir", str(tmp_path / "ft")]
+    with caplog.at_level(logging.WARNING):
+        run.build_trainer(*run.parse_arguments([*argv, "--use_cpu", "--max_steps", "1"]))
+    assert f"--model_name_or_path {base}: a checkpoint of a run with --ema_decay; its trained weights" in caplog.text
+
+
 def test_a_card_names_held_out_validation_pairs_as_such(data_dir, tmp_path):
     from huggingface_hub import ModelCard
 

@@ -476,3 +476,23 @@ def test_padding_to_a_multiple_stops_at_the_models_positions(short_model_dir):
     widened = translate.padded_to_multiple(batch, 16, 12, tokenizer.pad_token_id)
     width, length = widened["input_ids"].shape[1], int(batch["attention_mask"][0].sum())
     assert width == 12 and widened["attention_mask"][0].tolist() == [1] * length + [0] * (12 - length)
+
+
+def test_translating_a_checkpoint_of_a_moving_average_run_says_which_weights_it_loads(model_dir, tmp_path, caplog):
+    """A checkpoint of an --ema_decay run holds the trained weights and, beside them, their moving average: loading
+    it takes the trained ones, which the user who meant the average would never learn."""
+    import shutil
+
+    checkpoint = tmp_path / "run" / "checkpoint-5"
+    shutil.copytree(model_dir, checkpoint)
+    source = tmp_path / "in.txt"
+    source.write_text("short\n")
+    argv = ["--model", str(checkpoint), "--input", str(source), "--output", str(tmp_path / "out.txt")]
+    with caplog.at_level(logging.WARNING):
+        translate.main(argv)
+    assert "moving average" not in caplog.text  # a checkpoint without one
+    shutil.copy(checkpoint / "model.safetensors", checkpoint / "ema.safetensors")
+    with caplog.at_level(logging.WARNING):
+        translate.main(argv)
+    assert f"--model {checkpoint}: a checkpoint of a run with --ema_decay; its trained weights" in caplog.text
+    assert f"the run's final model in {checkpoint.parent} holds" in caplog.text

@@ -165,6 +165,19 @@ class ExponentialMovingAverage(TrainerCallback):
         self.average, self._lists = load_file(str(path)), None
 
 
+def warn_if_an_average_is_beside(folder: str | Path, flag: str) -> None:
+    """A checkpoint of an --ema_decay run holds the trained weights (model.safetensors) and their moving average
+    (ema.safetensors); from_pretrained loads the first. Said where such a folder is loaded to fine-tune, evaluate
+    or translate, with where the average is a model of its own: the run's final folder."""
+    path = Path(folder)
+    if (path / EMA_FILE).is_file():
+        logger.warning(
+            f"{flag} {folder}: a checkpoint of a run with --ema_decay; its trained weights (model.safetensors) are "
+            f"loaded, not their moving average ({EMA_FILE}), which the run's final model in {path.parent} holds "
+            "once that run has finished."
+        )
+
+
 def check_decay(decay: float) -> None:
     """0 <= decay < 1; 0, whose average is the last weights alone, stands for no moving average."""
     if not 0 <= decay < 1:

@@ -81,6 +81,7 @@ from .data import (
 from .memory_check import MemoryCheckError
 from .metrics import TranslationMetrics, score
 from .moving_average import check_checkpoint as check_moving_average
+from .moving_average import warn_if_an_average_is_beside
 from .options import (  # noqa: F401 (imported from here)
     FINE_TUNING_LEARNING_RATE,
     build_parser,
@@ -447,6 +448,7 @@ def prepare_model(
         # autocast and --bf16_weights start from float32 weights
         model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint, dtype=torch.float32, **extra)
         check_tokenizer_matches_model(tokenizer, model.config)
+        warn_if_an_average_is_beside(checkpoint, "--model_name_or_path")
     else:
         config = model_config(preset, config_overrides, tokenizer)
         check_tokenizer_matches_model(tokenizer, config)

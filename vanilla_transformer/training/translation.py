@@ -35,6 +35,7 @@ from ..pipeline_vanilla_transformer import check_tokenizer_matches_model
 from .batching import allow_recompiles
 from .data import decoded_lines, read_lines
 from .metrics import check_sacrebleu_tokenize
+from .moving_average import warn_if_an_average_is_beside
 
 logger = logging.getLogger(__name__)
 
@@ -361,6 +362,7 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
         ).to(args.device)
         flag = f"--tokenizer {args.tokenizer}" if args.tokenizer else f"--model {args.model}"
         tokenizer = from_pretrained_named(AutoTokenizer.from_pretrained, args.tokenizer or args.model, flag)
+        warn_if_an_average_is_beside(args.model, "--model")
     check_tokenizer_matches_model(tokenizer, model.config)
     generate_kwargs = {
         key: value
