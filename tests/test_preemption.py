@@ -427,3 +427,23 @@ def test_after_a_sigterm_in_the_final_evaluation_the_same_command_resumed_evalua
         metrics = train.main([*argv, "--resume_from_checkpoint", "last"])
     assert "eval_loss" in metrics and not steps
     assert f"checkpoint-{MAX_STEPS} ends the training" in caplog.text
+
+
+def test_a_second_ctrl_c_in_training_ends_the_run_at_once_in_one_line(data_dir, tmp_path, monkeypatch, caplog):
+    """The second Ctrl-C stops without saving (`StopOnSignal`); it ended in a KeyboardInterrupt traceback, and now
+    in one line that says nothing was saved by it and how to go on."""
+    step = train.TransformerTrainer.training_step
+
+    def interrupted_twice(self, *args, **kwargs):
+        if self.state.global_step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(train.TransformerTrainer, "training_step", interrupted_twice)
+    output = tmp_path / "run"
+    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as stopped:
+        train.main(run_argv(data_dir, output))
+    assert stopped.value.code == 128 + signal.SIGINT
+    assert "stopped by Ctrl-C during training, without saving: --resume_from_checkpoint last continues" in caplog.text
+    assert not list(output.glob("checkpoint-*")) and not (output / "_run.lock").exists()
