@@ -55,6 +55,7 @@ DRIVER = textwrap.dedent("""
 
     pause = float(os.environ.get("PREEMPT_PAUSE", "0"))
     signal_at = int(os.environ.get("PREEMPT_SIGTERM_WHILE_SAVING", "-1"))
+    signal_in = os.environ.get("PREEMPT_SIGTERM_IN")  # evaluate, save_final_model or build_trainer: outside training
     training_step = TransformerTrainer.training_step
     save_optimizer = TransformerTrainer._save_optimizer_and_scheduler
 
@@ -68,8 +69,21 @@ DRIVER = textwrap.dedent("""
             os.kill(os.getpid(), signal.SIGTERM)
         save_optimizer(self, output_dir)
 
+    def signalled_first(function):
+        def signalled(*args, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM)
+            return function(*args, **kwargs)
+
+        return signalled
+
     TransformerTrainer.training_step = paused_step
     TransformerTrainer._save_optimizer_and_scheduler = signalled_while_saving
+    if signal_in == "evaluate":
+        TransformerTrainer.evaluate = signalled_first(TransformerTrainer.evaluate)
+    elif signal_in:
+        from vanilla_transformer.training import run
+
+        setattr(run, signal_in, signalled_first(getattr(run, signal_in)))
     sys.argv = [sys.argv[1], *sys.argv[2:]]
     runpy.run_path(sys.argv[0], run_name="__main__")
 """)
@@ -81,6 +95,7 @@ def start(
     *extra: str,
     pause: float = 0.0,
     sigterm_while_saving: int = -1,
+    sigterm_in: str = "",
     own_process_group: bool = False,
 ):
     """As test_faults.start (the final model: the mean of checkpoints 4, 8 and 12), with the hooks above."""
@@ -93,6 +108,7 @@ def start(
         "OMP_NUM_THREADS": "1",
         "PREEMPT_PAUSE": str(pause),
         "PREEMPT_SIGTERM_WHILE_SAVING": str(sigterm_while_saving),
+        "PREEMPT_SIGTERM_IN": sigterm_in,
     }
     command = [
         sys.executable,
@@ -359,7 +375,7 @@ def test_a_signal_during_an_evaluation_in_training_saves_without_finishing_it(da
 
 
 def signal_self(number: int):
-    """A stand-in that signals this process, as a scheduler or a terminal would while the real call runs."""
+    """A stand-in that signals this process, as a terminal would while the real call runs."""
 
     def stand_in(original):
         def signalled(*args, **kwargs):
@@ -371,42 +387,62 @@ def signal_self(number: int):
     return stand_in
 
 
+OUTSIDE_TRAINING = ["--validation_size", "8", "--save_strategy", "steps", "--save_steps", "2"]
+
+
 @pytest.mark.parametrize(
-    "where, number, said",
+    "where, said",
     [
-        ("evaluate", signal.SIGTERM, "stopped by SIGTERM after training, while evaluating: the model is saved in "),
-        ("evaluate", signal.SIGINT, "stopped by Ctrl-C after training, while evaluating: the model is saved in "),
-        ("save", signal.SIGTERM, "stopped by SIGTERM after training, while saving the final model: "),
-        ("build", signal.SIGTERM, "stopped by SIGTERM before training started: nothing was saved"),
+        ("evaluate", "stopped by SIGTERM after training, while evaluating: the model is saved in "),
+        ("save_final_model", "stopped by SIGTERM after training, while saving the final model: "),
+        ("build_trainer", "stopped by SIGTERM before training started: nothing was saved"),
     ],
 )
-def test_a_signal_outside_training_says_where_it_stopped_and_frees_the_output_dir(
-    data_dir, tmp_path, monkeypatch, caplog, where, number, said
+def test_a_sigterm_outside_training_says_where_it_stopped_frees_the_folder_and_ends_as_killed(
+    data_dir, tmp_path, where, said
 ):
     """SIGTERM outside training (a scheduler preempting the final evaluation, or the data's tokenization) ended the
-    process without a word and left its run lock; Ctrl-C then ended in a traceback. Each now ends with one line
-    saying where the run stopped and what is saved, the exit status of the signal, and --output_dir unlocked."""
+    process without a word and left its run lock. It still ends it at once, as the signal's default does (exit
+    status 143 to a shell: what a requeueing script tests), after one line saying where the run stopped and what
+    is saved, with --output_dir unlocked."""
     output = tmp_path / "run"
-    if where == "evaluate":
-        monkeypatch.setattr(
-            train.TransformerTrainer, "evaluate", signal_self(number)(train.TransformerTrainer.evaluate)
-        )
-    elif where == "save":
-        monkeypatch.setattr(train, "save_final_model", signal_self(number)(train.save_final_model))
-    else:
-        monkeypatch.setattr(train, "build_trainer", signal_self(number)(train.build_trainer))
-    before = signal.getsignal(signal.SIGTERM)
-    argv = run_argv(data_dir, output, "--validation_size", "8", "--save_strategy", "steps", "--save_steps", "2")
-    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as stopped:
-        train.main(argv)
-    assert stopped.value.code == 128 + number
-    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("stopped by")]
-    assert len(lines) == 1 and lines[0].startswith(said), lines
-    if where == "save":  # the run's last checkpoint is complete: resuming from it ends the run, not trains on
+    code, _, err = finish(start(data_dir, output, *OUTSIDE_TRAINING, sigterm_in=where))
+    assert code == -signal.SIGTERM, err[-3000:]
+    lines = [line.split(": ", 1)[1] for line in err.splitlines() if " stopped by SIGTERM " in line]
+    assert len(lines) == 1 and lines[0].startswith(said), err[-3000:]
+    assert "Traceback" not in err
+    if where == "save_final_model":  # the run's last checkpoint is complete: resuming from it ends the run
         assert f"{output} may be incomplete; the same command with --resume_from_checkpoint last takes " in lines[0]
         assert lines[0].endswith(f"checkpoint-{MAX_STEPS} and trains no more")
     assert not (output / "_run.lock").exists()
-    assert signal.getsignal(signal.SIGTERM) is before  # the caller's handler is back
+
+
+@pytest.mark.parametrize(
+    "where, said",
+    [
+        ("evaluate", "stopped by Ctrl-C after training, while evaluating: the model is saved in "),
+        ("build_trainer", "stopped by Ctrl-C before training started: nothing was saved"),
+    ],
+)
+def test_a_ctrl_c_outside_training_says_where_it_stopped_in_one_line(
+    data_dir, tmp_path, monkeypatch, caplog, where, said
+):
+    """Ctrl-C after training ended in a KeyboardInterrupt traceback; now one line, exit status 130, the folder
+    unlocked and the caller's SIGTERM handler back."""
+    output = tmp_path / "run"
+    if where == "evaluate":
+        monkeypatch.setattr(
+            train.TransformerTrainer, "evaluate", signal_self(signal.SIGINT)(train.TransformerTrainer.evaluate)
+        )
+    else:
+        monkeypatch.setattr(train, where, signal_self(signal.SIGINT)(getattr(train, where)))
+    before = signal.getsignal(signal.SIGTERM)
+    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as stopped:
+        train.main(run_argv(data_dir, output, *OUTSIDE_TRAINING))
+    assert stopped.value.code == 128 + signal.SIGINT
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("stopped by")]
+    assert len(lines) == 1 and lines[0].startswith(said), lines
+    assert not (output / "_run.lock").exists() and signal.getsignal(signal.SIGTERM) is before
 
 
 def test_after_a_sigterm_in_the_final_evaluation_the_same_command_resumed_evaluates_without_training(
@@ -415,18 +451,50 @@ def test_after_a_sigterm_in_the_final_evaluation_the_same_command_resumed_evalua
     """What the line after a SIGTERM in the final evaluation promises: the same command with --resume_from_checkpoint
     last takes the last checkpoint, trains no more, and evaluates."""
     output = tmp_path / "run"
-    argv = run_argv(data_dir, output, "--validation_size", "8", "--save_strategy", "steps", "--save_steps", "2")
-    with monkeypatch.context() as patch:
-        evaluate = train.TransformerTrainer.evaluate
-        patch.setattr(train.TransformerTrainer, "evaluate", signal_self(signal.SIGTERM)(evaluate))
-        with pytest.raises(SystemExit):
-            train.main(argv)
+    code, _, err = finish(start(data_dir, output, *OUTSIDE_TRAINING, sigterm_in="evaluate"))
+    assert code == -signal.SIGTERM, err[-3000:]
     steps = []
     monkeypatch.setattr(train.TransformerTrainer, "training_step", lambda *a, **k: steps.append(1))
     with caplog.at_level(logging.WARNING):
-        metrics = train.main([*argv, "--resume_from_checkpoint", "last"])
+        metrics = train.main(run_argv(data_dir, output, *OUTSIDE_TRAINING, "--resume_from_checkpoint", "last"))
     assert "eval_loss" in metrics and not steps
     assert f"checkpoint-{MAX_STEPS} ends the training" in caplog.text
+
+
+FORKED_WORKERS = textwrap.dedent("""
+    import multiprocessing, sys, time
+    from vanilla_transformer.training.checkpointing import sigterm_ends_the_run
+
+    def work(seconds):
+        time.sleep(seconds)
+        return seconds
+
+    with sigterm_ends_the_run(lambda: print("last words", file=sys.stderr, flush=True)):
+        with multiprocessing.get_context("fork").Pool(2) as pool:
+            print("ready", flush=True)
+            pool.map(work, [30, 30])
+""")
+
+
+def test_a_sigterm_to_the_process_group_ends_forked_workers_without_last_words_or_tracebacks(tmp_path):
+    """datasets' map forks workers (--preprocessing_num_workers) that inherit the handler: SLURM, `timeout` and a
+    pool's shutdown signal them too. A handler that raised printed a traceback from each, and the pool's clean-up
+    replaced the main process's stop with its own error (exit status 1, which no requeueing script tests for)."""
+    script = tmp_path / "workers.py"
+    script.write_text(FORKED_WORKERS)
+    process = subprocess.Popen(
+        [sys.executable, str(script)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    assert process.stdout.readline() == "ready\n"
+    time.sleep(0.5)  # the workers are in their sleep
+    os.killpg(process.pid, signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGTERM and err.strip().splitlines() == ["last words"], err[-3000:]
 
 
 def test_a_second_ctrl_c_in_training_ends_the_run_at_once_in_one_line(data_dir, tmp_path, monkeypatch, caplog):
@@ -445,5 +513,7 @@ def test_a_second_ctrl_c_in_training_ends_the_run_at_once_in_one_line(data_dir, 
     with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as stopped:
         train.main(run_argv(data_dir, output))
     assert stopped.value.code == 128 + signal.SIGINT
-    assert "stopped by Ctrl-C during training, without saving: --resume_from_checkpoint last continues" in caplog.text
+    assert (
+        "stopped by Ctrl-C during training, without saving a checkpoint: --resume_from_checkpoint last" in caplog.text
+    )
     assert not list(output.glob("checkpoint-*")) and not (output / "_run.lock").exists()

@@ -115,6 +115,7 @@ def test_do_eval_alone_evaluates_the_checkpoint_without_training(data_dir, train
     assert {"eval_loss", "eval_bleu", "eval_gen_len"} <= set(metrics) and "train_runtime" not in metrics
 
 
+@pytest.mark.floor  # transformers' callback, at the oldest release too
 def test_an_evaluation_only_run_writes_tensorboard_events_under_its_output_dir(
     data_dir, trained, tmp_path, monkeypatch
 ):

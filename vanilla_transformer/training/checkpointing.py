@@ -28,6 +28,7 @@ import shutil
 import signal
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -447,34 +448,34 @@ def _write_failure(error: BaseException, run_dir: Path, name: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 
-class Stopped(BaseException):
-    """SIGTERM outside training (`sigterm_raises`), raised where the run is, as Ctrl-C raises KeyboardInterrupt:
-    the run then says where it stopped and gives its --output_dir back (a base class of neither, so that no
-    ``except Exception`` of a library swallows it)."""
-
-    signal_number = signal.SIGTERM
-
-
-def _raise_stopped(number, frame) -> None:
-    ignore_further_sigterms()  # once: a launcher passes the scheduler's on, so two arrive
-    raise Stopped()
-
-
 def ignore_further_sigterms() -> None:
-    """The run is stopping: another SIGTERM must not cut its clean-up short (until `sigterm_raises` ends)."""
+    """The run is stopping on a signal: another SIGTERM must not cut short what is left (a launcher passes the
+    scheduler's on, so two arrive), until `sigterm_ends_the_run` ends."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 @contextmanager
-def sigterm_raises():
-    """While the block runs, SIGTERM raises `Stopped` (the default would end the process without a word and leave
-    its run lock); during training `StopOnSignal` takes it over and gives it back. The handler before is back
-    after the block, whatever it set."""
+def sigterm_ends_the_run(last_words: Callable[[], None]):
+    """While the block runs, a SIGTERM ends the process as the default action would (at once, exit status 143,
+    whatever it was doing: no exception to unwind through a collective other processes wait in, or through a
+    library's clean-up that would replace it), after ``last_words()``: the run's line saying where it stopped, and
+    its lock given back. During training `StopOnSignal` takes the signal over and gives it back. Processes forked
+    meanwhile (the tokenization's workers) inherit the handler: they end as by default, without last words."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, _raise_stopped)
+    this_process = os.getpid()
+
+    def handle(number, frame) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        try:
+            if os.getpid() == this_process:
+                last_words()
+        finally:  # whatever the last words met (a lock half given back), the process ends
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    previous = signal.signal(signal.SIGTERM, handle)
     try:
         yield
     finally:

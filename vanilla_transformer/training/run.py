@@ -61,12 +61,11 @@ from .averaging import MEAN_NAMES, architecture, average_checkpoints
 from .caches import usable_tokenizer_cache
 from .checkpointing import (
     RESUME_HINT,
-    Stopped,
     TrainingInterrupted,
     complete_checkpoints,
     ignore_further_sigterms,
     resolve_checkpoint,
-    sigterm_raises,
+    sigterm_ends_the_run,
 )
 from .data import (
     ROLES,
@@ -118,7 +117,13 @@ def main(
     exits with gloo's threads still running is aborted at shutdown ("terminate called without an
     active exception", exit code -6) after a run that succeeded."""
     lock, stage = None, Stage()
-    with sigterm_raises():  # also around the clean-up below: a SIGTERM then is ignored until it is done
+
+    def last_words() -> None:  # a SIGTERM outside training, before the process ends as by default
+        logger.warning(f"stopped by SIGTERM {stage.said()}")
+        if lock is not None:
+            lock.release()
+
+    with sigterm_ends_the_run(last_words):
         try:
             try:
                 model_args, data_args, training_args = parse_arguments(argv, prog)
@@ -133,11 +138,9 @@ def main(
                     raise
                 exit_with_usage_error(prog, error)
             return _train_evaluate_predict(run, model_args, data_args, training_args, stage, prog, exit_on_bad_input)
-        except (KeyboardInterrupt, Stopped) as stop:  # TrainingInterrupted is answered where it is raised
-            number = getattr(stop, "signal_number", signal.SIGINT)
-            ignore_further_sigterms()
-            logger.warning(f"stopped by {'SIGTERM' if number == signal.SIGTERM else 'Ctrl-C'} {stage.said()}")
-            raise SystemExit(128 + number) from None
+        except KeyboardInterrupt:  # TrainingInterrupted (a KeyboardInterrupt) is answered where it is raised
+            logger.warning(f"stopped by Ctrl-C {stage.said()}")
+            raise SystemExit(128 + signal.SIGINT) from None
         finally:
             if lock is not None:
                 lock.release()
@@ -153,9 +156,14 @@ class Stage:
     final_checkpoint: Path | None = None  # of the last update, where saved: a run resumed from it trains no more
 
     def said(self) -> str:
+        if self.doing == "as the run ended":
+            return f"{self.doing}, after all its steps: nothing is lost"
         if self.output_dir is None:
-            if self.doing == "during training":  # a second Ctrl-C: the checkpoint was not written
-                return f"during training, without saving: {RESUME_HINT} continues from the last checkpoint, if any"
+            if self.doing == "during training":  # a second Ctrl-C, or a signal before or after the training loop
+                return (
+                    f"during training, without saving a checkpoint: {RESUME_HINT} continues from the last one saved "
+                    "(where there is none, run the command again)"
+                )
             return f"{self.doing}: nothing was saved; run the command again"
         again = (
             f"; the same command with {RESUME_HINT} takes {self.final_checkpoint} and trains no more"
@@ -225,6 +233,7 @@ def _train_evaluate_predict(
             "metrics: " + json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in metrics.items()})
         )
     trainer.accelerator.wait_for_everyone()  # leave together: no process exits mid-collective
+    stage.doing = "as the run ended"
     return metrics
 
 

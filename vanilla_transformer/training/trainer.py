@@ -267,7 +267,7 @@ def _tensorboard_beside_the_run(trainer) -> None:
     had its writer made in ``./runs`` of the current directory. It gets that folder now (the environment's
     TENSORBOARD_LOGGING_DIR, which it read itself, still wins)."""
     for callback in trainer.callback_handler.callbacks:
-        if isinstance(callback, TensorBoardCallback) and callback.logging_dir is None:
+        if isinstance(callback, TensorBoardCallback) and getattr(callback, "logging_dir", "") is None:
             callback.logging_dir = os.path.join(trainer.args.output_dir, default_logdir())
 
 
