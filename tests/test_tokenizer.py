@@ -440,6 +440,29 @@ def test_cli_takes_underscores_and_refuses_a_file_as_the_output_before_training(
     assert (tmp_path / "a-file").read_text() == ""
 
 
+def test_cli_refuses_to_replace_a_tokenizer_or_a_models_without_force(tmp_path, capsys):
+    """Saving a new tokenizer into a trained model's folder silently gave that model another vocabulary (its
+    translations turned to noise); into a tokenizer's folder, it replaced that one."""
+    corpus = _write_lines(tmp_path / "corpus.txt", CORPUS)
+    first = _write_lines(tmp_path / "first.txt", CORPUS[:40])
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    main([str(first), "--vocab-size", str(VOCAB_SIZE), "--output-dir", str(tmp_path / "tok")])
+    before = (tmp_path / "tok" / "tokenizer.json").read_bytes()
+    for folder, what in ((model, "a model, whose weights need the tokenizer"), (tmp_path / "tok", "a tokenizer")):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as exit_info:
+            main([str(corpus), "--vocab-size", str(VOCAB_SIZE), "--output-dir", str(folder)])
+        error = capsys.readouterr().err
+        assert exit_info.value.code == 2 and f"--output-dir {folder} already holds {what}" in error, error
+        assert "--force to replace it" in error
+    assert (tmp_path / "tok" / "tokenizer.json").read_bytes() == before and not (model / "tokenizer.json").exists()
+    main([str(corpus), "--vocab-size", str(VOCAB_SIZE), "--output-dir", str(tmp_path / "tok"), "--force"])
+    loaded = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    assert _model_json(loaded) == _model_json(train_tokenizer([corpus], vocab_size=VOCAB_SIZE))
+
+
 def test_python_dash_m_saves_remote_code_and_auto_map(tmp_path):
     corpus = _write_lines(tmp_path / "corpus.txt", CORPUS)
     output = tmp_path / "out"

@@ -385,6 +385,9 @@ def build_parser(prog: str = "vanilla-transformer tokenizer") -> argparse.Argume
         "--min-frequency", type=int, default=2, help="fewest occurrences of a merged pair (default: %(default)s)"
     )
     parser.add_argument("--output-dir", type=Path, required=True, help="folder to save the tokenizer in")
+    parser.add_argument(
+        "--force", action="store_true", help="replace a tokenizer already in --output-dir (a model's too)"
+    )
     return parser
 
 
@@ -392,6 +395,17 @@ def _command_line_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the command line, in its own words (flags, not `train_tokenizer`'s arguments)."""
     if args.output_dir.exists() and not args.output_dir.is_dir():
         return f"--output-dir {args.output_dir} is a file; give a folder."
+    held = [
+        name
+        for name in ("config.json", "tokenizer.json", "tokenizer_config.json")
+        if (args.output_dir / name).is_file()
+    ]
+    if held and not args.force:
+        what = "a model, whose weights need the tokenizer saved with it" if "config.json" in held else "a tokenizer"
+        return (
+            f"--output-dir {args.output_dir} already holds {what} ({', '.join(held)}); give a new folder, or --force "
+            "to replace it."
+        )
     if args.vocab_size < MIN_VOCAB_SIZE:
         return (
             f"--vocab-size {args.vocab_size} cannot hold the {len(BYTE_ALPHABET)} byte-level symbols and the "
