@@ -510,6 +510,27 @@ def test_fine_tuning_a_checkpoint_of_a_moving_average_run_says_which_weights_it_
     assert f"--model_name_or_path {base}: a checkpoint of a run with --ema_decay; its trained weights" in caplog.text
 
 
+def test_fine_tuning_with_another_tokenizer_than_the_models_is_refused_before_reading(
+    data_dir, trained, tmp_path, monkeypatch
+):
+    """A tokenizer of the same size but other ids (here two tokens swapped) fine-tuned the model on words its
+    embeddings never meant, silently; resuming refused it already. The model's own tokenizer still passes."""
+    other = tmp_path / "other-tokenizer"
+    shutil.copytree(trained, other)
+    definition = json.loads((other / "tokenizer.json").read_text())
+    vocab = definition["model"]["vocab"]
+    first, second = [token for token in vocab if vocab[token] >= 10][:2]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (other / "tokenizer.json").write_text(json.dumps(definition))
+    argv = ["--model_name_or_path", str(trained), *files(data_dir, "train"), "--output_dir", str(tmp_path / "ft")]
+    argv += ["--use_cpu", "--max_steps", "1"]
+    run.build_trainer(*run.parse_arguments([*argv, "--tokenizer_name_or_path", str(trained)]))
+    monkeypatch.setattr(run, "load_text_datasets", lambda *a, **k: pytest.fail("read the data first"))
+    message = f"--tokenizer_name_or_path {other} holds another tokenizer than --model_name_or_path {trained} was"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        run.build_trainer(*run.parse_arguments([*argv, "--tokenizer_name_or_path", str(other)]))
+
+
 def test_a_card_names_held_out_validation_pairs_as_such(data_dir, tmp_path):
     from huggingface_hub import ModelCard
 

@@ -276,6 +276,14 @@ def build_trainer(model_args, data_args, training_args) -> Run:
         )
         if resume is not None:
             check_resume_matches(resume, model, tokenizer)
+        elif model_args.model_name_or_path and model_args.tokenizer_name_or_path:  # a fine-tune, another tokenizer
+            check_same_tokenizer(
+                model_args.model_name_or_path,
+                tokenizer,
+                f"--tokenizer_name_or_path {model_args.tokenizer_name_or_path} holds another tokenizer than "
+                f"--model_name_or_path {model_args.model_name_or_path} was trained with (each token id would be read "
+                "as another token); leave --tokenizer_name_or_path out to fine-tune with the model's own.",
+            )
         return model
 
     # a tokenizer to load (always so when resuming) and its model are loaded and checked before the data is read
@@ -520,13 +528,22 @@ def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
             f"--resume_from_checkpoint {checkpoint} holds another architecture than the flags build "
             f"({details}); resume with the flags the run started with."
         )
-    if (saved_tokenizer := tokenizer_definition(checkpoint).get("tokenizer.json")) is not None:
-        current_tokenizer = without_runtime_settings(json.loads(tokenizer.backend_tokenizer.to_str()))
-        if saved_tokenizer != current_tokenizer:
-            raise ValueError(
-                f"--resume_from_checkpoint {checkpoint} was trained with another tokenizer than the one "
-                "given now; drop --tokenizer_name_or_path to use the checkpoint's."
-            )
+    check_same_tokenizer(
+        checkpoint,
+        tokenizer,
+        f"--resume_from_checkpoint {checkpoint} was trained with another tokenizer than the one given now; drop "
+        "--tokenizer_name_or_path to use the checkpoint's.",
+    )
+
+
+def check_same_tokenizer(folder: str | Path, tokenizer, message: str) -> None:
+    """ValueError(``message``) where the local ``folder`` holds a tokenizer (tokenizer.json) that is not
+    ``tokenizer``: its model's weights read token ids as that one does. A Hub id is not looked up."""
+    if not Path(folder).is_dir():
+        return
+    if (saved := tokenizer_definition(folder).get("tokenizer.json")) is not None:
+        if saved != without_runtime_settings(json.loads(tokenizer.backend_tokenizer.to_str())):
+            raise ValueError(message)
 
 
 def save_tokenizer_only(model_args, data_args, training_args) -> Path:
