@@ -1342,6 +1342,8 @@ BEST_AT_END += ["--validation_size", "10"]
     "arguments, message",
     [
         (["--per_device_train_batch_size", "64"], "batches by token count"),
+        (["--per_device_train_batch_size", "8"], "batches by token count"),  # the Trainer's default, but given
+        (["--dataloader_drop_last", "false"], "--dataloader_drop_last applies to batches of sentences"),
         (["--average_checkpoints", "5"], "needs checkpoints"),
         (["--average_checkpoints", "5", "--save_strategy", "steps", "--save_total_limit", "3"], "raise the limit"),
         (["--average_weights", "linear"], "--average_checkpoints .* is 0 \\(no averaging\\)"),

@@ -451,6 +451,16 @@ def fp16_refusal(device_type: str) -> str:
     )
 
 
+SENTENCE_BATCH_FLAGS = ("per_device_train_batch_size", "train_sampling_strategy", "dataloader_drop_last")
+
+
+def sentence_batch_flag_refusal(name: str, max_tokens: int) -> str:
+    return (
+        f"--{name} applies to batches of sentences, but --max_tokens {max_tokens} makes batches by token count; "
+        "drop it, or pass --max_tokens 0 for sentence batches."
+    )
+
+
 def check_training_arguments(training_args: TransformerTrainingArguments) -> None:
     """Refuse combinations where a flag would be accepted and then have no effect."""
     check_schedule(training_args)
@@ -458,12 +468,9 @@ def check_training_arguments(training_args: TransformerTrainingArguments) -> Non
         raise ValueError(fp16_refusal("cpu"))  # where accelerate has no other device to choose
     defaults = {f.name: f.default for f in dataclasses.fields(TransformerTrainingArguments)}
     if training_args.max_tokens:
-        for name in ("per_device_train_batch_size", "train_sampling_strategy", "dataloader_drop_last"):
+        for name in SENTENCE_BATCH_FLAGS:  # a value other than the default (parse_arguments: any value given)
             if getattr(training_args, name) != defaults[name]:
-                raise ValueError(
-                    f"--{name} applies to batches of sentences, but --max_tokens {training_args.max_tokens} makes "
-                    "batches by token count; drop it, or pass --max_tokens 0 for sentence batches."
-                )
+                raise ValueError(sentence_batch_flag_refusal(name, training_args.max_tokens))
     if not training_args.max_tokens and training_args.pad_to_buckets == "always":
         raise ValueError(
             "--pad_to_buckets always pads token batches (--max_tokens) to bucket shapes; sentence batches "

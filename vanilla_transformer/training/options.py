@@ -36,7 +36,12 @@ from ..command_line import did_you_mean, recipe_names, recipe_path
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULAS
 from ..private_api import require
 from ..tokenization_vanilla_transformer import MIN_VOCAB_SIZE
-from .arguments import TransformerTrainingArguments, check_training_arguments
+from .arguments import (
+    SENTENCE_BATCH_FLAGS,
+    TransformerTrainingArguments,
+    check_training_arguments,
+    sentence_batch_flag_refusal,
+)
 from .checkpointing import RESUME_HINT, checkpoint_folders
 from .data import check_data_arguments
 
@@ -395,6 +400,8 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
     if recipe.get("config_overrides"):
         model_args.config_overrides = _recipe_overrides(recipe["config_overrides"], model_args, on_command_line)
     _resolve_steps(parser.parse_known_args(argv)[0], given, data_args, training_args)
+    for name in sorted(set(SENTENCE_BATCH_FLAGS) & given) if training_args.max_tokens else ():  # even at its default
+        raise ValueError(sentence_batch_flag_refusal(name, training_args.max_tokens))
     if model_args.model_name_or_path and not given & {"learning_rate", "lr_scale"}:
         training_args.learning_rate = FINE_TUNING_LEARNING_RATE
     if model_args.model_name_or_path and "warmup_steps" not in given:
