@@ -531,6 +531,20 @@ def test_fine_tuning_with_another_tokenizer_than_the_models_is_refused_before_re
         run.build_trainer(*run.parse_arguments([*argv, "--tokenizer_name_or_path", str(other)]))
 
 
+@pytest.mark.parametrize("flag", ["--model_name_or_path", "--tokenizer_name_or_path"])
+def test_a_mistyped_folder_is_named_as_not_found_not_as_a_network_failure(data_dir, tmp_path, flag, monkeypatch):
+    """ "runs/en-de" with a typo reads as a Hub id (owner/name): the Hub client's lines about the network were all
+    the user saw. As translate --model says it: one line naming the flag."""
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # no network to time out on
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(run, "load_text_datasets", lambda *a, **k: pytest.fail("read the data first"))
+    argv = [flag, "runs/en-dee", *files(data_dir, "train"), "--output_dir", str(tmp_path / "out"), "--use_cpu"]
+    with pytest.raises(OSError, match=f"^{flag} runs/en-dee: no such folder here, and not loadable as a Hub model"):
+        run.main(argv)
+
+
 def test_a_card_names_held_out_validation_pairs_as_such(data_dir, tmp_path):
     from huggingface_hub import ModelCard
 

@@ -49,6 +49,7 @@ from .. import VanillaTransformerForConditionalGeneration, check_tokenizer_match
 from ..checkpoint_files import (
     check_has_tokenizer,
     check_model_folder,
+    from_pretrained_named,
     has_tokenizer,
     tokenizer_definition,
     without_runtime_settings,
@@ -402,7 +403,7 @@ def prepare_tokenizer(
     main_process_first = main_process_first or (lambda desc: contextlib.nullcontext())
     if name_or_path:
         check_has_tokenizer(name_or_path, flag, "Give --tokenizer_name_or_path with the tokenizer it was trained with.")
-        return AutoTokenizer.from_pretrained(name_or_path)
+        return from_pretrained_named(AutoTokenizer.from_pretrained, name_or_path, f"{flag} {name_or_path}")
     tokenizer_dir = None if output_dir is None else Path(output_dir) / "tokenizer"
     if checkpoint is not None:  # never a new tokenizer for a model trained with another
         saved = checkpoint if has_tokenizer(checkpoint) or tokenizer_dir is None else tokenizer_dir
@@ -463,7 +464,13 @@ def prepare_model(
         refuse_overrides_of_a_checkpoint(config_overrides)
         # float32 whatever it was saved in (a --bf16_weights run saves bfloat16, which transformers would keep):
         # autocast and --bf16_weights start from float32 weights
-        model = AutoModelForSeq2SeqLM.from_pretrained(checkpoint, dtype=torch.float32, **extra)
+        model = from_pretrained_named(
+            AutoModelForSeq2SeqLM.from_pretrained,
+            checkpoint,
+            f"--model_name_or_path {checkpoint}",
+            dtype=torch.float32,
+            **extra,
+        )
         check_tokenizer_matches_model(tokenizer, model.config)
         warn_if_an_average_is_beside(checkpoint, "--model_name_or_path")
     else:
