@@ -282,6 +282,36 @@ def test_two_checkpoints_at_the_same_update_are_named_as_two_runs(trainer_dir, t
     assert f"{root / 'checkpoint-900'} and {other} are both at update 900: checkpoints of two runs?" in caplog.text
 
 
+def test_checkpoints_whose_runs_logged_other_losses_are_named_as_two_runs(trainer_dir, tmp_path, caplog):
+    """The same-update test missed two runs saved at different updates (a run of seed 7 at 100 and one of seed 42
+    at 300 averaged to BLEU 0 without a word), and took a run's folder with its last checkpoint for two runs. The
+    runs' logged losses tell: one run logged the same loss at every update both checkpoints saw."""
+
+    def saved(name: str, step: int, losses: dict) -> Path:
+        folder = tmp_path / name
+        shutil.copytree(trainer_dir[0] / "checkpoint-900", folder)
+        history = [{"step": each, "loss": loss} for each, loss in losses.items()]
+        (folder / "trainer_state.json").write_text(json.dumps({"global_step": step, "log_history": history}))
+        return folder
+
+    one_run = {10: 6.5, 20: 5.25}
+    early, late = saved("run-a/checkpoint-20", 20, one_run), saved("run-a/checkpoint-30", 30, {**one_run, 30: 4.0})
+    other = saved("run-b/checkpoint-30", 30, {10: 6.75, 20: 5.5, 30: 4.5})
+    final = saved("run-a-final", 30, {**one_run, 30: 4.0})
+    with caplog.at_level(logging.WARNING):
+        average_checkpoints([early, late], tmp_path / "avg1")
+    assert not caplog.records  # one run
+    with caplog.at_level(logging.WARNING):
+        average_checkpoints([early, other], tmp_path / "avg2")
+    assert f"{early} and {other} are checkpoints of two runs: their runs logged different losses at update 10 " in (
+        caplog.text
+    )
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        average_checkpoints([late, final], tmp_path / "avg3")
+    assert f"{late} and {final} are the same update (30) of one run" in caplog.text and "two runs" not in caplog.text
+
+
 @pytest.mark.parametrize(
     "argv",
     [

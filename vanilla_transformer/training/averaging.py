@@ -130,31 +130,61 @@ def check_folders(checkpoints: list[Path]) -> None:
         )
 
 
+def _trainer_state(folder: Path) -> dict:
+    try:
+        state = json.loads((folder / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return state if isinstance(state, dict) else {}
+
+
+def logged_losses(folder: Path) -> dict[int, float]:
+    """The training loss its run logged at each update until ``folder`` was saved (its ``trainer_state.json``):
+    two checkpoints of one run logged the same ones at the updates both saw."""
+    history = _trainer_state(folder).get("log_history")
+    entries = history if isinstance(history, list) else []
+    return {e["step"]: e["loss"] for e in entries if isinstance(e, dict) and "loss" in e and "step" in e}
+
+
 def checkpoint_step(folder: Path) -> int | None:
     """The update a checkpoint was saved at: its ``trainer_state.json``'s ``global_step``, else the step in
     its ``checkpoint-<step>`` name; None for a folder with neither (a model saved by ``save_pretrained``)."""
-    try:
-        step = json.loads((folder / TRAINER_STATE_NAME).read_text(encoding="utf-8")).get("global_step")
-    except (OSError, ValueError, AttributeError):
-        step = None
+    step = _trainer_state(folder).get("global_step")
     if isinstance(step, int) and not isinstance(step, bool):
         return step
     match = CHECKPOINT_NAME.fullmatch(folder.name)
     return int(match.group(1)) if match else None
 
 
+TWO_RUNS = (
+    "§6.1 averages the last checkpoints of one run, whose weights stay close; the mean of separately trained models "
+    "may not translate at all."
+)
+
+
 def check_oldest_first(checkpoints: list[Path]) -> None:
     """Checkpoints whose update is known come in the order of their updates: the newest (last) gives the
     config, tokenizer and generation settings, and linear weights follow the order. A shell glob puts
-    ``checkpoint-10000`` before ``checkpoint-9000``; that order is refused, with the right one to paste."""
+    ``checkpoint-10000`` before ``checkpoint-9000``; that order is refused, with the right one to paste. Two
+    runs' checkpoints (their runs logged other losses at an update both saw) and one update given twice (a run's
+    folder and its last checkpoint) are said in a warning."""
     stepped = [(step, folder) for folder in checkpoints if (step := checkpoint_step(folder)) is not None]
     for (step, folder), (next_step, next_folder) in zip(stepped, stepped[1:], strict=False):
-        if next_step == step:
+        losses, next_losses = logged_losses(folder), logged_losses(next_folder)
+        shared = sorted(losses.keys() & next_losses.keys())
+        if differing := [each for each in shared if losses[each] != next_losses[each]]:
+            first = differing[0]
             logger.warning(
-                f"{folder} and {next_folder} are both at update {step}: checkpoints of two runs? §6.1 averages the "
-                "last checkpoints of one run, whose weights stay close; the mean of separately trained models "
-                "may not translate at all."
+                f"{folder} and {next_folder} are checkpoints of two runs: their runs logged different losses at "
+                f"update {first} ({losses[first]:g} and {next_losses[first]:g}). {TWO_RUNS}"
             )
+        elif next_step == step and shared:
+            logger.warning(
+                f"{folder} and {next_folder} are the same update ({step}) of one run (a run's folder holds its final "
+                "model, the same as its last checkpoint unless averaged): the mean counts it twice. Leave one out."
+            )
+        elif next_step == step:
+            logger.warning(f"{folder} and {next_folder} are both at update {step}: checkpoints of two runs? {TWO_RUNS}")
         if next_step < step:
             in_order = " ".join(str(each) for _, each in sorted(stepped, key=lambda pair: pair[0]))
             raise ValueError(
