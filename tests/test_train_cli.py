@@ -229,6 +229,21 @@ def test_a_step_turned_off_leaves_the_others_following_the_data(data_dir, tmp_pa
     assert run.steps_to_run(training_args, data_args) == steps
 
 
+def test_training_files_with_steps_that_do_not_train_are_said_to_be_unused(data_dir, tmp_path, caplog):
+    """--do_predict alone predicts with the checkpoint as it is: the training files given with it were dropped
+    without a word (the predictions then came from the untrained-on model)."""
+    argv = [*files(data_dir, "train"), "--model_name_or_path", "m", "--output_dir", str(tmp_path)]
+    with caplog.at_level(logging.WARNING):
+        run.parse_arguments([*argv, "--do_predict"])
+    assert "--train_source_file given, but --do_predict alone does not train" in caplog.text
+    assert "add --do_train to train first" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        run.parse_arguments([*argv, "--do_predict", "--do_train"])
+        run.parse_arguments(argv)  # no --do_* flag: it trains
+    assert "does not train" not in caplog.text
+
+
 def test_a_recipe_file_turning_evaluation_off_trains_without_evaluating(data_dir, tmp_path):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("do_eval: false\n")

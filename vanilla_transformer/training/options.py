@@ -400,6 +400,13 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
     if recipe.get("config_overrides"):
         model_args.config_overrides = _recipe_overrides(recipe["config_overrides"], model_args, on_command_line)
     _resolve_steps(parser.parse_known_args(argv)[0], given, data_args, training_args)
+    training_files = [f"--{name}" for name in ("train_source_file", "train_file") if getattr(data_args, name)]
+    if training_files and training_args.should_log and not steps_to_run(training_args, data_args)[0]:
+        steps = " and ".join(f"--{name}" for name in STEP_FLAGS if getattr(training_args, name))
+        logger.warning(
+            f"{' and '.join(training_files)} given, but {steps} alone does not train (the --do_* flags given decide "
+            "the steps, as in run_translation.py): add --do_train to train first."
+        )
     for name in sorted(set(SENTENCE_BATCH_FLAGS) & given) if training_args.max_tokens else ():  # even at its default
         raise ValueError(sentence_batch_flag_refusal(name, training_args.max_tokens))
     if model_args.model_name_or_path and not given & {"learning_rate", "lr_scale"}:
