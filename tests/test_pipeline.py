@@ -177,6 +177,19 @@ def test_num_return_sequences_gives_that_many_translations_best_first(translator
     ]
 
 
+def test_blank_texts_translate_as_empty_alone_in_a_batch_and_in_n_best_lists(translate):
+    """A text of spaces was translated into whatever the model made of them (a blank line of a document became
+    invented words); `translate` leaves a blank line blank, and so does the pipeline now. The other sentences of
+    their batch translate as alone."""
+    alone = translate(TEXTS[0])[0]
+    assert translate("   ") == [{"translation_text": ""}]
+    assert (
+        translate(["   ", TEXTS[0], "", "\t"], batch_size=2)
+        == [{"translation_text": ""}, alone] + [{"translation_text": ""}] * 2
+    )
+    assert translate(["  ", TEXTS[0]], batch_size=2, num_return_sequences=2)[0] == [{"translation_text": ""}] * 2
+
+
 def test_language_codes_go_to_tokenizers_that_have_them(translator):
     # Tokenizers of multilingual models (NLLB, M2M100, mBART) build their inputs with
     # `_build_translation_inputs` and return the target language as `forced_bos_token_id`.

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import types
 
+import torch
 from torch.utils.data import IterableDataset
 from transformers import GenerationConfig, Pipeline
 from transformers.utils import logging
@@ -180,15 +181,18 @@ class VanillaTranslationPipeline(Pipeline):
     def preprocess(self, text: str, src_lang=None, tgt_lang=None, truncation=False):
         if not isinstance(text, str):
             raise TypeError(f"The {TASK!r} pipeline translates strings, got a {type(text).__name__}.")
+        blank = torch.tensor([not text.strip()])  # translated as empty, as `translate` leaves a blank line blank
+        text = text if text.strip() else ""
         if src_lang is not None or tgt_lang is not None:
-            return self.tokenizer._build_translation_inputs(
+            inputs = self.tokenizer._build_translation_inputs(
                 text, return_tensors="pt", truncation=truncation, src_lang=src_lang, tgt_lang=tgt_lang
             )
+            return {**inputs, "blank": blank}
         # cut at what the model takes too: a tokenizer built in memory keeps its default model_max_length (1024)
         positions = getattr(self.model.config, "max_position_embeddings", None) if truncation else None
         limit = {} if positions is None else {"max_length": min(self.tokenizer.model_max_length, positions)}
         inputs = self.tokenizer(text, truncation=truncation, return_tensors="pt", **limit)
-        return {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"]}
+        return {"input_ids": inputs["input_ids"], "attention_mask": inputs["attention_mask"], "blank": blank}
 
     def _forward(self, model_inputs, **generate_kwargs):
         batch_size = model_inputs["input_ids"].shape[0]
@@ -198,7 +202,15 @@ class VanillaTranslationPipeline(Pipeline):
             generate_kwargs["forced_bos_token_id"] = forced_bos[0] if isinstance(forced_bos, list) else forced_bos
         if "generation_config" not in generate_kwargs:  # a call's generation_config replaces the pipeline's parameters
             generate_kwargs = {**self.generate_kwargs, **generate_kwargs}
+        blank = model_inputs.pop("blank")
         output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+        if blank.any():  # a blank text's translation: the start token and </s>, whatever the model made of nothing
+            settings = self.model.generation_config
+            eos = settings.eos_token_id[0] if isinstance(settings.eos_token_id, list) else settings.eos_token_id
+            rows = blank.to(output_ids.device).repeat_interleave(output_ids.shape[0] // batch_size)
+            empty = torch.full_like(output_ids[0], eos if settings.pad_token_id is None else settings.pad_token_id)
+            empty[0], empty[1:2] = output_ids[0, 0], eos
+            output_ids = torch.where(rows[:, None], empty, output_ids)
         # (batch * num_return_sequences, T) -> (batch, num_return_sequences, T), unbatched by the iterator
         return {"output_ids": output_ids.reshape(batch_size, -1, output_ids.shape[-1])}
 
