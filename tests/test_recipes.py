@@ -6,6 +6,7 @@ Also the scorer the recipes report for the paper: tokenized BLEU with tensor2ten
 from __future__ import annotations
 
 import json
+import logging
 import random
 import shutil
 import subprocess
@@ -17,7 +18,7 @@ import sacrebleu
 from sacremoses import MosesTokenizer
 
 from helpers import load_script
-from vanilla_transformer import VanillaTransformerConfig
+from vanilla_transformer import PRESETS, VanillaTransformerConfig
 from vanilla_transformer.training import data
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.batching import TokenBatchSampler
@@ -249,6 +250,26 @@ def test_recipe_trains_evaluates_and_predicts_on_a_tiny_local_slice(recipe, tiny
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "README.md"} <= {
         p.name for p in output.iterdir()
     }
+
+
+def test_a_preset_on_the_command_line_is_built_as_it_is_not_with_the_recipes_overrides(tmp_path, caplog):
+    """--preset tiny after the multi30k recipe built a 5.6M-parameter model: the recipe's config_overrides (for
+    its own preset) still applied, unsaid. The preset asked for is built as it is, and the log says why the
+    recipe's overrides are left out; overrides given on the command line still apply to it."""
+    with caplog.at_level(logging.WARNING):
+        model_args, _, _ = train.parse_arguments([str(MULTI30K), "--preset", "tiny", "--output_dir", str(tmp_path)])
+    assert model_args.config_overrides is None
+    assert "the recipe's config_overrides (d_model=256," in caplog.text and "--preset tiny is built as it is" in (
+        caplog.text
+    )
+    assert train.model_config(model_args.preset, model_args.config_overrides).d_model == PRESETS["tiny"]["d_model"]
+    argv = [str(MULTI30K), "--preset", "tiny", "--config_overrides", "dropout=0.2", "--output_dir", str(tmp_path)]
+    model_args, _, _ = train.parse_arguments(argv)
+    config = train.model_config(model_args.preset, model_args.config_overrides)
+    assert (config.d_model, config.dropout) == (PRESETS["tiny"]["d_model"], 0.2)  # the command line's only
+    model_args, _, _ = train.parse_arguments([*argv[:1], *argv[3:]])  # no --preset: merged with the recipe's
+    config = train.model_config(model_args.preset, model_args.config_overrides)
+    assert (config.d_model, config.dropout) == (256, 0.2)
 
 
 def test_the_multi30k_recipe_runs_on_a_tiny_local_slice_under_its_clock(tiny_slice, tmp_path, monkeypatch):

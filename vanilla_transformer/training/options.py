@@ -468,11 +468,20 @@ def _no_bfloat16_message(flags: argparse.Namespace, from_recipe: set) -> str:
 def _recipe_overrides(from_recipe, model_args: ModelArguments, on_command_line: set):
     """The recipe's --config_overrides with the command line's: merged key by key, the command line's winning
     (the recipe's model, with dropout=0.3, not the preset's); dropped with a warning when a checkpoint is
-    fine-tuned, whose architecture is its own (the recipe's shape was never asked for on the command line)."""
-    if "config_overrides" not in on_command_line:
-        return None if model_args.model_name_or_path else from_recipe  # _warn_ignored_flags said so
-    merged = {**parse_overrides(_as_text(from_recipe)), **parse_overrides(_as_text(model_args.config_overrides))}
-    return _as_text(merged)
+    fine-tuned, whose architecture is its own (the recipe's shape was never asked for on the command line), and
+    when the command line names a --preset, which is built as it is (with the command line's overrides only)."""
+    given = model_args.config_overrides if "config_overrides" in on_command_line else None
+    if model_args.model_name_or_path:
+        return given  # _warn_ignored_flags said so; a command line's is refused with the checkpoint
+    if "preset" in on_command_line:
+        logger.warning(
+            f"the recipe's config_overrides ({_as_text(from_recipe)}) shape its own preset: --preset "
+            f"{model_args.preset} is built as it is{' with --config_overrides ' + _as_text(given) if given else ''}"
+        )
+        return given
+    if given is None:
+        return from_recipe
+    return _as_text({**parse_overrides(_as_text(from_recipe)), **parse_overrides(_as_text(given))})
 
 
 def _as_text(overrides: str | dict | None) -> str:
