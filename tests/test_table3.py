@@ -4,6 +4,7 @@ paper's printed table; end to end on tiny data, the table checked against what e
 from __future__ import annotations
 
 import json
+import logging
 import math
 import sys
 from pathlib import Path
@@ -243,6 +244,17 @@ def table3_command(data_dir: Path, output_dir: Path) -> list[str]:
         "--disable_tqdm",
         "true",
     ]
+
+
+def test_the_tokenizer_flags_that_trained_the_shared_tokenizer_are_not_called_ignored(data_dir, tmp_path, caplog):
+    """Each row loads the tokenizer table3 trained once with --tokenizer_vocab_size; train called that flag ignored
+    (the row loads a tokenizer), once per row and again when the rows were checked."""
+    command = table3_command(data_dir, tmp_path / "table")
+    command[command.index("--rows") + 1] = "base"
+    with caplog.at_level(logging.WARNING):
+        cli.main(command)
+    assert "ignored" not in caplog.text and (tmp_path / "table" / "tokenizer" / "tokenizer.json").is_file()
+    assert not logging.getLogger("vanilla_transformer.train").filters  # taken off after the table
 
 
 @pytest.fixture(scope="module")

@@ -48,7 +48,8 @@ from .data import check_data_arguments
 # train --help in groups reads fields through this HfArgumentParser internal (private: checked at import)
 require("transformers.HfArgumentParser._parse_dataclass_field")
 
-logger = logging.getLogger("vanilla_transformer.train")
+TRAIN_LOGGER = "vanilla_transformer.train"  # train's log, whichever module writes to it
+logger = logging.getLogger(TRAIN_LOGGER)
 
 ATTENTION_IMPLEMENTATIONS = ALL_ATTENTION_FUNCTIONS.valid_keys()
 ARGUMENT_FILE_SUFFIXES = (".yaml", ".yml", ".json")

@@ -34,6 +34,7 @@ import argparse
 import gc
 import hashlib
 import json
+import logging
 import math
 import os
 import queue
@@ -55,6 +56,7 @@ from . import run
 from .checkpointing import RESUME_HINT, checkpoint_folders
 from .options import (
     ARGUMENT_FILE_SUFFIXES,
+    TRAIN_LOGGER,
     check_arguments,
     model_config,
     parse_arguments,
@@ -840,6 +842,31 @@ def main(argv: list[str] | None = None, prog: str = "vanilla-transformer table3"
         raise ValueError(f"--devices {args.devices!r}: give GPU numbers separated by commas, e.g. 0,1,2,3.")
     refuse_own_flags(train_flags)
     output_dir = Path(args.output_dir or "runs/table3")
+    with SharedTokenizerUnsaid(output_dir / "tokenizer"):
+        return _compare(recipe, args, train_flags, rows, devices, output_dir, prog)
+
+
+class SharedTokenizerUnsaid(logging.Filter):
+    """The tokenizer flags train the one tokenizer every row loads (`shared_tokenizer`), so train's line calling
+    them ignored, because a row loads ``folder`` with --tokenizer_name_or_path, is left out while the block runs."""
+
+    def __init__(self, folder: Path):
+        super().__init__()
+        self.line = f"the tokenizer is loaded from --tokenizer_name_or_path {folder}, not trained"
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return self.line not in record.getMessage()
+
+    def __enter__(self):
+        logging.getLogger(TRAIN_LOGGER).addFilter(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        logging.getLogger(TRAIN_LOGGER).removeFilter(self)
+
+
+def _compare(recipe, args, train_flags, rows, devices, output_dir: Path, prog: str) -> dict:
+    """`main` once its own flags are read: plan and check every row, train what is not finished, summarize."""
     recipe_file = write_recipe(recipe, output_dir, args.max_steps)
     jobs = plan(recipe_file, train_flags, rows, args.seeds, output_dir, prog)  # every row checked first
     for job in jobs:
