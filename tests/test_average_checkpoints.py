@@ -312,6 +312,29 @@ def test_checkpoints_whose_runs_logged_other_losses_are_named_as_two_runs(traine
     assert f"{late} and {final} are the same update (30) of one run" in caplog.text and "two runs" not in caplog.text
 
 
+def test_an_average_that_replaces_a_model_removes_the_card_that_described_it(trainer_dir, tmp_path, caplog):
+    """`average --output-dir RUN --force` replaced the weights and left RUN's card with the scores of the
+    weights before, which publish would upload as the average's."""
+    root, _ = trainer_dir
+    output = tmp_path / "replaced-run"
+    shutil.copytree(root / "checkpoint-1000", output)
+    (output / "README.md").write_text("---\nlanguage: [en, de]\n---\nBLEU 79.71 on the validation set\n")
+    with caplog.at_level(logging.WARNING):
+        main(
+            [
+                "--inputs",
+                str(root / "checkpoint-900"),
+                str(root / "checkpoint-1000"),
+                "--output-dir",
+                str(output),
+                "--force",
+            ]
+        )
+    assert not (output / "README.md").exists() and f"removed {output / 'README.md'}: it described the model" in (
+        caplog.text
+    )
+
+
 @pytest.mark.parametrize(
     "argv",
     [

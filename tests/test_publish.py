@@ -111,6 +111,24 @@ def test_a_converted_marian_folder_publishes_its_sentencepiece_files(run_folder,
     assert set(capsys.readouterr().out.split()) == ours | vocabulary
 
 
+def test_a_folder_without_a_model_card_is_published_with_a_warning(run_folder, tmp_path, capsys, caplog):
+    """An averaged model has no card: its Hub page said nothing of its languages, task or scores, unsaid."""
+    import logging
+    import shutil
+
+    folder = tmp_path / "no-card"
+    shutil.copytree(run_folder, folder)
+    (folder / "README.md").unlink()
+    with caplog.at_level(logging.WARNING):
+        cli(["publish", str(folder), "--repo-id", f"{USER}/x", "--dry-run"])
+    assert f"MODEL_DIR {folder} has no model card (README.md)" in caplog.text
+    assert "README.md" not in capsys.readouterr().out.split()
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        cli(["publish", str(run_folder), "--repo-id", f"{USER}/x", "--dry-run"])
+    assert "no model card" not in caplog.text
+
+
 def test_publish_uploads_the_model_files_in_one_commit_and_nothing_of_the_run(run_folder, tmp_path):
     hub = LoopbackHub(tmp_path / "store", lifetime=600).start()
     try:

@@ -277,6 +277,11 @@ def main(argv=None, prog: str = "vanilla-transformer publish") -> str:
         raise ValueError(f"--retries must be 0 or more, got {args.retries}.")
     check_repo_id(args.repo_id)
     files = check_publishable(args.model_dir)
+    if "README.md" not in files:  # e.g. an average: its Hub page would say nothing of what it is
+        logger.warning(
+            f"MODEL_DIR {args.model_dir} has no model card (README.md): its Hub page will name no languages, task "
+            "or scores; write one first (vanilla_transformer.write_model_card, docs/hub.md)"
+        )
     if args.dry_run:
         print("\n".join(files))
         return ""

@@ -305,6 +305,9 @@ def loaded_through_a_tie(model, name: str, loaded: dict[str, torch.Tensor]) -> b
     return any(tensors[name] is tensors[other] for other in loaded if other in tensors)
 
 
+CARD_NAME = "README.md"  # the model card train writes next to its final model
+
+
 def copy_side_files(newest: Path, output_dir: Path) -> None:
     """Generation settings and tokenizer files of the newest checkpoint, byte for byte."""
     names = [*TOKENIZER_FILES, GENERATION_CONFIG_NAME]
@@ -334,6 +337,12 @@ def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path, w
     output_dir.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(output_dir)
     copy_side_files(checkpoints[-1], output_dir)
+    if (card := output_dir / CARD_NAME).is_file():  # a model replaced (--force): its card's scores were its own
+        card.unlink()
+        logger.warning(
+            f"removed {card}: it described the model replaced, whose scores it holds; score the average "
+            "(vanilla-transformer translate --references, or train --do_eval) before its card is written"
+        )
     return output_dir
 
 
