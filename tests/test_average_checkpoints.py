@@ -301,6 +301,11 @@ def test_checkpoints_whose_runs_logged_other_losses_are_named_as_two_runs(traine
     with caplog.at_level(logging.WARNING):
         average_checkpoints([early, late], tmp_path / "avg1")
     assert not caplog.records  # one run
+    diverged = {**one_run, 30: float("nan")}  # a non-finite loss logged (the divergence guard turned off)
+    before = saved("run-c/checkpoint-30", 30, diverged)
+    with caplog.at_level(logging.WARNING):
+        average_checkpoints([before, saved("run-c/checkpoint-40", 40, {**diverged, 40: 3.5})], tmp_path / "avg4")
+    assert not caplog.records  # NaN and NaN: the same run
     with caplog.at_level(logging.WARNING):
         average_checkpoints([early, other], tmp_path / "avg2")
     assert f"{early} and {other} are checkpoints of two runs: their runs logged different losses at update 10 " in (

@@ -517,3 +517,37 @@ def test_a_second_ctrl_c_in_training_ends_the_run_at_once_in_one_line(data_dir, 
         "stopped by Ctrl-C during training, without saving a checkpoint: --resume_from_checkpoint last" in caplog.text
     )
     assert not list(output.glob("checkpoint-*")) and not (output / "_run.lock").exists()
+
+
+SLOW_LAST_WORDS = textwrap.dedent("""
+    import sys, time
+    from vanilla_transformer.training.checkpointing import sigterm_ends_the_run
+
+    def last_words():
+        time.sleep(1.0)  # a lock on a slow file system
+        print("last words said", file=sys.stderr, flush=True)
+
+    with sigterm_ends_the_run(last_words):
+        print("ready", flush=True)
+        time.sleep(60)
+""")
+
+
+def test_a_second_sigterm_while_the_last_words_are_said_does_not_cut_them_short(tmp_path):
+    """A launcher passes the scheduler's SIGTERM on, so two arrive: the second one killed the process before the
+    line was logged and the lock given back."""
+    script = tmp_path / "slow.py"
+    script.write_text(SLOW_LAST_WORDS)
+    process = subprocess.Popen(
+        [sys.executable, str(script)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert process.stdout.readline() == "ready\n"
+    process.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == -signal.SIGTERM and "last words said" in err, err[-3000:]

@@ -270,6 +270,15 @@ def test_a_preset_on_the_command_line_is_built_as_it_is_not_with_the_recipes_ove
     model_args, _, _ = train.parse_arguments([*argv[:1], *argv[3:]])  # no --preset: merged with the recipe's
     config = train.model_config(model_args.preset, model_args.config_overrides)
     assert (config.d_model, config.dropout) == (256, 0.2)
+    caplog.clear()
+    for recipe, preset, dropout in (
+        (MULTI30K, "base", 0.1),
+        (REPO / "training" / "recipes" / "wmt14-en-fr-big.yaml", "big", 0.1),
+    ):
+        with caplog.at_level(logging.WARNING):  # the recipe's own preset, said again: its overrides still apply
+            model_args, _, _ = parse(recipe, "--preset", preset, "--output_dir", str(tmp_path))
+        assert train.model_config(model_args.preset, model_args.config_overrides).dropout == dropout, recipe
+    assert "config_overrides" not in caplog.text
 
 
 def test_the_multi30k_recipe_runs_on_a_tiny_local_slice_under_its_clock(tiny_slice, tmp_path, monkeypatch):

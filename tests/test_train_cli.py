@@ -540,6 +540,16 @@ def test_fine_tuning_with_another_tokenizer_than_the_models_is_refused_before_re
     argv = ["--model_name_or_path", str(trained), *files(data_dir, "train"), "--output_dir", str(tmp_path / "ft")]
     argv += ["--use_cpu", "--max_steps", "1"]
     run.build_trainer(*run.parse_arguments([*argv, "--tokenizer_name_or_path", str(trained)]))
+    # the same tokenizer in the file format of tokenizers < 0.20 (merges as "a b" strings): the model's own still
+    legacy = tmp_path / "legacy-model"
+    shutil.copytree(trained, legacy)
+    written = json.loads((legacy / "tokenizer.json").read_text())
+    assert all(isinstance(merge, list) for merge in written["model"]["merges"])
+    written["model"]["merges"] = [" ".join(merge) for merge in written["model"]["merges"]]
+    written["model"].pop("ignore_merges", None)
+    (legacy / "tokenizer.json").write_text(json.dumps(written))
+    legacy_argv = [*argv[:1], str(legacy), *argv[2:]]
+    run.build_trainer(*run.parse_arguments([*legacy_argv, "--tokenizer_name_or_path", str(trained)]))
     monkeypatch.setattr(run, "load_text_datasets", lambda *a, **k: pytest.fail("read the data first"))
     message = f"--tokenizer_name_or_path {other} holds another tokenizer than --model_name_or_path {trained} was"
     with pytest.raises(ValueError, match=re.escape(message)):

@@ -206,7 +206,8 @@ class VanillaTranslationPipeline(Pipeline):
         output_ids = self.model.generate(**model_inputs, **generate_kwargs)
         if blank.any():  # a blank text's translation: the start token and </s>, whatever the model made of nothing
             settings = self.model.generation_config
-            eos = settings.eos_token_id[0] if isinstance(settings.eos_token_id, list) else settings.eos_token_id
+            eos = settings.eos_token_id if settings.eos_token_id is not None else self.tokenizer.eos_token_id
+            eos = eos[0] if isinstance(eos, list) else eos
             rows = blank.to(output_ids.device).repeat_interleave(output_ids.shape[0] // batch_size)
             empty = torch.full_like(output_ids[0], eos if settings.pad_token_id is None else settings.pad_token_id)
             empty[0], empty[1:2] = output_ids[0, 0], eos

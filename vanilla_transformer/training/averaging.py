@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import shutil
 import sys
 from pathlib import Path
@@ -156,6 +157,10 @@ def checkpoint_step(folder: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+def _same_loss(a, b) -> bool:
+    return a == b or (isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b))
+
+
 TWO_RUNS = (
     "§6.1 averages the last checkpoints of one run, whose weights stay close; the mean of separately trained models "
     "may not translate at all."
@@ -172,7 +177,7 @@ def check_oldest_first(checkpoints: list[Path]) -> None:
     for (step, folder), (next_step, next_folder) in zip(stepped, stepped[1:], strict=False):
         losses, next_losses = logged_losses(folder), logged_losses(next_folder)
         shared = sorted(losses.keys() & next_losses.keys())
-        if differing := [each for each in shared if losses[each] != next_losses[each]]:
+        if differing := [each for each in shared if not _same_loss(losses[each], next_losses[each])]:
             first = differing[0]
             logger.warning(
                 f"{folder} and {next_folder} are checkpoints of two runs: their runs logged different losses at "

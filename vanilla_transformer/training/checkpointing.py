@@ -457,10 +457,11 @@ def ignore_further_sigterms() -> None:
 
 @contextmanager
 def sigterm_ends_the_run(last_words: Callable[[], None]):
-    """While the block runs, a SIGTERM ends the process as the default action would (at once, exit status 143,
-    whatever it was doing: no exception to unwind through a collective other processes wait in, or through a
-    library's clean-up that would replace it), after ``last_words()``: the run's line saying where it stopped, and
-    its lock given back. During training `StopOnSignal` takes the signal over and gives it back. Processes forked
+    """While the block runs, a SIGTERM ends the process as the default action would (exit status 143, whatever it
+    was doing: no exception to unwind through a collective other processes wait in, or through a library's
+    clean-up that would replace it), after ``last_words()``: the run's line saying where it stopped, and its lock
+    given back. Python runs the handler between its own instructions, so a long native call (a tokenizer's merges,
+    a collective) finishes first; a second SIGTERM meanwhile is ignored. During training `StopOnSignal` takes the signal over and gives it back. Processes forked
     meanwhile (the tokenization's workers) inherit the handler: they end as by default, without last words."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -468,11 +469,12 @@ def sigterm_ends_the_run(last_words: Callable[[], None]):
     this_process = os.getpid()
 
     def handle(number, frame) -> None:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a launcher passes the scheduler's on: two arrive
         try:
             if os.getpid() == this_process:
                 last_words()
         finally:  # whatever the last words met (a lock half given back), the process ends
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGTERM)
 
     previous = signal.signal(signal.SIGTERM, handle)

@@ -399,7 +399,9 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
     if training_args.should_log:  # once, not in every process of a run of several
         _warn_ignored_flags(model_args, on_command_line, set(recipe) - on_command_line)
     if recipe.get("config_overrides"):
-        model_args.config_overrides = _recipe_overrides(recipe["config_overrides"], model_args, on_command_line)
+        model_args.config_overrides = _recipe_overrides(
+            recipe["config_overrides"], model_args, on_command_line, recipe.get("preset", ModelArguments.preset)
+        )
     _resolve_steps(parser.parse_known_args(argv)[0], given, data_args, training_args)
     training_files = [f"--{name}" for name in ("train_source_file", "train_file") if getattr(data_args, name)]
     if training_files and training_args.should_log and not steps_to_run(training_args, data_args)[0]:
@@ -466,15 +468,16 @@ def _no_bfloat16_message(flags: argparse.Namespace, from_recipe: set) -> str:
     )
 
 
-def _recipe_overrides(from_recipe, model_args: ModelArguments, on_command_line: set):
+def _recipe_overrides(from_recipe, model_args: ModelArguments, on_command_line: set, recipe_preset: str):
     """The recipe's --config_overrides with the command line's: merged key by key, the command line's winning
     (the recipe's model, with dropout=0.3, not the preset's); dropped with a warning when a checkpoint is
     fine-tuned, whose architecture is its own (the recipe's shape was never asked for on the command line), and
-    when the command line names a --preset, which is built as it is (with the command line's overrides only)."""
+    when the command line names another --preset than the recipe's (``recipe_preset``), which is built as it is
+    (with the command line's overrides only)."""
     given = model_args.config_overrides if "config_overrides" in on_command_line else None
     if model_args.model_name_or_path:
         return given  # _warn_ignored_flags said so; a command line's is refused with the checkpoint
-    if "preset" in on_command_line:
+    if "preset" in on_command_line and model_args.preset != recipe_preset:
         logger.warning(
             f"the recipe's config_overrides ({_as_text(from_recipe)}) shape its own preset: --preset "
             f"{model_args.preset} is built as it is{' with --config_overrides ' + _as_text(given) if given else ''}"

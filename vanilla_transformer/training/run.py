@@ -51,7 +51,6 @@ from ..checkpoint_files import (
     check_model_folder,
     from_pretrained_named,
     has_tokenizer,
-    tokenizer_definition,
     without_runtime_settings,
 )
 from ..command_line import exit_with_usage_error
@@ -545,12 +544,21 @@ def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
 
 def check_same_tokenizer(folder: str | Path, tokenizer, message: str) -> None:
     """ValueError(``message``) where the local ``folder`` holds a tokenizer (tokenizer.json) that is not
-    ``tokenizer``: its model's weights read token ids as that one does. A Hub id is not looked up."""
-    if not Path(folder).is_dir():
+    ``tokenizer``: its model's weights read token ids as that one does. Both are written out by the installed
+    tokenizers library before they are compared (a file an older release wrote spells the same merges otherwise).
+    A Hub id, or a tokenizer without a tokenizers backend (SentencePiece), is not compared."""
+    from tokenizers import Tokenizer
+
+    saved = Path(folder) / "tokenizer.json"
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if not saved.is_file() or backend is None:
         return
-    if (saved := tokenizer_definition(folder).get("tokenizer.json")) is not None:
-        if saved != without_runtime_settings(json.loads(tokenizer.backend_tokenizer.to_str())):
-            raise ValueError(message)
+    try:
+        written = Tokenizer.from_file(str(saved)).to_str()
+    except Exception as error:  # the tokenizers library's own error types
+        raise ValueError(f"{saved} is not a tokenizer the installed tokenizers library reads ({error}).") from None
+    if without_runtime_settings(json.loads(written)) != without_runtime_settings(json.loads(backend.to_str())):
+        raise ValueError(message)
 
 
 def save_tokenizer_only(model_args, data_args, training_args) -> Path:
