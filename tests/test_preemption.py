@@ -390,10 +390,22 @@ def signal_self(number: int):
 OUTSIDE_TRAINING = ["--validation_size", "8", "--save_strategy", "steps", "--save_steps", "2"]
 
 
+def stopped_outside_training(data_dir: Path, output: Path, where: str, said: str) -> str:
+    """SIGTERM outside training (a scheduler preempting the final evaluation, or the data's tokenization) ended the
+    process without a word and left its run lock. It still ends it as the signal's default does (exit status 143
+    to a shell: what a requeueing script tests), after one line saying where the run stopped and what is saved,
+    with --output_dir unlocked. That line."""
+    code, _, err = finish(start(data_dir, output, *OUTSIDE_TRAINING, sigterm_in=where))
+    assert code == -signal.SIGTERM, err[-3000:]
+    lines = [line.split(": ", 1)[1] for line in err.splitlines() if " stopped by SIGTERM " in line]
+    assert len(lines) == 1 and lines[0].startswith(said), err[-3000:]
+    assert "Traceback" not in err and not (output / "_run.lock").exists()
+    return lines[0]
+
+
 @pytest.mark.parametrize(
     "where, said",
     [
-        ("evaluate", "stopped by SIGTERM after training, while evaluating: the model is saved in "),
         ("save_final_model", "stopped by SIGTERM after training, while saving the final model: "),
         ("build_trainer", "stopped by SIGTERM before training started: nothing was saved"),
     ],
@@ -401,20 +413,11 @@ OUTSIDE_TRAINING = ["--validation_size", "8", "--save_strategy", "steps", "--sav
 def test_a_sigterm_outside_training_says_where_it_stopped_frees_the_folder_and_ends_as_killed(
     data_dir, tmp_path, where, said
 ):
-    """SIGTERM outside training (a scheduler preempting the final evaluation, or the data's tokenization) ended the
-    process without a word and left its run lock. It still ends it at once, as the signal's default does (exit
-    status 143 to a shell: what a requeueing script tests), after one line saying where the run stopped and what
-    is saved, with --output_dir unlocked."""
     output = tmp_path / "run"
-    code, _, err = finish(start(data_dir, output, *OUTSIDE_TRAINING, sigterm_in=where))
-    assert code == -signal.SIGTERM, err[-3000:]
-    lines = [line.split(": ", 1)[1] for line in err.splitlines() if " stopped by SIGTERM " in line]
-    assert len(lines) == 1 and lines[0].startswith(said), err[-3000:]
-    assert "Traceback" not in err
+    line = stopped_outside_training(data_dir, output, where, said)
     if where == "save_final_model":  # the run's last checkpoint is complete: resuming from it ends the run
-        assert f"{output} may be incomplete; the same command with --resume_from_checkpoint last takes " in lines[0]
-        assert lines[0].endswith(f"checkpoint-{MAX_STEPS} and trains no more")
-    assert not (output / "_run.lock").exists()
+        assert f"{output} may be incomplete; the same command with --resume_from_checkpoint last takes " in line
+        assert line.endswith(f"checkpoint-{MAX_STEPS} and trains no more")
 
 
 @pytest.mark.parametrize(
@@ -451,8 +454,10 @@ def test_after_a_sigterm_in_the_final_evaluation_the_same_command_resumed_evalua
     """What the line after a SIGTERM in the final evaluation promises: the same command with --resume_from_checkpoint
     last takes the last checkpoint, trains no more, and evaluates."""
     output = tmp_path / "run"
-    code, _, err = finish(start(data_dir, output, *OUTSIDE_TRAINING, sigterm_in="evaluate"))
-    assert code == -signal.SIGTERM, err[-3000:]
+    said = "stopped by SIGTERM after training, while evaluating: the model is saved in "
+    assert f"takes {output / f'checkpoint-{MAX_STEPS}'} and trains no more" in stopped_outside_training(
+        data_dir, output, "evaluate", said
+    )
     steps = []
     monkeypatch.setattr(train.TransformerTrainer, "training_step", lambda *a, **k: steps.append(1))
     with caplog.at_level(logging.WARNING):
