@@ -466,6 +466,21 @@ def test_after_a_sigterm_in_the_final_evaluation_the_same_command_resumed_evalua
     assert f"checkpoint-{MAX_STEPS} ends the training" in caplog.text
 
 
+def ready_script(path: Path, text: str, **popen) -> subprocess.Popen:
+    """``text`` run as a script at ``path``, once it has printed "ready" (its handler installed)."""
+    path.write_text(text)
+    process = subprocess.Popen(
+        [sys.executable, str(path)],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **popen,
+    )
+    assert process.stdout.readline() == "ready\n"
+    return process
+
+
 FORKED_WORKERS = textwrap.dedent("""
     import multiprocessing, sys, time
     from vanilla_transformer.training.checkpointing import sigterm_ends_the_run
@@ -485,17 +500,7 @@ def test_a_sigterm_to_the_process_group_ends_forked_workers_without_last_words_o
     """datasets' map forks workers (--preprocessing_num_workers) that inherit the handler: SLURM, `timeout` and a
     pool's shutdown signal them too. A handler that raised printed a traceback from each, and the pool's clean-up
     replaced the main process's stop with its own error (exit status 1, which no requeueing script tests for)."""
-    script = tmp_path / "workers.py"
-    script.write_text(FORKED_WORKERS)
-    process = subprocess.Popen(
-        [sys.executable, str(script)],
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    assert process.stdout.readline() == "ready\n"
+    process = ready_script(tmp_path / "workers.py", FORKED_WORKERS, start_new_session=True)
     time.sleep(0.5)  # the workers are in their sleep
     os.killpg(process.pid, signal.SIGTERM)
     _, err = process.communicate(timeout=60)
@@ -541,16 +546,7 @@ SLOW_LAST_WORDS = textwrap.dedent("""
 def test_a_second_sigterm_while_the_last_words_are_said_does_not_cut_them_short(tmp_path):
     """A launcher passes the scheduler's SIGTERM on, so two arrive: the second one killed the process before the
     line was logged and the lock given back."""
-    script = tmp_path / "slow.py"
-    script.write_text(SLOW_LAST_WORDS)
-    process = subprocess.Popen(
-        [sys.executable, str(script)],
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    assert process.stdout.readline() == "ready\n"
+    process = ready_script(tmp_path / "slow.py", SLOW_LAST_WORDS)
     process.send_signal(signal.SIGTERM)
     time.sleep(0.3)
     process.send_signal(signal.SIGTERM)
