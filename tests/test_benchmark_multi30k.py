@@ -379,6 +379,7 @@ def write_corpus(folder: Path, sizes: dict[str, int]) -> None:
                 file.write("".join(transform(s) + "\n" for s in sentences))
 
 
+@pytest.mark.slow  # 28 s: the benchmark end to end (make test-slow)
 def test_benchmark_runs_both_systems_and_writes_the_table(tmp_path):
     data = tmp_path / "multi30k"
     write_corpus(data, {"train": 300, "val": 12, "test_2016_flickr": 12})
@@ -488,6 +489,7 @@ def test_redo_trains_a_finished_run_again_and_keeps_the_old_result_and_folder(tm
     assert json.loads((tmp_path / "out" / "results.json").read_text())["replaced"][0]["test"]["bleu"] == 36.0
 
 
+@pytest.mark.slow  # 13 s: one lever of the benchmark (make test-slow)
 def test_the_metaspace_lever_trains_ours_with_the_baselines_tokenizer(tmp_path):
     """The tokenizer lever gives our model MarianMT's Metaspace BPE, trained on the same pairs with the
     same size, and our train.py takes it like any tokenizer folder: the saved model tokenizes as

@@ -83,6 +83,7 @@ def test_missing_data_folder_is_reported_not_an_error(tmp_path, capsys):
     assert "Multi30k not found" in capsys.readouterr().out
 
 
+@pytest.mark.slow  # 18 s: a probe of benchmarks/ (make test-slow)
 def test_a_tiny_run_repeats_exactly_and_tells_initialisations_apart(tmp_path, tokenizer, monkeypatch):
     """Each variant starts training from the same random state whatever its initialisation drew (so
     one system's variants share dropout masks), and a variant run alone repeats its curve exactly;
