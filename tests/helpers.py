@@ -56,3 +56,14 @@ def counted_kernels():
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
         yield counts
     counts.update({event.key: event.count for event in profiler.key_averages()})
+
+
+def legacy_tokenizer_file(folder: Path) -> None:
+    """Rewrite ``folder``'s tokenizer.json as tokenizers < 0.20 wrote the same tokenizer: merges as "a b"."""
+    import json
+
+    written = json.loads((folder / "tokenizer.json").read_text())
+    assert all(isinstance(merge, list) for merge in written["model"]["merges"])
+    written["model"]["merges"] = [" ".join(merge) for merge in written["model"]["merges"]]
+    written["model"].pop("ignore_merges", None)
+    (folder / "tokenizer.json").write_text(json.dumps(written))

@@ -14,6 +14,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from helpers import legacy_tokenizer_file
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
 from vanilla_transformer.training.averaging import average_checkpoints, average_tensors, last_checkpoints, main
 
@@ -212,6 +213,29 @@ def test_tokenizer_and_generation_config_come_from_the_last_checkpoint(checkpoin
     assert AutoModelForSeq2SeqLM.from_pretrained(tmp_path / "avg").generation_config.num_beams == 5
     for name in ("modeling_vanilla_transformer.py", "configuration_vanilla_transformer.py"):
         assert (tmp_path / "avg" / name).is_file()  # still loads with trust_remote_code
+
+
+def test_one_tokenizer_written_by_two_tokenizers_releases_is_one_tokenizer(checkpoints, tmp_path):
+    """A run resumed after upgrading tokenizers holds checkpoints whose tokenizer.json spell the merges two ways:
+    the same ids (the tokenizers read both alike), so they average; other ids are still refused."""
+    _, folders = checkpoints
+    tokenizer = train_tokenizer(iter(["one two three", "eins zwei drei"] * 20), vocab_size=270)
+    older, newer = (shutil.copytree(folder, tmp_path / name) for folder, name in zip(folders, ("older", "newer")))
+    for folder in (older, newer):
+        tokenizer.save_pretrained(folder)
+    legacy_tokenizer_file(older)
+    assert AutoTokenizer.from_pretrained(older)("one two").input_ids == tokenizer("one two").input_ids
+    average_checkpoints([older, newer], tmp_path / "avg")
+    vocab = json.loads((older / "tokenizer.json").read_text())
+    swapped = [token for token in vocab["model"]["vocab"] if vocab["model"]["vocab"][token] >= 10][:2]
+    ids = vocab["model"]["vocab"]
+    ids[swapped[0]], ids[swapped[1]] = ids[swapped[1]], ids[swapped[0]]
+    (older / "tokenizer.json").write_text(json.dumps(vocab))
+    with pytest.raises(ValueError, match=f"{older} was trained with another tokenizer .*differ in model"):
+        average_checkpoints([older, newer], tmp_path / "avg2")
+    (older / "tokenizer.json").write_text('{"model": {"type": "nothing we know"}}')
+    with pytest.raises(ValueError, match=f"{older / 'tokenizer.json'} is not a tokenizer the installed tokenizers"):
+        average_checkpoints([older, newer], tmp_path / "avg3")
 
 
 # ---------------------------------------------------------------------------------------------

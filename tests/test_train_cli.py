@@ -15,6 +15,7 @@ import pytest
 from safetensors.torch import load_file
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from helpers import legacy_tokenizer_file
 from test_train import reverse_pairs, tiny_args, write_pairs
 from vanilla_transformer.training import run
 from vanilla_transformer.training.translation import translate
@@ -543,11 +544,7 @@ def test_fine_tuning_with_another_tokenizer_than_the_models_is_refused_before_re
     # the same tokenizer in the file format of tokenizers < 0.20 (merges as "a b" strings): the model's own still
     legacy = tmp_path / "legacy-model"
     shutil.copytree(trained, legacy)
-    written = json.loads((legacy / "tokenizer.json").read_text())
-    assert all(isinstance(merge, list) for merge in written["model"]["merges"])
-    written["model"]["merges"] = [" ".join(merge) for merge in written["model"]["merges"]]
-    written["model"].pop("ignore_merges", None)
-    (legacy / "tokenizer.json").write_text(json.dumps(written))
+    legacy_tokenizer_file(legacy)
     legacy_argv = [*argv[:1], str(legacy), *argv[2:]]
     run.build_trainer(*run.parse_arguments([*legacy_argv, "--tokenizer_name_or_path", str(trained)]))
     monkeypatch.setattr(run, "load_text_datasets", lambda *a, **k: pytest.fail("read the data first"))

@@ -20,6 +20,7 @@ import re
 import zipfile
 from pathlib import Path
 
+from tokenizers import Tokenizer
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 CONFIG_NAME = "config.json"
@@ -201,11 +202,17 @@ def without_runtime_settings(tokenizer_json: dict) -> dict:
     return {key: value for key, value in tokenizer_json.items() if key not in {"truncation", "padding"}}
 
 
+def written_tokenizer(tokenizer: Tokenizer) -> dict:
+    """A tokenizers ``Tokenizer`` as the installed library writes it, parsed, without runtime settings: two
+    files older and newer releases wrote (merges as "a b" strings before 0.20, as pairs since) compare equal."""
+    return without_runtime_settings(json.loads(tokenizer.to_str()))
+
+
 def tokenizer_definition(folder: str | os.PathLike) -> dict[str, object]:
     """What decides a saved tokenizer's ids, file by file, to compare two folders.
 
-    ``tokenizer.json`` is compared as parsed JSON without its runtime ``truncation``/``padding``
-    settings; other vocabulary files byte for byte. An empty dict: the folder has no tokenizer.
+    ``tokenizer.json`` is compared as the installed tokenizers library writes it out (`written_tokenizer`);
+    other vocabulary files byte for byte. An empty dict: the folder has no tokenizer.
     """
     folder, definition = Path(folder), {}
     for name in TOKENIZER_VOCABULARY_FILES:
@@ -213,8 +220,14 @@ def tokenizer_definition(folder: str | os.PathLike) -> dict[str, object]:
         if not path.is_file():
             continue
         if name == "tokenizer.json":
-            content = check_json(path, f"The tokenizer of {folder}", "Save the tokenizer again.")
-            definition[name] = without_runtime_settings(content)
+            check_json(path, f"The tokenizer of {folder}", "Save the tokenizer again.")
+            try:
+                definition[name] = written_tokenizer(Tokenizer.from_file(str(path)))
+            except Exception as error:  # the tokenizers library's own error types
+                raise ValueError(
+                    f"{path} is not a tokenizer the installed tokenizers library reads ({error}); save the "
+                    "tokenizer again."
+                ) from None
         else:
             definition[name] = path.read_bytes()
     return definition

@@ -51,7 +51,8 @@ from ..checkpoint_files import (
     check_model_folder,
     from_pretrained_named,
     has_tokenizer,
-    without_runtime_settings,
+    tokenizer_definition,
+    written_tokenizer,
 )
 from ..command_line import exit_with_usage_error
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULA, MAX_NEW_TOKENS_BEYOND_INPUT
@@ -277,7 +278,7 @@ def build_trainer(model_args, data_args, training_args) -> Run:
         if resume is not None:
             check_resume_matches(resume, model, tokenizer)
         elif model_args.model_name_or_path and model_args.tokenizer_name_or_path:  # a fine-tune, another tokenizer
-            check_same_tokenizer(
+            refuse_another_tokenizer(
                 model_args.model_name_or_path,
                 tokenizer,
                 f"--tokenizer_name_or_path {model_args.tokenizer_name_or_path} holds another tokenizer than "
@@ -534,7 +535,7 @@ def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
             f"--resume_from_checkpoint {checkpoint} holds another architecture than the flags build "
             f"({details}); resume with the flags the run started with."
         )
-    check_same_tokenizer(
+    refuse_another_tokenizer(
         checkpoint,
         tokenizer,
         f"--resume_from_checkpoint {checkpoint} was trained with another tokenizer than the one given now; drop "
@@ -542,22 +543,14 @@ def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
     )
 
 
-def check_same_tokenizer(folder: str | Path, tokenizer, message: str) -> None:
+def refuse_another_tokenizer(folder: str | Path, tokenizer, message: str) -> None:
     """ValueError(``message``) where the local ``folder`` holds a tokenizer (tokenizer.json) that is not
-    ``tokenizer``: its model's weights read token ids as that one does. Both are written out by the installed
-    tokenizers library before they are compared (a file an older release wrote spells the same merges otherwise).
-    A Hub id, or a tokenizer without a tokenizers backend (SentencePiece), is not compared."""
-    from tokenizers import Tokenizer
-
-    saved = Path(folder) / "tokenizer.json"
+    ``tokenizer``: its model's weights read token ids as that one does. Compared as the installed tokenizers
+    library writes both out (`tokenizer_definition`). A Hub id, or a tokenizer without a tokenizers backend
+    (SentencePiece), is not compared."""
+    saved = tokenizer_definition(folder).get("tokenizer.json") if Path(folder).is_dir() else None
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if not saved.is_file() or backend is None:
-        return
-    try:
-        written = Tokenizer.from_file(str(saved)).to_str()
-    except Exception as error:  # the tokenizers library's own error types
-        raise ValueError(f"{saved} is not a tokenizer the installed tokenizers library reads ({error}).") from None
-    if without_runtime_settings(json.loads(written)) != without_runtime_settings(json.loads(backend.to_str())):
+    if saved is not None and backend is not None and saved != written_tokenizer(backend):
         raise ValueError(message)
 
 
