@@ -508,6 +508,28 @@ def test_a_requeued_finished_run_keeps_the_train_metrics_of_the_training_it_foun
         assert "train_runtime" not in json.loads((output / "all_results.json").read_text()), text
 
 
+def test_a_resumed_run_says_its_train_metrics_cover_the_updates_since_the_resume(data_dir, tmp_path, caplog):
+    """The Trainer's train_loss and train_runtime of a resumed run cover its own updates, not the run's: said
+    in the log, and true (train_loss is the mean of the losses logged for those updates)."""
+    output = tmp_path / "run"
+    build(data_dir, output, "--max_steps", "4", "--save_steps", "2").trainer.train()
+    shutil.rmtree(output / "checkpoint-4")
+    with caplog.at_level(logging.INFO):
+        train.main(
+            run_argv(data_dir, output, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint", "last")
+        )
+    assert f"cover updates 3-4, trained since resuming from {output / 'checkpoint-2'}" in caplog.text
+    losses = {
+        entry["step"]: entry["loss"]
+        for entry in json.loads((output / "trainer_state.json").read_text())["log_history"]
+        if "loss" in entry
+    }
+    assert sorted(losses) == [1, 2, 3, 4]  # the whole run's curve
+    trained = json.loads((output / "all_results.json").read_text())["train_loss"]
+    assert trained == pytest.approx((losses[3] + losses[4]) / 2, abs=1e-3)
+    assert trained != pytest.approx(sum(losses.values()) / 4, abs=1e-3)
+
+
 @pytest.mark.parametrize("restore", [(), ("--restore_callback_states_from_checkpoint", "true")])
 def test_the_training_budget_counts_the_minutes_trained_before_a_resume(data_dir, tmp_path, restore):
     """--max_train_minutes is the whole run's: each checkpoint's trainer_state.json holds the seconds trained

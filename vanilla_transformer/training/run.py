@@ -62,6 +62,7 @@ from .averaging import MEAN_NAMES, architecture, average_checkpoints
 from .caches import usable_tokenizer_cache
 from .checkpointing import (
     RESUME_HINT,
+    TRAINER_STATE_NAME,
     TrainingInterrupted,
     complete_checkpoints,
     ignore_further_sigterms,
@@ -203,6 +204,8 @@ def _train_evaluate_predict(
         final = Path(training_args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}"
         stage.final_checkpoint = final if final.is_dir() else None
         metrics.update(result.metrics)
+        if run.resume is not None and trainer.is_world_process_zero():
+            resumed_metrics_said(run.resume, trainer.state.global_step)
         trainer.save_state()  # trainer_state.json: the logged loss curve, next to the model
         save_final_model(trainer, tokenizer, training_args.average_checkpoints, training_args.average_weights)
     if do_eval:
@@ -236,6 +239,17 @@ def _train_evaluate_predict(
     trainer.accelerator.wait_for_everyone()  # leave together: no process exits mid-collective
     stage.doing = "as the run ended"
     return metrics
+
+
+def resumed_metrics_said(checkpoint: Path, last_step: int) -> None:
+    """Logs what the Trainer's train_* metrics of a resumed run cover: the updates of this process, not the run's.
+    (A finished run requeued trains none and keeps the metrics of the training it found.)"""
+    resumed_at = json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text(encoding="utf-8"))["global_step"]
+    if resumed_at < last_step:
+        logger.info(
+            f"train_loss, train_runtime and train_*_per_second cover updates {resumed_at + 1}-{last_step}, trained "
+            f"since resuming from {checkpoint}; the whole run's logged losses are in trainer_state.json"
+        )
 
 
 def build_trainer(model_args, data_args, training_args) -> Run:
