@@ -431,7 +431,7 @@ def test_a_ctrl_c_outside_training_says_where_it_stopped_in_one_line(
     data_dir, tmp_path, monkeypatch, caplog, where, said
 ):
     """Ctrl-C after training ended in a KeyboardInterrupt traceback; now one line, exit status 130, the folder
-    unlocked and the caller's SIGTERM handler back."""
+    unlocked and the caller's SIGTERM and SIGINT handlers back."""
     output = tmp_path / "run"
     if where == "evaluate":
         monkeypatch.setattr(
@@ -439,13 +439,14 @@ def test_a_ctrl_c_outside_training_says_where_it_stopped_in_one_line(
         )
     else:
         monkeypatch.setattr(train, where, signal_self(signal.SIGINT)(getattr(train, where)))
-    before = signal.getsignal(signal.SIGTERM)
+    before, ctrl_c_before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
     with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as stopped:
         train.main(run_argv(data_dir, output, *OUTSIDE_TRAINING))
     assert stopped.value.code == 128 + signal.SIGINT
     lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("stopped by")]
     assert len(lines) == 1 and lines[0].startswith(said), lines
     assert not (output / "_run.lock").exists() and signal.getsignal(signal.SIGTERM) is before
+    assert signal.getsignal(signal.SIGINT) is ctrl_c_before
 
 
 def test_after_a_sigterm_in_the_final_evaluation_the_same_command_resumed_evaluates_without_training(
@@ -505,6 +506,58 @@ def test_a_sigterm_to_the_process_group_ends_forked_workers_without_last_words_o
     os.killpg(process.pid, signal.SIGTERM)
     _, err = process.communicate(timeout=60)
     assert process.returncode == -signal.SIGTERM and err.strip().splitlines() == ["last words"], err[-3000:]
+
+
+CTRL_C_IN_THE_TOKENIZATION = textwrap.dedent("""
+    import os, runpy, signal, sys, time
+    from vanilla_transformer.training import data
+
+    data.ROWS_PER_WORKER = 1  # every map forks its workers
+    tokenize = data._TokenizePairs.__call__
+
+    def pressed_in_a_worker(self, batch):  # the terminal's Ctrl-C reaches every process of the job
+        marker = __file__ + ".pressed"
+        try:
+            os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+            os.killpg(os.getpgid(0), signal.SIGINT)
+        except FileExistsError:
+            pass
+        time.sleep(20)  # still at work when the main process stops
+        return tokenize(self, batch)
+
+    data._TokenizePairs.__call__ = pressed_in_a_worker
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+""")
+
+
+def test_a_ctrl_c_in_the_tokenizations_workers_ends_the_run_in_one_line(data_dir, tmp_path):
+    """--preprocessing_num_workers forks workers that the terminal's Ctrl-C reaches too: each printed a
+    KeyboardInterrupt traceback, and datasets, waiting for their results, replaced the main process's with a
+    TimeoutError (exit status 1, a traceback). Now the workers leave it to the main process: one line, 130."""
+    driver = tmp_path / "driver.py"
+    driver.write_text(CTRL_C_IN_THE_TOKENIZATION)
+    output, own_data = tmp_path / "run", tmp_path / "data"  # data no other test tokenized: none in the cache
+    own_data.mkdir()
+    (own_data / "train.tsv").write_text((data_dir / "train.tsv").read_text() + "a b c\tc b a\n")
+    data_dir = own_data
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, str(driver), str(REPO / "training/train.py"), *run_argv(data_dir, output)]
+        + ["--preprocessing_num_workers", "2"],
+        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal's job
+        timeout=300,
+    )
+    err = done.stderr
+    assert done.returncode == 128 + signal.SIGINT, err[-3000:]
+    lines = [line.split(": ", 1)[1] for line in err.splitlines() if " stopped by Ctrl-C " in line]
+    assert len(lines) == 1 and lines[0].startswith("stopped by Ctrl-C before training started: nothing was saved")
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert not (output / "_run.lock").exists()
+    assert time.monotonic() - started < 18  # the workers were stopped, not waited for
 
 
 def test_a_second_ctrl_c_in_training_ends_the_run_at_once_in_one_line(data_dir, tmp_path, monkeypatch, caplog):

@@ -484,6 +484,37 @@ def sigterm_ends_the_run(last_words: Callable[[], None]):
         signal.signal(signal.SIGTERM, previous)
 
 
+class CtrlC:
+    """Whether a Ctrl-C came while `ctrl_c_stops_the_run` ran: an error raised as its KeyboardInterrupt unwinds
+    (datasets' map waits for its workers' results with a timeout and raises TimeoutError) is that stop."""
+
+    came: bool = False
+
+
+@contextmanager
+def ctrl_c_stops_the_run():
+    """While the block runs, Ctrl-C (SIGINT, which a terminal sends to every process of the job) raises
+    KeyboardInterrupt in this process only. Processes forked meanwhile (the tokenization's workers) ignore it:
+    each printed its own traceback; their pool stops them (SIGTERM, see `sigterm_ends_the_run`) as the exception
+    unwinds. A SIGINT ignored when the block starts (a job started in the background) stays ignored."""
+    ctrl_c = CtrlC()
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        yield ctrl_c
+        return
+    this_process = os.getpid()
+
+    def handle(number, frame) -> None:
+        if os.getpid() == this_process:
+            ctrl_c.came = True
+            raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGINT, handle)
+    try:
+        yield ctrl_c
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class TrainingInterrupted(KeyboardInterrupt):
     """Training stopped on a signal after saving ``checkpoint`` (None when the signal came too late to save)."""
 

@@ -65,6 +65,7 @@ from .checkpointing import (
     TRAINER_STATE_NAME,
     TrainingInterrupted,
     complete_checkpoints,
+    ctrl_c_stops_the_run,
     ignore_further_sigterms,
     resolve_checkpoint,
     sigterm_ends_the_run,
@@ -125,7 +126,7 @@ def main(
         if lock is not None:
             lock.release()
 
-    with sigterm_ends_the_run(last_words):
+    with sigterm_ends_the_run(last_words), ctrl_c_stops_the_run() as ctrl_c:
         try:
             try:
                 model_args, data_args, training_args = parse_arguments(argv, prog)
@@ -136,11 +137,13 @@ def main(
                     return {}
                 run = build_trainer(model_args, data_args, training_args)  # data, tokenizer, model, trainer
             except (ValueError, OSError) as error:
-                if not exit_on_bad_input:
+                if not exit_on_bad_input or ctrl_c.came:
                     raise
                 exit_with_usage_error(prog, error)
             return _train_evaluate_predict(run, model_args, data_args, training_args, stage, prog, exit_on_bad_input)
-        except KeyboardInterrupt:  # TrainingInterrupted (a KeyboardInterrupt) is answered where it is raised
+        except BaseException as error:  # TrainingInterrupted (a KeyboardInterrupt) is answered where it is raised
+            if not isinstance(error, KeyboardInterrupt) and not (ctrl_c.came and isinstance(error, Exception)):
+                raise
             logger.warning(f"stopped by Ctrl-C {stage.said()}")
             raise SystemExit(128 + signal.SIGINT) from None
         finally:
@@ -190,6 +193,7 @@ def _train_evaluate_predict(
     metrics: dict = {}
     if do_train:
         stage.doing = "during training"
+        resumed_at = updates_in(run.resume) if run.resume is not None else None  # (a signal's checkpoint goes)
         try:
             result = trainer.train(resume_from_checkpoint=str(run.resume) if run.resume else None)
         except TrainingInterrupted as interrupted:  # Ctrl-C or SIGTERM, after saving a checkpoint
@@ -204,8 +208,12 @@ def _train_evaluate_predict(
         final = Path(training_args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}"
         stage.final_checkpoint = final if final.is_dir() else None
         metrics.update(result.metrics)
-        if run.resume is not None and trainer.is_world_process_zero():
-            resumed_metrics_said(run.resume, trainer.state.global_step)
+        if resumed_at is not None and resumed_at < trainer.state.global_step and trainer.is_world_process_zero():
+            logger.info(  # (a finished run requeued trains none and keeps the train_* metrics it found)
+                f"train_loss, train_runtime and train_*_per_second cover updates {resumed_at + 1}-"
+                f"{trainer.state.global_step}, trained since resuming from {run.resume}; the whole run's logged "
+                "losses are in trainer_state.json"
+            )
         trainer.save_state()  # trainer_state.json: the logged loss curve, next to the model
         save_final_model(trainer, tokenizer, training_args.average_checkpoints, training_args.average_weights)
     if do_eval:
@@ -241,15 +249,9 @@ def _train_evaluate_predict(
     return metrics
 
 
-def resumed_metrics_said(checkpoint: Path, last_step: int) -> None:
-    """Logs what the Trainer's train_* metrics of a resumed run cover: the updates of this process, not the run's.
-    (A finished run requeued trains none and keeps the metrics of the training it found.)"""
-    resumed_at = json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text(encoding="utf-8"))["global_step"]
-    if resumed_at < last_step:
-        logger.info(
-            f"train_loss, train_runtime and train_*_per_second cover updates {resumed_at + 1}-{last_step}, trained "
-            f"since resuming from {checkpoint}; the whole run's logged losses are in trainer_state.json"
-        )
+def updates_in(checkpoint: Path) -> int:
+    """The updates a checkpoint was saved after (its trainer state's global_step)."""
+    return json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text(encoding="utf-8"))["global_step"]
 
 
 def build_trainer(model_args, data_args, training_args) -> Run:
