@@ -59,7 +59,7 @@ test-slow: setup
 # (a machine without network), instead of setting up .venv.
 GPU_PY ?=
 test-gpu: $(if $(GPU_PY),,setup)
-	$(or $(GPU_PY),$(PY)) -m pytest -q -p no:cacheprovider -m gpu -ra tests/test_gpu_levers.py
+	$(or $(GPU_PY),$(PY)) -m pytest -p no:cacheprovider -m gpu -v -ra --durations=0 tests/test_gpu_levers.py
 
 clean:
 	rm -rf $(VENV) $(FLOOR_VENV) build dist *.egg-info

@@ -15,8 +15,9 @@ Budget: a run keeps to ``--budget-minutes`` (7.5; 0: none). Each measurement has
 one whose estimate does not fit in what is left is skipped and named, and one that runs past the budget is
 stopped (`time_limit`) and named, as is one far past its own estimate (3x, `RUNAWAY_FACTOR`); the rows so far
 are kept. The run writes three files: ``--output`` (JSON, by default gpu-results/gpu.json, with --levers
-gpu-results/levers.json), the markdown table beside it, and ``*.rows.jsonl``, each lever's and recipe variant's row
-as soon as it is measured (a run killed inside a job keeps them). On a lent machine, point ``--output`` where the
+gpu-results/levers.json), the markdown table beside it, and ``*.rows.jsonl``: the machine's row (card, versions)
+at the start, then each lever's and recipe variant's row as soon as it is measured (a run killed inside a job keeps
+them). The JSON is written at the start too, and again after each job. On a lent machine, point ``--output`` where the
 files come back from.
 
 Sizes: the synthetic batches have a 37,000-word vocabulary and 12,288 padded tokens a side, 20 of them per lever pass
@@ -111,6 +112,7 @@ import math
 import platform
 import signal
 import statistics
+import subprocess
 import threading
 import time
 from contextlib import contextmanager
@@ -1676,13 +1678,33 @@ def bf16_supported(args) -> bool:
     return torch.cuda.is_bf16_supported() if args.device.startswith("cuda") else True
 
 
+MEASURED_PACKAGES = ("transformers", "accelerate", "datasets", "torchao", "liger-kernel", "ctranslate2")
+
+
 def machine(args) -> dict:
+    """The card, the commit (where the tree is a git checkout) and the versions that a recorded table names."""
+    from importlib.metadata import PackageNotFoundError, version
+
     info = {"torch": torch.__version__, "python": platform.python_version(), "device": args.device}
     if args.device.startswith("cuda"):
         info["gpu"] = torch.cuda.get_device_name()
-    import transformers
-
-    info["transformers"] = transformers.__version__
+        info["cuda"], info["capability"] = torch.version.cuda, ".".join(map(str, torch.cuda.get_device_capability()))
+    for name in MEASURED_PACKAGES:
+        try:
+            info[name] = version(name)
+        except PackageNotFoundError:
+            info[name] = None
+    try:
+        done = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+        info["commit"] = done.stdout.strip() if done.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):  # no git there
+        info["commit"] = None
     return info
 
 
@@ -1839,18 +1861,17 @@ def main(argv=None) -> list[dict]:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):  # or hang it (pytorch
                 pass  # issues 75504, 135003): started once here, as torch.profiler._utils._init_for_cuda_graphs does
     results = [{"what": "machine", **machine(args), "budget_minutes": args.budget_minutes or None}]
-    print(json.dumps(results[0]), flush=True)
     rows_file = Path(args.output).with_suffix(".rows.jsonl")
     rows_file.parent.mkdir(parents=True, exist_ok=True)
     rows_file.write_text("", encoding="utf-8")
     ROWS_FILE[:] = [rows_file]
+    emit_row(results[0])  # the card and versions, kept even where the machine is taken back in the first job
+    write_results(results, args.output)
     jobs = jobs_of(args)
     for number, (what, preset, mode) in enumerate(jobs):
         left = budget - (time.perf_counter() - started)
-        if what == "levers":  # the presets' lever rows share what is left, after what the recipe needs
-            later = jobs[number:]
-            left -= sum(estimate_seconds(*job, args) for job in later if job[0] == "recipe")
-            left /= sum(1 for job in later if job[0] == "levers")
+        if what == "levers":
+            left = lever_share(jobs, number, left, args)
         estimate = estimate_seconds(what, preset, mode, args)
         if estimate > left:
             result = {
@@ -1886,6 +1907,18 @@ def main(argv=None) -> list[dict]:
     return results
 
 
+def lever_share(jobs: list[tuple[str, str, str]], number: int, left: float, args) -> float:
+    """What lever job ``number`` may take of the ``left`` seconds: the lever jobs still to run share them alike,
+    after what the recipe's runs need where those still fit beside every lever job's estimate; where they do not,
+    the levers (big's rows, the most telling) take it all and the recipe is skipped for the budget."""
+    later = jobs[number:]
+    levers = [job for job in later if job[0] == "levers"]
+    recipe = sum(estimate_seconds(*job, args) for job in later if job[0] == "recipe")
+    if left - recipe >= sum(estimate_seconds(*job, args) for job in levers):
+        left -= recipe
+    return left / len(levers)
+
+
 def write_results(results: list[dict], output: str) -> None:
     """The JSON and, beside it, the markdown table (with ``*.rows.jsonl``, the files a run writes)."""
     path = Path(output)
@@ -1915,9 +1948,13 @@ def markdown_table(results: list[dict]) -> str:
     machine = results[0]
     budget = f"; budget {machine['budget_minutes']:g} min" if machine.get("budget_minutes") else ""
     took = f", took {machine['seconds']:.0f} s" if machine.get("seconds") is not None else ""
+    extra = "".join(
+        f", {name} {machine[name]}" for name in MEASURED_PACKAGES[1:] if machine.get(name)
+    )  # (read back from an older JSON: absent)
+    commit = f", commit {machine['commit']}" if machine.get("commit") else ""
     lines = [
         f"{machine.get('gpu', machine['device'])}, torch {machine['torch']}, transformers "
-        f"{machine['transformers']}{budget}{took}",
+        f"{machine['transformers']}{extra}{commit}{budget}{took}",
         "",
         "| measurement | ours | MarianMTModel | Marian time / ours (median, quartiles) |",
         "|---|---|---|---|",

@@ -1,11 +1,14 @@
 """benchmarks/gpu.py runs anywhere: on this CPU with a tiny model, its numbers add up."""
 
 import json
+import subprocess
 
+import accelerate
 import pytest
 import torch
+import transformers
 
-from helpers import load_script
+from helpers import REPO, load_script
 from vanilla_transformer import VanillaTransformerConfig
 from vanilla_transformer.training.flops import training_flops_per_target_token
 
@@ -69,6 +72,11 @@ def test_a_tiny_cpu_run_measures_training_and_decoding(tmp_path):
     )
     machine, training, evaluation, decoding = results  # evaluation before decoding: never measured on a GPU
     assert machine["device"] == "cpu" and "error" not in training and "error" not in decoding
+    if (REPO / ".git").exists():  # the commit a recorded table cites, as git names it
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        assert machine["commit"] == head.stdout.strip()
+        assert f"commit {machine['commit']}" in output.with_suffix(".md").read_text().splitlines()[0]
+    assert machine["transformers"] == transformers.__version__ and machine["accelerate"] == accelerate.__version__
     assert training["steps"] == 2
     for model in ("ours", "marian"):
         for phase in ("unseen", "steady"):
@@ -519,7 +527,9 @@ def test_levers_run_end_to_end_on_the_cpu(tmp_path):
         and "two passes, compiled by aot_eager (CUDA graphs: inductor)) |" in table
     )
     # each measured (or failed) row was also written as it came, for a run killed before the job ends
-    written = [json.loads(line) for line in output.with_suffix(".rows.jsonl").read_text().splitlines()]
+    # (after the machine's row, written first: a machine taken back in the first job still names its card)
+    first, *written = [json.loads(line) for line in output.with_suffix(".rows.jsonl").read_text().splitlines()]
+    assert first == {key: value for key, value in machine.items() if key != "seconds"}
     measured = [row for row in levers["rows"] if "skipped" not in row or "seconds" in row]
     assert [row["lever"] for row in written] == [row["lever"] for row in measured] and written
     assert all(row["what"] == "levers" and row["preset"] == "tiny" for row in written)
@@ -610,6 +620,54 @@ def test_the_default_gpu_run_orders_its_rows_and_fits_the_budget_by_estimate():
     need = gpu.estimate_seconds("recipe", "multi30k", "eager", levers)
     assert levers.recipe_variants == "plain,cuda_graphs" and need == 2 * (60 * levers.recipe_minutes + 20)
     assert need < levers.budget_minutes * 60 / 2
+
+
+def test_the_recipes_reserve_never_leaves_bigs_levers_too_little_to_start():
+    """`--levers --presets big --budget-minutes 3.5` held back the recipe's 160 s, left big's lever rows 50 s of
+    their 60, and skipped them: the one call of a lent GPU measured no big lever. The recipe is kept time for
+    only where it fits beside every lever job's estimate."""
+    big = gpu.parse_args(["--levers", "--presets", "big", "--device", "cuda", "--budget-minutes", "3.5"])
+    jobs = gpu.jobs_of(big)
+    assert jobs == [("levers", "big", "eager"), ("recipe", "multi30k", "eager")]
+    recipe, lever = (gpu.estimate_seconds(*job, big) for job in (jobs[1], jobs[0]))
+    assert 210 - recipe < lever  # the case: both do not fit
+    assert gpu.lever_share(jobs, 0, 210, big) == 210
+    both = gpu.parse_args(["--levers", "--device", "cuda", "--budget-minutes", "5"])
+    jobs = gpu.jobs_of(both)
+    assert [job[1] for job in jobs] == ["big", "multi30k", "multi30k"]
+    assert gpu.lever_share(jobs, 0, 300, both) == (300 - recipe) / 2  # all fit: the recipe keeps its time
+    assert gpu.lever_share(jobs, 2, 70, both) == 70  # the last lever job takes what is left
+    assert gpu.lever_share(jobs, 0, 210, both) == 105
+
+
+def test_the_documented_gpu_call_fits_a_lent_machine_and_measures_bigs_levers():
+    """docs/benchmarks/gpu.md's one call, read from the page: every step under `timeout -k` (a hang in CUDA code
+    ignores a Python handler), the timeouts within a lent machine's 10 minutes, every file under $OUT (what comes
+    back), each gpu.py budget inside its timeout, and big's lever rows given at least their estimate."""
+    import re
+    import shlex
+
+    page = (REPO / "docs/benchmarks/gpu.md").read_text()
+    section = page.split("## Measuring on a GPU, in one call")[1]
+    block = section.split("```bash\n")[1].split("```")[0].replace("\\\n", " ")
+    steps = [line.split("#")[0] for line in block.splitlines() if line.startswith("timeout")]
+    assert len(steps) == 3
+    limits = []
+    for step in steps:
+        words = shlex.split(step.split(";")[0].split(">")[0])
+        assert words[:2] == ["timeout", "-k"], step
+        grace, limit = int(words[2]), int(words[3])
+        limits.append(grace + limit)
+        if words[5] == "benchmarks/gpu.py":
+            args = gpu.parse_args([*words[6:], "--device", "cuda"])
+            assert args.output.startswith("$OUT/") and 60 * args.budget_minutes + 15 <= limit, step
+            if args.levers:
+                jobs = gpu.jobs_of(args)
+                budget = 60 * args.budget_minutes
+                assert gpu.lever_share(jobs, 0, budget, args) >= gpu.estimate_seconds(*jobs[0], args), step
+        else:
+            assert re.search(r'> "\$OUT/[^"]+" 2>&1', step), step
+    assert sum(limits) <= 600 - 5
 
 
 def test_an_update_is_split_at_the_trainers_callback_events(monkeypatch):
