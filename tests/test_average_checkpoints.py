@@ -410,6 +410,20 @@ def test_refuses_output_dir_among_inputs(checkpoints):
         average_checkpoints(folders[:2], folders[1])
 
 
+def test_in_python_a_saved_model_is_replaced_only_with_force(checkpoints, tmp_path):
+    """The command line refused to overwrite a model without --force; the library function it calls replaced one
+    (weights, config, card) without a word."""
+    models, folders = checkpoints
+    kept = save(tiny_model(7, d_model=32), tmp_path / "kept")
+    before = {path.name: path.read_bytes() for path in kept.iterdir()}
+    with pytest.raises(FileExistsError, match=f"output_dir {kept} already holds a model .*pass force=True"):
+        average_checkpoints(folders[:2], kept)
+    assert {path.name: path.read_bytes() for path in kept.iterdir()} == before
+    average_checkpoints(folders[:2], kept, force=True)
+    expected = mean_state_dict(models[:2])
+    assert all(torch.equal(tensor, expected[name]) for name, tensor in stored(kept).items())
+
+
 FC1_BIAS = "model.encoder.layers.0.feed_forward.fc1.bias"
 
 

@@ -325,6 +325,17 @@ def test_missing_file_is_named(tmp_path):
         train_tokenizer([str(existing), str(missing)], vocab_size=VOCAB_SIZE)
 
 
+def test_every_path_mistyped_is_named_not_trained_on_as_text(tmp_path, monkeypatch):
+    """train_tokenizer(["trian.en.gz", "trian.de.gz"]) (model.md's form, both mistyped) trained on the two file
+    names as sentences: a vocabulary of bytes, and only a warning that it had few merges. Sentences pass, and
+    path-like strings given as an iterator are text, as documented."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"looks like a list of file paths.*'trian.en.gz' \(item 0\)"):
+        train_tokenizer(["trian.en.gz", "data/trian.de.gz"], vocab_size=VOCAB_SIZE)
+    assert len(train_tokenizer(["train.en.gz", "A dog runs."] * 20, vocab_size=VOCAB_SIZE)) > 0  # a sentence
+    assert len(train_tokenizer(iter(["trian.en.gz", "trian.de.gz"] * 20), vocab_size=VOCAB_SIZE)) > 0
+
+
 def test_directory_given_as_file_is_an_error(tmp_path):
     existing = _write_lines(tmp_path / "train.en", CORPUS)
     for directory in (tmp_path, str(tmp_path)):

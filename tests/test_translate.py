@@ -202,6 +202,21 @@ def test_bad_batch_size_is_an_error(loaded):
         translate.translate(*loaded, SENTENCES, batch_size=0)
 
 
+def test_one_string_a_non_string_or_another_models_tokenizer_is_refused_before_decoding(loaded, monkeypatch):
+    """translate("A dog runs.") gave one "translation" per character; None among the sentences an AttributeError,
+    and a tokenizer of more tokens than the model's vocabulary an IndexError from inside the embedding."""
+    model, tokenizer = loaded
+    monkeypatch.setattr(model, "generate", lambda *a, **k: pytest.fail("decoded"))
+    with pytest.raises(TypeError, match=r"got one string, which it would translate character by character"):
+        translate.translate(model, tokenizer, "a b c")
+    with pytest.raises(TypeError, match=r"sentence 2 \(1-based\) is a NoneType, not a string"):
+        translate.translate(model, tokenizer, ["a b", None])
+    larger = vanilla_transformer.train_tokenizer(iter(SENTENCES * 3 + ["zebra quagga okapi"] * 5), vocab_size=400)
+    assert len(larger) > model.config.vocab_size
+    with pytest.raises(ValueError, match="The tokenizer does not match the model: the tokenizer has"):
+        translate.translate(model, larger, ["a b"])
+
+
 def test_attention_pictures_for_the_first_inputs(model_dir, tmp_path):
     source = tmp_path / "in.txt"
     source.write_text("".join(s + "\n" for s in SENTENCES))

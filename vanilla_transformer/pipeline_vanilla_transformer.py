@@ -51,7 +51,7 @@ CUSTOM_PIPELINES = {
 SPECIAL_TOKEN_IDS = ("pad_token_id", "eos_token_id", "bos_token_id")
 
 
-def check_tokenizer_matches_model(tokenizer, config) -> None:
+def check_tokenizer_matches_model(tokenizer, config, warn: bool = True) -> None:
     """Raise ``ValueError`` when ``tokenizer`` cannot be the one ``config``'s model was trained with.
 
     Checked: the ids of ``<pad>``, ``</s>`` and ``<s>`` (where both sides define one), and that every
@@ -60,11 +60,12 @@ def check_tokenizer_matches_model(tokenizer, config) -> None:
 
     A tokenizer with fewer tokens than the model's target vocabulary is warned about, not refused (a
     vocabulary padded to a multiple of 8 is legitimate): the ids it lacks decode to nothing, so a word
-    the model emits there would vanish from the text without a trace.
+    the model emits there would vanish from the text without a trace. ``warn=False``: not warned (a caller
+    that checked the pair once already).
     """
     target_size = getattr(config, "decoder_vocab_size", None) or config.vocab_size
     # a tokenizer of separate vocabularies (MarianTokenizer's separate_vocabs) counts its source side in len()
-    if len(tokenizer) < target_size and not getattr(tokenizer, "separate_vocabs", False):
+    if warn and len(tokenizer) < target_size and not getattr(tokenizer, "separate_vocabs", False):
         logger.warning(
             f"The tokenizer has {len(tokenizer)} tokens, fewer than the model's {target_size}: it may not be the "
             f"tokenizer the model was trained with, and ids {len(tokenizer)}..{target_size - 1} decode to nothing."

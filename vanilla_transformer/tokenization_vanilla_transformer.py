@@ -32,6 +32,7 @@ import importlib
 import io
 import json
 import os
+import re
 import sys
 import zlib
 from collections.abc import Iterable, Iterator
@@ -142,7 +143,9 @@ def train_tokenizer(
         texts_or_files: training sentences (any iterable of ``str``, read once), or a list of paths
             of UTF-8 text files with one sentence per line, plain or gzip-compressed. A list or
             tuple is read as files when any item is a ``pathlib.Path`` or names an existing file;
-            pass texts as an iterator (``iter(texts)``) to rule that out.
+            one whose every item looks like a file's path (no spaces; a folder or a suffix such as
+            ``.gz``, ``.txt`` or ``.en``) but names none is refused (mistyped paths). Pass texts as
+            an iterator (``iter(texts)``) to rule both out.
         vocab_size: the most tokens the vocabulary gets, special tokens included; at least
             `MIN_VOCAB_SIZE` (256 bytes + 4 special tokens). Training stops earlier when no pair
             of symbols occurs ``min_frequency`` times any more; size the model with
@@ -249,7 +252,21 @@ def _training_texts(texts_or_files) -> Iterator[str]:
         )
     if isinstance(texts_or_files, (list, tuple)) and _names_files(texts_or_files):
         return _lines_of_files(_checked_paths(texts_or_files))
+    if isinstance(texts_or_files, (list, tuple)) and texts_or_files and all(map(_looks_like_a_path, texts_or_files)):
+        raise FileNotFoundError(  # else the file names would be the training text: a vocabulary of bytes
+            f"texts_or_files looks like a list of file paths, but no such file exists: {texts_or_files[0]!r} (item "
+            "0), in the current folder " + repr(os.getcwd()) + ". Give the files' paths; to train on these strings "
+            "as text, pass them as an iterator (iter([...]))."
+        )
     return _checked_texts(texts_or_files)
+
+
+PATH_LIKE = re.compile(r"\S*(/|\\)\S*|\S+\.(gz|txt|tsv|csv|jsonl?|xz|bz2|zst|[a-z]{2,3})")
+
+
+def _looks_like_a_path(item) -> bool:
+    """A string without spaces that has a folder in it or a file suffix (``train.en.gz``): not a sentence."""
+    return isinstance(item, str) and PATH_LIKE.fullmatch(item) is not None
 
 
 def _names_files(items: list | tuple) -> bool:

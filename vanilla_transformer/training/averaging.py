@@ -322,12 +322,15 @@ def copy_side_files(newest: Path, output_dir: Path) -> None:
         shutil.copy2(path, output_dir / path.name)
 
 
-def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path, weights: str = "uniform") -> Path:
+def average_checkpoints(
+    checkpoints: list[str | Path], output_dir: str | Path, weights: str = "uniform", force: bool = False
+) -> Path:
     """Average the weights of `checkpoints` (oldest first) into a Hub-format folder `output_dir`.
 
     ``weights``: "uniform" (the mean, §6.1) or "linear" (the k-th checkpoint weighs k). Config,
     generation settings and tokenizer are taken from the last (newest) checkpoint. Raises
-    ValueError when there is nothing to average or the checkpoints are not of one model.
+    ValueError when there is nothing to average or the checkpoints are not of one model, and
+    FileExistsError where `output_dir` holds a model already, unless ``force``.
     """
     checkpoint_weights(1, weights)  # an unknown name is refused before any file is read
     checkpoints = [Path(folder) for folder in checkpoints]
@@ -336,6 +339,7 @@ def average_checkpoints(checkpoints: list[str | Path], output_dir: str | Path, w
     check_oldest_first(checkpoints)
     if any(output_dir.resolve() == folder.resolve() for folder in checkpoints):
         raise ValueError(f"--output-dir {output_dir} is one of the inputs; choose a new folder.")
+    check_output_dir(output_dir, force, flags=("output_dir", "force=True"))
     check_same_architecture(checkpoints)
     check_same_tokenizer(checkpoints)
     model = load_averaged_model(checkpoints[-1], average_tensors(checkpoints, weights))
@@ -394,14 +398,15 @@ def parse_args(argv=None, prog: str = "vanilla-transformer average") -> argparse
     return args
 
 
-def check_output_dir(output_dir: Path, force: bool) -> None:
-    """Never overwrite a saved model unasked: it may be the only copy of an earlier average."""
+def check_output_dir(output_dir: Path, force: bool, flags: tuple[str, str] = ("--output-dir", "--force")) -> None:
+    """Never overwrite a saved model unasked: it may be the only copy of an earlier average. ``flags``: how the
+    caller names the folder and the permission (the command line's, or the Python arguments)."""
     if output_dir.exists() and not output_dir.is_dir():
-        raise NotADirectoryError(f"--output-dir {output_dir} is a file; give a folder.")
+        raise NotADirectoryError(f"{flags[0]} {output_dir} is a file; give a folder.")
     if (output_dir / WEIGHTS_NAME).exists() and not force:
         raise FileExistsError(
-            f"--output-dir {output_dir} already holds a model ({WEIGHTS_NAME}); choose a new "
-            "folder, or pass --force to replace it."
+            f"{flags[0]} {output_dir} already holds a model ({WEIGHTS_NAME}); choose a new "
+            f"folder, or pass {flags[1]} to replace it."
         )
 
 
@@ -411,7 +416,7 @@ def main(argv=None, prog: str = "vanilla-transformer average") -> Path:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.INFO)
     check_output_dir(Path(args.output_dir), args.force)
     checkpoints = args.inputs or last_checkpoints(args.checkpoint_root, args.last)
-    output_dir = average_checkpoints(checkpoints, args.output_dir, args.weights)
+    output_dir = average_checkpoints(checkpoints, args.output_dir, args.weights, force=args.force)
     names = ", ".join(Path(folder).name for folder in checkpoints)
     print(f"averaged {len(checkpoints)} checkpoint(s) ({names}, {args.weights} weights) into {output_dir}")
     return output_dir

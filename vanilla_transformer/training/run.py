@@ -708,7 +708,7 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
                 f"averaging {len(chosen)} checkpoints instead of {average}: the run left only {len(chosen)} complete "
                 "(--save_steps or --save_minutes too far apart for its length, or --save_total_limit)"
             )
-        average_checkpoints(chosen, output_dir, weights)
+        average_checkpoints(chosen, output_dir, weights, force=True)  # replaces the last weights just saved
         trainer.averaged_checkpoints = [path.name for path in chosen]  # for the card
         logger.info(f"final model = {MEAN_NAMES[weights]} of {', '.join(p.name for p in chosen)}")
     if trainer.is_world_process_zero():

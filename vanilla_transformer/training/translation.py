@@ -116,6 +116,14 @@ def translate(
         generate_kwargs: passed to ``model.generate`` (e.g. ``num_beams=1``).
     """
     flags = {"long_inputs": 'long_inputs="skip" or "truncate"', "max_new_tokens": "max_new_tokens", **(flags or {})}
+    if isinstance(sentences, str):
+        raise TypeError(
+            "translate takes a list of sentences and got one string, which it would translate character by "
+            "character: give [sentence]."
+        )
+    if wrong := next(((i, s) for i, s in enumerate(sentences) if not isinstance(s, str)), None):
+        raise TypeError(f"sentence {wrong[0] + 1} (1-based) is a {type(wrong[1]).__name__}, not a string.")
+    check_tokenizer_matches_model(tokenizer, model.config, warn=False)  # else an IndexError deep in the model
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, got {batch_size}.")
     if long_inputs not in LONG_INPUT_POLICIES:
