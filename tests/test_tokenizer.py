@@ -336,6 +336,18 @@ def test_every_path_mistyped_is_named_not_trained_on_as_text(tmp_path, monkeypat
     assert len(train_tokenizer(iter(["trian.en.gz", "trian.de.gz"] * 20), vocab_size=VOCAB_SIZE)) > 0
 
 
+def test_a_folder_without_tokenizer_json_is_named_as_such(saved_dir, tmp_path):
+    """transformers blamed a missing sentencepiece or tiktoken for a folder whose tokenizer.json was not copied."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    copy = shutil.copytree(saved_dir, tmp_path / "copy")
+    (copy / "tokenizer.json").unlink()
+    with pytest.raises(OSError, match=f"{copy} has no tokenizer.json, which holds this tokenizer's whole vocabulary"):
+        AutoTokenizer.from_pretrained(copy)
+
+
 def test_directory_given_as_file_is_an_error(tmp_path):
     existing = _write_lines(tmp_path / "train.en", CORPUS)
     for directory in (tmp_path, str(tmp_path)):

@@ -82,6 +82,13 @@ class VanillaTransformerTokenizer(TokenizersBackend):
         """The saved tokenizer, its ``model_max_length`` lowered to the ``max_position_embeddings`` of the
         model saved in the same folder, if smaller: so that ``truncation=True`` keeps inputs the model
         accepts, whoever saved the folder (a Trainer saves the tokenizer as it was given)."""
+        folder = pretrained_model_name_or_path
+        if isinstance(folder, str | os.PathLike) and os.path.isdir(folder):
+            if not os.path.isfile(os.path.join(folder, kwargs.get("subfolder") or "", "tokenizer.json")):
+                raise FileNotFoundError(  # transformers would blame a missing sentencepiece or tiktoken
+                    f"{folder} has no tokenizer.json, which holds this tokenizer's whole vocabulary: copy it from "
+                    "where the tokenizer was saved (tokenizer.save_pretrained writes it)."
+                )
         tokenizer = super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
         positions = _positions_saved_with(pretrained_model_name_or_path, kwargs)
         if positions is not None and tokenizer.model_max_length > positions:
