@@ -813,3 +813,19 @@ def test_a_length_limit_past_a_new_models_positions_is_refused_before_reading():
         message
         == "--max_source_length 100 is more than the model's 64 positions (max_position_embeddings); give at most 64."
     )
+
+
+def test_python_callers_get_the_range_checks_the_flags_get(tmp_path):
+    """A smoothing of 2.0 gave a loss, and --learning_rate with --lr_scale was accepted by the arguments and
+    refused only when training started."""
+    from vanilla_transformer.training import TransformerTrainingArguments
+    from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
+
+    logits, labels = torch.randn(2, 3, 11), torch.randint(0, 11, (2, 3))
+    for smoothing in (2.0, -0.1, 1.0):
+        with pytest.raises(
+            ValueError, match=rf"label_smoothing must be in \[0, 1\) \(the paper: 0.1\), got {smoothing}"
+        ):
+            label_smoothed_cross_entropy(logits, labels, label_smoothing=smoothing)
+    with pytest.raises(ValueError, match=r"Give --learning_rate \(the peak\) or --lr_scale"):
+        TransformerTrainingArguments(output_dir=str(tmp_path), learning_rate=1e-3, lr_scale=2.0)

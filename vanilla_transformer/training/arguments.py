@@ -264,6 +264,12 @@ RANGES = {
 OPEN_FRACTIONS = ("label_smoothing_factor", "adam_beta1", "adam_beta2")  # in [0, 1)
 
 
+def check_one_learning_rate(args: TransformerTrainingArguments) -> None:
+    """--learning_rate gives the peak itself, --lr_scale a multiple of eq. (3)'s: one of them."""
+    if args.learning_rate is not None and args.lr_scale != 1.0:
+        raise ValueError("Give --learning_rate (the peak) or --lr_scale (a multiple of the paper's), not both.")
+
+
 def check_argument_ranges(args: TransformerTrainingArguments) -> None:
     """Refuse numbers outside what they can mean, naming the flag, before any data is read."""
     for name in POSITIVE_COUNTS:
@@ -305,6 +311,7 @@ def check_argument_ranges(args: TransformerTrainingArguments) -> None:
             "--enable_jit_checkpoint: the trainer saves a checkpoint on SIGTERM itself (complete, after "
             "the update, within --preemption_grace_seconds); leave the flag out."
         )
+    check_one_learning_rate(args)
     _check_duration(args)
     _check_cooldown(args)
     _check_average_weights(args)

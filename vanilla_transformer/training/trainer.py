@@ -43,6 +43,7 @@ from ..private_api import require
 from ..training_kernels import label_smoothed_cross_entropy
 from .arguments import (
     TransformerTrainingArguments,
+    check_one_learning_rate,
     check_schedule,
     fp16_refusal,
     pads_to_buckets,
@@ -247,9 +248,8 @@ def _several_processes() -> bool:
 
 def resolve_learning_rate(args: TransformerTrainingArguments, d_model: int) -> float:
     """The peak learning rate: ``--learning_rate`` as given, or eq. (3)'s peak times ``--lr_scale``."""
+    check_one_learning_rate(args)  # (also when the arguments were changed after they were made)
     if args.learning_rate is not None:
-        if args.lr_scale != 1.0:
-            raise ValueError("Give --learning_rate (the peak) or --lr_scale (a multiple of the paper's), not both.")
         return args.learning_rate
     check_schedule(args)  # an inverse_sqrt schedule with a whole number of warm-up steps, at least 1
     warmup = int(args.warmup_steps)
