@@ -152,6 +152,22 @@ def test_publish_uploads_the_model_files_in_one_commit_and_nothing_of_the_run(ru
         hub.stop()
 
 
+def test_with_hf_hub_offline_set_publish_says_so_at_once(run_folder, monkeypatch, capsys):
+    """Offline mode is a choice, not a connection that broke: it was retried five times over 31 s, then called a
+    broken upload to run again."""
+    import huggingface_hub
+
+    from vanilla_transformer import publish
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(publish.time, "sleep", lambda seconds: pytest.fail("retried"))
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["publish", str(run_folder), "--repo-id", f"{USER}/x"])
+    error = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(error.splitlines()) == 1
+    assert f"HF_HUB_OFFLINE is set, so nothing can be uploaded to {USER}/x" in error
+
+
 @pytest.mark.parametrize("dry_run", [[], ["--dry-run"]], ids=["upload", "dry-run"])
 def test_a_folder_that_does_not_exist_is_refused_in_one_line(dry_run, tmp_path, capsys):
     """A misspelt runs/en-dee once listed nothing and exited 0 with --dry-run (a name with one slash passes for a

@@ -167,10 +167,15 @@ def publish(
     """Upload the model files of ``folder`` (`model_files`) to ``repo_id`` in one commit, creating the
     repository if needed; the URL of the commit. The rest of the folder stays where it is. A broken
     connection is retried up to ``retries`` times; then a `ConnectionError` says to run it again."""
-    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi
+    from huggingface_hub import CommitOperationAdd, CommitOperationDelete, HfApi, constants
 
     folder = Path(folder)
     files = check_publishable(folder)
+    if constants.HF_HUB_OFFLINE:  # chosen, not a connection that broke: nothing to retry
+        raise ConnectionError(
+            f"HF_HUB_OFFLINE is set, so nothing can be uploaded to {repo_id}: publish where the Hub is reachable, "
+            "with HF_HUB_OFFLINE unset."
+        )
     left_out = sorted(path.name + ("/" if path.is_dir() else "") for path in folder.iterdir() if path.name not in files)
     if left_out:
         logger.info(f"not uploaded (training state and duplicates): {', '.join(left_out)}")
