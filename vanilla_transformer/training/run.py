@@ -51,6 +51,7 @@ from ..checkpoint_files import (
     check_model_folder,
     from_pretrained_named,
     has_tokenizer,
+    same_tokenizer_json,
     tokenizer_definition,
     written_tokenizer,
 )
@@ -561,12 +562,13 @@ def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
 
 def refuse_another_tokenizer(folder: str | Path, tokenizer, message: str) -> None:
     """ValueError(``message``) where the local ``folder`` holds a tokenizer (tokenizer.json) that is not
-    ``tokenizer``: its model's weights read token ids as that one does. Compared as the installed tokenizers
-    library writes both out (`tokenizer_definition`). A Hub id, or a tokenizer without a tokenizers backend
-    (SentencePiece), is not compared."""
-    saved = tokenizer_definition(folder).get("tokenizer.json") if Path(folder).is_dir() else None
+    ``tokenizer``: its model's weights read token ids as that one does (`same_tokenizer_json`). A Hub id, or a
+    tokenizer without a tokenizers backend (SentencePiece), is not compared."""
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if saved is not None and backend is not None and saved != written_tokenizer(backend):
+    if backend is None or not Path(folder).is_dir():
+        return
+    saved = tokenizer_definition(folder).get("tokenizer.json")
+    if saved is not None and not same_tokenizer_json(saved, written_tokenizer(backend)):
         raise ValueError(message)
 
 
