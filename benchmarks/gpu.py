@@ -109,6 +109,7 @@ import argparse
 import copy
 import json
 import math
+import os
 import platform
 import signal
 import statistics
@@ -1694,18 +1695,30 @@ def machine(args) -> dict:
             info[name] = version(name)
         except PackageNotFoundError:
             info[name] = None
-    try:
-        done = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=Path(__file__).parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-        info["commit"] = done.stdout.strip() if done.returncode == 0 else None
-    except (OSError, subprocess.SubprocessError):  # no git there
-        info["commit"] = None
+    info["commit"] = os.environ.get(COMMIT_VARIABLE) or checkout_commit()
     return info
+
+
+COMMIT_VARIABLE = "VANILLA_TRANSFORMER_COMMIT"  # the commit of a copy of the tree without .git (a lent machine's)
+
+
+def checkout_commit() -> str | None:
+    """The commit of the clone this file is in, with ``-dirty`` where tracked files have changes not committed;
+    None without git, or where this folder is not the root of its own checkout."""
+    root = Path(__file__).resolve().parents[1]
+
+    def git(*words: str) -> str | None:
+        try:
+            done = subprocess.run(["git", *words], cwd=root, capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.SubprocessError):  # no git there
+            return None
+        return done.stdout.strip() if done.returncode == 0 else None
+
+    top = git("rev-parse", "--show-toplevel")
+    if top is None or Path(top).resolve() != root:  # a copy inside another repository: not ours
+        return None
+    commit, changes = git("rev-parse", "--short=7", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    return commit and commit + ("-dirty" if changes else "")
 
 
 # Seconds each measurement is expected to take for the big model on one H100 (guesses scaled from the H200
@@ -1909,12 +1922,12 @@ def main(argv=None) -> list[dict]:
 
 def lever_share(jobs: list[tuple[str, str, str]], number: int, left: float, args) -> float:
     """What lever job ``number`` may take of the ``left`` seconds: the lever jobs still to run share them alike,
-    after what the recipe's runs need where those still fit beside every lever job's estimate; where they do not,
-    the levers (big's rows, the most telling) take it all and the recipe is skipped for the budget."""
+    after what the recipe's runs need where each share then still covers the largest lever estimate; where it
+    does not, the levers (big's rows, the most telling) take it all and the recipe is skipped for the budget."""
     later = jobs[number:]
     levers = [job for job in later if job[0] == "levers"]
     recipe = sum(estimate_seconds(*job, args) for job in later if job[0] == "recipe")
-    if left - recipe >= sum(estimate_seconds(*job, args) for job in levers):
+    if (left - recipe) / len(levers) >= max(estimate_seconds(*job, args) for job in levers):  # each gets its share
         left -= recipe
     return left / len(levers)
 

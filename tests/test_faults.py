@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
+from packaging.version import Version
 from safetensors.torch import load_file
 
 from vanilla_transformer import train_tokenizer
@@ -508,6 +510,7 @@ def test_a_requeued_finished_run_keeps_the_train_metrics_of_the_training_it_foun
         assert "train_runtime" not in json.loads((output / "all_results.json").read_text()), text
 
 
+@pytest.mark.floor  # transformers before 5.20 counts train_loss otherwise: said only from 5.20
 def test_a_resumed_run_says_its_train_metrics_cover_the_updates_since_the_resume(data_dir, tmp_path, caplog):
     """The Trainer's train_loss and train_runtime of a resumed run cover its own updates, not the run's: said
     in the log, and true (train_loss is the mean of the losses logged for those updates)."""
@@ -518,7 +521,11 @@ def test_a_resumed_run_says_its_train_metrics_cover_the_updates_since_the_resume
         train.main(
             run_argv(data_dir, output, "--max_steps", "4", "--save_steps", "2", "--resume_from_checkpoint", "last")
         )
-    assert f"cover updates 3-4, trained since resuming from {output / 'checkpoint-2'}" in caplog.text
+    said = f"cover updates 3-4, trained since resuming from {output / 'checkpoint-2'}" in caplog.text
+    if Version(transformers.__version__) < train.TRAIN_METRICS_OF_THE_RESUMED_UPDATES:
+        assert not said  # train_loss there: their loss over the whole run's updates, which nothing can say simply
+        return
+    assert said
     losses = {
         entry["step"]: entry["loss"]
         for entry in json.loads((output / "trainer_state.json").read_text())["log_history"]

@@ -1,6 +1,7 @@
 """benchmarks/gpu.py runs anywhere: on this CPU with a tiny model, its numbers add up."""
 
 import json
+import shutil
 import subprocess
 
 import accelerate
@@ -72,9 +73,9 @@ def test_a_tiny_cpu_run_measures_training_and_decoding(tmp_path):
     )
     machine, training, evaluation, decoding = results  # evaluation before decoding: never measured on a GPU
     assert machine["device"] == "cpu" and "error" not in training and "error" not in decoding
-    if (REPO / ".git").exists():  # the commit a recorded table cites, as git names it
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-        assert machine["commit"] == head.stdout.strip()
+    if (REPO / ".git").exists() and shutil.which("git"):  # the commit a recorded table cites, as git names it
+        head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        assert machine["commit"].removesuffix("-dirty") == head.stdout.strip()
         assert f"commit {machine['commit']}" in output.with_suffix(".md").read_text().splitlines()[0]
     assert machine["transformers"] == transformers.__version__ and machine["accelerate"] == accelerate.__version__
     assert training["steps"] == 2
@@ -638,6 +639,8 @@ def test_the_recipes_reserve_never_leaves_bigs_levers_too_little_to_start():
     assert gpu.lever_share(jobs, 0, 300, both) == (300 - recipe) / 2  # all fit: the recipe keeps its time
     assert gpu.lever_share(jobs, 2, 70, both) == 70  # the last lever job takes what is left
     assert gpu.lever_share(jobs, 0, 210, both) == 105
+    for left in (250, 279):  # the levers' estimates (84 s) fit in what the recipe leaves, but not big's share
+        assert gpu.lever_share(jobs, 0, left, both) == left / 2 >= lever
 
 
 def test_the_documented_gpu_call_fits_a_lent_machine_and_measures_bigs_levers():
@@ -667,7 +670,7 @@ def test_the_documented_gpu_call_fits_a_lent_machine_and_measures_bigs_levers():
                 assert gpu.lever_share(jobs, 0, budget, args) >= gpu.estimate_seconds(*jobs[0], args), step
         else:
             assert re.search(r'> "\$OUT/[^"]+" 2>&1', step), step
-    assert sum(limits) <= 600 - 5
+    assert sum(limits) <= 600 - 45  # and the carried wheels' install, about half a minute
 
 
 def test_an_update_is_split_at_the_trainers_callback_events(monkeypatch):

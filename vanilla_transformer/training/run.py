@@ -33,7 +33,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import transformers
 from accelerate import PartialState
+from packaging.version import Version
 from transformers import (
     AutoConfig,
     AutoModelForSeq2SeqLM,
@@ -108,6 +110,9 @@ require("transformers.PreTrainedModel._from_config")
 logger = logging.getLogger("vanilla_transformer.train")
 
 PREDICTIONS_FILE = "generated_predictions.txt"  # run_translation.py's name
+# From this release the Trainer's train_loss and train_*_per_second of a resumed run are those of the updates
+# trained since the resume; before it, train_loss divided their loss by the whole run's updates.
+TRAIN_METRICS_OF_THE_RESUMED_UPDATES = Version("5.20.0")
 
 
 def main(
@@ -209,7 +214,12 @@ def _train_evaluate_predict(
         final = Path(training_args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{trainer.state.global_step}"
         stage.final_checkpoint = final if final.is_dir() else None
         metrics.update(result.metrics)
-        if resumed_at is not None and resumed_at < trainer.state.global_step and trainer.is_world_process_zero():
+        if (
+            resumed_at is not None
+            and resumed_at < trainer.state.global_step
+            and trainer.is_world_process_zero()
+            and (Version(transformers.__version__) >= TRAIN_METRICS_OF_THE_RESUMED_UPDATES)
+        ):
             logger.info(  # (a finished run requeued trains none and keeps the train_* metrics it found)
                 f"train_loss, train_runtime and train_*_per_second cover updates {resumed_at + 1}-"
                 f"{trainer.state.global_step}, trained since resuming from {run.resume}; the whole run's logged "
