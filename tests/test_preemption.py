@@ -605,3 +605,34 @@ def test_a_second_sigterm_while_the_last_words_are_said_does_not_cut_them_short(
     process.send_signal(signal.SIGTERM)
     _, err = process.communicate(timeout=60)
     assert process.returncode == -signal.SIGTERM and "last words said" in err, err[-3000:]
+
+
+def test_an_error_is_a_ctrl_c_only_when_raised_as_one_unwound():
+    """What `main` answers as a Ctrl-C: the KeyboardInterrupt, or an error raised while one unwound (datasets'
+    TimeoutError); not an error of its own, nor one raised later after an interrupt was handled."""
+    from vanilla_transformer.training.checkpointing import stopped_by_ctrl_c
+
+    def raised(make):
+        try:
+            make()
+        except BaseException as error:  # noqa: BLE001 (the error itself is the subject)
+            return error
+
+    def timeout_while_unwinding():
+        try:
+            raise KeyboardInterrupt
+        finally:
+            raise TimeoutError
+
+    def handled_then_failed():
+        try:
+            raise KeyboardInterrupt
+        except KeyboardInterrupt:
+            pass
+        raise ValueError("a real error")
+
+    assert stopped_by_ctrl_c(KeyboardInterrupt()) and stopped_by_ctrl_c(raised(timeout_while_unwinding))
+    assert not stopped_by_ctrl_c(raised(handled_then_failed)) and not stopped_by_ctrl_c(ValueError())
+    assert not stopped_by_ctrl_c(
+        raised(lambda: exec("try:\n raise KeyboardInterrupt\nexcept BaseException:\n raise SystemExit(2)"))
+    )

@@ -484,11 +484,18 @@ def sigterm_ends_the_run(last_words: Callable[[], None]):
         signal.signal(signal.SIGTERM, previous)
 
 
-class CtrlC:
-    """Whether a Ctrl-C came while `ctrl_c_stops_the_run` ran: an error raised as its KeyboardInterrupt unwinds
-    (datasets' map waits for its workers' results with a timeout and raises TimeoutError) is that stop."""
-
-    came: bool = False
+def stopped_by_ctrl_c(error: BaseException) -> bool:
+    """``error`` is a Ctrl-C's KeyboardInterrupt, or an error raised while one unwound (datasets' map collects
+    its workers' results with a timeout and raises TimeoutError, the interrupt as its context)."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        if isinstance(error, KeyboardInterrupt):
+            return True
+        if not isinstance(error, Exception):  # SystemExit and the like: an answer already given
+            return False
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return False
 
 
 @contextmanager
@@ -497,20 +504,18 @@ def ctrl_c_stops_the_run():
     KeyboardInterrupt in this process only. Processes forked meanwhile (the tokenization's workers) ignore it:
     each printed its own traceback; their pool stops them (SIGTERM, see `sigterm_ends_the_run`) as the exception
     unwinds. A SIGINT ignored when the block starts (a job started in the background) stays ignored."""
-    ctrl_c = CtrlC()
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
-        yield ctrl_c
+        yield
         return
     this_process = os.getpid()
 
     def handle(number, frame) -> None:
         if os.getpid() == this_process:
-            ctrl_c.came = True
             raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGINT, handle)
     try:
-        yield ctrl_c
+        yield
     finally:
         signal.signal(signal.SIGINT, previous)
 

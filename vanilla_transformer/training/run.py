@@ -72,6 +72,7 @@ from .checkpointing import (
     ignore_further_sigterms,
     resolve_checkpoint,
     sigterm_ends_the_run,
+    stopped_by_ctrl_c,
 )
 from .data import (
     ROLES,
@@ -132,7 +133,7 @@ def main(
         if lock is not None:
             lock.release()
 
-    with sigterm_ends_the_run(last_words), ctrl_c_stops_the_run() as ctrl_c:
+    with sigterm_ends_the_run(last_words), ctrl_c_stops_the_run():
         try:
             try:
                 model_args, data_args, training_args = parse_arguments(argv, prog)
@@ -143,12 +144,12 @@ def main(
                     return {}
                 run = build_trainer(model_args, data_args, training_args)  # data, tokenizer, model, trainer
             except (ValueError, OSError) as error:
-                if not exit_on_bad_input or ctrl_c.came:
+                if not exit_on_bad_input or stopped_by_ctrl_c(error):
                     raise
                 exit_with_usage_error(prog, error)
             return _train_evaluate_predict(run, model_args, data_args, training_args, stage, prog, exit_on_bad_input)
         except BaseException as error:  # TrainingInterrupted (a KeyboardInterrupt) is answered where it is raised
-            if not isinstance(error, KeyboardInterrupt) and not (ctrl_c.came and isinstance(error, Exception)):
+            if not stopped_by_ctrl_c(error):
                 raise
             logger.warning(f"stopped by Ctrl-C {stage.said()}")
             raise SystemExit(128 + signal.SIGINT) from None
