@@ -333,6 +333,8 @@ def test_every_path_mistyped_is_named_not_trained_on_as_text(tmp_path, monkeypat
     with pytest.raises(FileNotFoundError, match=r"looks like a list of file paths.*'trian.en.gz' \(item 0\)"):
         train_tokenizer(["trian.en.gz", "data/trian.de.gz"], vocab_size=VOCAB_SIZE)
     assert len(train_tokenizer(["train.en.gz", "A dog runs."] * 20, vocab_size=VOCAB_SIZE)) > 0  # a sentence
+    for texts in (["www.example.com", "john@doe.org", "np.sum"], ["and/or", "1/2", "https://a.b/c.txt"]):
+        assert len(train_tokenizer(texts * 20, vocab_size=VOCAB_SIZE)) > 0  # text that is no file's name
     assert len(train_tokenizer(iter(["trian.en.gz", "trian.de.gz"] * 20), vocab_size=VOCAB_SIZE)) > 0
 
 

@@ -150,8 +150,8 @@ def train_tokenizer(
         texts_or_files: training sentences (any iterable of ``str``, read once), or a list of paths
             of UTF-8 text files with one sentence per line, plain or gzip-compressed. A list or
             tuple is read as files when any item is a ``pathlib.Path`` or names an existing file;
-            one whose every item looks like a file's path (no spaces; a folder or a suffix such as
-            ``.gz``, ``.txt`` or ``.en``) but names none is refused (mistyped paths). Pass texts as
+            one whose every item looks like a file's name (no spaces; a suffix such as ``.gz``,
+            ``.txt`` or ``.en``) but names none is refused (mistyped paths). Pass texts as
             an iterator (``iter(texts)``) to rule both out.
         vocab_size: the most tokens the vocabulary gets, special tokens included; at least
             `MIN_VOCAB_SIZE` (256 bytes + 4 special tokens). Training stops earlier when no pair
@@ -268,11 +268,13 @@ def _training_texts(texts_or_files) -> Iterator[str]:
     return _checked_texts(texts_or_files)
 
 
-PATH_LIKE = re.compile(r"\S*(/|\\)\S*|\S+\.(gz|txt|tsv|csv|jsonl?|xz|bz2|zst|[a-z]{2,3})")
+# a text file's name: a data suffix, or a language code (two letters) alone or before a compression suffix
+PATH_LIKE = re.compile(r"[^\s@:]+\.(txt|tsv|csv|jsonl?|[a-z]{2})(\.(gz|xz|bz2|zst))?|[^\s@:]+\.(gz|xz|bz2|zst)")
 
 
 def _looks_like_a_path(item) -> bool:
-    """A string without spaces that has a folder in it or a file suffix (``train.en.gz``): not a sentence."""
+    """A string without spaces, "@" or ":" that ends as a text file's name does (``train.en.gz``,
+    ``data/news.txt``): not a sentence, a URL, an e-mail address or a dotted name (``np.sum``)."""
     return isinstance(item, str) and PATH_LIKE.fullmatch(item) is not None
 
 
