@@ -829,3 +829,7 @@ def test_python_callers_get_the_range_checks_the_flags_get(tmp_path):
             label_smoothed_cross_entropy(logits, labels, label_smoothing=smoothing)
     with pytest.raises(ValueError, match=r"Give --learning_rate \(the peak\) or --lr_scale"):
         TransformerTrainingArguments(output_dir=str(tmp_path), learning_rate=1e-3, lr_scale=2.0)
+    # the Multi30k recipe sets learning_rate: --lr_scale alone meets it, which the message says
+    message = r"--learning_rate 0.002 \(given, or set by the recipe\) with --lr_scale 2.*change the peak with"
+    with pytest.raises(ValueError, match=message):
+        train.parse_arguments(["multi30k", "--lr_scale", "2", "--output_dir", str(tmp_path / "run")])

@@ -83,7 +83,8 @@ class VanillaTransformerTokenizer(TokenizersBackend):
         model saved in the same folder, if smaller: so that ``truncation=True`` keeps inputs the model
         accepts, whoever saved the folder (a Trainer saves the tokenizer as it was given)."""
         folder = pretrained_model_name_or_path
-        if isinstance(folder, str | os.PathLike) and os.path.isdir(folder):
+        given = "tokenizer_file" in kwargs or "tokenizer_object" in kwargs  # the vocabulary from elsewhere
+        if isinstance(folder, str | os.PathLike) and os.path.isdir(folder) and not given:
             if not os.path.isfile(os.path.join(folder, kwargs.get("subfolder") or "", "tokenizer.json")):
                 raise FileNotFoundError(  # transformers would blame a missing sentencepiece or tiktoken
                     f"{folder} has no tokenizer.json, which holds this tokenizer's whole vocabulary: copy it from "

@@ -267,7 +267,11 @@ OPEN_FRACTIONS = ("label_smoothing_factor", "adam_beta1", "adam_beta2")  # in [0
 def check_one_learning_rate(args: TransformerTrainingArguments) -> None:
     """--learning_rate gives the peak itself, --lr_scale a multiple of eq. (3)'s: one of them."""
     if args.learning_rate is not None and args.lr_scale != 1.0:
-        raise ValueError("Give --learning_rate (the peak) or --lr_scale (a multiple of the paper's), not both.")
+        raise ValueError(
+            f"Give --learning_rate (the peak) or --lr_scale (a multiple of the paper's), not both: --learning_rate "
+            f"{args.learning_rate:g} (given, or set by the recipe) with --lr_scale {args.lr_scale:g}. Under a recipe "
+            "that sets learning_rate, change the peak with --learning_rate."
+        )
 
 
 def check_argument_ranges(args: TransformerTrainingArguments) -> None:
