@@ -190,18 +190,6 @@ def machine() -> str:
     )
 
 
-def machine_info(device: str) -> dict:
-    """torch, Python, transformers and the device (with the GPU's name on CUDA), as JSON fields."""
-    import torch
-    import transformers
-
-    info = {"torch": torch.__version__, "python": platform.python_version(), "device": device}
-    if device.startswith("cuda"):
-        info["gpu"] = torch.cuda.get_device_name()
-    info["transformers"] = transformers.__version__
-    return info
-
-
 def peak_memory_mib() -> float:
     """This process's peak resident memory."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
