@@ -179,6 +179,34 @@ def test_accelerate_launch_dash_m_trains_on_two_processes_with_the_packaged_conf
     assert "process 1 of 2" in completed.stderr and (output / "model.safetensors").is_file()
 
 
+def test_two_launched_processes_that_would_each_train_alone_are_refused_naming_use_cpu(tmp_path):
+    """torchrun (or accelerate launch --multi_gpu) on a machine without GPUs, without --use_cpu: each process
+    trained the whole run alone into one folder, the one that lost the lock race was refused naming its sibling
+    as "another run", the launcher then stopped the other, which said the model was saved where it was not."""
+    data = tmp_path / "data"
+    data.mkdir()
+    write_pairs(data, "train", reverse_pairs(200, seed=1))
+    output = tmp_path / "run"
+    arguments = [word for word in tiny_args(data, output, "--max_steps", "2") if word != "--use_cpu"]
+    completed = python(
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        "29573",
+        "-m",
+        "vanilla_transformer.cli",
+        "train",
+        *arguments,
+        timeout=300,
+    )
+    assert completed.returncode != 0
+    said = "this process was started as one of 2 (WORLD_SIZE=2: accelerate launch or torchrun) but would train alone"
+    assert completed.stderr.count(said) == 2 and "--use_cpu true" in completed.stderr, completed.stderr[-3000:]
+    assert "in use by another run" not in completed.stderr and not output.exists()
+
+
 # ---------------------------------------------------------------------------------------------
 # Help screens shipped in the package (vanilla_transformer_command, the console script)
 # ---------------------------------------------------------------------------------------------

@@ -517,3 +517,17 @@ def refuse_data_parallel(training_args) -> None:
             f"launch --num_processes {count} ... or torchrun --nproc_per_node {count} ...; or train on one GPU "
             "with CUDA_VISIBLE_DEVICES=0."
         )
+
+
+def refuse_processes_left_alone(training_args) -> None:
+    """A launcher (accelerate launch, torchrun) started this process as one of several, but it trains alone:
+    torch.distributed was not set up (on a machine without GPUs, without --use_cpu). Each process would train
+    the whole run by itself into the same --output_dir, the first to take its lock ending the others."""
+    launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if launched > 1 and training_args.world_size == 1:
+        where = "no GPU is visible" if not torch.cuda.is_available() else "torch.distributed was not set up"
+        raise ValueError(
+            f"this process was started as one of {launched} (WORLD_SIZE={launched}: accelerate launch or "
+            f"torchrun) but would train alone, as {where}. On the CPU, add --use_cpu true (and accelerate "
+            "launch --cpu); with GPUs, check that each process sees one (CUDA_VISIBLE_DEVICES)."
+        )

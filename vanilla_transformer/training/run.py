@@ -60,7 +60,7 @@ from ..checkpoint_files import (
 from ..command_line import exit_with_usage_error
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULA, MAX_NEW_TOKENS_BEYOND_INPUT
 from ..private_api import require
-from .arguments import refuse_data_parallel, schedule_name
+from .arguments import refuse_data_parallel, refuse_processes_left_alone, schedule_name
 from .averaging import MEAN_NAMES, architecture, average_checkpoints
 from .caches import usable_tokenizer_cache
 from .checkpointing import (
@@ -138,6 +138,7 @@ def main(
             try:
                 model_args, data_args, training_args = parse_arguments(argv, prog)
                 logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+                refuse_processes_left_alone(training_args)  # before the lock that its siblings would fight for
                 lock = hold_output_dir(training_args)  # one run per --output_dir, before any data is read
                 if model_args.tokenizer_only:
                     save_tokenizer_only(model_args, data_args, training_args)
@@ -272,6 +273,7 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     tokenises the data (and trains the tokenizer) while the others wait, then they memory-map its cache."""
     check_arguments(model_args, data_args, training_args)
     refuse_data_parallel(training_args)  # not in check_arguments: table3 --devices checks its rows in a parent
+    refuse_processes_left_alone(training_args)
     set_seed(training_args.seed)
     do_train, do_eval, do_predict = steps_to_run(training_args, data_args)
     check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict, training_args.eval_strategy)

@@ -155,8 +155,9 @@ class WallClock(TrainerCallback, ExportableState):
     stop or save while another goes on (and waits forever for it in the next all-reduce), or run another
     learning rate in a cooldown. So the processes agree on the clock, the longest of their elapsed times,
     after an update every ``agree_seconds`` or so (an all-reduce and a wait for the device each time), and
-    in between all count the same seconds per update since the last agreement: every reading is then the
-    same on every process, and updates of ``agree_seconds`` or more agree at every update.
+    in between all count the seconds per update of the last two agreements (after the first two updates, so
+    that the first one's warm-up is not counted again for every update): every reading is then the same on
+    every process, and updates of ``agree_seconds`` or more agree at every update.
     """
 
     def __init__(
@@ -193,6 +194,7 @@ class WallClock(TrainerCallback, ExportableState):
         if self.save_seconds:  # the first multiple of the interval after what was trained before
             self.next_save = (math.floor(self.trained_before / self.save_seconds) + 1) * self.save_seconds
         self.updates, self.agreed, self.next_agreement = 0, (0, 0.0), 1  # agreed: (updates, seconds) then
+        self.per_update = 0.0  # seconds an update, between the last two agreements
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         """Count the update, and agree on the clock when due (before the scheduler reads it)."""
@@ -201,16 +203,20 @@ class WallClock(TrainerCallback, ExportableState):
             return
         longest = torch.tensor([time.monotonic() - self.start], dtype=torch.float64, device=self.device)
         torch.distributed.all_reduce(longest, op=torch.distributed.ReduceOp.MAX)
-        self.agreed = (self.updates, longest.item())
-        per_update = self.agreed[1] / self.updates
-        self.next_agreement = self.updates + max(1, int(self.agree_seconds / per_update) if per_update > 0 else 1)
+        (updates, seconds), self.agreed = self.agreed, (self.updates, longest.item())
+        if updates == 0:  # the first update, its warm-up in it: agree again after the next one
+            self.next_agreement = self.updates + 1
+            return
+        self.per_update = (self.agreed[1] - seconds) / (self.updates - updates)
+        every = int(self.agree_seconds / self.per_update) if self.per_update > 0 else 1
+        self.next_agreement = self.updates + max(1, every)
 
     def elapsed(self) -> float:
         """Seconds trained, before a resume included: on several processes, the same reading on every one."""
         if not _several_processes():
             return self.trained_before + time.monotonic() - self.start
         updates, seconds = self.agreed
-        return self.trained_before + (seconds + (self.updates - updates) * seconds / updates if updates else 0.0)
+        return self.trained_before + seconds + (self.updates - updates) * self.per_update
 
     def cooldown_factor(self, cooldown_minutes: float) -> float:
         """1 until the last ``cooldown_minutes`` of the budget, then falling linearly to 0 at its end: the
