@@ -177,6 +177,7 @@ def test_accelerate_launch_dash_m_trains_on_two_processes_with_the_packaged_conf
     )
     assert completed.returncode == 0, completed.stderr[-4000:]
     assert "process 1 of 2" in completed.stderr and (output / "model.safetensors").is_file()
+    assert "| processes | 2 |" in (output / "README.md").read_text()  # an update's size needs the count
 
 
 def test_two_launched_processes_that_would_each_train_alone_are_refused_naming_use_cpu(tmp_path):

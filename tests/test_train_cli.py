@@ -154,6 +154,7 @@ def test_predict_with_generate_false_reports_the_loss_and_finishes_the_run(data_
     )
     assert "eval_loss" in metrics and "eval_bleu" not in metrics
     assert (tmp_path / "README.md").is_file() and (tmp_path / "all_results.json").is_file()
+    assert "| processes | 1 |" in (tmp_path / "README.md").read_text()  # (2 under a launcher: test_cli.py)
 
 
 def test_do_train_alone_skips_the_evaluation(data_dir, tmp_path):

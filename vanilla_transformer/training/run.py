@@ -846,6 +846,7 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
             "steps": trainer.state.global_step,
             "tokens per batch (max, padded)": training_args.max_tokens or "sentence batches",
             "gradient accumulation": training_args.gradient_accumulation_steps,
+            "processes": training_args.world_size,  # an update: tokens per batch x accumulation x processes
             "peak learning rate": trainer.args.learning_rate,  # eq. (3)'s peak is resolved by the trainer
             "warm-up": warmup_words(training_args.warmup_steps),
             "schedule": schedule_name(training_args),
