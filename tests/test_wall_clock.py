@@ -36,7 +36,7 @@ def run(clock: WallClock, now: list, seconds_per_update, updates: int) -> list[f
 def test_agrees_every_agree_seconds_and_reads_the_time_in_between(several_processes):
     now, reductions = several_processes
     readings = run(WallClock(max_minutes=10, agree_seconds=10.0), now, lambda update: 1.0, 25)
-    assert reductions == [1.0, 11.0, 21.0]  # after update 1, then every 10 updates of 1 s
+    assert reductions == [1.0, 2.0, 12.0, 22.0]  # after updates 1 and 2, then every 10 updates of 1 s
     assert readings == [float(update) for update in range(1, 26)]  # extrapolated exactly at a steady pace
 
 
@@ -48,11 +48,31 @@ def test_slow_updates_agree_at_every_update(several_processes):
 
 def test_between_agreements_the_reading_follows_the_last_agreed_pace(several_processes):
     """A process whose own clock runs faster after an agreement still reads the agreed pace: every
-    process computes the same number from the same agreement."""
+    process computes the same number from the same agreement. The pace is that between the last two
+    agreements: the first update's warm-up (here 2 s against 1 s) is not counted again for the next ones
+    (it was: 2, 4, 6, 8, 10 s, then back to 7 at the next agreement, and a short budget stopped early)."""
     now, reductions = several_processes
-    readings = run(WallClock(max_minutes=10, agree_seconds=10.0), now, lambda update: 2.0 if update == 1 else 1.0, 6)
-    assert reductions == [2.0, 7.0]  # agreed after update 1 (2 s an update: next in 5 updates), then at 6
-    assert readings == [2.0, 4.0, 6.0, 8.0, 10.0, 7.0]
+    pace = {1: 2.0, 2: 1.0}
+    readings = run(WallClock(max_minutes=10, agree_seconds=10.0), now, lambda update: pace.get(update, 0.5), 8)
+    assert reductions == [2.0, 3.0]  # agreed after updates 1 and 2 (1 s an update: next in 10 updates)
+    assert readings == [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
+
+
+def test_a_short_budget_stops_at_its_time_after_a_slow_first_update(several_processes):
+    """2 processes on the CPU, --max_train_minutes 0.15 (9 s): the clock counted the 3-s first update for each
+    update until the next agreement and stopped after 6 s. Now within an update of 9 s, never ahead of the time."""
+    now, _ = several_processes
+    clock = WallClock(max_minutes=0.15)
+    args, state = types.SimpleNamespace(device="cpu", save_strategy="no"), TrainerState()
+    clock.on_train_begin(args, state, None)
+    for update in range(1, 1000):
+        now[0] += 3.0 if update == 1 else 0.1
+        clock.on_optimizer_step(args, state, None)
+        control = clock.on_step_end(args, state, TrainerControl())
+        assert clock.last_reading <= now[0] + 1e-6, update
+        if control.should_training_stop:
+            break
+    assert 9.0 - 1e-6 <= now[0] <= 9.1 + 1e-6
 
 
 def test_a_resumed_run_goes_on_with_the_seconds_its_checkpoint_trained(monkeypatch):
