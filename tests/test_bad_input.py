@@ -822,7 +822,9 @@ def test_python_callers_get_the_range_checks_the_flags_get(tmp_path):
     from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
     logits, labels = torch.randn(2, 3, 11), torch.randint(0, 11, (2, 3))
-    for smoothing in (2.0, -0.1, 1.0):
+    import numpy as np
+
+    for smoothing in (2.0, -0.1, 1.0, np.float32(1.5), np.int64(2)):
         with pytest.raises(
             ValueError, match=rf"label_smoothing must be in \[0, 1\) \(the paper: 0.1\), got {smoothing}"
         ):

@@ -332,6 +332,9 @@ def test_every_path_mistyped_is_named_not_trained_on_as_text(tmp_path, monkeypat
     monkeypatch.chdir(tmp_path)
     with pytest.raises(FileNotFoundError, match=r"looks like a list of file paths.*'trian.en.gz' \(item 0\)"):
         train_tokenizer(["trian.en.gz", "data/trian.de.gz"], vocab_size=VOCAB_SIZE)
+    for names in (["data/trian.src", "data/trian.tgt"], ["train.tok", "news.en.sgm"], ["C:\\data\\a.en"]):
+        with pytest.raises(FileNotFoundError, match="looks like a list of file paths"):
+            train_tokenizer(names, vocab_size=VOCAB_SIZE)
     assert len(train_tokenizer(["train.en.gz", "A dog runs."] * 20, vocab_size=VOCAB_SIZE)) > 0  # a sentence
     for texts in (["www.example.com", "john@doe.org", "np.sum"], ["and/or", "1/2", "https://a.b/c.txt"]):
         assert len(train_tokenizer(texts * 20, vocab_size=VOCAB_SIZE)) > 0  # text that is no file's name
@@ -348,6 +351,10 @@ def test_a_folder_without_tokenizer_json_is_named_as_such(saved_dir, tmp_path):
     (copy / "tokenizer.json").unlink()
     with pytest.raises(OSError, match=f"{copy} has no tokenizer.json, which holds this tokenizer's whole vocabulary"):
         AutoTokenizer.from_pretrained(copy)
+    with pytest.raises(OSError, match=f"{copy} has no tokenizer.json"):  # (None: no file given elsewhere)
+        AutoTokenizer.from_pretrained(copy, tokenizer_file=None)
+    elsewhere = AutoTokenizer.from_pretrained(copy, tokenizer_file=str(saved_dir / "tokenizer.json"))
+    assert elsewhere("a b").input_ids == AutoTokenizer.from_pretrained(saved_dir)("a b").input_ids
 
 
 def test_directory_given_as_file_is_an_error(tmp_path):

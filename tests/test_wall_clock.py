@@ -36,7 +36,7 @@ def run(clock: WallClock, now: list, seconds_per_update, updates: int) -> list[f
 def test_agrees_every_agree_seconds_and_reads_the_time_in_between(several_processes):
     now, reductions = several_processes
     readings = run(WallClock(max_minutes=10, agree_seconds=10.0), now, lambda update: 1.0, 25)
-    assert reductions == [1.0, 2.0, 12.0, 22.0]  # after updates 1 and 2, then every 10 updates of 1 s
+    assert reductions == [1.0, 2.0, 4.0, 8.0, 16.0]  # after updates 1 and 2, then 2, 4, 8, ... up to 10 updates
     assert readings == [float(update) for update in range(1, 26)]  # extrapolated exactly at a steady pace
 
 
@@ -54,8 +54,8 @@ def test_between_agreements_the_reading_follows_the_last_agreed_pace(several_pro
     now, reductions = several_processes
     pace = {1: 2.0, 2: 1.0}
     readings = run(WallClock(max_minutes=10, agree_seconds=10.0), now, lambda update: pace.get(update, 0.5), 8)
-    assert reductions == [2.0, 3.0]  # agreed after updates 1 and 2 (1 s an update: next in 10 updates)
-    assert readings == [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0]
+    assert reductions == [2.0, 3.0, 4.0, 6.0]  # after updates 1 and 2 (1 s an update), then 4 (0.5 s) and 8
+    assert readings == [2.0, 3.0, 4.0, 4.0, 4.5, 5.0, 5.5, 6.0]  # update 3 at the agreed 1 s, not its own 0.5
 
 
 def test_a_short_budget_stops_at_its_time_after_a_slow_first_update(several_processes):

@@ -83,7 +83,7 @@ class VanillaTransformerTokenizer(TokenizersBackend):
         model saved in the same folder, if smaller: so that ``truncation=True`` keeps inputs the model
         accepts, whoever saved the folder (a Trainer saves the tokenizer as it was given)."""
         folder = pretrained_model_name_or_path
-        given = "tokenizer_file" in kwargs or "tokenizer_object" in kwargs  # the vocabulary from elsewhere
+        given = kwargs.get("tokenizer_file") is not None or kwargs.get("tokenizer_object") is not None  # elsewhere
         if isinstance(folder, str | os.PathLike) and os.path.isdir(folder) and not given:
             if not os.path.isfile(os.path.join(folder, kwargs.get("subfolder") or "", "tokenizer.json")):
                 raise FileNotFoundError(  # transformers would blame a missing sentencepiece or tiktoken
@@ -269,13 +269,15 @@ def _training_texts(texts_or_files) -> Iterator[str]:
     return _checked_texts(texts_or_files)
 
 
-# a text file's name: a data suffix, or a language code (two letters) alone or before a compression suffix
-PATH_LIKE = re.compile(r"[^\s@:]+\.(txt|tsv|csv|jsonl?|[a-z]{2})(\.(gz|xz|bz2|zst))?|[^\s@:]+\.(gz|xz|bz2|zst)")
+# a text file's name: a corpus suffix or a language code, alone or before a compression suffix; or any file in a
+# folder (a drive letter allowed)
+TEXT_FILE = r"[^\s@:/\\]+\.((txt|tsv|csv|jsonl?|src|tgt|tok|bpe|sgm|xml|[a-z]{2,3})(\.(gz|xz|bz2|zst))?|gz|xz|bz2|zst)"
+PATH_LIKE = re.compile(rf"{TEXT_FILE}|([A-Za-z]:)?[^\s@:]*[/\\]([^\s@:/\\]+\.[A-Za-z0-9]{{1,5}}|{TEXT_FILE})")
 
 
 def _looks_like_a_path(item) -> bool:
-    """A string without spaces, "@" or ":" that ends as a text file's name does (``train.en.gz``,
-    ``data/news.txt``): not a sentence, a URL, an e-mail address or a dotted name (``np.sum``)."""
+    """A string without spaces or "@" named as a text file is (``train.en.gz``, ``train.src``) or as a file in a
+    folder (``data/news.txt``, ``C:\\corpus\\a.en``): not a sentence, a URL or an e-mail address."""
     return isinstance(item, str) and PATH_LIKE.fullmatch(item) is not None
 
 

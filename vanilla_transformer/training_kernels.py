@@ -7,6 +7,8 @@ how they compute it. The file loads as Hub remote code beside the model files (f
 
 from __future__ import annotations
 
+import numbers
+
 import torch
 from torch import nn
 
@@ -52,7 +54,7 @@ def label_smoothed_cross_entropy(
     backward multiplies the gradient by the incoming one even where that is 1 (``loss.backward()``), instead of
     reading it on the host to skip the multiply (the training lever ``--sync_free_step``).
     """
-    if isinstance(label_smoothing, int | float) and not 0 <= label_smoothing < 1:  # (a tensor: no device read)
+    if isinstance(label_smoothing, numbers.Real) and not 0 <= label_smoothing < 1:  # (a tensor: no device read)
         raise ValueError(f"label_smoothing must be in [0, 1) (the paper: 0.1), got {label_smoothing}.")
     labels = labels.to(logits.device)
     count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)

@@ -524,10 +524,13 @@ def refuse_processes_left_alone(training_args) -> None:
     torch.distributed was not set up (on a machine without GPUs, without --use_cpu). Each process would train
     the whole run by itself into the same --output_dir, the first to take its lock ending the others."""
     launched = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if launched > 1 and training_args.world_size == 1:
-        where = "no GPU is visible" if not torch.cuda.is_available() else "torch.distributed was not set up"
+    by_a_launcher = "LOCAL_RANK" in os.environ  # a cluster may set WORLD_SIZE for a process it starts alone
+    if launched > 1 and by_a_launcher and training_args.world_size == 1:
+        if torch.cuda.is_available():
+            why = "torch.distributed was not set up: check the launcher's flags"
+        else:
+            why = "no GPU is visible: on the CPU, add --use_cpu true (and accelerate launch --cpu)"
         raise ValueError(
-            f"this process was started as one of {launched} (WORLD_SIZE={launched}: accelerate launch or "
-            f"torchrun) but would train alone, as {where}. On the CPU, add --use_cpu true (and accelerate "
-            "launch --cpu); with GPUs, check that each process sees one (CUDA_VISIBLE_DEVICES)."
+            f"this process was started as one of {launched} (WORLD_SIZE={launched}, by accelerate launch or "
+            f"torchrun) but would train alone, as {why}."
         )

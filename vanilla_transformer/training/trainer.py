@@ -156,8 +156,9 @@ class WallClock(TrainerCallback, ExportableState):
     learning rate in a cooldown. So the processes agree on the clock, the longest of their elapsed times,
     after an update every ``agree_seconds`` or so (an all-reduce and a wait for the device each time), and
     in between all count the seconds per update of the last two agreements (after the first two updates, so
-    that the first one's warm-up is not counted again for every update): every reading is then the same on
-    every process, and updates of ``agree_seconds`` or more agree at every update.
+    that the first one's warm-up is not counted again for every update; the interval at most doubles from one
+    agreement to the next): every reading is then the same on every process, and updates of ``agree_seconds``
+    or more agree at every update.
     """
 
     def __init__(
@@ -194,7 +195,7 @@ class WallClock(TrainerCallback, ExportableState):
         if self.save_seconds:  # the first multiple of the interval after what was trained before
             self.next_save = (math.floor(self.trained_before / self.save_seconds) + 1) * self.save_seconds
         self.updates, self.agreed, self.next_agreement = 0, (0, 0.0), 1  # agreed: (updates, seconds) then
-        self.per_update = 0.0  # seconds an update, between the last two agreements
+        self.per_update, self.interval = 0.0, 1  # seconds an update and updates between the last two agreements
 
     def on_optimizer_step(self, args, state, control, **kwargs):
         """Count the update, and agree on the clock when due (before the scheduler reads it)."""
@@ -209,7 +210,8 @@ class WallClock(TrainerCallback, ExportableState):
             return
         self.per_update = (self.agreed[1] - seconds) / (self.updates - updates)
         every = int(self.agree_seconds / self.per_update) if self.per_update > 0 else 1
-        self.next_agreement = self.updates + max(1, every)
+        self.interval = min(2 * self.interval, max(1, every))  # one odd pace cannot put the next agreement far off
+        self.next_agreement = self.updates + self.interval
 
     def elapsed(self) -> float:
         """Seconds trained, before a resume included: on several processes, the same reading on every one."""
