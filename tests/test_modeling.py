@@ -771,6 +771,19 @@ def test_an_empty_batch_is_refused_in_words():
         never_ending_model().generate(input_ids=torch.zeros(0, 5, dtype=torch.long))
 
 
+def test_source_ids_outside_the_vocabulary_are_refused_in_words():
+    """Another model's tokenizer gave ids past the embedding: an IndexError from inside the model (on a GPU a
+    device-side assert that poisons the process). The ids a model has pass, given either way."""
+    model = never_ending_model()
+    rows = model.get_input_embeddings().num_embeddings
+    for ids in ([[5, rows, 3]], [[5, -1, 3]]):
+        with pytest.raises(ValueError, match=r"The source holds token id -?\d+, outside this model's vocabulary"):
+            model.generate(input_ids=torch.tensor(ids), max_new_tokens=2)
+        with pytest.raises(ValueError, match="another model's tokenizer"):
+            model.generate(torch.tensor(ids), max_new_tokens=2)
+    assert model.generate(input_ids=torch.tensor([[5, rows - 1, 3]]), max_new_tokens=2).shape[0] == 1
+
+
 def test_forced_eos_with_the_per_sentence_limit_is_warned_about(caplog):
     """ForcedEOSTokenLogitsProcessor forces </s> at the batch's limit: a short sentence cut at its own limit in
     a batch ends without the </s> it gets decoded alone (the reference, shown here), which is said once."""

@@ -180,6 +180,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         mask = _source_mask(inputs, kwargs, self._setting(generation_config, "pad_token_id", kwargs))
         if mask is not None and mask.shape[0] == 0:
             raise ValueError("generate() got a batch of 0 sources: give at least one sentence.")
+        self._check_token_ids(inputs if inputs is not None else kwargs.get("input_ids"))
         lengths, shortest = (None, None) if mask is None else _source_lengths(mask)  # left padding refused
         if mask is not None and "attention_mask" not in kwargs and shortest < mask.shape[1]:
             kwargs["attention_mask"] = mask  # <pad> in the source: the encoder leaves it out, as the sentence alone
@@ -302,6 +303,21 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
             return None
         # A generation config saved before the field existed gets the paper's rule too.
         return getattr(self.generation_config, MAX_NEW_TOKENS_BEYOND_INPUT, MAX_EXTRA_OUTPUT_TOKENS)
+
+    def _check_token_ids(self, input_ids) -> None:
+        """Refuse source ids the embedding has no row for (another model's tokenizer), which failed deep inside
+        as an IndexError (a CUDA device-side assert on a GPU). One read on the host, as the lengths' already is."""
+        if not torch.is_tensor(input_ids) or input_ids.numel() == 0 or input_ids.is_floating_point():
+            return
+        rows = self.get_input_embeddings().num_embeddings
+        largest, smallest = int(input_ids.max()), int(input_ids.min())
+        if largest >= rows or smallest < 0:
+            wrong = largest if largest >= rows else smallest
+            raise ValueError(
+                f"The source holds token id {wrong}, outside this model's vocabulary of {rows} tokens: it was "
+                "tokenized by another model's tokenizer. Load the tokenizer saved with the model "
+                "(AutoTokenizer.from_pretrained on the same folder or repo)."
+            )
 
     def _check_length_fits(self, generation_config: GenerationConfig, kwargs: dict) -> None:
         """Refuse, before decoding, a length the positional encoding cannot reach (the decoder's first
