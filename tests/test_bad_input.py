@@ -824,11 +824,16 @@ def test_python_callers_get_the_range_checks_the_flags_get(tmp_path):
     logits, labels = torch.randn(2, 3, 11), torch.randint(0, 11, (2, 3))
     import numpy as np
 
+    from vanilla_transformer.training.levers import chunked_linear_cross_entropy
+
+    hidden, weight = torch.randn(2, 3, 4), torch.randn(11, 4)
     for smoothing in (2.0, -0.1, 1.0, np.float32(1.5), np.int64(2)):
         with pytest.raises(
             ValueError, match=rf"label_smoothing must be in \[0, 1\) \(the paper: 0.1\), got {smoothing}"
         ):
             label_smoothed_cross_entropy(logits, labels, label_smoothing=smoothing)
+        with pytest.raises(ValueError, match=r"label_smoothing must be in \[0, 1\)"):  # the fused loss's too
+            chunked_linear_cross_entropy(hidden, weight, labels, label_smoothing=smoothing)
     with pytest.raises(ValueError, match=r"Give --learning_rate \(the peak\) or --lr_scale"):
         TransformerTrainingArguments(output_dir=str(tmp_path), learning_rate=1e-3, lr_scale=2.0)
     # the Multi30k recipe sets learning_rate: --lr_scale alone meets it, which the message says

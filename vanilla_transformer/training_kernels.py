@@ -34,6 +34,12 @@ class UniformMaskDropout(nn.Dropout):
         return hidden_states * mask.to(hidden_states.dtype)
 
 
+def check_label_smoothing(label_smoothing) -> None:
+    """A smoothing in [0, 1) (§5.4: 0.1); a tensor passes unread (no device read in a training step)."""
+    if isinstance(label_smoothing, numbers.Real) and not 0 <= label_smoothing < 1:
+        raise ValueError(f"label_smoothing must be in [0, 1) (the paper: 0.1), got {label_smoothing}.")
+
+
 def label_smoothed_cross_entropy(
     logits: torch.Tensor,
     labels: torch.Tensor,
@@ -54,8 +60,7 @@ def label_smoothed_cross_entropy(
     backward multiplies the gradient by the incoming one even where that is 1 (``loss.backward()``), instead of
     reading it on the host to skip the multiply (the training lever ``--sync_free_step``).
     """
-    if isinstance(label_smoothing, numbers.Real) and not 0 <= label_smoothing < 1:  # (a tensor: no device read)
-        raise ValueError(f"label_smoothing must be in [0, 1) (the paper: 0.1), got {label_smoothing}.")
+    check_label_smoothing(label_smoothing)
     labels = labels.to(logits.device)
     count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
     count = count.to(logits.device) if torch.is_tensor(count) else count

@@ -38,7 +38,7 @@ from transformers import masking_utils
 
 from .. import attention_backends
 from ..private_api import require
-from ..training_kernels import label_smoothed_cross_entropy
+from ..training_kernels import check_label_smoothing, label_smoothed_cross_entropy
 
 require("torch._foreach_copy_")  # --bf16_weights (keep_float32_masters)
 
@@ -344,6 +344,7 @@ def chunked_linear_cross_entropy(
     """`label_smoothed_cross_entropy` of the logits ``hidden @ weight.T`` (hidden (..., d), weight (V, d),
     labels (...)), without the logits: `ChunkedLinearCrossEntropy`. ``chunk_rows`` defaults to about
     2^24 logits a chunk (64 MiB in float32)."""
+    check_label_smoothing(label_smoothing)
     hidden, labels = hidden.flatten(0, -2), labels.to(hidden.device).flatten()
     count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
     count = count.to(hidden.device) if torch.is_tensor(count) else count
@@ -362,6 +363,7 @@ def liger_linear_cross_entropy(
     tokens, divided by the count as `label_smoothed_cross_entropy` divides it."""
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
+    check_label_smoothing(label_smoothing)
     hidden, labels = hidden.flatten(0, -2), labels.to(hidden.device).flatten()
     count = num_items_in_batch if num_items_in_batch is not None else (labels != -100).sum().clamp(min=1)
     total = liger_fused_linear_cross_entropy(
