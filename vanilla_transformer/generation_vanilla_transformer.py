@@ -180,8 +180,9 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         mask = _source_mask(inputs, kwargs, self._setting(generation_config, "pad_token_id", kwargs))
         if mask is not None and mask.shape[0] == 0:
             raise ValueError("generate() got a batch of 0 sources: give at least one sentence.")
-        self._check_token_ids(inputs if inputs is not None else kwargs.get("input_ids"))
-        lengths, shortest = (None, None) if mask is None else _source_lengths(mask)  # left padding refused
+        ids = inputs if inputs is not None else kwargs.get("input_ids")
+        vocabulary = self.get_input_embeddings().num_embeddings
+        lengths, shortest = (None, None) if mask is None else _source_lengths(mask, ids, vocabulary)  # refusals
         if mask is not None and "attention_mask" not in kwargs and shortest < mask.shape[1]:
             kwargs["attention_mask"] = mask  # <pad> in the source: the encoder leaves it out, as the sentence alone
         limit, each_sentence = None, None
@@ -304,21 +305,6 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         # A generation config saved before the field existed gets the paper's rule too.
         return getattr(self.generation_config, MAX_NEW_TOKENS_BEYOND_INPUT, MAX_EXTRA_OUTPUT_TOKENS)
 
-    def _check_token_ids(self, input_ids) -> None:
-        """Refuse source ids the embedding has no row for (another model's tokenizer), which failed deep inside
-        as an IndexError (a CUDA device-side assert on a GPU). One read on the host, as the lengths' already is."""
-        if not torch.is_tensor(input_ids) or input_ids.numel() == 0 or input_ids.is_floating_point():
-            return
-        rows = self.get_input_embeddings().num_embeddings
-        largest, smallest = int(input_ids.max()), int(input_ids.min())
-        if largest >= rows or smallest < 0:
-            wrong = largest if largest >= rows else smallest
-            raise ValueError(
-                f"The source holds token id {wrong}, outside this model's vocabulary of {rows} tokens: it was "
-                "tokenized by another model's tokenizer. Load the tokenizer saved with the model "
-                "(AutoTokenizer.from_pretrained on the same folder or repo)."
-            )
-
     def _check_length_fits(self, generation_config: GenerationConfig, kwargs: dict) -> None:
         """Refuse, before decoding, a length the positional encoding cannot reach (the decoder's first
         position holds the start token)."""
@@ -433,12 +419,27 @@ def _source_mask(inputs: torch.Tensor | None, kwargs: dict, pad_token_id: int | 
     return mask if mask is not None and mask.dim() == 2 and mask.shape[1] > 0 else None  # empty: the model says
 
 
-def _source_lengths(mask: torch.Tensor) -> tuple[torch.Tensor, int]:
+def _source_lengths(
+    mask: torch.Tensor, input_ids: torch.Tensor | None = None, vocabulary: int | None = None
+) -> tuple[torch.Tensor, int]:
     """Each source's length (B,) and the shortest one's. A source padded on the left would put its first token
     at a later position (§3.5's positions count from each row's first column, as MarianMT's do) and translate
-    differently: refused. One host-device synchronisation."""
+    differently: refused; so are ``input_ids`` outside a ``vocabulary`` of that many ids (another model's
+    tokenizer: an IndexError inside the embedding, a device-side assert on a GPU). One host-device
+    synchronisation for all of it."""
     lengths = mask.sum(dim=-1)
-    shortest, left_padded = torch.stack([lengths.min(), ((mask[:, 0] == 0) & (lengths > 0)).sum()]).tolist()
+    checks = [lengths.min(), ((mask[:, 0] == 0) & (lengths > 0)).sum()]
+    check_ids = torch.is_tensor(input_ids) and not input_ids.is_floating_point() and vocabulary is not None
+    if check_ids:
+        outside = (input_ids < 0) | (input_ids >= vocabulary)
+        checks.append(outside.sum())
+    shortest, left_padded, *unknown = torch.stack([check.to(checks[0].dtype) for check in checks]).tolist()
+    if unknown and unknown[0]:
+        raise ValueError(
+            f"The source holds token id {int(input_ids[outside][0])}, outside this model's vocabulary of "
+            f"{vocabulary} tokens: it was tokenized by another model's tokenizer. Load the tokenizer saved with the "
+            "model (AutoTokenizer.from_pretrained on the same folder or repo)."
+        )
     if left_padded:
         raise ValueError(
             f"{left_padded} source(s) are padded on the left (attention_mask starts with 0): the encoder's "
