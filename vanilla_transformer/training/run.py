@@ -43,6 +43,7 @@ from transformers import (
     DataCollatorForSeq2Seq,
     GenerationConfig,
     TrainerCallback,
+    TrainerState,
     set_seed,
 )
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
@@ -264,7 +265,7 @@ def _train_evaluate_predict(
 
 def updates_in(checkpoint: Path) -> int:
     """The updates a checkpoint was saved after (its trainer state's global_step)."""
-    return json.loads((Path(checkpoint) / TRAINER_STATE_NAME).read_text(encoding="utf-8"))["global_step"]
+    return TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_NAME)).global_step
 
 
 def build_trainer(model_args, data_args, training_args) -> Run:
