@@ -215,7 +215,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         default="inductor",
         choices=("inductor", "aot_eager", "eager"),
         help="with --levers: torch.compile's backend in the compiled rows but CUDA graphs' (inductor, as train.py; "
-        "aot_eager traces the same graphs without generating code: their counts and losses in seconds on a CPU)",
+        "aot_eager traces the same graphs without generating code, eager only captures them: their counts and "
+        "losses in seconds on a CPU)",
     )
     parser.add_argument(
         "--recipe", action="store_true", help="only train the Multi30k recipe, plain and with each --recipe-variants"
