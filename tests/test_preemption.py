@@ -510,12 +510,14 @@ def test_a_sigterm_to_the_process_group_ends_forked_workers_without_last_words_o
 
 CTRL_C_IN_THE_TOKENIZATION = textwrap.dedent("""
     import os, runpy, signal, sys, time
+    import multiprocess
     from vanilla_transformer.training import data
 
-    data.ROWS_PER_WORKER = 1  # every map forks its workers
+    data.ROWS_PER_WORKER = 1  # every map starts its workers
     tokenize = data._TokenizePairs.__call__
 
     def pressed_in_a_worker(self, batch):  # the terminal's Ctrl-C reaches every process of the job
+        tokenized = tokenize(self, batch)
         marker = __file__ + ".pressed"
         try:
             os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
@@ -523,19 +525,24 @@ CTRL_C_IN_THE_TOKENIZATION = textwrap.dedent("""
         except FileExistsError:
             pass
         time.sleep(20)  # still at work when the main process stops
-        return tokenize(self, batch)
+        return tokenized
 
     data._TokenizePairs.__call__ = pressed_in_a_worker
-    sys.argv = sys.argv[1:]
-    runpy.run_path(sys.argv[0], run_name="__main__")
+    if __name__ == "__main__":
+        multiprocess.set_start_method(os.environ["START_METHOD"], force=True)
+        multiprocess.set_forkserver_preload(["ctrl_c_driver"])  # the forkserver's workers are patched too
+        sys.argv = sys.argv[1:]
+        runpy.run_path(sys.argv[0], run_name="__main__")
 """)
 
 
-def test_a_ctrl_c_in_the_tokenizations_workers_ends_the_run_in_one_line(data_dir, tmp_path):
-    """--preprocessing_num_workers forks workers that the terminal's Ctrl-C reaches too: each printed a
+@pytest.mark.parametrize("start_method", ["fork", "forkserver"])
+def test_a_ctrl_c_in_the_tokenizations_workers_ends_the_run_in_one_line(data_dir, tmp_path, start_method):
+    """--preprocessing_num_workers starts workers that the terminal's Ctrl-C reaches too: each printed a
     KeyboardInterrupt traceback, and datasets, waiting for their results, replaced the main process's with a
-    TimeoutError (exit status 1, a traceback). Now the workers leave it to the main process: one line, 130."""
-    driver = tmp_path / "driver.py"
+    TimeoutError (exit status 1, a traceback). Now the workers leave it to the main process: one line, 130.
+    Forked workers inherit the main process's handler; a forkserver's (Python 3.14's default on Linux) do not."""
+    driver = tmp_path / "ctrl_c_driver.py"
     driver.write_text(CTRL_C_IN_THE_TOKENIZATION)
     output, own_data = tmp_path / "run", tmp_path / "data"  # data no other test tokenized: none in the cache
     own_data.mkdir()
@@ -545,7 +552,13 @@ def test_a_ctrl_c_in_the_tokenizations_workers_ends_the_run_in_one_line(data_dir
     done = subprocess.run(
         [sys.executable, str(driver), str(REPO / "training/train.py"), *run_argv(data_dir, output)]
         + ["--preprocessing_num_workers", "2"],
-        env={**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join([str(REPO), str(tmp_path)]),
+            "HF_HUB_OFFLINE": "1",
+            "OMP_NUM_THREADS": "1",
+            "START_METHOD": start_method,
+        },
         capture_output=True,
         text=True,
         start_new_session=True,  # its own process group, as a terminal's job

@@ -503,7 +503,8 @@ def ctrl_c_stops_the_run():
     """While the block runs, Ctrl-C (SIGINT, which a terminal sends to every process of the job) raises
     KeyboardInterrupt in this process only. Processes forked meanwhile (the tokenization's workers) ignore it:
     each printed its own traceback; their pool stops them (SIGTERM, see `sigterm_ends_the_run`) as the exception
-    unwinds. A SIGINT ignored when the block starts (a job started in the background) stays ignored."""
+    unwinds. Workers started otherwise (forkserver, spawn) ignore it by `data.leave_ctrl_c_to_the_main_process`.
+    A SIGINT ignored when the block starts (a job started in the background) stays ignored."""
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         yield
         return

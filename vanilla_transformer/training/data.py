@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import signal
 import stat
 import zlib
 from collections.abc import Iterator
@@ -277,6 +278,18 @@ def default_key(language: str, keys) -> str:
     return f"translation.{language}" if "translation" in keys else language
 
 
+def leave_ctrl_c_to_the_main_process() -> None:
+    """Called by each function `Dataset.map` runs: in a worker process (num_proc), Ctrl-C is ignored from then on.
+    A terminal's Ctrl-C reaches every process of the job; the main process stops the run and with it the pool
+    (`checkpointing.ctrl_c_stops_the_run`), and each worker printed a KeyboardInterrupt traceback. Forked workers
+    inherit that function's handler; those a forkserver starts (Python 3.14's default on Linux) or spawn (macOS's)
+    do not. datasets' workers are `multiprocess`'s."""
+    import multiprocess
+
+    if multiprocess.parent_process() is not None and signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 class _SelectPair:
     """Batched map: a Hub dataset's record -> (source, target) strings, by key (dotted for nesting)."""
 
@@ -284,6 +297,7 @@ class _SelectPair:
         self.source_key, self.target_key, self.where = source_key, target_key, where
 
     def __call__(self, batch: dict, indices: list[int]) -> dict:
+        leave_ctrl_c_to_the_main_process()
         rows = [dict(zip(batch, values)) for values in zip(*batch.values())]
         return {
             "source": [json_field(r, self.source_key, f"{self.where}, row {i}") for r, i in zip(rows, indices)],
@@ -355,6 +369,7 @@ class _TokenizePairs:
         self.tokenizer = tokenizer
 
     def __call__(self, batch: dict) -> dict:
+        leave_ctrl_c_to_the_main_process()
         encoded = self.tokenizer(batch["source"], text_target=batch["target"], truncation=False)
         sources, targets = encoded["input_ids"], encoded["labels"]
         return {
