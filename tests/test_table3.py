@@ -6,7 +6,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
+import shutil
+import signal
+import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -169,7 +175,17 @@ def test_a_bad_row_name_exits_2_naming_the_valid_ones(capsys):
     assert all(name in error for name in PAPER_TABLE) and "groups A, B, C, D, E" in error
 
 
-@pytest.mark.parametrize("flag", ["--max_train_minutes", "--do_predict", "--ema_decay", "--test_source_file"])
+@pytest.mark.parametrize(
+    "flag",
+    [
+        "--max_train_minutes",
+        "--do_predict",
+        "--ema_decay",
+        "--test_source_file",
+        "--predict_with_generate",  # false: every row trained, then no BLEU to score it by ('eval_bleu')
+        "--prediction_loss_only",
+    ],
+)
 def test_flags_that_would_change_what_table3_compares_are_refused(flag, capsys):
     with pytest.raises(SystemExit) as exit:
         cli.main(["table3", "--max-steps", "2", flag, "1"])
@@ -388,6 +404,7 @@ def test_a_folder_trained_with_other_flags_is_refused_before_anything_runs(table
     error = capsys.readouterr().err.strip()
     assert exit.value.code == 2 and len(error.splitlines()) == 1
     assert f"{table / 'base' / 'seed-42'} holds row base (seed 42) trained with other flags" in error
+    assert "--max_steps 2, now 3" in error  # what changed, not the whole list of flags
 
 
 def test_the_same_output_dir_spelled_relative_finds_its_finished_rows(table, monkeypatch):
@@ -500,3 +517,137 @@ def test_rates_above_one_half_at_the_papers_ratio_are_named():
         for row in ("base", "D4")
     ]
     assert table3.rates_above_half(jobs) == [] and not any("above 0.5" in n for n in table3.notes_for("m", jobs, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# What the flags only name: the data files and the shared tokenizer
+# ---------------------------------------------------------------------------------------------
+
+
+def test_changed_data_or_tokenizer_settings_are_refused_and_a_refused_command_writes_nothing(tmp_path, monkeypatch):
+    """A row's flags name its data files, not their content: a finished row was taken as finished after its
+    target file was replaced (a row then compared with a base trained on other data), and a row deleted to be
+    trained again with another --tokenizer_vocab_size loaded the OUTPUT/tokenizer of the old one (the table
+    saying the new size)."""
+    data = tmp_path / "data"
+    write_pairs(data, "train", reverse_pairs(120, seed=1))
+    write_pairs(data, "valid", reverse_pairs(4, seed=2))
+    output = tmp_path / "table"
+    command = table3_command(data, output)
+    command[command.index("--rows") + 1] = "base"
+    cli.main(command)
+    recipes = sorted(output.glob("recipe-*.yaml"))
+    monkeypatch.setattr(run, "main", lambda flags: pytest.fail("a row was trained"))
+
+    def refused(command) -> str:
+        with pytest.raises(ValueError) as error:
+            table3.main(command[1:])
+        assert sorted(output.glob("recipe-*.yaml")) == recipes  # nothing written by a refused command
+        return str(error.value)
+
+    (data / "train.tgt").write_text((data / "train.tgt").read_text().upper())  # the same name, other targets
+    error = refused(command)
+    assert "holds row base (seed 42) trained on data changed since" in error
+    assert f"--train_target_file {(data / 'train.tgt').resolve()}" in error and "--train_source_file" not in error
+
+    shutil.rmtree(output / "base")  # as the refusal says; the tokenizer trained on the old data stays
+    error = refused(command)
+    assert f"{output / 'tokenizer'}, the tokenizer every row of this table loads, was trained with other" in error
+    assert "--train_target_file" in error
+
+    write_pairs(data, "train", reverse_pairs(120, seed=1))  # the old data back (a new modification time)
+    command[command.index("--tokenizer_vocab_size") + 1] = "270"
+    error = refused(command[:2] + ["--max-steps", "3"] + command[4:])  # a new recipe file: removed again
+    assert "--tokenizer_vocab_size 280, now 270" in error
+
+
+def test_a_signal_that_stops_a_row_in_this_process_ends_in_one_line_saying_to_rerun_table3(
+    tmp_path, monkeypatch, capsys
+):
+    """train's own advice (--resume_from_checkpoint last) is refused by table3: the last line says what to do."""
+    ran = []
+
+    def stopped(flags):
+        ran.append(flags)
+        raise SystemExit(128 + signal.SIGINT)  # what run.main ends with after a Ctrl-C
+
+    monkeypatch.setattr(run, "main", stopped)
+    jobs = [table3.Job(row, 42, tmp_path / row, ["--output_dir", str(tmp_path / row)], None) for row in ("A1", "B1")]
+    with pytest.raises(SystemExit) as exit:
+        table3.run_jobs(jobs, None)
+    assert exit.value.code == 130 and len(ran) == 1  # the next row does not start
+    error = capsys.readouterr().err.strip().splitlines()
+    assert error[-1].startswith("vanilla-transformer table3: stopped by SIGINT: to continue, run the same table3")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without a GPU")
+def test_devices_without_a_gpu_are_refused_unless_the_rows_run_on_the_cpu(tmp_path, capsys):
+    command = [flag for flag in table3_command(tmp_path, tmp_path / "table") if flag != "--use_cpu"]
+    with pytest.raises(SystemExit) as exit:
+        cli.main([*command, "--devices", "0"])
+    error = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and "--devices 0: no CUDA GPU is visible here" in error
+    assert not (tmp_path / "table").exists()
+    table3.check_devices(["0", "1"], use_cpu=True)  # processes on the CPU (the slow test's)
+
+
+def test_a_rows_gpu_is_counted_among_those_this_process_sees(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")  # a scheduler gave this job the machine's GPUs 2 and 3
+    assert [table3.cuda_visible(device) for device in ("0", "1")] == ["2", "3"]
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert table3.cuda_visible("1") == "1"
+
+
+SIGNALLED_ROW = textwrap.dedent("""
+    import signal, sys, time
+    got = []
+    def stop(number, frame):  # as train's StopOnSignal: finish the update, save, then exit
+        print(f"got {signal.Signals(number).name}", flush=True)
+        got.append(number)
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    print("ready", flush=True)
+    deadline = time.monotonic() + 60
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(0.5)  # saving: a second signal would be seen now
+    sys.exit(128 + got[0])
+""")
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_rows_processes_get_the_signal_once_and_no_row_starts_after(number, tmp_path):
+    """--devices: SIGTERM to table3 ended table3 alone, the rows' processes training on (a rerun then found their
+    folders in use); a terminal's Ctrl-C reached them twice (a second Ctrl-C stops train without saving)."""
+    processes = table3.Processes()
+    logs = [tmp_path / f"row{index}.log" for index in range(2)]
+    started = [
+        processes.start([sys.executable, "-c", SIGNALLED_ROW], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+        for log in logs
+    ]
+    for log in logs:
+        deadline = time.monotonic() + 30
+        while "ready" not in log.read_text() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    assert all(os.getsid(process.pid) == process.pid for process in started)  # sessions of their own
+    processes.stop(number)
+    processes.stop(number)  # a second signal to table3 is not passed on
+    assert [processes.wait(process) for process in started] == [128 + number] * 2
+    assert [log.read_text().splitlines() for log in logs] == [["ready", f"got {signal.Signals(number).name}"]] * 2
+    with pytest.raises(table3.RowsStopped):
+        processes.start([sys.executable, "-c", "pass"])
+
+
+def test_a_failed_rows_error_is_its_own_run_s_error_line_not_a_progress_bar(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text("vanilla-transformer train: error: an older run's error\n")
+    offset = log.stat().st_size
+    with open(log, "a") as file:
+        file.write("loading\nvanilla-transformer train: error: --output_dir x is in use by another run (pid 7)\n")
+        file.write("  18%|█▊        | 27/150 [00:09<00:47,  2.58it/s]\r 19%|█▉        | 28/150")
+    assert table3.row_error(log, offset) == (
+        "vanilla-transformer train: error: --output_dir x is in use by another run (pid 7)"
+    )
+    with open(log, "a") as file:
+        file.write("\nTraceback (most recent call last):\nRuntimeError: CUDA out of memory\n 20%|██ | 29/150")
+    assert table3.row_error(log, log.stat().st_size - 60).endswith("CUDA out of memory")

@@ -31,6 +31,7 @@ BLEU per row, with the seed spread) go to ``OUTPUT``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import hashlib
 import json
@@ -38,6 +39,8 @@ import logging
 import math
 import os
 import queue
+import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -51,7 +54,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-from ..command_line import did_you_mean, with_dashes
+from ..command_line import PROG, did_you_mean, with_dashes
 from . import run
 from .checkpointing import RESUME_HINT, checkpoint_folders
 from .options import (
@@ -242,6 +245,9 @@ OWN_FLAGS = {
     "test_split": "rows are scored on the validation set, never on the test set",
     "resume_from_checkpoint": "a row with checkpoints resumes from the last one by itself",
     "model_name_or_path": "every row is a new model from the recipe's base",
+    "predict_with_generate": "every row is scored by decoding the validation set (BLEU, chrF)",
+    "no_predict_with_generate": "every row is scored by decoding the validation set (BLEU, chrF)",
+    "prediction_loss_only": "every row is scored by decoding the validation set (BLEU, chrF)",
 }
 # Keys of the recipe that the rows leave out or set (the row's own flags come after).
 RECIPE_SETTINGS = {
@@ -251,7 +257,34 @@ RECIPE_SETTINGS = {
     "do_eval": True,
     "do_predict": False,
     "eval_strategy": "no",
+    "predict_with_generate": True,
+    "prediction_loss_only": False,
 }
+# What a row's scores depend on that its flags only name: the data files (their size and modification time,
+# as the data caches key them), and for the shared tokenizer also the flags that choose its training text.
+DATA_FILES = (
+    "train_source_file",
+    "train_target_file",
+    "train_file",
+    "validation_source_file",
+    "validation_target_file",
+    "validation_file",
+)
+TOKENIZER_TEXT = (
+    "dataset_name",
+    "dataset_config_name",
+    "train_split",
+    "train_file",
+    "train_source_file",
+    "train_target_file",
+    "source_column",
+    "target_column",
+    "source_lang",
+    "target_lang",
+    "max_train_samples",
+    "validation_size",
+)
+TOKENIZER_RECORD = "table3_tokenizer.json"  # in OUTPUT/tokenizer: the settings and data it was trained with
 RECIPE_DROPPED = (
     "max_train_minutes",
     "cooldown_minutes",
@@ -274,6 +307,7 @@ class Job:
     folder: Path
     flags: list[str]
     variation: Variation
+    data: dict | None = None  # `data_files`: None where unknown (records of earlier releases)
 
 
 def refuse_own_flags(train_flags: list[str]) -> None:
@@ -281,6 +315,32 @@ def refuse_own_flags(train_flags: list[str]) -> None:
         name = token[2:].split("=", 1)[0].replace("-", "_") if token.startswith("--") else None
         if name in OWN_FLAGS:
             raise ValueError(f"--{name} is set by table3 for every row: {OWN_FLAGS[name]}; leave it out.")
+
+
+def data_files(data_args, names=DATA_FILES) -> dict:
+    """``{flag: [path, bytes, modified (ns)]}`` of each data file the flags name (a missing one: train names it)."""
+    files = {}
+    for name in names:
+        if (path := getattr(data_args, name, None)) and Path(path).is_file():
+            stat = os.stat(path)
+            files[f"--{name}"] = [str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns]
+    return files
+
+
+def _changed_files(saved: dict, now: dict) -> str:
+    """What differs between two `data_files` records, in words."""
+
+    def said(entry) -> str:
+        if entry is None:
+            return "none"
+        modified = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(entry[2] / 1e9))
+        return f"{entry[0]} ({entry[1]:,} bytes, modified {modified})"
+
+    return "; ".join(
+        f"{flag} {said(saved.get(flag))}, now {said(now.get(flag))}"
+        for flag in dict.fromkeys([*saved, *now])
+        if saved.get(flag) != now.get(flag)
+    )
 
 
 def write_recipe(recipe: str, output_dir: Path, max_steps: int) -> Path:
@@ -306,7 +366,8 @@ def plan(
 ) -> list[Job]:
     """Every (row, seed) as a run of ``train``, each checked as ``train`` checks its flags, before any training.
     Every row trains with one tokenizer: --tokenizer_name_or_path, else OUTPUT/tokenizer (`shared_tokenizer`)."""
-    model_args, _, training_args = parse_arguments([str(recipe_file), *train_flags], prog)
+    model_args, data_args, training_args = parse_arguments([str(recipe_file), *train_flags], prog)
+    data = data_files(data_args)
     tokenizer = model_args.tokenizer_name_or_path or str(output_dir / "tokenizer")
     base_config = model_config(model_args.preset, model_args.config_overrides)
     base_overrides = parse_overrides(model_args.config_overrides)
@@ -338,7 +399,7 @@ def plan(
                 raise ValueError(
                     f"row {row} at this recipe's scale ({_describe(change)}): {error} Leave the row out with --rows."
                 ) from None
-            jobs.append(Job(row, seed, folder, flags, change))
+            jobs.append(Job(row, seed, folder, flags, change, data))
     return jobs
 
 
@@ -352,9 +413,45 @@ def _describe(change: Variation) -> str:
     )
 
 
+def tokenizer_record(model_args, data_args, training_args) -> dict:
+    """What the shared tokenizer is trained from: its settings, the flags choosing its text, the files' identity."""
+    settings = run.new_tokenizer_settings(model_args, data_args, training_args)
+    settings.pop("cache_dir")  # where it is kept, not what it is
+    text = {name: getattr(data_args, name) for name in TOKENIZER_TEXT}
+    return {"settings": settings, "text": text, "files": data_files(data_args, TOKENIZER_TEXT)}
+
+
+def check_shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir: Path, prog: str) -> None:
+    """OUTPUT/tokenizer, where present, was trained with these tokenizer settings on this data: rows deleted to
+    train them again with other ones would otherwise load it, and the table would say the new settings."""
+    model_args, data_args, training_args = parse_arguments([str(recipe_file), *train_flags], prog)
+    folder = output_dir / "tokenizer"
+    if model_args.tokenizer_name_or_path or not (folder / TOKENIZER_RECORD).is_file():
+        return  # none trained yet, or one of an earlier release (which recorded nothing)
+    saved, now = read_record(folder / TOKENIZER_RECORD), tokenizer_record(model_args, data_args, training_args)
+    if saved == now:
+        return
+    changes = [
+        f"{'--tokenizer_' + key if key != 'seed' else '--seed'} {saved['settings'].get(key)}, now {value}"
+        for key, value in now["settings"].items()
+        if saved["settings"].get(key) != value
+    ]
+    changes += [
+        f"--{key} {saved['text'].get(key)}, now {value}"
+        for key, value in now["text"].items()
+        if saved["text"].get(key) != value
+    ]
+    if files := _changed_files(saved["files"], now["files"]):
+        changes.append(files)
+    raise ValueError(
+        f"{folder}, the tokenizer every row of this table loads, was trained with other settings or data "
+        f"({'; '.join(changes)}): give another --output-dir, or delete {folder} and the rows trained with it."
+    )
+
+
 def shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir: Path, prog: str) -> None:
     """Without --tokenizer_name_or_path, the tokenizer every row trains with: one joint BPE (§5.1) trained once
-    on the training data with the recipe's settings, in OUTPUT/tokenizer."""
+    on the training data with the recipe's settings, in OUTPUT/tokenizer, with what it was trained from."""
     model_args, data_args, training_args = parse_arguments([str(recipe_file), *train_flags], prog)
     folder = output_dir / "tokenizer"
     if not model_args.tokenizer_name_or_path and not (folder / "tokenizer.json").is_file():
@@ -364,6 +461,7 @@ def shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir: Path
         )
         partial = folder.with_name("tokenizer.partial")
         tokenizer.save_pretrained(partial)
+        write_record(partial / TOKENIZER_RECORD, tokenizer_record(model_args, data_args, training_args))
         partial.replace(folder)  # complete or absent: a later run never trains rows with half a tokenizer
 
 
@@ -398,10 +496,44 @@ def finished(job: Job) -> dict | None:
         if not same_flags(record.get("flags", []), job.flags):
             raise ValueError(
                 f"{job.folder} holds row {job.row} (seed {job.seed}) trained with other flags than these "
-                f"({' '.join(record.get('flags', []))}); give another --output-dir, or delete the folder "
+                f"({_changed_flags(record.get('flags', []), job.flags)}); give another --output-dir, or delete the "
+                "folder to train it again."
+            )
+        if record.get("data") is not None and job.data is not None and record["data"] != job.data:
+            raise ValueError(
+                f"{job.folder} holds row {job.row} (seed {job.seed}) trained on data changed since "
+                f"({_changed_files(record['data'], job.data)}); give another --output-dir, or delete the folder "
                 "to train it again."
             )
     return saved.get(RESULT_FILE)
+
+
+def _flag_values(flags: list[str]) -> dict[str, str | None]:
+    """``{flag: value}`` of a row's flags (the recipe file first, as RECIPE)."""
+    values, index = {}, 0
+    if flags and not flags[0].startswith("--"):
+        values["RECIPE"], index = flags[0], 1
+    while index < len(flags):
+        name = flags[index]
+        value = flags[index + 1] if index + 1 < len(flags) and not flags[index + 1].startswith("--") else None
+        values[name] = value
+        index += 2 if value is not None else 1
+    return values
+
+
+def _changed_flags(saved: list[str], flags: list[str]) -> str:
+    """What differs between two rows' flags, in words: each flag's value then and now."""
+    before, now = _flag_values(saved), _flag_values(flags)
+
+    def same(a, b) -> bool:
+        return a == b or (a is not None and b is not None and Path(a).resolve() == Path(b).resolve())
+
+    changes = []
+    for name in dict.fromkeys([*before, *now]):
+        if not same(before.get(name), now.get(name)):
+            what = "the recipe" if name == "RECIPE" else name
+            changes.append(f"{what} {before.get(name, '(not given)')}, now {now.get(name, '(not given)')}")
+    return "; ".join(changes) or " ".join(saved)
 
 
 def same_flags(saved: list[str], flags: list[str]) -> bool:
@@ -411,11 +543,103 @@ def same_flags(saved: list[str], flags: list[str]) -> bool:
     )
 
 
-def run_job(job: Job, device: str | None) -> dict:
-    """Train and score one row (resuming from its last checkpoint when it has one); its result, also saved."""
+def check_devices(devices: list[str], use_cpu: bool) -> None:
+    """--devices are numbers of GPUs this process sees; without a GPU, only with --use_cpu (rows as processes on
+    the CPU), which trains them on the CPU and says so."""
+    if use_cpu:
+        return
+    if not torch.cuda.is_available():
+        raise ValueError(
+            f"--devices {','.join(devices)}: no CUDA GPU is visible here; leave --devices out to train the rows one "
+            "after another in this process."
+        )
+    count = torch.cuda.device_count()
+    if wrong := [device for device in devices if not device.isdigit() or int(device) >= count]:
+        raise ValueError(
+            f"--devices {','.join(devices)}: {', '.join(wrong)} is not a GPU here; this process sees {count} "
+            f"(0-{count - 1}{', of CUDA_VISIBLE_DEVICES' if os.environ.get('CUDA_VISIBLE_DEVICES') else ''})."
+        )
+
+
+def cuda_visible(device: str) -> str:
+    """The CUDA_VISIBLE_DEVICES of a row's process on GPU ``device`` of those this process sees: where this
+    process has a CUDA_VISIBLE_DEVICES (a scheduler's), GPU 0 is its first entry, not the machine's GPU 0."""
+    visible = [entry.strip() for entry in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if entry.strip()]
+    return visible[int(device)] if visible and device.isdigit() and int(device) < len(visible) else device
+
+
+def device_name(device: str) -> str:
+    return f"GPU {device}" if torch.cuda.is_available() else "the CPU, in a process of its own"
+
+
+class Processes:
+    """The rows' processes (--devices). Each runs in a session of its own, so that a terminal's Ctrl-C or a
+    scheduler's SIGTERM reaches it once, from here: it saves a checkpoint and stops, and no row starts after."""
+
+    def __init__(self):
+        self.running, self.lock, self.stopped_by = set(), threading.Lock(), None
+
+    def start(self, command: list[str], **kwargs) -> subprocess.Popen:
+        with self.lock:
+            if self.stopped_by is not None:
+                raise RowsStopped(self.stopped_by)
+            process = subprocess.Popen(command, start_new_session=True, **kwargs)
+            self.running.add(process)
+        return process
+
+    def wait(self, process: subprocess.Popen) -> int:
+        code = process.wait()
+        with self.lock:
+            self.running.discard(process)
+        return code
+
+    def stop(self, number: int, frame=None) -> None:  # a signal handler: pass the signal on, once
+        with self.lock:
+            if self.stopped_by is not None:
+                return
+            self.stopped_by = number
+            for process in self.running:
+                process.send_signal(number)
+
+    @contextlib.contextmanager
+    def passing_signals_on(self):
+        previous = {number: signal.signal(number, self.stop) for number in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield self
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
+
+
+class RowsStopped(Exception):
+    """A signal stopped the rows (--devices): each running row saved a checkpoint, no other started."""
+
+    def __init__(self, number: int):
+        self.number = number
+        super().__init__(f"stopped by {signal.Signals(number).name}")
+
+
+def row_error(log: Path, offset: int) -> str:
+    """The line of a row's log that says why its process failed: train's one-line error, else the last line of
+    what this run wrote (not a progress bar's, which ends in carriage returns)."""
+    with open(log, "rb") as file:
+        file.seek(offset)
+        text = file.read().decode("utf-8", errors="replace")
+    lines = [line.strip() for line in text.replace("\r", "\n").splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith(f"{PROG} train: error:")]
+    plain = [line for line in lines if not PROGRESS_BAR.search(line)]
+    return (errors or plain or lines or [""])[-1]
+
+
+PROGRESS_BAR = re.compile(r"\d+%\|")  # tqdm's "27%|██▊   | 27/100 [...]"
+
+
+def run_job(job: Job, device: str | None, processes: Processes | None = None) -> dict:
+    """Train and score one row (resuming from its last checkpoint when it has one); its result, also saved.
+    With a device, in a process of its own that sees only that GPU (``processes`` holds it)."""
     flags = job.flags + (RESUME_HINT.split() if checkpoint_folders(job.folder) else [])
     job.folder.mkdir(parents=True, exist_ok=True)
-    write_record(job.folder / FLAGS_FILE, {"flags": job.flags})
+    write_record(job.folder / FLAGS_FILE, {"flags": job.flags, "data": job.data})
     start = time.monotonic()
     if device is None:
         try:
@@ -425,23 +649,28 @@ def run_job(job: Job, device: str | None) -> dict:
             if torch.cuda.is_available():
                 torch.cuda.empty_cache()
     else:
-        environment = {**os.environ, "CUDA_VISIBLE_DEVICES": device}
+        processes = processes or Processes()
+        environment = {**os.environ, "CUDA_VISIBLE_DEVICES": cuda_visible(device)}
         with open(job.folder / LOG_FILE, "a", encoding="utf-8") as log:
-            done = subprocess.run(
+            offset = log.tell()
+            process = processes.start(
                 [sys.executable, "-m", "vanilla_transformer.cli", "train", *flags],
                 env=environment,
                 stdout=log,
                 stderr=subprocess.STDOUT,
             )
-        if done.returncode:
-            lines = (job.folder / LOG_FILE).read_text(encoding="utf-8", errors="replace").strip().splitlines()
+            code = processes.wait(process)
+        if code and processes.stopped_by is not None:
+            raise RowsStopped(processes.stopped_by)
+        if code:
             raise RuntimeError(
-                f"exit status {done.returncode}: {lines[-1] if lines else ''} (see {job.folder / LOG_FILE})"
+                f"exit status {code}: {row_error(job.folder / LOG_FILE, offset)} (see {job.folder / LOG_FILE})"
             )
     result = {
         "row": job.row,
         "seed": job.seed,
         "flags": job.flags,
+        "data": job.data,
         "wall_seconds": time.monotonic() - start,
         **trained_run(job.folder),
     }
@@ -451,7 +680,8 @@ def run_job(job: Job, device: str | None) -> dict:
 
 def run_jobs(jobs: list[Job], devices: list[str] | None, report=print) -> tuple[dict, dict]:
     """Every job not finished before: ``({(row, seed): result}, {(row, seed): error})``; a failure stops only
-    its job."""
+    its job. A Ctrl-C or SIGTERM stops them all (`Processes`; in this process, train's `StopOnSignal`) and ends
+    in one line saying how to continue."""
     results, failures, to_run = {}, {}, []
     for job in jobs:
         if (result := finished(job)) is not None:
@@ -462,13 +692,20 @@ def run_jobs(jobs: list[Job], devices: list[str] | None, report=print) -> tuple[
     free = queue.Queue()
     for device in devices or [None]:
         free.put(device)
-    lock = threading.Lock()
+    lock, processes = threading.Lock(), Processes()
 
     def one(job: Job) -> None:
         device = free.get()
-        report(f"{job.row} seed {job.seed}: training in {job.folder}" + (f" on GPU {device}" if device else ""))
         try:
-            result = run_job(job, device)
+            if processes.stopped_by is not None:
+                return
+            report(
+                f"{job.row} seed {job.seed}: training in {job.folder}"
+                + (f" on {device_name(device)}" if device else "")
+            )
+            result = run_job(job, device, processes)
+        except RowsStopped:
+            return
         except Exception as error:  # noqa: BLE001 - any failure of one row is reported, the others go on
             with lock:
                 failures[job.row, job.seed] = f"{type(error).__name__}: {error}"
@@ -483,12 +720,28 @@ def run_jobs(jobs: list[Job], devices: list[str] | None, report=print) -> tuple[
         finally:
             free.put(device)
 
+    stopped = None
     if devices:
-        with ThreadPoolExecutor(len(devices)) as pool:
+        with processes.passing_signals_on(), ThreadPoolExecutor(len(devices)) as pool:
             list(pool.map(one, to_run))
+        stopped = processes.stopped_by
     else:
         for job in to_run:
-            one(job)
+            try:
+                one(job)
+            except SystemExit as exit:  # train stopped by a signal, after saving what it could, and said so
+                if exit.code not in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+                    raise
+                stopped = exit.code - 128
+                break
+    if stopped is not None:
+        print(
+            f"{PROG} table3: stopped by {signal.Signals(stopped).name}: to continue, run the same table3 command "
+            "again (finished rows are kept, a row with a checkpoint resumes from it), without "
+            "--resume_from_checkpoint or --model_name_or_path, which table3 sets itself.",
+            file=sys.stderr,
+        )
+        raise SystemExit(128 + stopped)
     return results, failures
 
 
@@ -867,10 +1120,23 @@ class SharedTokenizerUnsaid(logging.Filter):
 
 def _compare(recipe, args, train_flags, rows, devices, output_dir: Path, prog: str) -> dict:
     """`main` once its own flags are read: plan and check every row, train what is not finished, summarize."""
+    new_folder = not output_dir.exists()
+    written_before = set(output_dir.glob("recipe-*.yaml"))
     recipe_file = write_recipe(recipe, output_dir, args.max_steps)
-    jobs = plan(recipe_file, train_flags, rows, args.seeds, output_dir, prog)  # every row checked first
-    for job in jobs:
-        finished(job)  # a folder of another table is refused before anything runs
+    new_recipe = recipe_file not in written_before
+    try:
+        jobs = plan(recipe_file, train_flags, rows, args.seeds, output_dir, prog)  # every row checked first
+        for job in jobs:
+            finished(job)  # a folder of another table is refused before anything runs
+        check_shared_tokenizer(recipe_file, train_flags, output_dir, prog)
+        if devices:
+            check_devices(devices, parse_arguments([str(recipe_file), *train_flags], prog)[2].use_cpu)
+    except ValueError:  # refused: nothing written
+        if new_recipe:
+            recipe_file.unlink(missing_ok=True)
+        if new_folder and output_dir.is_dir() and not any(output_dir.iterdir()):
+            output_dir.rmdir()
+        raise
     if repeats := repeats_of_the_base(jobs):
         print(f"rows {', '.join(repeats)} change nothing at this base: they train the base again", file=sys.stderr)
     if high := rates_above_half(jobs):
