@@ -13,6 +13,8 @@ Each piece works on its own in a script of yours, on `Seq2SeqTrainer`'s terms:
 - `trainer`: `TransformerTrainer`: token batches, per-token label smoothing over the accumulated batch
   (§5.4), eq. (3) as the learning-rate schedule (§5.3).
 - `averaging`: `average_checkpoints` (§6.1).
+- `checkpointing`: checkpoints written whole or not at all; a signal stops training after saving one, with
+  `TrainingInterrupted`.
 - `divergence`: a non-finite loss or gradient stops training with `TrainingDiverged`, saving nothing of it;
   `caches`: damaged Arrow and tokenizer caches are rebuilt, with a warning naming them.
 - `moving_average`: `ExponentialMovingAverage`, a moving average of the weights at every update
@@ -41,6 +43,7 @@ require_extra("train", ("datasets", "accelerate", "sacrebleu"), "vanilla_transfo
 from .arguments import TransformerTrainingArguments
 from .averaging import average_checkpoints
 from .batching import LengthSortedSampler, PadToBucket, TokenBatchSampler
+from .checkpointing import TrainingInterrupted
 from .data import (
     drop_unusable,
     example_lengths,
@@ -64,6 +67,7 @@ __all__ = [
     "PadToBucket",
     "TokenBatchSampler",
     "TrainingDiverged",
+    "TrainingInterrupted",
     "TransformerTrainer",
     "TransformerTrainingArguments",
     "TranslationMetrics",

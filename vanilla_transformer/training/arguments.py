@@ -529,7 +529,10 @@ def refuse_processes_left_alone(training_args) -> None:
         if torch.cuda.is_available():
             why = "torch.distributed was not set up: check the launcher's flags"
         else:
-            why = "no GPU is visible: on the CPU, add --use_cpu true (and accelerate launch --cpu)"
+            why = (
+                "no GPU is visible: on the CPU, add --use_cpu true to train's flags, not --cpu to accelerate launch "
+                "(which starts one process)"
+            )
         raise ValueError(
             f"this process was started as one of {launched} (WORLD_SIZE={launched}, by accelerate launch or "
             f"torchrun) but would train alone, as {why}."

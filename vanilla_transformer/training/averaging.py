@@ -92,11 +92,21 @@ def last_checkpoints(root: str | Path, last: int) -> list[Path]:
     found = complete_checkpoints(root)
     if last > len(found):
         skipped = len(checkpoint_folders(root)) - len(found)
+        if not found and CHECKPOINT_NAME.fullmatch(root.name):  # a checkpoint given instead of its run
+            fix = (
+                f"{root} is itself a checkpoint: give its run folder, --checkpoint-root {root.parent}, or average "
+                "chosen checkpoints with --inputs."
+            )
+        elif not found and skipped:
+            fix = "None of them can be averaged; give complete checkpoints with --inputs."
+        elif not found:
+            fix = "Point --checkpoint-root at the Trainer's output_dir, the folder that holds them."
+        else:
+            fix = f"Pass --last {len(found)} or fewer, or point --checkpoint-root at the Trainer's output_dir."
         raise ValueError(
             f"--last {last} asks for more checkpoints than {root} holds: it has {len(found)} "
             f"checkpoint-<step> folder(s){' (' + ', '.join(p.name for p in found) + ')' if found else ''}"
-            f"{f' and {skipped} incomplete one(s), see the log' if skipped else ''}. "
-            f"Pass --last {len(found)} or fewer, or point --checkpoint-root at the Trainer's output_dir."
+            f"{f' and {skipped} incomplete one(s), see the log' if skipped else ''}. {fix}"
         )
     return found[len(found) - last :]
 

@@ -318,7 +318,14 @@ def hub_dataset(
     """A Hub dataset split with columns source, target (downloaded by `datasets`, only when asked for)."""
     from datasets import load_dataset
 
-    dataset = load_dataset(name, config, split=split, cache_dir=cache_dir)
+    try:
+        dataset = load_dataset(name, config, split=split, cache_dir=cache_dir)
+    except ConnectionError as error:  # offline (HF_HUB_OFFLINE=1) or the Hub unreachable, and not in the cache
+        raise ConnectionError(
+            f"--dataset_name {name}: {error}. Connect to the Hub (with HF_HUB_OFFLINE unset), or train on local "
+            "files: --dataset_name none with --train_source_file/--train_target_file (or --train_file), and "
+            "likewise --validation_* and --test_*."
+        ) from error
     source_key = source_key or default_key(languages[0], dataset.column_names)
     target_key = target_key or default_key(languages[1], dataset.column_names)
     where = f"dataset {name!r} split {split!r}"

@@ -3,9 +3,10 @@
 `load_translation_metric()` is ``evaluate.load`` on the metric module shipped with the package
 (`bleu_chrf.py`: sacreBLEU + chrF with signatures); `score` calls it on two lists of strings;
 `TranslationMetrics` is a ``compute_metrics`` for `Seq2SeqTrainer` that decodes the predictions
-and reports BLEU, chrF, the mean generation length (non-pad tokens, as transformers' example
-scripts count it) and the share of hypotheses cut off by the length limit. train.py, translate.py,
-the benchmarks and the README's own-script example all score through it.
+and reports BLEU, chrF, the mean generation length (the non-pad tokens after the decoder's start
+token, ``</s>`` included, as transformers' example scripts count MarianMT's) and the share of
+hypotheses cut off by the length limit. train.py, translate.py, the benchmarks and the README's
+own-script example all score through it.
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ class TranslationMetrics:
         )
         result = score(hypotheses, references, **self.options)
         self.signatures = {kind: result.pop(f"{kind}_signature") for kind in ("bleu", "chrf")}
-        # Generated tokens per sentence, counted as run_translation.py does: everything but padding.
-        result["gen_len"] = float(np.mean(np.count_nonzero(predictions != pad, axis=1)))
+        # Generated tokens per sentence, </s> included, as run_translation.py counts them (every non-pad token),
+        # but after the decoder's start token: ours is <s>, MarianMT's is <pad>, which that count leaves out.
+        result["gen_len"] = float(np.mean(np.count_nonzero(predictions[:, 1:] != pad, axis=1)))
         # Hypotheses without </s> after the decoder's start token: cut off by the length limit (loops).
         ended = (predictions[:, 1:] == self.tokenizer.eos_token_id).any(axis=1)
         result["unfinished_percent"] = 100 * float(np.mean(~ended))

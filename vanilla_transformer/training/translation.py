@@ -96,6 +96,7 @@ def translate(
     lines_of: str | None = None,
     pad_to_multiple_of: int | None = None,
     flags: Mapping[str, str] | None = None,
+    counts: dict | None = None,
     **generate_kwargs,
 ) -> list[str]:
     """Translate ``sentences`` in batches of similar length; returns hypotheses in input order.
@@ -113,6 +114,9 @@ def translate(
             limit is each sentence's own).
         flags: the command line's flags for ``long_inputs`` and ``max_new_tokens``, for the messages that say how
             to change them (``{"max_new_tokens": "--max-new-tokens"}``); without, they name these arguments.
+        counts: a dict to fill in with what happened: ``decoded`` (the inputs decoded: not blank, not skipped),
+            ``unfinished`` (those of them cut off by the length limit, without ``</s>``), ``skipped`` and
+            ``truncated`` (inputs longer than the model accepts).
         generate_kwargs: passed to ``model.generate`` (e.g. ``num_beams=1``).
     """
     flags = {"long_inputs": 'long_inputs="skip" or "truncate"', "max_new_tokens": "max_new_tokens", **(flags or {})}
@@ -177,6 +181,13 @@ def translate(
     bar.close()
     if unfinished:
         _warn_unfinished(sorted(unfinished), len(order), lines_of, flags["max_new_tokens"])
+    if counts is not None:
+        counts.update(
+            decoded=len(order),
+            unfinished=len(unfinished),
+            skipped=len(too_long) if long_inputs == "skip" else 0,
+            truncated=len(too_long) if long_inputs == "truncate" else 0,
+        )
     return hypotheses
 
 
@@ -386,6 +397,7 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
         generate_kwargs["cache_implementation"] = "static"
     long_inputs = "skip" if args.skip_long else "truncate" if args.truncate else "error"
     started = time.perf_counter()
+    counts = {}
     hypotheses = translate(
         model,
         tokenizer,
@@ -396,6 +408,7 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
         lines_of=f"--input {args.input}",
         pad_to_multiple_of=STATIC_CACHE_MULTIPLE if args.static_cache else None,
         flags={"long_inputs": "--skip-long or --truncate", "max_new_tokens": "--max-new-tokens"},
+        counts=counts,
         **generate_kwargs,
     )
     seconds = time.perf_counter() - started
@@ -408,6 +421,10 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
     else:
         Path(args.output).write_text(text, encoding="utf-8")
     result = {"sentences": len(sources), "seconds": seconds, "sentences_per_second": len(sources) / max(seconds, 1e-9)}
+    if counts:  # as translate() filled it in
+        # of the lines decoded (not blank, not skipped), the share cut off by the length limit: 0 for a trained model
+        result["unfinished_percent"] = 100 * counts["unfinished"] / max(counts["decoded"], 1)
+        result["skipped_long"], result["truncated_long"] = counts["skipped"], counts["truncated"]
     if references is not None:
         result.update(score(hypotheses, references, tokenize=args.sacrebleu_tokenize))
         print(f"BLEU {result['bleu']:.2f}  ({result['bleu_signature']})", file=sys.stderr)
