@@ -225,3 +225,33 @@ def test_every_name_the_docs_import_from_the_training_package_is_there():
     assert "TrainingInterrupted" in named
     assert all(name in training.__all__ and hasattr(training, name) for name in named), named - set(training.__all__)
     assert training.TrainingInterrupted is TrainingInterrupted
+
+
+# ---------------------------------------------------------------------------------------------
+# A tokenizer that does not match the model, from the command line: the flags, not Python calls
+# ---------------------------------------------------------------------------------------------
+
+
+def option_strings(parser) -> set[str]:
+    return {option for action in parser._actions for option in action.option_strings}
+
+
+def test_a_tokenizer_bigger_than_the_model_is_refused_naming_the_flags(model_dir, tmp_path):
+    from vanilla_transformer.training import run
+    from vanilla_transformer.training.options import build_parser
+
+    bigger = vanilla_transformer.train_tokenizer(iter([f"w{i} v{i}" for i in range(400)] + SENTENCES), vocab_size=600)
+    bigger.save_pretrained(tmp_path / "bigger")
+    source = tmp_path / "in.txt"
+    source.write_text("short\n")
+    argv = ["--model", str(model_dir), "--tokenizer", str(tmp_path / "bigger"), "--input", str(source)]
+    with pytest.raises(ValueError, match="more than the model's vocab_size") as refused:
+        translate.main([*argv, "--output", str(tmp_path / "o")])
+    said = str(refused.value)
+    assert "--tokenizer" in said and f"--model {model_dir}" in said and "from_pretrained" not in said
+    assert {"--tokenizer", "--model"} <= option_strings(translate.build_parser())
+    with pytest.raises(ValueError, match="more than the model's vocab_size") as refused:
+        run.prepare_model(bigger, checkpoint=str(model_dir))
+    said = str(refused.value)
+    assert "--tokenizer_name_or_path" in said and "from_pretrained" not in said
+    assert {"--tokenizer_name_or_path", "--model_name_or_path"} <= option_strings(build_parser())

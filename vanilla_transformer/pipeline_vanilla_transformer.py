@@ -51,7 +51,15 @@ CUSTOM_PIPELINES = {
 SPECIAL_TOKEN_IDS = ("pad_token_id", "eos_token_id", "bos_token_id")
 
 
-def check_tokenizer_matches_model(tokenizer, config, warn: bool = True) -> None:
+# What `check_tokenizer_matches_model` tells a Python caller to do; a command line names its flags instead.
+LOAD_THE_MODELS_TOKENIZER = (
+    "Load the tokenizer saved with the model (AutoTokenizer.from_pretrained on the same folder or repo). If you "
+    "trained the model yourself, build its config from the tokenizer: vocab_size=len(tokenizer) and pad/eos/bos ids "
+    "(and decoder_start_token_id) from tokenizer.pad_token_id, eos_token_id and bos_token_id."
+)
+
+
+def check_tokenizer_matches_model(tokenizer, config, warn: bool = True, fix: str = LOAD_THE_MODELS_TOKENIZER) -> None:
     """Raise ``ValueError`` when ``tokenizer`` cannot be the one ``config``'s model was trained with.
 
     Checked: the ids of ``<pad>``, ``</s>`` and ``<s>`` (where both sides define one), and that every
@@ -61,7 +69,8 @@ def check_tokenizer_matches_model(tokenizer, config, warn: bool = True) -> None:
     A tokenizer with fewer tokens than the model's target vocabulary is warned about, not refused (a
     vocabulary padded to a multiple of 8 is legitimate): the ids it lacks decode to nothing, so a word
     the model emits there would vanish from the text without a trace. ``warn=False``: not warned (a caller
-    that checked the pair once already).
+    that checked the pair once already). ``fix``: what the error says to do, in the caller's terms (a command
+    line's flags); by default the Python calls.
     """
     target_size = getattr(config, "decoder_vocab_size", None) or config.vocab_size
     # a tokenizer of separate vocabularies (MarianTokenizer's separate_vocabs) counts its source side in len()
@@ -84,12 +93,7 @@ def check_tokenizer_matches_model(tokenizer, config, warn: bool = True) -> None:
             f"the tokenizer has {len(tokenizer)} tokens, more than the model's vocab_size={config.vocab_size}"
         )
     if problems:
-        raise ValueError(
-            "The tokenizer does not match the model: " + "; ".join(problems) + ". Load the tokenizer saved with "
-            "the model (AutoTokenizer.from_pretrained on the same folder or repo). If you trained the model "
-            "yourself, build its config from the tokenizer: vocab_size=len(tokenizer) and pad/eos/bos ids "
-            "(and decoder_start_token_id) from tokenizer.pad_token_id, eos_token_id and bos_token_id."
-        )
+        raise ValueError("The tokenizer does not match the model: " + "; ".join(problems) + ". " + fix)
 
 
 class VanillaTranslationPipeline(Pipeline):

@@ -19,6 +19,7 @@ import json
 import logging
 import math
 import re
+import shlex
 import sys
 import typing
 from dataclasses import dataclass, field
@@ -366,6 +367,7 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
     known = {action.dest for action in parser._actions}
     given = {token[2:].split("=", 1)[0].replace("-", "_") for token in argv if token.startswith("--")}
     on_command_line = set(given)  # a recipe file may set model flags that a fine-tuning command does not need
+    first = None
     if argv and not argv[0].startswith("-"):
         first = argv.pop(0)
         path = Path(first) if Path(first).suffix in ARGUMENT_FILE_SUFFIXES else recipe_or_error(first)
@@ -383,6 +385,7 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
         recipe = {}
     _refuse_foreign_flags(given, "the command line")
     _refuse_unknown_flags(parser, argv)
+    _refuse_a_recipe_after_the_flags(parser, argv, first)
     try:
         model_args, data_args, training_args = parser.parse_args_into_dataclasses(args=argv)
     except ValueError as error:
@@ -416,7 +419,39 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
         training_args.learning_rate = FINE_TUNING_LEARNING_RATE
     if model_args.model_name_or_path and "warmup_steps" not in given:
         training_args.warmup_steps = FINE_TUNING_WARMUP_RATIO
+    sources = {"command line": frozenset(on_command_line), "recipe": frozenset(set(recipe) - on_command_line)}
+    setattr(training_args, FLAG_SOURCES, sources)
     return model_args, data_args, training_args
+
+
+# Where `parse_arguments` says each flag came from (the command line, the recipe or argument file), on the
+# training arguments: later checks word their errors by it, and a resumed run compares only the flags given.
+FLAG_SOURCES = "_flag_sources"
+
+
+def flags_from(training_args, source: str) -> frozenset | None:
+    """The flags that ``source`` ("command line" or "recipe") gave; None for arguments not made by
+    `parse_arguments` (a script's own)."""
+    sources = getattr(training_args, FLAG_SOURCES, None)
+    return None if sources is None else sources[source]
+
+
+def _refuse_a_recipe_after_the_flags(parser: argparse.ArgumentParser, argv: list[str], first: str | None) -> None:
+    """A recipe or argument file given after a flag: only the first argument is read as one (transformers
+    would call it an argument not used). Said with the command in its order."""
+    _, left = parser.parse_known_args(argv)
+    for index, token in enumerate(argv):
+        is_file = Path(token).suffix in ARGUMENT_FILE_SUFFIXES
+        if token not in left or not (is_file or token in recipe_names()):
+            continue
+        what = "an argument file" if is_file else "a recipe"
+        if first is not None:
+            raise ValueError(
+                f"{token}: {what} is read only as the first argument, which is {first}; give the flags of "
+                f"{token} after {first} instead."
+            )
+        command = shlex.join([token, *argv[:index], *argv[index + 1 :]])
+        raise ValueError(f"{token} after the flags: {what} goes first, before them: {parser.prog} {command}")
 
 
 STEP_FLAGS = ("do_train", "do_eval", "do_predict")
@@ -712,12 +747,24 @@ def check_model_arguments(model_args: ModelArguments) -> None:
         )
 
 
-def check_output_dir(training_args, resuming: bool, tokenizer_only: bool = False) -> None:
+def check_output_dir(training_args, resuming: bool | Path, tokenizer_only: bool = False) -> None:
     """A new run must not write into the folder of another: their checkpoints would mix (averaging would
     take some of each) and the new tokenizer would replace the one the old checkpoints need (``tokenizer_only``:
-    that is all --tokenizer_only would write, and it has no run to continue)."""
+    that is all --tokenizer_only would write, and it has no run to continue). Nor must a run resumed from a
+    checkpoint of another folder (``resuming``, the checkpoint) into one that holds checkpoints: they would mix,
+    or the resumed run would save over them and rotate them away."""
     output_dir = Path(training_args.output_dir)
-    if resuming or not output_dir.is_dir():
+    if not output_dir.is_dir():
+        return
+    if isinstance(resuming, Path) and resuming.resolve().parent != output_dir.resolve():
+        if held := checkpoint_folders(output_dir):
+            raise ValueError(
+                f"--resume_from_checkpoint {resuming} is not in --output_dir {output_dir}, which holds another "
+                f"run's checkpoints ({', '.join(p.name for p in held)}): the resumed run's would mix with them, or "
+                f"save over them and rotate them away. Resume with --output_dir {resuming.parent} (the checkpoint's "
+                "own run folder), or choose a new --output_dir."
+            )
+    if resuming:
         return
     if old := checkpoint_folders(output_dir):
         held = f"--output_dir {output_dir} already holds checkpoints of a run ({', '.join(p.name for p in old[-3:])})"
@@ -859,8 +906,11 @@ def refuse_overrides_of_a_checkpoint(config_overrides: str | dict | None) -> Non
         )
 
 
-def check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict, eval_strategy="no") -> None:
-    """Each step asked for has its data (and evaluation alone has a model), from the flags alone."""
+def check_steps_have_data(
+    model_args, data_args, do_train, do_eval, do_predict, eval_strategy="no", from_recipe=frozenset()
+) -> None:
+    """Each step asked for has its data (and evaluation alone has a model), from the flags alone; a step that
+    the recipe turned on (``from_recipe``: the flags it gave) is said to be the recipe's."""
     given = {
         "train": data_args.train_source_file or data_args.train_file or data_args.dataset_name,
         "validation": validation_given(data_args),
@@ -879,11 +929,13 @@ def check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict, 
             "--dataset_name (a Hub dataset); or, to evaluate or predict only, --do_eval/--do_predict with "
             "--model_name_or_path."
         )
-    for role, needed, flag in (("validation", do_eval, "--do_eval"), ("test", do_predict, "--do_predict")):
+    steps = (("validation", do_eval, "do_eval", "evaluation"), ("test", do_predict, "do_predict", "prediction"))
+    for role, needed, name, step in steps:
         if needed and not given[role]:
+            recipe = f" (the recipe sets {name}: true)" if name in from_recipe else ""
             raise ValueError(
-                f"{flag} needs {role} data: give --{role}_source_file/--{role}_target_file, "
-                f"--{role}_file or --{role}_split of a Hub dataset."
+                f"--{name} needs {role} data: give --{role}_source_file/--{role}_target_file, "
+                f"--{role}_file or --{role}_split of a Hub dataset; or --{name} false to leave {step} out{recipe}."
             )
     if not do_train and not model_args.model_name_or_path:
         raise ValueError("Without training, --do_eval/--do_predict need the model: give --model_name_or_path.")

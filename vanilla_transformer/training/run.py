@@ -85,6 +85,7 @@ from .data import (
     tokenizer_cache_dir,
     tokenizer_training_texts,
 )
+from .divergence import TrainingDiverged
 from .memory_check import MemoryCheckError
 from .metrics import TranslationMetrics, score
 from .moving_average import check_checkpoint as check_moving_average
@@ -96,6 +97,7 @@ from .options import (  # noqa: F401 (imported from here)
     check_output_dir,
     check_steps_have_data,
     check_training_arguments,
+    flags_from,
     model_config,
     parse_arguments,
     parse_overrides,
@@ -103,7 +105,7 @@ from .options import (  # noqa: F401 (imported from here)
     steps_to_run,
 )
 from .run_lock import hold_output_dir
-from .trainer import TooFewBatches, TransformerTrainer
+from .trainer import TooFewBatches, TransformerTrainer, noam_learning_rate
 from .translation import STATIC_CACHE_MULTIPLE, as_lines, inputs_too_long, translate, where_too_long
 
 # A new model with a chosen attention implementation is made through this (private: checked at import)
@@ -149,7 +151,15 @@ def main(
                 if not exit_on_bad_input or stopped_by_ctrl_c(error):
                     raise
                 exit_with_usage_error(prog, error)
-            return _train_evaluate_predict(run, model_args, data_args, training_args, stage, prog, exit_on_bad_input)
+            try:
+                return _train_evaluate_predict(
+                    run, model_args, data_args, training_args, stage, prog, exit_on_bad_input
+                )
+            except TrainingDiverged as error:  # the command line: its message, not a traceback (status 1)
+                if not exit_on_bad_input:
+                    raise
+                print(f"{prog}: error: {error}", file=sys.stderr)
+                raise SystemExit(1) from None
         except BaseException as error:  # TrainingInterrupted (a KeyboardInterrupt) is answered where it is raised
             if not stopped_by_ctrl_c(error):
                 raise
@@ -277,13 +287,16 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     refuse_processes_left_alone(training_args)
     set_seed(training_args.seed)
     do_train, do_eval, do_predict = steps_to_run(training_args, data_args)
-    check_steps_have_data(model_args, data_args, do_train, do_eval, do_predict, training_args.eval_strategy)
+    from_recipe = flags_from(training_args, "recipe") or frozenset()
+    check_steps_have_data(
+        model_args, data_args, do_train, do_eval, do_predict, training_args.eval_strategy, from_recipe
+    )
     resume = resolve_resume(training_args.resume_from_checkpoint, training_args.output_dir) if do_train else None
     if resume is not None:
         check_moving_average(resume, training_args.ema_decay)  # before the data is read
-        warn_if_batching_changed(resume, training_args)
+        compare_with_checkpoint(resume, training_args)
     if do_train:
-        check_output_dir(training_args, resuming=resume is not None)
+        check_output_dir(training_args, resuming=resume or False)
     if model_args.model_name_or_path:
         check_model_folder(model_args.model_name_or_path, f"--model_name_or_path {model_args.model_name_or_path}")
 
@@ -502,11 +515,21 @@ def prepare_model(
             dtype=torch.float32,
             **extra,
         )
-        check_tokenizer_matches_model(tokenizer, model.config)
+        check_tokenizer_matches_model(
+            tokenizer,
+            model.config,
+            fix=f"Leave --tokenizer_name_or_path out to use the tokenizer saved with --model_name_or_path "
+            f"{checkpoint}, or give the one it was trained with.",
+        )
         warn_if_an_average_is_beside(checkpoint, "--model_name_or_path")
     else:
         config = model_config(preset, config_overrides, tokenizer)
-        check_tokenizer_matches_model(tokenizer, config)
+        check_tokenizer_matches_model(
+            tokenizer,
+            config,
+            fix="A new model takes its size and special ids from the tokenizer: leave vocab_size and the *_token_id "
+            "fields out of --config_overrides.",
+        )
         model = VanillaTransformerForConditionalGeneration._from_config(config, **extra)
     if resume is not None and (resume / "generation_config.json").is_file():  # the Trainer restores weights only
         model.generation_config = GenerationConfig.from_pretrained(resume)
@@ -607,7 +630,9 @@ def save_tokenizer_only(model_args, data_args, training_args) -> Path:
         )
     check_arguments(model_args, data_args, training_args)
     _, do_eval, do_predict = steps_to_run(training_args, data_args)  # as the run the tokenizer is for checks them
-    check_steps_have_data(model_args, data_args, True, do_eval, do_predict)
+    check_steps_have_data(
+        model_args, data_args, True, do_eval, do_predict, from_recipe=flags_from(training_args, "recipe") or frozenset()
+    )
     check_output_dir(training_args, resuming=False, tokenizer_only=True)
     text = load_text_datasets(data_args, training_args.seed, train=True)
     tokenizer = prepare_tokenizer(
@@ -648,31 +673,134 @@ BATCHING = {
 }
 
 
-def warn_if_batching_changed(checkpoint: Path, training_args) -> None:
-    """A run resumed in the middle of an epoch skips the batches its checkpoint trained, counted in this run's
-    batches: with other batching flags (or another number of processes) the rest of that epoch is cut anew, so
-    some of its pairs are trained twice and others not at all. Legitimate (a job requeued on fewer GPUs), so
-    said, not refused; the epochs after are whole."""
+# What a resumed run takes from its checkpoint whatever the flags say: the scheduler's state holds the peak
+# learning rate (a new warm-up or schedule type would bend the curve around that old peak: neither schedule),
+# the optimizer's state Adam's settings, and trainer_state.json how often the run logs, evaluates and saves.
+SCHEDULE = ("learning_rate", "lr_scale", "warmup_steps", "lr_scheduler_type")
+OPTIMIZER = ("adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay")
+INTERVALS = {"logging_steps": "logging_strategy", "eval_steps": "eval_strategy", "save_steps": "save_strategy"}
+
+
+def compare_with_checkpoint(checkpoint: Path, training_args) -> None:
+    """The flags of a resumed run against those its checkpoint was trained with (its training_args.bin and
+    trainer_state.json), before the data is read.
+
+    Batching (`BATCHING`): a run resumed in the middle of an epoch skips the batches its checkpoint trained,
+    counted in this run's batches: with other batching flags (or another number of processes) the rest of that
+    epoch is cut anew, so some of its pairs are trained twice and others not at all. Legitimate (a job requeued
+    on fewer GPUs), so said, not refused; the epochs after are whole.
+
+    What the checkpoint's state decides (`SCHEDULE`, `OPTIMIZER`, `INTERVALS`): another value given on the
+    command line is refused; one that came from elsewhere (a recipe, a default) is replaced by the checkpoint's,
+    said in the log, so that the run's log and model card show the schedule it follows.
+    """
+    saved = saved_arguments(checkpoint)
+    given = flags_from(training_args, "command line")
+    if saved is not None:
+        changed = [
+            f"{label} {getattr(saved, name)} there, {getattr(training_args, name)} now"
+            for name, label in BATCHING.items()
+            if hasattr(saved, name) and getattr(saved, name) != getattr(training_args, name)
+        ]
+        if changed:
+            logger.warning(
+                f"resuming {checkpoint} with other batching ({'; '.join(changed)}): "
+                "the rest of its epoch is batched anew, so some of its pairs are trained twice and others not at all "
+                "(the epochs after it are whole)"
+            )
+        _keep_the_checkpoints_schedule(checkpoint, saved, training_args, given)
+    state = json.loads((checkpoint / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
+    for name, strategy in INTERVALS.items():
+        value, kept = getattr(training_args, name), state.get(name)
+        if given is None or name not in given or _value(getattr(training_args, strategy)) != "steps":
+            continue
+        if value < 1:  # a share of the planned updates: as the checkpoint's run gave it, or not
+            same = saved is None or _same(value, getattr(saved, name, value))
+        else:
+            same = kept is None or _same(value, kept)
+        if not same:
+            raise ValueError(
+                f"--{name} {_value(value)}: resuming {checkpoint} keeps its {TRAINER_STATE_NAME}'s {name}, {kept} "
+                f"(transformers takes the checkpoint's, whatever the flags say); leave --{name} out."
+            )
+
+
+def _keep_the_checkpoints_schedule(checkpoint: Path, saved, training_args, given: frozenset | None) -> None:
+    """`compare_with_checkpoint` for the learning-rate schedule and Adam's settings (``saved``: the checkpoint's
+    arguments, whose learning_rate is the peak its scheduler runs to)."""
+    fine_tune = f"--model_name_or_path {checkpoint} and a new --output_dir"
+    for name in SCHEDULE + OPTIMIZER:
+        if given is None or name not in given or not hasattr(saved, name):
+            continue
+        value, kept = getattr(training_args, name), getattr(saved, name)
+        if _same(value, kept):
+            continue
+        if name in SCHEDULE:
+            peak = f"peak learning rate {saved.learning_rate:.3g} after " if saved.learning_rate is not None else ""
+            kept_how = (
+                "whose peak its saved scheduler state keeps whatever the flags say"
+                if name in ("learning_rate", "lr_scale")
+                else f"whose peak its saved scheduler state keeps: another --{name} would bend it into neither run's"
+            )
+            raise ValueError(
+                f"--{name} {_value(value)}: resuming {checkpoint} continues its learning-rate schedule "
+                f"({schedule_name(saved)}, {peak}{warmup_words(saved.warmup_steps)}; --{name} {_value(kept)} "
+                f"there), {kept_how}; leave --{name} out, or to change the schedule, fine-tune from the checkpoint: "
+                f"{fine_tune}."
+            )
+        raise ValueError(
+            f"--{name} {_value(value)}: resuming {checkpoint} restores Adam's settings with its optimizer state "
+            f"(--{name} {_value(kept)} there), whatever the flags say; leave --{name} out, or to train with other "
+            f"settings, fine-tune from the checkpoint: {fine_tune}."
+        )
+    now = {name: getattr(training_args, name) for name in SCHEDULE + OPTIMIZER}
+    warmup = now["warmup_steps"]
+    if now["learning_rate"] is None and warmup >= 1 and float(warmup).is_integer():  # eq. (3)'s peak, as the flags say
+        d_model = json.loads((checkpoint / "config.json").read_text(encoding="utf-8")).get("d_model")
+        now["learning_rate"] = d_model and noam_learning_rate(int(warmup), d_model, int(warmup), now["lr_scale"])
+    replaced = [
+        f"{name} {_value(getattr(saved, name))} (not {_value(now[name])})"
+        for name in SCHEDULE + OPTIMIZER
+        if hasattr(saved, name)
+        and now[name] is not None
+        and not _same(now[name], getattr(saved, name))
+        and not (name == "lr_scale" and saved.learning_rate is not None)  # the saved peak is scaled already
+    ]
+    for name in SCHEDULE + OPTIMIZER:
+        if hasattr(saved, name):
+            setattr(training_args, name, getattr(saved, name))
+    if getattr(saved, "learning_rate", None) is not None:  # the peak itself, scaled already
+        training_args.lr_scale = 1.0
+    if replaced:
+        logger.warning(
+            f"resuming {checkpoint} with the learning-rate schedule and Adam's settings it was trained with, which "
+            f"its saved state keeps: {', '.join(replaced)}"
+        )
+
+
+def saved_arguments(checkpoint: Path):
+    """The training arguments a checkpoint was saved with (its training_args.bin); None where there are none
+    to read (another version's class, or no Trainer's file)."""
     path = checkpoint / "training_args.bin"
     if not path.is_file():
-        return
-    import torch
-
+        return None
     try:
-        saved = torch.load(path, weights_only=False)
-    except Exception:  # another version's class, or no Trainer's file: nothing to compare
-        return
-    changed = [
-        f"{label} {getattr(saved, name)} there, {getattr(training_args, name)} now"
-        for name, label in BATCHING.items()
-        if hasattr(saved, name) and getattr(saved, name) != getattr(training_args, name)
-    ]
-    if changed:
-        logger.warning(
-            f"resuming {checkpoint} with other batching ({'; '.join(changed)}): "
-            "the rest of its epoch is batched anew, so some of its pairs are trained twice and others not at all "
-            "(the epochs after it are whole)"
-        )
+        return torch.load(path, weights_only=False)
+    except Exception:
+        return None
+
+
+def _value(value):
+    """A flag's value as given: the Trainer turns some into enums (lr_scheduler_type); numbers as %g."""
+    value = getattr(value, "value", value)
+    return f"{value:g}" if isinstance(value, float) else value
+
+
+def _same(a, b) -> bool:
+    a, b = getattr(a, "value", a), getattr(b, "value", b)
+    if isinstance(a, float | int) and isinstance(b, float | int) and not isinstance(a, bool):
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=0.0)
+    return a == b
 
 
 def resolve_resume(value, output_dir: str | Path) -> Path | None:

@@ -382,7 +382,12 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
         flag = f"--tokenizer {args.tokenizer}" if args.tokenizer else f"--model {args.model}"
         tokenizer = from_pretrained_named(AutoTokenizer.from_pretrained, args.tokenizer or args.model, flag)
         warn_if_an_average_is_beside(args.model, "--model")
-    check_tokenizer_matches_model(tokenizer, model.config)
+    if args.tokenizer:
+        fix = f"Leave --tokenizer out to use the one saved with --model {args.model}, or give the tokenizer it was "
+        fix += "trained with."
+    else:
+        fix = f"--model {args.model} holds another tokenizer: give the one it was trained with, --tokenizer FOLDER."
+    check_tokenizer_matches_model(tokenizer, model.config, fix=fix)
     generate_kwargs = {
         key: value
         for key, value in {

@@ -1,0 +1,281 @@
+"""What a resumed run is checked for before any data is read: the folder it saves into, the flags whose value the
+checkpoint's saved state decides, and how the command line names a recipe and the steps a recipe turns on.
+
+The references are the checkpoint's own files (scheduler.pt, optimizer.pt, trainer_state.json), the folders on
+disk, and the recipe file read on its own."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from vanilla_transformer import cli
+from vanilla_transformer.command_line import recipe_path
+from vanilla_transformer.training import run as train
+
+LETTERS = "a b c d e f g h i j".split()
+SCHEDULE = ("--learning_rate", "0.003", "--warmup_steps", "4")
+STEPS = ("--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2", "--max_tokens", "200")
+
+
+def write_pairs(folder: Path, name: str, count: int, seed: int) -> None:
+    rng = random.Random(seed)
+    pairs = []
+    for _ in range(count):
+        words = [rng.choice(LETTERS) for _ in range(rng.randint(2, 5))]
+        pairs.append((" ".join(words), " ".join(reversed(words))))
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.src").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    (folder / f"{name}.tgt").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+
+
+def tiny_args(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
+    return [
+        "--train_source_file",
+        str(data_dir / "train.src"),
+        "--train_target_file",
+        str(data_dir / "train.tgt"),
+        "--preset",
+        "tiny",
+        "--tokenizer_vocab_size",
+        "280",
+        "--output_dir",
+        str(output_dir),
+        "--report_to",
+        "none",
+        "--use_cpu",
+        "--disable_tqdm",
+        "true",
+        "--eval_strategy",
+        "no",
+        "--logging_steps",
+        "1",
+        *extra,
+    ]
+
+
+def build(data_dir: Path, output_dir: Path, *extra: str) -> train.Run:
+    return train.build_trainer(*train.parse_arguments(tiny_args(data_dir, output_dir, *extra)))
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("reverse")
+    write_pairs(folder, "train", 400, seed=1)
+    write_pairs(folder, "valid", 20, seed=2)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(data_dir, tmp_path_factory) -> Path:
+    """A run of 4 updates with checkpoints at 2 and 4 (only read by the tests)."""
+    output = tmp_path_factory.mktemp("trained") / "run"
+    train.main(tiny_args(data_dir, output, *STEPS, *SCHEDULE))
+    assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4"]
+    return output
+
+
+@pytest.fixture
+def no_data_read(monkeypatch):
+    monkeypatch.setattr(train, "load_text_datasets", lambda *a, **k: pytest.fail("read the data before refusing"))
+
+
+def copy_of(run: Path, where: Path, *checkpoints: str) -> Path:
+    """A run folder holding ``checkpoints`` of ``run`` and its tokenizer."""
+    where.mkdir(parents=True)
+    shutil.copytree(run / "tokenizer", where / "tokenizer")
+    for name in checkpoints:
+        shutil.copytree(run / name, where / name)
+    return where
+
+
+# ---------------------------------------------------------------------------------------------
+# The folder a resumed run saves into
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_checkpoint_of_another_folder_is_not_resumed_into_a_folder_of_checkpoints(
+    data_dir, trained, tmp_path, no_data_read
+):
+    """Resuming B's checkpoint with --output_dir A, where A holds its own run's checkpoints, trained into A and
+    saved over and rotated away A's checkpoints. Refused, naming A's checkpoints and the two ways out; A is
+    left as it was."""
+    other = copy_of(trained, tmp_path / "A", "checkpoint-2", "checkpoint-4")
+    before = sorted(p.name for p in other.iterdir())
+    checkpoint = trained / "checkpoint-2"
+    with pytest.raises(ValueError) as refused:
+        build(data_dir, other, *STEPS, *SCHEDULE, "--resume_from_checkpoint", str(checkpoint))
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1
+    assert f"--resume_from_checkpoint {checkpoint}" in message and "another run's checkpoints" in message
+    assert "(checkpoint-2, checkpoint-4)" in message  # A's, as listed on disk
+    assert f"--output_dir {trained}" in message and "a new --output_dir" in message
+    assert sorted(p.name for p in other.iterdir()) == before
+
+
+def test_a_checkpoint_of_another_folder_resumes_into_a_new_or_checkpointless_folder(data_dir, trained, tmp_path):
+    """What continuing elsewhere legitimately looks like: a new folder, or one without checkpoints."""
+    checkpoint = trained / "checkpoint-2"
+    new = build(data_dir, tmp_path / "new", *STEPS, *SCHEDULE, "--resume_from_checkpoint", str(checkpoint))
+    assert new.resume == checkpoint
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("not a checkpoint")
+    empty = build(data_dir, tmp_path / "empty", *STEPS, *SCHEDULE, "--resume_from_checkpoint", str(checkpoint))
+    assert empty.resume == checkpoint
+
+
+def test_resuming_last_and_the_folders_own_latest_checkpoint_are_unaffected(data_dir, trained, tmp_path):
+    run = copy_of(trained, tmp_path / "run", "checkpoint-2", "checkpoint-4")
+    assert build(data_dir, run, *STEPS, *SCHEDULE, "--resume_from_checkpoint", "last").resume == run / "checkpoint-4"
+    own = build(data_dir, run, *STEPS, *SCHEDULE, "--resume_from_checkpoint", str(run / "checkpoint-4"))
+    assert own.resume == run / "checkpoint-4"
+
+
+# ---------------------------------------------------------------------------------------------
+# Flags whose value the checkpoint's state decides
+# ---------------------------------------------------------------------------------------------
+
+
+def checkpoint_value(checkpoint: Path, flag: str) -> str:
+    """What the checkpoint's own files say a resumed run will use, as text."""
+    if flag in ("learning_rate", "lr_scale", "warmup_steps", "lr_scheduler_type"):
+        scheduler = torch.load(checkpoint / "scheduler.pt", weights_only=True)
+        return f"peak learning rate {scheduler['base_lrs'][0]:.3g}"
+    if flag.startswith("adam_beta"):
+        optimizer = torch.load(checkpoint / "optimizer.pt", weights_only=True)
+        return f"--{flag} {optimizer['param_groups'][0]['betas'][int(flag[-1]) - 1]:g} there"
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    return f"{flag}, {state[flag]}"
+
+
+@pytest.mark.parametrize(
+    "flag, value, fix",
+    [
+        ("learning_rate", "1e-05", "fine-tune from the checkpoint"),
+        ("lr_scale", "2", "fine-tune from the checkpoint"),
+        ("warmup_steps", "3", "fine-tune from the checkpoint"),
+        ("lr_scheduler_type", "linear", "fine-tune from the checkpoint"),
+        ("adam_beta2", "0.5", "fine-tune from the checkpoint"),
+        ("save_steps", "1", "leave --save_steps out"),
+    ],
+)
+def test_a_flag_the_checkpoints_state_overrides_is_refused_when_given_otherwise(
+    data_dir, trained, tmp_path, no_data_read, flag, value, fix
+):
+    """transformers restores the scheduler's state (its peak), the optimizer's (Adam's settings) and
+    trainer_state.json's intervals over the flags: another value on the command line was taken and then not
+    used, while the log named it. Refused with the flag, the checkpoint's value and the fix."""
+    run = copy_of(trained, tmp_path / "run", "checkpoint-2")
+    schedule = () if flag == "lr_scale" else SCHEDULE  # (--lr_scale with --learning_rate is refused on its own)
+    with pytest.raises(ValueError) as refused:
+        build(data_dir, run, *STEPS, *schedule, f"--{flag}", value, "--resume_from_checkpoint", "last")
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith(f"--{flag} {value}: resuming {run / 'checkpoint-2'}"), message
+    assert checkpoint_value(run / "checkpoint-2", flag) in message, message
+    assert f"leave --{flag} out" in message and fix in message
+    if "fine-tune" in fix:
+        assert f"--model_name_or_path {run / 'checkpoint-2'} and a new --output_dir" in message
+
+
+def test_the_checkpoints_own_values_given_again_are_accepted(data_dir, trained, tmp_path):
+    run = copy_of(trained, tmp_path / "run", "checkpoint-2")
+    again = ("--adam_beta2", "0.98", "--weight_decay", "0", "--lr_scheduler_type", "inverse_sqrt")
+    resumed = build(data_dir, run, *STEPS, *SCHEDULE, *again, "--resume_from_checkpoint", "last")
+    assert resumed.resume == run / "checkpoint-2"
+
+
+def test_a_resumed_run_without_the_schedule_flags_logs_and_follows_the_checkpoints_schedule(
+    data_dir, trained, tmp_path, caplog
+):
+    """Resumed without --learning_rate and --warmup_steps, the run follows the checkpoint's schedule (its
+    scheduler's state); the log said eq. (3)'s default peak after 4000 warm-up updates. The references: the
+    checkpoint's scheduler.pt, and the rates the uninterrupted run logged for the same updates."""
+    run = copy_of(trained, tmp_path / "run", "checkpoint-2")
+    with caplog.at_level(logging.INFO, logger="vanilla_transformer.train"):
+        train.main(tiny_args(data_dir, run, *STEPS, "--resume_from_checkpoint", "last"))
+    peak = torch.load(run / "checkpoint-2" / "scheduler.pt", weights_only=True)["base_lrs"][0]
+    lines = [r.getMessage() for r in caplog.records if "schedule: " in r.getMessage()]
+    assert len(lines) == 1 and f"peak learning rate {peak:.3g} after 4 warm-up updates" in lines[0], lines
+    assert "warmup_steps 4 (not 4000)" in caplog.text  # the flags' default, replaced: said
+
+    def rates(folder: Path) -> dict[int, float]:
+        history = json.loads((folder / "trainer_state.json").read_text())["log_history"]
+        return {entry["step"]: entry["learning_rate"] for entry in history if "learning_rate" in entry}
+
+    assert rates(run) == pytest.approx(rates(trained)) and set(rates(run)) == {1, 2, 3, 4}
+    card = (run / "README.md").read_text(encoding="utf-8")
+    assert str(peak) in card  # the card's peak learning rate too
+
+
+# ---------------------------------------------------------------------------------------------
+# The command line: where a recipe goes, the steps a recipe turns on
+# ---------------------------------------------------------------------------------------------
+
+
+def test_a_recipe_after_a_flag_is_refused_with_the_command_in_its_order(tmp_path, capsys):
+    """transformers said "Some specified arguments are not used by the HfArgumentParser: ['multi30k']". The
+    command the message proposes reads the recipe (its values, read from the file here) and the flag."""
+    argv = ["--max_steps", "5", "multi30k", "--output_dir", str(tmp_path)]
+    with pytest.raises(ValueError) as refused:
+        train.parse_arguments(argv)
+    message = str(refused.value)
+    command = f"vanilla-transformer train multi30k --max_steps 5 --output_dir {tmp_path}"
+    assert message == f"multi30k after the flags: a recipe goes first, before them: {command}"
+    _, _, training_args = train.parse_arguments(command.split()[2:])
+    recipe = yaml.safe_load(recipe_path("multi30k").read_text())
+    assert training_args.max_steps == 5 and training_args.max_tokens == recipe["max_tokens"]
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["train", *argv])
+    error = capsys.readouterr().err.strip()
+    assert stopped.value.code == 2 and error.splitlines() == [f"vanilla-transformer train: error: {message}"]
+
+
+def test_an_argument_file_after_a_flag_or_a_second_one_is_refused(tmp_path):
+    flags = tmp_path / "flags.yaml"
+    flags.write_text("max_steps: 7\n")
+    with pytest.raises(ValueError, match=rf"^{flags} after the flags: an argument file goes first"):
+        train.parse_arguments(["--output_dir", str(tmp_path), str(flags)])
+    with pytest.raises(ValueError, match=rf"^{flags}: an argument file is read only as the first argument, which is "):
+        train.parse_arguments(["multi30k", "--output_dir", str(tmp_path), str(flags)])
+    assert train.parse_arguments([str(flags), "--output_dir", str(tmp_path)])[2].max_steps == 7
+    # a flag's value that names a file of that suffix is a value, not an argument file
+    assert train.parse_arguments(["--output_dir", str(tmp_path / "run.json")])[2].output_dir == str(
+        tmp_path / "run.json"
+    )
+
+
+def test_prediction_a_recipe_turns_on_without_test_data_says_how_to_leave_it_out(data_dir, tmp_path, no_data_read):
+    """The multi30k recipe on local files without test data: --do_predict false leaves prediction out, and the
+    recipe is named as what turned it on (it sets do_predict: true)."""
+    assert yaml.safe_load(recipe_path("multi30k").read_text())["do_predict"] is True
+    local = [
+        "--dataset_name",
+        "none",
+        "--train_source_file",
+        str(data_dir / "train.src"),
+        "--train_target_file",
+        str(data_dir / "train.tgt"),
+        "--validation_source_file",
+        str(data_dir / "valid.src"),
+        "--validation_target_file",
+        str(data_dir / "valid.tgt"),
+        "--output_dir",
+        str(tmp_path / "run"),
+    ]
+    with pytest.raises(ValueError) as refused:
+        train.build_trainer(*train.parse_arguments(["multi30k", *local]))
+    message = str(refused.value)
+    assert message.startswith("--do_predict needs test data: give --test_source_file/--test_target_file")
+    assert message.endswith("or --do_predict false to leave prediction out (the recipe sets do_predict: true).")
+    with pytest.raises(ValueError) as refused:
+        build(data_dir, tmp_path / "run", "--do_train", "--do_predict")
+    message = str(refused.value)
+    assert "or --do_predict false to leave prediction out" in message and "recipe" not in message
