@@ -262,14 +262,15 @@ def synthetic_lengths(count: int, seed: int) -> np.ndarray:
     return np.stack([source, target], axis=1)
 
 
-def shape_statistics(lengths: np.ndarray, max_tokens: int) -> dict:
+def shape_statistics(lengths: np.ndarray, max_tokens: int, pad_to_buckets: bool = True) -> dict:
     """The batches of one epoch as `TokenBatchSampler` packs them: how many, how many shapes, how much padding."""
     started = time.perf_counter()
-    sampler = TokenBatchSampler(lengths, max_tokens, shuffle=False, pad_to_buckets=True)
+    sampler = TokenBatchSampler(lengths, max_tokens, shuffle=False, pad_to_buckets=pad_to_buckets)
     shapes = sampler.shapes  # (batches, 3): rows, source length, target length
     padded = int((shapes[:, 0] * (shapes[:, 1] + shapes[:, 2])).sum())
     return {
         "what": "shapes",
+        "pad_to_buckets": pad_to_buckets,
         "pairs": len(lengths),
         "max_tokens": max_tokens,
         "batches": sampler.num_batches,
@@ -1855,10 +1856,12 @@ def emit_row(row: dict) -> None:
 
 def main(argv=None) -> list[dict]:
     args = parse_args(argv)
-    if args.shapes_only:
-        result = shape_statistics(synthetic_lengths(args.pairs, args.seed), args.max_tokens)
-        print(json.dumps(result), flush=True)
-        return [result]
+    if args.shapes_only:  # with buckets (--pad_to_buckets always), then without (each batch its own shape)
+        lengths = synthetic_lengths(args.pairs, args.seed)
+        results = [shape_statistics(lengths, args.max_tokens, buckets) for buckets in (True, False)]
+        for result in results:
+            print(json.dumps(result), flush=True)
+        return results
     if args.loop:
         results = [{"what": "machine", **machine(args)}] + [
             measure_loop(preset, args) for preset in args.presets.split(",")

@@ -107,12 +107,15 @@ def test_a_tiny_cpu_run_measures_training_and_decoding(tmp_path):
 
 
 def test_shapes_only_an_epoch_has_few_shapes_and_little_padding(capsys):
-    """The targets for an epoch of WMT-like pairs: at most 128 shapes, at most 12% padding."""
-    (result,) = gpu.main(["--shapes-only", "--pairs", "1000000", "--max-tokens", "12288"])
-    assert json.loads(capsys.readouterr().out) == result
+    """The targets for an epoch of WMT-like pairs: at most 128 shapes, at most 12% padding; then the same epoch
+    without buckets, as docs/training.md quotes it beside them: several times the shapes, almost no padding."""
+    result, plain = gpu.main(["--shapes-only", "--pairs", "1000000", "--max-tokens", "12288"])
+    assert [json.loads(line) for line in capsys.readouterr().out.splitlines()] == [result, plain]
     assert result["batches"] > 2000 and result["distinct_shapes"] <= 128 and result["padding_fraction"] <= 0.12
     # Within ~20% of max_tokens per side: no batch is left half-empty to save a shape.
     assert result["real_tokens_per_batch_and_side"] > 0.8 * 12288
+    assert (result["pad_to_buckets"], plain["pad_to_buckets"]) == (True, False)
+    assert plain["distinct_shapes"] > 5 * result["distinct_shapes"] and plain["padding_fraction"] < 0.02
 
 
 def test_loop_times_the_training_loop_against_the_raw_step():

@@ -192,6 +192,23 @@ def test_the_checkpoints_own_values_given_again_are_accepted(data_dir, trained, 
     assert resumed.resume == run / "checkpoint-2"
 
 
+def test_a_run_scaled_with_lr_scale_resumes_again_and_again_with_the_same_command(data_dir, tmp_path):
+    """A checkpoint of a resumed run holds the peak itself (scaled) and lr_scale 1: the same --lr_scale 0.5 was
+    then refused as another value. Compared as peaks; another scale is still refused."""
+    output = tmp_path / "run"
+    command = ("--lr_scale", "0.5", "--warmup_steps", "4", "--save_strategy", "steps", "--save_steps", "1")
+    train.main(tiny_args(data_dir, output, *command, "--max_steps", "1", "--max_tokens", "200"))
+    train.main(tiny_args(data_dir, output, *command, "--max_steps", "2", "--max_tokens", "200", *RESUME))
+    assert torch.load(output / "checkpoint-2" / "training_args.bin", weights_only=False).lr_scale == 1
+    resumed = build(data_dir, output, *command, "--max_steps", "3", "--max_tokens", "200", *RESUME)
+    assert resumed.resume == output / "checkpoint-2"
+    with pytest.raises(ValueError, match=r"^--lr_scale 0.25: resuming"):
+        build(data_dir, output, *command[:1], "0.25", *command[2:], "--max_steps", "3", "--max_tokens", "200", *RESUME)
+
+
+RESUME = ("--resume_from_checkpoint", "last")
+
+
 def test_a_resumed_run_without_the_schedule_flags_logs_and_follows_the_checkpoints_schedule(
     data_dir, trained, tmp_path, caplog
 ):

@@ -182,8 +182,6 @@ def test_a_bad_row_name_exits_2_naming_the_valid_ones(capsys):
         "--do_predict",
         "--ema_decay",
         "--test_source_file",
-        "--predict_with_generate",  # false: every row trained, then no BLEU to score it by ('eval_bleu')
-        "--prediction_loss_only",
     ],
 )
 def test_flags_that_would_change_what_table3_compares_are_refused(flag, capsys):
@@ -545,6 +543,12 @@ def test_changed_data_or_tokenizer_settings_are_refused_and_a_refused_command_wr
         assert sorted(output.glob("recipe-*.yaml")) == recipes  # nothing written by a refused command
         return str(error.value)
 
+    # the same data: a file touched (copied, extracted again) and a path spelled another way are not a change
+    os.utime(data / "train.src", ns=(time.time_ns(), time.time_ns() + 10**9))
+    again = list(command)
+    again[again.index("--train_source_file") + 1] = str(data / "." / "train.src")
+    table3.main(again[1:])  # the finished row taken as it is (run.main fails the test)
+
     (data / "train.tgt").write_text((data / "train.tgt").read_text().upper())  # the same name, other targets
     error = refused(command)
     assert "holds row base (seed 42) trained on data changed since" in error
@@ -559,6 +563,18 @@ def test_changed_data_or_tokenizer_settings_are_refused_and_a_refused_command_wr
     command[command.index("--tokenizer_vocab_size") + 1] = "270"
     error = refused(command[:2] + ["--max-steps", "3"] + command[4:])  # a new recipe file: removed again
     assert "--tokenizer_vocab_size 280, now 270" in error
+
+
+@pytest.mark.parametrize(
+    "flags", [["--predict_with_generate", "false"], ["--no_predict_with_generate"], ["--prediction_loss_only", "true"]]
+)
+def test_flags_that_would_leave_the_rows_unscored_are_refused_before_any_training(flags, tmp_path, capsys):
+    """They trained every row, then failed to score it ('eval_bleu'); --predict_with_generate true is harmless."""
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["table3", "--max-steps", "2", "--rows", "base", "--output-dir", str(tmp_path / "t"), *flags])
+    error = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and "every row is scored by decoding the validation set" in error, error
+    assert not (tmp_path / "t").exists()
 
 
 def test_a_signal_that_stops_a_row_in_this_process_ends_in_one_line_saying_to_rerun_table3(
@@ -615,27 +631,34 @@ SIGNALLED_ROW = textwrap.dedent("""
 """)
 
 
-@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_rows_processes_get_the_signal_once_and_no_row_starts_after(number, tmp_path):
+def test_a_sigterm_reaches_the_rows_processes_once_a_ctrl_c_from_the_terminal_alone_and_no_row_starts_after(
+    tmp_path,
+):
     """--devices: SIGTERM to table3 ended table3 alone, the rows' processes training on (a rerun then found their
-    folders in use); a terminal's Ctrl-C reached them twice (a second Ctrl-C stops train without saving)."""
-    processes = table3.Processes()
-    logs = [tmp_path / f"row{index}.log" for index in range(2)]
-    started = [
-        processes.start([sys.executable, "-c", SIGNALLED_ROW], stdout=open(log, "w"), stderr=subprocess.STDOUT)
-        for log in logs
-    ]
-    for log in logs:
-        deadline = time.monotonic() + 30
-        while "ready" not in log.read_text() and time.monotonic() < deadline:
-            time.sleep(0.05)
-    assert all(os.getsid(process.pid) == process.pid for process in started)  # sessions of their own
-    processes.stop(number)
-    processes.stop(number)  # a second signal to table3 is not passed on
-    assert [processes.wait(process) for process in started] == [128 + number] * 2
-    assert [log.read_text().splitlines() for log in logs] == [["ready", f"got {signal.Signals(number).name}"]] * 2
-    with pytest.raises(table3.RowsStopped):
-        processes.start([sys.executable, "-c", "pass"])
+    folders in use). Now passed on once (a second is not); a Ctrl-C is not passed on: the terminal sends it to
+    the rows' processes itself, and a second one must reach them to stop them at once, as it does train alone."""
+    for number in (signal.SIGTERM, signal.SIGINT):
+        processes = table3.Processes()
+        logs = [tmp_path / f"{number}-row{index}.log" for index in range(2)]
+        started = [
+            processes.start([sys.executable, "-c", SIGNALLED_ROW], stdout=open(log, "w"), stderr=subprocess.STDOUT)
+            for log in logs
+        ]
+        for log in logs:
+            deadline = time.monotonic() + 30
+            while "ready" not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        processes.stop(number)
+        processes.stop(number)  # a second signal to table3
+        if number == signal.SIGINT:
+            time.sleep(0.5)
+            assert all(process.poll() is None for process in started)  # nothing passed on
+            for process in started:
+                process.send_signal(signal.SIGINT)  # as the terminal sends it to the whole job
+        assert [processes.wait(process) for process in started] == [128 + number] * 2
+        assert [log.read_text().splitlines() for log in logs] == [["ready", f"got {signal.Signals(number).name}"]] * 2
+        with pytest.raises(table3.RowsStopped):
+            processes.start([sys.executable, "-c", "pass"])
 
 
 def test_a_failed_rows_error_is_its_own_run_s_error_line_not_a_progress_bar(tmp_path):

@@ -762,7 +762,8 @@ def check_output_dir(training_args, resuming: bool | Path, tokenizer_only: bool 
                 f"--resume_from_checkpoint {resuming} is not in --output_dir {output_dir}, which holds another "
                 f"run's checkpoints ({', '.join(p.name for p in held)}): the resumed run's would mix with them, or "
                 f"save over them and rotate them away. Resume with --output_dir {resuming.parent} (the checkpoint's "
-                "own run folder), or choose a new --output_dir."
+                f"own run folder), or choose a new --output_dir; to continue the run in {output_dir} (one resumed "
+                f"from {resuming} before, say), give --resume_from_checkpoint last."
             )
     if resuming:
         return

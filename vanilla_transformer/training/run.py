@@ -518,8 +518,8 @@ def prepare_model(
         check_tokenizer_matches_model(
             tokenizer,
             model.config,
-            fix=f"Leave --tokenizer_name_or_path out to use the tokenizer saved with --model_name_or_path "
-            f"{checkpoint}, or give the one it was trained with.",
+            fix=f"Give the tokenizer {checkpoint} was trained with (--tokenizer_name_or_path), or leave "
+            "--tokenizer_name_or_path out where the checkpoint holds it.",
         )
         warn_if_an_average_is_beside(checkpoint, "--model_name_or_path")
     else:
@@ -735,6 +735,10 @@ def _keep_the_checkpoints_schedule(checkpoint: Path, saved, training_args, given
         value, kept = getattr(training_args, name), getattr(saved, name)
         if _same(value, kept):
             continue
+        if name == "lr_scale" and training_args.learning_rate is None and saved.learning_rate is not None:
+            # the saved peak is scaled already (a checkpoint of a resumed run says lr_scale 1): compare the peaks
+            if _same(_formula_peak(checkpoint, training_args.warmup_steps, value), saved.learning_rate):
+                continue
         if name in SCHEDULE:
             peak = f"peak learning rate {saved.learning_rate:.3g} after " if saved.learning_rate is not None else ""
             kept_how = (
@@ -754,10 +758,8 @@ def _keep_the_checkpoints_schedule(checkpoint: Path, saved, training_args, given
             f"settings, fine-tune from the checkpoint: {fine_tune}."
         )
     now = {name: getattr(training_args, name) for name in SCHEDULE + OPTIMIZER}
-    warmup = now["warmup_steps"]
-    if now["learning_rate"] is None and warmup >= 1 and float(warmup).is_integer():  # eq. (3)'s peak, as the flags say
-        d_model = json.loads((checkpoint / "config.json").read_text(encoding="utf-8")).get("d_model")
-        now["learning_rate"] = d_model and noam_learning_rate(int(warmup), d_model, int(warmup), now["lr_scale"])
+    if now["learning_rate"] is None:  # eq. (3)'s peak, as the flags say
+        now["learning_rate"] = _formula_peak(checkpoint, now["warmup_steps"], now["lr_scale"])
     replaced = [
         f"{name} {_value(getattr(saved, name))} (not {_value(now[name])})"
         for name in SCHEDULE + OPTIMIZER
@@ -776,6 +778,14 @@ def _keep_the_checkpoints_schedule(checkpoint: Path, saved, training_args, given
             f"resuming {checkpoint} with the learning-rate schedule and Adam's settings it was trained with, which "
             f"its saved state keeps: {', '.join(replaced)}"
         )
+
+
+def _formula_peak(checkpoint: Path, warmup, lr_scale: float) -> float | None:
+    """Eq. (3)'s peak for the checkpoint's model (its d_model) after ``warmup`` whole updates, times ``lr_scale``."""
+    if not (warmup >= 1 and float(warmup).is_integer()):
+        return None
+    d_model = json.loads((checkpoint / "config.json").read_text(encoding="utf-8")).get("d_model")
+    return d_model and noam_learning_rate(int(warmup), d_model, int(warmup), lr_scale)
 
 
 def saved_arguments(checkpoint: Path):

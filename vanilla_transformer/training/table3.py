@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import hashlib
 import json
@@ -245,9 +246,6 @@ OWN_FLAGS = {
     "test_split": "rows are scored on the validation set, never on the test set",
     "resume_from_checkpoint": "a row with checkpoints resumes from the last one by itself",
     "model_name_or_path": "every row is a new model from the recipe's base",
-    "predict_with_generate": "every row is scored by decoding the validation set (BLEU, chrF)",
-    "no_predict_with_generate": "every row is scored by decoding the validation set (BLEU, chrF)",
-    "prediction_loss_only": "every row is scored by decoding the validation set (BLEU, chrF)",
 }
 # Keys of the recipe that the rows leave out or set (the row's own flags come after).
 RECIPE_SETTINGS = {
@@ -257,8 +255,6 @@ RECIPE_SETTINGS = {
     "do_eval": True,
     "do_predict": False,
     "eval_strategy": "no",
-    "predict_with_generate": True,
-    "prediction_loss_only": False,
 }
 # What a row's scores depend on that its flags only name: the data files (their size and modification time,
 # as the data caches key them), and for the shared tokenizer also the flags that choose its training text.
@@ -327,6 +323,34 @@ def data_files(data_args, names=DATA_FILES) -> dict:
     return files
 
 
+@functools.cache
+def content_hash(path: str, size: int, modified: int) -> str:
+    """SHA-256 of a data file (once per file and version in a process): recorded with a row, so that a file
+    whose modification time alone changed (copied, touched, extracted again) is known to be the same."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while block := file.read(1 << 24):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def recorded(files: dict) -> dict:
+    """`data_files` as a record holds them: with each file's content hash."""
+    return {flag: [*entry[:3], content_hash(*entry[:3])] for flag, entry in files.items()}
+
+
+def _same_file(saved: list | None, now: list | None) -> bool:
+    if saved is None or now is None:
+        return saved is now
+    if saved[:2] != now[:2]:  # another path or size
+        return False
+    return saved[2] == now[2] or (len(saved) > 3 and saved[3] == content_hash(*now[:3]))
+
+
+def same_data(saved: dict, now: dict) -> bool:
+    return all(_same_file(saved.get(flag), now.get(flag)) for flag in {*saved, *now})
+
+
 def _changed_files(saved: dict, now: dict) -> str:
     """What differs between two `data_files` records, in words."""
 
@@ -339,7 +363,7 @@ def _changed_files(saved: dict, now: dict) -> str:
     return "; ".join(
         f"{flag} {said(saved.get(flag))}, now {said(now.get(flag))}"
         for flag in dict.fromkeys([*saved, *now])
-        if saved.get(flag) != now.get(flag)
+        if not _same_file(saved.get(flag), now.get(flag))
     )
 
 
@@ -367,6 +391,11 @@ def plan(
     """Every (row, seed) as a run of ``train``, each checked as ``train`` checks its flags, before any training.
     Every row trains with one tokenizer: --tokenizer_name_or_path, else OUTPUT/tokenizer (`shared_tokenizer`)."""
     model_args, data_args, training_args = parse_arguments([str(recipe_file), *train_flags], prog)
+    if not training_args.predict_with_generate or training_args.prediction_loss_only:
+        raise ValueError(
+            "every row is scored by decoding the validation set (BLEU, chrF): leave out --predict_with_generate "
+            "false (--no_predict_with_generate) and --prediction_loss_only, or their values in the recipe."
+        )
     data = data_files(data_args)
     tokenizer = model_args.tokenizer_name_or_path or str(output_dir / "tokenizer")
     base_config = model_config(model_args.preset, model_args.config_overrides)
@@ -418,6 +447,8 @@ def tokenizer_record(model_args, data_args, training_args) -> dict:
     settings = run.new_tokenizer_settings(model_args, data_args, training_args)
     settings.pop("cache_dir")  # where it is kept, not what it is
     text = {name: getattr(data_args, name) for name in TOKENIZER_TEXT}
+    for name in ("train_file", "train_source_file", "train_target_file"):  # the same file however it is spelled
+        text[name] = text[name] and str(Path(text[name]).resolve())
     return {"settings": settings, "text": text, "files": data_files(data_args, TOKENIZER_TEXT)}
 
 
@@ -429,7 +460,7 @@ def check_shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir
     if model_args.tokenizer_name_or_path or not (folder / TOKENIZER_RECORD).is_file():
         return  # none trained yet, or one of an earlier release (which recorded nothing)
     saved, now = read_record(folder / TOKENIZER_RECORD), tokenizer_record(model_args, data_args, training_args)
-    if saved == now:
+    if (saved["settings"], saved["text"]) == (now["settings"], now["text"]) and same_data(saved["files"], now["files"]):
         return
     changes = [
         f"{'--tokenizer_' + key if key != 'seed' else '--seed'} {saved['settings'].get(key)}, now {value}"
@@ -461,7 +492,8 @@ def shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir: Path
         )
         partial = folder.with_name("tokenizer.partial")
         tokenizer.save_pretrained(partial)
-        write_record(partial / TOKENIZER_RECORD, tokenizer_record(model_args, data_args, training_args))
+        record = tokenizer_record(model_args, data_args, training_args)
+        write_record(partial / TOKENIZER_RECORD, {**record, "files": recorded(record["files"])})
         partial.replace(folder)  # complete or absent: a later run never trains rows with half a tokenizer
 
 
@@ -499,7 +531,7 @@ def finished(job: Job) -> dict | None:
                 f"({_changed_flags(record.get('flags', []), job.flags)}); give another --output-dir, or delete the "
                 "folder to train it again."
             )
-        if record.get("data") is not None and job.data is not None and record["data"] != job.data:
+        if record.get("data") is not None and job.data is not None and not same_data(record["data"], job.data):
             raise ValueError(
                 f"{job.folder} holds row {job.row} (seed {job.seed}) trained on data changed since "
                 f"({_changed_files(record['data'], job.data)}); give another --output-dir, or delete the folder "
@@ -551,7 +583,7 @@ def check_devices(devices: list[str], use_cpu: bool) -> None:
     if not torch.cuda.is_available():
         raise ValueError(
             f"--devices {','.join(devices)}: no CUDA GPU is visible here; leave --devices out to train the rows one "
-            "after another in this process."
+            "after another in this process (or add --use_cpu true to train them as processes on the CPU)."
         )
     count = torch.cuda.device_count()
     if wrong := [device for device in devices if not device.isdigit() or int(device) >= count]:
@@ -573,8 +605,10 @@ def device_name(device: str) -> str:
 
 
 class Processes:
-    """The rows' processes (--devices). Each runs in a session of its own, so that a terminal's Ctrl-C or a
-    scheduler's SIGTERM reaches it once, from here: it saves a checkpoint and stops, and no row starts after."""
+    """The rows' processes (--devices), in the command's process group: a terminal's Ctrl-C reaches each of them
+    as it reaches the command (and a second one stops them at once, without saving, as train does alone). A
+    SIGTERM to the command (a scheduler's, or `kill`) is passed on to them once (train takes a second one as the
+    same), so that each saves a checkpoint and stops; after either signal no row starts."""
 
     def __init__(self):
         self.running, self.lock, self.stopped_by = set(), threading.Lock(), None
@@ -583,7 +617,7 @@ class Processes:
         with self.lock:
             if self.stopped_by is not None:
                 raise RowsStopped(self.stopped_by)
-            process = subprocess.Popen(command, start_new_session=True, **kwargs)
+            process = subprocess.Popen(command, **kwargs)
             self.running.add(process)
         return process
 
@@ -593,13 +627,13 @@ class Processes:
             self.running.discard(process)
         return code
 
-    def stop(self, number: int, frame=None) -> None:  # a signal handler: pass the signal on, once
+    def stop(self, number: int, frame=None) -> None:  # a signal handler
         with self.lock:
-            if self.stopped_by is not None:
-                return
-            self.stopped_by = number
-            for process in self.running:
-                process.send_signal(number)
+            first = self.stopped_by is None
+            self.stopped_by = self.stopped_by or number
+            if number == signal.SIGTERM and first:
+                for process in self.running:
+                    process.send_signal(number)
 
     @contextlib.contextmanager
     def passing_signals_on(self):
@@ -639,7 +673,8 @@ def run_job(job: Job, device: str | None, processes: Processes | None = None) ->
     With a device, in a process of its own that sees only that GPU (``processes`` holds it)."""
     flags = job.flags + (RESUME_HINT.split() if checkpoint_folders(job.folder) else [])
     job.folder.mkdir(parents=True, exist_ok=True)
-    write_record(job.folder / FLAGS_FILE, {"flags": job.flags, "data": job.data})
+    data = None if job.data is None else recorded(job.data)
+    write_record(job.folder / FLAGS_FILE, {"flags": job.flags, "data": data})
     start = time.monotonic()
     if device is None:
         try:
@@ -670,7 +705,7 @@ def run_job(job: Job, device: str | None, processes: Processes | None = None) ->
         "row": job.row,
         "seed": job.seed,
         "flags": job.flags,
-        "data": job.data,
+        "data": data,
         "wall_seconds": time.monotonic() - start,
         **trained_run(job.folder),
     }
@@ -737,8 +772,8 @@ def run_jobs(jobs: list[Job], devices: list[str] | None, report=print) -> tuple[
     if stopped is not None:
         print(
             f"{PROG} table3: stopped by {signal.Signals(stopped).name}: to continue, run the same table3 command "
-            "again (finished rows are kept, a row with a checkpoint resumes from it), without "
-            "--resume_from_checkpoint or --model_name_or_path, which table3 sets itself.",
+            "again (finished rows are kept, a row with a checkpoint resumes from it by itself: table3 refuses "
+            "--resume_from_checkpoint and --model_name_or_path).",
             file=sys.stderr,
         )
         raise SystemExit(128 + stopped)
@@ -1131,7 +1166,7 @@ def _compare(recipe, args, train_flags, rows, devices, output_dir: Path, prog: s
         check_shared_tokenizer(recipe_file, train_flags, output_dir, prog)
         if devices:
             check_devices(devices, parse_arguments([str(recipe_file), *train_flags], prog)[2].use_cpu)
-    except ValueError:  # refused: nothing written
+    except (ValueError, SystemExit):  # refused (SystemExit: argparse's refusal of a value): nothing written
         if new_recipe:
             recipe_file.unlink(missing_ok=True)
         if new_folder and output_dir.is_dir() and not any(output_dir.iterdir()):
