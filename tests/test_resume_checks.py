@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import shutil
 from pathlib import Path
 
@@ -16,60 +15,20 @@ import pytest
 import torch
 import yaml
 
+from test_train import build, reverse_pairs, tiny_args, write_pairs
 from vanilla_transformer import cli
 from vanilla_transformer.command_line import recipe_path
 from vanilla_transformer.training import run as train
 
-LETTERS = "a b c d e f g h i j".split()
 SCHEDULE = ("--learning_rate", "0.003", "--warmup_steps", "4")
 STEPS = ("--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2", "--max_tokens", "200")
-
-
-def write_pairs(folder: Path, name: str, count: int, seed: int) -> None:
-    rng = random.Random(seed)
-    pairs = []
-    for _ in range(count):
-        words = [rng.choice(LETTERS) for _ in range(rng.randint(2, 5))]
-        pairs.append((" ".join(words), " ".join(reversed(words))))
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / f"{name}.src").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
-    (folder / f"{name}.tgt").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
-
-
-def tiny_args(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
-    return [
-        "--train_source_file",
-        str(data_dir / "train.src"),
-        "--train_target_file",
-        str(data_dir / "train.tgt"),
-        "--preset",
-        "tiny",
-        "--tokenizer_vocab_size",
-        "280",
-        "--output_dir",
-        str(output_dir),
-        "--report_to",
-        "none",
-        "--use_cpu",
-        "--disable_tqdm",
-        "true",
-        "--eval_strategy",
-        "no",
-        "--logging_steps",
-        "1",
-        *extra,
-    ]
-
-
-def build(data_dir: Path, output_dir: Path, *extra: str) -> train.Run:
-    return train.build_trainer(*train.parse_arguments(tiny_args(data_dir, output_dir, *extra)))
 
 
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("reverse")
-    write_pairs(folder, "train", 400, seed=1)
-    write_pairs(folder, "valid", 20, seed=2)
+    write_pairs(folder, "train", reverse_pairs(400, seed=1))
+    write_pairs(folder, "valid", reverse_pairs(20, seed=2))
     return folder
 
 
