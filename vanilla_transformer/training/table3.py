@@ -557,12 +557,9 @@ def _changed_flags(saved: list[str], flags: list[str]) -> str:
     """What differs between two rows' flags, in words: each flag's value then and now."""
     before, now = _flag_values(saved), _flag_values(flags)
 
-    def same(a, b) -> bool:
-        return a == b or (a is not None and b is not None and Path(a).resolve() == Path(b).resolve())
-
     changes = []
     for name in dict.fromkeys([*before, *now]):
-        if not same(before.get(name), now.get(name)):
+        if not _same_value(before.get(name), now.get(name)):
             what = "the recipe" if name == "RECIPE" else name
             changes.append(f"{what} {before.get(name, '(not given)')}, now {now.get(name, '(not given)')}")
     return "; ".join(changes) or " ".join(saved)
@@ -570,9 +567,12 @@ def _changed_flags(saved: list[str], flags: list[str]) -> str:
 
 def same_flags(saved: list[str], flags: list[str]) -> bool:
     """The same flags, where a path may be spelled another way (relative or absolute, ``./``) for the same file."""
-    return len(saved) == len(flags) and all(
-        a == b or Path(a).resolve() == Path(b).resolve() for a, b in zip(saved, flags, strict=True)
-    )
+    return len(saved) == len(flags) and all(_same_value(a, b) for a, b in zip(saved, flags, strict=True))
+
+
+def _same_value(a: str | None, b: str | None) -> bool:
+    """One flag's value, where a path may be spelled another way for the same file."""
+    return a == b or (a is not None and b is not None and Path(a).resolve() == Path(b).resolve())
 
 
 def check_devices(devices: list[str], use_cpu: bool) -> None:
