@@ -14,8 +14,8 @@
 Budget: a run keeps to ``--budget-minutes`` (7.5; 0: none). Each measurement has an estimate (`ESTIMATE_SECONDS`);
 one whose estimate does not fit in what is left is skipped and named, and one that runs past the budget is
 stopped (`time_limit`) and named, as is one far past its own estimate (3x, `RUNAWAY_FACTOR`); the rows so far
-are kept. The run writes three files: ``--output`` (JSON, by default gpu-results/gpu.json, with --levers
-gpu-results/levers.json), the markdown table beside it, and ``*.rows.jsonl``: the machine's row (card, versions)
+are kept. The run writes three files: ``--output`` (JSON, by default gpu-results/gpu.json; with --levers,
+--recipe or --profile levers.json, recipe.json or profile.json there), the markdown table beside it, and ``*.rows.jsonl``: the machine's row (card, versions)
 at the start, then each lever's and recipe variant's row as soon as it is measured (a run killed inside a job keeps
 them). The JSON is written at the start too, and again after each job. On a lent machine, point ``--output`` where the
 files come back from.
@@ -187,8 +187,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--peak-tflops", type=float, help="dense peak of the GPU for MFU (default: by its name)")
     parser.add_argument(
         "--output",
-        help="write the results as JSON here and as markdown beside it (default: "
-        "gpu-results/gpu.json, with --levers gpu-results/levers.json)",
+        help="write the results as JSON here and as markdown beside it (default: gpu-results/gpu.json; with "
+        "--levers, --recipe or --profile gpu-results/levers.json, recipe.json or profile.json)",
     )
     parser.add_argument(
         "--budget-minutes",
@@ -242,13 +242,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.presets is None:
         args.presets = "big,multi30k" if args.levers else "big,base"
     if args.output is None:
-        args.output = (
-            "gpu-results/recipe.json"
-            if args.recipe
-            else "gpu-results/levers.json"
-            if args.levers
-            else "gpu-results/gpu.json"
-        )
+        # each kind of run its own files, so that one run does not overwrite another's
+        kind = "recipe" if args.recipe else "levers" if args.levers else "profile" if args.profile else "gpu"
+        args.output = f"gpu-results/{kind}.json"
     if unknown := sorted(set(args.recipe_variants.split(",")) - set(RECIPE_VARIANTS) - {""}):
         parser.error(f"--recipe-variants: unknown {', '.join(unknown)}; choose from {', '.join(RECIPE_VARIANTS)}")
     return args
@@ -476,11 +472,15 @@ def measure_training(preset: str, mode: str, args) -> dict:
 # as each takes whatever time it is given (`LEVER_ROW_SECONDS` caps it).
 LEVERS = {
     "fp8 + compile_layers": dict(fp8=True, compile="layers", flags=["--fp8", "--compile_layers"]),
+    # --fp8 alone, as train.py runs it: torchao's casts to float8 unfused around each product
+    "fp8": dict(fp8=True, flags=["--fp8"], presets=("big", "base", "tiny"), shapes="large models"),
     "compile_layers": dict(compile="layers", flags=["--compile_layers"]),
     "fuse_projections": dict(fuse=True, flags=["--fuse_projections"]),
     "sync_free_step": dict(sync_free=True, flags=["--sync_free_step"]),
     "bf16_weights": dict(bf16_weights=True, flags=["--bf16_weights"]),
-    "cuda_graphs": dict(compile="cuda_graphs", flags=["--cuda_graphs"], presets=("multi30k", "tiny")),
+    "cuda_graphs": dict(
+        compile="cuda_graphs", flags=["--cuda_graphs"], presets=("multi30k", "tiny"), shapes="small models"
+    ),
     "fused_loss chunked": dict(loss="chunked", flags=["--fused_loss chunked"]),
     "compile_layers + fused_loss chunked": dict(
         compile="layers", loss="chunked", flags=["--compile_layers", "--fused_loss chunked"]
@@ -497,13 +497,14 @@ LEVERS = {
         flags=["--torch_compile", "--torch_compile_mode reduce-overhead"],
         refused_as="--cuda_graphs",  # CUDA only
         presets=("multi30k", "tiny"),
+        shapes="small models",
     ),
     "torch_compile (whole model, static shapes)": dict(compile="model", flags=["--torch_compile"]),
 }
 LEVER_ROW_SECONDS = 90  # the most one row may take: its compilations, two passes, its losses and memory
 
 
-LEVER_ROW_KEYS = ("flags", "presets", "refused_as")  # what a row says about itself, not what LeverTrainee takes
+LEVER_ROW_KEYS = ("flags", "presets", "shapes", "refused_as")  # what a row says of itself, not LeverTrainee's
 LEVER_GRACE_SECONDS = 10  # a lever row stops this long before the budget ends, so that the rows so far are kept
 
 
@@ -618,14 +619,20 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
         args.seed,
     )
     target_tokens = sum(sum(b["lengths"][1]) for b in batches)
-    for batch in batches[:2]:  # Marian's lazy initialisation
-        marian.step(batch)
+    # MarianMTModel's own first pass over the batches (its warm-up), then its memory; its steady rate is taken
+    # in each row, beside the lever's and the plain step's
+    marian_first = [marian.step(batch) for batch in batches]
+    marian_row = {
+        "first_pass_target_tokens_per_second": target_tokens / sum(marian_first),
+        "first_pass_seconds": sum(marian_first),
+        "step_peak_gib": step_peak_gib(marian, batches, args),
+    }
     rows, plain_row = [], None
     for name, lever in [("plain", {"flags": []}), *LEVERS.items()]:
         reasons = [levers.refusal(flag, args.device) for flag in [lever.get("refused_as"), *lever["flags"]] if flag]
         reasons = [reason for reason in reasons if reason]
         if preset not in lever.get("presets", (preset,)):
-            reasons.append(f"a lever for small models: measured with --presets {','.join(lever['presets'])}")
+            reasons.append(f"a lever for {lever['shapes']}: measured with --presets {','.join(lever['presets'])}")
         if reasons:
             rows.append({"lever": name, "skipped": reasons[0]})
             continue
@@ -709,6 +716,10 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
         }
         if name == "plain":
             plain_row = row
+            marian_row["steady_target_tokens_per_second"] = row["marian_steady_target_tokens_per_second"]
+            marian_row["warmup_seconds"] = (
+                marian_row["first_pass_seconds"] - target_tokens / (marian_row["steady_target_tokens_per_second"])
+            )
         rows.append(row)
         emit_row({"what": "levers", "preset": preset, **row})
         if args.device.startswith("cuda"):
@@ -722,6 +733,7 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
         "batches": len(batches),
         "distinct_shapes": len({(*b["input_ids"].shape, b["labels"].shape[1]) for b in batches}),
         "plain": plain_row,
+        "marian": marian_row,
         "rows": rows,
     }
 
@@ -775,10 +787,30 @@ def beam_settings(args) -> dict:
     )
 
 
+@contextmanager
+def cudnn_first_outside_training():
+    """`attention_backends.BACKENDS` with cuDNN's attention first for every use outside training (as torch's own
+    order has it on Hopper with a recent cuDNN), while the block runs: the decoding row that decides whether
+    ``generate()`` leaves it out (only training's choice is measured, docs/benchmarks/gpu.md)."""
+    from vanilla_transformer import attention_backends
+
+    saved = dict(attention_backends.BACKENDS)
+    for (training, use), backends in saved.items():
+        if not training:
+            rest = tuple(backend for backend in backends if backend != attention_backends.CUDNN)
+            attention_backends.BACKENDS[training, use] = (attention_backends.CUDNN, *rest)
+    try:
+        yield
+    finally:
+        attention_backends.BACKENDS.update(saved)
+
+
 def measure_decoding(preset: str, mode: str, args) -> dict:
     """Beam 4 with ``generate()``: ours and the MarianMTModel whose weights ours holds (`from_marian`),
-    alternating on the same sentences, the same number of new tokens each; with the eager rows, also
-    CTranslate2 holding the same weights (`to_ctranslate2`), where its wheel runs."""
+    alternating on the same sentences, the same number of new tokens each; with the eager rows on CUDA, ours
+    with cuDNN's attention first too (`cudnn_first_outside_training`), and CTranslate2 holding the same weights
+    (`to_ctranslate2`), where its wheel runs. Each run's first call (untimed in the median: cuDNN's plans,
+    compilation) is reported apart."""
     import tempfile
 
     from vanilla_transformer.convert import from_marian
@@ -811,9 +843,16 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
                     model.forward = torch.compile(model.forward, fullgraph=True)
         counted = compile_counters()
         runs = {name: (lambda model=model: model.generate(**inputs, **settings)) for name, model in models.items()}
+        if mode == "eager" and args.device.startswith("cuda"):  # the attention table applies on CUDA only
+
+            def ours_cudnn_first():
+                with cudnn_first_outside_training():
+                    return models["ours"].generate(**inputs, **settings)
+
+            runs["ours, cuDNN first"] = ours_cudnn_first
         if ctranslate2 and "translate" in ctranslate2:
             runs["ctranslate2"] = ctranslate2.pop("translate")
-        times, outputs = {name: [] for name in runs}, {}
+        times, outputs, first_calls = {name: [] for name in runs}, {}, {}
         with torch.inference_mode():
             for repeat in range(args.decode_repeats + 1):  # the first call compiles / warms up
                 for name in list(runs) if repeat % 2 == 0 else list(reversed(runs)):  # alternating
@@ -823,6 +862,8 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
                     synchronize(args.device)
                     if repeat:
                         times[name].append(time.perf_counter() - started)
+                    else:
+                        first_calls[name] = round(time.perf_counter() - started, 3)
     seconds = {name: statistics.median(values) for name, values in times.items()}
     result = {
         "what": "decoding",
@@ -838,9 +879,16 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
         "marian_sentences_per_second": len(lengths) / seconds["marian"],
         "ours_over_marian": seconds["marian"] / seconds["ours"],
         "compiled_by": compiled_by,
+        "first_call_seconds": first_calls,
         # ours and MarianMTModel together, over every call: recompiles, breaks, CUDA graphs skipped
         "compile_counters": counted_since(counted) if mode == "compiled" else None,
     }
+    if "ours, cuDNN first" in seconds:
+        result["cudnn_first"] = {
+            "sentences_per_second": len(lengths) / seconds["ours, cuDNN first"],
+            "over_default": seconds["ours"] / seconds["ours, cuDNN first"],
+            "same_hypotheses": bool(torch.equal(outputs["ours, cuDNN first"], outputs["ours"])),
+        }
     if ctranslate2 is not None:
         if "ctranslate2" in seconds:
             hypotheses = ctranslate2.pop("ids")(outputs["ctranslate2"])
@@ -1363,6 +1411,7 @@ def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
                     "updates_per_second": updates / metrics["train_runtime"],
                     "steady_updates_per_second": clock.steady_updates_per_second(),
                     "first_update_seconds": phases["first update"],
+                    "phase_seconds": phases,
                     "target_tokens_per_second": metrics["train_target_tokens_per_second"],
                     "update_breakdown": clock.update_breakdown(),
                     "profile": clock.profile,
@@ -1387,14 +1436,15 @@ class PhaseClock:
     a clock while the run lasts, and a callback on its trainer times the first update and the rest of
     training. A phase whose step the run module no longer has by that name is reported as missing, not guessed."""
 
-    STEPS = {
+    STEPS = {  # phase: the function of the run module that does it, or (another module, its function)
         "data": "load_text_datasets",
         "tokenizer": "prepare_tokenizer",
         "tokenization": "tokenize_pairs",
         "model": "prepare_model",
+        "memory probe": ("vanilla_transformer.training.trainer", "check_largest_batches_fit"),  # --memory_probe
         "save": "save_final_model",
     }
-    PHASES = ("data", "tokenizer", "tokenization", "model", "first update", "training", "save")
+    PHASES = ("data", "tokenizer", "tokenization", "model", "memory probe", "first update", "training", "save")
 
     # Where an update's host time goes, between the Trainer's callback events (`update_breakdown`): from the end
     # of the last update to this one's first forward (logging, the next batch: collation and the copy to the
@@ -1408,13 +1458,16 @@ class PhaseClock:
         self.profiler, self.profile = None, None
 
     def __enter__(self):
+        import importlib
+
         self.started = time.perf_counter()
-        for phase, name in self.STEPS.items():
-            if callable(getattr(self.module, name, None)):
-                self.saved[name] = getattr(self.module, name)
-                setattr(self.module, name, self._timed(phase, self.saved[name]))
+        for phase, step in self.STEPS.items():
+            module, name = (self.module, step) if isinstance(step, str) else (importlib.import_module(step[0]), step[1])
+            if self.module is not None and callable(getattr(module, name, None)):
+                self.saved[module, name] = getattr(module, name)
+                setattr(module, name, self._timed(phase, self.saved[module, name]))
         if callable(getattr(self.module, "build_trainer", None)):
-            self.saved["build_trainer"] = build_trainer = self.module.build_trainer
+            self.saved[self.module, "build_trainer"] = build_trainer = self.module.build_trainer
 
             def with_callback(*args, **kwargs):
                 built = build_trainer(*args, **kwargs)
@@ -1425,8 +1478,8 @@ class PhaseClock:
         return self
 
     def __exit__(self, *exc):
-        for name, function in self.saved.items():
-            setattr(self.module, name, function)
+        for (module, name), function in self.saved.items():
+            setattr(module, name, function)
         if self.profiler is not None:  # the run stopped inside the profiled window (out of time, an error)
             self.profiler.__exit__(None, None, None)
             self.profiler = None
@@ -1729,7 +1782,7 @@ def checkout_commit() -> str | None:
 ESTIMATE_SECONDS = {
     "training": 45,
     "training compiled": 200,
-    "decoding": 30,
+    "decoding": 40,  # ours, Marian and, on CUDA, ours with cuDNN first: 30 s without it on an H100 (2026-11-27)
     "decoding compiled": 120,
     "decoding buckets": 240,  # a compilation per batch shape, ours and Marian: a guess, not yet timed on a GPU
     "loop": 45,
@@ -1854,7 +1907,19 @@ def emit_row(row: dict) -> None:
             rows.write(line + "\n")
 
 
-def main(argv=None) -> list[dict]:
+def seconds_since_start() -> float:
+    """How long this process has run, its imports included (Linux's /proc; 0 where that is not there)."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()  # after the command's name
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"), 0.0)  # field 22: the start, in ticks
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def main(argv=None, started: float | None = None) -> list[dict]:
+    """Every measurement ``argv`` asks for, within --budget-minutes counted from ``started`` (a perf_counter
+    time; by default now: the command line passes the process's start, so that the budget holds its imports)."""
     args = parse_args(argv)
     if args.shapes_only:  # with buckets (--pad_to_buckets always), then without (each batch its own shape)
         lengths = synthetic_lengths(args.pairs, args.seed)
@@ -1869,7 +1934,7 @@ def main(argv=None) -> list[dict]:
         for result in results:
             print(json.dumps(result), flush=True)
         return results
-    started = time.perf_counter()
+    started = time.perf_counter() if started is None else started
     budget = 60 * args.budget_minutes if args.budget_minutes else math.inf
     if args.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
@@ -2015,6 +2080,17 @@ def markdown_table(results: list[dict]) -> str:
                 f"| {name}, beam 4 | {r['sentences_per_second']:.1f} sentences/s | "
                 f"{r['marian_sentences_per_second']:.1f} sentences/s | {r['ours_over_marian']:.2f} |"
             )
+            first = r.get("first_call_seconds") or {}
+            if first.get("ours") is not None and first.get("marian") is not None:
+                lines.append(f"| {name}, beam 4, first call | {first['ours']:.2f} s | {first['marian']:.2f} s | |")
+            cudnn = r.get("cudnn_first")
+            if cudnn:
+                same = "the same hypotheses" if cudnn["same_hypotheses"] else "other hypotheses"
+                lines.append(
+                    f"| {name}, beam 4, cuDNN attention first | {cudnn['sentences_per_second']:.1f} sentences/s, "
+                    f"first call {first.get('ours, cuDNN first', float('nan')):.2f} s, {same} | | "
+                    f"default / cuDNN first {cudnn['over_default']:.2f} |"
+                )
             ct2 = r.get("ctranslate2")
             if ct2 and "skipped" in ct2:
                 lines.append(f"| {name}, beam 4, CTranslate2 | skipped: {cell(ct2['skipped'])} | | |")
@@ -2077,10 +2153,7 @@ def markdown_table(results: list[dict]) -> str:
                 f"updates | | |"
             )
             if r.get("phase_seconds"):
-                phases = ", ".join(
-                    f"{phase} {'not found' if value is None else f'{value:.1f} s'}"
-                    for phase, value in r["phase_seconds"].items()
-                )
+                phases = phase_cell(r["phase_seconds"])
                 lines.append(
                     f"| train.py {r['preset']}, phases | writing the text {r['text_seconds']:.1f} s; {phases} | | |"
                 )
@@ -2108,9 +2181,16 @@ def lever_lines(r: dict) -> list[str]:
         f"Levers, {r['preset']} (ours; the plain step and MarianMTModel on the same batches, alternating):",
         "",
         "| lever | first pass tok/s | steady tok/s | warm-up s | lever time / plain | plain steady | "
-        "Marian steady | step peak GiB (plain) | loss after (plain) |",
+        f"Marian steady | step peak GiB (plain) | loss after {updates_of(r)} updates (plain) |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    marian = r.get("marian")
+    if marian and "steady_target_tokens_per_second" in marian:  # MarianMTModel's own row, as a lever's
+        memory = "" if marian["step_peak_gib"] is None else f"{marian['step_peak_gib']:.1f}"
+        lines.append(
+            f"| MarianMTModel (the peer) | {marian['first_pass_target_tokens_per_second']:,.0f} | "
+            f"{marian['steady_target_tokens_per_second']:,.0f} | {marian['warmup_seconds']:.1f} | | | | {memory} | |"
+        )
     for row in r["rows"]:
         if "skipped" in row or "error" in row:
             lines.append(f"| {row['lever']} | {outcome_cell(row)} | | | | | | | |")
@@ -2134,6 +2214,12 @@ def lever_lines(r: dict) -> list[str]:
     return lines + [""]
 
 
+def updates_of(r: dict) -> str:
+    """The updates each measured lever row made before its loss was taken (two passes over the batches)."""
+    counts = {row["updates"] for row in r["rows"] if "updates" in row}
+    return str(counts.pop()) if len(counts) == 1 else "N"
+
+
 def recipe_lines(r: dict) -> list[str]:
     """A row per variant of the Multi30k recipe's train.py run: updates/s over the run and at steady state."""
     lines = []
@@ -2149,8 +2235,15 @@ def recipe_lines(r: dict) -> list[str]:
             f"{'?' if steady is None else f'{steady:.1f}'} at steady state; first update "
             f"{'?' if first is None else f'{first:.1f}'} s | | |"
         )
+        if row.get("phase_seconds"):
+            lines.append(f"| {row['variant']}: phases | {phase_cell(row['phase_seconds'])} | | |")
         lines += update_lines(row)
     return lines
+
+
+def phase_cell(phases: dict) -> str:
+    """The seconds of each phase of a train.py run (`PhaseClock.seconds`), in the order it ran."""
+    return ", ".join(f"{phase} {'not found' if value is None else f'{value:.1f} s'}" for phase, value in phases.items())
 
 
 def update_lines(row: dict) -> list[str]:
@@ -2193,4 +2286,4 @@ def profile_lines(r: dict) -> list[str]:
 
 
 if __name__ == "__main__":
-    main()
+    main(started=time.perf_counter() - seconds_since_start())
