@@ -112,6 +112,50 @@ def test_compiled_layers_train_like_eager_over_bucket_shapes():
     assert 0 < counters["stats"]["unique_graphs"] <= 4
 
 
+def test_compiled_layers_with_the_chunked_loss_train_like_the_plain_step():
+    """gpu.py's row "compile_layers + fused_loss chunked": the compiled layers under the chunked loss (which calls
+    the model past its lm_head) give the plain step's loss and gradients."""
+    torch._dynamo.reset()
+    plain, compiled = model_of(), model_of()
+    levers.compile_layers(compiled, backend="inductor")
+    for index, shape in enumerate([(8, 16, 16), (4, 24, 16)]):
+        batch = batch_of(*shape, seed=index)
+        assert_same_training(loss_and_grads(compiled, batch, "chunked"), loss_and_grads(plain, batch))
+
+
+def test_the_whole_model_compiled_with_static_shapes_trains_like_eager():
+    """gpu.py's row "torch_compile (whole model, static shapes)", as train.py --torch_compile compiles token batches:
+    a graph of inductor's per batch shape, the same training as eager (the CPU's counterpart compiles by
+    aot_eager: tests/test_levers.py)."""
+    torch._dynamo.reset()
+    eager, compiled = model_of(), model_of()
+    forward = torch.compile(compiled, dynamic=False)
+    for index, shape in enumerate([(8, 16, 16), (4, 24, 16)]):
+        batch = batch_of(*shape, seed=index)
+        assert_same_training(loss_and_grads(compiled, batch, forward=forward), loss_and_grads(eager, batch))
+
+
+def test_generate_with_a_static_cache_compiles_itself_and_decodes_as_the_dynamic_cache():
+    """What gpu.py's compiled decoding rows time: on CUDA, generate() with cache_implementation="static" compiles
+    the forward itself (CUDA graphs), and its beam-4 hypotheses are the dynamic cache's (float32; the CPU's
+    counterpart compiles the forward by hand: tests/test_speed_levers.py). Inductor's kernels sum in another
+    order, which may flip a near-tie of a random model: 7 sentences of 8 at least, token for token."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = model_of().eval()
+    input_ids, attention_mask, _ = batch_of(8, 12, 4)
+    settings = dict(input_ids=input_ids, attention_mask=attention_mask, num_beams=4, max_new_tokens=8)
+    with torch.inference_mode():
+        dynamic = model.generate(**settings, min_new_tokens=8)
+        for _ in range(2):  # the first call records the graphs, the second replays them
+            static = model.generate(**settings, min_new_tokens=8, cache_implementation="static")
+    assert counters["stats"]["unique_graphs"] >= 1, "generate() compiled nothing"
+    assert static.shape == dynamic.shape
+    assert sum(torch.equal(a, b) for a, b in zip(static, dynamic)) >= 7, (static, dynamic)
+
+
 def test_compiled_training_keeps_the_attention_kernel_choice_without_a_graph_break():
     """On this GPU's torch: a compiled layer in training traces `sdpa_kernel` (the table of
     attention_backends) into its graph, without a break, so a compiled lever differs from eager by its

@@ -351,6 +351,29 @@ def test_levers_that_need_cuda_are_refused_on_the_cpu_in_one_line_naming_the_fla
     assert reason.startswith(flag) and "\n" not in reason
 
 
+def test_levers_a_cuda_card_cannot_run_are_refused_in_one_line_naming_the_card(monkeypatch):
+    """On CUDA, --fp8 needs float8 matrix multiplies (compute capability 8.9+: Ada, Hopper) and --bf16_weights a
+    card with bfloat16 (8.0+); an A100 and a V100 stand in for such cards (torch.cuda's answers replaced)."""
+    cards = {"NVIDIA A100-SXM4-80GB": ((8, 0), True), "Tesla V100-SXM2-16GB": ((7, 0), False)}
+    card = ["NVIDIA A100-SXM4-80GB"]
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: card[0])
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: cards[card[0]][0])
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda including_emulation=True: cards[card[0]][1])
+    reason = levers.refusal("--fp8", "cuda")
+    assert reason == (
+        "--fp8 needs a GPU with float8 matrix multiplies (compute capability 8.9+), not NVIDIA A100-SXM4-80GB; "
+        "leave it out."
+    )
+    assert levers.refusal("--bf16_weights", "cuda") is None  # an A100 has bfloat16
+    card[0] = "Tesla V100-SXM2-16GB"
+    reason = levers.refusal("--bf16_weights", "cuda")
+    assert reason.startswith("--bf16_weights: Tesla V100-SXM2-16GB has no bfloat16") and "\n" not in reason
+    assert levers.refusal("--fp8", "cuda").endswith("not Tesla V100-SXM2-16GB; leave it out.")
+    cards["NVIDIA H100 80GB HBM3"], card[0] = ((9, 0), True), "NVIDIA H100 80GB HBM3"  # a card with float8
+    monkeypatch.setitem(sys.modules, "torchao", None)  # torchao not installed: how to install it
+    assert levers.refusal("--fp8", "cuda") == f"--fp8 needs torchao: {levers.FP8_INSTALL_HINT}."
+
+
 def test_training_arguments_refuse_a_cuda_lever_on_the_cpu():
     from vanilla_transformer.training.trainer import TransformerTrainingArguments
 
