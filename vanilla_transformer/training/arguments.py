@@ -127,7 +127,8 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         default="auto",
         metadata={
             "help": "before the first update, try the largest batches in one forward and backward pass, so that "
-            "one that runs out of memory fails at once, with a --max_tokens that fits; auto: on CUDA only",
+            "one that runs out of memory fails at once, with a --max_tokens that fits; auto: on CUDA only (its "
+            "seconds at the start are not measured on a GPU yet: benchmarks/gpu.py's train.py runs time them)",
             "choices": list(MEMORY_PROBE_CHOICES),
         },
     )
