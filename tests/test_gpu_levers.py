@@ -56,14 +56,23 @@ def loss_and_grads(model, batch, fused_loss="none", forward=None, dtype=torch.bf
 
 
 def assert_same_training(a, b, rtol=2e-2, atol=2e-3, gradient_tolerance=2e-2):
-    """Equal loss, and each parameter's gradient equal up to bfloat16 rounding: within 2% of the reference's norm.
-    Element by element, bfloat16 products summed in another order (another kernel, a compiled graph) differ by
-    more than 2% on a few small entries (an H100, 2026-11-27); a wrong lever (a lost mask, a missing term)
-    moves the whole gradient."""
+    """Equal loss, and the gradients equal up to bfloat16 rounding: the whole within 2% of the reference's norm,
+    and each parameter's within 2% of its own norm. Element by element, bfloat16 products summed in another order
+    (another kernel, a compiled graph) differ by more than 2% on a few small entries (an H100, 2026-11-27); a
+    wrong lever (a lost mask, a missing term) moves the whole gradient. A parameter whose gradient is rounding
+    noise is left to the whole's check: k_proj.bias (softmax ignores a constant added to every key, so its true
+    gradient is 0; about 1e-5 of the largest gradient's norm, where every other is above 1e-3: the tiny model on
+    the CPU), where another summation order differs by 50% and more."""
     (loss_a, grads_a), (loss_b, grads_b) = a, b
     torch.testing.assert_close(loss_a, loss_b, rtol=rtol, atol=atol)
+    whole = torch.cat([(grads_a[name] - grads_b[name]).flatten() for name in grads_b]).norm()
+    reference = torch.cat([gradient.flatten() for gradient in grads_b.values()]).norm()
+    assert whole <= gradient_tolerance * reference, f"the gradients differ by {whole / reference:.2%} of their norm"
+    largest = max(gradient.norm() for gradient in grads_b.values())
     for name in grads_a:
-        error = (grads_a[name] - grads_b[name]).norm() / grads_b[name].norm().clamp_min(1e-12)
+        if grads_b[name].norm() <= 1e-3 * largest:  # rounding noise
+            continue
+        error = (grads_a[name] - grads_b[name]).norm() / grads_b[name].norm()
         assert error <= gradient_tolerance, f"{name}: gradients differ by {error:.2%} of their norm"
 
 
