@@ -329,7 +329,8 @@ def test_fsdp_trains_sharded_after_evaluating_first(tmp_path):
     assert len(logged_losses(one)) == 4
 
 
-@pytest.mark.parametrize("launch", ["ddp", "fsdp"])
+# FSDP evaluates unwrapped, as DDP does; its evaluation also runs in test_fsdp_trains_sharded_after_evaluating_first
+@pytest.mark.parametrize("launch", ["ddp", pytest.param("fsdp", marks=pytest.mark.slow)])
 def test_evaluation_alone_on_two_processes_scores_every_sentence_once(launch, tmp_path):
     """Evaluation and prediction without training, on 2 processes, of 23 sentences: a number no batch
     layout divides (2 processes x 4 sentences). accelerate pads the last batches with repeated sentences

@@ -101,6 +101,7 @@ def test_every_measurement_names_a_commit_and_a_command_the_pages_cite():
         assert record["command"].startswith(("python benchmarks/", "vanilla-transformer "))  # a script or the command
 
 
+@pytest.mark.slow  # the numbers drawn are checked by test_every_number_drawn_is_one_the_benchmark_pages_report
 def test_the_pictures_are_drawn_from_the_recorded_numbers(tmp_path):
     pytest.importorskip("matplotlib")
     completed = subprocess.run(

@@ -210,6 +210,7 @@ def test_kill_9_while_a_checkpoint_is_written_loses_at_most_one_interval(data_di
     assert_same_weights(output, uninterrupted)
 
 
+@pytest.mark.slow  # the kill -9 while a checkpoint is written stays in the default suite
 def test_kill_9_at_a_random_moment_then_resume_gives_the_uninterrupted_model(data_dir, uninterrupted):
     output = data_dir / "killed-at-random"
     process = start(data_dir, output, pause=0.3)
@@ -226,6 +227,7 @@ def test_kill_9_at_a_random_moment_then_resume_gives_the_uninterrupted_model(dat
     assert_same_weights(output, uninterrupted)
 
 
+@pytest.mark.slow  # SIGTERM's twin (test_preemption.py) and SIGINT to every process stay in the default suite
 def test_ctrl_c_saves_a_resumable_checkpoint_says_so_and_resume_finishes(data_dir, uninterrupted):
     output = data_dir / "interrupted"
     process = start(data_dir, output, pause=0.3)

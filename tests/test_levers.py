@@ -434,6 +434,7 @@ def test_compiled_layers_take_few_graphs_over_all_bucket_shapes():
     assert set(compiled.state_dict()) == set(eager.state_dict())  # Module.compile keeps the names
 
 
+@pytest.mark.slow  # CUDA_GRAPHS' compilations: test_torch_compile.py; compiled gradients: compile_layers' test
 def test_the_whole_model_compiled_as_cuda_graphs_compiles_it_trains_like_eager():
     """--cuda_graphs' compilation (`levers.CUDA_GRAPHS`: dynamic shapes; the CUDA graphs need a GPU, test_gpu_levers)
     through AOT autograd on the CPU: over six batch shapes, equal lengths among them, one compilation of the forward

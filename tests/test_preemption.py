@@ -179,7 +179,11 @@ def test_sigterm_while_a_checkpoint_is_written_stops_after_it_and_resume_gives_t
     assert_same_weights(output, uninterrupted)
 
 
-@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize(
+    "number",
+    [pytest.param(signal.SIGTERM, marks=pytest.mark.slow), signal.SIGINT],  # the workers ignore both alike
+    ids=["SIGTERM", "SIGINT"],
+)
 def test_a_signal_to_every_process_data_loader_workers_too_saves_once(data_dir, tmp_path, number):
     """SLURM signals every process of a job step, and a terminal's Ctrl-C its whole foreground process group: the
     data loader's workers too. A worker killed by SIGTERM would end the run before the checkpoint (torch raises
@@ -407,7 +411,9 @@ def stopped_outside_training(data_dir: Path, output: Path, where: str, said: str
     "where, said",
     [
         ("save_final_model", "stopped by SIGTERM after training, while saving the final model: "),
-        ("build_trainer", "stopped by SIGTERM before training started: nothing was saved"),
+        pytest.param(  # its line is Ctrl-C's (test_a_ctrl_c_outside_training_says_where_it_stopped_in_one_line)
+            "build_trainer", "stopped by SIGTERM before training started: nothing was saved", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_a_sigterm_outside_training_says_where_it_stopped_frees_the_folder_and_ends_as_killed(
@@ -449,6 +455,7 @@ def test_a_ctrl_c_outside_training_says_where_it_stopped_in_one_line(
     assert signal.getsignal(signal.SIGINT) is ctrl_c_before
 
 
+@pytest.mark.slow  # a requeued finished run and a signal while evaluating stay in the default suite
 def test_after_a_sigterm_in_the_final_evaluation_the_same_command_resumed_evaluates_without_training(
     data_dir, tmp_path, monkeypatch, caplog
 ):

@@ -70,7 +70,12 @@ def test_an_upload_cut_mid_way_leaves_no_model_and_a_rerun_completes_it(hub, run
 
 
 @pytest.mark.parametrize(
-    "route, when", [("commit", "mid-request"), ("commit", "before-answer"), ("preupload", "mid-request")]
+    "route, when",
+    [  # one retried cut in the default suite (and test_retries_end_after_the_number_given), two in the slow one
+        pytest.param("commit", "mid-request", marks=pytest.mark.slow),
+        ("commit", "before-answer"),
+        pytest.param("preupload", "mid-request", marks=pytest.mark.slow),
+    ],
 )
 def test_a_broken_connection_is_retried_into_one_complete_commit(hub, run_folder, tmp_path, route, when):
     """Cut before the commit: retried. Cut after it (the answer lost): the retry finds every file there and

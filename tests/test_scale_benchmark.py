@@ -2,6 +2,8 @@
 
 import gzip
 
+import pytest
+
 from helpers import load_script
 
 scale = load_script("benchmarks/scale.py")
@@ -18,6 +20,7 @@ def test_the_corpus_is_deterministic_aligned_and_wmt_sized(tmp_path):
     assert scale.write_corpus(tmp_path / "a", 2000, seed=3) == first  # reused, not rewritten
 
 
+@pytest.mark.slow  # a benchmark's own run (benchmarks/scale.py); its corpus is checked in the default suite
 def test_a_small_run_reports_time_memory_and_cores(tmp_path):
     source, target = scale.write_corpus(tmp_path / "corpus", 300)
     result = scale.run_once(1, source, target, tmp_path, tmp_path / "cache")

@@ -345,7 +345,11 @@ def test_training_a_tokenizer_on_several_machines_is_refused_before_the_data_is_
     assert train.refuse_tokenizer_training_on_several_machines(2) is None
 
 
-@pytest.mark.parametrize("held_out", [(), ("--validation_size", "300")], ids=["all pairs", "validation held out"])
+@pytest.mark.parametrize(
+    "held_out",
+    [(), pytest.param(("--validation_size", "300"), marks=pytest.mark.slow)],  # the same data path as all pairs
+    ids=["all pairs", "validation held out"],
+)
 def test_tokenizer_only_saves_the_tokenizer_a_run_would_train_and_nothing_else(data_dir, tmp_path, held_out):
     """--tokenizer_only: what a run of several machines is told to do first. The reference: the tokenizer that
     train.main itself trains and saves in <output_dir>/tokenizer for the same flags (same sample, same seed), also
@@ -1462,8 +1466,8 @@ def logged_losses(output_dir: Path) -> list[float]:
 
 @pytest.mark.parametrize(
     "ddp_flags",
-    [
-        (),
+    [  # the other two cover the defaults between them: DDP's default flags (bfloat16 weights), float32 (sync-free)
+        pytest.param((), marks=pytest.mark.slow),
         ("--ddp_find_unused_parameters", "false", "--sync_free_step", "true"),
         ("--bf16_weights", "true"),
     ],
