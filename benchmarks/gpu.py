@@ -67,9 +67,10 @@ Decoding: beam 4 (length penalty 0.6) with ``generate()`` over ``--decode-batch`
 synthetic lengths, exactly ``--decode-tokens`` new tokens each (random weights never stop on their
 own), for base, big and the Multi30k recipe's shape: ours holding the weights of a MarianMTModel
 (`vanilla_transformer.convert.from_marian`) against that MarianMTModel, alternating, with the dynamic
-cache ("eager") and with a static cache under ``torch.compile`` ("compiled": on CUDA, ``generate()`` compiles the
-static-cache forward itself, mode reduce-overhead, as a user of ``cache_implementation="static"`` gets it; on
-a CPU, where it does not, the forward is compiled before). With the eager rows, where
+cache ("eager") and with a static cache under ``torch.compile`` ("compiled": ours on CUDA as a user of
+``cache_implementation="static"`` gets it, ``generate()`` compiling its beam search's step itself with CUDA graphs;
+MarianMTModel's forward compiled before, as its user must, transformers' beam search compiling nothing; on a CPU
+both compiled before). With the eager rows, where
 ctranslate2 imports and runs on the device, CTranslate2 too: ours exported with `to_ctranslate2` and
 loaded as float16 where its wheel has float16 on the device (CUDA), else float32 (the CPU wheels have
 float32 and int8; the row names the compute type), decoding the same sentences the same way (beam 4,
@@ -833,13 +834,18 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
         }
         settings = beam_settings(args)
         compiled_by = None
-        if mode == "compiled":  # what a user of generate() gets with a static cache
+        if mode == "compiled":  # a static cache under torch.compile, each model as its best user gets it
             settings["cache_implementation"] = "static"
-            if args.device.startswith("cuda"):  # generate() compiles the forward itself (CompileConfig's defaults)
-                compiled_by = "generate()'s automatic compilation of the static-cache forward (reduce-overhead)"
-            else:  # generate() compiles on CUDA only: the forward compiled here instead, once
-                compiled_by = "torch.compile(forward, fullgraph=True)"
-                for model in models.values():
+            by_hand = "torch.compile(forward, fullgraph=True)"
+            # ours: on CUDA generate() compiles its beam search's step itself (CompileConfig's defaults: CUDA graphs,
+            # `_compiled_forward`); MarianMTModel: transformers' beam search compiles nothing (5.24), so its user
+            # compiles the forward (inductor, no CUDA graphs: its cache's reorder makes new tensors each step)
+            compiled_by = {
+                "ours": "generate(): CUDA graphs (reduce-overhead)" if args.device.startswith("cuda") else by_hand,
+                "marian": by_hand,
+            }
+            for name, model in models.items():
+                if compiled_by[name] == by_hand:
                     model.forward = torch.compile(model.forward, fullgraph=True)
         counted = compile_counters()
         runs = {name: (lambda model=model: model.generate(**inputs, **settings)) for name, model in models.items()}
@@ -906,9 +912,9 @@ def measure_bucketed_decoding(preset: str, args) -> dict:
     """What ``translate --static-cache`` decodes: ``--decode-batches`` batches of ``--decode-batch`` sentences of
     WMT-like lengths, sorted by length as translate sorts them, each padded to a multiple of 16 tokens
     (`translation.padded_to_multiple`); beam 4, exactly ``--decode-tokens`` new tokens each. Ours and the
-    MarianMTModel whose weights it holds, each with a static cache (which generate() compiles on CUDA, one graph per
-    batch shape) and with the default dynamic cache, alternating: the first pass over the batches (the
-    compilations) and the second, in sentences/s."""
+    MarianMTModel whose weights it holds, each with a static cache (ours compiled by generate() on CUDA, a graph per
+    batch shape; MarianMTModel's not, as transformers' beam search compiles nothing) and with the default dynamic
+    cache, alternating: the first pass over the batches (the compilations) and the second, in sentences/s."""
     from vanilla_transformer.convert import from_marian
     from vanilla_transformer.training.translation import STATIC_CACHE_MULTIPLE, padded_to_multiple
 
@@ -960,7 +966,7 @@ def measure_bucketed_decoding(preset: str, args) -> dict:
         "shapes": len(widths),
         "new_tokens": args.decode_tokens,
         "sentences_per_second": rates,
-        "compiled": args.device.startswith("cuda"),  # generate() compiles a static cache's forward on CUDA only
+        "compiled": args.device.startswith("cuda"),  # ours: generate() compiles a static cache's step on CUDA only
         "compile_counters": counted_since(counted),
     }
 

@@ -519,6 +519,68 @@ def test_beam_search_with_a_static_cache_under_torch_compile_equals_eager():
     assert torch.equal(compiled.generate(**inputs, **settings), eager)
 
 
+def test_beam_search_over_a_static_cache_compiles_its_step_where_transformers_would_and_equals_eager():
+    """transformers compiles the decoding step over a static cache in greedy search and sampling (on CUDA, or
+    with a CompileConfig for every device), not in beam search; ours compiles it for beam search too, with the
+    generation config's CompileConfig (dynamo's eager backend here: the graphs, not inductor's code; inductor
+    gave the same hypotheses on this CPU, 2026-11-29), once for the calls after it. The hypotheses are the
+    dynamic cache's; the model's forward is its own again after each call; a forward the user compiled is kept."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_model().eval()
+    inputs, settings = padded_sources(), dict(num_beams=4, max_new_tokens=8, min_new_tokens=8)
+    expected = model.generate(**inputs, **settings)
+    assert torch.equal(model.generate(**inputs, **settings, cache_implementation="static"), expected)
+    assert counters["stats"]["unique_graphs"] == 0  # on a CPU without a CompileConfig: uncompiled, as transformers
+    config = CompileConfig(backend="eager", mode=None)
+    config._compile_all_devices = True  # transformers' switch for devices other than CUDA
+    model.generation_config.compile_config = config
+    for call in range(2):
+        assert torch.equal(model.generate(**inputs, **settings, cache_implementation="static"), expected), call
+        assert "forward" not in vars(model)  # the class's own again
+        if call == 0:
+            graphs = counters["stats"]["unique_graphs"]
+            assert graphs >= 1
+    assert counters["stats"]["unique_graphs"] == graphs  # the second call compiled nothing more
+    own = copy.deepcopy(model)
+    own.forward = own.forward  # as a user who compiled it would have set it
+    before = counters["stats"]["calls_captured"]
+    assert torch.equal(own.generate(**inputs, **settings, cache_implementation="static"), expected)
+    assert counters["stats"]["calls_captured"] == before and own.forward.__self__ is own
+
+
+def test_a_static_cache_is_reordered_in_place_for_the_graphs_that_read_it():
+    """Beam search reorders the decoder's cache at every step; a static cache's own reorder makes new tensors,
+    where a recorded CUDA graph would read the old ones: ours copies the reordered rows into the same buffers,
+    equal to the cache's own reorder."""
+    from transformers.cache_utils import EncoderDecoderCache, StaticCache
+
+    model = tiny_model().eval()
+    config, decoder = model.config, model.config.get_text_config(decoder=True)  # the latter as generate() builds
+    caches = [
+        EncoderDecoderCache(StaticCache(decoder, max_cache_len=6), StaticCache(decoder, max_cache_len=6))
+        for _ in range(2)
+    ]
+    generator = torch.Generator().manual_seed(3)
+    heads, width = config.decoder_attention_heads, config.d_model // config.decoder_attention_heads
+    for layer in range(config.decoder_layers):
+        keys, values = (torch.randn(4, heads, 2, width, generator=generator) for _ in range(2))
+        for cache in caches:
+            cache.self_attention_cache.update(keys, values, layer, {"cache_position": torch.arange(2)})
+    beam_idx = torch.tensor([2, 2, 0, 3])
+    buffers = [(layer.keys.data_ptr(), layer.values.data_ptr()) for layer in caches[0].self_attention_cache.layers]
+    model._reorder_cache(caches[0], beam_idx)
+    caches[1].self_attention_cache.reorder_cache(beam_idx)  # the cache's own
+    for ours, theirs, (keys, values) in zip(
+        caches[0].self_attention_cache.layers, caches[1].self_attention_cache.layers, buffers
+    ):
+        assert (ours.keys.data_ptr(), ours.values.data_ptr()) == (keys, values)
+        assert torch.equal(ours.keys, theirs.keys) and torch.equal(ours.values, theirs.values)
+
+
 # --- int8 -------------------------------------------------------------------------------------------
 
 

@@ -19,16 +19,18 @@ tested releases, not in the middle of `generate()`.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import copy
+import functools
 import numbers
 import os
 
 import torch
 from huggingface_hub import try_to_load_from_cache
 from torch import nn
-from transformers import GenerationConfig, GenerationMixin
-from transformers.cache_utils import DynamicCache, EncoderDecoderCache
+from transformers import CompileConfig, GenerationConfig, GenerationMixin
+from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
 from transformers.generation.logits_process import (
     ForcedBOSTokenLogitsProcessor,
     ForcedEOSTokenLogitsProcessor,
@@ -62,6 +64,7 @@ require(
 
 logger = logging.get_logger(__name__)
 GENERATION_CONFIG_FILE = "generation_config.json"
+_COMPILED_FORWARDS: dict = {}  # (model class, CompileConfig's options) -> its forward compiled (`_compiled_forward`)
 
 # transformers 5.24 renamed the key/value cache `past_key_values` -> `cache` in generate()'s model
 # kwargs, in forward arguments and in model outputs: the installed version's name.
@@ -333,15 +336,48 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
                 self, input_ids, logits_processor, stopping_criteria, generation_config, model_kwargs
             ).run()
         _log_once(f"beam search: transformers' own loop, because {reason}")
-        return super()._beam_search(
-            input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
-        )
+        with self._compiled_forward(model_kwargs, generation_config):
+            return super()._beam_search(
+                input_ids, logits_processor, stopping_criteria, generation_config, synced_gpus, **model_kwargs
+            )
+
+    @contextlib.contextmanager
+    def _compiled_forward(self, model_kwargs: dict, generation_config: GenerationConfig):
+        """The forward compiled while transformers' beam search runs, where transformers would compile it for greedy
+        search and sampling (its ``_valid_auto_compile_criteria``: a static cache, on CUDA or with a
+        `CompileConfig` for every device), with ``generation_config.compile_config`` (by default CUDA graphs, mode
+        reduce-overhead): transformers compiles the decoding step of those two searches, not of beam search. Each
+        step, the first included, decodes the same shape (one position a beam over the cache's fixed length), so
+        one graph serves them; `_reorder_cache` keeps the cache's buffers where the graph reads them. A forward
+        the user replaced (compiled themselves) is left as it is."""
+        criteria = getattr(self, "_valid_auto_compile_criteria", None)  # transformers 5.10.1 - 5.24.0
+        if "forward" in vars(self) or criteria is None or not criteria(model_kwargs, generation_config):
+            yield
+            return
+        options = (generation_config.compile_config or CompileConfig()).to_dict()
+        key = (type(self), repr(sorted(options.items())))
+        if key not in _COMPILED_FORWARDS:  # the class's forward, compiled once per class and configuration: the
+            _COMPILED_FORWARDS[key] = torch.compile(type(self).forward, **options)  # model is an argument, not held
+        self.forward = functools.partial(_COMPILED_FORWARDS[key], self)
+        try:
+            yield
+        finally:
+            del self.forward  # the class's own again
 
     def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
         """transformers' beam search reorders the cache through this where the model has it (else through the
         cache's ``reorder_cache``, which also reorders cross-attention's): the cross-attention keys and values
-        are the same for every beam of a sentence, so only self-attention's are reordered."""
-        cache.self_attention_cache.reorder_cache(beam_idx)
+        are the same for every beam of a sentence, so only self-attention's are reordered. A static cache in
+        place (the cache's own reorder makes new tensors): a compiled step's CUDA graphs read its buffers where
+        they were when the graph was recorded."""
+        if not isinstance(cache.self_attention_cache, StaticCache):
+            cache.self_attention_cache.reorder_cache(beam_idx)
+            return cache
+        for layer in cache.self_attention_cache.layers:
+            if getattr(layer, "is_initialized", False):
+                rows = beam_idx.to(layer.keys.device)
+                layer.keys.copy_(layer.keys.index_select(0, rows))
+                layer.values.copy_(layer.values.index_select(0, rows))
         return cache
 
     # Beam search (transformers' `_beam_search`, and `BeamSearch`) divides a finished hypothesis'

@@ -99,6 +99,12 @@ PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
         NO_FALLBACK,
     ),
     PrivateMember(
+        "transformers.GenerationMixin._valid_auto_compile_criteria",
+        "transformers 5.10.1 - 5.24.0",
+        "generation: beam search over a static cache compiles its step where transformers would for greedy search",
+        "beam search over a static cache runs uncompiled, as transformers' own",
+    ),
+    PrivateMember(
         "transformers.GenerationConfig._get_default_generation_params",
         "transformers 5.24.0",
         "configuration: names the generation settings a model config drops",
