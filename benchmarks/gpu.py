@@ -24,8 +24,9 @@ Sizes: the synthetic batches have a 37,000-word vocabulary and 12,288 padded tok
 (`SIZES`); on a CPU (``--device cpu``), 1,000 words, 1,024 tokens and 4 batches, so that a tiny preset finishes.
 
 Levers (``--levers``): for each preset (big and the Multi30k shape), each lever of `LEVERS` (train.py's
-``--compile_layers``, ``--fuse_projections``, ``--fused_loss``, ``--training_attention``, ``--fp8``,
-``--cuda_graphs``, and the whole model under torch.compile) against the plain step (ours, eager) and MarianMTModel,
+``--compile_layers``, ``--fuse_projections``, ``--sync_free_step``, ``--bf16_weights``, ``--fused_loss``,
+``--training_attention``, ``--fp8``, ``--cuda_graphs``, and the whole model under torch.compile) against the plain
+step (ours, eager) and MarianMTModel (its own first pass, warm-up and memory in a row of its own),
 on the same ``--lever-steps`` batches, alternating (all padded to bucket shapes, which the compiled rows need), two
 passes: first-pass and steady target tokens/s, warm-up seconds, the peak memory of one step, and the loss after
 the same updates against the plain step's (lever and plain start from the same weights). A lever the device
@@ -112,6 +113,7 @@ import json
 import math
 import os
 import platform
+import re
 import signal
 import statistics
 import subprocess
@@ -474,7 +476,7 @@ def measure_training(preset: str, mode: str, args) -> dict:
 LEVERS = {
     "fp8 + compile_layers": dict(fp8=True, compile="layers", flags=["--fp8", "--compile_layers"]),
     # --fp8 alone, as train.py runs it: torchao's casts to float8 unfused around each product
-    "fp8": dict(fp8=True, flags=["--fp8"], presets=("big", "base", "tiny"), shapes="large models"),
+    "fp8": dict(fp8=True, flags=["--fp8"], presets=("big", "base", "tiny"), shapes="the paper's models"),
     "compile_layers": dict(compile="layers", flags=["--compile_layers"]),
     "fuse_projections": dict(fuse=True, flags=["--fuse_projections"]),
     "sync_free_step": dict(sync_free=True, flags=["--sync_free_step"]),
@@ -1756,7 +1758,9 @@ def machine(args) -> dict:
             info[name] = version(name)
         except PackageNotFoundError:
             info[name] = None
-    info["commit"] = os.environ.get(COMMIT_VARIABLE) or checkout_commit()
+    given = os.environ.get(COMMIT_VARIABLE, "")
+    # a commit id (a placeholder left unedited, "COMMIT", is not one: git's answer, or none, instead)
+    info["commit"] = given if re.fullmatch(r"[0-9a-f]{7,40}(-dirty)?", given) else checkout_commit()
     return info
 
 

@@ -161,7 +161,7 @@ def test_generate_with_a_static_cache_compiles_itself_and_decodes_as_the_dynamic
         dynamic = model.generate(**settings, min_new_tokens=8)
         for _ in range(2):  # the first call records the graphs, the second replays them
             static = model.generate(**settings, min_new_tokens=8, cache_implementation="static")
-    assert counters["stats"]["unique_graphs"] >= 1, "generate() compiled nothing"
+    compiled_without_cudagraph_skips()  # generate() compiled the steps, and replayed CUDA graphs of them
     assert static.shape == dynamic.shape
     assert sum(torch.equal(a, b) for a, b in zip(static, dynamic)) >= 7, (static, dynamic)
 

@@ -523,8 +523,9 @@ def test_beam_search_over_a_static_cache_compiles_its_step_where_transformers_wo
     """transformers compiles the decoding step over a static cache in greedy search and sampling (on CUDA, or
     with a CompileConfig for every device), not in beam search; ours compiles it for beam search too, with the
     generation config's CompileConfig (dynamo's eager backend here: the graphs, not inductor's code; inductor
-    gave the same hypotheses on this CPU, 2026-11-29), once for the calls after it. The hypotheses are the
-    dynamic cache's; the model's forward is its own again after each call; a forward the user compiled is kept."""
+    gave the same hypotheses on this CPU, 2026-11-29), once for the calls after it, the first step uncompiled as
+    transformers leaves it. The hypotheses are the dynamic cache's; the model's forward is its own again after each
+    call; a forward the user compiled is kept."""
     from torch._dynamo.utils import counters
     from transformers import CompileConfig
 
@@ -539,11 +540,16 @@ def test_beam_search_over_a_static_cache_compiles_its_step_where_transformers_wo
     config._compile_all_devices = True  # transformers' switch for devices other than CUDA
     model.generation_config.compile_config = config
     for call in range(2):
-        assert torch.equal(model.generate(**inputs, **settings, cache_implementation="static"), expected), call
+        produced = model.generate(**inputs, **settings, cache_implementation="static", return_dict_in_generate=True)
+        assert torch.equal(produced.sequences, expected), call
         assert "forward" not in vars(model)  # the class's own again
         if call == 0:
             graphs = counters["stats"]["unique_graphs"]
             assert graphs >= 1
+        # the first step ran uncompiled, so the buffers it made are marked for CUDA graphs (a traced step's are not)
+        cache = getattr(produced, "cache", None) or produced.past_key_values
+        for part in (cache.self_attention_cache, cache.cross_attention_cache):
+            assert all(hasattr(layer.keys, "_dynamo_static_input_type") for layer in part.layers)
     assert counters["stats"]["unique_graphs"] == graphs  # the second call compiled nothing more
     own = copy.deepcopy(model)
     own.forward = own.forward  # as a user who compiled it would have set it

@@ -80,7 +80,6 @@ def test_compiled_model_compiles_once_per_bucket_shape_over_many_batches():
     assert frames <= buckets  # 16 batches, 3 shapes: at most 3 compilations (one frame per shape)
 
 
-@pytest.mark.slow  # checks the tests' own counter, not the package
 def test_the_counter_sees_a_compilation_at_every_new_shape():
     """The count can fail: batches whose lengths are all different (no buckets) compile once each."""
     lengths = np.array([(length, length + 1) for length in (5, 6, 7)] * 2)

@@ -64,7 +64,7 @@ require(
 
 logger = logging.get_logger(__name__)
 GENERATION_CONFIG_FILE = "generation_config.json"
-_COMPILED_FORWARDS: dict = {}  # (model class, CompileConfig's options) -> its forward compiled (`_compiled_forward`)
+_COMPILED_FORWARDS: dict = {}  # model class -> [(CompileConfig, its forward compiled)] (`_compiled_forward`)
 
 # transformers 5.24 renamed the key/value cache `past_key_values` -> `cache` in generate()'s model
 # kwargs, in forward arguments and in model outputs: the installed version's name.
@@ -343,26 +343,42 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
 
     @contextlib.contextmanager
     def _compiled_forward(self, model_kwargs: dict, generation_config: GenerationConfig):
-        """The forward compiled while transformers' beam search runs, where transformers would compile it for greedy
-        search and sampling (its ``_valid_auto_compile_criteria``: a static cache, on CUDA or with a
-        `CompileConfig` for every device), with ``generation_config.compile_config`` (by default CUDA graphs, mode
-        reduce-overhead): transformers compiles the decoding step of those two searches, not of beam search. Each
-        step, the first included, decodes the same shape (one position a beam over the cache's fixed length), so
-        one graph serves them; `_reorder_cache` keeps the cache's buffers where the graph reads them. A forward
-        the user replaced (compiled themselves) is left as it is."""
+        """The decoding steps compiled while transformers' beam search runs, where transformers compiles those of
+        greedy search and sampling (its ``_valid_auto_compile_criteria``: a static cache, on CUDA or with a
+        `CompileConfig` for every device), with ``generation_config.compile_config`` (by default transformers',
+        CUDA graphs on CUDA): transformers compiles no step of beam search. As there, the first step (`_prefill`)
+        runs uncompiled: it creates the cache's buffers and marks them for CUDA graphs, which a traced step would
+        not. The steps after it decode the same shape (one position a beam over the cache's fixed length), so one
+        graph serves them; `_reorder_cache` keeps the cache's buffers where the graph reads them. A forward the
+        user replaced (compiled themselves) is left as it is. Not for two threads decoding with one model at once
+        (the compiled forward is the model's while a call lasts)."""
         criteria = getattr(self, "_valid_auto_compile_criteria", None)  # transformers 5.10.1 - 5.24.0
         if "forward" in vars(self) or criteria is None or not criteria(model_kwargs, generation_config):
             yield
             return
-        options = (generation_config.compile_config or CompileConfig()).to_dict()
-        key = (type(self), repr(sorted(options.items())))
-        if key not in _COMPILED_FORWARDS:  # the class's forward, compiled once per class and configuration: the
-            _COMPILED_FORWARDS[key] = torch.compile(type(self).forward, **options)  # model is an argument, not held
-        self.forward = functools.partial(_COMPILED_FORWARDS[key], self)
+        default = getattr(self, "_default_compile_config", CompileConfig)  # transformers' per device
+        config = generation_config.compile_config or default()
+        compiled = _COMPILED_FORWARDS.setdefault(type(self), [])  # [(config, the class's forward compiled)]
+        found = next((function for known, function in compiled if known == config), None)
+        if found is None:  # compiled once per class and configuration; the model is an argument, not held
+            found = torch.compile(type(self).forward, **config.to_dict())
+            compiled.append((config, found))
+        step = functools.partial(found, self)
+        self._compiled_step = step  # installed by `_prefill`, after the first step
         try:
             yield
         finally:
-            del self.forward  # the class's own again
+            vars(self).pop("_compiled_step", None)
+            if vars(self).get("forward") is step:  # the class's own again
+                del self.forward
+
+    def _prefill(self, *args, **kwargs):
+        """transformers' first decoding step, uncompiled, then the compiled steps of `_compiled_forward` after it."""
+        outputs = super()._prefill(*args, **kwargs)
+        step = vars(self).pop("_compiled_step", None)
+        if step is not None:
+            self.forward = step
+        return outputs
 
     def _reorder_cache(self, cache: EncoderDecoderCache, beam_idx: torch.Tensor) -> EncoderDecoderCache:
         """transformers' beam search reorders the cache through this where the model has it (else through the

@@ -105,6 +105,18 @@ PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
         "beam search over a static cache runs uncompiled, as transformers' own",
     ),
     PrivateMember(
+        "transformers.GenerationMixin._prefill",
+        "transformers 5.10.1 - 5.24.0",
+        "generation: compiled beam search over a static cache, the first step left uncompiled (overridden)",
+        "beam search over a static cache runs uncompiled, as transformers' own",
+    ),
+    PrivateMember(
+        "transformers.PreTrainedModel._default_compile_config",
+        "transformers 5.10.1 - 5.24.0",
+        "generation: compiled beam search over a static cache, transformers' CompileConfig for the device",
+        "CompileConfig()'s defaults (CUDA graphs)",
+    ),
+    PrivateMember(
         "transformers.GenerationConfig._get_default_generation_params",
         "transformers 5.24.0",
         "configuration: names the generation settings a model config drops",
