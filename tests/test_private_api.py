@@ -155,13 +155,17 @@ def test_every_member_without_a_fallback_is_required_at_import_by_each_module_th
 
 def test_the_generation_module_uses_only_the_listed_private_members_of_transformers_search():
     """The search goes through the cache's public reorder_cache and the generation config's public token ids;
-    of transformers' beam search it uses the routing and the two scoring steps the GNMT penalty rescales."""
+    of transformers' beam search it uses the routing, the two scoring steps the GNMT penalty rescales and the first
+    step of a compiled beam search over a static cache (`_prefill`; its criteria and default configuration are
+    read with a fallback, by getattr)."""
     uses = {
         name
         for name, places in private_uses().items()
         if any(place.startswith("generation_vanilla_transformer.py:") for place in places)
     }
-    assert uses == {"_beam_search", "_update_finished_beams", "_check_early_stop_heuristic", "_attn_implementation"}
+    assert uses == {
+        *("_beam_search", "_update_finished_beams", "_check_early_stop_heuristic", "_attn_implementation", "_prefill")
+    }
 
 
 def reimport(module: str) -> None:
