@@ -214,6 +214,24 @@ def test_a_recipe_after_a_flag_is_refused_with_the_command_in_its_order(tmp_path
     assert stopped.value.code == 2 and error.splitlines() == [f"vanilla-transformer train: error: {message}"]
 
 
+@pytest.mark.parametrize("flag", ["--do_train", "--use_cpu"])  # ours and a Trainer flag
+def test_a_recipe_after_a_boolean_flag_is_refused_as_a_recipe_not_as_the_flags_value(flag, tmp_path, capsys):
+    """argparse took the recipe for the boolean flag's value: "--do_train: Truthy value expected: got multi30k".
+    The message is the recipe's, and the command it proposes (the flag alone: true) runs."""
+    argv = [flag, "multi30k", "--output_dir", str(tmp_path)]
+    with pytest.raises(ValueError) as refused:
+        train.parse_arguments(argv)
+    command = f"vanilla-transformer train multi30k {flag} --output_dir {tmp_path}"
+    assert str(refused.value) == f"multi30k after the flags: a recipe goes first, before them: {command}"
+    _, _, training_args = train.parse_arguments(command.split()[2:])
+    assert getattr(training_args, flag[2:]) is True
+    with pytest.raises(SystemExit) as stopped:  # a value that is no recipe: argparse's line, naming the flag
+        cli.main(["train", flag, "maybe"])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and len(error) == 1
+    assert error[0].startswith(f"vanilla-transformer train: error: {flag}: Truthy value expected: got maybe")
+
+
 def test_an_argument_file_after_a_flag_or_a_second_one_is_refused(tmp_path):
     flags = tmp_path / "flags.yaml"
     flags.write_text("max_steps: 7\n")

@@ -303,7 +303,7 @@ class ArgumentParser(HfArgumentParser):
     """`HfArgumentParser` whose errors are one line naming the flag (no usage screen of 170 flags)."""
 
     def error(self, message: str):
-        message = re.sub(r"^argument (--\w+)/--[\w-]+:", r"\1:", message)  # "argument --max_tokens/--max-tokens:"
+        message = re.sub(r"^argument (--\w+)(/--[\w-]+)?:", r"\1:", message)  # "argument --max_tokens/--max-tokens:"
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
@@ -438,8 +438,13 @@ def flags_from(training_args, source: str) -> frozenset | None:
 
 def _refuse_a_recipe_after_the_flags(parser: argparse.ArgumentParser, argv: list[str], first: str | None) -> None:
     """A recipe or argument file given after a flag: only the first argument is read as one (transformers
-    would call it an argument not used). Said with the command in its order."""
-    _, left = parser.parse_known_args(argv)
+    would call it an argument not used, or, after a boolean flag, a value that is not true or false). Said with
+    the command in its order."""
+    named = [index for index, token in enumerate(argv) if Path(token).suffix in ARGUMENT_FILE_SUFFIXES]
+    named += [index for index, token in enumerate(argv) if token in recipe_names()]
+    # ``--do_train multi30k``: argparse would take the recipe for the flag's value, and fail on it
+    after_a_boolean = [argv[index] for index in named if index and _takes_true_or_false(parser, argv[index - 1])]
+    left = after_a_boolean or parser.parse_known_args(argv)[1]
     for index, token in enumerate(argv):
         is_file = Path(token).suffix in ARGUMENT_FILE_SUFFIXES
         if token not in left or not (is_file or token in recipe_names()):
@@ -452,6 +457,12 @@ def _refuse_a_recipe_after_the_flags(parser: argparse.ArgumentParser, argv: list
             )
         command = shlex.join([token, *argv[:index], *argv[index + 1 :]])
         raise ValueError(f"{token} after the flags: {what} goes first, before them: {parser.prog} {command}")
+
+
+def _takes_true_or_false(parser: argparse.ArgumentParser, token: str) -> bool:
+    """``token`` is a boolean flag of ``parser`` (HfArgumentParser's: an optional true/false, true alone)."""
+    action = parser._option_string_actions.get(token)
+    return action is not None and action.nargs == "?" and action.const is True
 
 
 STEP_FLAGS = ("do_train", "do_eval", "do_predict")
