@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from test_train import build, reverse_pairs, tiny_args, write_pairs
+from test_train import build, local_file_flags, reverse_pairs, tiny_args, write_pairs
 from vanilla_transformer import cli
 from vanilla_transformer.command_line import recipe_path
 from vanilla_transformer.training import run as train
@@ -250,20 +250,7 @@ def test_prediction_a_recipe_turns_on_without_test_data_says_how_to_leave_it_out
     """The multi30k recipe on local files without test data: --do_predict false leaves prediction out, and the
     recipe is named as what turned it on (it sets do_predict: true)."""
     assert yaml.safe_load(recipe_path("multi30k").read_text())["do_predict"] is True
-    local = [
-        "--dataset_name",
-        "none",
-        "--train_source_file",
-        str(data_dir / "train.src"),
-        "--train_target_file",
-        str(data_dir / "train.tgt"),
-        "--validation_source_file",
-        str(data_dir / "valid.src"),
-        "--validation_target_file",
-        str(data_dir / "valid.tgt"),
-        "--output_dir",
-        str(tmp_path / "run"),
-    ]
+    local = [*local_file_flags(data_dir), "--output_dir", str(tmp_path / "run")]
     with pytest.raises(ValueError) as refused:
         train.build_trainer(*train.parse_arguments(["multi30k", *local]))
     message = str(refused.value)

@@ -20,7 +20,7 @@ import torch
 import yaml
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
-from test_train import reverse_pairs, write_pairs
+from test_train import local_file_flags, reverse_pairs, write_pairs
 from vanilla_transformer import VanillaTransformerConfig, cli
 from vanilla_transformer.training import run, table3
 from vanilla_transformer.training.checkpointing import checkpoint_folders
@@ -234,16 +234,7 @@ def table3_command(data_dir: Path, output_dir: Path) -> list[str]:
         "B1,D4",
         "--output-dir",
         str(output_dir),
-        "--dataset_name",
-        "none",
-        "--train_source_file",
-        str(data_dir / "train.src"),
-        "--train_target_file",
-        str(data_dir / "train.tgt"),
-        "--validation_source_file",
-        str(data_dir / "valid.src"),
-        "--validation_target_file",
-        str(data_dir / "valid.tgt"),
+        *local_file_flags(data_dir),
         "--preset",
         "tiny",
         "--config_overrides",

@@ -50,6 +50,16 @@ def write_pairs(folder: Path, name: str, pairs) -> tuple[str, str]:
     return str(source), str(target)
 
 
+def local_file_flags(folder: Path, splits=("train", "validation")) -> list[str]:
+    """The flags that name `write_pairs`' files of ``folder`` (train.*, valid.*) instead of a Hub dataset."""
+    names = {"train": "train", "validation": "valid", "test": "test"}
+    flags = ["--dataset_name", "none"]
+    for split in splits:
+        for side, suffix in (("source", "src"), ("target", "tgt")):
+            flags += [f"--{split}_{side}_file", str(folder / f"{names[split]}.{suffix}")]
+    return flags
+
+
 @pytest.fixture(scope="module")
 def data_dir(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("reverse")
