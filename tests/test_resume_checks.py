@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from safetensors.torch import load_file
 
 from test_train import build, local_file_flags, reverse_pairs, tiny_args, write_pairs
 from vanilla_transformer import cli
@@ -166,6 +167,48 @@ def test_a_run_scaled_with_lr_scale_resumes_again_and_again_with_the_same_comman
 
 
 RESUME = ("--resume_from_checkpoint", "last")
+
+
+@pytest.mark.parametrize("optim", ["sgd", "adafactor"])
+def test_another_optimizer_on_the_command_line_is_refused_before_the_data_is_read(
+    data_dir, trained, tmp_path, no_data_read, optim
+):
+    """The checkpoint's optimizer.pt is AdamW's state: SGD and Adafactor, given it, failed at the first update
+    after the data was read, in torch's KeyError: 'momentum' / 'beta1'. Refused first, naming both optimizers
+    and the ways on."""
+    run = copy_of(trained, tmp_path / "run", "checkpoint-2")
+    saved = torch.load(run / "checkpoint-2" / "training_args.bin", weights_only=False).optim.value
+    with pytest.raises(ValueError) as refused:
+        build(data_dir, run, *STEPS, *SCHEDULE, "--optim", optim, *RESUME)
+    message = str(refused.value)
+    assert len(message.splitlines()) == 1
+    assert message.startswith(f"--optim {optim}: resuming {run / 'checkpoint-2'} loads its optimizer state"), message
+    assert f"saved by --optim {saved}" in message and "leave --optim out" in message
+    assert f"--model_name_or_path {run / 'checkpoint-2'} and a new --output_dir" in message
+
+
+def test_adamw_fused_or_not_reads_the_others_state(data_dir, trained, tmp_path):
+    """torch.optim.AdamW saves the same state with fused=True or not: switching is a speed choice, kept."""
+    run = copy_of(trained, tmp_path / "run", "checkpoint-2")
+    saved = torch.load(run / "checkpoint-2" / "training_args.bin", weights_only=False).optim.value
+    other = {"adamw_torch": "adamw_torch_fused", "adamw_torch_fused": "adamw_torch"}[saved]
+    resumed = build(data_dir, run, *STEPS, *SCHEDULE, "--optim", other, *RESUME)
+    assert resumed.trainer.args.optim.value == other
+
+
+def test_a_checkpoint_of_another_optimizer_resumed_without_optim_follows_its_optimizer(data_dir, tmp_path, caplog):
+    """A run trained with --optim sgd, resumed with the flags' default optimizer (AdamW), failed at its first
+    update. The checkpoint's optimizer is taken and said; the reference: the same run uninterrupted."""
+    whole, resumed = tmp_path / "whole", tmp_path / "resumed"
+    train.main(tiny_args(data_dir, whole, *STEPS, *SCHEDULE, "--optim", "sgd"))
+    copy_of(whole, resumed, "checkpoint-2")
+    with caplog.at_level(logging.INFO, logger="vanilla_transformer.train"):
+        train.main(tiny_args(data_dir, resumed, *STEPS, *SCHEDULE, *RESUME))
+    default = train.parse_arguments(tiny_args(data_dir, resumed))[-1].optim.value
+    assert f"optim sgd (not {default})" in caplog.text
+    assert json.loads((resumed / "trainer_state.json").read_text())["global_step"] == 4
+    before, after = (load_file(folder / "model.safetensors") for folder in (whole, resumed))
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
 def test_a_resumed_run_without_the_schedule_flags_logs_and_follows_the_checkpoints_schedule(

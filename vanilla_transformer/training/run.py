@@ -678,6 +678,9 @@ BATCHING = {
 # the optimizer's state Adam's settings, and trainer_state.json how often the run logs, evaluates and saves.
 SCHEDULE = ("learning_rate", "lr_scale", "warmup_steps", "lr_scheduler_type")
 OPTIMIZER = ("adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay")
+# --optim values whose optimizers read each other's saved state: torch.optim.AdamW with fused=True or not. Any
+# other pair fails at the resumed run's first update (torch's KeyError: 'momentum', 'beta1', 'square_avg').
+SAME_STATE = ({"adamw_torch", "adamw_torch_fused"},)
 INTERVALS = {"logging_steps": "logging_strategy", "eval_steps": "eval_strategy", "save_steps": "save_strategy"}
 
 
@@ -709,6 +712,7 @@ def compare_with_checkpoint(checkpoint: Path, training_args) -> None:
                 "(the epochs after it are whole)"
             )
         _keep_the_checkpoints_schedule(checkpoint, saved, training_args, given)
+        _keep_the_checkpoints_optimizer(checkpoint, saved, training_args, given)
     state = json.loads((checkpoint / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
     for name, strategy in INTERVALS.items():
         value, kept = getattr(training_args, name), state.get(name)
@@ -778,6 +782,25 @@ def _keep_the_checkpoints_schedule(checkpoint: Path, saved, training_args, given
             f"resuming {checkpoint} with the learning-rate schedule and Adam's settings it was trained with, which "
             f"its saved state keeps: {', '.join(replaced)}"
         )
+
+
+def _keep_the_checkpoints_optimizer(checkpoint: Path, saved, training_args, given: frozenset | None) -> None:
+    """`compare_with_checkpoint` for --optim: the checkpoint's optimizer.pt is that optimizer's state, which
+    another optimizer cannot read (`SAME_STATE`: those that can). Refused when given on the command line; the
+    checkpoint's otherwise (a recipe's, or another transformers' default), said in the log."""
+    kept, now = _value(getattr(saved, "optim", None)), _value(training_args.optim)
+    if kept is None or kept == now or any({kept, now} <= names for names in SAME_STATE):
+        return
+    if given is not None and "optim" in given:
+        readers = sorted(next((names for names in SAME_STATE if kept in names), {kept}))
+        raise ValueError(
+            f"--optim {now}: resuming {checkpoint} loads its optimizer state, saved by --optim {kept}, which "
+            f"{now}'s optimizer cannot read; leave --optim out (or give {' or '.join(readers)}), or to train with "
+            f"another optimizer, fine-tune from the checkpoint: --model_name_or_path {checkpoint} and a new "
+            "--output_dir."
+        )
+    training_args.optim = saved.optim
+    logger.warning(f"resuming {checkpoint} with the optimizer its state was saved by: optim {kept} (not {now})")
 
 
 def _formula_peak(checkpoint: Path, warmup, lr_scale: float) -> float | None:
