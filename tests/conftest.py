@@ -14,3 +14,20 @@ def _restore_torch_threads():
     yield
     if torch.get_num_threads() != threads:
         torch.set_num_threads(threads)
+
+
+# test_faults.py's data and its uninterrupted reference run (a subprocess of training/train.py, 8 s), shared by the
+# modules that import its fixtures (test_preemption, test_run_lock, test_memory_check): made once a session. Their
+# tests write each run into a folder of its own name there, or under their tmp_path.
+@pytest.fixture(scope="session")
+def fault_runs_folder(tmp_path_factory):
+    import test_faults
+
+    return test_faults.write_train_file(tmp_path_factory.mktemp("faults"))
+
+
+@pytest.fixture(scope="session")
+def uninterrupted_fault_run(fault_runs_folder):
+    import test_faults
+
+    return test_faults.run_uninterrupted(fault_runs_folder)

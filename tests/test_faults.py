@@ -51,12 +51,17 @@ def reverse_pairs(count: int, seed: int) -> list[tuple[str, str]]:
     return pairs
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory) -> Path:
-    folder = tmp_path_factory.mktemp("faults")
+def write_train_file(folder: Path) -> Path:
+    """``folder`` with the runs' train.tsv: 400 pairs of letters and their reversal."""
     pairs = reverse_pairs(400, seed=1)
     (folder / "train.tsv").write_text("".join(f"{s}\t{t}\n" for s, t in pairs), encoding="utf-8")
     return folder
+
+
+@pytest.fixture(scope="module")
+def data_dir(fault_runs_folder) -> Path:
+    """The runs' folder (tests/conftest.py): one for this module and those that import its fixtures."""
+    return fault_runs_folder
 
 
 def run_argv(data_dir: Path, output_dir: Path, *extra: str) -> list[str]:
@@ -120,6 +125,7 @@ DRIVER = textwrap.dedent("""
     from vanilla_transformer.training.trainer import TransformerTrainer
 
     pause = float(os.environ.get("FAULT_PAUSE", "0"))
+    hold = os.environ.get("FAULT_HOLD")  # a file: no update starts while it exists
     kill_at = int(os.environ.get("FAULT_KILL_WHILE_SAVING", "-1"))
     training_step = TransformerTrainer.training_step
     save_optimizer = TransformerTrainer._save_optimizer_and_scheduler
@@ -127,6 +133,8 @@ DRIVER = textwrap.dedent("""
     def paused_step(self, *args, **kwargs):
         print(f"updates done: {self.state.global_step}", flush=True)
         time.sleep(pause)
+        while hold and os.path.exists(hold):
+            time.sleep(0.02)
         return training_step(self, *args, **kwargs)
 
     def killed_while_saving(self, output_dir):
@@ -141,7 +149,14 @@ DRIVER = textwrap.dedent("""
 """)
 
 
-def start(data_dir: Path, output_dir: Path, *extra: str, pause: float = 0.0, kill_while_saving: int = -1):
+def start(
+    data_dir: Path,
+    output_dir: Path,
+    *extra: str,
+    pause: float = 0.0,
+    kill_while_saving: int = -1,
+    hold: Path | None = None,
+):
     driver = data_dir / "driver.py"
     driver.write_text(DRIVER)
     env = {
@@ -151,6 +166,7 @@ def start(data_dir: Path, output_dir: Path, *extra: str, pause: float = 0.0, kil
         "OMP_NUM_THREADS": "1",
         "FAULT_PAUSE": str(pause),
         "FAULT_KILL_WHILE_SAVING": str(kill_while_saving),
+        "FAULT_HOLD": str(hold or ""),
     }
     command = [
         sys.executable,
@@ -180,12 +196,17 @@ def wait_for_updates(process, updates: int) -> int:
     raise AssertionError(f"the run ended before {updates} updates: {process.log.read_text()[-3000:]}")
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(data_dir) -> Path:
+def run_uninterrupted(data_dir: Path) -> Path:
     output = data_dir / "uninterrupted"
     code, _, err = finish(start(data_dir, output))
     assert code == 0, err[-3000:]
     return output
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(uninterrupted_fault_run) -> Path:
+    """The reference run (tests/conftest.py): trained once for this module and those that import its fixtures."""
+    return uninterrupted_fault_run
 
 
 def resume_to_the_end(data_dir: Path, output: Path) -> str:

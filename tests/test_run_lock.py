@@ -111,15 +111,18 @@ def test_a_second_run_on_a_folder_in_use_exits_2_in_one_line_and_the_first_finis
     data_dir, uninterrupted, capsys
 ):
     output = data_dir / "locked"
-    first = start(data_dir, output, pause=0.5)
+    hold = data_dir / "locked.hold"  # the first run waits before its first update while the file is there
+    hold.touch()
+    first = start(data_dir, output, hold=hold)
     try:
-        wait_for_updates(first, 1)
+        wait_for_updates(first, 0)
         began = time.monotonic()
         with pytest.raises(SystemExit) as exit_info:
             train.main(run_argv(data_dir, output, "--average_checkpoints", "3"), exit_on_bad_input=True)
         assert time.monotonic() - began < 30  # at once: no data read, no model built
         assert first.poll() is None, "the first run ended before the second was refused"
     finally:
+        hold.unlink()
         code, _, err = finish(first)
     error = capsys.readouterr().err.strip()
     assert exit_info.value.code == 2 and len(error.splitlines()) == 1, error
