@@ -20,9 +20,10 @@ import torch
 import yaml
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from helpers import REPO
 from test_train import local_file_flags, reverse_pairs, write_pairs
 from vanilla_transformer import VanillaTransformerConfig, cli
-from vanilla_transformer.training import run, table3
+from vanilla_transformer.training import checkpointing, run, table3
 from vanilla_transformer.training.checkpointing import checkpoint_folders
 from vanilla_transformer.training.options import model_config
 
@@ -606,7 +607,7 @@ def test_a_rows_gpu_is_counted_among_those_this_process_sees(monkeypatch):
 
 
 SIGNALLED_ROW = textwrap.dedent("""
-    import signal, sys, time
+    import os, signal, sys, time
     got = []
     def stop(number, frame):  # as train's StopOnSignal: finish the update, save, then exit
         print(f"got {signal.Signals(number).name}", flush=True)
@@ -614,42 +615,120 @@ SIGNALLED_ROW = textwrap.dedent("""
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
     print("ready", flush=True)
+    print(os.environ.get(sys.argv[1]), flush=True)  # the command's pid, for the row to stop with it
     deadline = time.monotonic() + 60
     while not got and time.monotonic() < deadline:
         time.sleep(0.02)
-    time.sleep(0.5)  # saving: a second signal would be seen now
+    time.sleep(1.5)  # saving: a second signal would be seen now
     sys.exit(128 + got[0])
 """)
 
 
-def test_a_sigterm_reaches_the_rows_processes_once_a_ctrl_c_from_the_terminal_alone_and_no_row_starts_after(
-    tmp_path,
-):
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_every_signal_to_the_command_reaches_the_rows_processes_and_no_row_starts_after(tmp_path, number):
     """--devices: SIGTERM to table3 ended table3 alone, the rows' processes training on (a rerun then found their
-    folders in use). Now passed on once (a second is not); a Ctrl-C is not passed on: the terminal sends it to
-    the rows' processes itself, and a second one must reach them to stop them at once, as it does train alone."""
-    for number in (signal.SIGTERM, signal.SIGINT):
-        processes = table3.Processes()
-        logs = [tmp_path / f"{number}-row{index}.log" for index in range(2)]
-        started = [
-            processes.start([sys.executable, "-c", SIGNALLED_ROW], stdout=open(log, "w"), stderr=subprocess.STDOUT)
-            for log in logs
-        ]
+    folders in use); a Ctrl-C reached them only from a terminal (its process group), not from `kill -INT` to the
+    command. Now the rows run in sessions of their own and each signal the command gets is passed on to them: a
+    first saves, a second Ctrl-C stops at once (train's answers to one and two)."""
+    processes = table3.Processes()
+    logs = [tmp_path / f"row{index}.log" for index in range(2)]
+    started = [
+        processes.start(
+            [sys.executable, "-c", SIGNALLED_ROW, checkpointing.PARENT_PID_VARIABLE],
+            stdout=open(log, "w"),
+            stderr=subprocess.STDOUT,
+        )
+        for log in logs
+    ]
+    got = f"got {signal.Signals(number).name}"
+
+    def wait_for(line: str) -> None:
         for log in logs:
             deadline = time.monotonic() + 30
-            while "ready" not in log.read_text() and time.monotonic() < deadline:
-                time.sleep(0.05)
-        processes.stop(number)
-        processes.stop(number)  # a second signal to table3
-        if number == signal.SIGINT:
-            time.sleep(0.5)
-            assert all(process.poll() is None for process in started)  # nothing passed on
-            for process in started:
-                process.send_signal(signal.SIGINT)  # as the terminal sends it to the whole job
-        assert [processes.wait(process) for process in started] == [128 + number] * 2
-        assert [log.read_text().splitlines() for log in logs] == [["ready", f"got {signal.Signals(number).name}"]] * 2
-        with pytest.raises(table3.RowsStopped):
-            processes.start([sys.executable, "-c", "pass"])
+            while line not in log.read_text() and time.monotonic() < deadline:
+                time.sleep(0.02)
+
+    wait_for("ready")
+    assert all(os.getpgid(process.pid) == process.pid != os.getpgid(0) for process in started)  # not the terminal's
+    processes.stop(number)
+    wait_for(got)
+    processes.stop(number)  # a second signal to table3, while the rows save
+    assert [processes.wait(process) for process in started] == [128 + number] * 2
+    assert [log.read_text().splitlines() for log in logs] == [["ready", str(os.getpid()), got, got]] * 2
+    with pytest.raises(table3.RowsStopped):
+        processes.start([sys.executable, "-c", "pass"])
+
+
+# A table3 command with one row, as `table3.Processes` starts it (the test above): in a session of its own, given
+# the command's pid (sys.argv[3] names the variable). It prints the row's pid and waits to be killed.
+ORPHANED_ROW = textwrap.dedent("""
+    import os, subprocess, sys, time
+    environment = {**os.environ, sys.argv[3]: str(os.getpid())}
+    row = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=open(sys.argv[2], "w"), env=environment,
+                           start_new_session=True)
+    print(row.pid, flush=True)
+    time.sleep(120)
+""")
+
+ROW_THAT_STOPS_WITH_ITS_COMMAND = textwrap.dedent("""
+    import signal, sys, time
+    from vanilla_transformer.training import checkpointing
+    signal.signal(signal.SIGTERM, lambda number, frame: (print("got SIGTERM", flush=True), sys.exit(143)))
+    checkpointing.stop_with_parent(poll_seconds=0.05)
+    print("ready", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_a_row_whose_command_is_killed_stops_as_on_sigterm(tmp_path):
+    """kill -9 of table3 --devices (or its terminal closed) left its rows training, unseen, holding their GPUs and
+    folders. A row's process watches for its command and stops itself as a scheduler's SIGTERM would stop it."""
+    log = tmp_path / "row.log"
+    command = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            ORPHANED_ROW,
+            ROW_THAT_STOPS_WITH_ITS_COMMAND,
+            str(log),
+            checkpointing.PARENT_PID_VARIABLE,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    row = int(command.stdout.readline())
+    deadline = time.monotonic() + 60
+    while "ready" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    command.kill()
+    command.wait()
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{row}").exists() and "got SIGTERM" not in log.read_text() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert log.read_text().splitlines() == ["ready", "got SIGTERM"]
+
+
+def test_train_started_as_a_row_of_a_command_that_is_gone_stops_as_on_sigterm(tmp_path):
+    """The watch is train's own: a row started by a command that is already gone stops at once, with train's
+    SIGTERM line and status, and gives its output folder back."""
+    output = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "vanilla_transformer.cli", "train", "multi30k", "--output_dir", str(output)],
+        env={
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "HF_HUB_OFFLINE": "1",
+            checkpointing.PARENT_PID_VARIABLE: str(2**22 + 1),  # above Linux's largest pid: no process's
+        },
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == -signal.SIGTERM, done.stderr[-3000:]  # ended as by the signal (143 in a shell)
+    assert f"table3 command that started this run (pid {2**22 + 1}) is gone" in done.stderr
+    assert "stopped by SIGTERM" in done.stderr and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert not (output / "_run.lock").exists()
 
 
 def test_a_failed_rows_error_is_its_own_run_s_error_line_not_a_progress_bar(tmp_path):

@@ -484,6 +484,30 @@ def sigterm_ends_the_run(last_words: Callable[[], None]):
         signal.signal(signal.SIGTERM, previous)
 
 
+# The pid of the `table3 --devices` command that started this process as one of its rows (`table3.run_job`), in its
+# own session: `stop_with_parent` stops the row as SIGTERM would when that command is gone.
+PARENT_PID_VARIABLE = "VANILLA_TRANSFORMER_TABLE3_PID"
+
+
+def stop_with_parent(poll_seconds: float = 1.0) -> None:
+    """In a process started with `PARENT_PID_VARIABLE` (taken out of the environment, so that nothing it starts
+    inherits it): a SIGTERM to itself once that parent is gone (killed with SIGKILL, or its terminal closed), so
+    that the row saves a checkpoint and stops, as on a scheduler's SIGTERM, instead of training on unseen, holding
+    its GPU and its folder's lock. A thread that reads the parent's pid every ``poll_seconds``."""
+    value = os.environ.pop(PARENT_PID_VARIABLE, "")
+    if not value.isdigit():
+        return
+    parent = int(value)
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_seconds)
+        logger.warning(f"the table3 command that started this run (pid {parent}) is gone: stopping as on SIGTERM")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="stop-with-parent", daemon=True).start()
+
+
 def stopped_by_ctrl_c(error: BaseException) -> bool:
     """``error`` is a Ctrl-C's KeyboardInterrupt, or an error raised while one unwound (datasets' map collects
     its workers' results with a timeout and raises TimeoutError, the interrupt as its context)."""

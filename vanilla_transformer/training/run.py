@@ -73,6 +73,7 @@ from .checkpointing import (
     ignore_further_sigterms,
     resolve_checkpoint,
     sigterm_ends_the_run,
+    stop_with_parent,
     stopped_by_ctrl_c,
 )
 from .data import (
@@ -137,6 +138,7 @@ def main(
             lock.release()
 
     with sigterm_ends_the_run(last_words), ctrl_c_stops_the_run():
+        stop_with_parent()  # a table3 row's process: stops with the command that started it
         try:
             try:
                 model_args, data_args, training_args = parse_arguments(argv, prog)

@@ -57,7 +57,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 from ..command_line import PROG, did_you_mean, with_dashes
 from . import run
-from .checkpointing import RESUME_HINT, checkpoint_folders
+from .checkpointing import PARENT_PID_VARIABLE, RESUME_HINT, checkpoint_folders
 from .options import (
     ARGUMENT_FILE_SUFFIXES,
     TRAIN_LOGGER,
@@ -605,10 +605,11 @@ def device_name(device: str) -> str:
 
 
 class Processes:
-    """The rows' processes (--devices), in the command's process group: a terminal's Ctrl-C reaches each of them
-    as it reaches the command (and a second one stops them at once, without saving, as train does alone). A
-    SIGTERM to the command (a scheduler's, or `kill`) is passed on to them once (train takes a second one as the
-    same), so that each saves a checkpoint and stops; after either signal no row starts."""
+    """The rows' processes (--devices), each in a session of its own: every Ctrl-C (SIGINT) or SIGTERM the command
+    gets, from a terminal, a scheduler or `kill` to its pid alone, is passed on to them. The first stops each row
+    after it saves a checkpoint; a second Ctrl-C stops them at once, without saving, as it does train alone (train
+    takes a second SIGTERM as the first). After either signal no row starts. A row whose command is gone (SIGKILL,
+    a closed terminal) stops as on SIGTERM by itself (`checkpointing.stop_with_parent`)."""
 
     def __init__(self):
         self.running, self.lock, self.stopped_by = set(), threading.Lock(), None
@@ -617,7 +618,8 @@ class Processes:
         with self.lock:
             if self.stopped_by is not None:
                 raise RowsStopped(self.stopped_by)
-            process = subprocess.Popen(command, **kwargs)
+            environment = {**kwargs.pop("env", os.environ), PARENT_PID_VARIABLE: str(os.getpid())}
+            process = subprocess.Popen(command, env=environment, start_new_session=True, **kwargs)
             self.running.add(process)
         return process
 
@@ -629,11 +631,9 @@ class Processes:
 
     def stop(self, number: int, frame=None) -> None:  # a signal handler
         with self.lock:
-            first = self.stopped_by is None
             self.stopped_by = self.stopped_by or number
-            if number == signal.SIGTERM and first:
-                for process in self.running:
-                    process.send_signal(number)
+            for process in self.running:
+                process.send_signal(number)
 
     @contextlib.contextmanager
     def passing_signals_on(self):
