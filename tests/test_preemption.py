@@ -40,6 +40,7 @@ from vanilla_transformer.training import run as train
 from vanilla_transformer.training.checkpointing import (
     LEFT_OUT_NAME,
     RESUME_POINT_NAME,
+    SAME_SIGNAL_SECONDS,
     StopOnSignal,
     TrainingInterrupted,
     check_resumable,
@@ -344,10 +345,11 @@ def test_a_second_sigterm_is_ignored_and_a_second_ctrl_c_stops_at_once():
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGTERM)  # before this test, the default handler: the process died here
         assert stop.received == signal.SIGTERM and signal.getsignal(signal.SIGTERM) == stop._handle
-        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
-        with pytest.raises(KeyboardInterrupt):
+        with pytest.raises(KeyboardInterrupt):  # the handler before the run's, given the Ctrl-C
             os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.1)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
 @pytest.mark.parametrize("eval_sets", [1, 2], ids=["one-eval-set", "two-eval-sets"])
@@ -588,6 +590,7 @@ def test_a_second_ctrl_c_in_training_ends_the_run_at_once_in_one_line(data_dir, 
     def interrupted_twice(self, *args, **kwargs):
         if self.state.global_step == 2:
             os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(SAME_SIGNAL_SECONDS + 0.1)  # a person's second press
             os.kill(os.getpid(), signal.SIGINT)
         return step(self, *args, **kwargs)
 
@@ -600,6 +603,29 @@ def test_a_second_ctrl_c_in_training_ends_the_run_at_once_in_one_line(data_dir, 
         "stopped by Ctrl-C during training, without saving a checkpoint: --resume_from_checkpoint last" in caplog.text
     )
     assert not list(output.glob("checkpoint-*")) and not (output / "_run.lock").exists()
+
+
+def test_one_ctrl_c_delivered_twice_at_once_saves_as_one(data_dir, tmp_path, monkeypatch, caplog):
+    """A SIGINT sent to every process of a job (`scancel -s INT`) that a launcher passes on too (table3 --devices)
+    arrives twice within milliseconds: it stopped the run at once without saving, as a second Ctrl-C does. One
+    Ctrl-C: the update is saved and the run resumes from it."""
+    step = train.TransformerTrainer.training_step
+
+    def interrupted_twice_at_once(self, *args, **kwargs):
+        if self.state.global_step == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+        return step(self, *args, **kwargs)
+
+    monkeypatch.setattr(train.TransformerTrainer, "training_step", interrupted_twice_at_once)
+    output = tmp_path / "run"
+    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as stopped:
+        train.main(run_argv(data_dir, output))
+    assert stopped.value.code == 128 + signal.SIGINT
+    assert caplog.text.count("SIGINT received") == 1
+    assert "Training stopped by SIGINT at step 3 and saved a resumable checkpoint" in caplog.text
+    check_resumable(output / "checkpoint-3")  # the update under way finished, then saved
+    assert not (output / "_run.lock").exists()
 
 
 SLOW_LAST_WORDS = textwrap.dedent("""

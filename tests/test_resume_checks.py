@@ -169,31 +169,34 @@ def test_a_run_scaled_with_lr_scale_resumes_again_and_again_with_the_same_comman
 RESUME = ("--resume_from_checkpoint", "last")
 
 
-@pytest.mark.parametrize("optim", ["sgd", "adafactor"])
+@pytest.mark.parametrize("optim", ["sgd", "adafactor", "the other AdamW"])
 def test_another_optimizer_on_the_command_line_is_refused_before_the_data_is_read(
     data_dir, trained, tmp_path, no_data_read, optim
 ):
     """The checkpoint's optimizer.pt is AdamW's state: SGD and Adafactor, given it, failed at the first update
-    after the data was read, in torch's KeyError: 'momentum' / 'beta1'. Refused first, naming both optimizers
-    and the ways on."""
+    after the data was read, in torch's KeyError: 'momentum' / 'beta1'. AdamW fused or not reads it, but takes its
+    parameter groups, fused=True or False with them: the flag was taken and then not used. Refused first, naming
+    both optimizers and the ways on."""
     run = copy_of(trained, tmp_path / "run", "checkpoint-2")
     saved = torch.load(run / "checkpoint-2" / "training_args.bin", weights_only=False).optim.value
+    if optim == "the other AdamW":
+        optim = {"adamw_torch": "adamw_torch_fused", "adamw_torch_fused": "adamw_torch"}[saved]
+        groups = torch.load(run / "checkpoint-2" / "optimizer.pt", weights_only=True)["param_groups"]
+        assert {group["fused"] for group in groups} == {saved == "adamw_torch_fused"}  # what loading would take
     with pytest.raises(ValueError) as refused:
         build(data_dir, run, *STEPS, *SCHEDULE, "--optim", optim, *RESUME)
     message = str(refused.value)
     assert len(message.splitlines()) == 1
-    assert message.startswith(f"--optim {optim}: resuming {run / 'checkpoint-2'} loads its optimizer state"), message
-    assert f"saved by --optim {saved}" in message and "leave --optim out" in message
+    assert message.startswith(f"--optim {optim}: resuming {run / 'checkpoint-2'} restores its optimizer"), message
+    assert f"(--optim {saved} there)" in message and "leave --optim out" in message
     assert f"--model_name_or_path {run / 'checkpoint-2'} and a new --output_dir" in message
 
 
-def test_adamw_fused_or_not_reads_the_others_state(data_dir, trained, tmp_path):
-    """torch.optim.AdamW saves the same state with fused=True or not: switching is a speed choice, kept."""
+def test_the_checkpoints_own_optimizer_given_again_is_accepted(data_dir, trained, tmp_path):
     run = copy_of(trained, tmp_path / "run", "checkpoint-2")
     saved = torch.load(run / "checkpoint-2" / "training_args.bin", weights_only=False).optim.value
-    other = {"adamw_torch": "adamw_torch_fused", "adamw_torch_fused": "adamw_torch"}[saved]
-    resumed = build(data_dir, run, *STEPS, *SCHEDULE, "--optim", other, *RESUME)
-    assert resumed.trainer.args.optim.value == other
+    resumed = build(data_dir, run, *STEPS, *SCHEDULE, "--optim", saved, *RESUME)
+    assert resumed.trainer.args.optim.value == saved
 
 
 def test_a_checkpoint_of_another_optimizer_resumed_without_optim_follows_its_optimizer(data_dir, tmp_path, caplog):

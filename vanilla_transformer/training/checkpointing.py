@@ -561,15 +561,21 @@ class TrainingInterrupted(KeyboardInterrupt):
         super().__init__(message)
 
 
+# A signal sent to every process of a job and passed on by its launcher as well (table3 --devices, `scancel -s INT`)
+# arrives twice within milliseconds: one Ctrl-C, not two. A person's second Ctrl-C comes later.
+SAME_SIGNAL_SECONDS = 0.5
+
+
 class StopOnSignal(TrainerCallback):
     """On Ctrl-C (SIGINT) or SIGTERM: finish the current update, save a checkpoint, stop training.
 
     SIGTERM is how schedulers preempt (SLURM, Kubernetes, spot instances: SIGKILL follows after a grace
     period), so after it the checkpoint must be written within ``grace_seconds`` of the signal: what
     resumes best first, the rest as the budget allows (`CheckpointPolicy`). A signal during a regular
-    save stops right after it, without another update. A second Ctrl-C acts at once (the previous
-    handler is back), for when saving is not wanted; a second SIGTERM is ignored (a launcher passes the
-    scheduler's on, and SLURM signals every process too, so each gets two at once). With several
+    save stops right after it, without another update. A Ctrl-C after the first signal acts at once (the
+    previous handler is given it), for when saving is not wanted, unless it comes within `SAME_SIGNAL_SECONDS`
+    of a first Ctrl-C (the same signal twice: sent to every process and passed on too); a second SIGTERM is ignored (a
+    launcher passes the scheduler's on, and SLURM signals every process too, so each gets two at once). With several
     processes, whether to stop is decided by their vote alone, at every update (SIGTERM over SIGINT): all
     stop at the same step and write one checkpoint together, and a signal that lands while a vote runs
     counts at the next one.
@@ -611,11 +617,16 @@ class StopOnSignal(TrainerCallback):
         self._previous = {}
 
     def _handle(self, number, frame) -> None:
-        if self.received == signal.SIGTERM or self.received == number:  # the same again: already stopping
+        if self.received is not None and number == signal.SIGINT:
+            if self.received == signal.SIGINT and time.monotonic() - self.received_at < SAME_SIGNAL_SECONDS:
+                return  # the same Ctrl-C, delivered twice
+            if signal.SIGINT in self._previous:  # a Ctrl-C after the first signal stops at once: the handler before
+                signal.signal(signal.SIGINT, self._previous.pop(signal.SIGINT))
+                os.kill(os.getpid(), signal.SIGINT)
+            return
+        if self.received is not None:  # a second SIGTERM: already stopping
             return
         self.received, self.received_at = number, time.monotonic()
-        if signal.SIGINT in self._previous:  # a second Ctrl-C stops at once
-            signal.signal(signal.SIGINT, self._previous.pop(signal.SIGINT))
         budget = (
             f" within {self.grace_seconds:g} s (--preemption_grace_seconds)"
             if number == signal.SIGTERM and self.grace_seconds

@@ -680,9 +680,10 @@ BATCHING = {
 # the optimizer's state Adam's settings, and trainer_state.json how often the run logs, evaluates and saves.
 SCHEDULE = ("learning_rate", "lr_scale", "warmup_steps", "lr_scheduler_type")
 OPTIMIZER = ("adam_beta1", "adam_beta2", "adam_epsilon", "weight_decay")
-# --optim values whose optimizers read each other's saved state: torch.optim.AdamW with fused=True or not. Any
-# other pair fails at the resumed run's first update (torch's KeyError: 'momentum', 'beta1', 'square_avg').
-SAME_STATE = ({"adamw_torch", "adamw_torch_fused"},)
+# The optimizer's flags, which its saved state decides: torch's load_state_dict takes the saved parameter groups
+# (adamw_torch's fused=False into adamw_torch_fused's optimizer too), and another optimizer's state fails at the
+# resumed run's first update (torch's KeyError: 'momentum', 'beta1', 'square_avg').
+OPTIMIZER_CHOICE = ("optim", "optim_args", "optim_target_modules")
 INTERVALS = {"logging_steps": "logging_strategy", "eval_steps": "eval_strategy", "save_steps": "save_strategy"}
 
 
@@ -787,22 +788,30 @@ def _keep_the_checkpoints_schedule(checkpoint: Path, saved, training_args, given
 
 
 def _keep_the_checkpoints_optimizer(checkpoint: Path, saved, training_args, given: frozenset | None) -> None:
-    """`compare_with_checkpoint` for --optim: the checkpoint's optimizer.pt is that optimizer's state, which
-    another optimizer cannot read (`SAME_STATE`: those that can). Refused when given on the command line; the
-    checkpoint's otherwise (a recipe's, or another transformers' default), said in the log."""
-    kept, now = _value(getattr(saved, "optim", None)), _value(training_args.optim)
-    if kept is None or kept == now or any({kept, now} <= names for names in SAME_STATE):
+    """`compare_with_checkpoint` for --optim (and its --optim_args, --optim_target_modules): the checkpoint's
+    optimizer.pt is that optimizer's state, which another cannot read, and whose parameter groups (AdamW's fused
+    or not) replace the new optimizer's. Refused when given otherwise on the command line; the checkpoint's taken
+    otherwise (another transformers' default, a recipe's), said in the log. A DeepSpeed configuration names its
+    own optimizer: not compared."""
+    if getattr(training_args, "deepspeed", None) or not hasattr(saved, "optim"):
         return
-    if given is not None and "optim" in given:
-        readers = sorted(next((names for names in SAME_STATE if kept in names), {kept}))
+    changed = [
+        name for name in OPTIMIZER_CHOICE if not _same(getattr(training_args, name, None), getattr(saved, name, None))
+    ]
+    if not changed:
+        return
+    kept = ", ".join(f"--{name} {_value(getattr(saved, name, None))}" for name in changed)
+    if given is not None and (named := [name for name in changed if name in given]):
         raise ValueError(
-            f"--optim {now}: resuming {checkpoint} loads its optimizer state, saved by --optim {kept}, which "
-            f"{now}'s optimizer cannot read; leave --optim out (or give {' or '.join(readers)}), or to train with "
+            f"--{named[0]} {_value(getattr(training_args, named[0]))}: resuming {checkpoint} restores its optimizer "
+            f"with its saved state ({kept} there), whatever the flags say; leave --{named[0]} out, or to train with "
             f"another optimizer, fine-tune from the checkpoint: --model_name_or_path {checkpoint} and a new "
             "--output_dir."
         )
-    training_args.optim = saved.optim
-    logger.warning(f"resuming {checkpoint} with the optimizer its state was saved by: optim {kept} (not {now})")
+    now = ", ".join(f"{_value(getattr(training_args, name, None))}" for name in changed)
+    for name in changed:
+        setattr(training_args, name, getattr(saved, name, None))
+    logger.warning(f"resuming {checkpoint} with the optimizer its state was saved by: {kept} (not {now})")
 
 
 def _formula_peak(checkpoint: Path, warmup, lr_scale: float) -> float | None:

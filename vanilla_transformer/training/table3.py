@@ -618,8 +618,8 @@ class Processes:
         with self.lock:
             if self.stopped_by is not None:
                 raise RowsStopped(self.stopped_by)
-            environment = {**kwargs.pop("env", os.environ), PARENT_PID_VARIABLE: str(os.getpid())}
-            process = subprocess.Popen(command, env=environment, start_new_session=True, **kwargs)
+            environment = {**(kwargs.pop("env", None) or os.environ), PARENT_PID_VARIABLE: str(os.getpid())}
+            process = subprocess.Popen(command, env=environment, **{"start_new_session": True, **kwargs})
             self.running.add(process)
         return process
 
