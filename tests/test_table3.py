@@ -648,10 +648,13 @@ def test_every_signal_to_the_command_reaches_the_rows_processes_and_no_row_start
 
     wait_for("ready")
     assert all(os.getpgid(process.pid) == process.pid != os.getpgid(0) for process in started)  # not the terminal's
-    processes.stop(number)
-    wait_for(got)
-    processes.stop(number)  # a second signal to table3, while the rows save
-    assert [processes.wait(process) for process in started] == [128 + number] * 2
+    before = signal.getsignal(number)
+    with processes.passing_signals_on():
+        os.kill(os.getpid(), number)  # as `kill -INT` or `kill` of the command's pid
+        wait_for(got)
+        os.kill(os.getpid(), number)  # a second signal to table3, while the rows save
+        assert [processes.wait(process) for process in started] == [128 + number] * 2
+    assert signal.getsignal(number) == before
     assert [log.read_text().splitlines() for log in logs] == [["ready", str(os.getpid()), got, got]] * 2
     with pytest.raises(table3.RowsStopped):
         processes.start([sys.executable, "-c", "pass"])
