@@ -558,6 +558,32 @@ def test_beam_search_over_a_static_cache_compiles_its_step_where_transformers_wo
     assert counters["stats"]["calls_captured"] == before and own.forward.__self__ is own
 
 
+@pytest.mark.parametrize("kept", ["output_attentions", "output_hidden_states"])
+def test_beam_search_that_returns_each_steps_attentions_or_states_decodes_uncompiled(kept):
+    """Beam search keeps every step's attentions or hidden states where the call returns them; a CUDA graph's
+    replay overwrites the outputs of the one before, and torch refuses to read them then: such a call decoded by
+    the compiled step failed on CUDA once it read them. It decodes uncompiled (the hypotheses the same)."""
+    from torch._dynamo.utils import counters
+    from transformers import CompileConfig
+
+    torch._dynamo.reset()
+    counters.clear()
+    model = tiny_model().eval()
+    inputs, settings = padded_sources(), dict(num_beams=4, max_new_tokens=6, min_new_tokens=6)
+    expected = model.generate(**inputs, **settings)
+    config = CompileConfig(backend="eager", mode=None)
+    config._compile_all_devices = True  # as on CUDA: a static cache compiles the step
+    model.generation_config.compile_config = config
+    produced = model.generate(
+        **inputs, **settings, cache_implementation="static", return_dict_in_generate=True, **{kept: True}
+    )
+    assert counters["stats"]["unique_graphs"] == 0 and torch.equal(produced.sequences, expected)
+    steps = produced.decoder_attentions if kept == "output_attentions" else produced.decoder_hidden_states
+    assert len(steps) == 6
+    model.generate(**inputs, **settings, cache_implementation="static", return_dict_in_generate=True)
+    assert counters["stats"]["unique_graphs"] >= 1  # the same call without them: compiled
+
+
 def test_a_static_cache_is_reordered_in_place_for_the_graphs_that_read_it():
     """Beam search reorders the decoder's cache at every step; a static cache's own reorder makes new tensors,
     where a recorded CUDA graph would read the old ones: ours copies the reordered rows into the same buffers,

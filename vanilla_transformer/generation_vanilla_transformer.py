@@ -351,9 +351,19 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         not. The steps after it decode the same shape (one position a beam over the cache's fixed length), so one
         graph serves them; `_reorder_cache` keeps the cache's buffers where the graph reads them. A forward the
         user replaced (compiled themselves) is left as it is. Not for two threads decoding with one model at once
-        (the compiled forward is the model's while a call lasts)."""
+        (the compiled forward is the model's while a call lasts). Not where the call returns attentions or hidden
+        states (``return_dict_in_generate``): beam search keeps each step's, and a CUDA graph's replay overwrites
+        the last one's outputs (torch then refuses to read them); those calls decode uncompiled."""
         criteria = getattr(self, "_valid_auto_compile_criteria", None)  # transformers 5.10.1 - 5.24.0
-        if "forward" in vars(self) or criteria is None or not criteria(model_kwargs, generation_config):
+        keeps_outputs = generation_config.return_dict_in_generate and (
+            generation_config.output_attentions or generation_config.output_hidden_states
+        )
+        if (
+            "forward" in vars(self)
+            or criteria is None
+            or keeps_outputs
+            or not criteria(model_kwargs, generation_config)
+        ):
             yield
             return
         default = getattr(self, "_default_compile_config", CompileConfig)  # transformers' per device
