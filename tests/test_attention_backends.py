@@ -33,7 +33,7 @@ def applied_on_cpu(monkeypatch):
     calls = []
     use = backends.attention_use
     monkeypatch.setattr(
-        backends, "_applies", lambda module, hidden_states: module.config._attn_implementation == "sdpa"
+        backends, "_applies", lambda module, hidden_states, cache: module.config._attn_implementation == "sdpa"
     )
 
     def recorded(module, hidden_states, cache):
@@ -90,22 +90,37 @@ def test_outputs_are_the_same_with_the_chosen_kernels(applied_on_cpu):
     chosen = model(**batch).logits
     assert applied_on_cpu  # the choice did apply
     applied_on_cpu.clear()
-    backends._applies = lambda module, hidden_states: False  # monkeypatch restores it
+    backends._applies = lambda module, hidden_states, cache: False  # monkeypatch restores it
     plain = model(**batch).logits
     assert not applied_on_cpu
     torch.testing.assert_close(chosen, plain, rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("training", [True, False], ids=["training", "evaluation"])
-def test_under_torch_compile_training_keeps_the_choice_and_the_rest_is_torchs(training, monkeypatch):
+@pytest.mark.parametrize(
+    "training, cache",
+    [(True, None), (False, None), (False, "dynamic"), (False, "static")],
+    ids=["training", "evaluation", "dynamic-cache", "static-cache"],
+)
+def test_under_torch_compile_only_the_static_cache_decoding_leaves_the_choice_to_torch(training, cache, monkeypatch):
     """A compiled lever row must differ from the eager step by its compilation alone, so training keeps the
-    table under torch.compile (dynamo records the choice in the graph: test below); evaluation and decoding
-    compiled keep torch's own order, as the compiled static-cache decoding was measured."""
-    module = tiny_model("sdpa").model.encoder.layers[0].self_attention.train(training)
+    table under torch.compile (dynamo records the choice in the graph: test below). Layers compiled for training
+    (--compile_layers) evaluate and decode compiled too, over shapes the input brings: the table, as eager (they
+    took torch's order, cuDNN first on Hopper: a plan per new shape). The compiled decoding over a static cache,
+    fixed shapes, keeps torch's own order, as it was measured."""
+    from transformers.cache_utils import DynamicCache, EncoderDecoderCache, StaticCache
+
+    model = tiny_model("sdpa")
+    module = model.model.decoder.layers[0].self_attention.train(training)
+    decoder = model.config.get_text_config(decoder=True)
+    made = {
+        None: None,
+        "dynamic": EncoderDecoderCache(DynamicCache(), DynamicCache()),
+        "static": EncoderDecoderCache(StaticCache(decoder, max_cache_len=8), StaticCache(decoder, max_cache_len=8)),
+    }[cache]
     on_cuda = types.SimpleNamespace(device=torch.device("cuda"), shape=(1, 3, 64))
     monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    chosen = backends.chosen_backends(module, on_cuda, None)
-    assert chosen == (backends.BACKENDS[True, backends.ENCODER] if training else None)
+    chosen = backends.chosen_backends(module, on_cuda, made)
+    assert chosen == (None if cache == "static" else backends.BACKENDS[training, backends.DECODER])
 
 
 def test_dynamo_records_the_kernel_choice_in_the_graph_without_a_break():

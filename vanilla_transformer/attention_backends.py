@@ -19,8 +19,8 @@ The choice is one table, `BACKENDS`, keyed by (training or not, the use of the a
 measurement (``benchmarks/gpu.py`` on a GPU) can change it in one place. It applies only to the
 ``sdpa`` attention implementation on CUDA tensors: in training also under ``torch.compile`` (dynamo records
 the choice in the graph, so that a compiled lever, ``--compile_layers`` or ``--cuda_graphs``, differs from
-the eager step by its compilation alone), elsewhere outside it (the compiled static-cache decoding keeps
-torch's own order, as measured on an H100 on 2026-11-27); eager, flex,
+the eager step by its compilation alone), and elsewhere but in the compiled decoding over a static cache,
+whose shapes are fixed (it keeps torch's own order, as measured on an H100 on 2026-11-27); eager, flex,
 ``output_attentions`` and every CPU call run exactly as before (flex attention on the CPU first checks that
 torch can build its kernel). This file is flat and imports nothing beyond torch and packaging (a dependency of
 transformers), so that it travels with the model as Hub remote code.
@@ -113,19 +113,23 @@ def attention_use(module, hidden_states: torch.Tensor, cache) -> str:
 
 def chosen_backends(module, hidden_states: torch.Tensor, cache) -> tuple[SDPBackend, ...] | None:
     """The backends a call should be limited to, or None where the choice is left to torch (not sdpa, not
-    CUDA, under torch.compile but in training)."""
-    if not _applies(module, hidden_states):
+    CUDA, the compiled decoding over a static cache)."""
+    if not _applies(module, hidden_states, cache):
         return None
     training = module.training and torch.is_grad_enabled()
     return BACKENDS[training, attention_use(module, hidden_states, cache)]
 
 
-def _applies(module, hidden_states) -> bool:
+def _applies(module, hidden_states, cache) -> bool:
+    """sdpa on CUDA, but for the compiled decoding over a static cache (fixed shapes: torch's own order, as
+    measured). Layers compiled for training (--compile_layers) still evaluate and decode with the table: those
+    shapes are what the input brings."""
     training = module.training and torch.is_grad_enabled()
+    static_decoding = torch.compiler.is_compiling() and getattr(cache, "is_compileable", False)
     return (
         module.config._attn_implementation == "sdpa"
         and hidden_states.device.type == "cuda"
-        and (training or not torch.compiler.is_compiling())
+        and (training or not static_decoding)
     )
 
 
