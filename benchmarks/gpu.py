@@ -250,7 +250,27 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.output = f"gpu-results/{kind}.json"
     if unknown := sorted(set(args.recipe_variants.split(",")) - set(RECIPE_VARIANTS) - {""}):
         parser.error(f"--recipe-variants: unknown {', '.join(unknown)}; choose from {', '.join(RECIPE_VARIANTS)}")
+    if args.device.startswith("cuda") and not args.shapes_only and (one_gpu := one_gpu_refusal(args.device)):
+        parser.error(one_gpu)
     return args
+
+
+def one_gpu_refusal(device: str) -> str | None:
+    """Why ``device`` cannot be measured here, where this process sees several GPUs or is asked for another than
+    the first: the synchronisations and memory statistics read the current GPU, and train.py's runs (the
+    recipe, the evaluation) train on the first one, or refuse several (torch's DataParallel). None where it can."""
+    index, count = torch.device(device).index, torch.cuda.device_count()
+    if index not in (None, 0):
+        return (
+            f"--device {device}: gpu.py measures the first GPU it sees (its timings, memory statistics and train.py's "
+            f"runs use that one); run it with CUDA_VISIBLE_DEVICES={index} python benchmarks/gpu.py ... --device cuda."
+        )
+    if count > 1:
+        return (
+            f"--device {device}: gpu.py measures one GPU and sees {count} (train.py's runs refuse several); run it "
+            f"with one visible: CUDA_VISIBLE_DEVICES=0 python benchmarks/gpu.py ..."
+        )
+    return None
 
 
 def synthetic_lengths(count: int, seed: int) -> np.ndarray:
@@ -1710,9 +1730,7 @@ def profile_summary(profiler, cuda: bool, seconds: float, top: int) -> dict:
     averages = profiler.key_averages()
     key = "self_device_time_total" if cuda else "self_cpu_time_total"
     if cuda:  # the device's own events (kernels), not the CPU operators that launched them
-        averages = [
-            a for a in averages if getattr(a, "device_type", None) == torch.autograd.DeviceType.CUDA
-        ] or averages
+        averages = [a for a in averages if getattr(a, "device_type", None) == torch.autograd.DeviceType.CUDA]
     ranked = sorted(averages, key=lambda a: getattr(a, key), reverse=True)[:top]
     summary = {
         "top": [{"name": a.key[:90], "calls": a.count, "ms": getattr(a, key) / 1e3} for a in ranked],
@@ -1720,7 +1738,9 @@ def profile_summary(profiler, cuda: bool, seconds: float, top: int) -> dict:
         "kernel_launches": None,
         "device_idle_seconds": None,
     }
-    if cuda:
+    if cuda and not averages:  # said, not replaced by the CPU's operators under a kernel's heading
+        summary["ranked_by"] = "nothing: the profiler collected no CUDA kernel events"
+    elif cuda:
         kernels = [e for e in profiler.events() if e.device_type == torch.autograd.DeviceType.CUDA]
         summary["kernel_launches"] = sum(1 for e in kernels if not e.name.startswith(("Memcpy", "Memset")))
         intervals = sorted((e.time_range.start, e.time_range.end) for e in kernels)  # microseconds
@@ -1949,9 +1969,11 @@ def main(argv=None, started: float | None = None) -> list[dict]:
     if args.device.startswith("cuda"):
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-        if args.profile or not args.no_profile:  # CUDA graphs captured before the profiler's first start crash
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):  # or hang it (pytorch
-                pass  # issues 75504, 135003): started once here, as torch.profiler._utils._init_for_cuda_graphs does
+        # CUDA graphs captured before the profiler's first start crash or hang it (pytorch issues 75504, 135003),
+        # and every run profiles something (the recipe's window, even with --no-profile): started once here, as
+        # torch.profiler._utils._init_for_cuda_graphs does
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]):
+            pass
     results = [{"what": "machine", **machine(args), "budget_minutes": args.budget_minutes or None}]
     rows_file = Path(args.output).with_suffix(".rows.jsonl")
     rows_file.parent.mkdir(parents=True, exist_ok=True)

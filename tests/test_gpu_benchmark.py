@@ -927,3 +927,31 @@ def test_the_commit_is_the_variables_where_it_names_one_else_gits(monkeypatch):
     for unedited in ("COMMIT", "", "<commit>"):
         monkeypatch.setenv(gpu.COMMIT_VARIABLE, unedited)
         assert gpu.machine(args)["commit"] == "1234abc", unedited
+
+
+def test_a_cuda_profile_without_kernel_events_says_so_rather_than_ranking_cpu_operators():
+    """A profile on CUDA whose kernels went uncollected ranked the CPU's operators under "CUDA kernel self time",
+    with 0 launches and the device idle throughout: a table that looked measured. Said instead."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        torch.ones(64, 64) @ torch.ones(64, 64)
+    assert gpu.profile_summary(profiler, False, 0.01, top=3)["top"]  # the CPU's operators, as a CPU profile
+    summary = gpu.profile_summary(profiler, True, 0.01, top=3)
+    assert summary["top"] == [] and summary["ranked_by"] == "nothing: the profiler collected no CUDA kernel events"
+    assert summary["kernel_launches"] is None and summary["device_idle_seconds"] is None
+
+
+@pytest.mark.parametrize("device, count", [("cuda", 2), ("cuda:1", 2), ("cuda:1", 1)])
+def test_one_gpu_is_measured_and_another_or_several_are_refused_before_anything_runs(
+    device, count, monkeypatch, capsys
+):
+    """torch.cuda.synchronize() and the memory statistics read the current GPU (the first), and train.py's runs
+    train on the first or refuse several: --device cuda:1 timed steps without waiting for them, and several
+    visible GPUs failed the recipe's rows. One line naming the flag and CUDA_VISIBLE_DEVICES, at once."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    with pytest.raises(SystemExit) as refused:
+        gpu.main(["--device", device])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert refused.value.code == 2 and f"error: --device {device}: gpu.py measures " in error, error
+    assert f"CUDA_VISIBLE_DEVICES={torch.device(device).index or 0} python benchmarks/gpu.py" in error
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    assert gpu.one_gpu_refusal("cuda") is None and gpu.one_gpu_refusal("cuda:0") is None

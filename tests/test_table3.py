@@ -588,6 +588,27 @@ def test_a_signal_that_stops_a_row_in_this_process_ends_in_one_line_saying_to_re
     assert error[-1].startswith("vanilla-transformer table3: stopped by SIGINT: to continue, run the same table3")
 
 
+def test_each_row_in_this_process_compiles_from_nothing(tmp_path, monkeypatch):
+    """Rows run one after another in the command's process kept every compiled graph (and, with --cuda_graphs,
+    its memory pool) of the rows before, and counted them towards a row's recompilation limit."""
+    from torch._dynamo.eval_frame import _debug_get_cache_entry_list
+
+    def step(x):
+        return x * 2
+
+    compiled, cached = torch.compile(step, backend="eager", dynamic=False), []
+
+    def row(flags):
+        cached.append(len(_debug_get_cache_entry_list(step.__code__)))
+        compiled(torch.ones(len(cached)))  # a shape of its own
+        assert len(_debug_get_cache_entry_list(step.__code__)) == 1
+
+    monkeypatch.setattr(run, "main", row)
+    jobs = [table3.Job(row, 42, tmp_path / row, ["--output_dir", str(tmp_path / row)], None) for row in ("A1", "B1")]
+    table3.run_jobs(jobs, None, report=lambda line: None)  # each then fails to find a trained model: reported
+    assert cached == [0, 0]
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="refused only without a GPU")
 def test_devices_without_a_gpu_are_refused_unless_the_rows_run_on_the_cpu(tmp_path, capsys):
     command = [flag for flag in table3_command(tmp_path, tmp_path / "table") if flag != "--use_cpu"]

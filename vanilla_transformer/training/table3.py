@@ -677,6 +677,9 @@ def run_job(job: Job, device: str | None, processes: Processes | None = None) ->
     write_record(job.folder / FLAGS_FILE, {"flags": job.flags, "data": data})
     start = time.monotonic()
     if device is None:
+        # a row compiles from nothing (--torch_compile, --cuda_graphs): the rows before it neither hold its CUDA
+        # graphs' memory nor count towards its recompilation limit
+        torch._dynamo.reset()
         try:
             run.main(flags)
         finally:  # the next row starts with the memory this one held
