@@ -129,6 +129,7 @@ from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForC
 from vanilla_transformer.convert import CTRANSLATE2_INSTALL_HINT
 from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler, allow_recompiles
 from vanilla_transformer.training.flops import training_flops
+from vanilla_transformer.training.table3 import cuda_visible
 from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
@@ -259,11 +260,15 @@ def one_gpu_refusal(device: str) -> str | None:
     """Why ``device`` cannot be measured here, where this process sees several GPUs or is asked for another than
     the first: the synchronisations and memory statistics read the current GPU, and train.py's runs (the
     recipe, the evaluation) train on the first one, or refuse several (torch's DataParallel). None where it can."""
-    index, count = torch.device(device).index, torch.cuda.device_count()
+    try:
+        index, count = torch.device(device).index, torch.cuda.device_count()
+    except RuntimeError as error:
+        return f"--device {device}: {error}"
     if index not in (None, 0):
+        gpu = cuda_visible(str(index))  # the machine's number, where CUDA_VISIBLE_DEVICES renumbers them
         return (
             f"--device {device}: gpu.py measures the first GPU it sees (its timings, memory statistics and train.py's "
-            f"runs use that one); run it with CUDA_VISIBLE_DEVICES={index} python benchmarks/gpu.py ... --device cuda."
+            f"runs use that one); run it with CUDA_VISIBLE_DEVICES={gpu} python benchmarks/gpu.py ... --device cuda."
         )
     if count > 1:
         return (
@@ -2289,9 +2294,11 @@ def update_lines(row: dict) -> list[str]:
         busy = 1e3 * profile["device_busy_seconds_per_update"]
         share = f", {busy / breakdown['update_ms']:.0%} of the update" if breakdown else ""
         parts.append(f"{profile['kernel_launches_per_update']:.0f} kernels taking {busy:.2f} ms per update{share}")
-    elif profile:
+    elif profile and profile["top"]:
         top = ", ".join(f"{k['name']} {k['ms'] / profile['updates']:.2f}" for k in profile["top"][:4])
         parts.append(f"top operators, ms per update: {top}")
+    elif profile:
+        parts.append(f"profiled: {profile['ranked_by']}")
     return [f"| {row['variant']}: where an update goes | {'; '.join(parts)} | | |"] if parts else []
 
 

@@ -16,6 +16,14 @@ from vanilla_transformer.training.flops import training_flops_per_target_token
 gpu = load_script("benchmarks/gpu.py")
 
 
+@pytest.fixture(autouse=True)
+def one_gpu_at_most(monkeypatch):
+    """These tests pass --device cuda with torch.cuda's answers replaced; on a machine with several GPUs, gpu.py
+    would refuse them (it measures one): they see one at most, as on a lent machine."""
+    seen = torch.cuda.device_count()
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: min(seen, 1))
+
+
 def test_synthetic_lengths_look_like_wmt():
     lengths = gpu.synthetic_lengths(20000, seed=0)
     assert 24 < lengths.mean() < 32 and lengths.min() >= 2 and lengths.max() <= 250
@@ -955,3 +963,14 @@ def test_one_gpu_is_measured_and_another_or_several_are_refused_before_anything_
     assert f"CUDA_VISIBLE_DEVICES={torch.device(device).index or 0} python benchmarks/gpu.py" in error
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     assert gpu.one_gpu_refusal("cuda") is None and gpu.one_gpu_refusal("cuda:0") is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")  # a scheduler's: this process's cuda:1 is the machine's 5
+    assert "run it with CUDA_VISIBLE_DEVICES=5 python" in gpu.one_gpu_refusal("cuda:1")
+    assert gpu.one_gpu_refusal("cuda:x").startswith("--device cuda:x: ")
+
+
+def test_a_recipe_rows_empty_profile_is_said_in_its_table_line():
+    """The recipe's "where an update goes" line printed "top operators, ms per update: " and nothing after it."""
+    profile = {"device_busy_seconds_per_update": None, "top": [], "updates": 20}
+    profile["ranked_by"] = "nothing: the profiler collected no CUDA kernel events"
+    (line,) = gpu.update_lines({"variant": "plain", "profile": profile})
+    assert "profiled: nothing: the profiler collected no CUDA kernel events" in line and "top operators" not in line

@@ -352,6 +352,20 @@ def test_a_second_sigterm_is_ignored_and_a_second_ctrl_c_stops_at_once():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_sigterm_after_a_ctrl_c_is_a_preemption_with_its_budget():
+    """Ctrl-C, then the scheduler's SIGTERM before the checkpoint is written: the run must save within the SIGTERM's
+    grace budget and end as preempted (143, what a requeue script waits for), not as the Ctrl-C without a budget."""
+    stop = StopOnSignal(None, grace_seconds=25)
+    stop.trainer = Voters([])
+    stop.trainer.args.world_size = 1
+    with stop.installed():
+        os.kill(os.getpid(), signal.SIGINT)
+        assert stop.received == signal.SIGINT and stop.deadline() is None
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.received == signal.SIGTERM
+        assert stop.deadline() == pytest.approx(stop.received_at + 25)
+
+
 @pytest.mark.parametrize("eval_sets", [1, 2], ids=["one-eval-set", "two-eval-sets"])
 def test_a_signal_during_an_evaluation_in_training_saves_without_finishing_it(data_dir, tmp_path, eval_sets):
     """SIGTERM while training evaluates: the evaluation ends at its next batch (not after the whole validation set,
@@ -622,7 +636,7 @@ def test_one_ctrl_c_delivered_twice_at_once_saves_as_one(data_dir, tmp_path, mon
     with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as stopped:
         train.main(run_argv(data_dir, output))
     assert stopped.value.code == 128 + signal.SIGINT
-    assert caplog.text.count("SIGINT received") == 1
+    assert caplog.text.count("SIGINT received") == 1 and "taken as the same one" in caplog.text
     assert "Training stopped by SIGINT at step 3 and saved a resumable checkpoint" in caplog.text
     check_resumable(output / "checkpoint-3")  # the update under way finished, then saved
     assert not (output / "_run.lock").exists()

@@ -563,7 +563,21 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 # A signal sent to every process of a job and passed on by its launcher as well (table3 --devices, `scancel -s INT`)
 # arrives twice within milliseconds: one Ctrl-C, not two. A person's second Ctrl-C comes later.
-SAME_SIGNAL_SECONDS = 0.5
+SAME_SIGNAL_SECONDS = 0.2
+
+
+def _hand_on(number: int, frame, handler) -> None:
+    """Give signal ``number`` to ``handler``, the one installed before ours, and put it back: called, or the
+    default action (SIG_DFL: the signal again, to this process), or nothing (SIG_IGN). None (installed outside
+    Python) is taken as Python's own Ctrl-C handler."""
+    handler = signal.default_int_handler if handler is None and number == signal.SIGINT else handler
+    if handler is None or handler == signal.SIG_IGN:
+        return
+    signal.signal(number, handler)
+    if handler == signal.SIG_DFL:
+        os.kill(os.getpid(), number)
+    else:
+        handler(number, frame)
 
 
 class StopOnSignal(TrainerCallback):
@@ -613,20 +627,24 @@ class StopOnSignal(TrainerCallback):
 
     def _restore(self) -> None:
         for number, handler in self._previous.items():
-            signal.signal(number, handler)
+            if handler is not None:  # None: a handler installed outside Python, which cannot be put back
+                signal.signal(number, handler)
         self._previous = {}
 
     def _handle(self, number, frame) -> None:
         if self.received is not None and number == signal.SIGINT:
             if self.received == signal.SIGINT and time.monotonic() - self.received_at < SAME_SIGNAL_SECONDS:
-                return  # the same Ctrl-C, delivered twice
+                logger.warning(
+                    f"Ctrl-C again within {SAME_SIGNAL_SECONDS:g} s of the first: taken as the same one (a signal "
+                    "sent to every process and passed on too); press it again to stop at once, without saving."
+                )
+                return
             if signal.SIGINT in self._previous:  # a Ctrl-C after the first signal stops at once: the handler before
-                signal.signal(signal.SIGINT, self._previous.pop(signal.SIGINT))
-                os.kill(os.getpid(), signal.SIGINT)
+                _hand_on(number, frame, self._previous.pop(signal.SIGINT))
             return
-        if self.received is not None:  # a second SIGTERM: already stopping
+        if self.received == signal.SIGTERM or self.received == number:  # a second SIGTERM: already stopping
             return
-        self.received, self.received_at = number, time.monotonic()
+        self.received, self.received_at = number, time.monotonic()  # a first signal, or a SIGTERM after a Ctrl-C
         budget = (
             f" within {self.grace_seconds:g} s (--preemption_grace_seconds)"
             if number == signal.SIGTERM and self.grace_seconds

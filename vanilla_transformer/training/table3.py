@@ -678,7 +678,8 @@ def run_job(job: Job, device: str | None, processes: Processes | None = None) ->
     start = time.monotonic()
     if device is None:
         # a row compiles from nothing (--torch_compile, --cuda_graphs): the rows before it neither hold its CUDA
-        # graphs' memory nor count towards its recompilation limit
+        # graphs' memory nor count towards its recompilation limit (process-wide: a script calling table3 compiles
+        # its own functions again after it)
         torch._dynamo.reset()
         try:
             run.main(flags)
