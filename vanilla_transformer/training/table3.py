@@ -680,7 +680,7 @@ def run_job(job: Job, device: str | None, processes: Processes | None = None) ->
         # a row compiles from nothing (--torch_compile, --cuda_graphs): the rows before it neither hold its CUDA
         # graphs' memory nor count towards its recompilation limit (process-wide: a script calling table3 compiles
         # its own functions again after it)
-        torch._dynamo.reset()
+        torch.compiler.reset()
         try:
             run.main(flags)
         finally:  # the next row starts with the memory this one held
