@@ -688,11 +688,33 @@ ORPHANED_ROW = textwrap.dedent("""
     import os, subprocess, sys, time
     environment = {**os.environ, sys.argv[2]: str(os.getpid())}
     with open(sys.argv[1], "w") as log:
-        row = subprocess.Popen([sys.executable, "-m", "vanilla_transformer.cli", "train", *sys.argv[3:]], stdout=log,
+        row = subprocess.Popen([sys.executable, "-m", "vanilla_transformer_command", "train", *sys.argv[3:]], stdout=log,
                                stderr=subprocess.STDOUT, env=environment, start_new_session=True)
     print(row.pid, flush=True)
     time.sleep(300)
 """)
+
+
+def test_a_rows_process_is_the_console_scripts_so_that_a_ctrl_c_while_it_imports_is_one_line(tmp_path, monkeypatch):
+    """Every Ctrl-C reaches the rows now (passed on), also in the seconds a row imports torch: through the package's
+    `cli` module that printed a KeyboardInterrupt traceback into its train.log; the console script's module says
+    "stopped by Ctrl-C" (tests/test_cli.py checks that line)."""
+    started = []
+
+    class Started:
+        stopped_by = None
+
+        def start(self, command, **kwargs):
+            started.append(command)
+            return None
+
+        def wait(self, process):
+            return 0
+
+    monkeypatch.setattr(table3, "trained_run", lambda folder: {})
+    job = table3.Job("A1", 42, tmp_path / "A1", ["--output_dir", str(tmp_path / "A1")], None)
+    table3.run_job(job, "0", Started())
+    assert started == [[sys.executable, "-m", "vanilla_transformer_command", "train", *job.flags]]
 
 
 def ended(pid: int) -> bool:

@@ -693,7 +693,9 @@ def run_job(job: Job, device: str | None, processes: Processes | None = None) ->
         with open(job.folder / LOG_FILE, "a", encoding="utf-8") as log:
             offset = log.tell()
             process = processes.start(
-                [sys.executable, "-m", "vanilla_transformer.cli", "train", *flags],
+                # the console script's module: a Ctrl-C passed on while the row still imports torch ends it in one
+                # line ("stopped by Ctrl-C", 130) in its train.log, not a KeyboardInterrupt traceback
+                [sys.executable, "-m", "vanilla_transformer_command", "train", *flags],
                 env=environment,
                 stdout=log,
                 stderr=subprocess.STDOUT,
