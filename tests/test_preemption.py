@@ -352,6 +352,26 @@ def test_a_second_sigterm_is_ignored_and_a_second_ctrl_c_stops_at_once():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
+def test_a_second_ctrl_c_goes_to_the_handler_before_and_leaves_it_installed():
+    """The second Ctrl-C is handed to the SIGINT handler that was there before training (here: ignoring it, as a job
+    started in the background has), which stays after training; the first within the window was taken as the same."""
+    stop = StopOnSignal(None, grace_seconds=25)
+    stop.trainer = Voters([])
+    stop.trainer.args.world_size = 1
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with stop.installed():
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)  # the same one, delivered twice
+            assert signal.getsignal(signal.SIGINT) == stop._handle
+            time.sleep(SAME_SIGNAL_SECONDS + 0.05)
+            os.kill(os.getpid(), signal.SIGINT)  # a second Ctrl-C: the handler before (ignored)
+            assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+
 def test_a_sigterm_after_a_ctrl_c_is_a_preemption_with_its_budget():
     """Ctrl-C, then the scheduler's SIGTERM before the checkpoint is written: the run must save within the SIGTERM's
     grace budget and end as preempted (143, what a requeue script waits for), not as the Ctrl-C without a budget."""

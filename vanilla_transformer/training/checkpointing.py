@@ -571,9 +571,11 @@ def _hand_on(number: int, frame, handler) -> None:
     default action (SIG_DFL: the signal again, to this process), or nothing (SIG_IGN). None (installed outside
     Python) is taken as Python's own Ctrl-C handler."""
     handler = signal.default_int_handler if handler is None and number == signal.SIGINT else handler
-    if handler is None or handler == signal.SIG_IGN:
+    if handler is None:
         return
     signal.signal(number, handler)
+    if handler == signal.SIG_IGN:
+        return
     if handler == signal.SIG_DFL:
         os.kill(os.getpid(), number)
     else:
