@@ -273,7 +273,7 @@ def one_gpu_refusal(device: str) -> str | None:
     if count > 1:
         return (
             f"--device {device}: gpu.py measures one GPU and sees {count} (train.py's runs refuse several); run it "
-            f"with one visible: CUDA_VISIBLE_DEVICES=0 python benchmarks/gpu.py ..."
+            f"with one visible: CUDA_VISIBLE_DEVICES={cuda_visible('0')} python benchmarks/gpu.py ..."
         )
     return None
 

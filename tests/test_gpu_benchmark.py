@@ -965,6 +965,8 @@ def test_one_gpu_is_measured_and_another_or_several_are_refused_before_anything_
     assert gpu.one_gpu_refusal("cuda") is None and gpu.one_gpu_refusal("cuda:0") is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,5")  # a scheduler's: this process's cuda:1 is the machine's 5
     assert "run it with CUDA_VISIBLE_DEVICES=5 python" in gpu.one_gpu_refusal("cuda:1")
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert "with one visible: CUDA_VISIBLE_DEVICES=4 python" in gpu.one_gpu_refusal("cuda")
     assert gpu.one_gpu_refusal("cuda:x").startswith("--device cuda:x: ")
 
 

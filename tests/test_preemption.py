@@ -372,6 +372,26 @@ def test_a_second_ctrl_c_goes_to_the_handler_before_and_leaves_it_installed():
         signal.signal(signal.SIGINT, before)
 
 
+def test_a_handler_installed_outside_python_gives_way_to_pythons_own_after_training(monkeypatch):
+    """signal.getsignal says None for a handler an embedding program installed before Python: it cannot be put
+    back, and StopOnSignal's own stayed installed after training (every later Ctrl-C dropped, the Trainer kept
+    alive by it). Python's own handlers take its place."""
+    stop = StopOnSignal(None, grace_seconds=25)
+    stop.trainer = Voters([])
+    stop.trainer.args.world_size = 1
+    before = {number: signal.getsignal(number) for number in StopOnSignal.SIGNALS}
+    getsignal = signal.getsignal
+    monkeypatch.setattr(signal, "getsignal", lambda number: None)
+    try:
+        with stop.installed():
+            monkeypatch.setattr(signal, "getsignal", getsignal)
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
+
+
 def test_a_sigterm_after_a_ctrl_c_is_a_preemption_with_its_budget():
     """Ctrl-C, then the scheduler's SIGTERM before the checkpoint is written: the run must save within the SIGTERM's
     grace budget and end as preempted (143, what a requeue script waits for), not as the Ctrl-C without a budget."""

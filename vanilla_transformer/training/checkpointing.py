@@ -629,8 +629,9 @@ class StopOnSignal(TrainerCallback):
 
     def _restore(self) -> None:
         for number, handler in self._previous.items():
-            if handler is not None:  # None: a handler installed outside Python, which cannot be put back
-                signal.signal(number, handler)
+            if handler is None:  # installed outside Python, which cannot be put back: Python's own in its place
+                handler = signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL
+            signal.signal(number, handler)
         self._previous = {}
 
     def _handle(self, number, frame) -> None:
