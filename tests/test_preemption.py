@@ -335,12 +335,18 @@ def test_a_signal_after_the_last_vote_stops_every_process_at_the_end_alike():
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGTERM"), reason="POSIX signals")
-def test_a_second_sigterm_is_ignored_and_a_second_ctrl_c_stops_at_once():
-    """SLURM signals every process of a step and torchrun passes its own SIGTERM on: each process gets two at
-    once, and the second must not kill it before it saves. Ctrl-C twice still means "stop now"."""
+def lone_stop_on_signal() -> StopOnSignal:
+    """StopOnSignal of one process with a 25 s grace budget, outside a Trainer."""
     stop = StopOnSignal(None, grace_seconds=25)
     stop.trainer = Voters([])
     stop.trainer.args.world_size = 1
+    return stop
+
+
+def test_a_second_sigterm_is_ignored_and_a_second_ctrl_c_stops_at_once():
+    """SLURM signals every process of a step and torchrun passes its own SIGTERM on: each process gets two at
+    once, and the second must not kill it before it saves. Ctrl-C twice still means "stop now"."""
+    stop = lone_stop_on_signal()
     with stop.installed():
         os.kill(os.getpid(), signal.SIGTERM)
         os.kill(os.getpid(), signal.SIGTERM)  # before this test, the default handler: the process died here
@@ -355,9 +361,7 @@ def test_a_second_sigterm_is_ignored_and_a_second_ctrl_c_stops_at_once():
 def test_a_second_ctrl_c_goes_to_the_handler_before_and_leaves_it_installed():
     """The second Ctrl-C is handed to the SIGINT handler that was there before training (here: ignoring it, as a job
     started in the background has), which stays after training; the first within the window was taken as the same."""
-    stop = StopOnSignal(None, grace_seconds=25)
-    stop.trainer = Voters([])
-    stop.trainer.args.world_size = 1
+    stop = lone_stop_on_signal()
     before = signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         with stop.installed():
@@ -376,9 +380,7 @@ def test_a_handler_installed_outside_python_gives_way_to_pythons_own_after_train
     """signal.getsignal says None for a handler an embedding program installed before Python: it cannot be put
     back, and StopOnSignal's own stayed installed after training (every later Ctrl-C dropped, the Trainer kept
     alive by it). Python's own handlers take its place."""
-    stop = StopOnSignal(None, grace_seconds=25)
-    stop.trainer = Voters([])
-    stop.trainer.args.world_size = 1
+    stop = lone_stop_on_signal()
     before = {number: signal.getsignal(number) for number in StopOnSignal.SIGNALS}
     getsignal = signal.getsignal
     monkeypatch.setattr(signal, "getsignal", lambda number: None)
@@ -395,9 +397,7 @@ def test_a_handler_installed_outside_python_gives_way_to_pythons_own_after_train
 def test_a_sigterm_after_a_ctrl_c_is_a_preemption_with_its_budget():
     """Ctrl-C, then the scheduler's SIGTERM before the checkpoint is written: the run must save within the SIGTERM's
     grace budget and end as preempted (143, what a requeue script waits for), not as the Ctrl-C without a budget."""
-    stop = StopOnSignal(None, grace_seconds=25)
-    stop.trainer = Voters([])
-    stop.trainer.args.world_size = 1
+    stop = lone_stop_on_signal()
     with stop.installed():
         os.kill(os.getpid(), signal.SIGINT)
         assert stop.received == signal.SIGINT and stop.deadline() is None
@@ -636,23 +636,29 @@ def test_a_ctrl_c_in_the_tokenizations_workers_ends_the_run_in_one_line(data_dir
     assert time.monotonic() - started < 18  # the workers were stopped, not waited for
 
 
-def test_a_second_ctrl_c_in_training_ends_the_run_at_once_in_one_line(data_dir, tmp_path, monkeypatch, caplog):
-    """The second Ctrl-C stops without saving (`StopOnSignal`); it ended in a KeyboardInterrupt traceback, and now
-    in one line that says nothing was saved by it and how to go on."""
+def trained_with_two_ctrl_cs(data_dir: Path, output: Path, monkeypatch, caplog, apart: float) -> int:
+    """train.main with two SIGINTs ``apart`` seconds apart before update 3; its exit status (the log in caplog)."""
     step = train.TransformerTrainer.training_step
 
     def interrupted_twice(self, *args, **kwargs):
         if self.state.global_step == 2:
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(SAME_SIGNAL_SECONDS + 0.1)  # a person's second press
+            time.sleep(apart)
             os.kill(os.getpid(), signal.SIGINT)
         return step(self, *args, **kwargs)
 
     monkeypatch.setattr(train.TransformerTrainer, "training_step", interrupted_twice)
-    output = tmp_path / "run"
     with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as stopped:
         train.main(run_argv(data_dir, output))
-    assert stopped.value.code == 128 + signal.SIGINT
+    return stopped.value.code
+
+
+def test_a_second_ctrl_c_in_training_ends_the_run_at_once_in_one_line(data_dir, tmp_path, monkeypatch, caplog):
+    """The second Ctrl-C stops without saving (`StopOnSignal`); it ended in a KeyboardInterrupt traceback, and now
+    in one line that says nothing was saved by it and how to go on."""
+    output = tmp_path / "run"
+    code = trained_with_two_ctrl_cs(data_dir, output, monkeypatch, caplog, SAME_SIGNAL_SECONDS + 0.1)  # a person's
+    assert code == 128 + signal.SIGINT
     assert (
         "stopped by Ctrl-C during training, without saving a checkpoint: --resume_from_checkpoint last" in caplog.text
     )
@@ -663,19 +669,8 @@ def test_one_ctrl_c_delivered_twice_at_once_saves_as_one(data_dir, tmp_path, mon
     """A SIGINT sent to every process of a job (`scancel -s INT`) that a launcher passes on too (table3 --devices)
     arrives twice within milliseconds: it stopped the run at once without saving, as a second Ctrl-C does. One
     Ctrl-C: the update is saved and the run resumes from it."""
-    step = train.TransformerTrainer.training_step
-
-    def interrupted_twice_at_once(self, *args, **kwargs):
-        if self.state.global_step == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-            os.kill(os.getpid(), signal.SIGINT)
-        return step(self, *args, **kwargs)
-
-    monkeypatch.setattr(train.TransformerTrainer, "training_step", interrupted_twice_at_once)
     output = tmp_path / "run"
-    with caplog.at_level(logging.WARNING), pytest.raises(SystemExit) as stopped:
-        train.main(run_argv(data_dir, output))
-    assert stopped.value.code == 128 + signal.SIGINT
+    assert trained_with_two_ctrl_cs(data_dir, output, monkeypatch, caplog, apart=0) == 128 + signal.SIGINT
     assert caplog.text.count("SIGINT received") == 1 and "taken as the same one" in caplog.text
     assert "Training stopped by SIGINT at step 3 and saved a resumable checkpoint" in caplog.text
     check_resumable(output / "checkpoint-3")  # the update under way finished, then saved
