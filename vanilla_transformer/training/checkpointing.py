@@ -566,19 +566,22 @@ class TrainingInterrupted(KeyboardInterrupt):
 SAME_SIGNAL_SECONDS = 0.2
 
 
-def _hand_on(number: int, frame, handler) -> None:
-    """Give signal ``number`` to ``handler``, the one installed before ours, and put it back: called, or the
-    default action (SIG_DFL: the signal again, to this process), or nothing (SIG_IGN). None (installed outside
-    Python) is taken as Python's own Ctrl-C handler."""
-    handler = signal.default_int_handler if handler is None and number == signal.SIGINT else handler
+def _settable(number: int, handler):
+    """``handler`` as `signal.signal` takes it back: None (installed outside Python, which cannot be put back)
+    becomes Python's own (Ctrl-C's KeyboardInterrupt, or the default action)."""
     if handler is None:
-        return
+        return signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL
+    return handler
+
+
+def _hand_on(number: int, frame, handler) -> None:
+    """Put back ``handler``, the one installed before ours, and give it signal ``number``: called, or the default
+    action (SIG_DFL: the signal again, to this process), or nothing (SIG_IGN)."""
+    handler = _settable(number, handler)
     signal.signal(number, handler)
-    if handler == signal.SIG_IGN:
-        return
     if handler == signal.SIG_DFL:
         os.kill(os.getpid(), number)
-    else:
+    elif handler != signal.SIG_IGN:
         handler(number, frame)
 
 
@@ -629,9 +632,7 @@ class StopOnSignal(TrainerCallback):
 
     def _restore(self) -> None:
         for number, handler in self._previous.items():
-            if handler is None:  # installed outside Python, which cannot be put back: Python's own in its place
-                handler = signal.default_int_handler if number == signal.SIGINT else signal.SIG_DFL
-            signal.signal(number, handler)
+            signal.signal(number, _settable(number, handler))
         self._previous = {}
 
     def _handle(self, number, frame) -> None:
@@ -645,7 +646,7 @@ class StopOnSignal(TrainerCallback):
             if signal.SIGINT in self._previous:  # a Ctrl-C after the first signal stops at once: the handler before
                 _hand_on(number, frame, self._previous.pop(signal.SIGINT))
             return
-        if self.received == signal.SIGTERM or self.received == number:  # a second SIGTERM: already stopping
+        if self.received == signal.SIGTERM:  # a second SIGTERM: already stopping
             return
         self.received, self.received_at = number, time.monotonic()  # a first signal, or a SIGTERM after a Ctrl-C
         budget = (
