@@ -9,6 +9,7 @@ holds what resuming needs, and leaves the moving average out, saying so.
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -356,6 +357,47 @@ def test_a_second_sigterm_is_ignored_and_a_second_ctrl_c_stops_at_once():
             time.sleep(0.1)
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+class SignalledMidWrite(io.RawIOBase):
+    """A terminal whose first write is interrupted by ``number``: the handler runs inside io.BufferedWriter's write,
+    as when a signal lands while a progress bar is drawn."""
+
+    def __init__(self, number: int):
+        self.number, self.written = number, bytearray()
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, data) -> int:
+        if self.number is not None:
+            number, self.number = self.number, None
+            os.kill(os.getpid(), number)  # Python runs the handler here, before the next instruction
+        self.written += data
+        return len(data)
+
+
+@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_a_write_to_stderr_is_said_after_it(monkeypatch, number):
+    """Before this test, the handler's warning went to the stderr it had interrupted: io's "reentrant call inside
+    <_io.BufferedWriter>" RuntimeError, raised into the training step that was writing."""
+    terminal = SignalledMidWrite(number)
+    stderr = io.TextIOWrapper(io.BufferedWriter(terminal), line_buffering=True)
+    monkeypatch.setattr(sys, "stderr", stderr)  # logging's own error report goes there too
+    said = logging.StreamHandler(stderr)
+    checkpointing_log = logging.getLogger("vanilla_transformer.training.checkpointing")
+    checkpointing_log.addHandler(said)
+    stop = lone_stop_on_signal()
+    try:
+        with stop.installed():
+            stderr.write("a progress bar\n")  # the signal lands inside this write
+            assert stop.received == number
+    finally:
+        checkpointing_log.removeHandler(said)
+    stderr.flush()
+    lines = terminal.written.decode().splitlines()
+    name = signal.Signals(number).name
+    assert lines[0] == "a progress bar" and lines[1].startswith(f"{name} received: finishing this update")
 
 
 def test_a_second_ctrl_c_goes_to_the_handler_before_and_leaves_it_installed():

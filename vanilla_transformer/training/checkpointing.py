@@ -24,6 +24,7 @@ import errno
 import json
 import logging
 import os
+import queue
 import shutil
 import signal
 import threading
@@ -585,6 +586,41 @@ def _hand_on(number: int, frame, handler) -> None:
         handler(number, frame)
 
 
+class SignalSafeLog:
+    """Log lines said by a signal handler, written by a thread of their own.
+
+    Python runs a handler between two instructions of the main thread, perhaps in the middle of a write to stderr
+    (a progress bar's): writing there again from the handler raises "reentrant call inside BufferedWriter" into
+    the interrupted code, a training run's crash at a random point. `queue.SimpleQueue.put` is safe in a handler;
+    the thread writes the line once the interrupted write is done (the logging handler's lock waits for it)."""
+
+    def __init__(self):
+        self._lines: queue.SimpleQueue = queue.SimpleQueue()
+        self._writer: threading.Thread | None = None
+
+    def say(self, line: str) -> None:
+        if self._writer is None:  # outside `open` (no signal handler of ours installed): at once
+            logger.warning(line)
+        else:
+            self._lines.put(line)
+
+    def _write(self) -> None:
+        while (line := self._lines.get()) is not None:
+            logger.warning(line)
+
+    @contextmanager
+    def open(self):
+        """While the block runs, `say` hands its lines to the writing thread; each is written when the block ends."""
+        self._writer = threading.Thread(target=self._write, name="signal-log", daemon=True)
+        self._writer.start()
+        try:
+            yield
+        finally:
+            self._lines.put(None)
+            self._writer.join()
+            self._writer = None
+
+
 class StopOnSignal(TrainerCallback):
     """On Ctrl-C (SIGINT) or SIGTERM: finish the current update, save a checkpoint, stop training.
 
@@ -611,6 +647,7 @@ class StopOnSignal(TrainerCallback):
         self.saved: Path | None = None
         self.training = False  # inside `installed`: a signal now stops training (and an evaluation within it)
         self._previous: dict = {}
+        self._log = SignalSafeLog()
 
     @contextmanager
     def installed(self):
@@ -621,14 +658,15 @@ class StopOnSignal(TrainerCallback):
             yield
             return
         self._previous = {number: signal.getsignal(number) for number in self.SIGNALS}
-        for number in self.SIGNALS:
-            signal.signal(number, self._handle)
-        self.training = True
-        try:
-            yield
-        finally:
-            self.training = False
-            self._restore()
+        with self._log.open():
+            for number in self.SIGNALS:
+                signal.signal(number, self._handle)
+            self.training = True
+            try:
+                yield
+            finally:
+                self.training = False
+                self._restore()
 
     def _restore(self) -> None:
         for number, handler in self._previous.items():
@@ -638,7 +676,7 @@ class StopOnSignal(TrainerCallback):
     def _handle(self, number, frame) -> None:
         if self.received is not None and number == signal.SIGINT:
             if self.received == signal.SIGINT and time.monotonic() - self.received_at < SAME_SIGNAL_SECONDS:
-                logger.warning(
+                self._log.say(
                     f"Ctrl-C again within {SAME_SIGNAL_SECONDS:g} s of the first: taken as the same one (a signal "
                     "sent to every process and passed on too); press it again to stop at once, without saving."
                 )
@@ -654,7 +692,7 @@ class StopOnSignal(TrainerCallback):
             if number == signal.SIGTERM and self.grace_seconds
             else ""
         )
-        logger.warning(
+        self._log.say(
             f"{signal.Signals(number).name} received: finishing this update, then saving a checkpoint"
             f"{budget} and stopping (Ctrl-C again stops at once, without saving)."
         )

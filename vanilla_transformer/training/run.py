@@ -133,9 +133,9 @@ def main(
     lock, stage = None, Stage()
 
     def last_words() -> None:  # a SIGTERM outside training, before the process ends as by default
-        logger.warning(f"stopped by SIGTERM {stage.said()}")
-        if lock is not None:
+        if lock is not None:  # first: a line written from a signal handler can fail (`SignalSafeLog`)
             lock.release()
+        logger.warning(f"stopped by SIGTERM {stage.said()}")
 
     with sigterm_ends_the_run(last_words), ctrl_c_stops_the_run():
         stop_with_parent()  # a table3 row's process: stops with the command that started it
