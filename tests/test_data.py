@@ -243,6 +243,10 @@ def test_drop_unusable_counts_and_logs_what_it_drops(tmp_path, cache, tokenizer,
     assert counts == {"kept": len(expected), "empty": empty, "too_long": 300 - len(expected) - empty}
     assert 0 < empty and 0 < counts["too_long"]
     assert f"dropped {300 - len(expected)} ({empty} empty" in caplog.text
+    # which pairs are kept is written beside the data (memory-mapped), and the next process reads it from there
+    assert len(kept.cache_files) == len(tokenize_dataset(text, tokenizer).cache_files) + 1  # the kept indices
+    again, _ = drop_unusable(tokenize_dataset(text, tokenizer), 9, 11, role="train")
+    assert again.cache_files == kept.cache_files and again["input_ids"][:] == kept["input_ids"][:]
 
 
 def test_drop_unusable_logs_even_when_nothing_is_dropped_and_refuses_to_leave_nothing(

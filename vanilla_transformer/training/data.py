@@ -462,12 +462,10 @@ def drop_unusable(
     for name, value in (("max_source_tokens", max_source_tokens), ("max_target_tokens", max_target_tokens)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}.")
+    limits = {"max_source_tokens": max_source_tokens, "max_target_tokens": max_target_tokens}
     empty = column(dataset, "empty")
-    too_long = (column(dataset, "source_length") > max_source_tokens) | (
-        column(dataset, "target_length") > max_target_tokens
-    )
-    keep = ~empty & ~too_long
-    counts = {"kept": int(keep.sum()), "empty": int(empty.sum()), "too_long": int((too_long & ~empty).sum())}
+    keep = _usable(empty, column(dataset, "source_length"), column(dataset, "target_length"), **limits)
+    counts = {"kept": int(keep.sum()), "empty": int(empty.sum()), "too_long": int((~keep & ~empty).sum())}
     dropped = len(keep) - counts["kept"]
     why = (
         f"{counts['empty']} empty, {counts['too_long']} longer than {max_source_tokens} source / "
@@ -481,7 +479,26 @@ def drop_unusable(
         raise ValueError(
             f"No {role} pairs left: all {dropped} dropped ({why}). Check the {role} data, or raise the limit."
         )
-    return (dataset.select(np.flatnonzero(keep)) if dropped else dataset), counts
+    if not dropped:
+        return dataset, counts
+    # filter, not select(indices): its indices are written beside the data (memory-mapped, cached for the other
+    # processes and the next run), where select would hold a Python list of them, one per pair, in each process
+    form = dataset.format
+    kept = dataset.with_format("numpy").filter(
+        _usable,
+        batched=True,
+        batch_size=100_000,
+        input_columns=["empty", "source_length", "target_length"],
+        fn_kwargs=limits,
+        desc=f"dropping unusable {role} pairs",
+    )
+    kept = kept.with_format(form["type"], form["columns"], form["output_all_columns"], **form["format_kwargs"])
+    return kept, counts
+
+
+def _usable(empty, source_length, target_length, *, max_source_tokens: int, max_target_tokens: int) -> np.ndarray:
+    """`drop_unusable`'s test of a batch of pairs (numpy columns)."""
+    return ~empty & (source_length <= max_source_tokens) & (target_length <= max_target_tokens)
 
 
 def example_lengths(dataset) -> np.ndarray:
