@@ -180,16 +180,17 @@ def pack_sorted(lengths: np.ndarray, max_tokens: int) -> tuple[np.ndarray, np.nd
     (rows, longest source, longest target): what the collator pads batch ``b`` to on its own.
     """
     _refuse_too_long(lengths, max_tokens)
-    order = np.lexsort((lengths[:, 1], lengths[:, 0]))  # stable: ties keep dataset order
-    longest = lengths.max(axis=1)[order]
-    starts, rows, batch_longest = [0], 0, 0
-    for position, length in enumerate(longest.tolist()):
-        if rows and (rows + 1) * max(batch_longest, length) > max_tokens:  # every row padded to the longest
-            starts.append(position)
-            rows, batch_longest = 0, 0
-        rows += 1
-        batch_longest = max(batch_longest, length)
-    starts = np.asarray(starts + [len(order)], dtype=np.int64)
+    # by (source, target): one int each (both at most max_tokens), sorted stably (ties keep dataset order)
+    order = np.argsort(lengths[:, 0] * (max_tokens + 1) + lengths[:, 1], kind="stable")
+    longest = np.maximum(lengths[:, 0], lengths[:, 1])[order]
+    starts = [0]
+    while starts[-1] < len(order):  # one batch a step, in numpy: 36M pairs in about a second, not a Python loop
+        start = starts[-1]
+        # a batch starting here has at most max_tokens // longest[start] rows: only those can join it
+        window = longest[start : start + max_tokens // int(longest[start]) + 1]
+        fits = np.arange(1, len(window) + 1) * np.maximum.accumulate(window) <= max_tokens  # rows padded alike
+        starts.append(start + (int(np.argmin(fits)) if not fits.all() else len(window)))
+    starts = np.asarray(starts, dtype=np.int64)
     sorted_lengths = lengths[order]
     shapes = (
         np.stack(
