@@ -347,6 +347,28 @@ def test_a_training_corpus_of_blank_pairs_is_named_by_its_flag(tmp_path, monkeyp
         train.build_trainer(*train.parse_arguments(train_argv(train_file=train_file)))
 
 
+@pytest.mark.parametrize("how", ["same path", "symbolic link", "hard link"])
+def test_one_file_given_as_both_sides_is_refused_before_it_is_read(tmp_path, monkeypatch, how):
+    """A typo (--train_target_file train.en) trained a model to copy, for as long as the run was given."""
+    source = write(tmp_path / "train.en", "".join(s + "\n" for s in SENTENCES))
+    target = {"same path": source, "symbolic link": tmp_path / "train.de", "hard link": tmp_path / "train.de"}[how]
+    if how == "symbolic link":
+        os.symlink(source, target)
+    elif how == "hard link":
+        os.link(source, target)
+    validation = write(tmp_path / "valid.en", "a\n")
+    argv = train_argv("--train_source_file", source, "--train_target_file", str(target))
+    argv += ["--validation_source_file", validation, "--validation_target_file", write(tmp_path / "valid.de", "b\n")]
+    argv = argv[: argv.index("--train_file")] + argv[argv.index("--train_file") + 2 :]
+    monkeypatch.setattr(data, "_arrow_from", lambda *a, **k: pytest.fail("a file was read"))
+    with pytest.raises(
+        ValueError,
+        match="--train_source_file .* and --train_target_file .* are (the same file|one "
+        "file \\(a link\\)): the model would learn to copy. Give the de side's file",
+    ):
+        train.load_text_datasets(train.parse_arguments(argv)[1], seed=0)
+
+
 def test_a_validation_file_is_checked_before_the_training_corpus_is_read(tmp_path):
     """The training pairs here are misaligned, which only a full read of them finds: the validation file's
     missing key must be named instead, as it is found on its first record."""

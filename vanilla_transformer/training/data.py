@@ -642,6 +642,17 @@ def role_files(args, role: str) -> dict[str, str]:
     return {flag: path for flag, path in named.items() if path}
 
 
+def refuse_one_file_for_both_sides(args, role: str) -> None:
+    """--{role}_source_file and --{role}_target_file name one file (a typo, a link): the model would learn to copy."""
+    source, target = getattr(args, f"{role}_source_file"), getattr(args, f"{role}_target_file")
+    if source and target and os.path.samefile(source, target):
+        same = "are the same file" if Path(source).resolve() == Path(target).resolve() else "are one file (a link)"
+        raise ValueError(
+            f"--{role}_source_file {source!r} and --{role}_target_file {target!r} {same}: the model would learn to "
+            f"copy. Give the {args.target_lang} side's file as --{role}_target_file."
+        )
+
+
 def local_dataset(args, role: str):
     """The role's local files as an Arrow dataset of (source, target), or None when none are given."""
     role_files(args, role)
@@ -746,6 +757,7 @@ def load_text_datasets(args, seed: int, train: bool = True) -> dict:
     for role in ROLES:  # every file first: a mistyped test path fails before the training corpus is read
         for flag, path in role_files(args, role).items():
             check_file(path, flag)
+        refuse_one_file_for_both_sides(args, role)
     if role_files(args, "train") and args.dataset_name:
         raise ValueError("Give training data as files or as --dataset_name, not both.")
     train = train or bool(args.validation_size)
