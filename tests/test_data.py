@@ -93,6 +93,10 @@ def test_a_changed_file_is_read_again_not_taken_from_the_cache(tmp_path, cache):
     write(tgt, ["x", "changed"])
     os.utime(tgt, ns=(1, 10**18))  # a different modification time, whatever the clock's resolution
     assert pairs(parallel_text_dataset(src, tgt, cache_dir=cache)) == [("a", "x"), ("b", "changed")]
+    # the same size and modification time as before (cp -p, rsync -a, tar x): the status change time differs
+    write(tgt, ["x", "changes"])
+    os.utime(tgt, ns=(1, 10**18))
+    assert pairs(parallel_text_dataset(src, tgt, cache_dir=cache)) == [("a", "x"), ("b", "changes")]
 
 
 def test_missing_file_is_file_not_found_with_the_path_and_flag(tmp_path, cache):

@@ -4,8 +4,8 @@ The corpus never lives in Python objects. Each reader streams its file into an A
 string columns, ``source`` and ``target`` (`parallel_text_dataset`, `tsv_dataset`,
 `jsonl_dataset`, `hub_dataset`); `tokenize_dataset` turns it into ``input_ids``/``labels`` with
 ``Dataset.map(batched=True, num_proc=...)``; `drop_unusable` removes empty and too-long pairs and
-says how many. Every step is cached on disk under a fingerprint of its inputs (file path, size
-and modification time; the tokenizer's JSON; the limits), so a second run, and the other processes
+says how many. Every step is cached on disk under a fingerprint of its inputs (file path, size,
+modification and status change times; the tokenizer's JSON; the limits), so a second run, and the other processes
 of a data-parallel run, memory-map the result instead of computing it again (a damaged cache entry is
 rebuilt, with a warning naming it: `caches`). The sampler gets the lengths as one array
 (`example_lengths`). Disk: the text once (as Arrow) plus the token ids (4 bytes a token), e.g. about
@@ -207,9 +207,18 @@ def first_json_record(path: PathLike, what: str | None = None) -> dict:
     raise ValueError(f"{name} has only blank lines; give one JSON object a line.")
 
 
+def file_identity(path) -> tuple:
+    """What a cache of ``path``'s content is keyed on: the resolved path, the size, the modification time, and the
+    status change time (ctime), which every write sets and no tool can set back: a file rewritten with its old size
+    and modification time restored (``cp -p``, ``rsync -a``, ``tar x``) is read again. A file only touched or
+    renamed is read again too."""
+    status = os.stat(path)
+    return str(Path(path).resolve()), status.st_size, status.st_mtime_ns, status.st_ctime_ns
+
+
 def _arrow_from(rows, cache_dir: str | None, **gen_kwargs):
-    """Stream ``rows(**gen_kwargs)`` into a cached Arrow dataset; the cache key includes the files'
-    size and modification time, so an edited file is read again."""
+    """Stream ``rows(**gen_kwargs)`` into a cached Arrow dataset, keyed on the files' `file_identity`, so that an
+    edited file is read again."""
     from datasets import Dataset, Features, Value
     from datasets.exceptions import DatasetGenerationError
     from datasets.fingerprint import Hasher
@@ -219,7 +228,7 @@ def _arrow_from(rows, cache_dir: str | None, **gen_kwargs):
         what = gen_kwargs["what"][index] if isinstance(gen_kwargs["what"], tuple) else gen_kwargs["what"]
         check_file(path, what)
     # A tuple, not a list: datasets would read a list in gen_kwargs as shards, one generator call each.
-    identity = tuple((str(Path(p).resolve()), os.stat(p).st_size, os.stat(p).st_mtime_ns) for p in files)
+    identity = tuple(file_identity(path) for path in files)
     fingerprint = Hasher.hash([CACHE_VERSION, rows.__name__, identity, sorted(gen_kwargs.items())])
     try:
         return rebuilt_if_damaged(
