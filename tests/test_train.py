@@ -617,6 +617,32 @@ def test_resuming_with_other_batching_says_what_changed(data_dir, tmp_path, capl
     assert "with other batching (--max_tokens 200 there, 120 now)" in caplog.text
 
 
+def test_resuming_mid_epoch_on_other_batches_says_so_whatever_changed_them(data_dir, tmp_path, caplog):
+    """Batches padded to bucket shapes (--pad_to_buckets, or --torch_compile's auto) and the data's length limits
+    change an epoch's batches without any --max_tokens-like flag changing: a resumed run skipped the checkpoint's
+    count of other batches, unsaid. The reference: the same flags, which say nothing."""
+    common = ("--max_steps", "2", "--save_strategy", "steps", "--save_steps", "2", "--learning_rate", "0.003")
+    train.main(tiny_args(data_dir, tmp_path, *common, "--max_tokens", "200"))
+    state = json.loads((tmp_path / "checkpoint-2" / "trainer_state.json").read_text())
+    assert 0 < state["epoch"] < 1  # in the middle of the first epoch
+    resume = ("--max_tokens", "200", "--resume_from_checkpoint", "last", "--max_steps", "3")
+
+    def resumed_log(*flags: str) -> str:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            prepared = build(data_dir, tmp_path, *common, *flags, *resume)
+            prepared.trainer.train(resume_from_checkpoint=str(tmp_path / "checkpoint-2"))
+        shutil.rmtree(tmp_path / "checkpoint-3")
+        return caplog.text
+
+    assert "other batches" not in resumed_log()
+    bucketed = resumed_log("--pad_to_buckets", "always")
+    assert "batches padded to bucket shapes now, not there (--pad_to_buckets, --torch_compile)" in bucketed
+    assert "in the middle of an epoch, with other batches than the checkpoint's" in bucketed
+    shorter = resumed_log("--max_source_length", "5")  # fewer pairs pass the length filter
+    assert "other batching" not in shorter and "with other batches than the checkpoint's" in shorter
+
+
 def test_fewer_checkpoints_than_averaged_name_why_not_a_limit(data_dir, tmp_path, caplog):
     """--save_steps past the run's length leaves the last step's checkpoint only; the warning said "only 1 were
     kept", as if a --save_total_limit (none here) had removed the others."""

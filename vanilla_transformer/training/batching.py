@@ -23,6 +23,7 @@ dataset) and the batches are kept as integer arrays, not as Python lists: a samp
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 from collections.abc import Iterator, Sequence
@@ -274,6 +275,7 @@ class TokenBatchSampler(Sampler[list[int]]):
         pairs = length_pairs(lengths)
         packed = pack(pairs, max_tokens, bucket_width) if pad_to_buckets else pack_sorted(pairs, max_tokens)
         self.order, self.starts, self.shapes = packed
+        self._digest = None
         if drop_last and self.num_batches < num_replicas:
             logger.warning(
                 f"Only {self.num_batches} batches for {num_replicas} replicas with drop_last=True: "
@@ -284,6 +286,14 @@ class TokenBatchSampler(Sampler[list[int]]):
     def num_batches(self) -> int:
         """The number of batches over all ranks, before any padding or dropping."""
         return len(self.starts) - 1
+
+    @property
+    def digest(self) -> str:
+        """The batches' identity (which examples each holds), the same on every process: a checkpoint keeps it,
+        so that a run resumed in the middle of an epoch knows whether it skips the batches that were trained."""
+        if self._digest is None:
+            self._digest = hashlib.sha256(self.order.tobytes() + self.starts.tobytes()).hexdigest()[:16]
+        return self._digest
 
     def batch(self, index: int) -> list[int]:
         """The example indices of batch ``index`` (in length-sorted batch order)."""

@@ -61,7 +61,7 @@ from ..checkpoint_files import (
 from ..command_line import exit_with_usage_error
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULA, MAX_NEW_TOKENS_BEYOND_INPUT
 from ..private_api import require
-from .arguments import refuse_data_parallel, refuse_processes_left_alone, schedule_name
+from .arguments import pads_to_buckets, refuse_data_parallel, refuse_processes_left_alone, schedule_name
 from .averaging import MEAN_NAMES, architecture, average_checkpoints
 from .caches import usable_tokenizer_cache
 from .checkpointing import (
@@ -708,6 +708,12 @@ def compare_with_checkpoint(checkpoint: Path, training_args) -> None:
             for name, label in BATCHING.items()
             if hasattr(saved, name) and getattr(saved, name) != getattr(training_args, name)
         ]
+        if hasattr(saved, "pad_to_buckets") and pads_to_buckets(saved) != pads_to_buckets(training_args):
+            changed.append(
+                "batches padded to bucket shapes "
+                + ("there, not now" if pads_to_buckets(saved) else "now, not there")
+                + " (--pad_to_buckets, --torch_compile)"
+            )
         if changed:
             logger.warning(
                 f"resuming {checkpoint} with other batching ({'; '.join(changed)}): "

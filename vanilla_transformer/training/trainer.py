@@ -125,8 +125,31 @@ class SamplerEpoch(TrainerCallback):
     would take epoch 0's order (batches trained twice, others never). The epoch is the Trainer's own count:
     the updates done over the updates an epoch holds."""
 
+    # Where a checkpoint's trainer_state.json keeps the batches' identity (`TokenBatchSampler.digest`)
+    SAVED_AS = "TokenBatchSampler"
+
     def __init__(self, trainer):
         self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        """A run resumed in the middle of an epoch skips the batches its checkpoint trained, counted in this run's
+        batches: said where they are not the checkpoint's (other data, another length filter, another batching)."""
+        sampler = self.trainer.token_sampler
+        if sampler is None:
+            return control
+        now = {"batches": sampler.num_batches, "digest": sampler.digest}
+        saved = (state.stateful_callbacks.get(self.SAVED_AS) or {}).get("attributes") if state.global_step else None
+        updates_per_epoch = max(math.ceil(self.trainer.token_batches_per_epoch / args.gradient_accumulation_steps), 1)
+        if saved and saved != now and state.global_step % updates_per_epoch and not args.ignore_data_skip:
+            logger.warning(
+                f"resuming at update {state.global_step}, in the middle of an epoch, with other batches than the "
+                f"checkpoint's ({saved['batches']} batches there, {sampler.num_batches} now, or other pairs in them: "
+                "the training data, its length limits, --pad_to_buckets/--torch_compile or --max_tokens differ): the "
+                "rest of the epoch is batched anew, so some of its pairs are trained twice and others not at all "
+                "(the epochs after it are whole)"
+            )
+        state.stateful_callbacks[self.SAVED_AS] = {"args": {}, "attributes": now}  # in every checkpoint from here
+        return control
 
     def on_epoch_begin(self, args, state, control, **kwargs):
         trainer = self.trainer
