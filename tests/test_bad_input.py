@@ -793,6 +793,31 @@ def test_empty_source_tensors_get_a_clear_error(model_dir):
         model(input_ids=torch.full((2, 3), 5), decoder_input_ids=empty)
 
 
+def test_missing_or_doubled_inputs_are_named_by_the_side_they_are_missing_on(model_dir):
+    """model(input_ids=x) without decoder inputs said "Pass exactly one of input_ids and inputs_embeds": the
+    source, which had been given."""
+    model = VanillaTransformerForConditionalGeneration.from_pretrained(model_dir).eval()
+    ids = torch.full((2, 3), 5)
+    with pytest.raises(ValueError, match=r"^Got no decoder_input_ids \(or labels\) and no decoder_inputs_embeds: pass"):
+        model(input_ids=ids)
+    with pytest.raises(ValueError, match=r"^Got no input_ids and no inputs_embeds: pass exactly one of them"):
+        model(decoder_input_ids=ids)
+    embeds = model.get_input_embeddings()(ids)
+    with pytest.raises(ValueError, match=r"^Got both input_ids and inputs_embeds"):
+        model(input_ids=ids, inputs_embeds=embeds, decoder_input_ids=ids)
+
+
+def test_a_source_without_any_token_in_a_batch_is_refused_as_it_is_alone(model_dir):
+    """A row of the batch all padding (attention_mask 0) decoded into something else under each attention kernel
+    (eager spread over the padding, sdpa took zeros), where alone it is refused."""
+    model = VanillaTransformerForConditionalGeneration.from_pretrained(model_dir).eval()
+    ids = torch.full((3, 4), 5)
+    mask = torch.ones_like(ids)
+    ids[1], mask[1] = model.config.pad_token_id, 0
+    with pytest.raises(ValueError, match=r"Source 1 of the batch has no token \(its attention_mask is all 0\)"):
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3)
+
+
 def test_pad_to_buckets_outside_its_choices_is_refused_from_python_too(tmp_path):
     from vanilla_transformer.training.trainer import TransformerTrainingArguments
 

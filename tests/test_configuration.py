@@ -266,6 +266,33 @@ def test_shared_embeddings_need_one_joint_vocabulary():
     assert_rejected({"decoder_vocab_size": 900}, r"share_encoder_decoder_embeddings=True needs one joint vocabulary")
 
 
+def test_a_joint_vocabulary_given_a_new_size_after_construction_is_the_targets_too(tmp_path):
+    """transformers sets from_pretrained's overrides after construction: vocab_size=N left the target side's
+    size behind, and the model built from it failed at its first save (its joint-vocabulary check). The
+    reference: the config built with that size."""
+    VanillaTransformerConfig.from_preset("tiny", vocab_size=60).save_pretrained(tmp_path)
+    reference = VanillaTransformerConfig.from_preset("tiny", vocab_size=100)
+    overridden = AutoConfig.from_pretrained(tmp_path, vocab_size=100)
+    assert (
+        (overridden.vocab_size, overridden.decoder_vocab_size)
+        == (100, 100)
+        == (
+            reference.vocab_size,
+            reference.decoder_vocab_size,
+        )
+    )
+    model = VanillaTransformerForConditionalGeneration(overridden)
+    assert model.lm_head.out_features == 100
+    model.save_pretrained(tmp_path / "model")  # the check before saving passes
+    overridden.vocab_size = 500
+    assert overridden.decoder_vocab_size == 500
+    separate = VanillaTransformerConfig.from_preset(
+        "tiny", vocab_size=60, decoder_vocab_size=70, share_encoder_decoder_embeddings=False
+    )
+    separate.vocab_size = 80  # two vocabularies: the target's stays its own
+    assert separate.decoder_vocab_size == 70
+
+
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [

@@ -1058,7 +1058,7 @@ def test_decoder_without_encoder_output_is_an_error():
 def test_input_ids_and_inputs_embeds_together_is_an_error():
     model = tiny_model()
     ids = torch.full((1, 3), 5)
-    with pytest.raises(ValueError, match="exactly one of input_ids and inputs_embeds"):
+    with pytest.raises(ValueError, match="Got both input_ids and inputs_embeds: pass exactly one of them"):
         model.model.encoder(input_ids=ids, inputs_embeds=model.model.shared(ids))
 
 

@@ -175,6 +175,18 @@ class VanillaTransformerConfig(PretrainedConfig):
         kwargs.setdefault("custom_pipelines", copy.deepcopy(CUSTOM_PIPELINES))
         super().__post_init__(**kwargs)
 
+    def __setattr__(self, name, value):
+        # One joint vocabulary (§3.4): a new vocab_size given after construction (from_pretrained(...,
+        # vocab_size=N), config.vocab_size = N) is the target side's too, as at construction.
+        if (
+            name == "vocab_size"
+            and getattr(self, "share_encoder_decoder_embeddings", False)
+            and "decoder_vocab_size" in self.__dict__
+            and self.decoder_vocab_size == self.__dict__.get("vocab_size")
+        ):
+            super().__setattr__("decoder_vocab_size", value)
+        super().__setattr__(name, value)
+
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs) -> "VanillaTransformerConfig":
         """`PretrainedConfig.from_dict`, refusing the config of another model (transformers only warns)."""

@@ -496,6 +496,11 @@ def _source_lengths(
         outside = (input_ids < 0) | (input_ids >= vocabulary)
         checks.append(outside.sum())
     shortest, left_padded, *unknown = torch.stack([check.to(checks[0].dtype) for check in checks]).tolist()
+    if shortest == 0:  # alone, the encoder refuses it; in a batch, each attention kernel made something else of it
+        raise ValueError(
+            f"Source {int(lengths.argmin())} of the batch has no token (its attention_mask is all 0): every source "
+            "needs at least one, e.g. the </s> that the tokenizer appends to every sentence, blank ones included."
+        )
     if unknown and unknown[0]:
         raise ValueError(
             f"The source holds token id {int(input_ids[outside][0])}, outside this model's vocabulary of "

@@ -136,7 +136,9 @@ class TransformerEmbedding(nn.Module):
         """``inputs_embeds`` stands for unscaled token embeddings; positions start at ``past_length``
         (an int, or a 0-d tensor from a static cache)."""
         if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("Pass exactly one of input_ids and inputs_embeds.")
+            embeds = "decoder_inputs_embeds" if self.inputs.startswith("decoder") else "inputs_embeds"
+            got = f"no {self.inputs} and no {embeds}" if input_ids is None else f"both {self.inputs} and {embeds}"
+            raise ValueError(f"Got {got}: pass exactly one of them.")
         if inputs_embeds is None:
             inputs_embeds = self.token_embedding(input_ids)
         length = inputs_embeds.shape[1]
