@@ -516,6 +516,17 @@ def test_a_run_folder_holding_checkpoints_is_not_reused_without_resuming(tmp_pat
     assert "already holds checkpoints" in message and "--resume_from_checkpoint last" in message
 
 
+@pytest.mark.parametrize("weights", ["model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"])
+def test_a_folder_holding_a_trained_model_is_not_trained_over(tmp_path, weights):
+    """A finished run whose checkpoints were deleted after averaging: a new run into its folder replaced its model
+    without a word (the checkpoints' refusal alone guarded it)."""
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / weights).write_bytes(b"weights")
+    message = refused_before_reading(train_argv(output_dir=str(tmp_path / "run")))
+    assert f"already holds a trained model ({weights}), which this run would replace" in message
+    assert f"--model_name_or_path {tmp_path / 'run'} --output_dir <new folder>" in message
+
+
 def test_train_from_a_checkpoint_without_tokenizer_or_with_truncated_weights(model_dir, tmp_path):
     bare = tmp_path / "bare"
     bare.mkdir()

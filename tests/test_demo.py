@@ -39,6 +39,10 @@ def test_demo_trains_saves_reloads_and_translates(tmp_path, capsys):
     assert "reloaded with the Auto classes: VanillaTransformerForConditionalGeneration" in printed
     assert "held-out exact match:" in printed and "character BLEU" in printed
     assert printed.count(" -> ") == 8  # one beam-search translation per held-out number
+    # again: the earlier demo's run is replaced (train.py refuses to train over any other folder's model)
+    demo.main(["--output-dir", str(output_dir), "--train-size", "50", "--test-size", "2", "--max-steps", "2"])
+    printed = capsys.readouterr().out
+    assert f"replacing the earlier demo's run in {output_dir}" in printed and printed.count(" -> ") == 2
 
 
 def test_demo_trains_on_the_users_files_when_given(tmp_path, capsys):

@@ -16,6 +16,7 @@ translations of sentences it never saw. Any flag the demo does not know goes to 
 from __future__ import annotations
 
 import argparse
+import shutil
 import time
 from pathlib import Path
 
@@ -44,6 +45,21 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
     parser.add_argument("--warmup-steps", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
     return parser.parse_known_args(argv)
+
+
+DEMO_MARK = ".made_by_demo"  # in the demo's run folder: a later demo replaces it (train.py keeps other models)
+
+
+def start_afresh(output_dir: Path) -> None:
+    """The run folder of an earlier demo is replaced (train.py refuses to train over a model); any other folder
+    is left to train.py's checks."""
+    if (output_dir / DEMO_MARK).is_file():
+        print(f"replacing the earlier demo's run in {output_dir}")
+        shutil.rmtree(output_dir)
+    if output_dir.is_dir() and any(output_dir.iterdir()):  # not the demo's: never marked for replacing
+        return
+    output_dir.mkdir(parents=True, exist_ok=True)
+    (output_dir / DEMO_MARK).write_text("made by training/demo.py, which replaces this folder when run again\n")
 
 
 def write_number_words(folder: Path, args) -> tuple[Path, Path, list[tuple[str, str]]]:
@@ -119,6 +135,7 @@ def main(argv=None) -> None:
     args, extra = parse_args(argv)
     given = {a.split("=", 1)[0].replace("-", "_").replace("__", "--", 1) for a in extra if a.startswith("--")}
     user_data = bool(given & set(USER_DATA_FLAGS))  # either spelling: --train-source-file as --train_source_file
+    start_afresh(Path(args.output_dir))
     if user_data:
         data_flags, test_pairs = [], None
     else:
@@ -128,7 +145,9 @@ def main(argv=None) -> None:
     run.main(argv_train)
 
     output_dir = Path(args.output_dir)
-    print(f"saved to {output_dir} ({', '.join(sorted(p.name for p in output_dir.iterdir() if p.is_file()))})")
+    print(
+        f"saved to {output_dir} ({', '.join(sorted(p.name for p in output_dir.iterdir() if p.is_file() and p != output_dir / DEMO_MARK))})"
+    )
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(output_dir), AutoTokenizer.from_pretrained(output_dir)
     print(f"reloaded with the Auto classes: {type(model).__name__}, {type(tokenizer).__name__}")
     if test_pairs is None:  # the user's data: their validation set, if they gave one

@@ -33,6 +33,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .. import PRESETS, VanillaTransformerConfig
 from ..attention_backends import check_flex_attention_on_cpu
+from ..checkpoint_files import SAFETENSORS_INDEX_NAME, SAFETENSORS_NAME, TORCH_WEIGHTS_NAME
 from ..command_line import did_you_mean, recipe_names, recipe_path
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULAS
 from ..private_api import require
@@ -758,9 +759,13 @@ def check_model_arguments(model_args: ModelArguments) -> None:
         )
 
 
+MODEL_WEIGHTS = (SAFETENSORS_NAME, SAFETENSORS_INDEX_NAME, TORCH_WEIGHTS_NAME)  # a saved model's weights
+
+
 def check_output_dir(training_args, resuming: bool | Path, tokenizer_only: bool = False) -> None:
     """A new run must not write into the folder of another: their checkpoints would mix (averaging would
-    take some of each) and the new tokenizer would replace the one the old checkpoints need (``tokenizer_only``:
+    take some of each), its model would replace the other's, and the new tokenizer would replace the one the old
+    checkpoints need (``tokenizer_only``:
     that is all --tokenizer_only would write, and it has no run to continue). Nor must a run resumed from a
     checkpoint of another folder (``resuming``, the checkpoint) into one that holds checkpoints: they would mix,
     or the resumed run would save over them and rotate them away."""
@@ -787,6 +792,13 @@ def check_output_dir(training_args, resuming: bool | Path, tokenizer_only: bool 
             )
         raise ValueError(
             f"{held}. Continue that run with {RESUME_HINT}, or choose a new --output_dir (or delete the old one)."
+        )
+    if not tokenizer_only and (model := next((n for n in MODEL_WEIGHTS if (output_dir / n).is_file()), None)):
+        # a finished run whose checkpoints were deleted after averaging: its model would be trained over
+        raise ValueError(
+            f"--output_dir {output_dir} already holds a trained model ({model}), which this run would replace: "
+            "choose a new --output_dir (or delete that model first); to train it further, fine-tune it into a new "
+            f"folder: --model_name_or_path {output_dir} --output_dir <new folder>."
         )
 
 
