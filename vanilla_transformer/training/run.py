@@ -960,12 +960,21 @@ def predict(
 CARD_SCORES = (("sacreBLEU", "bleu"), ("chrF", "chrf"), ("tokenized BLEU (as the paper)", "tokenized_bleu"))
 
 
-def card_scores(metrics: dict, data_args, signatures: dict) -> list[dict]:
+# The flags that score the first N pairs of a role's data only
+SAMPLE_LIMITS = {"validation": "max_eval_samples", "test": "max_predict_samples"}
+
+
+def card_scores(metrics: dict, data_args, signatures: dict, scored_pairs: dict | None = None) -> list[dict]:
     """The model card's scores: the validation set's (``eval_*``; sacreBLEU's signatures from the last evaluation,
-    ``signatures``) and the test set's (``predict_*``, with their own), each named by the data it was scored on."""
+    ``signatures``) and the test set's (``predict_*``, with their own), each named by the data it was scored on,
+    and, where --max_eval_samples/--max_predict_samples cut it, by how many of its pairs (``scored_pairs``)."""
     scores = []
     for prefix, role in (("eval", "validation"), ("predict", "test")):
         dataset, split = scored_data(data_args, role)
+        shown = dataset
+        if (limit := getattr(data_args, SAMPLE_LIMITS[role])) is not None:
+            count = (scored_pairs or {}).get(role)
+            shown = f"{dataset}, {'the first' if count is None else count} pairs (--{SAMPLE_LIMITS[role]} {limit})"
         for name, kind in CARD_SCORES:
             if f"{prefix}_{kind}" in metrics:
                 signature = signatures.get(kind) if prefix == "eval" else metrics.get(f"{prefix}_{kind}_signature")
@@ -975,6 +984,7 @@ def card_scores(metrics: dict, data_args, signatures: dict) -> list[dict]:
                         "type": kind,
                         "value": round(metrics[f"{prefix}_{kind}"], 2),
                         "dataset": dataset,
+                        "dataset_name": shown,
                         "split": split,
                         "signature": signature,
                     }
@@ -1011,7 +1021,9 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
     checkpoint = model_args.model_name_or_path
     base_model = checkpoint if checkpoint and not Path(checkpoint).exists() else None
     signatures = trainer.compute_metrics.signatures if trainer.compute_metrics else {}
-    scores = card_scores(metrics, data_args, signatures)
+    scored = {"validation": len(trainer.eval_dataset) if trainer.eval_dataset is not None else None}
+    scored["test"] = metrics.get("predict_samples")
+    scores = card_scores(metrics, data_args, signatures, scored)
     return write_model_card(
         output_dir,
         model=trainer.accelerator.unwrap_model(trainer.model),
