@@ -184,7 +184,7 @@ def train_tokenizer(
         logger.warning(
             f"The trained vocabulary has {backend.get_vocab_size()} tokens, fewer than vocab_size="
             f"{vocab_size}: no pair of symbols is frequent enough (min_frequency={min_frequency}) for "
-            "another merge. Give the model vocab_size=len(tokenizer)."
+            "another merge. A model for it needs vocab_size=len(tokenizer) (vanilla-transformer train sizes its new model so)."
         )
     return VanillaTransformerTokenizer(
         tokenizer_object=backend,
