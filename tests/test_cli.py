@@ -110,6 +110,32 @@ def test_train_takes_both_spellings_and_refuses_bad_values_in_one_line(tmp_path,
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (
+            ["translate", "--modle", "m"],
+            "translate: error: --modle is not a flag of vanilla-transformer translate "
+            "(did you mean --model?); see vanilla-transformer translate --help.",
+        ),
+        (["average", "--checkpoint-rot", "c"], "(did you mean --checkpoint-root?)"),
+        (
+            ["publish", "run", "--repo_id=a/b", "--privat"],
+            "--privat is not a flag of vanilla-transformer publish (did you mean --private?)",
+        ),
+        (["convert", "to-ctranslate2", "m", "out", "--quantisation", "int8"], "(did you mean --quantization?)"),
+        (["translate", "--mod", "m"], "--mod is not a flag"),  # no abbreviations: a new flag would make them ambiguous
+    ],
+)
+def test_every_command_names_a_misspelt_flag_before_asking_for_what_it_meant(argv, message, capsys):
+    """translate, average, publish and convert said argparse's "unrecognized arguments" after a screen of usage, or
+    that the flag the typo meant was required."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli(argv)
+    error = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(error.splitlines()) == 1 and message in error, error
+
+
 def test_per_device_train_batch_size_shows_no_default_that_max_tokens_overrides(capsys):
     with pytest.raises(SystemExit):
         cli(["train", "--help"])

@@ -38,6 +38,30 @@ def did_you_mean(word: str, choices, quoted: bool = True, most: int = 1) -> str:
     return f" (did you mean {names}?)" if close else ""
 
 
+class CommandParser(argparse.ArgumentParser):
+    """argparse's parser, refusing a flag it does not have with the closest one it has (as train's flags and every
+    other name of the command are), before it would ask for a required flag the misspelt one meant. Flags are
+    whole words (no abbreviations, which a new flag would make ambiguous), as train's are."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):
+        args = sys.argv[1:] if args is None else list(args)
+        if self._subparsers is None:  # a command's own flags (a subcommand's parser checks its own)
+            flags = [option for option in self._option_string_actions if option.startswith("--")]
+            for token in args:
+                if token == "--":  # what follows is positional
+                    break
+                if token.startswith("--") and (flag := token.split("=", 1)[0]) not in self._option_string_actions:
+                    close = did_you_mean(flag, flags, quoted=False)
+                    exit_with_usage_error(
+                        self.prog, f"{flag} is not a flag of {self.prog}{close}; see {self.prog} --help."
+                    )
+        return super().parse_known_args(args, namespace)
+
+
 def packaged(kind: str) -> dict[str, Path]:
     """The package's files of ``kind`` (recipe, config) by name, in the order of the names."""
     folder = Path(__file__).resolve().parent / PACKAGED[kind][0]

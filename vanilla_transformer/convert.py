@@ -70,6 +70,7 @@ from torch import nn
 from transformers import AutoConfig, AutoTokenizer, MarianMTModel
 
 from .checkpoint_files import check_has_tokenizer, check_model_folder, from_pretrained_named, has_tokenizer, is_local
+from .command_line import CommandParser
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_positions
 
@@ -627,7 +628,7 @@ def to_ctranslate2(
 
 
 def build_parser(prog: str = "vanilla-transformer convert") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=prog,
         description="Import MarianMT checkpoints exactly; export to CTranslate2.",
         epilog="Every flag is also accepted with underscores (--target_tokenizer).",

@@ -35,6 +35,7 @@ from fnmatch import fnmatch
 from pathlib import Path
 
 from .checkpoint_files import TOKENIZER_FILES, check_has_tokenizer, check_model_folder, weight_files
+from .command_line import CommandParser
 from .pipeline_vanilla_transformer import check_tokenizer_matches_model
 
 logger = logging.getLogger(__name__)
@@ -254,7 +255,7 @@ def _one_line(error: BaseException) -> str:
 
 
 def build_parser(prog: str = "vanilla-transformer publish") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=prog,
         description=__doc__.split("\n\n")[0],
         epilog="Every flag is also accepted with underscores (--repo_id).",

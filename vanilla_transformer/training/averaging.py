@@ -40,6 +40,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 from ..checkpoint_files import CHECKPOINT_NAME, TOKENIZER_FILES, check_json, check_safetensors, tokenizer_difference
+from ..command_line import CommandParser
 from .checkpointing import TRAINER_STATE_NAME, checkpoint_folders, complete_checkpoints
 
 logger = logging.getLogger(__name__)
@@ -371,7 +372,7 @@ def average_checkpoints(
 
 
 def build_parser(prog: str = "vanilla-transformer average") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=prog,
         description=__doc__.split("\n\n")[0],
         epilog="Every flag is also accepted with underscores (--output_dir).",

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from ..checkpoint_files import check_has_tokenizer, check_model_folder, from_pretrained_named
+from ..command_line import CommandParser
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULAS
 from ..pipeline_vanilla_transformer import check_tokenizer_matches_model
 from .batching import allow_recompiles
@@ -244,7 +245,7 @@ def _progress_bar(total: int, enabled: bool):
 
 
 def build_parser(prog: str = "vanilla-transformer translate") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog=prog,
         description=__doc__.split("\n\n")[0],
         epilog="Every flag is also accepted with underscores (--num_beams).",
