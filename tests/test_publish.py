@@ -129,6 +129,21 @@ def test_a_folder_without_a_model_card_is_published_with_a_warning(run_folder, t
     assert "no model card" not in caplog.text
 
 
+def test_a_checkpoint_of_a_moving_average_run_is_published_saying_which_weights(run_folder, tmp_path, caplog):
+    """Its model.safetensors is the trained weights, not the average the run's final model holds; translate said
+    so, publish did not."""
+    import logging
+    import shutil
+
+    folder = tmp_path / "run" / "checkpoint-40"
+    shutil.copytree(run_folder, folder)
+    (folder / "ema.safetensors").write_bytes(b"")
+    with caplog.at_level(logging.WARNING):
+        cli(["publish", str(folder), "--repo-id", f"{USER}/x", "--dry-run"])
+    assert f"MODEL_DIR {folder}: a checkpoint of a run with --ema_decay; its trained weights" in caplog.text
+    assert f"the run's final model in {folder.parent} holds" in caplog.text
+
+
 def test_publish_uploads_the_model_files_in_one_commit_and_nothing_of_the_run(run_folder, tmp_path):
     hub = LoopbackHub(tmp_path / "store", lifetime=600).start()
     try:

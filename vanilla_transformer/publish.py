@@ -120,6 +120,9 @@ def check_publishable(folder: str | Path) -> list[str]:
         "a run's own output folder has it.",
     )
     check_tokenizer_belongs(folder, what)
+    from .training.moving_average import warn_if_an_average_is_beside  # a checkpoint of an --ema_decay run
+
+    warn_if_an_average_is_beside(folder, "MODEL_DIR")
     return model_files(folder)
 
 
