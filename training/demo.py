@@ -33,7 +33,11 @@ USER_DATA_FLAGS = ("--train_source_file", "--train_file", "--dataset_name")
 
 
 def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="Any other flag goes to `vanilla-transformer train` (its --help lists them): e.g. your own data with "
+        "--train_source_file F --train_target_file F [--validation_source_file F --validation_target_file F].",
+    )
     parser.add_argument(
         "--output-dir", "--output_dir", dest="output_dir", default="runs/demo", help="where the trained model is saved"
     )
