@@ -49,7 +49,7 @@ class CommandParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
-        if self._subparsers is None:  # a command's own flags (a subcommand's parser checks its own)
+        if not subcommand_parsers(self):  # a command's own flags (a subcommand's parser checks its own)
             flags = [option for option in self._option_string_actions if option.startswith("--")]
             for token in args:
                 if token == "--":  # what follows is positional
