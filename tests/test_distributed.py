@@ -415,3 +415,49 @@ def test_evaluation_alone_on_two_processes_scores_every_sentence_once(launch, tm
     assert metrics["eval_loss"] == pytest.approx(one_metrics["eval_loss"], rel=1e-5)
     predictions = (two / train.PREDICTIONS_FILE).read_text().splitlines()
     assert predictions == (one / train.PREDICTIONS_FILE).read_text().splitlines() and len(predictions) == 23
+
+
+WAITS_FOR_THE_FIRST = """
+import datetime, sys, time
+import torch.distributed as dist
+from vanilla_transformer.training import TransformerTrainingArguments
+# the training's process group with a --ddp_timeout of seconds, as transformers makes it on a GPU (on the CPU it
+# leaves the timeout out), taken over by the arguments
+timeout = int(sys.argv[2])
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
+args = TransformerTrainingArguments(output_dir=sys.argv[1], use_cpu=True, report_to="none", ddp_timeout=timeout)
+assert args.world_size == 2
+with args.main_process_first(desc="reading the data"):
+    if args.process_index == 0:
+        time.sleep(3 * args.ddp_timeout)  # a first run's preparation of a large corpus
+print(f"process {args.process_index} past the preparation", flush=True)
+"""
+
+
+def test_processes_wait_for_the_first_ones_data_preparation_past_the_ddp_timeout(tmp_path):
+    """The first run of a corpus prepares it in the first process while the others wait: they waited in a barrier of
+    the training's process group, which fails after --ddp_timeout (30 minutes by default; WMT14 en-fr's 36M pairs
+    can take longer). Here a 2 s timeout and a 6 s preparation."""
+    port = free_port()
+    processes = [
+        subprocess.Popen(
+            [sys.executable, "-c", WAITS_FOR_THE_FIRST, str(tmp_path), "2"],
+            env={
+                **os.environ,
+                "PYTHONPATH": str(REPO),
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port),
+                "RANK": str(rank),
+                "LOCAL_RANK": str(rank),
+                "WORLD_SIZE": "2",
+                "LOCAL_WORLD_SIZE": "2",
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    outputs = [process.communicate(timeout=240)[0] for process in processes]
+    for rank, (process, output) in enumerate(zip(processes, outputs)):
+        assert process.returncode == 0 and f"process {rank} past the preparation" in output, output[-3000:]
