@@ -422,9 +422,12 @@ import datetime, sys, time
 import torch.distributed as dist
 from vanilla_transformer.training import TransformerTrainingArguments
 # the training's process group with a --ddp_timeout of seconds, as transformers makes it on a GPU (on the CPU it
-# leaves the timeout out), taken over by the arguments
+# leaves the timeout out), taken over by the arguments; set once both processes are there (a loaded machine
+# starts them seconds apart)
 timeout = int(sys.argv[2])
-dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=timeout))
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=120))
+dist.barrier()
+dist.distributed_c10d._set_pg_timeout(datetime.timedelta(seconds=timeout))
 args = TransformerTrainingArguments(output_dir=sys.argv[1], use_cpu=True, report_to="none", ddp_timeout=timeout)
 assert args.world_size == 2
 with args.main_process_first(desc="reading the data"):
@@ -437,11 +440,11 @@ print(f"process {args.process_index} past the preparation", flush=True)
 def test_processes_wait_for_the_first_ones_data_preparation_past_the_ddp_timeout(tmp_path):
     """The first run of a corpus prepares it in the first process while the others wait: they waited in a barrier of
     the training's process group, which fails after --ddp_timeout (30 minutes by default; WMT14 en-fr's 36M pairs
-    can take longer). Here a 2 s timeout and a 6 s preparation."""
+    can take longer). Here a 1 s timeout and a 3 s preparation."""
     port = free_port()
     processes = [
         subprocess.Popen(
-            [sys.executable, "-c", WAITS_FOR_THE_FIRST, str(tmp_path), "2"],
+            [sys.executable, "-c", WAITS_FOR_THE_FIRST, str(tmp_path), "1"],
             env={
                 **os.environ,
                 "PYTHONPATH": str(REPO),
