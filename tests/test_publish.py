@@ -141,7 +141,19 @@ def test_a_checkpoint_of_a_moving_average_run_is_published_saying_which_weights(
     with caplog.at_level(logging.WARNING):
         cli(["publish", str(folder), "--repo-id", f"{USER}/x", "--dry-run"])
     assert f"MODEL_DIR {folder}: a checkpoint of a run with --ema_decay; its trained weights" in caplog.text
+    assert "(model.safetensors) are published, not their moving average" in caplog.text
     assert f"the run's final model in {folder.parent} holds" in caplog.text
+
+
+def test_publish_needs_no_training_extra(run_folder, monkeypatch, capsys):
+    """A base install (no [train]) publishes: the package's training modules are never imported."""
+    from test_cli import without_the_training_package
+
+    without_the_training_package(monkeypatch)
+    monkeypatch.setitem(sys.modules, "datasets", None)  # as without the extra: importing it fails
+    cli(["publish", str(run_folder), "--repo-id", f"{USER}/x", "--dry-run"])
+    assert "model.safetensors" in capsys.readouterr().out.split()
+    assert "vanilla_transformer.training" not in sys.modules
 
 
 def test_publish_uploads_the_model_files_in_one_commit_and_nothing_of_the_run(run_folder, tmp_path):

@@ -15,6 +15,7 @@ Used by ``translate.py``, ``average_checkpoints.py``, ``train.py --resume_from_c
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import zipfile
@@ -28,6 +29,7 @@ SAFETENSORS_NAME = "model.safetensors"
 SAFETENSORS_INDEX_NAME = "model.safetensors.index.json"
 CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")  # the Trainer's checkpoint-<step> folders
 LEFT_OUT_NAME = "left_out.json"  # what a checkpoint saved after SIGTERM had no time for, and why
+EMA_FILE = "ema.safetensors"  # a checkpoint's moving average of the weights (--ema_decay)
 TORCH_WEIGHTS_NAME = "pytorch_model.bin"  # older checkpoints (e.g. opus-mt), a torch zip archive
 # Any one of these makes AutoTokenizer.from_pretrained find a tokenizer in a folder.
 TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "source.spm", "spiece.model")
@@ -44,6 +46,23 @@ TOKENIZER_VOCABULARY_FILES = (
 )
 # A saved tokenizer's files, each loaded by from_pretrained where present: copied and published together
 TOKENIZER_FILES = (*TOKENIZER_VOCABULARY_FILES, "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")
+
+
+logger = logging.getLogger(__name__)
+
+
+def warn_if_an_average_is_beside(folder: str | Path, flag: str, done: str = "loaded") -> None:
+    """A checkpoint of an --ema_decay run holds the trained weights (model.safetensors) and their moving average
+    (ema.safetensors); from_pretrained loads the first. Said where such a folder is loaded to fine-tune, evaluate
+    or translate (or ``done`` otherwise: published), with where the average is a model of its own: the run's
+    final folder."""
+    path = Path(folder)
+    if (path / EMA_FILE).is_file():
+        logger.warning(
+            f"{flag} {folder}: a checkpoint of a run with --ema_decay; its trained weights (model.safetensors) are "
+            f"{done}, not their moving average ({EMA_FILE}), which the run's final model in {path.parent} holds "
+            "once that run has finished."
+        )
 
 
 class DamagedFileError(ValueError):

@@ -34,7 +34,13 @@ import time
 from fnmatch import fnmatch
 from pathlib import Path
 
-from .checkpoint_files import TOKENIZER_FILES, check_has_tokenizer, check_model_folder, weight_files
+from .checkpoint_files import (
+    TOKENIZER_FILES,
+    check_has_tokenizer,
+    check_model_folder,
+    warn_if_an_average_is_beside,
+    weight_files,
+)
 from .command_line import CommandParser
 from .pipeline_vanilla_transformer import check_tokenizer_matches_model
 
@@ -120,9 +126,7 @@ def check_publishable(folder: str | Path) -> list[str]:
         "a run's own output folder has it.",
     )
     check_tokenizer_belongs(folder, what)
-    from .training.moving_average import warn_if_an_average_is_beside  # a checkpoint of an --ema_decay run
-
-    warn_if_an_average_is_beside(folder, "MODEL_DIR")
+    warn_if_an_average_is_beside(folder, "MODEL_DIR", done="published")
     return model_files(folder)
 
 

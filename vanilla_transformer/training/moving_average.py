@@ -42,14 +42,13 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from transformers import TrainerCallback
 
-from ..checkpoint_files import left_out
+from ..checkpoint_files import EMA_FILE, left_out
 from ..private_api import require
 from .divergence import refuse_non_finite
 
 # The moving average's update is one fused call of this (private: checked at import)
 require("torch._foreach_lerp_")
 
-EMA_FILE = "ema.safetensors"
 
 logger = logging.getLogger(__name__)
 
@@ -163,19 +162,6 @@ class ExponentialMovingAverage(TrainerCallback):
         check_checkpoint(folder, self.decay)
         self.updates = int(_metadata(path)["updates"])
         self.average, self._lists = load_file(str(path)), None
-
-
-def warn_if_an_average_is_beside(folder: str | Path, flag: str) -> None:
-    """A checkpoint of an --ema_decay run holds the trained weights (model.safetensors) and their moving average
-    (ema.safetensors); from_pretrained loads the first. Said where such a folder is loaded to fine-tune, evaluate
-    or translate, with where the average is a model of its own: the run's final folder."""
-    path = Path(folder)
-    if (path / EMA_FILE).is_file():
-        logger.warning(
-            f"{flag} {folder}: a checkpoint of a run with --ema_decay; its trained weights (model.safetensors) are "
-            f"loaded, not their moving average ({EMA_FILE}), which the run's final model in {path.parent} holds "
-            "once that run has finished."
-        )
 
 
 def check_decay(decay: float) -> None:

@@ -56,6 +56,7 @@ from ..checkpoint_files import (
     has_tokenizer,
     same_tokenizer_json,
     tokenizer_definition,
+    warn_if_an_average_is_beside,
     written_tokenizer,
 )
 from ..command_line import exit_with_usage_error
@@ -90,7 +91,6 @@ from .divergence import TrainingDiverged
 from .memory_check import MemoryCheckError
 from .metrics import TranslationMetrics, score
 from .moving_average import check_checkpoint as check_moving_average
-from .moving_average import warn_if_an_average_is_beside
 from .options import (  # noqa: F401 (imported from here)
     FINE_TUNING_LEARNING_RATE,
     build_parser,

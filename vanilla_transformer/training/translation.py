@@ -29,14 +29,18 @@ from pathlib import Path
 
 import torch
 
-from ..checkpoint_files import check_has_tokenizer, check_model_folder, from_pretrained_named
+from ..checkpoint_files import (
+    check_has_tokenizer,
+    check_model_folder,
+    from_pretrained_named,
+    warn_if_an_average_is_beside,
+)
 from ..command_line import CommandParser
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULAS
 from ..pipeline_vanilla_transformer import check_tokenizer_matches_model
 from .batching import allow_recompiles
 from .data import decoded_lines, read_lines
 from .metrics import check_sacrebleu_tokenize
-from .moving_average import warn_if_an_average_is_beside
 
 logger = logging.getLogger(__name__)
 
