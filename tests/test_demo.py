@@ -1,5 +1,9 @@
 """The README's main command runs end to end (scaled down so that it takes seconds)."""
 
+import json
+
+import pytest
+
 from helpers import load_script
 
 demo = load_script("training/demo.py")
@@ -7,24 +11,9 @@ demo = load_script("training/demo.py")
 
 def test_demo_trains_saves_reloads_and_translates(tmp_path, capsys):
     output_dir = tmp_path / "demo"
-    demo.main(
-        [
-            "--output-dir",
-            str(output_dir),
-            "--train-size",
-            "200",
-            "--test-size",
-            "8",
-            "--max-steps",
-            "20",
-            "--max-tokens",
-            "256",
-            "--warmup-steps",
-            "5",
-            "--disable_tqdm",
-            "true",
-        ]
-    )
+    flags = ["--output-dir", str(output_dir), "--train-size", "200", "--test-size", "8", "--max-tokens", "256"]
+    flags += ["--warmup-steps", "5", "--disable_tqdm", "true", "--save_strategy", "steps", "--save_steps", "20"]
+    demo.main([*flags, "--max-steps", "20"])
     printed = capsys.readouterr().out
     saved = {p.name for p in output_dir.iterdir()}
     # the Hub format: weights, config with auto_map, generation settings, tokenizer, remote code
@@ -39,10 +28,22 @@ def test_demo_trains_saves_reloads_and_translates(tmp_path, capsys):
     assert "reloaded with the Auto classes: VanillaTransformerForConditionalGeneration" in printed
     assert "held-out exact match:" in printed and "character BLEU" in printed
     assert printed.count(" -> ") == 8  # one beam-search translation per held-out number
-    # again: the earlier demo's run is replaced (train.py refuses to train over any other folder's model)
+    # a mistyped flag is refused before anything of the earlier run goes
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(["--output-dir", str(output_dir), "--max_tokns", "3"])
+    assert exit_info.value.code == 2 and "(did you mean --max_tokens?)" in capsys.readouterr().err
+    assert (output_dir / "checkpoint-20").is_dir()
+    # resuming continues the earlier run in its folder (what a stopped demo says to do)
+    demo.main([*flags, "--max-steps", "22", "--resume_from_checkpoint", "last"])  # the same command, resuming
+    printed = capsys.readouterr().out
+    assert (
+        "replacing" not in printed and json.loads((output_dir / "trainer_state.json").read_text())["global_step"] == 22
+    )
+    # run again: the earlier demo's run is replaced (train.py refuses to train over any other folder's model)
     demo.main(["--output-dir", str(output_dir), "--train-size", "50", "--test-size", "2", "--max-steps", "2"])
     printed = capsys.readouterr().out
     assert f"replacing the earlier demo's run in {output_dir}" in printed and printed.count(" -> ") == 2
+    assert not (output_dir / "checkpoint-20").exists()
 
 
 def test_demo_trains_on_the_users_files_when_given(tmp_path, capsys):

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
+from vanilla_transformer.command_line import exit_with_usage_error
 from vanilla_transformer.training import run, score, translate
 from vanilla_transformer.training.number_words import make_splits
 
@@ -139,14 +140,16 @@ def main(argv=None) -> None:
     args, extra = parse_args(argv)
     given = {a.split("=", 1)[0].replace("-", "_").replace("__", "--", 1) for a in extra if a.startswith("--")}
     user_data = bool(given & set(USER_DATA_FLAGS))  # either spelling: --train-source-file as --train_source_file
-    start_afresh(Path(args.output_dir))
-    if user_data:
-        data_flags, test_pairs = [], None
-    else:
-        train_file, test_file, test_pairs = write_number_words(Path(args.output_dir) / "data", args)
-        data_flags = ["--train_file", str(train_file)]
-    argv_train = train_arguments(args, extra, data_flags)
-    run.main(argv_train)
+    data = Path(args.output_dir) / "data"
+    argv_train = train_arguments(args, extra, [] if user_data else ["--train_file", str(data / "train.tsv")])
+    try:
+        run.parse_arguments(argv_train)  # a mistyped flag is refused before an earlier demo's run is replaced
+    except ValueError as error:
+        exit_with_usage_error("training/demo.py", error)
+    if "--resume_from_checkpoint" not in given:  # resuming continues the earlier demo's run, in its folder
+        start_afresh(Path(args.output_dir))
+    test_pairs = None if user_data else write_number_words(data, args)[2]
+    run.main(argv_train, exit_on_bad_input=True)
 
     output_dir = Path(args.output_dir)
     print(
