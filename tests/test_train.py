@@ -635,6 +635,14 @@ def test_resuming_mid_epoch_on_other_batches_says_so_whatever_changed_them(data_
         shutil.rmtree(tmp_path / "checkpoint-3")
         return caplog.text
 
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.enable_propagation()  # transformers' own warnings too
+    try:
+        restored = resumed_log("--restore_callback_states_from_checkpoint", "true")
+    finally:
+        transformers_logging.disable_propagation()
+    assert "other batches" not in restored and "not included in current configuration" not in restored
     assert "other batches" not in resumed_log()
     bucketed = resumed_log("--pad_to_buckets", "always")
     assert "batches padded to bucket shapes now, not there (--pad_to_buckets, --torch_compile)" in bucketed

@@ -125,9 +125,6 @@ class SamplerEpoch(TrainerCallback):
     would take epoch 0's order (batches trained twice, others never). The epoch is the Trainer's own count:
     the updates done over the updates an epoch holds."""
 
-    # Where a checkpoint's trainer_state.json keeps the batches' identity (`TokenBatchSampler.digest`)
-    SAVED_AS = "TokenBatchSampler"
-
     def __init__(self, trainer):
         self.trainer = trainer
 
@@ -138,7 +135,7 @@ class SamplerEpoch(TrainerCallback):
         if sampler is None:
             return control
         now = {"batches": sampler.num_batches, "digest": sampler.digest}
-        saved = (state.stateful_callbacks.get(self.SAVED_AS) or {}).get("attributes") if state.global_step else None
+        saved = EpochBatches.saved_in(state) if state.global_step else None
         updates_per_epoch = max(math.ceil(self.trainer.token_batches_per_epoch / args.gradient_accumulation_steps), 1)
         if saved and saved != now and state.global_step % updates_per_epoch and not args.ignore_data_skip:
             logger.warning(
@@ -148,7 +145,8 @@ class SamplerEpoch(TrainerCallback):
                 "rest of the epoch is batched anew, so some of its pairs are trained twice and others not at all "
                 "(the epochs after it are whole)"
             )
-        state.stateful_callbacks[self.SAVED_AS] = {"args": {}, "attributes": now}  # in every checkpoint from here
+        for kept in (c for c in self.trainer.callback_handler.callbacks if isinstance(c, EpochBatches)):
+            kept.batches, kept.digest = now["batches"], now["digest"]  # in every checkpoint from here
         return control
 
     def on_epoch_begin(self, args, state, control, **kwargs):
@@ -157,6 +155,26 @@ class SamplerEpoch(TrainerCallback):
             updates_per_epoch = max(math.ceil(trainer.token_batches_per_epoch / args.gradient_accumulation_steps), 1)
             trainer.token_sampler.set_epoch(state.global_step // updates_per_epoch)
         return control
+
+
+class EpochBatches(TrainerCallback, ExportableState):
+    """What a checkpoint's trainer_state.json keeps of the epoch's batches (`TokenBatchSampler.digest`), for
+    `SamplerEpoch` to compare a resumed run's with. Data only: transformers may replace it by a copy made from a
+    checkpoint (--restore_callback_states_from_checkpoint)."""
+
+    def __init__(self, batches: int | None = None, digest: str | None = None):
+        self.batches, self.digest = batches, digest
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"batches": self.batches, "digest": self.digest}}
+
+    @classmethod
+    def saved_in(cls, state) -> dict | None:
+        """The batches a trainer state (a checkpoint's) records, or None where it holds none."""
+        saved = state.stateful_callbacks.get(cls.__name__)
+        saved = saved[0] if isinstance(saved, list) and saved else saved
+        attributes = (saved or {}).get("attributes") or {}
+        return attributes if attributes.get("digest") else None
 
 
 class TooFewBatches(ValueError):
@@ -366,6 +384,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         self.add_callback(self.stop_on_signal)
         self.token_sampler, self.token_batches_per_epoch = None, 0  # set by get_train_dataloader
         self.add_callback(SamplerEpoch(self))
+        self.add_callback(EpochBatches())
         self.divergence = DivergenceGuard(self)  # last: it reads whether the others log, evaluate or save
         self.add_callback(self.divergence)
         apply_levers(self.accelerator.unwrap_model(self.model), self.args)
