@@ -40,6 +40,8 @@ def argv(data_dir: Path, cache: Path, output_dir: Path) -> list[str]:
         "1",
         "--max_tokens",
         "200",
+        "--max_source_length",  # some pairs dropped: the kept ones' indices are a cache entry too
+        "5",
         "--cache_dir",
         str(cache),
     ]
@@ -69,6 +71,7 @@ def first_run(tmp_path_factory):
         "its dataset_info.json": text_file.parent / "dataset_info.json",
         "the --validation_size split": split_file,
         "the token ids": Path(run.datasets["train"].cache_files[0]["filename"]),
+        "the kept pairs' indices": Path(run.datasets["train"].cache_files[1]["filename"]),
         "the tokenizer": next((folder / "cache" / "vanilla_transformer_tokenizers").glob("*/tokenizer.json")),
     }
     return folder, token_ids(run), run.tokenizer.backend_tokenizer.to_str(), entries
@@ -93,6 +96,7 @@ def damaged_copy(first_run, tmp_path, entry: str, how: str) -> tuple[Path, Path]
         "its dataset_info.json",
         "the --validation_size split",
         "the token ids",
+        "the kept pairs' indices",
         "the tokenizer",
     ],
 )

@@ -45,7 +45,7 @@ from .metrics import check_sacrebleu_tokenize
 logger = logging.getLogger(__name__)
 
 PathLike = str | os.PathLike
-# Bump when what the readers or tokenize_dataset write changes, so that old caches are not reused.
+# Bump when what the readers, tokenize_dataset or drop_unusable write changes, so that old caches are not reused.
 CACHE_VERSION = "1"
 PAIR_COLUMNS = ("source", "target")
 TOKENIZED_COLUMNS = ("input_ids", "labels", "source_length", "target_length", "empty")
@@ -492,14 +492,21 @@ def drop_unusable(
         return dataset, counts
     # filter, not select(indices): its indices are written beside the data (memory-mapped, cached for the other
     # processes and the next run), where select would hold a Python list of them, one per pair, in each process
+    from datasets.fingerprint import Hasher
+
     form = dataset.format
-    kept = dataset.with_format("numpy").filter(
-        _usable,
-        batched=True,
-        batch_size=100_000,
-        input_columns=["empty", "source_length", "target_length"],
-        fn_kwargs=limits,
-        desc=f"dropping unusable {role} pairs",
+    kept = rebuilt_if_damaged(
+        lambda: dataset.with_format("numpy").filter(
+            _usable,
+            batched=True,
+            batch_size=100_000,
+            input_columns=["empty", "source_length", "target_length"],
+            fn_kwargs=limits,
+            desc=f"dropping unusable {role} pairs",
+            # datasets hashes a module's function by its name, not its code: CACHE_VERSION says when that changed
+            new_fingerprint=Hasher.hash([CACHE_VERSION, dataset._fingerprint, "drop_unusable", limits]),
+        ),
+        dataset_cache_folder(dataset),
     )
     kept = kept.with_format(form["type"], form["columns"], form["output_all_columns"], **form["format_kwargs"])
     return kept, counts
