@@ -400,6 +400,32 @@ def test_a_signal_during_a_write_to_stderr_is_said_after_it(monkeypatch, number)
     assert lines[0] == "a progress bar" and lines[1].startswith(f"{name} received: finishing this update")
 
 
+def test_signal_lines_of_blocks_opened_within_each_other_are_all_written_and_each_block_ends(caplog):
+    """Both blocks' threads read one queue: the inner block's end went to the outer thread, and its join waited
+    forever. Run in a thread of its own, so that a hang fails the test instead of stopping the suite."""
+    import threading
+
+    from vanilla_transformer.training.checkpointing import SignalSafeLog
+
+    log = SignalSafeLog()
+
+    def nested() -> None:
+        with log.open():
+            log.say("outer, first")
+            with log.open():
+                log.say("inner")
+            log.say("outer, second")
+        log.say("after both")
+
+    with caplog.at_level(logging.WARNING, logger="vanilla_transformer.training.checkpointing"):
+        runner = threading.Thread(target=nested, daemon=True)
+        runner.start()
+        runner.join(timeout=20)
+    assert not runner.is_alive(), "a block's end waited forever"
+    written = [r.getMessage() for r in caplog.records]  # each block's thread writes as it can: any order across them
+    assert sorted(written) == sorted(["outer, first", "inner", "outer, second", "after both"]), written
+
+
 def test_a_second_ctrl_c_goes_to_the_handler_before_and_leaves_it_installed():
     """The second Ctrl-C is handed to the SIGINT handler that was there before training (here: ignoring it, as a job
     started in the background has), which stays after training; the first within the window was taken as the same."""

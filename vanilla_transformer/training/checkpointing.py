@@ -595,30 +595,34 @@ class SignalSafeLog:
     the thread writes the line once the interrupted write is done (the logging handler's lock waits for it)."""
 
     def __init__(self):
-        self._lines: queue.SimpleQueue = queue.SimpleQueue()
-        self._writer: threading.Thread | None = None
+        self._lines: queue.SimpleQueue | None = None  # the open block's: `say` puts, its thread writes
 
     def say(self, line: str) -> None:
-        if self._writer is None:  # outside `open` (no signal handler of ours installed): at once
+        lines = self._lines
+        if lines is None:  # outside `open` (no signal handler of ours installed): at once
             logger.warning(line)
         else:
-            self._lines.put(line)
+            lines.put(line)
 
-    def _write(self) -> None:
-        while (line := self._lines.get()) is not None:
+    @staticmethod
+    def _write(lines: queue.SimpleQueue) -> None:
+        while (line := lines.get()) is not None:
             logger.warning(line)
 
     @contextmanager
     def open(self):
-        """While the block runs, `say` hands its lines to the writing thread; each is written when the block ends."""
-        self._writer = threading.Thread(target=self._write, name="signal-log", daemon=True)
-        self._writer.start()
+        """While the block runs, `say` hands its lines to a thread that writes each as soon as it can; all are
+        written when the block ends. A block opened within another has a queue and thread of its own."""
+        outer, lines = self._lines, queue.SimpleQueue()
+        writer = threading.Thread(target=self._write, args=(lines,), name="signal-log", daemon=True)
+        writer.start()
+        self._lines = lines
         try:
             yield
         finally:
-            self._lines.put(None)
-            self._writer.join()
-            self._writer = None
+            self._lines = outer
+            lines.put(None)
+            writer.join()
 
 
 class StopOnSignal(TrainerCallback):
