@@ -136,6 +136,16 @@ def test_every_command_names_a_misspelt_flag_before_asking_for_what_it_meant(arg
     assert exit_info.value.code == 2 and len(error.splitlines()) == 1 and message in error, error
 
 
+def test_a_value_that_starts_with_dashes_and_a_help_request_are_not_taken_for_misspelt_flags(capsys):
+    from vanilla_transformer.publish import build_parser
+
+    args = build_parser().parse_args(["run", "--repo-id", "a/b", "--commit-message", "--- draft, see notes"])
+    assert args.commit_message == "--- draft, see notes"  # argparse takes a token with a space for a value
+    with pytest.raises(SystemExit) as exit_info:
+        cli(["translate", "--help", "--modle"])
+    assert exit_info.value.code == 0 and "--model" in capsys.readouterr().out
+
+
 def test_per_device_train_batch_size_shows_no_default_that_max_tokens_overrides(capsys):
     with pytest.raises(SystemExit):
         cli(["train", "--help"])

@@ -49,11 +49,14 @@ class CommandParser(argparse.ArgumentParser):
 
     def parse_known_args(self, args=None, namespace=None):
         args = sys.argv[1:] if args is None else list(args)
-        if not subcommand_parsers(self):  # a command's own flags (a subcommand's parser checks its own)
+        asks_for_help = any(token in ("-h", "--help") for token in args[: args.index("--") if "--" in args else None])
+        if not subcommand_parsers(self) and not asks_for_help:  # a subcommand's parser checks its own flags
             flags = [option for option in self._option_string_actions if option.startswith("--")]
             for token in args:
                 if token == "--":  # what follows is positional
                     break
+                if " " in token:  # a value, for argparse too (--commit-message "--- draft")
+                    continue
                 if token.startswith("--") and (flag := token.split("=", 1)[0]) not in self._option_string_actions:
                     close = did_you_mean(flag, flags, quoted=False)
                     exit_with_usage_error(
