@@ -578,8 +578,8 @@ def test_a_card_names_held_out_validation_pairs_as_such(data_dir, tmp_path):
     assert {r.dataset_type for r in card.data.eval_results} == {"10 pairs held out of the training data"}
     # scores of part of the set say so (they were given as the whole set's)
     names = {r.dataset_name for r in card.data.eval_results}
-    assert names == {"10 pairs held out of the training data, 4 pairs (--max_eval_samples 4)"}
-    assert "10 pairs held out of the training data, 4 pairs (--max_eval_samples 4) | validation |" in card.text
+    assert names == {"10 pairs held out of the training data, 4 pairs scored (--max_eval_samples 4)"}
+    assert "10 pairs held out of the training data, 4 pairs scored (--max_eval_samples 4) | validation |" in card.text
 
 
 def test_save_minutes_0_turns_off_a_recipes_timed_checkpoints(data_dir, tmp_path):

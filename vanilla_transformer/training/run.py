@@ -973,8 +973,9 @@ def card_scores(metrics: dict, data_args, signatures: dict, scored_pairs: dict |
         dataset, split = scored_data(data_args, role)
         shown = dataset
         if (limit := getattr(data_args, SAMPLE_LIMITS[role])) is not None:
-            count = (scored_pairs or {}).get(role)
-            shown = f"{dataset}, {'the first' if count is None else count} pairs (--{SAMPLE_LIMITS[role]} {limit})"
+            count = (scored_pairs or {}).get(role)  # at most the limit: the set may hold fewer
+            scored = "" if count is None else f", {count} pairs scored"
+            shown = f"{dataset}{scored} (--{SAMPLE_LIMITS[role]} {limit})"
         for name, kind in CARD_SCORES:
             if f"{prefix}_{kind}" in metrics:
                 signature = signatures.get(kind) if prefix == "eval" else metrics.get(f"{prefix}_{kind}_signature")
