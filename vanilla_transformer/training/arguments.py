@@ -223,10 +223,13 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         """transformers' `main_process_first`, whose other processes wait in a barrier of a process group of their
         own (gloo, `PREPARATION_TIMEOUT`) rather than the training group's: the first run's preparation of a corpus
         (reading it, training the tokenizer, tokenising: 12 minutes for WMT14 en-de on 2 cores, 8x the pairs for
-        en-fr) can outlast --ddp_timeout (30 minutes by default), after which every waiting process failed."""
+        en-fr) can outlast --ddp_timeout (30 minutes by default), after which every waiting process failed. On one
+        machine only: across machines gloo needs their network interfaces named (GLOO_SOCKET_IFNAME), where a
+        hostname that resolves to loopback would hang the group's creation, so there --ddp_timeout bounds the wait."""
         import torch.distributed as dist
 
-        if self.world_size <= 1 or not dist.is_available() or not dist.is_initialized():
+        one_machine = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)) >= self.world_size
+        if self.world_size <= 1 or not dist.is_available() or not dist.is_initialized() or not one_machine:
             with super().main_process_first(local=local, desc=desc):
                 yield
             return
