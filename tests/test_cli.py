@@ -141,6 +141,9 @@ def test_a_value_that_starts_with_dashes_and_a_help_request_are_not_taken_for_mi
 
     args = build_parser().parse_args(["run", "--repo-id", "a/b", "--commit-message", "--- draft, see notes"])
     assert args.commit_message == "--- draft, see notes"  # argparse takes a token with a space for a value
+    with pytest.raises(SystemExit) as exit_info:  # but a flag's name has none: --name=value with spaces is a flag
+        build_parser().parse_args(["run", "--repo-id", "a/b", "--comit-message=fix a typo"])
+    assert exit_info.value.code == 2 and "(did you mean --commit-message?)" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exit_info:
         cli(["translate", "--help", "--modle"])
     assert exit_info.value.code == 0 and "--model" in capsys.readouterr().out

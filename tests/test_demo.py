@@ -40,7 +40,8 @@ def test_demo_trains_saves_reloads_and_translates(tmp_path, capsys):
         "replacing" not in printed and json.loads((output_dir / "trainer_state.json").read_text())["global_step"] == 22
     )
     # run again: the earlier demo's run is replaced (train.py refuses to train over any other folder's model)
-    demo.main(["--output-dir", str(output_dir), "--train-size", "50", "--test-size", "2", "--max-steps", "2"])
+    again = ["--output-dir", str(output_dir), "--train-size", "50", "--test-size", "2", "--max-steps", "2"]
+    demo.main([*again, "--resume_from_checkpoint", "false"])  # not a resume: train's own reading of the value
     printed = capsys.readouterr().out
     assert f"replacing the earlier demo's run in {output_dir}" in printed and printed.count(" -> ") == 2
     assert not (output_dir / "checkpoint-20").exists()
@@ -78,3 +79,13 @@ def test_demo_trains_on_the_users_files_when_given(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert not (output_dir / "data").exists()  # no generated task
     assert "held-out BLEU:" in printed and printed.count(" -> ") == 4
+
+
+def test_a_resume_into_a_new_folder_marks_it_as_the_demos(tmp_path):
+    """A resume kept any folder as it was, unmarked: a later demo could then neither replace it nor train there."""
+    demo.start_afresh(tmp_path / "new", replace=False)
+    assert (tmp_path / "new" / demo.DEMO_MARK).is_file()
+    (tmp_path / "theirs").mkdir()
+    (tmp_path / "theirs" / "notes.txt").write_text("not the demo's")
+    demo.start_afresh(tmp_path / "theirs")
+    assert sorted(p.name for p in (tmp_path / "theirs").iterdir()) == ["notes.txt"]  # never marked, never replaced

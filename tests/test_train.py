@@ -649,6 +649,12 @@ def test_resuming_mid_epoch_on_other_batches_says_so_whatever_changed_them(data_
     assert "in the middle of an epoch, with other batches than the checkpoint's" in bucketed
     shorter = resumed_log("--max_source_length", "5")  # fewer pairs pass the length filter
     assert "other batching" not in shorter and "with other batches than the checkpoint's" in shorter
+    # a checkpoint written before the batches were kept (or by another Trainer) resumes and saves
+    state_file = tmp_path / "checkpoint-2" / "trainer_state.json"
+    state = json.loads(state_file.read_text())
+    del state["stateful_callbacks"]["EpochBatches"]
+    state_file.write_text(json.dumps(state))
+    assert "other batches" not in resumed_log()  # before, transformers' save failed on the missing entry
 
 
 def test_fewer_checkpoints_than_averaged_name_why_not_a_limit(data_dir, tmp_path, caplog):

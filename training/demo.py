@@ -55,10 +55,11 @@ def parse_args(argv=None) -> tuple[argparse.Namespace, list[str]]:
 DEMO_MARK = ".made_by_demo"  # in the demo's run folder: a later demo replaces it (train.py keeps other models)
 
 
-def start_afresh(output_dir: Path) -> None:
-    """The run folder of an earlier demo is replaced (train.py refuses to train over a model); any other folder
-    is left to train.py's checks."""
-    if (output_dir / DEMO_MARK).is_file():
+def start_afresh(output_dir: Path, replace: bool = True) -> None:
+    """The run folder of an earlier demo is replaced (train.py refuses to train over a model), unless not to
+    ``replace`` it (a resumed run); a new or empty folder is marked as the demo's; any other is left to train.py's
+    checks."""
+    if replace and (output_dir / DEMO_MARK).is_file():
         print(f"replacing the earlier demo's run in {output_dir}")
         shutil.rmtree(output_dir)
     if output_dir.is_dir() and any(output_dir.iterdir()):  # not the demo's: never marked for replacing
@@ -143,11 +144,11 @@ def main(argv=None) -> None:
     data = Path(args.output_dir) / "data"
     argv_train = train_arguments(args, extra, [] if user_data else ["--train_file", str(data / "train.tsv")])
     try:
-        run.parse_arguments(argv_train)  # a mistyped flag is refused before an earlier demo's run is replaced
+        training_args = run.parse_arguments(argv_train)[2]  # a mistyped flag: refused before anything is replaced
     except ValueError as error:
         exit_with_usage_error("training/demo.py", error)
-    if "--resume_from_checkpoint" not in given:  # resuming continues the earlier demo's run, in its folder
-        start_afresh(Path(args.output_dir))
+    # resuming continues the earlier demo's run, in its folder
+    start_afresh(Path(args.output_dir), replace=not run.asks_to_resume(training_args.resume_from_checkpoint))
     test_pairs = None if user_data else write_number_words(data, args)[2]
     run.main(argv_train, exit_on_bad_input=True)
 

@@ -55,7 +55,7 @@ class CommandParser(argparse.ArgumentParser):
             for token in args:
                 if token == "--":  # what follows is positional
                     break
-                if " " in token:  # a value, for argparse too (--commit-message "--- draft")
+                if " " in token.split("=", 1)[0]:  # a value, for argparse too (--commit-message "--- draft")
                     continue
                 if token.startswith("--") and (flag := token.split("=", 1)[0]) not in self._option_string_actions:
                     close = did_you_mean(flag, flags, quoted=False)

@@ -228,7 +228,8 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         hostname that resolves to loopback would hang the group's creation, so there --ddp_timeout bounds the wait."""
         import torch.distributed as dist
 
-        one_machine = int(os.environ.get("LOCAL_WORLD_SIZE", self.world_size)) >= self.world_size
+        # torchrun and accelerate say how many processes run here; a launcher that does not: perhaps several machines
+        one_machine = int(os.environ.get("LOCAL_WORLD_SIZE", 0)) >= self.world_size
         if self.world_size <= 1 or not dist.is_available() or not dist.is_initialized() or not one_machine:
             with super().main_process_first(local=local, desc=desc):
                 yield

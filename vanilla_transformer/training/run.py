@@ -853,11 +853,16 @@ def _same(a, b) -> bool:
     return a == b
 
 
+def asks_to_resume(value) -> bool:
+    """Whether --resume_from_checkpoint ``value`` asks to resume: not for no value, 'false' or 'none'."""
+    return value is not None and str(value).lower() not in {"false", "none", ""}
+
+
 def resolve_resume(value, output_dir: str | Path) -> Path | None:
     """--resume_from_checkpoint ``value``: a PATH (checked to be complete), or 'last' / 'true' for the newest
     complete checkpoint in ``output_dir`` (incomplete ones, e.g. of a run killed while saving, are skipped and
     logged); None for no value, 'false' or 'none'."""
-    if value is None or str(value).lower() in {"false", "none", ""}:
+    if not asks_to_resume(value):
         return None
     checkpoint = True if str(value).lower() in {"last", "true"} else value
     return resolve_checkpoint(checkpoint, output_dir, "--resume_from_checkpoint")

@@ -168,6 +168,11 @@ class EpochBatches(TrainerCallback, ExportableState):
     def state(self) -> dict:
         return {"args": {}, "attributes": {"batches": self.batches, "digest": self.digest}}
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        # also where a checkpoint predates it: transformers' save updates an entry it expects there
+        state.stateful_callbacks[type(self).__name__] = self.state()
+        return control
+
     @classmethod
     def saved_in(cls, state) -> dict | None:
         """The batches a trainer state (a checkpoint's) records, or None where it holds none."""
