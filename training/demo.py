@@ -153,9 +153,8 @@ def main(argv=None) -> None:
     run.main(argv_train, exit_on_bad_input=True)
 
     output_dir = Path(args.output_dir)
-    print(
-        f"saved to {output_dir} ({', '.join(sorted(p.name for p in output_dir.iterdir() if p.is_file() and p != output_dir / DEMO_MARK))})"
-    )
+    saved = sorted(p.name for p in output_dir.iterdir() if p.is_file() and p.name != DEMO_MARK)
+    print(f"saved to {output_dir} ({', '.join(saved)})")
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(output_dir), AutoTokenizer.from_pretrained(output_dir)
     print(f"reloaded with the Auto classes: {type(model).__name__}, {type(tokenizer).__name__}")
     if test_pairs is None:  # the user's data: their validation set, if they gave one
