@@ -136,8 +136,7 @@ class SamplerEpoch(TrainerCallback):
             return control
         now = {"batches": sampler.num_batches, "digest": sampler.digest}
         saved = EpochBatches.saved_in(state) if state.global_step else None
-        updates_per_epoch = max(math.ceil(self.trainer.token_batches_per_epoch / args.gradient_accumulation_steps), 1)
-        if saved and saved != now and state.global_step % updates_per_epoch and not args.ignore_data_skip:
+        if saved and saved != now and state.global_step % self._updates_per_epoch(args) and not args.ignore_data_skip:
             logger.warning(
                 f"resuming at update {state.global_step}, in the middle of an epoch, with other batches than the "
                 f"checkpoint's ({saved['batches']} batches there, {sampler.num_batches} now, or other pairs in them: "
@@ -152,9 +151,12 @@ class SamplerEpoch(TrainerCallback):
     def on_epoch_begin(self, args, state, control, **kwargs):
         trainer = self.trainer
         if trainer.token_sampler is not None and trainer.token_batches_per_epoch:
-            updates_per_epoch = max(math.ceil(trainer.token_batches_per_epoch / args.gradient_accumulation_steps), 1)
-            trainer.token_sampler.set_epoch(state.global_step // updates_per_epoch)
+            trainer.token_sampler.set_epoch(state.global_step // self._updates_per_epoch(args))
         return control
+
+    def _updates_per_epoch(self, args) -> int:
+        """The Trainer's own count: an epoch's batches on this process over the batches an update accumulates."""
+        return max(math.ceil(self.trainer.token_batches_per_epoch / args.gradient_accumulation_steps), 1)
 
 
 class EpochBatches(TrainerCallback, ExportableState):
