@@ -1582,7 +1582,7 @@ class PhaseClock:
         self.profiler.__enter__()
         self._window = [time.perf_counter()]  # the window's start, then each profiled update's end
 
-    def _stop_profile(self, device: str) -> None:
+    def _stop_profile(self, device: str, run_ended: bool = False) -> None:
         synchronize(device)
         seconds = time.perf_counter() - self._window[0]
         self.profiler.__exit__(None, None, None)
@@ -1591,6 +1591,7 @@ class PhaseClock:
         busy, launches = summary.get("device_busy_seconds"), summary["kernel_launches"]
         self.profile = {
             "updates": updates,
+            "window_cut_by_the_run_end": run_ended,  # fewer updates than profile_updates: the run stopped first
             "seconds_per_update": seconds / updates,  # profiled: the profiler's own host time included
             "kernel_launches_per_update": None if launches is None else launches / updates,
             "device_busy_seconds_per_update": None if busy is None else busy / updates,
@@ -1646,7 +1647,7 @@ class PhaseClock:
         self.marks["end"] = time.perf_counter()
         if self.profiler is not None:  # training ended inside the profiled window: the updates it had
             if len(self._window) > 1:
-                self._stop_profile(args.device.type)
+                self._stop_profile(args.device.type, run_ended=True)
             else:
                 self.profiler.__exit__(None, None, None)
                 self.profiler = None
@@ -2299,6 +2300,8 @@ def update_lines(row: dict) -> list[str]:
         parts.append(f"top operators, ms per update: {top}")
     elif profile:
         parts.append(f"profiled: {profile['ranked_by']}")
+    if profile and profile.get("window_cut_by_the_run_end"):
+        parts.append(f"profiled {profile['updates']} update(s): the run ended inside the window")
     return [f"| {row['variant']}: where an update goes | {'; '.join(parts)} | | |"] if parts else []
 
 

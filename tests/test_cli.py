@@ -364,8 +364,10 @@ def test_help_of_a_command_that_does_not_exist_is_the_commands_error(capsys):
 def test_ctrl_c_while_the_package_is_imported_ends_in_one_line_not_a_traceback():
     """The first seconds of any command import torch and transformers; a Ctrl-C then ended in a KeyboardInterrupt
     traceback from deep in an import."""
+    # "ready" is printed inside main's guard (its call of `answer`), so the Ctrl-C cannot come before it
     script = (
-        "import sys, vanilla_transformer_command as command; print('ready', flush=True); command.main(sys.argv[1:])"
+        "import sys, vanilla_transformer_command as command; real = command.answer; "
+        "command.answer = lambda argv: (print('ready', flush=True), real(argv)); command.main(sys.argv[1:])"
     )
     process = subprocess.Popen(
         [sys.executable, "-c", script, "translate"],
