@@ -324,10 +324,46 @@ def test_any_failed_write_names_the_checkpoint_and_the_free_space(data_dir, tmp_
     with pytest.raises(
         CheckpointWriteError,
         match=r"checkpoint-4: RuntimeError: .*file write failed.* MiB free.*"
-        r"no earlier checkpoint exists",
+        r"no earlier checkpoint exists\. Check the filesystem of .*if it is full: free some space",
     ):
         trainer.train()
     assert not list((tmp_path / "run").glob("checkpoint-*"))
+
+
+WRITE_ERRORS = {  # the error, the free bytes, and what the advice says (None: no word of space)
+    "ENOSPC": (OSError(errno.ENOSPC, "No space left on device"), 10**12, "Free some space"),
+    "torch.save's, less free than a checkpoint takes": (
+        RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed"),
+        1000,
+        "Free some space",
+    ),
+    "torch.save's, space enough": (
+        RuntimeError("PytorchStreamWriter failed writing file data/0: file write failed"),
+        10**12,
+        "Check the filesystem of",
+    ),
+    "read-only": (OSError(errno.EROFS, "Read-only file system"), 10**12, "writable (or choose another --output_dir)"),
+    "a bug, not the disk": (KeyError("optimizer"), 10**12, "Fix what raised that error"),
+}
+
+
+@pytest.mark.parametrize("case", list(WRITE_ERRORS))
+def test_a_failed_checkpoint_write_advises_what_fits_its_error(case, tmp_path, monkeypatch):
+    """Freeing space is advised for a full disk (or a failed write where less is free than the previous checkpoint
+    took), not for a refused write or an error of the code (a KeyError once read "Free some space")."""
+    from vanilla_transformer.training import checkpointing
+
+    error, free, advice = WRITE_ERRORS[case]
+    previous = tmp_path / "run" / "checkpoint-4"
+    previous.mkdir(parents=True)
+    (previous / "optimizer.pt").write_bytes(b"0" * 5000)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(checkpointing.shutil, "disk_usage", lambda path: usage._replace(free=free))
+    message = checkpointing._write_failure(error, tmp_path / "run", "checkpoint-8")
+    assert message.startswith(f"Could not write checkpoint {tmp_path / 'run' / 'checkpoint-8'}: ")
+    assert f"the previous checkpoint, {previous}, is intact" in message and advice in message, message
+    assert ("ree some space" in message) == (advice == "Free some space" or "Check" in advice), message
+    assert message.endswith("then continue with --resume_from_checkpoint last.")
 
 
 def test_a_signal_in_process_saves_stops_and_restores_the_handlers(data_dir, tmp_path):

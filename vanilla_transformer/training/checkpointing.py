@@ -195,14 +195,32 @@ class CheckpointWriteError(OSError):
     """A checkpoint could not be written (e.g. the disk is full); the partial folder was removed."""
 
 
-def _disk_full(error: BaseException) -> bool:
+def _causes(error: BaseException | None):
+    """The error and the errors it was raised from (or while handling)."""
     while error is not None:
-        if isinstance(error, OSError) and error.errno in {errno.ENOSPC, errno.EDQUOT}:
-            return True
-        if "No space left on device" in str(error):
-            return True
+        yield error
         error = error.__cause__ or error.__context__
-    return False
+
+
+def _disk_full(error: BaseException) -> bool:
+    return any(
+        (isinstance(cause, OSError) and cause.errno in {errno.ENOSPC, errno.EDQUOT})
+        or "No space left on device" in str(cause)
+        for cause in _causes(error)
+    )
+
+
+def _not_writable(error: BaseException) -> bool:
+    return any(
+        isinstance(cause, OSError) and cause.errno in {errno.EACCES, errno.EPERM, errno.EROFS}
+        for cause in _causes(error)
+    )
+
+
+def _write_failed(error: BaseException) -> bool:
+    """An error of the filesystem: an OSError, or torch.save's RuntimeError without errno (a full disk among
+    its causes: "PytorchStreamWriter failed writing file ...: file write failed")."""
+    return any(isinstance(cause, OSError) or "write failed" in str(cause) for cause in _causes(error))
 
 
 def _fsync_tree(folder: Path) -> None:
@@ -433,14 +451,26 @@ def remove_resume_points(newest: Path) -> None:
 
 
 def _write_failure(error: BaseException, run_dir: Path, name: str) -> str:
-    free = shutil.disk_usage(run_dir).free / 2**20 if run_dir.exists() else float("nan")
-    earlier = [folder.name for folder in checkpoint_folders(run_dir) if folder.name != name]
-    kept = f"the previous checkpoint, {run_dir / earlier[-1]}, is intact" if earlier else "no earlier checkpoint exists"
-    cause = "the disk is full" if _disk_full(error) else f"{type(error).__name__}: {error}"
+    """What failed, what is intact, and the advice that fits the error: space for a full disk (or a failed
+    write where less is free than the previous checkpoint takes), permissions for a refused one."""
+    free = shutil.disk_usage(run_dir).free if run_dir.exists() else float("nan")
+    earlier = [folder for folder in checkpoint_folders(run_dir) if folder.name != name]
+    kept = f"the previous checkpoint, {earlier[-1]}, is intact" if earlier else "no earlier checkpoint exists"
+    needed = sum(path.stat().st_size for path in earlier[-1].rglob("*") if path.is_file()) if earlier else 0
+    full = _disk_full(error)
+    cause = "the disk is full" if full else f"{type(error).__name__}: {error}"
+    space = "Free some space (or choose an --output_dir on a larger disk; fewer checkpoints: --save_total_limit)"
+    if full or (_write_failed(error) and free < needed):
+        advice = space
+    elif _not_writable(error):
+        advice = f"Make {run_dir} writable (or choose another --output_dir)"
+    elif _write_failed(error):
+        advice = f"Check the filesystem of {run_dir} (if it is full: {space[0].lower()}{space[1:]})"
+    else:  # not the filesystem: the error itself says what to fix
+        advice = "Fix what raised that error"
     return (
-        f"Could not write checkpoint {run_dir / name}: {cause} ({free:,.0f} MiB free on that filesystem). The "
-        f"partial checkpoint was removed and {kept}. Free some space (or choose an --output_dir on a larger disk; "
-        f"fewer checkpoints: --save_total_limit), then continue with {RESUME_HINT}."
+        f"Could not write checkpoint {run_dir / name}: {cause} ({free / 2**20:,.0f} MiB free on that filesystem). "
+        f"The partial checkpoint was removed and {kept}. {advice}, then continue with {RESUME_HINT}."
     )
 
 
