@@ -79,6 +79,15 @@ def test_demo_trains_on_the_users_files_when_given(tmp_path, capsys):
     printed = capsys.readouterr().out
     assert not (output_dir / "data").exists()  # no generated task
     assert "held-out BLEU:" in printed and printed.count(" -> ") == 4
+    # a file that is not there is refused before the earlier demo's run is replaced (it was replaced, then refused)
+    missing = tmp_path / "my.fr"
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(
+            ["--output-dir", str(output_dir), "--train_source_file", str(source), "--train_target_file", str(missing)]
+        )
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"--train_target_file '{missing}' does not exist" in error, error
+    assert (output_dir / "model.safetensors").is_file()
 
 
 def test_a_resume_into_a_new_folder_marks_it_as_the_demos(tmp_path):

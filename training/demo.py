@@ -24,6 +24,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer.command_line import exit_with_usage_error
 from vanilla_transformer.training import run, score, translate
+from vanilla_transformer.training.data import check_data_files
 from vanilla_transformer.training.number_words import make_splits
 
 # A 3+3-layer d=128 model on ~1k-token batches learns the task in ~1000 updates on 2 CPU cores. The
@@ -143,9 +144,11 @@ def main(argv=None) -> None:
     user_data = bool(given & set(USER_DATA_FLAGS))  # either spelling: --train-source-file as --train_source_file
     data = Path(args.output_dir) / "data"
     argv_train = train_arguments(args, extra, [] if user_data else ["--train_file", str(data / "train.tsv")])
-    try:
-        training_args = run.parse_arguments(argv_train)[2]  # a mistyped flag: refused before anything is replaced
-    except ValueError as error:
+    try:  # a mistyped flag or a wrong file: refused before anything is replaced
+        _, data_args, training_args = run.parse_arguments(argv_train)
+        if user_data:
+            check_data_files(data_args)
+    except (ValueError, OSError) as error:
         exit_with_usage_error("training/demo.py", error)
     # resuming continues the earlier demo's run, in its folder
     start_afresh(Path(args.output_dir), replace=not run.asks_to_resume(training_args.resume_from_checkpoint))

@@ -669,6 +669,18 @@ def refuse_one_file_for_both_sides(args, role: str) -> None:
         )
 
 
+def check_data_files(args) -> None:
+    """Every local data file of the flags (``args``: `options.DataArguments`) exists, is a readable non-empty file
+    and is not the other side's too; checked before any is read, so that a mistyped test path fails before the
+    training corpus is read (and a command that wraps training, before it replaces anything)."""
+    for role in ROLES:
+        for flag, path in role_files(args, role).items():
+            check_file(path, flag)
+        refuse_one_file_for_both_sides(args, role)
+    if role_files(args, "train") and args.dataset_name:
+        raise ValueError("Give training data as files or as --dataset_name, not both.")
+
+
 def local_dataset(args, role: str):
     """The role's local files as an Arrow dataset of (source, target), or None when none are given."""
     role_files(args, role)
@@ -770,12 +782,7 @@ def load_text_datasets(args, seed: int, train: bool = True) -> dict:
     to load), unless ``validation_size`` holds pairs out of them.
     """
     check_data_arguments(args)
-    for role in ROLES:  # every file first: a mistyped test path fails before the training corpus is read
-        for flag, path in role_files(args, role).items():
-            check_file(path, flag)
-        refuse_one_file_for_both_sides(args, role)
-    if role_files(args, "train") and args.dataset_name:
-        raise ValueError("Give training data as files or as --dataset_name, not both.")
+    check_data_files(args)
     train = train or bool(args.validation_size)
     # the small sets first: a problem inside a validation or test file shows before the training corpus is read
     local = {
