@@ -98,3 +98,20 @@ def test_a_resume_into_a_new_folder_marks_it_as_the_demos(tmp_path):
     (tmp_path / "theirs" / "notes.txt").write_text("not the demo's")
     demo.start_afresh(tmp_path / "theirs")
     assert sorted(p.name for p in (tmp_path / "theirs").iterdir()) == ["notes.txt"]  # never marked, never replaced
+
+
+def test_trains_warnings_are_said_once(tmp_path, monkeypatch, caplog):
+    """The demo parses train's flags first (to refuse a mistyped one before replacing anything), and its warnings
+    were then logged twice: once by that parse, once by train's own."""
+    seen = []
+
+    def train(argv, **kwargs):  # train's command, stopped after its flags: no model to report on
+        seen.append(argv)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(demo.run, "main", train)
+    with caplog.at_level("WARNING"), pytest.raises(SystemExit):
+        demo.main(["--output-dir", str(tmp_path / "demo"), "--tokenizer_name_or_path", str(tmp_path)])
+    assert seen and caplog.records == []  # train's parse (stubbed here) says it
+    demo.run.parse_arguments(seen[0])
+    assert "--tokenizer_vocab_size ignored" in caplog.text, caplog.text

@@ -16,6 +16,8 @@ translations of sentences it never saw. Any flag the demo does not know goes to 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import logging
 import shutil
 import time
 from pathlib import Path
@@ -137,6 +139,16 @@ def report(model, tokenizer, pairs, exact_match: bool) -> None:
         print(f"  {source:45s} -> {hypothesis}   [{mark}]")
 
 
+@contextlib.contextmanager
+def quiet_logs():
+    """No log line (warnings included) while the block runs."""
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
 def main(argv=None) -> None:
     started = time.time()
     args, extra = parse_args(argv)
@@ -145,7 +157,8 @@ def main(argv=None) -> None:
     data = Path(args.output_dir) / "data"
     argv_train = train_arguments(args, extra, [] if user_data else ["--train_file", str(data / "train.tsv")])
     try:  # a mistyped flag or a wrong file: refused before anything is replaced
-        _, data_args, training_args = run.parse_arguments(argv_train)
+        with quiet_logs():  # train parses the flags again, and says what it warns of then
+            _, data_args, training_args = run.parse_arguments(argv_train)
         if user_data:
             check_data_files(data_args)
     except (ValueError, OSError) as error:
