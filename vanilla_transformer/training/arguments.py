@@ -216,6 +216,7 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         check_intervals(self)  # before the Trainer's own checks, which take an eval_steps of 0 as "not set"
         check_levers(self)
         super().__post_init__()
+        keep_tf32_flags_readable()
         check_argument_ranges(self)
 
     @contextmanager
@@ -243,6 +244,19 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         finally:
             if first:  # the wait is over
                 dist.barrier(group=group)
+
+
+def keep_tf32_flags_readable() -> None:
+    """transformers turns TF32 on for --torch_compile on a GPU (and for --tf32) through torch's new
+    ``fp32_precision`` setting alone; torch then refuses to read the legacy ``allow_tf32`` flag and
+    `torch.get_float32_matmul_precision` ("mix of the legacy and new APIs"), which inductor reads while it compiles
+    a matrix product (torch 2.9-2.10: pytorch#166387, transformers#42371). Setting the legacy flag to what the new
+    setting says makes both readable and changes nothing."""
+    matmul = torch.backends.cuda.matmul
+    try:
+        matmul.allow_tf32  # noqa: B018 (the read is the check)
+    except RuntimeError:
+        matmul.allow_tf32 = matmul.fp32_precision == "tf32"
 
 
 PREPARATION_TIMEOUT = datetime.timedelta(hours=12)  # the longest wait for the first process's data preparation
