@@ -885,13 +885,21 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
             runs["ours, cuDNN first"] = ours_cudnn_first
         if ctranslate2 and "translate" in ctranslate2:
             runs["ctranslate2"] = ctranslate2.pop("translate")
-        times, outputs, first_calls = {name: [] for name in runs}, {}, {}
+        times, outputs, first_calls, failed = {name: [] for name in runs}, {}, {}, {}
         with torch.inference_mode():
             for repeat in range(args.decode_repeats + 1):  # the first call compiles / warms up
                 for name in list(runs) if repeat % 2 == 0 else list(reversed(runs)):  # alternating
                     synchronize(args.device)
                     started = time.perf_counter()
-                    outputs[name] = runs[name]()
+                    try:
+                        outputs[name] = runs[name]()
+                    except Exception as error:  # a variant's failure keeps ours and MarianMTModel's row
+                        if name in ("ours", "marian"):
+                            raise
+                        failed[name] = f"{type(error).__name__}: {error}"[:500]
+                        del runs[name], times[name]
+                        outputs.pop(name, None)
+                        continue
                     synchronize(args.device)
                     if repeat:
                         times[name].append(time.perf_counter() - started)
@@ -916,6 +924,8 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
         # ours and MarianMTModel together, over every call: recompiles, breaks, CUDA graphs skipped
         "compile_counters": counted_since(counted) if mode == "compiled" else None,
     }
+    if "ours, cuDNN first" in failed:
+        result["cudnn_first"] = {"error": failed["ours, cuDNN first"]}
     if "ours, cuDNN first" in seconds:
         result["cudnn_first"] = {
             "sentences_per_second": len(lengths) / seconds["ours, cuDNN first"],
@@ -923,6 +933,9 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
             "same_hypotheses": bool(torch.equal(outputs["ours, cuDNN first"], outputs["ours"])),
         }
     if ctranslate2 is not None:
+        if "ctranslate2" in failed:
+            ctranslate2.pop("ids")
+            ctranslate2["error"] = failed["ctranslate2"]
         if "ctranslate2" in seconds:
             hypotheses = ctranslate2.pop("ids")(outputs["ctranslate2"])
             ctranslate2.update(
@@ -2122,7 +2135,9 @@ def markdown_table(results: list[dict]) -> str:
             if first.get("ours") is not None and first.get("marian") is not None:
                 lines.append(f"| {name}, beam 4, first call | {first['ours']:.2f} s | {first['marian']:.2f} s | |")
             cudnn = r.get("cudnn_first")
-            if cudnn:
+            if cudnn and "error" in cudnn:
+                lines.append(f"| {name}, beam 4, cuDNN attention first | {cell(cudnn['error'])} | | |")
+            elif cudnn:
                 same = "the same hypotheses" if cudnn["same_hypotheses"] else "other hypotheses"
                 lines.append(
                     f"| {name}, beam 4, cuDNN attention first | {cudnn['sentences_per_second']:.1f} sentences/s, "
@@ -2132,6 +2147,8 @@ def markdown_table(results: list[dict]) -> str:
             ct2 = r.get("ctranslate2")
             if ct2 and "skipped" in ct2:
                 lines.append(f"| {name}, beam 4, CTranslate2 | skipped: {cell(ct2['skipped'])} | | |")
+            elif ct2 and "error" in ct2:
+                lines.append(f"| {name}, beam 4, CTranslate2 | {cell(ct2['error'])} | | |")
             elif ct2:
                 lines.append(
                     f"| {name}, beam 4, CTranslate2 {ct2['version']} {ct2['compute_type']} | "

@@ -31,3 +31,21 @@ def uninterrupted_fault_run(fault_runs_folder):
     import test_faults
 
     return test_faults.run_uninterrupted(fault_runs_folder)
+
+
+# A GPU machine is lent for minutes and a call there may be cut by its timeout (docs/benchmarks/gpu.md), which loses
+# --durations' table at the end: each gpu test that ran writes its seconds as it ends, so that a cut log still says
+# where the time went.
+_gpu_seconds: dict = {}
+
+
+def pytest_runtest_logreport(report):
+    import sys
+
+    if "gpu" not in report.keywords:
+        return
+    spent = _gpu_seconds.setdefault(report.nodeid, {})
+    spent[report.when] = report.duration
+    if report.when == "teardown" and "call" in spent:  # not one skipped at its setup (no GPU)
+        total = sum(spent.values())
+        sys.stderr.write(f"\n[gpu] {report.nodeid}: {total:.1f} s (call {spent['call']:.1f} s)\n")

@@ -253,17 +253,29 @@ def refuse_export(*args, **kwargs):
     raise ValueError("CTranslate2 has no activation_function 'tanh'")
 
 
-@pytest.mark.parametrize("case", ["not importable", "export fails"])
+@pytest.mark.parametrize("case", ["not importable", "export fails", "decoding fails"])
 def test_decoding_without_ctranslate2_says_why_and_measures_the_rest(case, monkeypatch, tmp_path):
+    """A variant beside ours and MarianMTModel (CTranslate2, cuDNN's attention first) that cannot run, or fails
+    while decoding, is named in its cell; the row keeps ours and MarianMTModel's times."""
     import sys
 
     import vanilla_transformer.convert
 
     if case == "not importable":
         monkeypatch.setitem(sys.modules, "ctranslate2", None)  # `import ctranslate2` raises ImportError
-    else:
+    elif case == "export fails":
         pytest.importorskip("ctranslate2")
         monkeypatch.setattr(vanilla_transformer.convert, "to_ctranslate2", refuse_export)
+    else:
+        pytest.importorskip("ctranslate2")
+        decoder = gpu.ctranslate2_decoder
+
+        def failing(*args, **kwargs):
+            made = decoder(*args, **kwargs)
+            made["translate"] = lambda: refuse_export()  # fails at its first call, between ours and Marian's
+            return made
+
+        monkeypatch.setattr(gpu, "ctranslate2_decoder", failing)
     machine, decoding = gpu.main(
         [
             "--no-recipe",
@@ -296,6 +308,11 @@ def test_decoding_without_ctranslate2_says_why_and_measures_the_rest(case, monke
         ]
     )
     assert decoding["sentences_per_second"] > 0 and decoding["marian_sentences_per_second"] > 0
+    if case == "decoding fails":
+        error = "ValueError: CTranslate2 has no activation_function 'tanh'"
+        assert decoding["ctranslate2"]["error"] == error and "sentences_per_second" not in decoding["ctranslate2"]
+        assert f"CTranslate2 | {error} |" in gpu.markdown_table([machine, decoding])
+        return
     skipped = decoding["ctranslate2"]["skipped"]
     if case == "not importable":
         assert skipped.startswith("ctranslate2 is not importable") and "vanilla-transformer[ctranslate2]" in skipped
@@ -893,6 +910,13 @@ def test_the_decoding_row_puts_cudnn_first_outside_training_only_while_it_runs()
         "| decoding big eager, beam 4, cuDNN attention first | 500.0 sentences/s, first call 9.00 s, the same "
         "hypotheses | | default / cuDNN first 1.25 |"
     ) in table
+    failed = {**row, "cudnn_first": {"error": "RuntimeError: cuDNN Frontend error: | no plan"}}
+    table = gpu.markdown_table([machine, failed])  # the variant's error; ours and MarianMTModel's times stay
+    assert (
+        "| decoding big eager, beam 4, cuDNN attention first | RuntimeError: cuDNN Frontend error: \\| no plan |"
+        in table
+    )
+    assert "| decoding big eager, beam 4 | 400.0 sentences/s | 380.0 sentences/s | 1.05 |" in table
 
 
 def test_bucketed_decoding_times_translates_static_cache_over_few_shapes(tmp_path):
