@@ -174,21 +174,25 @@ import transformers.training_args
 from vanilla_transformer.training.arguments import TransformerTrainingArguments
 
 transformers.training_args.is_torch_tf32_available = lambda: True  # as on a GPU since Ampere
-TransformerTrainingArguments(output_dir=sys.argv[1], use_cpu=True, torch_compile=True, report_to="none")
-print(torch.backends.cuda.matmul.fp32_precision, torch.backends.cuda.matmul.allow_tf32,
-      torch.get_float32_matmul_precision())
+for tf32 in (None, False):  # transformers' choice for a compiled run, then a run that turns TF32 off
+    TransformerTrainingArguments(output_dir=sys.argv[1], use_cpu=True, torch_compile=True, tf32=tf32, report_to="none")
+    print(torch.backends.fp32_precision, torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
 """
 
 
 def test_the_compiled_runs_tf32_flags_stay_readable(tmp_path):
     """With --torch_compile on a GPU, transformers turns TF32 on through torch's new fp32_precision setting only;
     torch then refused to read the legacy flag (a RuntimeError, "mix of the legacy and new APIs"), which inductor
-    reads while compiling a matrix product on torch 2.9-2.10. A fresh process: the flags are process-wide."""
+    reads while compiling a matrix product on torch 2.9-2.10. A second run's --tf32 false still turns it off. A
+    fresh process: the flags are process-wide."""
     import subprocess
     import sys
 
+    if not hasattr(torch.backends, "fp32_precision"):
+        pytest.skip(f"torch {torch.__version__} has the legacy TF32 flags only (fp32_precision came in 2.9)")
     done = subprocess.run(
         [sys.executable, "-c", TF32_CHECK, str(tmp_path / "run")], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.split() == ["tf32", "True", "high"]  # TF32 on, as transformers meant, read either way
+    # TF32 on, as transformers meant, read either way; then off again
+    assert done.stdout.split() == ["tf32", "True", "high", "ieee", "False", "highest"], done.stdout

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -252,11 +253,16 @@ def keep_tf32_flags_readable() -> None:
     `torch.get_float32_matmul_precision` ("mix of the legacy and new APIs"), which inductor reads while it compiles
     a matrix product (torch 2.9-2.10: pytorch#166387, transformers#42371). Setting the legacy flag to what the new
     setting says makes both readable and changes nothing."""
+    if not hasattr(torch.backends, "fp32_precision"):  # torch before 2.9: the legacy flags only
+        return
     matmul = torch.backends.cuda.matmul
     try:
-        matmul.allow_tf32  # noqa: B018 (the read is the check)
+        with warnings.catch_warnings():  # torch 2.9 warns that the legacy read is deprecated
+            warnings.simplefilter("ignore")
+            matmul.allow_tf32  # noqa: B018 (the read is the check)
     except RuntimeError:
         matmul.allow_tf32 = matmul.fp32_precision == "tf32"
+        matmul.fp32_precision = "none"  # follows the global setting again: a later --tf32 false still applies
 
 
 PREPARATION_TIMEOUT = datetime.timedelta(hours=12)  # the longest wait for the first process's data preparation
