@@ -342,9 +342,40 @@ WRITE_ERRORS = {  # the error, the free bytes, and what the advice says (None: n
         10**12,
         "Check the filesystem of",
     ),
-    "read-only": (OSError(errno.EROFS, "Read-only file system"), 10**12, "writable (or choose another --output_dir)"),
+    "read-only": (OSError(errno.EROFS, "Read-only file system"), 10**12, "writable"),
+    "read-only, on a nearly full disk": (PermissionError(errno.EACCES, "Permission denied"), 1000, "writable"),
     "a bug, not the disk": (KeyError("optimizer"), 10**12, "Fix what raised that error"),
+    "a bug raised from None while handling a disk error": (
+        lambda: raised_from_none(KeyError("optimizer"), OSError(errno.EIO, "I/O error")),
+        1000,
+        "Fix what raised that error",
+    ),
+    "a retry that chained its errors in a loop": (lambda: chained_in_a_loop(), 10**12, "Check the filesystem of"),
 }
+
+
+def raised_from_none(error: BaseException, handled: BaseException) -> BaseException:
+    try:
+        try:
+            raise handled
+        except type(handled):
+            raise error from None
+    except type(error) as caught:
+        return caught
+
+
+def chained_in_a_loop() -> BaseException:
+    """A retry's errors: the first is raised again while handling the second, which was raised from it (the
+    first's context is then the second, the second's cause the first)."""
+    first = OSError(errno.EIO, "I/O error")
+    try:
+        try:
+            raise RuntimeError("retry failed") from first
+        except RuntimeError:
+            raise first  # noqa: B904 (the loop is the point)
+    except OSError as caught:
+        assert caught.__context__.__cause__ is caught
+        return caught
 
 
 @pytest.mark.parametrize("case", list(WRITE_ERRORS))
@@ -354,6 +385,7 @@ def test_a_failed_checkpoint_write_advises_what_fits_its_error(case, tmp_path, m
     from vanilla_transformer.training import checkpointing
 
     error, free, advice = WRITE_ERRORS[case]
+    error = error() if callable(error) else error
     previous = tmp_path / "run" / "checkpoint-4"
     previous.mkdir(parents=True)
     (previous / "optimizer.pt").write_bytes(b"0" * 5000)
@@ -363,7 +395,10 @@ def test_a_failed_checkpoint_write_advises_what_fits_its_error(case, tmp_path, m
     assert message.startswith(f"Could not write checkpoint {tmp_path / 'run' / 'checkpoint-8'}: ")
     assert f"the previous checkpoint, {previous}, is intact" in message and advice in message, message
     assert ("ree some space" in message) == (advice == "Free some space" or "Check" in advice), message
-    assert message.endswith("then continue with --resume_from_checkpoint last.")
+    # the same folder resumes from its newest checkpoint; another folder (a disk with space) from the intact one
+    elsewhere = f"; or continue on another disk with --output_dir <new folder> --resume_from_checkpoint {previous}."
+    assert "then continue with --resume_from_checkpoint last" in message
+    assert message.endswith(elsewhere) == (advice != "Fix what raised that error"), message
 
 
 def test_a_signal_in_process_saves_stops_and_restores_the_handlers(data_dir, tmp_path):

@@ -196,10 +196,13 @@ class CheckpointWriteError(OSError):
 
 
 def _causes(error: BaseException | None):
-    """The error and the errors it was raised from (or while handling)."""
-    while error is not None:
+    """The error and the errors it was raised from (or while handling, unless ``from None`` hid them); each once,
+    though a retry can chain them in a loop."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
         yield error
-        error = error.__cause__ or error.__context__
+        error = error.__cause__ or (None if error.__suppress_context__ else error.__context__)
 
 
 def _disk_full(error: BaseException) -> bool:
@@ -456,21 +459,31 @@ def _write_failure(error: BaseException, run_dir: Path, name: str) -> str:
     free = shutil.disk_usage(run_dir).free if run_dir.exists() else float("nan")
     earlier = [folder for folder in checkpoint_folders(run_dir) if folder.name != name]
     kept = f"the previous checkpoint, {earlier[-1]}, is intact" if earlier else "no earlier checkpoint exists"
-    needed = sum(path.stat().st_size for path in earlier[-1].rglob("*") if path.is_file()) if earlier else 0
+    try:
+        needed = sum(path.stat().st_size for path in earlier[-1].rglob("*") if path.is_file()) if earlier else 0
+    except OSError:  # the filesystem failing to list it too: no guess from its size
+        needed = 0
     full = _disk_full(error)
     cause = "the disk is full" if full else f"{type(error).__name__}: {error}"
-    space = "Free some space (or choose an --output_dir on a larger disk; fewer checkpoints: --save_total_limit)"
-    if full or (_write_failed(error) and free < needed):
+    space = "Free some space (fewer checkpoints: --save_total_limit)"
+    elsewhere = (
+        f"; or continue on another disk with --output_dir <new folder> --resume_from_checkpoint {earlier[-1]}"
+        if earlier
+        else ""
+    )
+    if full:
         advice = space
     elif _not_writable(error):
-        advice = f"Make {run_dir} writable (or choose another --output_dir)"
+        advice = f"Make {run_dir} writable"
+    elif _write_failed(error) and free < needed:  # torch.save's full disk, which says no errno
+        advice = space
     elif _write_failed(error):
         advice = f"Check the filesystem of {run_dir} (if it is full: {space[0].lower()}{space[1:]})"
     else:  # not the filesystem: the error itself says what to fix
-        advice = "Fix what raised that error"
+        advice, elsewhere = "Fix what raised that error", ""
     return (
         f"Could not write checkpoint {run_dir / name}: {cause} ({free / 2**20:,.0f} MiB free on that filesystem). "
-        f"The partial checkpoint was removed and {kept}. {advice}, then continue with {RESUME_HINT}."
+        f"The partial checkpoint was removed and {kept}. {advice}, then continue with {RESUME_HINT}{elsewhere}."
     )
 
 
