@@ -33,6 +33,12 @@ def test_demo_trains_saves_reloads_and_translates(tmp_path, capsys):
         demo.main(["--output-dir", str(output_dir), "--max_tokns", "3"])
     assert exit_info.value.code == 2 and "(did you mean --max_tokens?)" in capsys.readouterr().err
     assert (output_dir / "checkpoint-20").is_dir()
+    # so is a validation file that is not there, beside the generated task's own training data
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(["--output-dir", str(output_dir), "--validation_file", str(tmp_path / "val.tsv")])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--validation_file" in error and "does not exist" in error, error
+    assert (output_dir / "checkpoint-20").is_dir()
     # resuming continues the earlier run in its folder (what a stopped demo says to do)
     demo.main([*flags, "--max-steps", "22", "--resume_from_checkpoint", "last"])  # the same command, resuming
     printed = capsys.readouterr().out
@@ -115,3 +121,19 @@ def test_trains_warnings_are_said_once(tmp_path, monkeypatch, caplog):
     assert seen and caplog.records == []  # train's parse (stubbed here) says it
     demo.run.parse_arguments(seen[0])
     assert "--tokenizer_vocab_size ignored" in caplog.text, caplog.text
+
+
+def test_quiet_logs_gives_back_the_level_disabled_before():
+    import logging
+
+    logging.disable(logging.INFO)  # a notebook's or a wrapping script's own
+    try:
+        with demo.quiet_logs():
+            assert logging.root.manager.disable == logging.WARNING
+        assert logging.root.manager.disable == logging.INFO
+        logging.disable(logging.CRITICAL)
+        with demo.quiet_logs():  # never less quiet than before
+            assert logging.root.manager.disable == logging.CRITICAL
+        assert logging.root.manager.disable == logging.CRITICAL
+    finally:
+        logging.disable(logging.NOTSET)

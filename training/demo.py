@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import shutil
 import time
@@ -26,7 +27,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer.command_line import exit_with_usage_error
 from vanilla_transformer.training import run, score, translate
-from vanilla_transformer.training.data import check_data_files
+from vanilla_transformer.training.data import check_data_arguments, check_data_files
 from vanilla_transformer.training.number_words import make_splits
 
 # A 3+3-layer d=128 model on ~1k-token batches learns the task in ~1000 updates on 2 CPU cores. The
@@ -141,12 +142,13 @@ def report(model, tokenizer, pairs, exact_match: bool) -> None:
 
 @contextlib.contextmanager
 def quiet_logs():
-    """No log line (warnings included) while the block runs."""
-    logging.disable(logging.WARNING)
+    """No log line (warnings included) while the block runs; then the level that was disabled before."""
+    before = logging.root.manager.disable
+    logging.disable(max(before, logging.WARNING))
     try:
         yield
     finally:
-        logging.disable(logging.NOTSET)
+        logging.disable(before)
 
 
 def main(argv=None) -> None:
@@ -159,8 +161,9 @@ def main(argv=None) -> None:
     try:  # a mistyped flag or a wrong file: refused before anything is replaced
         with quiet_logs():  # train parses the flags again, and says what it warns of then
             _, data_args, training_args = run.parse_arguments(argv_train)
-        if user_data:
-            check_data_files(data_args)
+        check_data_arguments(data_args)
+        # every file the user named (the generated task's own is written below)
+        check_data_files(data_args if user_data else dataclasses.replace(data_args, train_file=None))
     except (ValueError, OSError) as error:
         exit_with_usage_error("training/demo.py", error)
     # resuming continues the earlier demo's run, in its folder
@@ -174,7 +177,7 @@ def main(argv=None) -> None:
     model, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(output_dir), AutoTokenizer.from_pretrained(output_dir)
     print(f"reloaded with the Auto classes: {type(model).__name__}, {type(tokenizer).__name__}")
     if test_pairs is None:  # the user's data: their validation set, if they gave one
-        validation = run.load_text_datasets(run.parse_arguments(argv_train)[1], seed=args.seed)["validation"]
+        validation = run.load_text_datasets(data_args, seed=args.seed)["validation"]
         test_pairs = None if validation is None else list(zip(validation["source"], validation["target"]))
     if test_pairs:
         report(model, tokenizer, test_pairs, exact_match=not user_data)
