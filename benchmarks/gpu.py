@@ -893,14 +893,15 @@ def measure_decoding(preset: str, mode: str, args) -> dict:
                     started = time.perf_counter()
                     try:
                         outputs[name] = runs[name]()
+                        synchronize(args.device)  # where a kernel's error shows
                     except Exception as error:  # a variant's failure keeps ours and MarianMTModel's row
                         if name in ("ours", "marian"):
                             raise
                         failed[name] = f"{type(error).__name__}: {error}"[:500]
                         del runs[name], times[name]
                         outputs.pop(name, None)
+                        first_calls.pop(name, None)
                         continue
-                    synchronize(args.device)
                     if repeat:
                         times[name].append(time.perf_counter() - started)
                     else:

@@ -36,15 +36,20 @@ def uninterrupted_fault_run(fault_runs_folder):
 # A GPU machine is lent for minutes and a call there may be cut by its timeout (docs/benchmarks/gpu.md), which loses
 # --durations' table at the end: each gpu test that ran writes its seconds as it ends, so that a cut log still says
 # where the time went.
-_gpu_seconds: dict = {}
+_gpu_seconds: dict = {}  # test id -> {phase: seconds}, for the tests marked gpu
+
+
+def pytest_runtest_setup(item):
+    if item.get_closest_marker("gpu") is not None:
+        _gpu_seconds[item.nodeid] = {}
 
 
 def pytest_runtest_logreport(report):
     import sys
 
-    if "gpu" not in report.keywords:
+    spent = _gpu_seconds.get(report.nodeid)
+    if spent is None:
         return
-    spent = _gpu_seconds.setdefault(report.nodeid, {})
     spent[report.when] = report.duration
     if report.when == "teardown" and "call" in spent:  # not one skipped at its setup (no GPU)
         total = sum(spent.values())

@@ -271,8 +271,14 @@ def test_decoding_without_ctranslate2_says_why_and_measures_the_rest(case, monke
         decoder = gpu.ctranslate2_decoder
 
         def failing(*args, **kwargs):
-            made = decoder(*args, **kwargs)
-            made["translate"] = lambda: refuse_export()  # fails at its first call, between ours and Marian's
+            made, calls = decoder(*args, **kwargs), []
+            translate = made["translate"]
+
+            def second_call_fails():  # after its first call, timed: a variant left in the middle of the passes
+                calls.append(1)
+                return translate() if len(calls) == 1 else refuse_export()
+
+            made["translate"] = second_call_fails
             return made
 
         monkeypatch.setattr(gpu, "ctranslate2_decoder", failing)
@@ -311,6 +317,7 @@ def test_decoding_without_ctranslate2_says_why_and_measures_the_rest(case, monke
     if case == "decoding fails":
         error = "ValueError: CTranslate2 has no activation_function 'tanh'"
         assert decoding["ctranslate2"]["error"] == error and "sentences_per_second" not in decoding["ctranslate2"]
+        assert set(decoding["first_call_seconds"]) == {"ours", "marian"}  # none for the variant that failed
         assert f"CTranslate2 | {error} |" in gpu.markdown_table([machine, decoding])
         return
     skipped = decoding["ctranslate2"]["skipped"]
