@@ -168,31 +168,52 @@ def test_batches_are_padded_to_buckets_where_a_graph_is_compiled_per_shape(
 
 
 TF32_CHECK = """
-import sys
+import json, os, sys
 import torch
 import transformers.training_args
 from vanilla_transformer.training.arguments import TransformerTrainingArguments
 
 transformers.training_args.is_torch_tf32_available = lambda: True  # as on a GPU since Ampere
-for tf32 in (None, False):  # transformers' choice for a compiled run, then a run that turns TF32 off
-    TransformerTrainingArguments(output_dir=sys.argv[1], use_cpu=True, torch_compile=True, tf32=tf32, report_to="none")
-    print(torch.backends.fp32_precision, torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision())
+matmul = torch.backends.cuda.matmul
+for case, setting in json.loads(sys.argv[2]).items():  # each in a child with the flags as torch starts them
+    if os.fork() == 0:
+        exec(setting)  # the user's own setting, if any
+        read = []
+        for tf32 in (None, False):  # transformers' choice for a compiled run, then a run that turns TF32 off
+            TransformerTrainingArguments(
+                output_dir=sys.argv[1], use_cpu=True, torch_compile=True, tf32=tf32, report_to="none"
+            )
+            read += [matmul.fp32_precision, str(matmul.allow_tf32), torch.get_float32_matmul_precision()]
+        print(json.dumps({case: read}), flush=True)
+        os._exit(0)
+    os.wait()
 """
+
+# the user's setting before the arguments -> (CUDA's matmul precision, the legacy flag, the legacy precision) after
+# each of the two runs: TF32 as transformers chose it where the user chose nothing, the user's own where they did
+TF32_CASES = {
+    "nothing": ("", ["tf32", "True", "high", "ieee", "False", "highest"]),
+    "the new API's tf32": ("matmul.fp32_precision = 'tf32'", ["tf32", "True", "high"] * 2),
+    "the legacy flag off": ("matmul.allow_tf32 = False", ["ieee", "False", "highest"] * 2),
+}
 
 
 def test_the_compiled_runs_tf32_flags_stay_readable(tmp_path):
-    """With --torch_compile on a GPU, transformers turns TF32 on through torch's new fp32_precision setting only;
-    torch then refused to read the legacy flag (a RuntimeError, "mix of the legacy and new APIs"), which inductor
-    reads while compiling a matrix product on torch 2.9-2.10. A second run's --tf32 false still turns it off. A
-    fresh process: the flags are process-wide."""
+    """With --torch_compile on a GPU, transformers turns TF32 on through torch's global fp32_precision setting only;
+    torch then refused to read the legacy flags (a RuntimeError, "mix of the legacy and new APIs"), which inductor
+    reads while compiling a matrix product on torch 2.9-2.10. Read either way, the precision stays what transformers
+    or the user chose, and a second run's --tf32 false still turns transformers' off. A fresh process (forked for
+    each case): the flags are process-wide."""
+    import json
     import subprocess
     import sys
 
     if not hasattr(torch.backends, "fp32_precision"):
         pytest.skip(f"torch {torch.__version__} has the legacy TF32 flags only (fp32_precision came in 2.9)")
+    settings = json.dumps({case: setting for case, (setting, _) in TF32_CASES.items()})
     done = subprocess.run(
-        [sys.executable, "-c", TF32_CHECK, str(tmp_path / "run")], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", TF32_CHECK, str(tmp_path / "run"), settings], capture_output=True, text=True, timeout=120
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    # TF32 on, as transformers meant, read either way; then off again
-    assert done.stdout.split() == ["tf32", "True", "high", "ieee", "False", "highest"], done.stdout
+    read = {case: value for line in done.stdout.splitlines() for case, value in json.loads(line).items()}
+    assert read == {case: expected for case, (_, expected) in TF32_CASES.items()}, done.stderr[-2000:]

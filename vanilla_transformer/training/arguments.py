@@ -216,8 +216,9 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     def __post_init__(self):
         check_intervals(self)  # before the Trainer's own checks, which take an eval_steps of 0 as "not set"
         check_levers(self)
+        follows = matmul_follows_global_precision()  # before transformers sets the global one
         super().__post_init__()
-        keep_tf32_flags_readable()
+        keep_tf32_flags_readable(follows)
         check_argument_ranges(self)
 
     @contextmanager
@@ -247,22 +248,40 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
                 dist.barrier(group=group)
 
 
-def keep_tf32_flags_readable() -> None:
-    """transformers turns TF32 on for --torch_compile on a GPU (and for --tf32) through torch's new
-    ``fp32_precision`` setting alone; torch then refuses to read the legacy ``allow_tf32`` flag and
-    `torch.get_float32_matmul_precision` ("mix of the legacy and new APIs"), which inductor reads while it compiles
-    a matrix product (torch 2.9-2.10: pytorch#166387, transformers#42371). Setting the legacy flag to what the new
-    setting says makes both readable and changes nothing."""
+def matmul_follows_global_precision() -> bool:
+    """Whether CUDA's matmul takes torch's global fp32 precision (the user set no other for it)."""
+    return not hasattr(torch.backends, "fp32_precision") or (
+        torch.backends.cuda.matmul.fp32_precision == torch.backends.fp32_precision
+    )
+
+
+def keep_tf32_flags_readable(follows: bool = True) -> None:
+    """transformers turns TF32 on for --torch_compile on a GPU (and on or off for --tf32) through torch's global
+    ``fp32_precision`` setting alone; where that disagrees with a legacy flag, torch refuses to read it
+    (``matmul.allow_tf32``, `torch.get_float32_matmul_precision`: "mix of the legacy and new APIs"), and inductor
+    reads them while it compiles a matrix product (torch 2.9-2.10: pytorch#166387, transformers#42371). This sets
+    the legacy cuBLAS flag to the precision in effect, and oneDNN's matmul (the CPU's) to CUDA's where they
+    differ; CUDA's precision stays as it was, and one that ``follows`` the global setting still follows it (a later
+    --tf32 false applies), while one the user set stays theirs."""
     if not hasattr(torch.backends, "fp32_precision"):  # torch before 2.9: the legacy flags only
         return
     matmul = torch.backends.cuda.matmul
+    if not _readable(lambda: matmul.allow_tf32):
+        matmul.allow_tf32 = matmul.fp32_precision == "tf32"  # also sets the matmul's own setting
+        if follows:
+            matmul.fp32_precision = "none"
+    if not _readable(torch.get_float32_matmul_precision):
+        torch.backends.mkldnn.matmul.fp32_precision = matmul.fp32_precision
+
+
+def _readable(read) -> bool:
     try:
-        with warnings.catch_warnings():  # torch 2.9 warns that the legacy read is deprecated
+        with warnings.catch_warnings():  # torch 2.9 warns that a legacy read is deprecated
             warnings.simplefilter("ignore")
-            matmul.allow_tf32  # noqa: B018 (the read is the check)
+            read()
     except RuntimeError:
-        matmul.allow_tf32 = matmul.fp32_precision == "tf32"
-        matmul.fp32_precision = "none"  # follows the global setting again: a later --tf32 false still applies
+        return False
+    return True
 
 
 PREPARATION_TIMEOUT = datetime.timedelta(hours=12)  # the longest wait for the first process's data preparation
