@@ -50,7 +50,10 @@ def pytest_runtest_logreport(report):
     spent = _gpu_seconds.get(report.nodeid)
     if spent is None:
         return
+    if report.when == "setup" and report.skipped:  # no GPU: nothing ran
+        del _gpu_seconds[report.nodeid]
+        return
     spent[report.when] = report.duration
-    if report.when == "teardown" and "call" in spent:  # not one skipped at its setup (no GPU)
-        total = sum(spent.values())
-        sys.stderr.write(f"\n[gpu] {report.nodeid}: {total:.1f} s (call {spent['call']:.1f} s)\n")
+    if report.when == "teardown":  # a fixture that failed at its setup, after minutes, too
+        phases = ", ".join(f"{phase} {seconds:.1f} s" for phase, seconds in spent.items())
+        sys.stderr.write(f"\n[gpu] {report.nodeid}: {sum(spent.values()):.1f} s ({phases})\n")

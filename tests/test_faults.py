@@ -704,3 +704,19 @@ def test_push_to_hub_uploads_each_checkpoint_from_its_final_name(data_dir, tmp_p
     assert pushed == {path.name for path in local.iterdir()}
     assert files["last-checkpoint/model.safetensors"].read_bytes() == (local / "model.safetensors").read_bytes()
     assert not [name for name in files if STAGING_DIR in name]
+
+
+def test_a_failed_write_on_a_failing_filesystem_still_says_what_is_known(tmp_path, monkeypatch):
+    """Listing the folder or reading its free space can fail as the write did (EIO, a stale NFS handle): the
+    message is still made, without the figures it could not read."""
+    from vanilla_transformer.training import checkpointing
+
+    (tmp_path / "run" / "checkpoint-4").mkdir(parents=True)
+
+    def failing(path):
+        raise OSError(errno.ESTALE, "Stale file handle")
+
+    monkeypatch.setattr(checkpointing.shutil, "disk_usage", failing)
+    message = checkpointing._write_failure(OSError(errno.EIO, "I/O error"), tmp_path / "run", "checkpoint-8")
+    assert "OSError: [Errno 5] I/O error (nan MiB free on that filesystem)" in message, message
+    assert "Check the filesystem of" in message and "then continue with --resume_from_checkpoint last" in message

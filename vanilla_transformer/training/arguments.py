@@ -262,7 +262,8 @@ def keep_tf32_flags_readable(follows: bool = True) -> None:
     reads them while it compiles a matrix product (torch 2.9-2.10: pytorch#166387, transformers#42371). This sets
     the legacy cuBLAS flag to the precision in effect, and oneDNN's matmul (the CPU's) to CUDA's where they
     differ; CUDA's precision stays as it was, and one that ``follows`` the global setting still follows it (a later
-    --tf32 false applies), while one the user set stays theirs."""
+    --tf32 false applies), while one the user set stays theirs. cuDNN's legacy flag, read for convolutions only (the
+    model has none), is left as it is."""
     if not hasattr(torch.backends, "fp32_precision"):  # torch before 2.9: the legacy flags only
         return
     matmul = torch.backends.cuda.matmul

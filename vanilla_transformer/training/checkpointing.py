@@ -456,13 +456,14 @@ def remove_resume_points(newest: Path) -> None:
 def _write_failure(error: BaseException, run_dir: Path, name: str) -> str:
     """What failed, what is intact, and the advice that fits the error: space for a full disk (or a failed
     write where less is free than the previous checkpoint takes), permissions for a refused one."""
-    free = shutil.disk_usage(run_dir).free if run_dir.exists() else float("nan")
-    earlier = [folder for folder in checkpoint_folders(run_dir) if folder.name != name]
-    kept = f"the previous checkpoint, {earlier[-1]}, is intact" if earlier else "no earlier checkpoint exists"
-    try:
+    free, earlier, needed = float("nan"), [], 0
+    try:  # the filesystem may fail these too: then what it could tell
+        free = shutil.disk_usage(run_dir).free
+        earlier = [folder for folder in checkpoint_folders(run_dir) if folder.name != name]
         needed = sum(path.stat().st_size for path in earlier[-1].rglob("*") if path.is_file()) if earlier else 0
-    except OSError:  # the filesystem failing to list it too: no guess from its size
-        needed = 0
+    except OSError:
+        pass
+    kept = f"the previous checkpoint, {earlier[-1]}, is intact" if earlier else "no earlier checkpoint exists"
     full = _disk_full(error)
     cause = "the disk is full" if full else f"{type(error).__name__}: {error}"
     space = "Free some space (fewer checkpoints: --save_total_limit)"
