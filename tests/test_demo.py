@@ -39,6 +39,14 @@ def test_demo_trains_saves_reloads_and_translates(tmp_path, capsys):
     error = capsys.readouterr().err
     assert exit_info.value.code == 2 and "--validation_file" in error and "does not exist" in error, error
     assert (output_dir / "checkpoint-20").is_dir()
+    # and any flag train's own checks refuse (all that need only the flags, as table3 checks its rows)
+    with pytest.raises(SystemExit) as exit_info:
+        demo.main(["--output-dir", str(output_dir), "--max_source_length", "2000"])  # past the model's positions
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "--max_source_length 2000 is more than the model's 1024 positions" in error, (
+        error
+    )
+    assert (output_dir / "checkpoint-20").is_dir()
     # resuming continues the earlier run in its folder (what a stopped demo says to do)
     demo.main([*flags, "--max-steps", "22", "--resume_from_checkpoint", "last"])  # the same command, resuming
     printed = capsys.readouterr().out

@@ -27,7 +27,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from vanilla_transformer.command_line import exit_with_usage_error
 from vanilla_transformer.training import run, score, translate
-from vanilla_transformer.training.data import check_data_arguments, check_data_files
+from vanilla_transformer.training.data import check_data_files
 from vanilla_transformer.training.number_words import make_splits
 
 # A 3+3-layer d=128 model on ~1k-token batches learns the task in ~1000 updates on 2 CPU cores. The
@@ -159,9 +159,9 @@ def main(argv=None) -> None:
     data = Path(args.output_dir) / "data"
     argv_train = train_arguments(args, extra, [] if user_data else ["--train_file", str(data / "train.tsv")])
     try:  # a mistyped flag or a wrong file: refused before anything is replaced
-        with quiet_logs():  # train parses the flags again, and says what it warns of then
-            _, data_args, training_args = run.parse_arguments(argv_train)
-        check_data_arguments(data_args)
+        with quiet_logs():  # train parses and checks the flags again, and says what it warns of then
+            model_args, data_args, training_args = run.parse_arguments(argv_train)
+            run.check_arguments(model_args, data_args, training_args)  # every check that needs only the flags
         # every file the user named (the generated task's own is written below)
         check_data_files(data_args if user_data else dataclasses.replace(data_args, train_file=None))
     except (ValueError, OSError) as error:
