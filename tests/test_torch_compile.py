@@ -217,3 +217,68 @@ def test_the_compiled_runs_tf32_flags_stay_readable(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     read = {case: value for line in done.stdout.splitlines() for case, value in json.loads(line).items()}
     assert read == {case: expected for case, (_, expected) in TF32_CASES.items()}, done.stderr[-2000:]
+
+
+ACCELERATE_TF32_CHECK = """
+import json, os, sys
+import torch
+import transformers.training_args
+from accelerate.state import AcceleratorState
+from accelerate.utils import DynamoBackend
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.training import TransformerTrainer, TransformerTrainingArguments
+
+transformers.training_args.is_torch_tf32_available = lambda: True  # as on a GPU since Ampere
+matmul = torch.backends.cuda.matmul
+built = AcceleratorState.__init__
+
+
+def as_on_cuda(self, *args, **kwargs):  # accelerate's AcceleratorState on a CUDA device (accelerate/state.py)
+    built(self, *args, **kwargs)
+    if self.dynamo_plugin.backend != DynamoBackend.NO and self._mixed_precision == "no":
+        matmul.allow_tf32 = True
+
+
+AcceleratorState.__init__ = as_on_cuda
+for case, (setting, tf32) in json.loads(sys.argv[2]).items():  # each in a fresh child: the flags are process-wide
+    if os.fork() == 0:
+        exec(setting)  # the user's own setting, if any
+        args = TransformerTrainingArguments(
+            output_dir=sys.argv[1], use_cpu=True, torch_compile=True, tf32=tf32, report_to="none"
+        )
+        model = VanillaTransformerForConditionalGeneration._from_config(VanillaTransformerConfig.from_preset("tiny"))
+        TransformerTrainer(model=model, args=args)
+        print(json.dumps({case: [matmul.fp32_precision, str(matmul.allow_tf32)]}), flush=True)
+        os._exit(0)
+    os.wait()
+"""
+
+# the user's setting and --tf32 -> (CUDA's matmul precision, the legacy flag) once the trainer is built: what the
+# arguments left, whatever accelerate does
+ACCELERATE_TF32_CASES = {
+    "--tf32 false": ("", False, ["ieee", "False"]),
+    "the user's ieee, no --tf32": ("matmul.fp32_precision = 'ieee'", None, ["ieee", "False"]),
+    "no setting, no --tf32": ("", None, ["tf32", "True"]),  # transformers' TF32 for a compiled run
+}
+
+
+def test_tf32_stays_as_the_arguments_set_it_when_accelerate_builds_its_state(tmp_path):
+    """accelerate turns CUDA's TF32 matmul on when it builds the state of a compiled float32 run on CUDA
+    (``AcceleratorState``: ``matmul.allow_tf32 = True``), after transformers applied --tf32. Simulated here as it
+    does it on CUDA: --tf32 false, and a setting of the user's own, still hold once the trainer is built."""
+    import json
+    import subprocess
+    import sys
+
+    if not hasattr(torch.backends, "fp32_precision"):
+        pytest.skip(f"torch {torch.__version__} has the legacy TF32 flags only (fp32_precision came in 2.9)")
+    cases = json.dumps({case: (setting, tf32) for case, (setting, tf32, _) in ACCELERATE_TF32_CASES.items()})
+    done = subprocess.run(
+        [sys.executable, "-c", ACCELERATE_TF32_CHECK, str(tmp_path / "run"), cases],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    read = {case: value for line in done.stdout.splitlines() for case, value in json.loads(line).items()}
+    assert read == {case: expected for case, (*_, expected) in ACCELERATE_TF32_CASES.items()}, done.stderr[-2000:]

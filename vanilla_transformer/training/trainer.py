@@ -45,9 +45,11 @@ from .arguments import (
     TransformerTrainingArguments,
     check_one_learning_rate,
     check_schedule,
+    cuda_matmul_tf32_setting,
     fp16_refusal,
     pads_to_buckets,
     refuse_data_parallel,
+    restore_cuda_matmul_tf32_setting,
     sorts_evaluation,
 )
 from .batching import LengthSortedSampler, PadToBucket, TokenBatchSampler, allow_recompiles
@@ -396,6 +398,14 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         self.add_callback(self.divergence)
         apply_levers(self.accelerator.unwrap_model(self.model), self.args)
         _tensorboard_beside_the_run(self)
+
+    def create_accelerator_and_postprocess(self) -> None:
+        """transformers' (it builds the Accelerator), with CUDA's TF32 matmul setting as the arguments left it: the
+        one --tf32 set, or transformers' choice for --torch_compile, or the user's own, not accelerate's."""
+        tf32 = cuda_matmul_tf32_setting()
+        super().create_accelerator_and_postprocess()
+        if restore_cuda_matmul_tf32_setting(tf32):
+            logger.info(f"kept CUDA's float32 matmul precision {tf32!r}, which accelerate turns to TF32 when compiled")
 
     def create_optimizer(self, *args, **kwargs) -> torch.optim.Optimizer:
         """The Trainer's optimizer (--optim); with --bf16_weights over float32 copies of the bfloat16 weights
