@@ -98,6 +98,47 @@ def test_resuming_last_and_the_folders_own_latest_checkpoint_are_unaffected(data
     assert own.resume == run / "checkpoint-4"
 
 
+def test_a_run_continued_in_a_new_folder_averages_the_checkpoints_of_both(data_dir, trained, tmp_path, caplog):
+    """Continuing elsewhere (a full disk: --output_dir <new folder> --resume_from_checkpoint <an intact checkpoint>)
+    and then resuming again in the new folder: the final mean of the last N checkpoints (§6.1) takes the old
+    folder's up to the one resumed from (not the abandoned ones after it), as the same run in one folder would.
+    A checkpoint saved without its tokenizer resumes with its run folder's, which the new folder then holds too.
+    The reference: the mean of the chosen checkpoints' weights, computed here from their files."""
+    from vanilla_transformer.checkpoint_files import TOKENIZER_MARKERS
+
+    old = copy_of(trained, tmp_path / "old", "checkpoint-2", "checkpoint-4")
+    for name in TOKENIZER_MARKERS:
+        (old / "checkpoint-2" / name).unlink(missing_ok=True)
+    new = tmp_path / "new"
+    flags = ("--save_strategy", "steps", "--save_steps", "2", "--max_tokens", "200", *SCHEDULE)
+    train.main(
+        tiny_args(data_dir, new, *flags, "--max_steps", "6", "--resume_from_checkpoint", str(old / "checkpoint-2"))
+    )
+    assert (new / "tokenizer" / "tokenizer.json").read_text() == (old / "tokenizer" / "tokenizer.json").read_text()
+    assert sorted(p.name for p in new.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    with caplog.at_level(logging.INFO, logger="vanilla_transformer"):
+        train.main(tiny_args(data_dir, new, *flags, "--max_steps", "8", *RESUME, "--average_checkpoints", "4"))
+    chosen = [old / "checkpoint-2", new / "checkpoint-4", new / "checkpoint-6", new / "checkpoint-8"]
+    weights = [load_file(folder / "model.safetensors") for folder in chosen]
+    final = load_file(new / "model.safetensors")
+    assert final.keys() == weights[0].keys()
+    for name, value in final.items():
+        torch.testing.assert_close(value, sum(w[name] for w in weights) / len(weights), rtol=1e-5, atol=1e-6)
+    assert f"of {old / 'checkpoint-2'}, checkpoint-4, checkpoint-6, checkpoint-8" in caplog.text
+
+
+def test_the_checkpoints_of_a_folder_continued_from_that_is_gone_are_left_out_with_a_warning(trained, tmp_path, caplog):
+    from vanilla_transformer.training.checkpointing import run_checkpoints
+
+    old = copy_of(trained, tmp_path / "old", "checkpoint-2", "checkpoint-4")
+    new = copy_of(trained, tmp_path / "new", "checkpoint-4")
+    gone = tmp_path / "gone"
+    with caplog.at_level(logging.WARNING, logger="vanilla_transformer"):
+        found = run_checkpoints(new, [[str(gone), 6], [str(old), 2]])
+    assert found == [old / "checkpoint-2", new / "checkpoint-4"]
+    assert f"the run continued from {gone}, which is gone" in caplog.text
+
+
 # ---------------------------------------------------------------------------------------------
 # Flags whose value the checkpoint's state decides
 # ---------------------------------------------------------------------------------------------

@@ -34,7 +34,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerState
+from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, seed_worker
 
 from ..checkpoint_files import (
@@ -130,6 +131,61 @@ def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
         else:
             logger.warning(f"skipping {folder}: {problem}")
     return complete
+
+
+class ContinuedFrom(TrainerCallback, ExportableState):
+    """The run folders a run continued from, each with the last update of the run it holds: a run resumed into a
+    new --output_dir from a checkpoint of another folder (a full disk, a move to another machine). What each
+    checkpoint's trainer_state.json keeps (the Trainer's ``stateful_callbacks``), so that a run resumed again from
+    the new folder still knows them, and averaging the last N checkpoints at the end (§6.1) takes theirs too
+    (`run_checkpoints`). Data only: transformers may replace it by a copy (--restore_callback_states_from_checkpoint)."""
+
+    def __init__(self, folders: list | None = None):
+        self.folders = [[str(folder), int(step)] for folder, step in folders or []]  # oldest first
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"folders": self.folders}}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        state.stateful_callbacks[type(self).__name__] = self.state()  # also where a checkpoint predates it
+        return control
+
+    @classmethod
+    def saved_in(cls, state) -> list:
+        saved = state.stateful_callbacks.get(cls.__name__)
+        saved = saved[0] if isinstance(saved, list) and saved else saved
+        return list(((saved or {}).get("attributes") or {}).get("folders") or [])
+
+    def resume(self, checkpoint: Path | None, output_dir: str | os.PathLike) -> None:
+        """Set for a run of ``output_dir`` resumed from ``checkpoint`` (None: a new run, which continues nothing)."""
+        if checkpoint is None:
+            self.folders = []
+            return
+        state = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_NAME))
+        folders = self.saved_in(state)
+        origin = Path(checkpoint).resolve().parent
+        if origin != Path(output_dir).resolve():
+            folders.append([str(origin), state.global_step])
+        here = Path(output_dir).resolve()
+        self.folders = [[folder, step] for folder, step in folders if Path(folder) != here]
+
+
+def run_checkpoints(output_dir: str | os.PathLike, continued_from: list | None = None) -> list[Path]:
+    """The complete checkpoints of a run, oldest first: those of the folders it continued from (``continued_from``,
+    `ContinuedFrom`'s (folder, last update) pairs), each up to that update, then ``output_dir``'s. A folder no
+    longer there, or an incomplete checkpoint, is named in the log."""
+    found = []
+    for folder, last in continued_from or []:
+        if not Path(folder).is_dir():
+            logger.warning(f"the run continued from {folder}, which is gone: its checkpoints are not averaged")
+            continue
+        found += [path for path in complete_checkpoints(folder) if _step(path) <= last]
+    found += complete_checkpoints(output_dir)
+    return sorted(found, key=_step)
+
+
+def _step(checkpoint: Path) -> int:
+    return int(CHECKPOINT_NAME.fullmatch(checkpoint.name).group(1))
 
 
 def last_complete_checkpoint(root: str | os.PathLike) -> Path | None:

@@ -69,10 +69,10 @@ from .checkpointing import (
     RESUME_HINT,
     TRAINER_STATE_NAME,
     TrainingInterrupted,
-    complete_checkpoints,
     ctrl_c_stops_the_run,
     ignore_further_sigterms,
     resolve_checkpoint,
+    run_checkpoints,
     sigterm_ends_the_run,
     stop_with_parent,
     stopped_by_ctrl_c,
@@ -452,14 +452,20 @@ def prepare_tokenizer(
         return from_pretrained_named(AutoTokenizer.from_pretrained, name_or_path, f"{flag} {name_or_path}")
     tokenizer_dir = None if output_dir is None else Path(output_dir) / "tokenizer"
     if checkpoint is not None:  # never a new tokenizer for a model trained with another
-        saved = checkpoint if has_tokenizer(checkpoint) or tokenizer_dir is None else tokenizer_dir
-        if not has_tokenizer(saved):
+        # the checkpoint's own, its run folder's (a run continued in a new folder), or this folder's
+        places = list(dict.fromkeys([Path(checkpoint), Path(checkpoint).parent / "tokenizer", tokenizer_dir]))
+        places = [place for place in places if place is not None]
+        saved = next((place for place in places if has_tokenizer(place)), None)
+        if saved is None:
             raise FileNotFoundError(
-                f"Resuming from {checkpoint}: neither it nor {tokenizer_dir} holds the tokenizer "
+                f"Resuming from {checkpoint}: none of {', '.join(map(str, places))} holds the tokenizer "
                 "the run was trained with; give it with --tokenizer_name_or_path."
             )
         logger.info(f"resuming: using the tokenizer trained before, {saved}")
-        return AutoTokenizer.from_pretrained(saved)
+        tokenizer = AutoTokenizer.from_pretrained(saved)
+        if process_index == 0 and tokenizer_dir is not None and not has_tokenizer(tokenizer_dir):
+            tokenizer.save_pretrained(tokenizer_dir)  # a run continued in a new folder: it holds its tokenizer too
+        return tokenizer
     if train_text is None:
         raise ValueError(
             "No tokenizer to load and no training data to train one on: give --tokenizer_name_or_path "
@@ -900,7 +906,8 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
     trainer.save_model(str(output_dir), _internal_call=True)  # --push_to_hub: the final folder, once, by `main`
     trainer.averaged_checkpoints = []
     if average and trainer.is_world_process_zero():
-        checkpoints = complete_checkpoints(output_dir)  # oldest first; incomplete ones named in the log
+        # oldest first, with those of the folders a resumed run continued from; incomplete ones named in the log
+        checkpoints = run_checkpoints(output_dir, trainer.continued_from.folders)
         chosen = checkpoints[max(0, len(checkpoints) - average) :]
         if len(chosen) < average:
             logger.warning(
@@ -908,8 +915,9 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
                 "(--save_steps or --save_minutes too far apart for its length, or --save_total_limit)"
             )
         average_checkpoints(chosen, output_dir, weights, force=True)  # replaces the last weights just saved
-        trainer.averaged_checkpoints = [path.name for path in chosen]  # for the card
-        logger.info(f"final model = {MEAN_NAMES[weights]} of {', '.join(p.name for p in chosen)}")
+        # for the card: those of another folder by their path
+        trainer.averaged_checkpoints = [path.name if path.parent == output_dir else str(path) for path in chosen]
+        logger.info(f"final model = {MEAN_NAMES[weights]} of {', '.join(trainer.averaged_checkpoints)}")
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(output_dir)
     trainer.accelerator.wait_for_everyone()

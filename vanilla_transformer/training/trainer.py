@@ -56,6 +56,7 @@ from .batching import LengthSortedSampler, PadToBucket, TokenBatchSampler, allow
 from .checkpointing import (
     TRAINER_STATE_NAME,
     CheckpointPolicy,
+    ContinuedFrom,
     StopOnSignal,
     is_sharded,
     plain_copy,
@@ -394,6 +395,8 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         self.token_sampler, self.token_batches_per_epoch = None, 0  # set by get_train_dataloader
         self.add_callback(SamplerEpoch(self))
         self.add_callback(EpochBatches())
+        self.continued_from = ContinuedFrom()  # the run folders a resumed run continues, for the final averaging
+        self.add_callback(self.continued_from)
         self.divergence = DivergenceGuard(self)  # last: it reads whether the others log, evaluate or save
         self.add_callback(self.divergence)
         apply_levers(self.accelerator.unwrap_model(self.model), self.args)
@@ -461,6 +464,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         path is checked before anything is loaded, and a signal ends it with `TrainingInterrupted`.
         With ``ema_decay``, the model afterwards holds the moving average of its weights (save_model saves it)."""
         checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
+        self.continued_from.resume(checkpoint, self.args.output_dir)
         if checkpoint is not None:
             check_checkpoint(checkpoint, self.args.ema_decay)
             finished = self._training_ended_at(checkpoint)
