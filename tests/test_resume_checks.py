@@ -98,12 +98,14 @@ def test_resuming_last_and_the_folders_own_latest_checkpoint_are_unaffected(data
     assert own.resume == run / "checkpoint-4"
 
 
-def test_a_run_continued_in_a_new_folder_averages_the_checkpoints_of_both(data_dir, trained, tmp_path, caplog):
+@pytest.mark.parametrize("restore", [False, True], ids=["", "restore_callback_states"])
+def test_a_run_continued_in_a_new_folder_averages_the_checkpoints_of_both(data_dir, trained, tmp_path, caplog, restore):
     """Continuing elsewhere (a full disk: --output_dir <new folder> --resume_from_checkpoint <an intact checkpoint>)
     and then resuming again in the new folder: the final mean of the last N checkpoints (§6.1) takes the old
-    folder's up to the one resumed from (not the abandoned ones after it), as the same run in one folder would.
-    A checkpoint saved without its tokenizer resumes with its run folder's, which the new folder then holds too.
-    The reference: the mean of the chosen checkpoints' weights, computed here from their files."""
+    folder's up to the one resumed from (not the abandoned ones after it), as the same run in one folder would;
+    also where transformers replaces the callbacks by copies made from the checkpoint. A checkpoint saved
+    without its tokenizer resumes with its run folder's, which the new folder then holds too. The reference: the
+    mean of the chosen checkpoints' weights, computed here from their files."""
     from vanilla_transformer.checkpoint_files import TOKENIZER_MARKERS
 
     old = copy_of(trained, tmp_path / "old", "checkpoint-2", "checkpoint-4")
@@ -111,6 +113,7 @@ def test_a_run_continued_in_a_new_folder_averages_the_checkpoints_of_both(data_d
         (old / "checkpoint-2" / name).unlink(missing_ok=True)
     new = tmp_path / "new"
     flags = ("--save_strategy", "steps", "--save_steps", "2", "--max_tokens", "200", *SCHEDULE)
+    flags += ("--restore_callback_states_from_checkpoint", str(restore).lower())
     train.main(
         tiny_args(data_dir, new, *flags, "--max_steps", "6", "--resume_from_checkpoint", str(old / "checkpoint-2"))
     )
@@ -124,7 +127,33 @@ def test_a_run_continued_in_a_new_folder_averages_the_checkpoints_of_both(data_d
     assert final.keys() == weights[0].keys()
     for name, value in final.items():
         torch.testing.assert_close(value, sum(w[name] for w in weights) / len(weights), rtol=1e-5, atol=1e-6)
-    assert f"of {old / 'checkpoint-2'}, checkpoint-4, checkpoint-6, checkpoint-8" in caplog.text
+    assert f"of {(old / 'checkpoint-2').resolve()}, checkpoint-4, checkpoint-6, checkpoint-8" in caplog.text
+    card = (new / "README.md").read_text()
+    assert "old/checkpoint-2, checkpoint-4, checkpoint-6, checkpoint-8" in card and str(tmp_path) not in card
+
+
+def test_a_run_folder_moved_elsewhere_resumes_as_the_same_run_not_as_a_continuation(tmp_path):
+    """A checkpoint records the folder it was saved in; resumed where it lies now (the run folder copied to another
+    disk, resumed with `last` there), that is the folder it counts in, so its checkpoints are not averaged twice
+    (nor the stale ones of the old place). Moved and then continued in a third folder: the moved one counts."""
+    from transformers import TrainerState
+
+    from vanilla_transformer.training.checkpointing import ContinuedFrom
+
+    def resumed(saved: list, checkpoint: Path, output_dir: Path, step: int) -> list:
+        state = TrainerState(global_step=step, stateful_callbacks={"ContinuedFrom": ContinuedFrom(saved).state()})
+        continued = ContinuedFrom()
+        continued.begin(output_dir, state, checkpoint)
+        assert ContinuedFrom.saved_in(state) == continued.folders
+        return continued.folders
+
+    old, moved, third = (str((tmp_path / name).resolve()) for name in ("old", "moved", "third"))
+    assert resumed([[old, 0]], tmp_path / "moved" / "checkpoint-4", tmp_path / "moved", 4) == [[moved, 0]]
+    assert resumed([[old, 0]], tmp_path / "moved" / "checkpoint-4", tmp_path / "third", 4) == [[moved, 0], [third, 4]]
+    assert resumed([], tmp_path / "old" / "checkpoint-4", tmp_path / "third", 4) == [[old, 0], [third, 4]]  # older
+    fresh = ContinuedFrom([[old, 0]])
+    fresh.begin(tmp_path / "third", TrainerState(global_step=0))
+    assert fresh.folders == [[third, 0]]
 
 
 def test_the_checkpoints_of_a_folder_continued_from_that_is_gone_are_left_out_with_a_warning(trained, tmp_path, caplog):
@@ -133,9 +162,9 @@ def test_the_checkpoints_of_a_folder_continued_from_that_is_gone_are_left_out_wi
     old = copy_of(trained, tmp_path / "old", "checkpoint-2", "checkpoint-4")
     new = copy_of(trained, tmp_path / "new", "checkpoint-4")
     gone = tmp_path / "gone"
-    with caplog.at_level(logging.WARNING, logger="vanilla_transformer"):
-        found = run_checkpoints(new, [[str(gone), 6], [str(old), 2]])
-    assert found == [old / "checkpoint-2", new / "checkpoint-4"]
+    with caplog.at_level(logging.WARNING, logger="vanilla_transformer"):  # old from update 0, gone from 2, new from 4
+        found = run_checkpoints(new, [[str(old), 0], [str(gone), 2], [str(new.resolve()), 4]])
+    assert found == [old / "checkpoint-2", new / "checkpoint-4"]  # not old's checkpoint-4, abandoned at 2
     assert f"the run continued from {gone}, which is gone" in caplog.text
 
 

@@ -237,28 +237,31 @@ def as_on_cuda(self, *args, **kwargs):  # accelerate's AcceleratorState on a CUD
     built(self, *args, **kwargs)
     if self.dynamo_plugin.backend != DynamoBackend.NO and self._mixed_precision == "no":
         matmul.allow_tf32 = True
+        print(json.dumps({"accelerate turned TF32 on": True}), flush=True)
 
 
 AcceleratorState.__init__ = as_on_cuda
-for case, (setting, tf32) in json.loads(sys.argv[2]).items():  # each in a fresh child: the flags are process-wide
+for case, (setting, runs) in json.loads(sys.argv[2]).items():  # each in a fresh child: the flags are process-wide
     if os.fork() == 0:
         exec(setting)  # the user's own setting, if any
-        args = TransformerTrainingArguments(
-            output_dir=sys.argv[1], use_cpu=True, torch_compile=True, tf32=tf32, report_to="none"
-        )
-        model = VanillaTransformerForConditionalGeneration._from_config(VanillaTransformerConfig.from_preset("tiny"))
-        TransformerTrainer(model=model, args=args)
+        for tf32 in runs:  # one run after another in the same process (a notebook, table3's rows)
+            args = TransformerTrainingArguments(
+                output_dir=sys.argv[1], use_cpu=True, torch_compile=True, tf32=tf32, report_to="none"
+            )
+            model = VanillaTransformerForConditionalGeneration._from_config(VanillaTransformerConfig.from_preset("tiny"))
+            TransformerTrainer(model=model, args=args)
         print(json.dumps({case: [matmul.fp32_precision, str(matmul.allow_tf32)]}), flush=True)
         os._exit(0)
     os.wait()
 """
 
-# the user's setting and --tf32 -> (CUDA's matmul precision, the legacy flag) once the trainer is built: what the
-# arguments left, whatever accelerate does
+# the user's setting and each run's --tf32 -> (CUDA's matmul precision, the legacy flag) once the last run's trainer
+# is built: what the arguments left, whatever accelerate does
 ACCELERATE_TF32_CASES = {
-    "--tf32 false": ("", False, ["ieee", "False"]),
-    "the user's ieee, no --tf32": ("matmul.fp32_precision = 'ieee'", None, ["ieee", "False"]),
-    "no setting, no --tf32": ("", None, ["tf32", "True"]),  # transformers' TF32 for a compiled run
+    "--tf32 false": ("", [False], ["ieee", "False"]),
+    "the user's ieee, no --tf32": ("matmul.fp32_precision = 'ieee'", [None], ["ieee", "False"]),
+    "no setting, no --tf32": ("", [None], ["tf32", "True"]),  # transformers' TF32 for a compiled run
+    "no --tf32, then --tf32 false": ("", [None, False], ["ieee", "False"]),  # the first run's TF32 is not kept
 }
 
 
@@ -272,7 +275,7 @@ def test_tf32_stays_as_the_arguments_set_it_when_accelerate_builds_its_state(tmp
 
     if not hasattr(torch.backends, "fp32_precision"):
         pytest.skip(f"torch {torch.__version__} has the legacy TF32 flags only (fp32_precision came in 2.9)")
-    cases = json.dumps({case: (setting, tf32) for case, (setting, tf32, _) in ACCELERATE_TF32_CASES.items()})
+    cases = json.dumps({case: (setting, runs) for case, (setting, runs, _) in ACCELERATE_TF32_CASES.items()})
     done = subprocess.run(
         [sys.executable, "-c", ACCELERATE_TF32_CHECK, str(tmp_path / "run"), cases],
         capture_output=True,
@@ -281,4 +284,5 @@ def test_tf32_stays_as_the_arguments_set_it_when_accelerate_builds_its_state(tmp
     )
     assert done.returncode == 0, done.stderr[-2000:]
     read = {case: value for line in done.stdout.splitlines() for case, value in json.loads(line).items()}
+    assert read.pop("accelerate turned TF32 on"), "the simulated accelerate never ran: the test would prove nothing"
     assert read == {case: expected for case, (*_, expected) in ACCELERATE_TF32_CASES.items()}, done.stderr[-2000:]

@@ -275,28 +275,31 @@ def keep_tf32_flags_readable(follows: bool = True) -> None:
         torch.backends.mkldnn.matmul.fp32_precision = matmul.fp32_precision
 
 
-def cuda_matmul_tf32_setting() -> str | bool:
-    """CUDA's own fp32 matmul setting (torch 2.9+: ``matmul.fp32_precision``, "none" while it follows the global
-    one; before: the legacy ``allow_tf32``), for `restore_cuda_matmul_tf32_setting`."""
+def cuda_matmul_tf32_setting() -> tuple[bool, str] | bool:
+    """CUDA's own fp32 matmul setting, for `restore_cuda_matmul_tf32_setting`: torch 2.9+, whether it follows the
+    global one and its precision (read, it is the global one's where it follows); before, the legacy ``allow_tf32``."""
     matmul = torch.backends.cuda.matmul
-    return matmul.fp32_precision if hasattr(torch.backends, "fp32_precision") else matmul.allow_tf32
+    if not hasattr(torch.backends, "fp32_precision"):
+        return matmul.allow_tf32
+    return matmul_follows_global_precision(), matmul.fp32_precision
 
 
-def restore_cuda_matmul_tf32_setting(setting: str | bool) -> bool:
+def restore_cuda_matmul_tf32_setting(setting: tuple[bool, str] | bool) -> bool:
     """Put back CUDA's fp32 matmul ``setting`` (`cuda_matmul_tf32_setting`'s); whether it had changed.
     accelerate turns TF32 on for a compiled float32 run on CUDA when it builds its state (``AcceleratorState``:
-    ``matmul.allow_tf32 = True``), after the arguments applied --tf32: over --tf32 false and over a setting of the
-    user's own."""
-    if setting == cuda_matmul_tf32_setting():
-        return False
+    ``matmul.allow_tf32 = True``), after the arguments applied --tf32: over --tf32 false, over a setting of the
+    user's own, and for good (its setting no longer follows the global one, which a later --tf32 sets)."""
     matmul = torch.backends.cuda.matmul
     if isinstance(setting, bool):
+        changed = matmul.allow_tf32 != setting
         matmul.allow_tf32 = setting
-        return True
-    # the legacy flag first, as the setting has it, so that it stays readable (`keep_tf32_flags_readable`)
-    matmul.allow_tf32 = setting == "tf32" or (setting == "none" and torch.backends.fp32_precision == "tf32")
-    matmul.fp32_precision = setting
-    return True
+        return changed
+    follows, precision = setting
+    changed = cuda_matmul_tf32_setting() != setting
+    # the legacy flag first, as the precision has it, so that both stay readable (`keep_tf32_flags_readable`)
+    matmul.allow_tf32 = precision == "tf32"
+    matmul.fp32_precision = "none" if follows else precision
+    return changed
 
 
 def _readable(read) -> bool:

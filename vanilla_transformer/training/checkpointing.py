@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback, TrainerState
+from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, seed_worker
 
@@ -134,52 +134,55 @@ def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
 
 
 class ContinuedFrom(TrainerCallback, ExportableState):
-    """The run folders a run continued from, each with the last update of the run it holds: a run resumed into a
-    new --output_dir from a checkpoint of another folder (a full disk, a move to another machine). What each
-    checkpoint's trainer_state.json keeps (the Trainer's ``stateful_callbacks``), so that a run resumed again from
-    the new folder still knows them, and averaging the last N checkpoints at the end (§6.1) takes theirs too
-    (`run_checkpoints`). Data only: transformers may replace it by a copy (--restore_callback_states_from_checkpoint)."""
+    """The run folders a run trained in, oldest first, each with the update it began at there: more than one where
+    it was resumed into a new --output_dir from a checkpoint of another folder (after a full disk, on another
+    machine). Each checkpoint's trainer_state.json keeps them (the Trainer's ``stateful_callbacks``), so that a run
+    resumed again in the new folder still knows them, and averaging the last N checkpoints at the end (§6.1) takes
+    the old folders' too (`run_checkpoints`). Data only: `TransformerTrainer` sets it where training begins, also on
+    the copy transformers makes from a checkpoint (--restore_callback_states_from_checkpoint)."""
 
     def __init__(self, folders: list | None = None):
-        self.folders = [[str(folder), int(step)] for folder, step in folders or []]  # oldest first
+        self.folders = [[str(folder), int(start)] for folder, start in folders or []]
 
     def state(self) -> dict:
         return {"args": {}, "attributes": {"folders": self.folders}}
 
-    def on_train_begin(self, args, state, control, **kwargs):
+    def begin(self, output_dir: str | os.PathLike, state, checkpoint: str | os.PathLike | None = None) -> None:
+        """Set (and write into ``state``) for training in ``output_dir`` from ``state``: a new run's, or that of
+        ``checkpoint``, resumed. The checkpoint's folder is where it lies now (a run folder moved or copied
+        elsewhere resumes as the same run, its checkpoints not counted twice)."""
+        here = str(Path(output_dir).resolve())
+        folders = self.saved_in(state) if checkpoint is not None else []
+        if checkpoint is not None:
+            origin = str(Path(checkpoint).resolve().parent)
+            folders = [*folders[:-1], [origin, folders[-1][1]]] if folders else [[origin, 0]]
+        if not folders or folders[-1][0] != here:
+            folders.append([here, state.global_step])
+        self.folders = folders
         state.stateful_callbacks[type(self).__name__] = self.state()  # also where a checkpoint predates it
-        return control
 
     @classmethod
     def saved_in(cls, state) -> list:
         saved = state.stateful_callbacks.get(cls.__name__)
         saved = saved[0] if isinstance(saved, list) and saved else saved
-        return list(((saved or {}).get("attributes") or {}).get("folders") or [])
-
-    def resume(self, checkpoint: Path | None, output_dir: str | os.PathLike) -> None:
-        """Set for a run of ``output_dir`` resumed from ``checkpoint`` (None: a new run, which continues nothing)."""
-        if checkpoint is None:
-            self.folders = []
-            return
-        state = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_NAME))
-        folders = self.saved_in(state)
-        origin = Path(checkpoint).resolve().parent
-        if origin != Path(output_dir).resolve():
-            folders.append([str(origin), state.global_step])
-        here = Path(output_dir).resolve()
-        self.folders = [[folder, step] for folder, step in folders if Path(folder) != here]
+        return [list(entry) for entry in ((saved or {}).get("attributes") or {}).get("folders") or []]
 
 
-def run_checkpoints(output_dir: str | os.PathLike, continued_from: list | None = None) -> list[Path]:
-    """The complete checkpoints of a run, oldest first: those of the folders it continued from (``continued_from``,
-    `ContinuedFrom`'s (folder, last update) pairs), each up to that update, then ``output_dir``'s. A folder no
-    longer there, or an incomplete checkpoint, is named in the log."""
+def run_checkpoints(output_dir: str | os.PathLike, folders: list | None = None) -> list[Path]:
+    """The complete checkpoints of a run, oldest first: ``output_dir``'s and, for a run continued from other
+    folders (``folders``: `ContinuedFrom`'s (folder, update it began at there) pairs), theirs up to the update the
+    next folder began at (later ones were abandoned). A folder no longer there, or an incomplete checkpoint, is
+    named in the log."""
+    here = Path(output_dir).resolve()
     found = []
-    for folder, last in continued_from or []:
+    for (folder, start), following in zip(folders or [], [*(folders or [])[1:], None]):
+        if Path(folder) == here:
+            continue
         if not Path(folder).is_dir():
             logger.warning(f"the run continued from {folder}, which is gone: its checkpoints are not averaged")
             continue
-        found += [path for path in complete_checkpoints(folder) if _step(path) <= last]
+        end = following[1] if following is not None else float("inf")
+        found += [path for path in complete_checkpoints(folder) if start < _step(path) <= end]
     found += complete_checkpoints(output_dir)
     return sorted(found, key=_step)
 

@@ -339,6 +339,9 @@ def build_trainer(model_args, data_args, training_args) -> Run:
         refuse_tokenizer_training_on_several_machines(training_args.world_size)
     tokenizer = prepare_tokenizer(**tokenizer_source) if loads_tokenizer else None
     model = model_for(tokenizer) if tokenizer is not None else None
+    if resume is not None and training_args.process_index == 0:  # a run continued in a new folder: its tokenizer too
+        if not has_tokenizer(tokenizer_dir := Path(training_args.output_dir) / "tokenizer"):
+            tokenizer.save_pretrained(tokenizer_dir)
     with training_args.main_process_first(desc="reading the data"):  # the training pairs only where needed
         text = load_text_datasets(data_args, training_args.seed, train=do_train or tokenizer is None)
     if tokenizer is None:  # trained on the data, then the model sized to it
@@ -453,8 +456,9 @@ def prepare_tokenizer(
     tokenizer_dir = None if output_dir is None else Path(output_dir) / "tokenizer"
     if checkpoint is not None:  # never a new tokenizer for a model trained with another
         # the checkpoint's own, its run folder's (a run continued in a new folder), or this folder's
-        places = list(dict.fromkeys([Path(checkpoint), Path(checkpoint).parent / "tokenizer", tokenizer_dir]))
-        places = [place for place in places if place is not None]
+        checkpoint = Path(checkpoint)
+        places = [checkpoint, checkpoint.parent / "tokenizer", checkpoint.resolve().parent / "tokenizer", tokenizer_dir]
+        places = [place for place in dict.fromkeys(places) if place is not None]
         saved = next((place for place in places if has_tokenizer(place)), None)
         if saved is None:
             raise FileNotFoundError(
@@ -462,10 +466,7 @@ def prepare_tokenizer(
                 "the run was trained with; give it with --tokenizer_name_or_path."
             )
         logger.info(f"resuming: using the tokenizer trained before, {saved}")
-        tokenizer = AutoTokenizer.from_pretrained(saved)
-        if process_index == 0 and tokenizer_dir is not None and not has_tokenizer(tokenizer_dir):
-            tokenizer.save_pretrained(tokenizer_dir)  # a run continued in a new folder: it holds its tokenizer too
-        return tokenizer
+        return AutoTokenizer.from_pretrained(saved)
     if train_text is None:
         raise ValueError(
             "No tokenizer to load and no training data to train one on: give --tokenizer_name_or_path "
@@ -907,7 +908,8 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
     trainer.averaged_checkpoints = []
     if average and trainer.is_world_process_zero():
         # oldest first, with those of the folders a resumed run continued from; incomplete ones named in the log
-        checkpoints = run_checkpoints(output_dir, trainer.continued_from.folders)
+        continued = getattr(trainer, "continued_from", None)
+        checkpoints = run_checkpoints(output_dir, continued.folders if continued is not None else None)
         chosen = checkpoints[max(0, len(checkpoints) - average) :]
         if len(chosen) < average:
             logger.warning(
@@ -915,9 +917,12 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
                 "(--save_steps or --save_minutes too far apart for its length, or --save_total_limit)"
             )
         average_checkpoints(chosen, output_dir, weights, force=True)  # replaces the last weights just saved
-        # for the card: those of another folder by their path
-        trainer.averaged_checkpoints = [path.name if path.parent == output_dir else str(path) for path in chosen]
-        logger.info(f"final model = {MEAN_NAMES[weights]} of {', '.join(trainer.averaged_checkpoints)}")
+        # those of another folder by their path in the log, by their run folder's name on the card (it is published)
+        named = [path.name if path.parent == output_dir else str(path) for path in chosen]
+        logger.info(f"final model = {MEAN_NAMES[weights]} of {', '.join(named)}")
+        trainer.averaged_checkpoints = [
+            path.name if path.parent == output_dir else f"{path.parent.name}/{path.name}" for path in chosen
+        ]
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(output_dir)
     trainer.accelerator.wait_for_everyone()

@@ -187,6 +187,20 @@ class EpochBatches(TrainerCallback, ExportableState):
         return attributes if attributes.get("digest") else None
 
 
+class RunFolders(TrainerCallback):
+    """Where training begins, the run's `ContinuedFrom` (the callbacks' own, a copy of the checkpoint's where
+    transformers restored callback states) learns the folders the run trained in: from the trainer state and the
+    checkpoint resumed from, which only the trainer knows."""
+
+    def __init__(self, trainer):
+        self.trainer = trainer
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if (continued_from := self.trainer.continued_from) is not None:
+            continued_from.begin(args.output_dir, state, self.trainer.resumed_from)
+        return control
+
+
 class TooFewBatches(ValueError):
     """Found when training starts: an epoch holds fewer batches per process than one update accumulates."""
 
@@ -395,8 +409,9 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         self.token_sampler, self.token_batches_per_epoch = None, 0  # set by get_train_dataloader
         self.add_callback(SamplerEpoch(self))
         self.add_callback(EpochBatches())
-        self.continued_from = ContinuedFrom()  # the run folders a resumed run continues, for the final averaging
-        self.add_callback(self.continued_from)
+        self.resumed_from = None  # the checkpoint train() resumes from
+        self.add_callback(ContinuedFrom())  # the run folders a resumed run continues, for the final averaging
+        self.add_callback(RunFolders(self))
         self.divergence = DivergenceGuard(self)  # last: it reads whether the others log, evaluate or save
         self.add_callback(self.divergence)
         apply_levers(self.accelerator.unwrap_model(self.model), self.args)
@@ -408,7 +423,9 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         tf32 = cuda_matmul_tf32_setting()
         super().create_accelerator_and_postprocess()
         if restore_cuda_matmul_tf32_setting(tf32):
-            logger.info(f"kept CUDA's float32 matmul precision {tf32!r}, which accelerate turns to TF32 when compiled")
+            logger.info(
+                "kept CUDA's float32 matmul precision as --tf32 set it (accelerate turns TF32 on when compiled)"
+            )
 
     def create_optimizer(self, *args, **kwargs) -> torch.optim.Optimizer:
         """The Trainer's optimizer (--optim); with --bf16_weights over float32 copies of the bfloat16 weights
@@ -464,7 +481,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         path is checked before anything is loaded, and a signal ends it with `TrainingInterrupted`.
         With ``ema_decay``, the model afterwards holds the moving average of its weights (save_model saves it)."""
         checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
-        self.continued_from.resume(checkpoint, self.args.output_dir)
+        self.resumed_from = checkpoint
         if checkpoint is not None:
             check_checkpoint(checkpoint, self.args.ema_decay)
             finished = self._training_ended_at(checkpoint)
@@ -524,6 +541,8 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         model = self.accelerator.unwrap_model(self.model)
         self.load_full_weights(type(model).from_pretrained(str(checkpoint)).state_dict())
         self.state = TrainerState.load_from_json(str(Path(checkpoint) / TRAINER_STATE_NAME))
+        if self.continued_from is not None:  # the folders it trained in, for the final averaging
+            self.continued_from.begin(self.args.output_dir, self.state, checkpoint)
         if self.moving_average is not None:
             self.moving_average.load(checkpoint)
             self.moving_average.copy_to(model)
@@ -592,6 +611,11 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         Trainer replaces it by a copy of its own when restoring callback states
         (--restore_callback_states_from_checkpoint)."""
         return next((c for c in self.callback_handler.callbacks if isinstance(c, WallClock)), None)
+
+    @property
+    def continued_from(self) -> ContinuedFrom | None:
+        """The run's `ContinuedFrom`, as the callbacks hold it (a copy after --restore_callback_states_from_checkpoint)."""
+        return next((c for c in self.callback_handler.callbacks if isinstance(c, ContinuedFrom)), None)
 
     def _cooldown_factor(self, cooldown_minutes: float) -> float:
         return self.wall_clock.cooldown_factor(cooldown_minutes)
