@@ -237,10 +237,11 @@ def as_on_cuda(self, *args, **kwargs):  # accelerate's AcceleratorState on a CUD
     built(self, *args, **kwargs)
     if self.dynamo_plugin.backend != DynamoBackend.NO and self._mixed_precision == "no":
         matmul.allow_tf32 = True
-        print(json.dumps({"accelerate turned TF32 on": True}), flush=True)
+        turned_on.append(True)
 
 
 AcceleratorState.__init__ = as_on_cuda
+turned_on = []
 for case, (setting, runs) in json.loads(sys.argv[2]).items():  # each in a fresh child: the flags are process-wide
     if os.fork() == 0:
         exec(setting)  # the user's own setting, if any
@@ -250,7 +251,7 @@ for case, (setting, runs) in json.loads(sys.argv[2]).items():  # each in a fresh
             )
             model = VanillaTransformerForConditionalGeneration._from_config(VanillaTransformerConfig.from_preset("tiny"))
             TransformerTrainer(model=model, args=args)
-        print(json.dumps({case: [matmul.fp32_precision, str(matmul.allow_tf32)]}), flush=True)
+        print(json.dumps({case: [matmul.fp32_precision, str(matmul.allow_tf32), len(turned_on)]}), flush=True)
         os._exit(0)
     os.wait()
 """
@@ -262,6 +263,12 @@ ACCELERATE_TF32_CASES = {
     "the user's ieee, no --tf32": ("matmul.fp32_precision = 'ieee'", [None], ["ieee", "False"]),
     "no setting, no --tf32": ("", [None], ["tf32", "True"]),  # transformers' TF32 for a compiled run
     "no --tf32, then --tf32 false": ("", [None, False], ["ieee", "False"]),  # the first run's TF32 is not kept
+    "--tf32 false, no --tf32, --tf32 false": ("", [False, None, False], ["ieee", "False"]),
+    "the user's ieee, --tf32 false, then no --tf32": (
+        "matmul.fp32_precision = 'ieee'",
+        [False, None],
+        ["ieee", "False"],
+    ),
 }
 
 
@@ -284,5 +291,7 @@ def test_tf32_stays_as_the_arguments_set_it_when_accelerate_builds_its_state(tmp
     )
     assert done.returncode == 0, done.stderr[-2000:]
     read = {case: value for line in done.stdout.splitlines() for case, value in json.loads(line).items()}
-    assert read.pop("accelerate turned TF32 on"), "the simulated accelerate never ran: the test would prove nothing"
-    assert read == {case: expected for case, (*_, expected) in ACCELERATE_TF32_CASES.items()}, done.stderr[-2000:]
+    # accelerate's TF32 was turned on at every trainer built: else the case would prove nothing
+    assert read == {case: [*expected, len(runs)] for case, (_, runs, expected) in ACCELERATE_TF32_CASES.items()}, (
+        done.stderr[-2000:]
+    )

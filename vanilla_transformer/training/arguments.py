@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 from transformers import Seq2SeqTrainingArguments
+from transformers.utils import import_utils as transformers_import_utils
 
 from .averaging import AVERAGING_WEIGHTS
 from .levers import FUSED_LOSSES, TRAINING_ATTENTION, check_levers
@@ -217,6 +218,9 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         check_intervals(self)  # before the Trainer's own checks, which take an eval_steps of 0 as "not set"
         check_levers(self)
         follows = matmul_follows_global_precision()  # before transformers sets the global one
+        # transformers' enable_tf32 is cached: a second run's --tf32 false after a compiled run's TF32 (a notebook,
+        # table3's rows in one process) would be a call it skips
+        getattr(getattr(transformers_import_utils, "enable_tf32", None), "cache_clear", lambda: None)()
         super().__post_init__()
         keep_tf32_flags_readable(follows)
         check_argument_ranges(self)
@@ -249,10 +253,18 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
 
 
 def matmul_follows_global_precision() -> bool:
-    """Whether CUDA's matmul takes torch's global fp32 precision (the user set no other for it)."""
-    return not hasattr(torch.backends, "fp32_precision") or (
-        torch.backends.cuda.matmul.fp32_precision == torch.backends.fp32_precision
-    )
+    """Whether CUDA's matmul takes torch's global fp32 precision (the user set no other for it). Read, its precision
+    is the global one's where it follows, so an own setting equal to the global one would pass for following: the
+    global one is changed for a moment instead, and put back."""
+    if not hasattr(torch.backends, "fp32_precision"):
+        return True
+    backends, matmul = torch.backends, torch.backends.cuda.matmul
+    was, probe = backends.fp32_precision, "ieee" if matmul.fp32_precision != "ieee" else "tf32"
+    try:
+        backends.fp32_precision = probe
+        return matmul.fp32_precision == probe
+    finally:
+        backends.fp32_precision = was
 
 
 def keep_tf32_flags_readable(follows: bool = True) -> None:
@@ -294,12 +306,13 @@ def restore_cuda_matmul_tf32_setting(setting: tuple[bool, str] | bool) -> bool:
         changed = matmul.allow_tf32 != setting
         matmul.allow_tf32 = setting
         return changed
+    if cuda_matmul_tf32_setting() == setting:
+        return False
     follows, precision = setting
-    changed = cuda_matmul_tf32_setting() != setting
     # the legacy flag first, as the precision has it, so that both stay readable (`keep_tf32_flags_readable`)
     matmul.allow_tf32 = precision == "tf32"
     matmul.fp32_precision = "none" if follows else precision
-    return changed
+    return True
 
 
 def _readable(read) -> bool:

@@ -339,7 +339,8 @@ def build_trainer(model_args, data_args, training_args) -> Run:
         refuse_tokenizer_training_on_several_machines(training_args.world_size)
     tokenizer = prepare_tokenizer(**tokenizer_source) if loads_tokenizer else None
     model = model_for(tokenizer) if tokenizer is not None else None
-    if resume is not None and training_args.process_index == 0:  # a run continued in a new folder: its tokenizer too
+    continues_elsewhere = resume is not None and resume.resolve().parent != Path(training_args.output_dir).resolve()
+    if continues_elsewhere and training_args.process_index == 0:  # a run continued in a new folder: its tokenizer too
         if not has_tokenizer(tokenizer_dir := Path(training_args.output_dir) / "tokenizer"):
             tokenizer.save_pretrained(tokenizer_dir)
     with training_args.main_process_first(desc="reading the data"):  # the training pairs only where needed
