@@ -20,6 +20,7 @@ from test_train import build, local_file_flags, reverse_pairs, tiny_args, write_
 from vanilla_transformer import cli
 from vanilla_transformer.command_line import recipe_path
 from vanilla_transformer.training import run as train
+from vanilla_transformer.training.averaging import main as average_main
 
 SCHEDULE = ("--learning_rate", "0.003", "--warmup_steps", "4")
 STEPS = ("--max_steps", "4", "--save_strategy", "steps", "--save_steps", "2", "--max_tokens", "200")
@@ -130,6 +131,12 @@ def test_a_run_continued_in_a_new_folder_averages_the_checkpoints_of_both(data_d
     assert f"of {(old / 'checkpoint-2').resolve()}, checkpoint-4, checkpoint-6, checkpoint-8" in caplog.text
     card = (new / "README.md").read_text()
     assert "old/checkpoint-2, checkpoint-4, checkpoint-6, checkpoint-8" in card and str(tmp_path) not in card
+    assert "two runs" not in caplog.text  # the averaging's own check: one run's checkpoints
+    # `vanilla-transformer average --checkpoint-root <new folder> --last 4` takes the same
+    average_main(["--checkpoint-root", str(new), "--last", "4", "--output-dir", str(tmp_path / "averaged")])
+    assert load_file(tmp_path / "averaged" / "model.safetensors").keys() == final.keys()
+    for name, value in load_file(tmp_path / "averaged" / "model.safetensors").items():
+        torch.testing.assert_close(value, final[name], rtol=0, atol=0)
 
 
 def test_a_run_folder_moved_elsewhere_resumes_as_the_same_run_not_as_a_continuation(tmp_path):

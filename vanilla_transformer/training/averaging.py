@@ -41,7 +41,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 from ..checkpoint_files import CHECKPOINT_NAME, TOKENIZER_FILES, check_json, check_safetensors, tokenizer_difference
 from ..command_line import CommandParser
-from .checkpointing import TRAINER_STATE_NAME, checkpoint_folders, complete_checkpoints
+from .checkpointing import TRAINER_STATE_NAME, checkpoint_folders, recorded_run_folders, run_checkpoints
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,9 @@ AVERAGING_WEIGHTS = tuple(MEAN_NAMES)
 
 
 def last_checkpoints(root: str | Path, last: int) -> list[Path]:
-    """The `last` complete ``checkpoint-<step>`` folders of a Trainer output dir, oldest first, by integer step.
+    """The `last` complete ``checkpoint-<step>`` folders of a Trainer output dir, oldest first, by integer step;
+    for a run continued there from another folder, that folder's too, up to the one it was resumed from (as its
+    checkpoints record them, `recorded_run_folders`).
 
     Incomplete ones (e.g. of a run killed while it saved, by an older version) are skipped and
     named in the log, so that a half-written checkpoint is never averaged.
@@ -90,7 +92,7 @@ def last_checkpoints(root: str | Path, last: int) -> list[Path]:
             f"--checkpoint-root {root} {'is not a folder' if root.exists() else 'does not exist'}; "
             "give the Trainer's output_dir, which holds the checkpoint-<step> folders."
         )
-    found = complete_checkpoints(root)
+    found = run_checkpoints(root, recorded_run_folders(root))
     if last > len(found):
         skipped = len(checkpoint_folders(root)) - len(found)
         if not found and CHECKPOINT_NAME.fullmatch(root.name):  # a checkpoint given instead of its run
@@ -106,10 +108,15 @@ def last_checkpoints(root: str | Path, last: int) -> list[Path]:
             fix = f"Pass --last {len(found)} or fewer, or point --checkpoint-root at the Trainer's output_dir."
         raise ValueError(
             f"--last {last} asks for more checkpoints than {root} holds: it has {len(found)} "
-            f"checkpoint-<step> folder(s){' (' + ', '.join(p.name for p in found) + ')' if found else ''}"
+            f"checkpoint-<step> folder(s){' (' + ', '.join(named(p, root) for p in found) + ')' if found else ''}"
             f"{f' and {skipped} incomplete one(s), see the log' if skipped else ''}. {fix}"
         )
     return found[len(found) - last :]
+
+
+def named(checkpoint: Path, root: Path) -> str:
+    """A checkpoint by its name in ``root``, by its path elsewhere (one of a folder its run continued from)."""
+    return checkpoint.name if checkpoint.parent == Path(root) else str(checkpoint)
 
 
 def check_folders(checkpoints: list[Path]) -> None:
@@ -428,7 +435,8 @@ def main(argv=None, prog: str = "vanilla-transformer average") -> Path:
     check_output_dir(Path(args.output_dir), args.force)
     checkpoints = args.inputs or last_checkpoints(args.checkpoint_root, args.last)
     output_dir = average_checkpoints(checkpoints, args.output_dir, args.weights, force=args.force)
-    names = ", ".join(Path(folder).name for folder in checkpoints)
+    root = Path(args.checkpoint_root) if not args.inputs else None
+    names = ", ".join(named(Path(folder), root) if root else Path(folder).name for folder in checkpoints)
     print(f"averaged {len(checkpoints)} checkpoint(s) ({names}, {args.weights} weights) into {output_dir}")
     return output_dir
 

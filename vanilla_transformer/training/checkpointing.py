@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback
+from transformers import TrainerCallback, TrainerState
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, seed_worker
 
@@ -185,6 +185,20 @@ def run_checkpoints(output_dir: str | os.PathLike, folders: list | None = None) 
         found += [path for path in complete_checkpoints(folder) if start < _step(path) <= end]
     found += complete_checkpoints(output_dir)
     return sorted(found, key=_step)
+
+
+def recorded_run_folders(root: str | os.PathLike) -> list:
+    """The folders the run of ``root`` trained in, as its newest checkpoint records them (`ContinuedFrom`), the
+    last one ``root`` itself (where that checkpoint lies now); [] where none records them."""
+    for folder in reversed(checkpoint_folders(root)):
+        try:
+            state = TrainerState.load_from_json(str(folder / TRAINER_STATE_NAME))
+        except (OSError, ValueError):  # incomplete: the one before
+            continue
+        if folders := ContinuedFrom.saved_in(state):
+            folders[-1][0] = str(Path(root).resolve())
+        return folders
+    return []
 
 
 def _step(checkpoint: Path) -> int:
