@@ -1,7 +1,8 @@
 """The training levers on a CUDA GPU (`make test-gpu`; the goal: under 3 minutes on one GPU; 64 s for the 11
 tests of eab1ee5 on an H100, 2026-11-27, the rest not timed yet): each lever's loss and gradients against the
 plain step, compiled layers, the whole model and CUDA graphs against eager, the float8 and fused kernels running,
-generate()'s compiled static cache against the dynamic cache. Every test here is marked ``gpu`` and skips without CUDA; their CPU counterparts are
+generate()'s compiled static cache against the dynamic cache, --tf32 false under accelerate's compiled state
+(last: where the call's time runs out, it is the one lost). Every test here is marked ``gpu`` and skips without CUDA; their CPU counterparts are
 in tests/test_levers.py."""
 
 import math
@@ -420,3 +421,45 @@ def test_train_runs_with_each_lever(lever, plain_trainer_losses, tmp_path):
     # last five updates' mean, not one
     assert sum(losses[-5:]) < 5 * losses[0], losses
     assert sum(losses[-5:]) / 5 == pytest.approx(sum(plain[-5:]) / 5, rel=0.15), (losses, plain)
+
+
+TF32_ON_CUDA = """
+import json, sys
+import torch
+from accelerate.state import AcceleratorState
+from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
+from vanilla_transformer.training import TransformerTrainer, TransformerTrainingArguments
+
+matmul, built, after_accelerate = torch.backends.cuda.matmul, AcceleratorState.__init__, []
+
+
+def recorded(self, *args, **kwargs):  # what accelerate left, before the trainer puts the arguments' setting back
+    built(self, *args, **kwargs)
+    after_accelerate.append(matmul.fp32_precision)
+
+
+AcceleratorState.__init__ = recorded
+args = TransformerTrainingArguments(output_dir=sys.argv[1], torch_compile=True, tf32=False, report_to="none")
+model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny")).cuda()
+TransformerTrainer(model=model, args=args)
+print(json.dumps({"after accelerate": after_accelerate, "now": [matmul.fp32_precision, str(matmul.allow_tf32)]}))
+"""
+
+
+def test_tf32_false_holds_in_a_compiled_float32_run(tmp_path):
+    """accelerate turns TF32 on for a compiled float32 run on CUDA when it builds its state, after --tf32 false was
+    applied (tests/test_torch_compile.py simulates it on the CPU); here the real one. A fresh process: the flags
+    and accelerate's state are process-wide."""
+    import json
+    import subprocess
+    import sys
+
+    if not hasattr(torch.backends, "fp32_precision"):
+        pytest.skip(f"torch {torch.__version__} has the legacy TF32 flags only")
+    done = subprocess.run(
+        [sys.executable, "-c", TF32_ON_CUDA, str(tmp_path / "run")], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    read = json.loads(done.stdout.splitlines()[-1])
+    print(f"[gpu] CUDA's matmul precision after accelerate's state: {read['after accelerate']}")
+    assert read["now"] == ["ieee", "False"], read
