@@ -130,7 +130,7 @@ def test_a_run_continued_in_a_new_folder_averages_the_checkpoints_of_both(data_d
         torch.testing.assert_close(value, sum(w[name] for w in weights) / len(weights), rtol=1e-5, atol=1e-6)
     assert f"of {(old / 'checkpoint-2').resolve()}, checkpoint-4, checkpoint-6, checkpoint-8" in caplog.text
     card = (new / "README.md").read_text()
-    assert "old/checkpoint-2, checkpoint-4, checkpoint-6, checkpoint-8" in card and str(tmp_path) not in card
+    assert "../old/checkpoint-2, checkpoint-4, checkpoint-6, checkpoint-8" in card and str(tmp_path) not in card
     assert "two runs" not in caplog.text  # the averaging's own check: one run's checkpoints
     # `vanilla-transformer average --checkpoint-root <new folder> --last 4` takes the same
     average_main(["--checkpoint-root", str(new), "--last", "4", "--output-dir", str(tmp_path / "averaged")])

@@ -918,11 +918,12 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
                 "(--save_steps or --save_minutes too far apart for its length, or --save_total_limit)"
             )
         average_checkpoints(chosen, output_dir, weights, force=True)  # replaces the last weights just saved
-        # those of another folder by their path in the log, by their run folder's name on the card (it is published)
+        # those of another folder by their path in the log, relative to this folder on the card (it is published)
         named = [path.name if path.parent == output_dir else str(path) for path in chosen]
         logger.info(f"final model = {MEAN_NAMES[weights]} of {', '.join(named)}")
+        here = output_dir.resolve()
         trainer.averaged_checkpoints = [
-            path.name if path.parent == output_dir else f"{path.parent.name}/{path.name}" for path in chosen
+            path.name if path.parent == output_dir else os.path.relpath(path, here) for path in chosen
         ]
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(output_dir)
