@@ -461,5 +461,6 @@ def test_tf32_false_holds_in_a_compiled_float32_run(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     read = json.loads(done.stdout.splitlines()[-1])
-    print(f"[gpu] CUDA's matmul precision after accelerate's state: {read['after accelerate']}")
+    if read["after accelerate"] != ["tf32"]:  # nothing to put back: the test would prove nothing
+        pytest.skip(f"accelerate left CUDA's matmul precision at {read['after accelerate']}, not TF32")
     assert read["now"] == ["ieee", "False"], read

@@ -20,6 +20,7 @@ from test_train import build, local_file_flags, reverse_pairs, tiny_args, write_
 from vanilla_transformer import cli
 from vanilla_transformer.command_line import recipe_path
 from vanilla_transformer.training import run as train
+from vanilla_transformer.training.averaging import last_checkpoints
 from vanilla_transformer.training.averaging import main as average_main
 
 SCHEDULE = ("--learning_rate", "0.003", "--warmup_steps", "4")
@@ -132,9 +133,16 @@ def test_a_run_continued_in_a_new_folder_averages_the_checkpoints_of_both(data_d
     card = (new / "README.md").read_text()
     assert "../old/checkpoint-2, checkpoint-4, checkpoint-6, checkpoint-8" in card and str(tmp_path) not in card
     assert "two runs" not in caplog.text  # the averaging's own check: one run's checkpoints
+    assert str(tmp_path) not in (new / "checkpoint-8" / "trainer_state.json").read_text()  # no local path
     # `vanilla-transformer average --checkpoint-root <new folder> --last 4` takes the same
     average_main(["--checkpoint-root", str(new), "--last", "4", "--output-dir", str(tmp_path / "averaged")])
     assert load_file(tmp_path / "averaged" / "model.safetensors").keys() == final.keys()
+    with pytest.raises(
+        ValueError,
+        match=r"and the folders its run continued from hold: there are 4 checkpoint-<step> "
+        r"folder\(s\) \(\S+old/checkpoint-2, checkpoint-4, checkpoint-6, checkpoint-8\)\. Pass",
+    ):
+        last_checkpoints(new, 5)
     for name, value in load_file(tmp_path / "averaged" / "model.safetensors").items():
         torch.testing.assert_close(value, final[name], rtol=0, atol=0)
 
@@ -151,7 +159,8 @@ def test_a_run_folder_moved_elsewhere_resumes_as_the_same_run_not_as_a_continuat
         state = TrainerState(global_step=step, stateful_callbacks={"ContinuedFrom": ContinuedFrom(saved).state()})
         continued = ContinuedFrom()
         continued.begin(output_dir, state, checkpoint)
-        assert ContinuedFrom.saved_in(state) == continued.folders
+        assert ContinuedFrom.saved_in(state.stateful_callbacks, output_dir) == continued.folders  # saved as known
+        assert str(tmp_path) not in json.dumps(state.stateful_callbacks)  # relative to the run folder
         return continued.folders
 
     old, moved, third = (str((tmp_path / name).resolve()) for name in ("old", "moved", "third"))
@@ -161,6 +170,24 @@ def test_a_run_folder_moved_elsewhere_resumes_as_the_same_run_not_as_a_continuat
     fresh = ContinuedFrom([[old, 0]])
     fresh.begin(tmp_path / "third", TrainerState(global_step=0))
     assert fresh.folders == [[third, 0]]
+
+
+@pytest.mark.parametrize(
+    "state",
+    ['{"global_step": 4, "a_field_of_another_version": 1}', "[1]", '{"stateful_callbacks": {"ContinuedFrom": 3}}'],
+)
+def test_average_of_a_folder_whose_newest_state_is_of_another_shape_takes_the_folders_own(trained, tmp_path, state):
+    """`vanilla-transformer average --checkpoint-root` reads the newest checkpoint's trainer_state.json for the
+    folders its run continued from: one of another shape (another version's fields, not an object) is passed over,
+    not a crash."""
+    run = copy_of(trained, tmp_path / "run", "checkpoint-2", "checkpoint-4")
+    (run / "checkpoint-4" / "trainer_state.json").write_text(state)
+    assert last_checkpoints(run, 2) == [run / "checkpoint-2", run / "checkpoint-4"]
+    with pytest.raises(
+        ValueError,
+        match=r"than \S+ holds: it has 2 checkpoint-<step> folder\(s\) \(checkpoint-2, checkpoint-4\)\. Pass",
+    ):
+        last_checkpoints(run, 3)
 
 
 def test_the_checkpoints_of_a_folder_continued_from_that_is_gone_are_left_out_with_a_warning(trained, tmp_path, caplog):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import threading
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -252,6 +253,9 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
                 dist.barrier(group=group)
 
 
+_PROBING = threading.Lock()  # `matmul_follows_global_precision`'s moment of another global precision
+
+
 def matmul_follows_global_precision() -> bool:
     """Whether CUDA's matmul takes torch's global fp32 precision (the user set no other for it). Read, its precision
     is the global one's where it follows, so an own setting equal to the global one would pass for following: the
@@ -259,12 +263,13 @@ def matmul_follows_global_precision() -> bool:
     if not hasattr(torch.backends, "fp32_precision"):
         return True
     backends, matmul = torch.backends, torch.backends.cuda.matmul
-    was, probe = backends.fp32_precision, "ieee" if matmul.fp32_precision != "ieee" else "tf32"
-    try:
-        backends.fp32_precision = probe
-        return matmul.fp32_precision == probe
-    finally:
-        backends.fp32_precision = was
+    with _PROBING:  # two threads probing at once would each put back the other's probe
+        was, probe = backends.fp32_precision, "ieee" if matmul.fp32_precision != "ieee" else "tf32"
+        try:
+            backends.fp32_precision = probe
+            return matmul.fp32_precision == probe
+        finally:
+            backends.fp32_precision = was
 
 
 def keep_tf32_flags_readable(follows: bool = True) -> None:

@@ -94,7 +94,8 @@ def last_checkpoints(root: str | Path, last: int) -> list[Path]:
         )
     found = run_checkpoints(root, recorded_run_folders(root))
     if last > len(found):
-        skipped = len(checkpoint_folders(root)) - len(found)
+        skipped = len(checkpoint_folders(root)) - sum(path.parent == root for path in found)
+        elsewhere = " and the folders its run continued from" if any(path.parent != root for path in found) else ""
         if not found and CHECKPOINT_NAME.fullmatch(root.name):  # a checkpoint given instead of its run
             fix = (
                 f"{root} is itself a checkpoint: give its run folder, --checkpoint-root {root.parent}, or average "
@@ -107,7 +108,8 @@ def last_checkpoints(root: str | Path, last: int) -> list[Path]:
         else:
             fix = f"Pass --last {len(found)} or fewer, or point --checkpoint-root at the Trainer's output_dir."
         raise ValueError(
-            f"--last {last} asks for more checkpoints than {root} holds: it has {len(found)} "
+            f"--last {last} asks for more checkpoints than {root}"
+            f"{f'{elsewhere} hold: there are' if elsewhere else ' holds: it has'} {len(found)} "
             f"checkpoint-<step> folder(s){' (' + ', '.join(named(p, root) for p in found) + ')' if found else ''}"
             f"{f' and {skipped} incomplete one(s), see the log' if skipped else ''}. {fix}"
         )

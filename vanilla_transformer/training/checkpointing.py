@@ -34,7 +34,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from transformers import TrainerCallback, TrainerState
+from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, seed_worker
 
@@ -136,36 +136,50 @@ def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
 class ContinuedFrom(TrainerCallback, ExportableState):
     """The run folders a run trained in, oldest first, each with the update it began at there: more than one where
     it was resumed into a new --output_dir from a checkpoint of another folder (after a full disk, on another
-    machine). Each checkpoint's trainer_state.json keeps them (the Trainer's ``stateful_callbacks``), so that a run
-    resumed again in the new folder still knows them, and averaging the last N checkpoints at the end (§6.1) takes
-    the old folders' too (`run_checkpoints`). Data only: `TransformerTrainer` sets it where training begins, also on
-    the copy transformers makes from a checkpoint (--restore_callback_states_from_checkpoint)."""
+    machine). Each checkpoint's trainer_state.json keeps them (the Trainer's ``stateful_callbacks``), relative to
+    the run folder (no local path in a checkpoint pushed to the Hub; two folders moved together still find each
+    other), so that a run resumed again in the new folder still knows them, and averaging the last N checkpoints
+    at the end (§6.1) takes the old folders' too (`run_checkpoints`). Data only: `TransformerTrainer` sets it where
+    training begins, also on the copy transformers makes from a checkpoint
+    (--restore_callback_states_from_checkpoint)."""
 
     def __init__(self, folders: list | None = None):
         self.folders = [[str(folder), int(start)] for folder, start in folders or []]
+        self.home: Path | None = None  # the run folder (resolved) the folders are saved relative to
 
     def state(self) -> dict:
-        return {"args": {}, "attributes": {"folders": self.folders}}
+        return {"args": {}, "attributes": {"folders": [[_relative(f, self.home), start] for f, start in self.folders]}}
 
     def begin(self, output_dir: str | os.PathLike, state, checkpoint: str | os.PathLike | None = None) -> None:
         """Set (and write into ``state``) for training in ``output_dir`` from ``state``: a new run's, or that of
         ``checkpoint``, resumed. The checkpoint's folder is where it lies now (a run folder moved or copied
         elsewhere resumes as the same run, its checkpoints not counted twice)."""
-        here = str(Path(output_dir).resolve())
-        folders = self.saved_in(state) if checkpoint is not None else []
+        here = Path(output_dir).resolve()
+        folders = []
         if checkpoint is not None:
-            origin = str(Path(checkpoint).resolve().parent)
-            folders = [*folders[:-1], [origin, folders[-1][1]]] if folders else [[origin, 0]]
-        if not folders or folders[-1][0] != here:
-            folders.append([here, state.global_step])
-        self.folders = folders
+            origin = Path(checkpoint).resolve().parent
+            folders = self.saved_in(state.stateful_callbacks, origin)
+            folders = [*folders[:-1], [str(origin), folders[-1][1]]] if folders else [[str(origin), 0]]
+        if not folders or folders[-1][0] != str(here):
+            folders.append([str(here), state.global_step])
+        self.folders, self.home = folders, here
         state.stateful_callbacks[type(self).__name__] = self.state()  # also where a checkpoint predates it
 
     @classmethod
-    def saved_in(cls, state) -> list:
-        saved = state.stateful_callbacks.get(cls.__name__)
+    def saved_in(cls, stateful_callbacks: dict, run_folder: str | os.PathLike) -> list:
+        """The folders a trainer state's ``stateful_callbacks`` records (absolute, resolved), for a checkpoint of
+        ``run_folder``; [] where it records none."""
+        saved = stateful_callbacks.get(cls.__name__)
         saved = saved[0] if isinstance(saved, list) and saved else saved
-        return [list(entry) for entry in ((saved or {}).get("attributes") or {}).get("folders") or []]
+        folders = ((saved or {}).get("attributes") or {}).get("folders") or []
+        return [[str((Path(run_folder) / folder).resolve()), int(start)] for folder, start in folders]
+
+
+def _relative(folder: str, home: Path | None) -> str:
+    try:
+        return folder if home is None else os.path.relpath(folder, home)
+    except ValueError:  # another drive (Windows): no relative path
+        return folder
 
 
 def run_checkpoints(output_dir: str | os.PathLike, folders: list | None = None) -> list[Path]:
@@ -190,13 +204,15 @@ def run_checkpoints(output_dir: str | os.PathLike, folders: list | None = None) 
 def recorded_run_folders(root: str | os.PathLike) -> list:
     """The folders the run of ``root`` trained in, as its newest checkpoint records them (`ContinuedFrom`), the
     last one ``root`` itself (where that checkpoint lies now); [] where none records them."""
+    here = Path(root).resolve()
     for folder in reversed(checkpoint_folders(root)):
         try:
-            state = TrainerState.load_from_json(str(folder / TRAINER_STATE_NAME))
-        except (OSError, ValueError):  # incomplete: the one before
+            saved = json.loads((folder / TRAINER_STATE_NAME).read_text(encoding="utf-8"))
+            folders = ContinuedFrom.saved_in(saved.get("stateful_callbacks") or {}, here)
+        except (OSError, ValueError, TypeError, AttributeError):  # incomplete or of another shape: the one before
             continue
-        if folders := ContinuedFrom.saved_in(state):
-            folders[-1][0] = str(Path(root).resolve())
+        if folders:
+            folders[-1][0] = str(here)
         return folders
     return []
 

@@ -921,10 +921,7 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
         # those of another folder by their path in the log, relative to this folder on the card (it is published)
         named = [path.name if path.parent == output_dir else str(path) for path in chosen]
         logger.info(f"final model = {MEAN_NAMES[weights]} of {', '.join(named)}")
-        here = output_dir.resolve()
-        trainer.averaged_checkpoints = [
-            path.name if path.parent == output_dir else os.path.relpath(path, here) for path in chosen
-        ]
+        trainer.averaged_checkpoints = [card_name(path, output_dir) for path in chosen]
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(output_dir)
     trainer.accelerator.wait_for_everyone()
@@ -932,6 +929,17 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
         averaged = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
         trainer.load_full_weights(averaged.state_dict())
     return output_dir
+
+
+def card_name(checkpoint: Path, output_dir: Path) -> str:
+    """An averaged checkpoint as the card names it: by its name in ``output_dir``, else by its path relative to it
+    (no absolute local path in a published card), else (another drive) by its run folder's name."""
+    if checkpoint.parent == output_dir:
+        return checkpoint.name
+    try:
+        return os.path.relpath(checkpoint, output_dir.resolve())
+    except ValueError:
+        return f"{checkpoint.parent.name}/{checkpoint.name}"
 
 
 def predict(

@@ -424,7 +424,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         super().create_accelerator_and_postprocess()
         if restore_cuda_matmul_tf32_setting(tf32):
             logger.info(
-                "kept CUDA's float32 matmul precision as --tf32 set it (accelerate turns TF32 on when compiled)"
+                "kept CUDA's float32 matmul precision as the arguments left it (accelerate turns TF32 on when compiled)"
             )
 
     def create_optimizer(self, *args, **kwargs) -> torch.optim.Optimizer:
