@@ -285,9 +285,7 @@ def keep_tf32_flags_readable(follows: bool = True) -> None:
         return
     matmul = torch.backends.cuda.matmul
     if not _readable(lambda: matmul.allow_tf32):
-        matmul.allow_tf32 = matmul.fp32_precision == "tf32"  # also sets the matmul's own setting
-        if follows:
-            matmul.fp32_precision = "none"
+        set_cuda_matmul_precision(matmul.fp32_precision, follows)
     if not _readable(torch.get_float32_matmul_precision):
         torch.backends.mkldnn.matmul.fp32_precision = matmul.fp32_precision
 
@@ -314,10 +312,17 @@ def restore_cuda_matmul_tf32_setting(setting: tuple[bool, str] | bool) -> bool:
     if cuda_matmul_tf32_setting() == setting:
         return False
     follows, precision = setting
-    # the legacy flag first, as the precision has it, so that both stay readable (`keep_tf32_flags_readable`)
-    matmul.allow_tf32 = precision == "tf32"
-    matmul.fp32_precision = "none" if follows else precision
+    set_cuda_matmul_precision(precision, follows)
     return True
+
+
+def set_cuda_matmul_precision(precision: str, follows: bool) -> None:
+    """CUDA's fp32 matmul at ``precision``, following the global setting again where it ``follows``: the legacy
+    cuBLAS flag first (it also sets the matmul's own setting), so that both APIs read the same and stay readable."""
+    matmul = torch.backends.cuda.matmul
+    matmul.allow_tf32 = precision == "tf32"
+    if follows:
+        matmul.fp32_precision = "none"
 
 
 def _readable(read) -> bool:

@@ -64,6 +64,7 @@ from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULA, MAX_NEW_TOK
 from ..private_api import require
 from .arguments import pads_to_buckets, refuse_data_parallel, refuse_processes_left_alone, schedule_name
 from .averaging import MEAN_NAMES, architecture, average_checkpoints
+from .averaging import named as named_checkpoint
 from .caches import usable_tokenizer_cache
 from .checkpointing import (
     RESUME_HINT,
@@ -919,8 +920,9 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
             )
         average_checkpoints(chosen, output_dir, weights, force=True)  # replaces the last weights just saved
         # those of another folder by their path in the log, relative to this folder on the card (it is published)
-        named = [path.name if path.parent == output_dir else str(path) for path in chosen]
-        logger.info(f"final model = {MEAN_NAMES[weights]} of {', '.join(named)}")
+        logger.info(
+            f"final model = {MEAN_NAMES[weights]} of {', '.join(named_checkpoint(p, output_dir) for p in chosen)}"
+        )
         trainer.averaged_checkpoints = [card_name(path, output_dir) for path in chosen]
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(output_dir)
