@@ -120,6 +120,7 @@ def test_a_run_continued_in_a_new_folder_averages_the_checkpoints_of_both(data_d
         tiny_args(data_dir, new, *flags, "--max_steps", "6", "--resume_from_checkpoint", str(old / "checkpoint-2"))
     )
     assert (new / "tokenizer" / "tokenizer.json").read_text() == (old / "tokenizer" / "tokenizer.json").read_text()
+    assert json.loads((new / "_continued_from.json").read_text()) == {"checkpoint": "../old/checkpoint-2"}
     assert sorted(p.name for p in new.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
     with caplog.at_level(logging.INFO, logger="vanilla_transformer"):
         train.main(tiny_args(data_dir, new, *flags, "--max_steps", "8", *RESUME, "--average_checkpoints", "4"))
@@ -145,6 +146,56 @@ def test_a_run_continued_in_a_new_folder_averages_the_checkpoints_of_both(data_d
         last_checkpoints(new, 5)
     for name, value in load_file(tmp_path / "averaged" / "model.safetensors").items():
         torch.testing.assert_close(value, final[name], rtol=0, atol=0)
+
+
+def test_a_run_continued_in_a_new_folder_resumes_last_from_where_it_began_until_it_saves_there(
+    data_dir, trained, tmp_path, caplog
+):
+    """A job continued in a new folder and requeued before its first save there (the new folder holds only its
+    tokenizer, or an incomplete checkpoint): the same command with `last` resumes from the checkpoint it began at,
+    as the run's newest complete one, not "start anew". The reference: the path the first command named. Both
+    folders moved together still find each other; once the new folder holds a checkpoint, `last` takes that."""
+    old = copy_of(trained, tmp_path / "old", "checkpoint-2", "checkpoint-4")
+    new = tmp_path / "new"
+    flags = (*STEPS, *SCHEDULE)
+    build(data_dir, new, *flags, "--resume_from_checkpoint", str(old / "checkpoint-2"))
+    assert sorted(p.name for p in new.iterdir()) == ["_continued_from.json", "tokenizer"]  # what a crash leaves
+    assert json.loads((new / "_continued_from.json").read_text()) == {"checkpoint": "../old/checkpoint-2"}
+    with caplog.at_level(logging.INFO, logger="vanilla_transformer"):
+        assert build(data_dir, new, *flags, *RESUME).resume == (old / "checkpoint-2").resolve()
+    assert "resuming from" in caplog.text and "which its run began at" in caplog.text
+    (new / "checkpoint-4").mkdir()  # incomplete (a save cut short): passed over, as `last` does in one folder
+    assert build(data_dir, new, *flags, *RESUME).resume == (old / "checkpoint-2").resolve()
+    moved = tmp_path / "moved"
+    moved.mkdir()
+    old.rename(moved / "old")
+    new.rename(moved / "new")
+    assert build(data_dir, moved / "new", *flags, *RESUME).resume == (moved / "old" / "checkpoint-2").resolve()
+    shutil.rmtree(moved / "new" / "checkpoint-4")
+    shutil.copytree(trained / "checkpoint-4", moved / "new" / "checkpoint-4")
+    assert build(data_dir, moved / "new", *flags, *RESUME).resume == moved / "new" / "checkpoint-4"
+
+
+@pytest.mark.parametrize(
+    "record, problem",
+    [
+        ("not json", "JSONDecodeError"),
+        ('{"from": "../old/checkpoint-2"}', "KeyError"),
+        ('{"checkpoint": 2}', "'checkpoint' is 2, not a path"),
+        ('{"checkpoint": "../gone/checkpoint-2"}', "gone/checkpoint-2"),
+    ],
+)
+def test_a_continuation_record_that_names_no_checkpoint_is_an_error_naming_it(tmp_path, no_data_read, record, problem):
+    """The record is the run's: one damaged, or naming a checkpoint that is gone, is not passed over for
+    "start anew" (which would throw the run away); the error names the file and the way out."""
+    from vanilla_transformer.training.checkpointing import resolve_checkpoint
+
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "_continued_from.json").write_text(record)
+    with pytest.raises(ValueError, match=r"continued_from\.json") as error:
+        resolve_checkpoint(True, new, "--resume_from_checkpoint")
+    assert problem in str(error.value)
 
 
 def test_a_run_folder_moved_elsewhere_resumes_as_the_same_run_not_as_a_continuation(tmp_path):

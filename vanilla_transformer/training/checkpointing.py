@@ -66,6 +66,7 @@ STAGING_DIR = "_checkpoint_in_progress"  # "_*" is also what push_to_hub leaves 
 TRAINER_STATE_NAME = "trainer_state.json"  # the Trainer writes it last into a checkpoint
 RESUME_POINT_NAME = "resume_point_only.json"  # marks a checkpoint saved on a signal between regular saves
 RESUME_HINT = "--resume_from_checkpoint last"
+CONTINUED_FROM_NAME = "_continued_from.json"  # the checkpoint a run folder's run began at ("_*": not pushed)
 FSDP_MODEL_NAME = "pytorch_model_fsdp"  # transformers' prefix for FSDP's sharded model state
 
 
@@ -217,6 +218,39 @@ def recorded_run_folders(root: str | os.PathLike) -> list:
     return []
 
 
+def record_continuation(output_dir: str | os.PathLike, checkpoint: str | os.PathLike) -> None:
+    """Write ``output_dir``/_continued_from.json, naming ``checkpoint`` of another folder, which a run continues
+    from in ``output_dir``: until the run saves a checkpoint there, ``--resume_from_checkpoint last`` in
+    ``output_dir`` resumes from it again (a job requeued before its first save). Relative to ``output_dir``
+    where the two share a drive; written whole (a temporary file renamed)."""
+    here = Path(output_dir).resolve()
+    here.mkdir(parents=True, exist_ok=True)
+    record = here / CONTINUED_FROM_NAME
+    temporary = record.with_name(f".{record.name}.{os.getpid()}")
+    temporary.write_text(json.dumps({"checkpoint": _relative(str(Path(checkpoint).resolve()), here)}) + "\n")
+    os.replace(temporary, record)
+
+
+def continued_from(output_dir: str | os.PathLike) -> Path | None:
+    """The checkpoint ``output_dir``/_continued_from.json names (`record_continuation`), or None where there is
+    no such file; one that is not of that shape is an error naming it."""
+    record = Path(output_dir) / CONTINUED_FROM_NAME
+    try:
+        text = record.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return None
+    try:
+        checkpoint = json.loads(text)["checkpoint"]
+        if not isinstance(checkpoint, str):
+            raise TypeError(f"'checkpoint' is {checkpoint!r}, not a path")
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(
+            f"{record} does not name the checkpoint its run continued from ({type(error).__name__}: {error}); "
+            "delete it, or resume with --resume_from_checkpoint PATH."
+        ) from None
+    return (record.parent / checkpoint).resolve()
+
+
 def _step(checkpoint: Path) -> int:
     return int(CHECKPOINT_NAME.fullmatch(checkpoint.name).group(1))
 
@@ -264,6 +298,18 @@ def resolve_checkpoint(
         check_nothing_later(checkpoint, output_dir, what)
         return checkpoint
     last = last_complete_checkpoint(output_dir)
+    if last is None and (origin := continued_from(output_dir)) is not None:
+        # a run continued here that saved no complete checkpoint yet: where it began is still its newest one
+        record = Path(output_dir) / CONTINUED_FROM_NAME
+        if not origin.is_dir():
+            raise ValueError(
+                f"{what} last: {output_dir} holds no complete checkpoint, and {origin}, the one its run began at "
+                f"({record} names it), is gone. Resume from another checkpoint of the run (--resume_from_checkpoint "
+                f"PATH), or start the run anew (delete {record})."
+            )
+        checkpoint = check_resumable(origin, f"{what} last ({record} names it)")
+        logger.info(f"no complete checkpoint in {output_dir} yet: resuming from {checkpoint}, which its run began at")
+        return checkpoint
     if last is None:
         found = checkpoint_folders(output_dir)
         raise ValueError(

@@ -44,7 +44,7 @@ from .arguments import (
     check_training_arguments,
     sentence_batch_flag_refusal,
 )
-from .checkpointing import RESUME_HINT, checkpoint_folders
+from .checkpointing import RESUME_HINT, checkpoint_folders, continued_from, last_complete_checkpoint
 from .data import check_data_arguments
 
 # train --help in groups reads fields through this HfArgumentParser internal (private: checked at import)
@@ -773,7 +773,9 @@ def check_output_dir(training_args, resuming: bool | Path, tokenizer_only: bool 
     if not output_dir.is_dir():
         return
     if isinstance(resuming, Path) and resuming.resolve().parent != output_dir.resolve():
-        if held := checkpoint_folders(output_dir):
+        # the run in output_dir began at that checkpoint and saved none complete there yet (`last` took it)
+        again = continued_from(output_dir) == resuming.resolve() and last_complete_checkpoint(output_dir) is None
+        if (held := checkpoint_folders(output_dir)) and not again:
             raise ValueError(
                 f"--resume_from_checkpoint {resuming} is not in --output_dir {output_dir}, which holds another "
                 f"run's checkpoints ({', '.join(p.name for p in held)}): the resumed run's would mix with them, or "

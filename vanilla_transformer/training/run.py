@@ -72,6 +72,7 @@ from .checkpointing import (
     TrainingInterrupted,
     ctrl_c_stops_the_run,
     ignore_further_sigterms,
+    record_continuation,
     resolve_checkpoint,
     run_checkpoints,
     sigterm_ends_the_run,
@@ -344,6 +345,7 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     if continues_elsewhere and training_args.process_index == 0:  # a run continued in a new folder: its tokenizer too
         if not has_tokenizer(tokenizer_dir := Path(training_args.output_dir) / "tokenizer"):
             tokenizer.save_pretrained(tokenizer_dir)
+        record_continuation(training_args.output_dir, resume)  # `last` there resumes from it until a save (a crash)
     with training_args.main_process_first(desc="reading the data"):  # the training pairs only where needed
         text = load_text_datasets(data_args, training_args.seed, train=do_train or tokenizer is None)
     if tokenizer is None:  # trained on the data, then the model sized to it

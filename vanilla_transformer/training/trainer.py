@@ -60,6 +60,7 @@ from .checkpointing import (
     StopOnSignal,
     is_sharded,
     plain_copy,
+    record_continuation,
     resolve_checkpoint,
     start_worker,
 )
@@ -482,6 +483,9 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         With ``ema_decay``, the model afterwards holds the moving average of its weights (save_model saves it)."""
         checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
         self.resumed_from = checkpoint
+        elsewhere = checkpoint is not None and checkpoint.resolve().parent != Path(self.args.output_dir).resolve()
+        if elsewhere and self.args.should_save:  # continued in a new folder: `last` there finds where it began
+            record_continuation(self.args.output_dir, checkpoint)
         if checkpoint is not None:
             check_checkpoint(checkpoint, self.args.ema_decay)
             finished = self._training_ended_at(checkpoint)
