@@ -120,8 +120,8 @@ def test_a_run_continued_in_a_new_folder_averages_the_checkpoints_of_both(data_d
         tiny_args(data_dir, new, *flags, "--max_steps", "6", "--resume_from_checkpoint", str(old / "checkpoint-2"))
     )
     assert (new / "tokenizer" / "tokenizer.json").read_text() == (old / "tokenizer" / "tokenizer.json").read_text()
-    assert json.loads((new / "_continued_from.json").read_text()) == {"checkpoint": "../old/checkpoint-2"}
     assert sorted(p.name for p in new.glob("checkpoint-*")) == ["checkpoint-4", "checkpoint-6"]
+    assert not (new / "_continued_from.json").exists()  # its checkpoints record the old folder from then on
     with caplog.at_level(logging.INFO, logger="vanilla_transformer"):
         train.main(tiny_args(data_dir, new, *flags, "--max_steps", "8", *RESUME, "--average_checkpoints", "4"))
     chosen = [old / "checkpoint-2", new / "checkpoint-4", new / "checkpoint-6", new / "checkpoint-8"]
@@ -171,9 +171,57 @@ def test_a_run_continued_in_a_new_folder_resumes_last_from_where_it_began_until_
     old.rename(moved / "old")
     new.rename(moved / "new")
     assert build(data_dir, moved / "new", *flags, *RESUME).resume == (moved / "old" / "checkpoint-2").resolve()
+    with pytest.raises(ValueError, match=r"holds another run's checkpoints \(checkpoint-4\)"):  # not where it began
+        build(data_dir, moved / "new", *flags, "--resume_from_checkpoint", str(moved / "old" / "checkpoint-4"))
     shutil.rmtree(moved / "new" / "checkpoint-4")
     shutil.copytree(trained / "checkpoint-4", moved / "new" / "checkpoint-4")
     assert build(data_dir, moved / "new", *flags, *RESUME).resume == moved / "new" / "checkpoint-4"
+
+
+def test_the_trainer_records_where_a_run_continued_elsewhere_began_before_it_trains(data_dir, trained, tmp_path):
+    """`TransformerTrainer.train(resume_from_checkpoint=...)` from a user's own script writes the record too,
+    before the first update (the Trainer's own train() is made to crash here, as a killed job would)."""
+    import transformers
+
+    old = copy_of(trained, tmp_path / "old", "checkpoint-2")
+    run = build(data_dir, tmp_path / "new", *STEPS, *SCHEDULE)
+    assert not (tmp_path / "new" / "_continued_from.json").exists()  # a new run: nothing to record
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("killed")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(transformers.Trainer, "train", crash)
+        with pytest.raises(RuntimeError, match="killed"):
+            run.trainer.train(resume_from_checkpoint=str(old / "checkpoint-2"))
+    assert json.loads((tmp_path / "new" / "_continued_from.json").read_text()) == {"checkpoint": "../old/checkpoint-2"}
+
+
+def test_a_new_run_in_a_folder_where_a_continued_run_began_is_refused_naming_the_record(
+    data_dir, trained, tmp_path, monkeypatch
+):
+    """The folder holds the start of a run (what `last` would resume): a new run there would be taken for it."""
+    old = copy_of(trained, tmp_path / "old", "checkpoint-2")
+    new = tmp_path / "new"
+    build(data_dir, new, *STEPS, *SCHEDULE, "--resume_from_checkpoint", str(old / "checkpoint-2"))
+    monkeypatch.setattr(train, "load_text_datasets", lambda *a, **k: pytest.fail("read the data before refusing"))
+    with pytest.raises(ValueError, match=r"new.?_continued_from\.json names it.*--resume_from_checkpoint last"):
+        train.main(tiny_args(data_dir, new, *STEPS, *SCHEDULE))
+
+
+def test_a_continued_run_that_finished_without_checkpoints_is_not_trained_again_by_last(data_dir, trained, tmp_path):
+    """Continued with --save_strategy no: its final model is the run's own; `last` then finds no checkpoint to
+    resume (the record is gone with the final save), and a record left beside a final model is refused too."""
+    old = copy_of(trained, tmp_path / "old", "checkpoint-2")
+    new = tmp_path / "new"
+    flags = ("--max_steps", "4", "--max_tokens", "200", "--save_strategy", "no", *SCHEDULE)
+    train.main(tiny_args(data_dir, new, *flags, "--resume_from_checkpoint", str(old / "checkpoint-2")))
+    assert (new / "model.safetensors").is_file() and not (new / "_continued_from.json").exists()
+    with pytest.raises(ValueError, match="no complete checkpoint"):
+        build(data_dir, new, *flags, *RESUME)
+    (new / "_continued_from.json").write_text(json.dumps({"checkpoint": "../old/checkpoint-2"}))
+    with pytest.raises(ValueError, match=r"holds no checkpoint but a final model \(model\.safetensors\)"):
+        build(data_dir, new, *flags, *RESUME)
 
 
 @pytest.mark.parametrize(

@@ -31,6 +31,7 @@ CHECKPOINT_NAME = re.compile(rf"{PREFIX_CHECKPOINT_DIR}-(\d+)")  # the Trainer's
 LEFT_OUT_NAME = "left_out.json"  # what a checkpoint saved after SIGTERM had no time for, and why
 EMA_FILE = "ema.safetensors"  # a checkpoint's moving average of the weights (--ema_decay)
 TORCH_WEIGHTS_NAME = "pytorch_model.bin"  # older checkpoints (e.g. opus-mt), a torch zip archive
+MODEL_WEIGHTS = (SAFETENSORS_NAME, SAFETENSORS_INDEX_NAME, TORCH_WEIGHTS_NAME)  # a saved model's weights
 # Any one of these makes AutoTokenizer.from_pretrained find a tokenizer in a folder.
 TOKENIZER_MARKERS = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "source.spm", "spiece.model")
 # What decides a saved tokenizer's ids: ours (tokenizer.json), a byte-level BPE's vocabulary and merges, a

@@ -27,6 +27,7 @@ import os
 import queue
 import shutil
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -41,6 +42,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints
 from ..checkpoint_files import (
     CHECKPOINT_NAME,
     LEFT_OUT_NAME,
+    MODEL_WEIGHTS,
     check_json,
     check_model_folder,
     check_torch_archive,
@@ -226,9 +228,20 @@ def record_continuation(output_dir: str | os.PathLike, checkpoint: str | os.Path
     here = Path(output_dir).resolve()
     here.mkdir(parents=True, exist_ok=True)
     record = here / CONTINUED_FROM_NAME
-    temporary = record.with_name(f".{record.name}.{os.getpid()}")
-    temporary.write_text(json.dumps({"checkpoint": _relative(str(Path(checkpoint).resolve()), here)}) + "\n")
+    temporary = record.with_name(f".{record.name}.{socket.gethostname()}.{os.getpid()}")  # nodes may share the disk
+    with open(temporary, "w", encoding="utf-8") as file:
+        file.write(json.dumps({"checkpoint": _relative(str(Path(checkpoint).resolve()), here)}) + "\n")
+        file.flush()
+        os.fsync(file.fileno())  # a power cut is among the crashes it is there for
     os.replace(temporary, record)
+    _fsync_directory(here)
+
+
+def forget_continuation(output_dir: str | os.PathLike) -> None:
+    """Remove ``output_dir``'s continued_from.json once the folder holds a checkpoint or the final model of its own
+    run: from then on its checkpoints' trainer state records the old folder (`ContinuedFrom`), and `last` must not
+    go back past them (nor train a finished model again)."""
+    (Path(output_dir) / CONTINUED_FROM_NAME).unlink(missing_ok=True)
 
 
 def continued_from(output_dir: str | os.PathLike) -> Path | None:
@@ -301,6 +314,12 @@ def resolve_checkpoint(
     if last is None and (origin := continued_from(output_dir)) is not None:
         # a run continued here that saved no complete checkpoint yet: where it began is still its newest one
         record = Path(output_dir) / CONTINUED_FROM_NAME
+        if finished := [name for name in MODEL_WEIGHTS if (Path(output_dir) / name).is_file()]:
+            raise ValueError(
+                f"{what} last: {output_dir} holds no checkpoint but a final model ({finished[0]}), which resuming "
+                f"from {origin} ({record} names it) would train over. Fine-tune it into a new --output_dir "
+                f"(--model_name_or_path {output_dir}), or delete {record} if that model is not this run's."
+            )
         if not origin.is_dir():
             raise ValueError(
                 f"{what} last: {output_dir} holds no complete checkpoint, and {origin}, the one its run began at "
@@ -493,6 +512,7 @@ class CheckpointPolicy:
         if left_out:
             (staged / LEFT_OUT_NAME).write_text(json.dumps(left_out, indent=1) + "\n")
         publish(staged, final)
+        forget_continuation(final.parent)  # a checkpoint of the run's own here: `last` takes it from now on
         shutil.rmtree(staged.parent, ignore_errors=True)
         if not self.resume_point_only:
             remove_resume_points(final)

@@ -33,7 +33,7 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
 from .. import PRESETS, VanillaTransformerConfig
 from ..attention_backends import check_flex_attention_on_cpu
-from ..checkpoint_files import SAFETENSORS_INDEX_NAME, SAFETENSORS_NAME, TORCH_WEIGHTS_NAME
+from ..checkpoint_files import MODEL_WEIGHTS
 from ..command_line import did_you_mean, recipe_names, recipe_path
 from ..generation_vanilla_transformer import LENGTH_PENALTY_FORMULAS
 from ..private_api import require
@@ -44,7 +44,13 @@ from .arguments import (
     check_training_arguments,
     sentence_batch_flag_refusal,
 )
-from .checkpointing import RESUME_HINT, checkpoint_folders, continued_from, last_complete_checkpoint
+from .checkpointing import (
+    CONTINUED_FROM_NAME,
+    RESUME_HINT,
+    checkpoint_folders,
+    continued_from,
+    last_complete_checkpoint,
+)
 from .data import check_data_arguments
 
 # train --help in groups reads fields through this HfArgumentParser internal (private: checked at import)
@@ -759,9 +765,6 @@ def check_model_arguments(model_args: ModelArguments) -> None:
         )
 
 
-MODEL_WEIGHTS = (SAFETENSORS_NAME, SAFETENSORS_INDEX_NAME, TORCH_WEIGHTS_NAME)  # a saved model's weights
-
-
 def check_output_dir(training_args, resuming: bool | Path, tokenizer_only: bool = False) -> None:
     """A new run must not write into the folder of another: their checkpoints would mix (averaging would
     take some of each), its model would replace the other's, and the new tokenizer would replace the one the old
@@ -773,9 +776,12 @@ def check_output_dir(training_args, resuming: bool | Path, tokenizer_only: bool 
     if not output_dir.is_dir():
         return
     if isinstance(resuming, Path) and resuming.resolve().parent != output_dir.resolve():
+        held = checkpoint_folders(output_dir)
         # the run in output_dir began at that checkpoint and saved none complete there yet (`last` took it)
-        again = continued_from(output_dir) == resuming.resolve() and last_complete_checkpoint(output_dir) is None
-        if (held := checkpoint_folders(output_dir)) and not again:
+        again = (
+            held and continued_from(output_dir) == resuming.resolve() and last_complete_checkpoint(output_dir) is None
+        )
+        if held and not again:
             raise ValueError(
                 f"--resume_from_checkpoint {resuming} is not in --output_dir {output_dir}, which holds another "
                 f"run's checkpoints ({', '.join(p.name for p in held)}): the resumed run's would mix with them, or "
@@ -785,6 +791,12 @@ def check_output_dir(training_args, resuming: bool | Path, tokenizer_only: bool 
             )
     if resuming:
         return
+    if (record := output_dir / CONTINUED_FROM_NAME).is_file():  # a run continued here that has saved nothing yet
+        raise ValueError(
+            f"--output_dir {output_dir} holds the start of a run continued from another folder's checkpoint "
+            f"({record} names it) that saved nothing here yet. Continue it with {RESUME_HINT}, or choose a new "
+            f"--output_dir (or delete {record} to start a new run here)."
+        )
     if old := checkpoint_folders(output_dir):
         held = f"--output_dir {output_dir} already holds checkpoints of a run ({', '.join(p.name for p in old[-3:])})"
         if tokenizer_only:

@@ -71,6 +71,7 @@ from .checkpointing import (
     TRAINER_STATE_NAME,
     TrainingInterrupted,
     ctrl_c_stops_the_run,
+    forget_continuation,
     ignore_further_sigterms,
     record_continuation,
     resolve_checkpoint,
@@ -345,7 +346,8 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     if continues_elsewhere and training_args.process_index == 0:  # a run continued in a new folder: its tokenizer too
         if not has_tokenizer(tokenizer_dir := Path(training_args.output_dir) / "tokenizer"):
             tokenizer.save_pretrained(tokenizer_dir)
-        record_continuation(training_args.output_dir, resume)  # `last` there resumes from it until a save (a crash)
+    if continues_elsewhere and training_args.should_save:  # `last` there resumes from it until a save (a crash)
+        record_continuation(training_args.output_dir, resume)
     with training_args.main_process_first(desc="reading the data"):  # the training pairs only where needed
         text = load_text_datasets(data_args, training_args.seed, train=do_train or tokenizer is None)
     if tokenizer is None:  # trained on the data, then the model sized to it
@@ -928,6 +930,8 @@ def save_final_model(trainer, tokenizer, average: int = 0, weights: str = "unifo
         trainer.averaged_checkpoints = [card_name(path, output_dir) for path in chosen]
     if trainer.is_world_process_zero():
         tokenizer.save_pretrained(output_dir)
+    if trainer.args.should_save:  # the run's own model is here: `last` must not train it again from another folder
+        forget_continuation(output_dir)
     trainer.accelerator.wait_for_everyone()
     if average:  # evaluate what was saved
         averaged = AutoModelForSeq2SeqLM.from_pretrained(output_dir)
