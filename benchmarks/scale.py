@@ -43,9 +43,10 @@ FIRST_UPDATE = re.compile(r"\{'loss': ")
 def pseudo_words(count: int, rng: np.random.Generator) -> np.ndarray:
     """``count`` distinct made-up words of 2 to 12 letters."""
     words: dict[str, None] = {}
-    while len(words) < count:
-        for length in rng.integers(2, 13, size=count):
-            words["".join(rng.choice(list(LETTERS), size=length))] = None
+    while len(words) < count:  # all letters of a round in one draw (a draw per word took seconds)
+        lengths = rng.integers(2, 13, size=count)
+        text = "".join(np.array(list(LETTERS))[rng.integers(0, len(LETTERS), size=int(lengths.sum()))])
+        words.update((text[end - length : end], None) for length, end in zip(lengths, np.cumsum(lengths)))
     return np.array(list(words)[:count])
 
 
