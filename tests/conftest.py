@@ -4,8 +4,15 @@ Benchmarks run in-process by their tests time one thread (``--threads 1``); a te
 process's outputs with this process's bit for bit (remote code, pipelines) needs both to add in the same
 order, which the number of threads decides."""
 
-import pytest
-import torch
+import os
+
+# Under pytest-xdist (`pytest -n N`) each worker runs one thread, as do the processes its tests start: N workers
+# each with torch's default of one thread per core would spin on cores the others hold.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
