@@ -295,3 +295,25 @@ def test_tf32_stays_as_the_arguments_set_it_when_accelerate_builds_its_state(tmp
     assert read == {case: [*expected, len(runs)] for case, (_, runs, expected) in ACCELERATE_TF32_CASES.items()}, (
         done.stderr[-2000:]
     )
+
+
+@pytest.mark.floor  # torch before 2.9 (the floor's) has the legacy flag only: the bool branch runs there
+@pytest.mark.parametrize("own", [False, True], ids=["own setting off", "own setting on"])
+def test_the_tf32_snapshot_puts_back_a_setting_accelerate_turned_on(own):
+    """`cuda_matmul_tf32_setting` then `restore_cuda_matmul_tf32_setting` around what accelerate does for a compiled
+    float32 run on CUDA (``matmul.allow_tf32 = True``): the user's setting, read through the legacy flag that
+    every supported torch has, is back, and the restore says whether accelerate had changed it."""
+    from vanilla_transformer.training.arguments import cuda_matmul_tf32_setting, restore_cuda_matmul_tf32_setting
+
+    matmul = torch.backends.cuda.matmul
+    before = cuda_matmul_tf32_setting()
+    try:
+        matmul.allow_tf32 = own
+        setting = cuda_matmul_tf32_setting()
+        assert isinstance(setting, bool) != hasattr(torch.backends, "fp32_precision")  # the branch of this torch
+        matmul.allow_tf32 = True  # accelerate's AcceleratorState
+        assert restore_cuda_matmul_tf32_setting(setting) is (not own)
+        assert matmul.allow_tf32 is own
+        assert restore_cuda_matmul_tf32_setting(setting) is False  # nothing left to put back
+    finally:
+        restore_cuda_matmul_tf32_setting(before)
