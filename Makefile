@@ -43,8 +43,8 @@ lint: setup
 	$(PY) -m ruff format --check .
 
 # The suite runs in TEST_PROCESSES processes (pytest-xdist; a test file stays in one), one thread each
-# (tests/conftest.py): the cores this process may use, at most 4. TEST_PROCESSES=0 runs it in this process.
-TEST_PROCESSES ?= $(shell $(PYTHON) -c "import os; print(min(4, len(os.sched_getaffinity(0))))" 2>/dev/null || echo 1)
+# (tests/conftest.py): the cores this process may use, at most 4 (tests/cores.py). TEST_PROCESSES=0: in one.
+TEST_PROCESSES ?= $(shell $(PYTHON) tests/cores.py 2>/dev/null || echo 1)
 
 # The linter, the whole suite on the newest versions, then the tests marked `floor` on the oldest ones.
 test: setup

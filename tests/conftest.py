@@ -4,12 +4,20 @@ Benchmarks run in-process by their tests time one thread (``--threads 1``); a te
 process's outputs with this process's bit for bit (remote code, pipelines) needs both to add in the same
 order, which the number of threads decides."""
 
+import atexit
 import os
+import shutil
+import tempfile
 
 # Under pytest-xdist (`pytest -n N`) each worker runs one thread, as do the processes its tests start: N workers
 # each with torch's default of one thread per core would spin on cores the others hold.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
+# datasets' cache (read when datasets is imported) in a folder of this process's own, removed at its exit: not the
+# user's ~/.cache, and no other worker's failed build walks through it
+_DATASETS_CACHE = tempfile.mkdtemp(prefix="vt-tests-datasets-")
+os.environ["HF_DATASETS_CACHE"] = _DATASETS_CACHE
+atexit.register(shutil.rmtree, _DATASETS_CACHE, ignore_errors=True)
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

@@ -194,3 +194,19 @@ def test_the_readmes_status_line_quotes_only_recorded_headlines():
     recorded = {record["quote"].format(record["value"]) for record in HEADLINES}
     assert claims, status
     assert set(claims) <= recorded, f"the status line states {sorted(set(claims) - recorded)}, recorded nowhere"
+
+
+def test_the_suites_processes_follow_the_cgroups_cpu_quota(tmp_path):
+    """`make test`'s process count: a container's quota of 1.5 CPUs on more cores is 2 processes; no quota, the
+    cores the affinity gives (tests/cores.py)."""
+    import os
+
+    import cores
+
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    quota = tmp_path / "cpu.max"
+    quota.write_text("150000 100000\n")
+    assert cores.usable_cores(quota) == min(affinity, 2)
+    quota.write_text("max 100000\n")
+    assert cores.usable_cores(quota) == affinity
+    assert cores.usable_cores(tmp_path / "absent") == affinity
