@@ -166,3 +166,30 @@ def test_a_file_another_run_is_writing_is_never_taken_for_a_damaged_one(tmp_path
     with pytest.raises(ValueError, match="^a mistake in the data$"):
         caches.rebuilt_if_damaged(failing, tmp_path / "cache")
     assert (writing / "generator-train.arrow").is_file()
+
+
+def test_an_entry_another_run_removes_during_the_scan_is_passed_over(first_run, tmp_path, monkeypatch):
+    """A failed build scans the whole cache folder, which other runs may share: an entry listed and then replaced
+    or removed by one of them (a folder renamed, a file deleted) is neither reported nor an error, while a damaged
+    one beside it still is. The reference: the entries on disk when the scan ends."""
+    cache, truncated = damaged_copy(first_run, tmp_path, "the token ids", "truncated")
+    folder, _, _, entries = first_run
+    text = cache / entries["the text of the data file"].relative_to(folder / "cache")
+    kept = cache / entries["the kept pairs' indices"].relative_to(folder / "cache")
+    check_dataset, check_arrow = caches.dataset_problem, caches.arrow_problem
+
+    def dataset_gone_meanwhile(dataset):
+        (dataset / caches.DATASET_INFO).unlink()  # another run replacing it
+        return check_dataset(dataset)
+
+    def file_gone_meanwhile(path):
+        if path == kept:
+            path.unlink()
+        return check_arrow(path)
+
+    monkeypatch.setattr(caches, "dataset_problem", dataset_gone_meanwhile)
+    monkeypatch.setattr(caches, "arrow_problem", file_gone_meanwhile)
+    damaged = caches.damaged_entries(cache)
+    assert not (text.parent / caches.DATASET_INFO).exists() and not kept.exists()
+    assert list(damaged) == [truncated]
+    caches._remove(kept, "gone meanwhile", cache)  # deleting what is gone is no error

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -78,28 +79,43 @@ def dataset_problem(folder: Path) -> str | None:
 
 def damaged_entries(folder: Path) -> dict[Path, str]:
     """The damaged entries under ``folder`` and what is wrong with each: a prepared dataset (its folder)
-    or a cached ``map``/``train_test_split`` result (its Arrow file)."""
+    or a cached ``map``/``train_test_split`` result (its Arrow file). The folder may be shared with runs
+    at work: what they are writing (``*.incomplete``) is passed over, and so is an entry gone meanwhile."""
     damaged: dict[Path, str] = {}
-    if not folder.is_dir():
-        return damaged
-    prepared = [info.parent for info in folder.rglob(DATASET_INFO)]
+    prepared, arrow_files = [], []
+    for root, folders, files in os.walk(folder):  # a folder gone mid-walk is skipped (os.walk ignores errors)
+        folders[:] = sorted(name for name in folders if not name.endswith(".incomplete"))  # being written by a run
+        if DATASET_INFO in files:
+            prepared.append(Path(root))
+        arrow_files += [Path(root) / name for name in sorted(files) if name.endswith(".arrow")]
     for dataset in prepared:
-        if problem := dataset_problem(dataset):
+        if (problem := _unless_gone(dataset_problem, dataset)) is not None:
             damaged[dataset] = problem
-    for path in sorted(folder.rglob("*.arrow")):
+    for path in arrow_files:
         if path.parent in prepared and not path.name.startswith("cache-"):
             continue  # a split file, checked with its dataset
         if any(parent.name.endswith(".incomplete") for parent in path.parents):
-            continue  # being written by a run (this one's failed build leaves none): not ours to judge
-        if not any(entry in path.parents for entry in damaged) and (problem := arrow_problem(path)):
+            continue  # ``folder`` itself inside one: being written by a run, not ours to judge
+        if not any(entry in path.parents for entry in damaged) and (problem := _unless_gone(arrow_problem, path)):
             damaged[path] = problem
     return damaged
+
+
+def _unless_gone(check: Callable[[Path], str | None], entry: Path) -> str | None:
+    """``check(entry)``; None where the entry is gone (another run replaced or removed it since it was listed)."""
+    try:
+        problem = check(entry)
+    except FileNotFoundError:
+        return None
+    return problem if entry.exists() else None
 
 
 def _remove(entry: Path, problem: str, folder: Path) -> None:
     logger.warning(f"the cache entry {entry} is damaged ({problem}): deleting it to rebuild it from the data")
     try:
         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    except FileNotFoundError:  # gone meanwhile (another run's rebuild): nothing left to delete
+        pass
     except OSError as error:
         raise DamagedFileError(
             f"The datasets cache {folder}: {entry} is truncated or corrupt ({problem}) and could "

@@ -238,7 +238,7 @@ def record_continuation(output_dir: str | os.PathLike, checkpoint: str | os.Path
 
 
 def forget_continuation(output_dir: str | os.PathLike) -> None:
-    """Remove ``output_dir``'s continued_from.json once the folder holds a checkpoint or the final model of its own
+    """Remove ``output_dir``'s _continued_from.json once the folder holds a checkpoint or the final model of its own
     run: from then on its checkpoints' trainer state records the old folder (`ContinuedFrom`), and `last` must not
     go back past them (nor train a finished model again)."""
     (Path(output_dir) / CONTINUED_FROM_NAME).unlink(missing_ok=True)
