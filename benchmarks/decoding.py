@@ -437,7 +437,8 @@ def main(argv=None) -> dict | None:
         f"{'trained' if trained else 'random-weight'} MarianMT, {torch.get_num_threads()} threads, "
         f"{args.repeats} repeats; {'lengths as decoded' if trained else 'fixed output lengths'}"
     )
-    work_dir = Path(tempfile.mkdtemp(prefix="decoding-benchmark-"))
+    temporary = tempfile.TemporaryDirectory(prefix="decoding-benchmark-")  # removed with it (at the return, or exit)
+    work_dir = Path(temporary.name)
     results = {}
     for beam, batch_size in args.configurations:
         pairs = test[: args.sentences if batch_size > 1 else args.sentences_batch_1]

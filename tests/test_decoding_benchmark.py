@@ -7,6 +7,7 @@ hypotheses token for token; the script compares them and prints "identical" only
 from __future__ import annotations
 
 import gzip
+import tempfile
 
 import pytest
 import torch
@@ -33,10 +34,12 @@ def test_missing_data_folder_is_reported_not_an_error(tmp_path, capsys):
     assert "Multi30k not found" in capsys.readouterr().out
 
 
-def test_every_system_decodes_and_ours_and_ctranslate2_float32_equal_marianmt(tmp_path, capsys):
+def test_every_system_decodes_and_ours_and_ctranslate2_float32_equal_marianmt(tmp_path, capsys, monkeypatch):
     pytest.importorskip("ctranslate2")
     write_split(tmp_path, "train", 200, seed=0)
     write_split(tmp_path, "test_2016_flickr", 12, seed=1)
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "temporary"))  # CTranslate2's converted models there
+    (tmp_path / "temporary").mkdir()
     results = decoding.main(
         [
             "--data-dir",
@@ -53,6 +56,7 @@ def test_every_system_decodes_and_ours_and_ctranslate2_float32_equal_marianmt(tm
         ]
     )
     printed = capsys.readouterr().out
+    assert not list((tmp_path / "temporary").iterdir())  # removed when it returned
     assert set(results) == {(4, 4), (1, 1)}
     for seconds in results.values():
         assert set(seconds) == {"MarianMT", "ours", "CTranslate2 float32", "CTranslate2 int8"}
