@@ -670,7 +670,8 @@ def main(argv=None) -> dict | None:
     if data_dir is None:
         return None
     output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    if not args.redecode:  # --redecode writes into the comparison's own folder
+        output_dir.mkdir(parents=True, exist_ok=True)
     mode = (
         averaging
         if args.averaging

@@ -802,6 +802,8 @@ def test_redecode_decodes_a_comparisons_models_of_ours_with_the_recipes_decoding
         "--recipe-flag=--length_penalty_formula",
         "--recipe-flag=length",
     ]
+    (tmp_path / "cwd").mkdir()
+    monkeypatch.chdir(tmp_path / "cwd")  # where the default --output-dir, runs/multi30k, would be made
     results = multi30k.main(["--data-dir", str(data), "--redecode", str(out), *flags])
     asked = {"length_penalty": 2.5, "length_penalty_formula": "length"}
     assert decoded == [
@@ -821,6 +823,7 @@ def test_redecode_decodes_a_comparisons_models_of_ours_with_the_recipes_decoding
     assert "test median was 32.00" in (out / "redecoded-2.5-length.md").read_text()
     decoded.clear()  # without decoding flags: the recipe's own, §6.1's
     multi30k.main(["--data-dir", str(data), "--redecode", str(out)])
+    assert not list((tmp_path / "cwd").iterdir())  # written into the comparison's folder only
     paper = {"length_penalty": 0.6, "length_penalty_formula": "gnmt"}
     assert [settings for *_, settings in decoded[:2]] == [paper, {**paper, "length_penalty_formula": "length"}]
     assert (out / "redecoded-0.6-gnmt.json").is_file()
