@@ -437,57 +437,57 @@ def main(argv=None) -> dict | None:
         f"{'trained' if trained else 'random-weight'} MarianMT, {torch.get_num_threads()} threads, "
         f"{args.repeats} repeats; {'lengths as decoded' if trained else 'fixed output lengths'}"
     )
-    temporary = tempfile.TemporaryDirectory(prefix="decoding-benchmark-")  # removed with it (at the return, or exit)
-    work_dir = Path(temporary.name)
-    results = {}
-    for beam, batch_size in args.configurations:
-        pairs = test[: args.sentences if batch_size > 1 else args.sentences_batch_1]
-        batches = make_batches(tokenizer, pairs, batch_size, trained)
-        decoders = {
-            "MarianMT": transformers_decoder(marian, tokenizer, batches, beam, args.processors),
-            "ours": transformers_decoder(ours, tokenizer, batches, beam, args.processors),
-        }
-        seconds, outputs = alternate(decoders, args.repeats, clock=clock)
-        if (
-            not args.no_ctranslate2 and not args.processors
-        ):  # after, not alternating: a live Translator's threads slow torch here ~1.6x
-            translators = {
-                f"CTranslate2 {quantization}": ctranslate2_decoder(
-                    ours, tokenizer, batches, beam, quantization, work_dir
-                )
-                for quantization in ("float32", "int8")
+    with tempfile.TemporaryDirectory(prefix="decoding-benchmark-") as folder:  # CTranslate2's converted models
+        work_dir = Path(folder)
+        results = {}
+        for beam, batch_size in args.configurations:
+            pairs = test[: args.sentences if batch_size > 1 else args.sentences_batch_1]
+            batches = make_batches(tokenizer, pairs, batch_size, trained)
+            decoders = {
+                "MarianMT": transformers_decoder(marian, tokenizer, batches, beam, args.processors),
+                "ours": transformers_decoder(ours, tokenizer, batches, beam, args.processors),
             }
-            more_seconds, more_outputs = alternate(translators, args.repeats, clock=clock)
-            del translators  # their threads end with them
-            gc.collect()
-            seconds, outputs = {**seconds, **more_seconds}, {**outputs, **more_outputs}
-        references = [reference for _, reference in pairs]
-        print(f"\nbeam {beam}, batch {batch_size}, {len(pairs)} sentences")
-        print(table(seconds, outputs, tokenizer, references, trained, len(pairs)))
-        results[(beam, batch_size)] = seconds
-        if args.floor and (beam, batch_size) == (4, 32):
-            results["floor"] = floor(seconds["MarianMT"], seconds["ours"], required_seconds(decoders["ours"]))
-            print(floor_text(results["floor"]))
-    if args.levers or not args.no_compile:
-        pairs = test[: args.sentences]
-        batches = make_batches(tokenizer, pairs, 32, trained)
-        # the shipped model as a copy too: every row then decodes with weights copied alike (the
-        # imported model itself decoded 1-2% slower than a copy of it on 2026-11-25, commit 0dccfd8)
-        variants = {"ours (shipped)": (copy.deepcopy(ours), {})}
-        if args.levers:
-            variants.update(lever_variants(ours, args.lever))
-        if not args.no_compile:
-            variants["transformers' beam search, static cache + torch.compile"] = (compiled_static(ours), {})
-        decoders = {
-            name: transformers_decoder(model, tokenizer, batches, 4, {**args.processors, **settings})
-            for name, (model, settings) in variants.items()
-        }
-        seconds, outputs = alternate(decoders, args.repeats, clock=clock)
-        references = [reference for _, reference in pairs]
-        print(f"\nlevers: beam 4, batch 32, {len(pairs)} sentences")
-        print(table(seconds, outputs, tokenizer, references, trained, len(pairs), levers=True))
-        results["levers"] = seconds
-    return results
+            seconds, outputs = alternate(decoders, args.repeats, clock=clock)
+            if (
+                not args.no_ctranslate2 and not args.processors
+            ):  # after, not alternating: a live Translator's threads slow torch here ~1.6x
+                translators = {
+                    f"CTranslate2 {quantization}": ctranslate2_decoder(
+                        ours, tokenizer, batches, beam, quantization, work_dir
+                    )
+                    for quantization in ("float32", "int8")
+                }
+                more_seconds, more_outputs = alternate(translators, args.repeats, clock=clock)
+                del translators  # their threads end with them
+                gc.collect()
+                seconds, outputs = {**seconds, **more_seconds}, {**outputs, **more_outputs}
+            references = [reference for _, reference in pairs]
+            print(f"\nbeam {beam}, batch {batch_size}, {len(pairs)} sentences")
+            print(table(seconds, outputs, tokenizer, references, trained, len(pairs)))
+            results[(beam, batch_size)] = seconds
+            if args.floor and (beam, batch_size) == (4, 32):
+                results["floor"] = floor(seconds["MarianMT"], seconds["ours"], required_seconds(decoders["ours"]))
+                print(floor_text(results["floor"]))
+        if args.levers or not args.no_compile:
+            pairs = test[: args.sentences]
+            batches = make_batches(tokenizer, pairs, 32, trained)
+            # the shipped model as a copy too: every row then decodes with weights copied alike (the
+            # imported model itself decoded 1-2% slower than a copy of it on 2026-11-25, commit 0dccfd8)
+            variants = {"ours (shipped)": (copy.deepcopy(ours), {})}
+            if args.levers:
+                variants.update(lever_variants(ours, args.lever))
+            if not args.no_compile:
+                variants["transformers' beam search, static cache + torch.compile"] = (compiled_static(ours), {})
+            decoders = {
+                name: transformers_decoder(model, tokenizer, batches, 4, {**args.processors, **settings})
+                for name, (model, settings) in variants.items()
+            }
+            seconds, outputs = alternate(decoders, args.repeats, clock=clock)
+            references = [reference for _, reference in pairs]
+            print(f"\nlevers: beam 4, batch 32, {len(pairs)} sentences")
+            print(table(seconds, outputs, tokenizer, references, trained, len(pairs), levers=True))
+            results["levers"] = seconds
+        return results
 
 
 if __name__ == "__main__":

@@ -193,3 +193,24 @@ def test_an_entry_another_run_removes_during_the_scan_is_passed_over(first_run, 
     assert not (text.parent / caches.DATASET_INFO).exists() and not kept.exists()
     assert list(damaged) == [truncated]
     caches._remove(kept, "gone meanwhile", cache)  # deleting what is gone is no error
+
+
+def test_an_entry_whose_file_another_run_removes_while_it_is_deleted_is_deleted_whole(tmp_path, monkeypatch):
+    """shutil.rmtree stops at the first file it finds gone (another run's rebuild removing it at that moment),
+    leaving the rest; the deletion goes on until the entry is gone."""
+    entry = tmp_path / "cache" / "entry"
+    entry.mkdir(parents=True)
+    for name in ("a.arrow", "b.arrow", "dataset_info.json"):
+        (entry / name).write_text("x")
+    rmtree, calls = shutil.rmtree, []
+
+    def cut_short(path, *args, **kwargs):
+        calls.append(path)
+        if len(calls) == 1:
+            (Path(path) / "a.arrow").unlink()  # what the other run did, as rmtree reached that file
+            raise FileNotFoundError(2, "No such file or directory", str(Path(path) / "a.arrow"))
+        return rmtree(path, *args, **kwargs)
+
+    monkeypatch.setattr(caches.shutil, "rmtree", cut_short)
+    caches._remove(entry, "damaged", tmp_path / "cache")
+    assert not entry.exists() and len(calls) == 2

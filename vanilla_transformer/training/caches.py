@@ -113,9 +113,11 @@ def _unless_gone(check: Callable[[Path], str | None], entry: Path) -> str | None
 def _remove(entry: Path, problem: str, folder: Path) -> None:
     logger.warning(f"the cache entry {entry} is damaged ({problem}): deleting it to rebuild it from the data")
     try:
-        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
-    except FileNotFoundError:  # gone meanwhile (another run's rebuild): nothing left to delete
-        pass
+        while entry.exists():  # a file in it removed meanwhile by another run's rebuild stops rmtree: again
+            try:
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            except FileNotFoundError:
+                pass
     except OSError as error:
         raise DamagedFileError(
             f"The datasets cache {folder}: {entry} is truncated or corrupt ({problem}) and could "
