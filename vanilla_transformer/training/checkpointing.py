@@ -220,6 +220,11 @@ def recorded_run_folders(root: str | os.PathLike) -> list:
     return []
 
 
+def of_another_folder(checkpoint: str | os.PathLike | None, output_dir: str | os.PathLike) -> bool:
+    """Whether resuming from ``checkpoint`` into ``output_dir`` continues the run in a new folder (links resolved)."""
+    return checkpoint is not None and Path(checkpoint).resolve().parent != Path(output_dir).resolve()
+
+
 def record_continuation(output_dir: str | os.PathLike, checkpoint: str | os.PathLike) -> None:
     """Write ``output_dir``/_continued_from.json, naming ``checkpoint`` of another folder, which a run continues
     from in ``output_dir``: until the run saves a checkpoint there, ``--resume_from_checkpoint last`` in
@@ -283,7 +288,7 @@ def check_nothing_later(checkpoint: Path, output_dir: str | os.PathLike, what: s
     the two runs. Refused, naming them, before any data is read. Later folders that ``last`` skips as
     incomplete do not count (so ``last`` itself, checked again by `TransformerTrainer.train`, always passes)."""
     match = CHECKPOINT_NAME.fullmatch(checkpoint.name)
-    if match is None or Path(output_dir).resolve() != checkpoint.resolve().parent:
+    if match is None or of_another_folder(checkpoint, output_dir):
         return
     later = [
         folder

@@ -50,6 +50,7 @@ from .checkpointing import (
     checkpoint_folders,
     continued_from,
     last_complete_checkpoint,
+    of_another_folder,
 )
 from .data import check_data_arguments
 
@@ -775,7 +776,7 @@ def check_output_dir(training_args, resuming: bool | Path, tokenizer_only: bool 
     output_dir = Path(training_args.output_dir)
     if not output_dir.is_dir():
         return
-    if isinstance(resuming, Path) and resuming.resolve().parent != output_dir.resolve():
+    if isinstance(resuming, Path) and of_another_folder(resuming, output_dir):
         held = checkpoint_folders(output_dir)
         # the run in output_dir began at that checkpoint and saved none complete there yet (`last` took it)
         again = (

@@ -73,6 +73,7 @@ from .checkpointing import (
     ctrl_c_stops_the_run,
     forget_continuation,
     ignore_further_sigterms,
+    of_another_folder,
     record_continuation,
     resolve_checkpoint,
     run_checkpoints,
@@ -342,7 +343,7 @@ def build_trainer(model_args, data_args, training_args) -> Run:
         refuse_tokenizer_training_on_several_machines(training_args.world_size)
     tokenizer = prepare_tokenizer(**tokenizer_source) if loads_tokenizer else None
     model = model_for(tokenizer) if tokenizer is not None else None
-    continues_elsewhere = resume is not None and resume.resolve().parent != Path(training_args.output_dir).resolve()
+    continues_elsewhere = of_another_folder(resume, training_args.output_dir)
     if continues_elsewhere and training_args.process_index == 0:  # a run continued in a new folder: its tokenizer too
         if not has_tokenizer(tokenizer_dir := Path(training_args.output_dir) / "tokenizer"):
             tokenizer.save_pretrained(tokenizer_dir)

@@ -59,6 +59,7 @@ from .checkpointing import (
     ContinuedFrom,
     StopOnSignal,
     is_sharded,
+    of_another_folder,
     plain_copy,
     record_continuation,
     resolve_checkpoint,
@@ -483,8 +484,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         With ``ema_decay``, the model afterwards holds the moving average of its weights (save_model saves it)."""
         checkpoint = resolve_checkpoint(resume_from_checkpoint, self.args.output_dir)
         self.resumed_from = checkpoint
-        elsewhere = checkpoint is not None and checkpoint.resolve().parent != Path(self.args.output_dir).resolve()
-        if elsewhere and self.args.should_save:  # continued in a new folder: `last` there finds where it began
+        if of_another_folder(checkpoint, self.args.output_dir) and self.args.should_save:  # `last` there finds it
             record_continuation(self.args.output_dir, checkpoint)
         if checkpoint is not None:
             check_checkpoint(checkpoint, self.args.ema_decay)
