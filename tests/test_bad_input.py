@@ -148,6 +148,18 @@ def test_zero_intervals_are_refused_not_taken_as_unset(flag):
     )
 
 
+def test_epochs_beside_a_number_of_updates_are_refused_not_ignored():
+    """transformers trains --max_steps updates whatever --num_train_epochs says, without a word: a recipe's
+    max_steps (multi30k: an upper bound of 1,000,000) would make ``--num_train_epochs 1`` train for days."""
+    message = refused_before_reading(["multi30k", *train_argv("--num_train_epochs", "1")])
+    assert "--num_train_epochs 1 does nothing beside --max_steps 1000000 (the recipe's)" in message
+    assert "add --max_steps -1" in message
+    message = refused_before_reading(train_argv("--num_train_epochs", "2", "--max_steps", "5"))
+    assert "--max_steps 5, which decides" in message and "recipe" not in message
+    _, _, epochs = train.parse_arguments(["multi30k", *train_argv("--num_train_epochs", "2", "--max_steps", "-1")])
+    assert (epochs.num_train_epochs, epochs.max_steps) == (2, -1)
+
+
 def test_a_length_limit_above_the_batch_size_is_refused():
     message = refused_before_reading(train_argv("--max_tokens", "200", "--max_source_length", "300"))
     assert "--max_source_length 300" in message and "--max_tokens 200" in message

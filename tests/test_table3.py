@@ -183,12 +183,15 @@ def test_a_bad_row_name_exits_2_naming_the_valid_ones(capsys):
         "--do_predict",
         "--ema_decay",
         "--test_source_file",
+        "--load_best_model_at_end",  # a checkpoint chosen on the set that scores it
+        "--max_eval_samples",
+        "--tokenizer_only",
     ],
 )
 def test_flags_that_would_change_what_table3_compares_are_refused(flag, capsys):
     with pytest.raises(SystemExit) as exit:
         cli.main(["table3", "--max-steps", "2", flag, "1"])
-    assert exit.value.code == 2 and flag in capsys.readouterr().err
+    assert exit.value.code == 2 and f"{flag} is set by table3 for every row" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -769,3 +772,118 @@ def test_a_failed_rows_error_is_its_own_run_s_error_line_not_a_progress_bar(tmp_
     with open(log, "a") as file:
         file.write("\nTraceback (most recent call last):\nRuntimeError: CUDA out of memory\n 20%|██ | 29/150")
     assert table3.row_error(log, log.stat().st_size - 60).endswith("CUDA out of memory")
+
+
+# ---------------------------------------------------------------------------------------------
+# Refused before the shared tokenizer is trained; the same command in other words is the same table
+# ---------------------------------------------------------------------------------------------
+
+
+def recipe_file(folder: Path, **values) -> Path:
+    path = folder / "recipe.yaml"
+    path.write_text(yaml.safe_dump({"dataset_name": "none", **values}), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize("key, value", [("resume_from_checkpoint", "last"), ("model_name_or_path", "some/model")])
+def test_a_recipe_file_that_sets_what_table3_refuses_is_named_before_anything_is_written(key, value, tmp_path, capsys):
+    """From a file they slipped past the command line's refusal: every row then failed in train (`last`: "no
+    complete checkpoint"), or the base row's refusal blamed --config_overrides, which nobody gave."""
+    recipe = recipe_file(tmp_path, **{key: value})
+    with pytest.raises(SystemExit) as exit:
+        cli.main(["table3", str(recipe), "--max-steps", "2", "--output-dir", str(tmp_path / "t")])
+    error = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and f"{recipe} sets {key}: {table3.OWN_FLAGS[key]}" in error, error
+    assert not (tmp_path / "t").exists()
+
+
+def test_a_recipes_best_model_and_cut_validation_set_are_left_out_of_the_rows(tmp_path):
+    """Each row is scored with its last weights on the whole validation set: a recipe's load_best_model_at_end
+    (a checkpoint chosen on that same set) and max_eval_samples do not reach the rows."""
+    recipe = recipe_file(tmp_path, load_best_model_at_end=True, metric_for_best_model="bleu", max_eval_samples=3)
+    written = yaml.safe_load(table3.write_recipe(str(recipe), tmp_path / "t", 2).read_text())
+    assert written["load_best_model_at_end"] is False and "max_eval_samples" not in written
+
+
+def test_rows_without_validation_data_or_with_a_held_out_set_per_seed_are_refused_first(data_dir, tmp_path, capsys):
+    """Every row failed in train after the shared tokenizer was trained (minutes on WMT14), with advice table3
+    refuses (--do_eval false); --validation_size draws its pairs with each run's --seed, so seeds were scored on
+    different validation sets (and the tokenizer, trained on the first seed's split, saw the others')."""
+    command = table3_command(data_dir, tmp_path / "t")
+    at = command.index("--validation_source_file")
+    no_validation = command[:at] + command[at + 4 :]
+    for flags, message in [
+        (no_validation, "every row is scored on the validation set: give --validation_source_file"),
+        ([*no_validation, "--validation_size", "10", "--seeds", "2"], "--seeds 2 would score the rows on 2 different"),
+    ]:
+        with pytest.raises(SystemExit) as exit:
+            cli.main(flags)
+        error = capsys.readouterr().err.strip()
+        assert exit.value.code == 2 and message in error, error
+        assert not (tmp_path / "t").exists()
+
+
+def test_config_overrides_given_as_a_mapping_in_a_recipe_file_plan_the_rows(tmp_path):
+    """train took a recipe's ``config_overrides:`` mapping; table3 failed on it with an AttributeError."""
+    recipe = recipe_file(
+        tmp_path, train_file="t.tsv", validation_file="v.tsv", preset="tiny", config_overrides={"d_model": 32}
+    )
+    written = table3.write_recipe(str(recipe), tmp_path / "t", 2)
+    jobs = table3.plan(written, [], ["base", "C4"], 1, tmp_path / "t", "table3")
+    overrides = [job.flags[job.flags.index("--config_overrides") + 1] for job in jobs]
+    # the base as the recipe's mapping says; C4: d_model 256 of 512, half the base's 32
+    assert [table3_overrides(text)["d_model"] for text in overrides] == [32, 16], overrides
+
+
+def test_the_same_flags_in_another_order_or_spelling_are_the_same_row():
+    """A finished table was refused when run again with its flags reordered, one spelt with dashes, or ``--x=y``."""
+    saved = ["r.yaml", "--seed", "42", "--config_overrides", "d_model=32", "--label_names", "labels", "x", "--use_cpu"]
+    assert table3.same_flags(saved, ["r.yaml", "--use_cpu", "--config-overrides=d_model=32", "--seed", "42",
+                                     "--label_names", "labels", "x"])  # fmt: skip
+    assert table3.same_flags(saved, [*saved, "--seed", "42"])  # repeated: the last wins, as in argparse
+    assert not table3.same_flags(saved, [*saved, "--seed", "43"])
+    assert not table3.same_flags(saved, saved[:-1])  # a flag left out
+    assert not table3.same_flags(saved, [*saved[:7], "y", "--use_cpu"])  # another second value
+    changed = table3._changed_flags(saved, ["r.yaml", "--seed", "42", "--config-overrides", "d_model=64"])
+    assert changed == (
+        "--config_overrides d_model=32, now d_model=64; --label_names labels x, now (not given); "
+        "--use_cpu (given without a value), now (not given)"
+    )
+
+
+def test_the_recipe_file_is_named_by_its_values_and_a_recipe_of_the_same_values_is_the_same(tmp_path, monkeypatch):
+    """``./r.yaml`` and ``r.yaml`` wrote two recipe files (the hash covered a header naming the recipe as typed),
+    so the rows of one were refused by the other."""
+    monkeypatch.chdir(tmp_path)
+    recipe_file(tmp_path, preset="tiny")
+    first = table3.write_recipe("recipe.yaml", tmp_path / "t", 2)
+    assert table3.write_recipe("./recipe.yaml", tmp_path / "t", 2) == first
+    assert table3.write_recipe(str(tmp_path / "recipe.yaml"), tmp_path / "t", 3) != first
+    older = first.with_name("recipe-0123456789.yaml")  # as an earlier release named it: other header, same values
+    older.write_text("# recipe.yaml, written before\n" + first.read_text().split("\n", 1)[1])
+    assert table3.same_flags([str(older), "--seed", "1"], [str(first), "--seed", "1"])
+    older.write_text(older.read_text().replace("max_steps: 2", "max_steps: 5"))
+    assert not table3.same_flags([str(older), "--seed", "1"], [str(first), "--seed", "1"])
+
+
+def test_a_row_that_failed_before_training_anything_runs_with_the_new_flags(tmp_path):
+    """A row whose flags train refused (it wrote no checkpoint) kept its flags record, and the corrected command
+    was refused as "trained with other flags"."""
+    folder = tmp_path / "base" / "seed-42"
+    folder.mkdir(parents=True)
+    table3.write_record(folder / table3.FLAGS_FILE, {"flags": ["r.yaml", "--seed", "42"], "data": None})
+    job = table3.Job("base", 42, folder, ["r.yaml", "--seed", "42", "--validation_file", "v.tsv"], None)
+    assert table3.finished(job) is None
+    (folder / "checkpoint-1").mkdir()  # trained: the flags must be the same
+    with pytest.raises(ValueError, match=r"trained with other flags than these \(--validation_file \(not given\)"):
+        table3.finished(job)
+
+
+def test_another_seed_loads_the_shared_tokenizer_other_settings_do_not(table, data_dir):
+    """Rows of every seed share OUTPUT/tokenizer: a table run again with --seed 43 (to add seeds) was told to
+    delete it and the finished rows; the seed counts only where it draws the held-out validation pairs."""
+    recipe = next(table.glob("recipe-*.yaml"))
+    flags = table3_command(data_dir, table)[table3_command(data_dir, table).index("--output-dir") + 2 :]
+    table3.check_shared_tokenizer(recipe, [*flags, "--seed", "43"], table, "table3")
+    with pytest.raises(ValueError, match="--tokenizer_vocab_size 280, now 270"):
+        table3.check_shared_tokenizer(recipe, [*flags, "--tokenizer_vocab_size", "270"], table, "table3")

@@ -414,6 +414,13 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
             recipe["config_overrides"], model_args, on_command_line, recipe.get("preset", ModelArguments.preset)
         )
     _resolve_steps(parser.parse_known_args(argv)[0], given, data_args, training_args)
+    if "num_train_epochs" in given and training_args.max_steps > 0:  # transformers trains max_steps, says nothing
+        whose = " (the recipe's)" if "max_steps" in set(recipe) - on_command_line else ""
+        raise ValueError(
+            f"--num_train_epochs {training_args.num_train_epochs:g} does nothing beside --max_steps "
+            f"{training_args.max_steps}{whose}, which decides how long the run trains: add --max_steps -1 to "
+            "train for epochs, or leave --num_train_epochs out."
+        )
     training_files = [f"--{name}" for name in ("train_source_file", "train_file") if getattr(data_args, name)]
     if training_files and training_args.should_log and not steps_to_run(training_args, data_args)[0]:
         steps = " and ".join(f"--{name}" for name in STEP_FLAGS if getattr(training_args, name))
@@ -538,7 +545,7 @@ def _recipe_overrides(from_recipe, model_args: ModelArguments, on_command_line: 
         )
         return given
     if given is None:
-        return from_recipe
+        return _as_text(from_recipe)  # text, as the command line's: every reader of the flag parses text
     return _as_text({**parse_overrides(_as_text(from_recipe)), **parse_overrides(_as_text(given))})
 
 

@@ -55,6 +55,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
+from ..checkpoint_files import MODEL_WEIGHTS
 from ..command_line import PROG, did_you_mean, with_dashes
 from . import run
 from .checkpointing import PARENT_PID_VARIABLE, RESUME_HINT, checkpoint_folders
@@ -62,11 +63,14 @@ from .options import (
     ARGUMENT_FILE_SUFFIXES,
     TRAIN_LOGGER,
     check_arguments,
+    check_steps_have_data,
     model_config,
     parse_arguments,
     parse_overrides,
     read_argument_file,
     recipe_or_error,
+    steps_to_run,
+    validation_given,
 )
 
 RESULT_FILE = "table3_row.json"  # in a row's run folder once it is trained and scored: the row is finished
@@ -246,7 +250,12 @@ OWN_FLAGS = {
     "test_split": "rows are scored on the validation set, never on the test set",
     "resume_from_checkpoint": "a row with checkpoints resumes from the last one by itself",
     "model_name_or_path": "every row is a new model from the recipe's base",
+    "load_best_model_at_end": "each row is scored with its last weights, not a checkpoint chosen on the same set",
+    "max_eval_samples": "each row is scored on the whole validation set",
+    "tokenizer_only": "table3 trains the one tokenizer every row loads itself, in OUTPUT/tokenizer",
 }
+# Of those, what a recipe file may not set either (table3 leaves out or sets the others itself).
+REFUSED_IN_RECIPE = ("resume_from_checkpoint", "model_name_or_path", "tokenizer_only")
 # Keys of the recipe that the rows leave out or set (the row's own flags come after).
 RECIPE_SETTINGS = {
     "ema_decay": 0.0,
@@ -255,6 +264,7 @@ RECIPE_SETTINGS = {
     "do_eval": True,
     "do_predict": False,
     "eval_strategy": "no",
+    "load_best_model_at_end": False,
 }
 # What a row's scores depend on that its flags only name: the data files (their size and modification time,
 # as the data caches key them), and for the shared tokenizer also the flags that choose its training text.
@@ -290,6 +300,7 @@ RECIPE_DROPPED = (
     "test_target_file",
     "test_split",
     "max_predict_samples",
+    "max_eval_samples",
     "average_weights",
 )
 
@@ -373,13 +384,17 @@ def write_recipe(recipe: str, output_dir: Path, max_steps: int) -> Path:
     import yaml
 
     path = Path(recipe) if Path(recipe).suffix in ARGUMENT_FILE_SUFFIXES else recipe_or_error(recipe)
-    values = {key: value for key, value in read_argument_file(path).items() if key not in RECIPE_DROPPED}
+    values = read_argument_file(path)
+    for key in REFUSED_IN_RECIPE:
+        if key in values:
+            raise ValueError(f"{path} sets {key}: {OWN_FLAGS[key]}; give table3 a copy of the file without it.")
+    values = {key: value for key, value in values.items() if key not in RECIPE_DROPPED}
     values |= RECIPE_SETTINGS | {"max_steps": max_steps}
-    text = f"# {recipe} as every row of `vanilla-transformer table3` trains it (written by it).\n" + yaml.safe_dump(
-        values, sort_keys=False
-    )
-    # named by its content: a row trained from another recipe has other flags, and is not taken as finished
-    target = output_dir / f"recipe-{hashlib.sha256(text.encode()).hexdigest()[:10]}.yaml"
+    body = yaml.safe_dump(values, sort_keys=False)
+    text = f"# {recipe} as every row of `vanilla-transformer table3` trains it (written by it).\n" + body
+    # named by its values (not by how the recipe was spelled): a row trained from another recipe has other
+    # flags, and is not taken as finished
+    target = output_dir / f"recipe-{hashlib.sha256(body.encode()).hexdigest()[:10]}.yaml"
     output_dir.mkdir(parents=True, exist_ok=True)
     target.write_text(text, encoding="utf-8")
     return target
@@ -396,6 +411,19 @@ def plan(
             "every row is scored by decoding the validation set (BLEU, chrF): leave out --predict_with_generate "
             "false (--no_predict_with_generate) and --prediction_loss_only, or their values in the recipe."
         )
+    if not validation_given(data_args):
+        raise ValueError(
+            "every row is scored on the validation set: give --validation_source_file/--validation_target_file, "
+            "--validation_file, --validation_split of a Hub dataset, or --validation_size N (pairs held out of "
+            "the training data)."
+        )
+    if data_args.validation_size and seeds > 1:
+        raise ValueError(
+            f"--validation_size {data_args.validation_size} holds out pairs drawn with each run's --seed, so "
+            f"--seeds {seeds} would score the rows on {seeds} different validation sets: give a validation set "
+            "(--validation_source_file/--validation_target_file or --validation_file), or --seeds 1."
+        )
+    check_steps_have_data(model_args, data_args, *steps_to_run(training_args, data_args))  # the training data
     data = data_files(data_args)
     tokenizer = model_args.tokenizer_name_or_path or str(output_dir / "tokenizer")
     base_config = model_config(model_args.preset, model_args.config_overrides)
@@ -460,6 +488,8 @@ def check_shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir
     if model_args.tokenizer_name_or_path or not (folder / TOKENIZER_RECORD).is_file():
         return  # none trained yet, or one of an earlier release (which recorded nothing)
     saved, now = read_record(folder / TOKENIZER_RECORD), tokenizer_record(model_args, data_args, training_args)
+    if not data_args.validation_size:  # rows of other seeds share it; only held-out pairs depend on the seed
+        saved["settings"].pop("seed", None), now["settings"].pop("seed")
     if (saved["settings"], saved["text"]) == (now["settings"], now["text"]) and same_data(saved["files"], now["files"]):
         return
     changes = [
@@ -524,6 +554,8 @@ def finished(job: Job) -> dict | None:
     saved = {
         name: read_record(job.folder / name) for name in (FLAGS_FILE, RESULT_FILE) if (job.folder / name).is_file()
     }
+    if RESULT_FILE not in saved and not trained_anything(job.folder):
+        return None  # a row that failed before its first checkpoint (a flag train refused): these flags start it
     for record in saved.values():
         if not same_flags(record.get("flags", []), job.flags):
             raise ValueError(
@@ -540,16 +572,26 @@ def finished(job: Job) -> dict | None:
     return saved.get(RESULT_FILE)
 
 
-def _flag_values(flags: list[str]) -> dict[str, str | None]:
-    """``{flag: value}`` of a row's flags (the recipe file first, as RECIPE)."""
+def trained_anything(folder: Path) -> bool:
+    """Whether a row's folder holds training to keep: a checkpoint (complete or not) or a saved model."""
+    return bool(checkpoint_folders(folder)) or any((folder / name).is_file() for name in MODEL_WEIGHTS)
+
+
+def _flag_values(flags: list[str]) -> dict[str, list[str]]:
+    """``{flag: [values]}`` of a row's flags (the recipe file first, as RECIPE), each name as train reads it
+    (``--config-overrides`` is ``--config_overrides``, ``--seed=4`` is ``--seed 4``), the last of a repeated flag
+    winning as in argparse: two commands that say the same in another order or spelling have the same values."""
     values, index = {}, 0
     if flags and not flags[0].startswith("--"):
-        values["RECIPE"], index = flags[0], 1
+        values["RECIPE"], index = [flags[0]], 1
     while index < len(flags):
-        name = flags[index]
-        value = flags[index + 1] if index + 1 < len(flags) and not flags[index + 1].startswith("--") else None
-        values[name] = value
-        index += 2 if value is not None else 1
+        name, equals, value = flags[index][2:].partition("=")
+        index += 1
+        given = [value] if equals else []
+        while not equals and index < len(flags) and not flags[index].startswith("--"):
+            given.append(flags[index])
+            index += 1
+        values["--" + name.replace("-", "_")] = given
     return values
 
 
@@ -557,22 +599,46 @@ def _changed_flags(saved: list[str], flags: list[str]) -> str:
     """What differs between two rows' flags, in words: each flag's value then and now."""
     before, now = _flag_values(saved), _flag_values(flags)
 
+    def said(values: list[str] | None) -> str:
+        return "(not given)" if values is None else " ".join(values) or "(given without a value)"
+
     changes = []
     for name in dict.fromkeys([*before, *now]):
-        if not _same_value(before.get(name), now.get(name)):
+        if not _same_values(before.get(name), now.get(name), recipe=name == "RECIPE"):
             what = "the recipe" if name == "RECIPE" else name
-            changes.append(f"{what} {before.get(name, '(not given)')}, now {now.get(name, '(not given)')}")
+            changes.append(f"{what} {said(before.get(name))}, now {said(now.get(name))}")
     return "; ".join(changes) or " ".join(saved)
 
 
 def same_flags(saved: list[str], flags: list[str]) -> bool:
-    """The same flags, where a path may be spelled another way (relative or absolute, ``./``) for the same file."""
-    return len(saved) == len(flags) and all(_same_value(a, b) for a, b in zip(saved, flags, strict=True))
+    """The same flags, however ordered or spelt (`_flag_values`), where a path may be spelt another way
+    (relative or absolute, ``./``) for the same file, and the recipe is the same when its values are."""
+    before, now = _flag_values(saved), _flag_values(flags)
+    return all(_same_values(before.get(name), now.get(name), name == "RECIPE") for name in {*before, *now})
 
 
-def _same_value(a: str | None, b: str | None) -> bool:
+def _same_values(a: list[str] | None, b: list[str] | None, recipe: bool = False) -> bool:
+    if a is None or b is None or len(a) != len(b):
+        return a is b
+    return all(_same_value(x, y) or (recipe and _same_recipe(x, y)) for x, y in zip(a, b, strict=True))
+
+
+def _same_value(a: str, b: str) -> bool:
     """One flag's value, where a path may be spelled another way for the same file."""
-    return a == b or (a is not None and b is not None and Path(a).resolve() == Path(b).resolve())
+    return a == b or Path(a).resolve() == Path(b).resolve()
+
+
+def _same_recipe(a: str, b: str) -> bool:
+    """Two recipe files table3 wrote (`write_recipe`) with the same values: an earlier release named them by a
+    hash of their text, comment included."""
+    import yaml
+
+    try:
+        return yaml.safe_load(Path(a).read_text(encoding="utf-8")) == yaml.safe_load(
+            Path(b).read_text(encoding="utf-8")
+        )
+    except (OSError, yaml.YAMLError):
+        return False
 
 
 def check_devices(devices: list[str], use_cpu: bool) -> None:
