@@ -73,6 +73,19 @@ def test_the_switch_keeps_the_hypotheses_the_files_and_the_tying_and_undoes(case
     assert not any(type(module) is PrepackedLinear for module in packed.modules())
 
 
+@needs_onednn
+def test_a_model_made_under_inference_mode_decodes_prepacked():
+    """Its weights are inference tensors, which keep no version counter: the prepacked check of a changed weight
+    raised on the first step ("Inference tensors do not track version counter")."""
+    with torch.inference_mode():
+        plain = from_marian(marian_that_stops())
+        expected = plain.generate(**padded_sources(), **BEAM_CASES["paper"])
+    assert plain.lm_head.weight.is_inference()
+    packed = prepack_for_cpu_decoding(plain)
+    with torch.no_grad():
+        assert torch.equal(packed.generate(**padded_sources(), **BEAM_CASES["paper"]), expected)
+
+
 def test_quantised_layers_keep_their_own_forward():
     quantised = torch.ao.quantization.quantize_dynamic(from_marian(marian_that_stops()), {torch.nn.Linear})
     prepack_for_cpu_decoding(quantised)

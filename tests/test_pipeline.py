@@ -149,6 +149,14 @@ def test_generation_parameters_reach_generate_per_call_and_per_pipeline(translat
     assert torch.equal(per_pipeline["translation_token_ids"], greedy)
 
 
+def test_return_dict_in_generate_still_gives_the_translations(translator, translate):
+    """generate() then returns a ModelOutput, which the pipeline reshaped as a tensor (AttributeError)."""
+    model, tokenizer = translator
+    expected = tokenizer.batch_decode(paper_beam_search(model, tokenizer, [TEXTS[1]]), skip_special_tokens=True)
+    for settings in (dict(return_dict_in_generate=True), dict(return_dict_in_generate=True, output_scores=True)):
+        assert translate(TEXTS[1], **settings) == [{"translation_text": expected[0]}]
+
+
 @pytest.mark.floor
 def test_a_calls_generation_config_replaces_the_pipelines_generation_parameters(translator):
     """As in a direct generate() call: a generation_config comes whole, without the parameters set aside."""

@@ -21,14 +21,14 @@ from vanilla_transformer.training_kernels import UniformMaskDropout, label_smoot
 VOCAB, PAD, EOS, START = 40, 0, 3, 0
 
 
-def marian_that_stops(seed: int = 0, eos_bias: float = 1.2) -> MarianMTModel:
+def marian_that_stops(seed: int = 0, eos_bias: float = 1.2, vocabulary: int = VOCAB) -> MarianMTModel:
     """A random MarianMTModel whose final_logits_bias makes </s> likely, so that beams and sentences
     end at different steps (random weights alone almost never emit </s>)."""
     torch.manual_seed(seed)
     marian = MarianMTModel(
         MarianConfig(
-            vocab_size=VOCAB,
-            decoder_vocab_size=VOCAB,
+            vocab_size=vocabulary,
+            decoder_vocab_size=vocabulary,
             d_model=32,
             encoder_layers=2,
             decoder_layers=2,
@@ -126,6 +126,20 @@ def test_the_papers_decoding_is_served_by_our_beam_search(monkeypatch):
     assert len(served) == 1
 
 
+def test_beam_search_in_bfloat16_equals_transformers_own_where_scores_tie():
+    """bfloat16 logits tie exactly at most steps; `top_tokens`' blocks ordered ties otherwise than torch.topk,
+    and this batch (a vocabulary long enough for blocks) then ended with another hypothesis than transformers'."""
+    ours = from_marian(marian_that_stops(seed=11, eos_bias=0.5, vocabulary=2000)).to(torch.bfloat16)
+    expected = copy.deepcopy(ours)
+
+    class Stock(VanillaTransformerForConditionalGeneration):
+        _beam_search = GenerationMixin._beam_search
+
+    expected.__class__ = Stock
+    inputs, settings = padded_sources(seed=11, sentences=4), dict(num_beams=4, max_new_tokens=12)
+    assert torch.equal(ours.generate(**inputs, **settings), expected.generate(**inputs, **settings))
+
+
 @pytest.mark.parametrize("case", ["paper", "returns-3"])
 def test_beam_search_equals_transformers_own_on_our_model(case):
     ours = from_marian(marian_that_stops(seed=2))
@@ -154,8 +168,16 @@ def test_a_call_the_search_does_not_cover_is_logged_once_at_debug_level_with_the
             assert torch.equal(scored.sequences, plain)
     messages = [record.getMessage() for record in caplog.records if record.name == logger.name]
     assert messages == [
-        "beam search: transformers' own loop, because it samples, returns a dict, syncs GPUs or prefills in chunks"
+        "beam search: transformers' own loop, because it samples, returns a dict, syncs GPUs, prefills in chunks or "
+        "asks for low_memory"
     ]
+
+
+def test_low_memory_gets_transformers_own_refusal_not_a_silent_decoding():
+    """transformers' beam search refuses ``low_memory=True``; ours decoded as if it were not given."""
+    ours = from_marian(marian_that_stops(seed=4))
+    with pytest.raises(ValueError, match="low_memory=True"):
+        ours.generate(**padded_sources(), **BEAM_CASES["paper"], low_memory=True)
 
 
 HOST_SYNCS = ("__bool__", "item", "tolist", "__int__", "__float__", "nonzero")

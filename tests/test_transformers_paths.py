@@ -394,6 +394,22 @@ def test_a_length_beyond_the_positions_is_refused_before_decoding(trained):
         model.generate(**tokenizer(SENTENCES[:1], return_tensors="pt"), max_new_tokens=200)
 
 
+def test_a_length_beyond_the_positions_after_a_decoder_prompt_is_refused_before_decoding(trained):
+    """The check counted the start token only: with a prompt of 3 tokens, max_new_tokens up to the positions less
+    one decoded until the positions ran out, then failed."""
+    model, tokenizer = trained
+    positions = model.config.max_position_embeddings
+    start = model.generation_config.decoder_start_token_id
+    prompt = torch.tensor([[start, 10, 11]])
+    with pytest.raises(ValueError, match=f"3 of them for the decoder prompt. Ask for at most {positions - 3} new"):
+        model.generate(**tokenizer(SENTENCES[:1], return_tensors="pt"), decoder_input_ids=prompt,
+                       max_new_tokens=positions - 2, num_beams=1)  # fmt: skip
+    with torch.no_grad():  # the longest it can take
+        generated = model.generate(**tokenizer(SENTENCES[:1], return_tensors="pt"), decoder_input_ids=prompt,
+                                   max_new_tokens=positions - 3, num_beams=1)  # fmt: skip
+    assert generated.shape[1] <= positions
+
+
 def test_beam_search_pads_finished_hypotheses_with_pad_not_eos(trained):
     """transformers fills finished beams with `pad_token_id or eos_token_id`; our pad id 0 is falsy."""
     model, tokenizer = trained

@@ -66,6 +66,7 @@ class PrepackedLinear(nn.Linear):
             or self.weight.device.type != "cpu"
             or not torch.backends.mkldnn.enabled
             or torch.is_autocast_enabled("cpu")
+            or self.weight.is_inference()  # made under torch.inference_mode(): it keeps no version to check
         ):
             return super().forward(states)
         weight = self.weight.detach()

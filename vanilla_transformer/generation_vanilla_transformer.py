@@ -310,16 +310,19 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
 
     def _check_length_fits(self, generation_config: GenerationConfig, kwargs: dict) -> None:
         """Refuse, before decoding, a length the positional encoding cannot reach (the decoder's first
-        position holds the start token)."""
+        positions hold the start token, or the call's decoder prompt)."""
         new_tokens = kwargs.get("max_new_tokens", generation_config.max_new_tokens)
         total = kwargs.get("max_length", generation_config.max_length)
-        positions = self.config.max_position_embeddings
-        if (new_tokens is not None and new_tokens >= positions) or (new_tokens is None and total and total > positions):
+        positions, prompt = self.config.max_position_embeddings, self._prompt_length(generation_config, kwargs)
+        if (new_tokens is not None and prompt + new_tokens > positions) or (
+            new_tokens is None and total and total > positions
+        ):
             asked = f"max_new_tokens={new_tokens}" if new_tokens is not None else f"max_length={total}"
+            held = "one of them for the start token" if prompt == 1 else f"{prompt} of them for the decoder prompt"
             raise ValueError(
-                f"{asked} is more than this model can generate: max_position_embeddings={positions} positions, one of "
-                f"them for the start token. Ask for at most {positions - 1} new tokens, or raise "
-                "max_position_embeddings in the config (sinusoidal positions need no retraining)."
+                f"{asked} is more than this model can generate: max_position_embeddings={positions} positions, "
+                f"{held}. Ask for at most {positions - prompt} new tokens, or raise max_position_embeddings in the "
+                "config (sinusoidal positions need no retraining)."
             )
 
     # -- the hooks of transformers' beam search ----------------------------------------------------
@@ -570,7 +573,7 @@ def top_tokens(log_probs: torch.Tensor, keep: int, block: int = 64) -> tuple[tor
 
 
 def best_continuations(
-    log_probs: torch.Tensor, beam_scores: torch.Tensor, keep: int
+    log_probs: torch.Tensor, beam_scores: torch.Tensor, keep: int, blocks: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The ``keep`` best (beam, token) continuations of each sentence, best first: scores, beams, tokens (B, keep).
 
@@ -578,10 +581,13 @@ def best_continuations(
     of those B x (beams * V) sums. A sentence's best ``keep`` can only come from each beam's best ``keep``
     tokens, so those are all this adds: the same sums, beams x keep of them instead of beams x V.
     ``log_probs`` has a row per beam (B * beams, V), or one per sentence (B, V) when its beams are still
-    copies of each other (the first step).
+    copies of each other (the first step). ``blocks``: each row's best tokens by `top_tokens`, else by
+    ``torch.topk`` (scores with many exact ties, whose order `top_tokens` may not keep).
     """
     sentences, beams = beam_scores.shape
-    token_scores, tokens = top_tokens(log_probs, keep)  # (B * beams or B, keep)
+    token_scores, tokens = (
+        top_tokens(log_probs, keep) if blocks else torch.topk(log_probs, keep)
+    )  # (B * beams or B, keep)
     token_scores, tokens = (t.view(sentences, -1, keep).expand(sentences, beams, keep) for t in (token_scores, tokens))
     sums = (token_scores + beam_scores[:, :, None]).reshape(sentences, beams * keep)
     scores, picked = torch.topk(sums, keep)  # (B, keep)
@@ -638,8 +644,9 @@ class BeamSearch:
         """None for a call this search serves, else the reason it does not."""
         cache, encoder_outputs = model_kwargs.get(CACHE), model_kwargs.get("encoder_outputs")
         checks = {
-            "it samples, returns a dict, syncs GPUs or prefills in chunks": not (
+            "it samples, returns a dict, syncs GPUs, prefills in chunks or asks for low_memory": not (
                 generation_config.do_sample
+                or getattr(generation_config, "low_memory", None)  # transformers' beam search refuses it
                 or generation_config.return_dict_in_generate
                 or synced_gpus
                 or generation_config.prefill_chunk_size is not None
@@ -841,7 +848,9 @@ class BeamSearch:
         )
         log_probs = nn.functional.log_softmax(outputs.logits[:, -1].float(), dim=-1)  # (rows, V)
         log_probs = self.logits_processor(sequences, log_probs)
-        return best_continuations(log_probs, self.state["running_beam_scores"], self.keep)
+        # bfloat16 or float16 logits tie exactly at most steps: torch.topk orders the ties as transformers' does
+        blocks = outputs.logits.dtype == torch.float32
+        return best_continuations(log_probs, self.state["running_beam_scores"], self.keep, blocks)
 
     def _leave_out_finished_sentences(self) -> torch.Tensor | None:
         """Sentences whose finished hypotheses can no longer change leave the batch: the positions of those

@@ -209,6 +209,8 @@ class VanillaTranslationPipeline(Pipeline):
             generate_kwargs = {**self.generate_kwargs, **generate_kwargs}
         blank = model_inputs.pop("blank")
         output_ids = self.model.generate(**model_inputs, **generate_kwargs)
+        if not torch.is_tensor(output_ids):  # return_dict_in_generate: the translations are its sequences
+            output_ids = output_ids.sequences
         if blank.any():  # a blank text's translation: the start token and </s>, whatever the model made of nothing
             settings = self.model.generation_config
             eos = settings.eos_token_id if settings.eos_token_id is not None else self.tokenizer.eos_token_id
