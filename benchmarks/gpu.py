@@ -215,6 +215,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--lever-steps", type=int, help="with --levers: batches per pass, two passes (20; on a CPU 4)")
     parser.add_argument(
+        "--lever-rows",
+        help="with --levers: comma-separated rows to measure, in this order, after the plain step (default: every "
+        "row, in the table's order); a name with spaces in quotes, e.g. 'fused_loss chunked'",
+    )
+    parser.add_argument(
         "--compile-backend",
         default="inductor",
         choices=("inductor", "aot_eager", "eager"),
@@ -251,6 +256,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.output = f"gpu-results/{kind}.json"
     if unknown := sorted(set(args.recipe_variants.split(",")) - set(RECIPE_VARIANTS) - {""}):
         parser.error(f"--recipe-variants: unknown {', '.join(unknown)}; choose from {', '.join(RECIPE_VARIANTS)}")
+    if args.lever_rows is not None and (unknown := [name for name in lever_rows(args) if name not in LEVERS]):
+        parser.error(f"--lever-rows: unknown {', '.join(unknown)}; choose from {', '.join(LEVERS)}")
     if args.device.startswith("cuda") and not args.shapes_only and (one_gpu := one_gpu_refusal(args.device)):
         parser.error(one_gpu)
     return args
@@ -504,7 +511,9 @@ LEVERS = {
     "fp8": dict(fp8=True, flags=["--fp8"], presets=("big", "base", "tiny"), shapes="the paper's models"),
     "compile_layers": dict(compile="layers", flags=["--compile_layers"]),
     "fuse_projections": dict(fuse=True, flags=["--fuse_projections"]),
-    "sync_free_step": dict(sync_free=True, flags=["--sync_free_step"]),
+    # what it saves, the host waiting for the GPU, shows only where the host may run ahead: its row also times a
+    # pass of each without a synchronisation per step (`unsynchronized_pass`), as train.py runs
+    "sync_free_step": dict(sync_free=True, flags=["--sync_free_step"], unsynchronized=True),
     "bf16_weights": dict(bf16_weights=True, flags=["--bf16_weights"]),
     "cuda_graphs": dict(
         compile="cuda_graphs", flags=["--cuda_graphs"], presets=("multi30k", "tiny"), shapes="small models"
@@ -532,7 +541,36 @@ LEVERS = {
 LEVER_ROW_SECONDS = 90  # the most one row may take: its compilations, two passes, its losses and memory
 
 
-LEVER_ROW_KEYS = ("flags", "presets", "shapes", "refused_as")  # what a row says of itself, not LeverTrainee's
+LEVER_ROW_KEYS = ("flags", "presets", "shapes", "refused_as", "unsynchronized")  # the row's, not LeverTrainee's
+
+
+def declined_uses(trainee: LeverTrainee, batch: dict) -> list[str]:
+    """The uses of attention in training that the row's kernel alone does not take on ``batch``, each with torch's
+    reason: with the kernel first, torch falls back to the next for them without a word, so the row times a mix.
+    Each use is tried with the kernel as its only backend (torch raises "No available kernel" where it declines);
+    nothing is trained (the gradients are dropped)."""
+    from vanilla_transformer import attention_backends
+
+    declined = []
+    for use in (attention_backends.ENCODER, attention_backends.DECODER, attention_backends.CROSS):
+        try:
+            attention_backends.BACKENDS[True, use] = (attention_backends.KERNELS[trainee.attention],)
+            trainee.loss(batch).backward()
+        except RuntimeError as error:
+            declined.append(f"{use} ({str(error).strip().splitlines()[0]})")
+        finally:
+            attention_backends.prefer_in_training("default")
+            trainee.model.zero_grad(set_to_none=True)
+    return declined
+
+
+def lever_rows(args) -> list[str]:
+    """The rows of `LEVERS` that ``--lever-rows`` names, in its order; every row without it."""
+    if args.lever_rows is None:
+        return list(LEVERS)
+    return [name.strip() for name in args.lever_rows.split(",") if name.strip()]
+
+
 LEVER_GRACE_SECONDS = 10  # a lever row stops this long before the budget ends, so that the rows so far are kept
 
 
@@ -584,10 +622,13 @@ class LeverTrainee(Trainee):
             else:
                 self.forward = torch.compile(target, dynamic=False, mode="reduce-overhead")
 
-    def step(self, batch: dict) -> float:
+    def step(self, batch: dict, wait: bool = True) -> float:
+        """One update's seconds, the GPU idle before it and done after it; ``wait=False``: neither (the seconds
+        then say only how long the host took to queue it)."""
         from vanilla_transformer import attention_backends
 
-        synchronize(self.args.device)
+        if wait:
+            synchronize(self.args.device)
         started = time.perf_counter()
         if self.compile in ("cuda_graphs", "cuda_graphs static"):
             torch.compiler.cudagraph_mark_step_begin()
@@ -599,6 +640,19 @@ class LeverTrainee(Trainee):
             attention_backends.prefer_in_training("default")
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if wait:
+            synchronize(self.args.device)
+        return time.perf_counter() - started
+
+    def unsynchronized_pass(self, batches: list[dict], seed: int) -> float:
+        """Seconds for one pass over ``batches`` with one synchronisation, at its end: the host queues each
+        update while the GPU still runs the one before, where nothing in the step waits for the GPU."""
+        self.model.train()
+        synchronize(self.args.device)
+        started = time.perf_counter()
+        for index, batch in enumerate(batches):
+            torch.manual_seed(seed + index)
+            self.step(batch, wait=False)
         synchronize(self.args.device)
         return time.perf_counter() - started
 
@@ -656,7 +710,7 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
         "step_peak_gib": step_peak_gib(marian, batches, args),
     }
     rows, plain_row = [], None
-    for name, lever in [("plain", {"flags": []}), *LEVERS.items()]:
+    for name, lever in [("plain", {"flags": []}), *((name, LEVERS[name]) for name in lever_rows(args))]:
         reasons = [levers.refusal(flag, args.device) for flag in [lever.get("refused_as"), *lever["flags"]] if flag]
         reasons = [reason for reason in reasons if reason]
         if preset not in lever.get("presets", (preset,)):
@@ -682,6 +736,7 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
                 trainee = LeverTrainee(
                     copy.deepcopy(template), args, **{k: v for k, v in lever.items() if k not in LEVER_ROW_KEYS}
                 )
+                declined = declined_uses(trainee, batches[0]) if lever.get("attention", "default") != "default" else []
                 times = {
                     key: [] for key in ("lever first", "lever steady", "plain first", "plain steady", "marian steady")
                 }
@@ -699,6 +754,16 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
                 memory = {
                     who: step_peak_gib(model, batches, args) for who, model in (("lever", trainee), ("plain", plain))
                 }
+                unsynchronized = None
+                if lever.get("unsynchronized"):  # after the loss and memory: two more passes each, alternating
+                    passes = {"plain": [], "lever": []}
+                    for who, model in [("plain", plain), ("lever", trainee)] * 2:
+                        passes[who].append(model.unsynchronized_pass(batches, args.seed))
+                    unsynchronized = {
+                        "lever_target_tokens_per_second": target_tokens / min(passes["lever"]),
+                        "plain_target_tokens_per_second": target_tokens / min(passes["plain"]),
+                        "lever_time_over_plain": min(passes["lever"]) / min(passes["plain"]),
+                    }
         except Exception as error:
             if out_of_time(error):
                 rows.append(
@@ -742,6 +807,10 @@ def measure_levers(preset: str, args, limit: float = math.inf) -> dict:
             "plain_step_peak_gib": memory["plain"],
             "compile_counters": counted_since(counted),  # the row's compilation: recompiles, breaks, graphs skipped
         }
+        if declined:  # the row's kernel leads, but torch falls back in silence for these uses
+            row["declined_uses"] = declined
+        if unsynchronized is not None:  # the faster of two passes each, without a synchronisation per step
+            row["unsynchronized_pass"] = unsynchronized
         if name == "plain":
             plain_row = row
             marian_row["steady_target_tokens_per_second"] = row["marian_steady_target_tokens_per_second"]
@@ -2259,14 +2328,26 @@ def lever_lines(r: dict) -> list[str]:
             if row["plain_step_peak_gib"] is not None
             else ""
         )
+        name = row["lever"] + (
+            f" (falls back for: {'; '.join(row['declined_uses'])})" if "declined_uses" in row else ""
+        )
         lines.append(
-            f"| {row['lever']} | {row['first_pass_target_tokens_per_second']:,.0f} | "
+            f"| {cell(name)} | {row['first_pass_target_tokens_per_second']:,.0f} | "
             f"{row['steady_target_tokens_per_second']:,.0f} | {row['warmup_seconds']:.1f} | "
             f"{ratio['median']:.2f} [{ratio['quartiles'][0]:.2f}, {ratio['quartiles'][1]:.2f}] | "
             f"{row['plain_steady_target_tokens_per_second']:,.0f} | "
             f"{row['marian_steady_target_tokens_per_second']:,.0f} | {memory} | "
             f"{row['loss_after']:.4f} ({row['plain_loss_after']:.4f}) |"
         )
+    for row in r["rows"]:
+        if passes := row.get("unsynchronized_pass"):
+            lines += [
+                "",
+                f"{row['lever']}, a pass each without a synchronisation per step (the faster of two; the host "
+                f"may run ahead, as in train.py): {passes['lever_target_tokens_per_second']:,.0f} target tok/s, "
+                f"plain {passes['plain_target_tokens_per_second']:,.0f}; lever time / plain "
+                f"{passes['lever_time_over_plain']:.2f}.",
+            ]
     return lines + [""]
 
 

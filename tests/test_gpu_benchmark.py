@@ -580,6 +580,65 @@ def test_levers_run_end_to_end_on_the_cpu(tmp_path):
     assert all(row["what"] == "levers" and row["preset"] == "tiny" for row in written)
 
 
+def test_lever_rows_measure_the_named_rows_in_their_order_and_the_sync_free_row_a_pass_without_waits(tmp_path):
+    """``--lever-rows``: the plain step, then the rows named, in that order (a lent GPU's minutes go to the rows
+    that decide most); an unknown name is refused naming the rows. The sync-free row also times a pass of each
+    without a synchronisation per step, where its saving (the host no longer waiting) can show."""
+    output = tmp_path / "levers.json"
+    rows = "sync_free_step, fused_loss chunked"
+    small = ["--device", "cpu", "--presets", "tiny", "--dtype", "float32", "--max-tokens", "256"]
+    _, levers = gpu.main(
+        [
+            "--levers",
+            "--no-recipe",
+            *small,
+            "--vocab-size",
+            "300",
+            "--lever-steps",
+            "2",
+            "--lever-rows",
+            rows,
+            "--output",
+            str(output),
+        ]  # fmt: skip
+    )
+    assert [row["lever"] for row in levers["rows"]] == ["plain", "sync_free_step", "fused_loss chunked"]
+    sync_free = levers["rows"][1]
+    passes = sync_free["unsynchronized_pass"]
+    assert passes["lever_time_over_plain"] == pytest.approx(
+        passes["plain_target_tokens_per_second"] / passes["lever_target_tokens_per_second"]
+    )
+    assert "unsynchronized_pass" not in levers["rows"][2] and sync_free["updates"] == levers["rows"][2]["updates"]
+    assert "sync_free_step, a pass each without a synchronisation per step" in output.with_suffix(".md").read_text()
+    with pytest.raises(SystemExit):
+        gpu.parse_args(["--levers", "--lever-rows", "fp8,fused loss"])
+
+
+def test_an_attention_kernel_row_names_the_uses_its_kernel_declines(monkeypatch):
+    """torch falls back in silence where the kernel put first declines a call (cuDNN with some masks or
+    shapes): the row would time a mix under the kernel's name. Each use is tried with the kernel alone first;
+    those declined are named in the row and its table cell, and the default table is back after."""
+    from vanilla_transformer import attention_backends as backends
+
+    class Trainee:  # a step whose decoder self-attention the kernel alone declines, as torch says it
+        attention, model = "cudnn", torch.nn.Linear(1, 1)
+
+        def loss(self, batch):
+            if backends.BACKENDS[True, backends.DECODER] == (backends.CUDNN,):
+                raise RuntimeError("No available kernel. Aborting execution.\nmore")
+            return self.model(torch.ones(1)).sum()
+
+    assert gpu.declined_uses(Trainee(), {}) == [f"{backends.DECODER} (No available kernel. Aborting execution.)"]
+    assert backends.BACKENDS == backends.DEFAULT_BACKENDS
+    row = {"lever": "training_attention cudnn", "declined_uses": ["cross-attention (No | kernel)"]}
+    row |= {key: 1.0 for key in ("first_pass_target_tokens_per_second", "steady_target_tokens_per_second")}
+    row |= {"warmup_seconds": 0, "lever_time_over_plain": {"median": 1, "quartiles": [1, 1]}, "loss_after": 1}
+    row |= {"plain_steady_target_tokens_per_second": 1, "marian_steady_target_tokens_per_second": 1}
+    row |= {"plain_loss_after": 1, "step_peak_gib": None, "plain_step_peak_gib": None, "updates": 4}
+    lines = gpu.lever_lines({"preset": "big", "rows": [row]})
+    assert "| training_attention cudnn (falls back for: cross-attention (No \\| kernel)) |" in "\n".join(lines)
+
+
 def test_profile_runs_on_the_cpu(tmp_path):
     """``--profile`` on a CPU: the top operators of one update and of one decoding step (no kernels, no idle time)."""
     machine, profile = gpu.main(

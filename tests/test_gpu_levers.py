@@ -225,6 +225,18 @@ def test_the_sync_free_step_makes_no_synchronisation():
     assert_same_training(trained, step(plain, False))
 
 
+def test_a_sync_free_run_copies_its_batches_to_the_gpu_without_waiting(tmp_path):
+    """train.py's batches come from pinned memory; accelerate copies them with ``non_blocking=False`` unless told,
+    and a blocking copy waits for the GPU: with --sync_free_step, asynchronous (the plain run's as it was)."""
+    from vanilla_transformer.training.options import parse_arguments
+
+    flags = ["--train_file", "t.tsv", "--preset", "tiny", "--output_dir", str(tmp_path), "--report_to", "none"]
+    _, _, sync_free = parse_arguments([*flags, "--sync_free_step", "true"])
+    _, _, plain = parse_arguments(flags)
+    assert sync_free.accelerator_config.non_blocking and sync_free.dataloader_pin_memory
+    assert not plain.accelerator_config.non_blocking
+
+
 def compiled_without_cudagraph_skips() -> None:
     """Something was compiled, and inductor skipped CUDA graphs nowhere (it falls back to plain kernels, with a
     warning, for mutated inputs, CPU tensors and the like: the lever would then do nothing)."""
