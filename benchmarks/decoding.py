@@ -50,6 +50,7 @@ from __future__ import annotations
 import argparse
 import copy
 import gc
+import json
 import statistics
 import tempfile
 import time
@@ -109,6 +110,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--no-compile", action="store_true", help="skip the static cache + torch.compile lever")
     parser.add_argument("--no-ctranslate2", action="store_true", help="skip the CTranslate2 rows")
+    parser.add_argument(
+        "--output", help="also write the timings to this JSON file and the tables it prints beside it (.md)"
+    )
     parser.add_argument(
         "--floor",
         action="store_true",
@@ -431,9 +435,15 @@ def main(argv=None) -> dict | None:
     if data_dir is None:
         return None
     clock = clock_of(args)
+    printed = []
+
+    def say(text: str) -> None:  # printed, and kept for --output's markdown
+        print(text)
+        printed.append(text)
+
     marian, ours, tokenizer, trained = load_models(args, data_dir)
     test = read_split(data_dir, "test_2016_flickr")
-    print(
+    say(
         f"{'trained' if trained else 'random-weight'} MarianMT, {torch.get_num_threads()} threads, "
         f"{args.repeats} repeats; {'lengths as decoded' if trained else 'fixed output lengths'}"
     )
@@ -462,12 +472,12 @@ def main(argv=None) -> dict | None:
                 gc.collect()
                 seconds, outputs = {**seconds, **more_seconds}, {**outputs, **more_outputs}
             references = [reference for _, reference in pairs]
-            print(f"\nbeam {beam}, batch {batch_size}, {len(pairs)} sentences")
-            print(table(seconds, outputs, tokenizer, references, trained, len(pairs)))
+            say(f"\nbeam {beam}, batch {batch_size}, {len(pairs)} sentences")
+            say(table(seconds, outputs, tokenizer, references, trained, len(pairs)))
             results[(beam, batch_size)] = seconds
             if args.floor and (beam, batch_size) == (4, 32):
                 results["floor"] = floor(seconds["MarianMT"], seconds["ours"], required_seconds(decoders["ours"]))
-                print(floor_text(results["floor"]))
+                say(floor_text(results["floor"]))
         if args.levers or not args.no_compile:
             pairs = test[: args.sentences]
             batches = make_batches(tokenizer, pairs, 32, trained)
@@ -484,10 +494,21 @@ def main(argv=None) -> dict | None:
             }
             seconds, outputs = alternate(decoders, args.repeats, clock=clock)
             references = [reference for _, reference in pairs]
-            print(f"\nlevers: beam 4, batch 32, {len(pairs)} sentences")
-            print(table(seconds, outputs, tokenizer, references, trained, len(pairs), levers=True))
+            say(f"\nlevers: beam 4, batch 32, {len(pairs)} sentences")
+            say(table(seconds, outputs, tokenizer, references, trained, len(pairs), levers=True))
             results["levers"] = seconds
-        return results
+    if args.output:
+        write_output(Path(args.output), results, "\n".join(printed))
+    return results
+
+
+def write_output(path: Path, results: dict, printed: str) -> None:
+    """--output: each configuration's seconds per system and pass (``"BEAMxBATCH"``, ``"levers"``, ``"floor"``) as
+    JSON, and the printed tables as markdown beside it."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    named = {f"{key[0]}x{key[1]}" if isinstance(key, tuple) else key: value for key, value in results.items()}
+    path.write_text(json.dumps(named, indent=2, default=str) + "\n", encoding="utf-8")
+    path.with_suffix(".md").write_text(printed + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ hypotheses token for token; the script compares them and prints "identical" only
 from __future__ import annotations
 
 import gzip
+import json
 import tempfile
 
 import pytest
@@ -53,9 +54,16 @@ def test_every_system_decodes_and_ours_and_ctranslate2_float32_equal_marianmt(tm
             "--configurations",
             "4x4,1x1",
             "--no-compile",
+            "--output",
+            str(tmp_path / "out" / "decoding.json"),
         ]
     )
     printed = capsys.readouterr().out
+    # --output: the timings as JSON, and what it printed as markdown beside them
+    assert json.loads((tmp_path / "out" / "decoding.json").read_text()) == {
+        f"{beam}x{batch}": seconds for (beam, batch), seconds in results.items()
+    }
+    assert (tmp_path / "out" / "decoding.md").read_text() == printed
     assert not list((tmp_path / "temporary").iterdir())  # removed when it returned
     assert set(results) == {(4, 4), (1, 1)}
     for seconds in results.values():
