@@ -424,6 +424,12 @@ def plan(
             "(--validation_source_file/--validation_target_file or --validation_file), or --seeds 1."
         )
     check_steps_have_data(model_args, data_args, *steps_to_run(training_args, data_args))  # the training data
+    if getattr(training_args.save_strategy, "value", training_args.save_strategy) == "no":
+        raise ValueError(
+            "--save_strategy no: a row stopped or failed after training would have nothing to resume from or to "
+            "score again, and is refused on the next run; leave it out (--save_total_limit keeps fewer "
+            "checkpoints)."
+        )
     data = data_files(data_args)
     tokenizer = model_args.tokenizer_name_or_path or str(output_dir / "tokenizer")
     base_config = model_config(model_args.preset, model_args.config_overrides)
