@@ -1504,7 +1504,11 @@ def measure_recipe(preset: str, args, limit: float = math.inf) -> dict:
             try:
                 # a window of updates profiled early in the run (20 on a GPU, where an update takes milliseconds),
                 # which the steady rate and the breakdown leave out
-                window = dict(profile_after=0.2 * 60 * args.recipe_minutes, profile_updates=PROFILED_UPDATES[cuda])
+                window = dict(
+                    profile_after=0.2 * 60 * args.recipe_minutes,
+                    profile_by=0.5 * 60 * args.recipe_minutes,
+                    profile_updates=PROFILED_UPDATES[cuda],
+                )
                 with time_limit(share), PhaseClock(run, **window) as clock:
                     run.main(argv)
             except Exception as error:
@@ -1567,10 +1571,13 @@ class PhaseClock:
     # device), forward and backward, the optimizer, and after it (schedule, zero_grad, the moving average).
     UPDATE_PHASES = ("logging and the next batch", "forward and backward", "optimizer", "after the optimizer")
 
-    def __init__(self, module, profile_after: float | None = None, profile_updates: int = 20):
+    def __init__(
+        self, module, profile_after: float | None = None, profile_updates: int = 20, profile_by: float | None = None
+    ):
         self.module, self.spent, self.saved, self.marks, self.step_ends = module, {}, {}, {}, []
         self.events = []  # per update: (begin, before the optimizer, after it, end), host seconds
         self.profile_after, self.profile_updates = profile_after, profile_updates
+        self.profile_by = profile_by  # seconds after training began by which the window starts in any case
         self.profiler, self.profile = None, None
 
     def __enter__(self):
@@ -1647,13 +1654,16 @@ class PhaseClock:
                 self._stop_profile(args.device.type)
 
     def _profile_starts(self, now: float) -> bool:
-        """Whether the profiled window of updates starts now: ``profile_after`` seconds after the first update."""
+        """Whether the profiled window of updates starts now: ``profile_after`` seconds after the first update, or
+        ``profile_by`` seconds after training began, whichever comes first (a first update slow enough, on a
+        loaded machine, left no time for the window before the run's minutes ran out)."""
+        late = self.profile_by is not None and "begin" in self.marks and now - self.marks["begin"] >= self.profile_by
         return (
             self.profile_after is not None
             and self.profile is None
             and self.profiler is None
             and "first" in self.marks
-            and now - self.marks["first"] >= self.profile_after
+            and (now - self.marks["first"] >= self.profile_after or late)
         )
 
     def _start_profile(self, device: str) -> None:

@@ -840,6 +840,40 @@ def test_an_update_is_split_at_the_trainers_callback_events(monkeypatch):
     assert clock.steady_updates_per_second(fraction=1.0) == pytest.approx(100)  # the same updates, 10 ms each
 
 
+def test_the_profiled_window_starts_by_its_deadline_after_a_slow_first_update(monkeypatch):
+    """The recipe run profiles updates from ``profile_after`` seconds after the first update's end; a loaded machine
+    whose first update ended late in the run's minutes left no window at all (a profile of None). The window now
+    starts ``profile_by`` seconds after training began at the latest."""
+    now = [0.0]
+    monkeypatch.setattr(gpu.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(
+        gpu, "profile_summary", lambda *a, **k: {"kernel_launches": None, "top": [], "ranked_by": "CPU self time"}
+    )
+
+    class Profiler:
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr("torch.profiler.profile", lambda **kwargs: Profiler())
+    args = type("A", (), {"device": type("D", (), {"type": "cpu"})()})()
+    for profile_by, started_at in ((None, None), (3.6, 1)):  # 1.44 s after the first update; by 3.6 s of 7.2
+        clock = gpu.PhaseClock(module=None, profile_after=1.44, profile_updates=3, profile_by=profile_by)
+        clock.on_train_begin(args, None, None)
+        starts = []
+        for update in range(5):
+            now[0] += 5.0 if update == 0 else 0.3  # a first update of 5 s, then 0.3 s each: the run ends at 6.2 s
+            clock.on_step_begin(args, None, None)
+            starts.append(clock.profiler is not None)
+            for event in ("on_pre_optimizer_step", "on_optimizer_step", "on_step_end"):
+                getattr(clock, event)(args, None, None)
+        clock.on_train_end(args, None, None)
+        assert (starts.index(True) if True in starts else None) == started_at, starts
+    assert clock.profile["updates"] == 3
+
+
 def test_the_profiled_window_never_outlives_the_run(monkeypatch):
     """Training that ends inside the profiled window stops the profiler with the updates it had; a run stopped by an
     error (or the budget) inside it stops it too, so that no later measurement runs under the profiler."""
