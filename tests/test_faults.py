@@ -683,15 +683,24 @@ def test_push_to_hub_uploads_the_averaged_model_and_the_projects_card(data_dir, 
     """--push_to_hub with --average_checkpoints: the Hub gets the final folder as saved (the mean of the last
     checkpoints, and the card that says so), not the last weights the Trainer pushed while saving. Reference:
     the local final folder. The card names the checkpoints the mean is of: 3 asked for, 2 kept."""
+    from hub_server import TOKEN, USER
+
     output = tmp_path / "pushed"
     files = trained_and_pushed(
-        data_dir, tmp_path, "averaged", "--max_steps", str(2 * SAVE_STEPS), "--average_checkpoints", "3"
-    )
+        data_dir, tmp_path, "averaged", "--max_steps", str(2 * SAVE_STEPS), "--average_checkpoints", "3",
+        "--hub_token", TOKEN,
+    )  # fmt: skip
     pushed, card = files["model.safetensors"].read_bytes(), files["README.md"].read_text()
     assert pushed == (output / "model.safetensors").read_bytes()
     assert pushed != (output / f"checkpoint-{2 * SAVE_STEPS}" / "model.safetensors").read_bytes()  # not the last
     line = f"2 of the 3 asked for (uniform weights): checkpoint-{SAVE_STEPS}, checkpoint-{2 * SAVE_STEPS}"
     assert line in card and line in (output / "README.md").read_text()
+    # the token given as --hub_token reached the repository in training_args.bin, which the Trainer's pushes
+    # uploaded with the run's other files; the card's examples loaded <user>/pushed
+    assert not [name for name, path in files.items() if TOKEN.encode() in path.read_bytes()]
+    assert not [path for path in output.rglob("training_args.bin") if TOKEN.encode() in path.read_bytes()]
+    assert not [name for name in files if name == "training_args.bin" or name.startswith(("tokenizer/", "runs/"))]
+    assert f'model="{USER}/averaged"' in card and "<user>/" not in card
 
 
 def test_push_to_hub_uploads_each_checkpoint_from_its_final_name(data_dir, tmp_path):

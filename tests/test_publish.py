@@ -173,10 +173,42 @@ def test_publish_uploads_the_model_files_in_one_commit_and_nothing_of_the_run(ru
         assert [set(paths) for _, paths in hub.commits(repo)] == [MODEL_FILES]  # one commit, the model alone
         stored = hub.files(repo)
         assert set(stored) == MODEL_FILES | {".gitattributes"}
-        assert all(stored[name] == (run_folder / name).read_bytes() for name in MODEL_FILES)
+        assert all(stored[name] == (run_folder / name).read_bytes() for name in MODEL_FILES - {"README.md"})
+        assert_published_card(stored["README.md"], run_folder, repo)
         assert "checkpoint-2/" in completed.stderr and "tokenizer/" in completed.stderr  # named as left out
     finally:
         hub.stop()
+
+
+def assert_published_card(stored: bytes, folder: Path, repo_id: str) -> None:
+    """The card as published: the folder's (write_model_card's, which names the repository it cannot know as
+    ``<user>/FOLDER``), its examples loading ``repo_id`` and its model-index entry named after it, the rest
+    as written (metadata and scores)."""
+    from huggingface_hub import ModelCard
+
+    local, card = ModelCard.load(folder / "README.md"), ModelCard(stored.decode())
+    assert f"<user>/{folder.name}" in local.text and "<user>/" not in card.text
+    assert f'model="{repo_id}"' in card.text and f'from_pretrained("{repo_id}"' in card.text
+    assert card.data.model_name == repo_id.split("/")[-1] and card.text.startswith(f"\n# {repo_id.split('/')[-1]}\n")
+    assert card.data.eval_results == local.data.eval_results and card.data.tags == local.data.tags
+    name = repo_id.split("/")[-1]  # nothing else of the text changed
+    assert card.text == local.text.replace(f"<user>/{folder.name}", repo_id).replace(
+        f"# {folder.name}\n", f"# {name}\n"
+    )
+
+
+def test_a_card_whose_metadata_does_not_parse_is_refused_before_anything(run_folder, tmp_path, capsys):
+    """It passed --dry-run, then the upload failed with yaml's traceback naming neither the file nor the fix."""
+    import shutil
+
+    folder = tmp_path / "broken-card"
+    shutil.copytree(run_folder, folder)
+    (folder / "README.md").write_text("---\nlanguage: [en, de\n---\n# a card\n", encoding="utf-8")
+    with pytest.raises(SystemExit) as exit:
+        cli(["publish", str(folder), "--repo-id", f"{USER}/x", "--dry-run"])
+    error = capsys.readouterr().err.strip()
+    assert exit.value.code == 2 and len(error.splitlines()) == 1, error
+    assert f"{folder / 'README.md'}: its metadata (the YAML between the --- lines at the top) does not parse" in error
 
 
 def test_with_hf_hub_offline_set_publish_says_so_at_once(run_folder, monkeypatch, capsys):

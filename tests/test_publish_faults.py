@@ -46,7 +46,8 @@ def publish(hub: LoopbackHub, folder: Path, home: Path, *extra: str) -> subproce
 def assert_complete(hub: LoopbackHub, folder: Path) -> None:
     stored = hub.files(REPO_ID)
     assert set(stored) == test_publish.MODEL_FILES | {".gitattributes"}
-    assert all(stored[name] == (folder / name).read_bytes() for name in test_publish.MODEL_FILES)
+    assert all(stored[name] == (folder / name).read_bytes() for name in test_publish.MODEL_FILES - {"README.md"})
+    test_publish.assert_published_card(stored["README.md"], folder, REPO_ID)
 
 
 def assert_never_half_a_model(hub: LoopbackHub) -> None:
@@ -123,6 +124,41 @@ def test_a_republish_in_shards_deletes_the_old_single_file_in_the_same_commit(hu
     assert all(torch.equal(loaded.state_dict()[name], value) for name, value in model.state_dict().items())
 
 
+def test_the_files_a_trainers_pushes_left_and_an_earlier_card_are_deleted_in_the_publishing_commit(
+    hub, run_folder, tmp_path
+):
+    """train --push_to_hub: the Trainer's pushes during training upload the whole output folder
+    (training_args.bin, tokenizer/, runs/), and the final publish added the model beside them; a folder
+    without a card published over an earlier one left that card describing other weights. Checkpoint
+    folders (--hub_strategy checkpoint) stay."""
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    from hub_server import TOKEN
+
+    os.environ.update(client_environment(hub, tmp_path / "home"))  # this process's client, for the setup commit
+    try:
+        api = HfApi(endpoint=hub.endpoint, token=TOKEN)
+        api.create_repo(REPO_ID)
+        leftovers = ["training_args.bin", "tokenizer/tokenizer.json", "runs/events.out.tfevents", "README.md"]
+        api.create_commit(
+            REPO_ID,
+            [CommitOperationAdd(name, b"pushed during training") for name in [*leftovers, "last-checkpoint/x.pt"]],
+            commit_message="Training in progress",
+        )
+    finally:
+        for name in client_environment(hub, tmp_path / "home"):
+            os.environ.pop(name, None)
+    folder = tmp_path / "no-card"
+    shutil.copytree(run_folder, folder)
+    (folder / "README.md").unlink()
+    (folder / "training_args.bin").write_bytes(b"args")
+    completed = publish(hub, folder, tmp_path / "home")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    stored = hub.files(REPO_ID)
+    assert set(stored) == (test_publish.MODEL_FILES - {"README.md"}) | {".gitattributes", "last-checkpoint/x.pt"}
+    assert len(hub.commits(REPO_ID)) == 2  # the model and the deletions in one commit
+
+
 def test_private_never_publishes_into_a_public_repo_and_a_new_branch_is_created(hub, run_folder, tmp_path):
     """create_repo(exist_ok=True) leaves an existing repo as it is: --private on a public one is refused before
     any upload (it would have published the model publicly). --revision names a branch, created from main
@@ -156,6 +192,6 @@ def test_private_never_publishes_into_a_public_repo_and_a_new_branch_is_created(
     assert message.startswith(f"--private: {REPO_ID} exists and is public, and publishing does not change that")
     assert [paths for _, paths in hub.commits(REPO_ID)][1:] == [["README.md"]]  # none after the refusal; then v2's
     on_main, on_v2 = hub.files(REPO_ID), hub.files(REPO_ID, "v2")
-    assert on_main["README.md"] == (run_folder / "README.md").read_bytes()  # main as it was
+    test_publish.assert_published_card(on_main["README.md"], run_folder, REPO_ID)  # main as it was
     assert on_v2["README.md"].endswith(b"A second version.\n") and set(on_v2) == set(on_main)
     assert hub.store.is_private(REPO_ID + "-private") and not hub.store.is_private(REPO_ID)

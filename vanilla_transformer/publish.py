@@ -13,7 +13,9 @@ commit); a retry, or running the command again after it gave up, completes the r
 commit whose answer was lost is not made twice (huggingface_hub leaves out files the repository
 already holds, and commits nothing when that is all of them). Weight files of an earlier publish
 that this one does not replace (``model.safetensors`` where the weights now come in shards) are
-deleted in the same commit: from_pretrained would otherwise read them with the new config.
+deleted in the same commit: from_pretrained would otherwise read them with the new config; so are the
+training files a Trainer's pushes during training left there (training_args.bin, ``runs/``, ``tokenizer/``),
+and an earlier card where the folder has none.
 
 The card goes up naming the task and this package in its metadata (`card_to_publish`), whoever wrote
 it: ``Seq2SeqTrainer.create_model_card``, as transformers' run_translation.py calls it, writes the
@@ -91,9 +93,12 @@ def _code_modules(folder: Path) -> set[str]:
     return modules
 
 
-def card_to_publish(folder: str | Path) -> bytes | None:
+def card_to_publish(folder: str | Path, repo_id: str | None = None) -> bytes | None:
     """``README.md`` of ``folder`` with the package's tags (`MODEL_TAGS`: the task, the package, custom code)
-    added to its metadata, or None when it has them all already (it is uploaded as it is) or there is no card.
+    added to its metadata, and, given the ``repo_id`` it goes to, that id in the usage examples and the
+    model-index name where `write_model_card` wrote the folder's (``<user>/FOLDER``, ``FOLDER``); None when it
+    needs neither (it is uploaded as it is) or there is no card. A card whose metadata does not parse is refused
+    naming the file.
 
     transformers' ``Trainer.create_model_card`` takes tags from its ``tags`` argument only, and scripts
     such as run_translation.py give none: the model's ``model_tags`` reach the card only through
@@ -105,9 +110,24 @@ def card_to_publish(folder: str | Path) -> bytes | None:
     path = Path(folder) / "README.md"
     if not path.is_file():
         return None
-    card = ModelCard.load(path)
+    text = path.read_text(encoding="utf-8")
+    name = Path(folder).resolve().name
+    if repo_id is not None:  # the examples a reader copies load the repository, not a placeholder
+        text = text.replace(f"<user>/{name}", repo_id)
+    try:
+        card = ModelCard(text)
+    except Exception as error:  # yaml's errors, or huggingface_hub's ValueError for metadata that is no mapping
+        raise ValueError(
+            f"{path}: its metadata (the YAML between the --- lines at the top) does not parse "
+            f"({_one_line(error)}); fix it, or delete the file to publish without a card."
+        ) from None
+    changed = text != path.read_text(encoding="utf-8")
+    if repo_id is not None and card.data.model_name == name and name != repo_id.rsplit("/", 1)[-1]:
+        card.data.model_name = repo_id.rsplit("/", 1)[-1]  # the model-index entry, as the Hub lists it
+        card.text = card.text.replace(f"# {name}\n", f"# {card.data.model_name}\n", 1)
+        changed = True
     tags = list(card.data.tags or [])
-    if all(tag in tags for tag in MODEL_TAGS):
+    if not changed and all(tag in tags for tag in MODEL_TAGS):
         return None
     card.data.tags = tags + [tag for tag in MODEL_TAGS if tag not in tags]
     return str(card).encode("utf-8")
@@ -126,6 +146,7 @@ def check_publishable(folder: str | Path) -> list[str]:
         "a run's own output folder has it.",
     )
     check_tokenizer_belongs(folder, what)
+    card_to_publish(folder)  # a card whose metadata does not parse: refused now, not after the upload began
     warn_if_an_average_is_beside(folder, "MODEL_DIR", done="published")
     return model_files(folder)
 
@@ -188,9 +209,9 @@ def publish(
     if left_out:
         logger.info(f"not uploaded (training state and duplicates): {', '.join(left_out)}")
     contents: dict[str, Path | bytes] = {name: folder / name for name in files}
-    if (card := card_to_publish(folder)) is not None:
+    if (card := card_to_publish(folder, repo_id)) is not None:
         contents["README.md"] = card
-        logger.info("README.md: the card's metadata gains the tags that name the task and the package")
+        logger.info(f"README.md: the card names {repo_id} and the tags of the task and the package")
     api = HfApi(token=token)
     for attempt in range(retries + 1):
         try:
@@ -202,7 +223,8 @@ def publish(
                 )
             if revision is not None and not revision.startswith("refs/pr/"):  # a commit goes to an existing
                 api.create_branch(repo_id, branch=revision, exist_ok=True)  # branch only: made from main if new
-            stale = stale_weights(api.list_repo_files(repo_id, revision=revision), contents)
+            in_repository = api.list_repo_files(repo_id, revision=revision)
+            stale = stale_weights(in_repository, contents) + stale_files(in_repository, contents, left_out)
             commit = api.create_commit(  # new operations each time: a commit marks its own as used
                 repo_id,
                 [CommitOperationAdd(path_in_repo=name, path_or_fileobj=content) for name, content in contents.items()]
@@ -238,6 +260,19 @@ def stale_weights(in_repository: list[str], uploading) -> list[str]:
         and (name in ("model.safetensors", "model.safetensors.index.json") or fnmatch(name, "model-*-of-*.safetensors"))
     ]
     return sorted(name for name in weights if name not in uploading)
+
+
+def stale_files(in_repository: list[str], uploading, left_out: list[str]) -> list[str]:
+    """Files of the repository that this folder holds but does not publish (``left_out``: training state and
+    duplicates, such as training_args.bin, ``runs/``, ``tokenizer/``), which a Trainer's pushes during training
+    (``--push_to_hub``) uploaded with the whole folder; and an earlier model's card where this folder has none
+    (it would describe other weights). Deleted in the same commit. Checkpoint folders, which
+    ``--hub_strategy checkpoint`` and ``all_checkpoints`` push on purpose, stay."""
+    leftovers = {name.rstrip("/") for name in left_out if not fnmatch(name.rstrip("/"), "checkpoint-*")}
+    stale = [name for name in in_repository if name.split("/", 1)[0] in leftovers and name not in uploading]
+    if "README.md" in in_repository and "README.md" not in uploading:
+        stale.append("README.md")
+    return sorted(stale)
 
 
 def connection_broke(error: BaseException) -> bool:
@@ -293,7 +328,8 @@ def main(argv=None, prog: str = "vanilla-transformer publish") -> str:
     if "README.md" not in files:  # e.g. an average: its Hub page would say nothing of what it is
         logger.warning(
             f"MODEL_DIR {args.model_dir} has no model card (README.md): its Hub page will name no languages, task "
-            "or scores; write one first (vanilla_transformer.write_model_card, docs/hub.md)"
+            "or scores, and a card the repository holds (another model's) is deleted; write one first "
+            "(vanilla_transformer.write_model_card, docs/hub.md)"
         )
     if args.dry_run:
         print("\n".join(files))

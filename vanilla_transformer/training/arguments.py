@@ -10,6 +10,7 @@ imported here.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import os
@@ -229,6 +230,25 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
         if self.sync_free_step and self.dataloader_pin_memory and self.device.type == "cuda":
             # a batch's copy to the GPU waits for the GPU too unless it is asynchronous (from pinned memory)
             self.accelerator_config.non_blocking = True
+
+    def __getstate__(self) -> dict:
+        """Pickled (the Trainer's training_args.bin, beside every checkpoint and final model, which its pushes
+        upload to the Hub) without ``hub_token``: a token given as --hub_token reached the repository in it."""
+        state = dict(self.__dict__)
+        if state.get("hub_token") is not None:
+            state["hub_token"] = None
+        return state
+
+    def __copy__(self):  # a copy in memory keeps the token (the Trainer pushes with it); only a pickle drops it
+        copied = type(self).__new__(type(self))
+        copied.__dict__.update(self.__dict__)
+        return copied
+
+    def __deepcopy__(self, memo: dict):
+        copied = type(self).__new__(type(self))
+        memo[id(self)] = copied
+        copied.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return copied
 
     @contextmanager
     def main_process_first(self, local: bool = True, desc: str = "work"):

@@ -1064,6 +1064,7 @@ def write_card(output_dir: Path, trainer, model_args, data_args, metrics: dict) 
     scores = card_scores(metrics, data_args, signatures, scored)
     return write_model_card(
         output_dir,
+        repo_id=getattr(trainer, "hub_model_id", None) if training_args.push_to_hub else None,  # what loads it
         model=trainer.accelerator.unwrap_model(trainer.model),
         languages=(data_args.source_lang, data_args.target_lang),
         datasets=[data_args.dataset_name] if data_args.dataset_name else [],
