@@ -185,6 +185,21 @@ def test_without_a_model_the_card_describes_the_saved_folder(model, tmp_path):
     assert "beam size 4, length penalty alpha 1.2 (|Y|^alpha)" in text  # read from generation_config.json
 
 
+def test_an_encoder_and_decoder_of_other_sizes_and_unset_decoding_settings_are_described_as_they_run(tmp_path):
+    """A converted MarianMT may differ by side: the card showed the encoder's d_ff and heads only; and a generation
+    config without a beam size or length penalty (None in transformers 5) read "beam size None, alpha None",
+    where generate() decodes greedily with alpha 1.0."""
+    config = VanillaTransformerConfig.from_preset(
+        "tiny", d_model=16, encoder_ffn_dim=24, decoder_ffn_dim=20, encoder_attention_heads=2, decoder_attention_heads=4
+    )
+    model = VanillaTransformerForConditionalGeneration(config)
+    model.generation_config = GenerationConfig(decoder_start_token_id=config.decoder_start_token_id)
+    text = write_model_card(tmp_path, model=model, languages=("en", "de")).read_text()
+    assert "| d_model / d_ff | 16 / 24 (encoder) / 20 (decoder) |" in text
+    assert "| attention heads (d_k) | 2 (8) (encoder) / 4 (4) (decoder) |" in text
+    assert "beam size 1, length penalty alpha 1 (" in text and "None" not in text.split("Decoding")[1].split("\n")[0]
+
+
 @pytest.mark.parametrize(
     "arguments, message",
     [

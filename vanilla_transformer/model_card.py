@@ -259,12 +259,18 @@ def _results_table(results: list[EvalResult]) -> str:
     return "\n".join(rows)
 
 
+def _both(encoder, decoder) -> str:
+    """One value where the encoder's and the decoder's agree, else ``encoder / decoder`` (a converted model's)."""
+    return f"{encoder}" if encoder == decoder else f"{encoder} (encoder) / {decoder} (decoder)"
+
+
 def _architecture_rows(config: PretrainedConfig, num_parameters: int | None) -> str:
-    heads = config.encoder_attention_heads
+    heads = (config.encoder_attention_heads, config.decoder_attention_heads)
+    d_k = [config.head_dim or config.d_model // count for count in heads]
     rows = {
         "layers (encoder + decoder)": f"{config.encoder_layers} + {config.decoder_layers}",
-        "d_model / d_ff": f"{config.d_model} / {config.encoder_ffn_dim}",
-        "attention heads (d_k)": f"{heads} ({config.head_dim or config.d_model // heads})",
+        "d_model / d_ff": f"{config.d_model} / {_both(config.encoder_ffn_dim, config.decoder_ffn_dim)}",
+        "attention heads (d_k)": _both(*(f"{count} ({size})" for count, size in zip(heads, d_k, strict=True))),
         "residual blocks": "pre-norm" if config.normalize_before else "post-norm, as in the paper",
         "positions": config.position_embedding_type,
         "vocabulary": f"{config.vocab_size}"
@@ -312,9 +318,12 @@ def _decoding_sentence(generation_config: GenerationConfig, positions: int) -> s
     formula = {"gnmt": "GNMT's ((5 + |Y|) / 6)^alpha, as the paper", "length": "|Y|^alpha"}.get(
         name, f"formula {name!r}"
     )
+    # what generate() does with a setting left unset (None in transformers 5's GenerationConfig)
+    beams = generation_config.num_beams or 1
+    alpha = 1.0 if generation_config.length_penalty is None else generation_config.length_penalty
     return (
-        f"Decoding (`generation_config.json`): beam size {generation_config.num_beams}, length penalty alpha "
-        f"{generation_config.length_penalty} ({formula}), {length}."
+        f"Decoding (`generation_config.json`): beam size {beams}, length penalty alpha {alpha:g} ({formula}), "
+        f"{length}."
     )
 
 
