@@ -889,3 +889,17 @@ def test_another_seed_loads_the_shared_tokenizer_other_settings_do_not(table, da
     table3.check_shared_tokenizer(recipe, [*flags, "--seed", "43"], table, "table3")
     with pytest.raises(ValueError, match="--tokenizer_vocab_size 280, now 270"):
         table3.check_shared_tokenizer(recipe, [*flags, "--tokenizer_vocab_size", "270"], table, "table3")
+
+
+def test_a_held_out_validation_set_and_a_cut_training_set_train_the_table(data_dir, tmp_path):
+    """--validation_size and --max_train_samples (numbers among the flags that choose the tokenizer's text) failed
+    with a TypeError when table3 looked for the files they name: the cheapest table, one seed on held-out pairs."""
+    command = table3_command(data_dir, tmp_path / "t")
+    at = command.index("--validation_source_file")
+    command = [*command[:at], *command[at + 4 :], "--validation_size", "8", "--max_train_samples", "100"]
+    command[command.index("--rows") + 1] = "base"
+    cli.main(command)
+    rows = json.loads((tmp_path / "t" / "table3.json").read_text())["rows"]
+    assert rows["base"]["bleu"]["n"] == 1
+    scored = json.loads((tmp_path / "t" / "base" / "seed-42" / "all_results.json").read_text())
+    assert round(scored["eval_samples_per_second"] * scored["eval_runtime"]) == 8  # the pairs held out

@@ -322,8 +322,7 @@ def _decoding_sentence(generation_config: GenerationConfig, positions: int) -> s
     beams = generation_config.num_beams or 1
     alpha = 1.0 if generation_config.length_penalty is None else generation_config.length_penalty
     return (
-        f"Decoding (`generation_config.json`): beam size {beams}, length penalty alpha {alpha:g} ({formula}), "
-        f"{length}."
+        f"Decoding (`generation_config.json`): beam size {beams}, length penalty alpha {alpha:g} ({formula}), {length}."
     )
 
 

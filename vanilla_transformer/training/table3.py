@@ -327,8 +327,8 @@ def refuse_own_flags(train_flags: list[str]) -> None:
 def data_files(data_args, names=DATA_FILES) -> dict:
     """``{flag: [path, bytes, modified (ns)]}`` of each data file the flags name (a missing one: train names it)."""
     files = {}
-    for name in names:
-        if (path := getattr(data_args, name, None)) and Path(path).is_file():
+    for name in names:  # of the flags that choose the text, the ones naming a file (not a count, a column)
+        if isinstance(path := getattr(data_args, name, None), str) and path and Path(path).is_file():
             stat = os.stat(path)
             files[f"--{name}"] = [str(Path(path).resolve()), stat.st_size, stat.st_mtime_ns]
     return files
