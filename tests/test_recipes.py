@@ -153,6 +153,7 @@ def test_an_update_is_about_25000_tokens_a_side_on_8_gpus(recipe):
     for side in (0, 1):
         per_batch = np.add.reduceat(lengths[sampler.order, side], sampler.starts[:-1]).mean()
         per_update = per_batch * args.gradient_accumulation_steps * PAPER_GPUS
+        print(f"{recipe_id(recipe)}: {per_update:,.0f} real {('source', 'target')[side]} tokens per update")  # -s
         assert per_update == pytest.approx(PAPER_TOKENS_PER_SIDE, rel=0.05), (side, per_update)
 
 
