@@ -189,12 +189,44 @@ def test_jsonl_flat_nested_and_blank_lines(tmp_path, cache):
         ('{"en": "a", "de": 5}', "line 2: 'de' must be a string, got int"),
         ('{"en": "a", "de": "b"', r"line 2: invalid JSON"),
         ('["a", "b"]', "line 2: expected a JSON object, got list"),
+        # present but null: it said "missing key 'translation.de' (keys present: ['translation'])"
+        ('{"translation": null}', "line 2: 'translation' is null, not an object holding 'de'"),
+        # half of an emoji, valid JSON: Arrow failed on it with a UnicodeEncodeError naming no file or line
+        ('{"translation": {"de": "cut \\ud83d"}}', r"line 2: 'translation.de' holds a lone surrogate \('\\ud83d' at"),
     ],
 )
 def test_jsonl_malformed_line_says_where_and_what(tmp_path, cache, bad_line, expected):
-    path = write(tmp_path / "pairs.jsonl", [json.dumps({"en": "ok", "de": "ok"}), bad_line])
+    nested = "translation" in bad_line
+    first = {"translation": {"en": "ok", "de": "ok"}} if nested else {"en": "ok", "de": "ok"}
+    path = write(tmp_path / "pairs.jsonl", [json.dumps(first), bad_line])
+    keys = ("translation.de", "translation.en") if nested else ("en", "de")
     with pytest.raises(ValueError, match=expected):
-        jsonl_dataset(path, "en", "de", cache_dir=cache)
+        jsonl_dataset(path, *keys, cache_dir=cache)
+
+
+def test_text_that_starts_like_a_bzip2_header_is_read_as_text(tmp_path, cache):
+    """Any file starting "BZh" was refused as bzip2 (an id "BZh-001", a city "BZhangzhou"); a bzip2 stream
+    is "BZh", a level 1-9, then a block's magic."""
+    ids = write(tmp_path / "ids.tsv", ["BZh-001\tA dog.\tEin Hund."])
+    assert pairs(tsv_dataset(ids, 1, 2, cache_dir=cache)) == [("A dog.", "Ein Hund.")]
+    text = write(tmp_path / "city.txt", ["BZhangzhou is a city."])
+    assert pairs(parallel_text_dataset(text, text, cache_dir=cache)) == [("BZhangzhou is a city.",) * 2]
+    packed = tmp_path / "real.txt"
+    packed.write_bytes(bz2.compress(b"BZhangzhou\n"))
+    with pytest.raises(ValueError, match="bzip2-compressed"):
+        parallel_text_dataset(packed, packed, cache_dir=cache)
+
+
+def test_the_token_ids_cache_key_ignores_the_truncation_a_last_call_left_set(tokenizer):
+    """A tokenizer called with truncation or padding keeps them set in its backend, which the key hashed: the
+    corpus was tokenised again for ids that do not change."""
+    before = data.tokenizer_fingerprint(tokenizer)
+    tokenizer(["the dog runs", "a"], truncation=True, max_length=2, padding=True)
+    assert tokenizer.backend_tokenizer.truncation is not None  # the state the key must not see
+    assert data.tokenizer_fingerprint(tokenizer) == before
+    tokenizer(["a"], truncation=False, padding=False)
+    changed = train_tokenizer(iter("the a dog cat runs".split() * 20), vocab_size=280)
+    assert data.tokenizer_fingerprint(changed) != before  # another vocabulary, another key
 
 
 # --- tokenising and the length filter ---------------------------------------------------------
@@ -687,3 +719,26 @@ def test_a_slow_tokenizer_with_other_ids_for_the_same_tokens_gets_another_cache_
     assert data.tokenizer_fingerprint(one) != data.tokenizer_fingerprint(swapped)
     again = ctrl_tokenizer(tmp_path / "again", {token: i for i, token in enumerate(tokens)})
     assert data.tokenizer_fingerprint(one) == data.tokenizer_fingerprint(again)  # the same files, the same key
+
+
+def test_max_train_samples_reads_only_the_first_pairs_of_each_part_of_a_sum_of_splits(tmp_path, monkeypatch):
+    """``--train_split train+test`` with --max_train_samples read the whole train split (only the last part was
+    sliced); the pairs kept were right. A local folder of JSON lines stands for a Hub dataset."""
+    from vanilla_transformer.training.options import DataArguments
+
+    (tmp_path / "hub" / "data").mkdir(parents=True)
+    for split, count in (("train", 30), ("test", 4)):
+        write(tmp_path / "hub" / "data" / f"{split}.jsonl",
+              [json.dumps({"translation": {"en": f"{split} {i}", "de": f"{i}"}}) for i in range(count)])  # fmt: skip
+    read = []
+    original = data.hub_dataset
+    monkeypatch.setattr(data, "hub_dataset", lambda *a, **k: read.append(original(*a, **k)) or read[-1])
+    for split, kept in (
+        ("train+test", ["train 0", "train 1", "train 2"]),
+        ("test+train", ["test 0", "test 1", "test 2"]),
+    ):
+        arguments = DataArguments(
+            dataset_name=str(tmp_path / "hub"), train_split=split, max_train_samples=3, cache_dir=str(tmp_path / "c")
+        )
+        loaded = data.load_text_datasets(arguments, seed=1)
+        assert loaded["train"]["source"] == kept and len(read[-1]) == 6  # 3 of each part read, 3 kept

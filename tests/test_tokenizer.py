@@ -457,6 +457,22 @@ def test_cli_errors_name_the_file_or_flag_in_the_command_lines_words(case, expec
     assert "texts_or_files" not in error and not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize("name", ["pairs.jsonl", "pairs.tsv.gz", "pairs.json"])
+def test_a_file_of_pairs_is_refused_naming_the_train_command_that_reads_it(name, tmp_path, capsys):
+    """The command and train_tokenizer read one sentence a line: a .jsonl was trained on as text, its keys
+    ('{"', 'translation') learnt as tokens and its escapes (gro\\u00df) hiding the characters."""
+    path = tmp_path / name
+    path.write_text(json.dumps({"translation": {"en": "big", "de": "gro\u00df"}}) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(path), "--output-dir", str(tmp_path / "out")])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "holds pairs, not one sentence a line" in error
+    assert f"vanilla-transformer train --train_file {path} --tokenizer_only true" in error
+    with pytest.raises(ValueError, match=f"training file '{path}' .*: a .* file holds pairs"):
+        train_tokenizer([path], vocab_size=VOCAB_SIZE)
+    assert not (tmp_path / "out").exists()
+
+
 def test_cli_takes_underscores_and_refuses_a_file_as_the_output_before_training(tmp_path, capsys):
     """Its help says every flag takes underscores too (the console script calls this function directly); an
     output that is a file is refused before training (save_pretrained would only log an error)."""

@@ -56,7 +56,16 @@ DEFAULT_VOCAB_SIZE = 37000  # §5.1, WMT 2014 English-German
 DEFAULT_MODEL_MAX_LENGTH = 1024
 GZIP_MAGIC = b"\x1f\x8b"
 # What other compressed files start with: refused by name, not read as text that is "not valid UTF-8"
-OTHER_COMPRESSIONS = {b"BZh": "bzip2", b"\xfd7zXZ\x00": "xz", b"\x28\xb5\x2f\xfd": "zstd", b"PK\x03\x04": "zip"}
+# Each kind's magic bytes at the start of a file; bzip2's "BZh" is followed by a level and a block's (or the end's)
+# magic, so that text starting "BZh" is still read as text.
+OTHER_COMPRESSIONS = {
+    re.compile(rb"BZh[1-9](1AY&SY|\x17rE8P\x90)"): "bzip2",
+    re.compile(re.escape(b"\xfd7zXZ\x00")): "xz",
+    re.compile(re.escape(b"\x28\xb5\x2f\xfd")): "zstd",
+    re.compile(re.escape(b"PK\x03\x04")): "zip",
+}
+# What holds pairs rather than one sentence a line: `vanilla-transformer train --train_file` reads these.
+PAIR_FILE_SUFFIXES = (".jsonl", ".json", ".tsv")
 
 
 class VanillaTransformerTokenizer(TokenizersBackend):
@@ -317,6 +326,8 @@ def _checked_paths(items: list | tuple) -> list[Path]:
             )
         if not os.access(path, os.R_OK):
             raise PermissionError(f"{where} is not readable; give the current user read permission.")
+        if problem := _pair_file_problem(path):
+            raise ValueError(f"{where}: {problem}")
         paths.append(path)
     return paths
 
@@ -363,9 +374,9 @@ def open_text_bytes(path: str | os.PathLike, name: str):
     an error naming ``name``. The file is opened once: a pipe (``<(zcat train.en.gz)``) cannot be read again,
     so the bytes read to tell are put back in front. The one opener of text files in the package."""
     with open(path, "rb") as file:
-        head = file.read(8)
+        head = file.read(10)
         for magic, kind in OTHER_COMPRESSIONS.items():
-            if head.startswith(magic):
+            if magic.match(head):
                 raise ValueError(f"{name} is {kind}-compressed; decompress it, or recompress it with gzip.")
         stream = io.BufferedReader(_Prefixed(head, file))
         suffix_gz = str(path).endswith(".gz")
@@ -450,7 +461,21 @@ def _command_line_problem(args: argparse.Namespace) -> str | None:
             return f"{path} is a folder; give the text files in it (e.g. {path}/*.gz)."
         if not os.access(path, os.R_OK):
             return f"{path} is not readable; give the current user read permission."
+        if problem := _pair_file_problem(path):
+            return f"{path}: {problem}"
     return None
+
+
+def _pair_file_problem(path: Path) -> str | None:
+    """A file of pairs (.jsonl, .json, .tsv, gzipped or not) given as one sentence a line: its JSON keys and
+    escapes or both languages of a line would be trained on as text."""
+    suffix = Path(path.name.removesuffix(".gz")).suffix.lower()
+    if suffix not in PAIR_FILE_SUFFIXES:
+        return None
+    return (
+        f"a {suffix} file holds pairs, not one sentence a line; train the tokenizer on its pairs with "
+        f"`vanilla-transformer train --train_file {path} --tokenizer_only true --output_dir DIR`, or give text files."
+    )
 
 
 def main(argv: list[str] | None = None, prog: str = "vanilla-transformer-train-tokenizer") -> None:

@@ -162,14 +162,25 @@ def _tsv_rows(path: str, source_column: int, target_column: int, what: str | Non
 
 def json_field(record: dict, key: str, where: str) -> str:
     """``record[key]``; a dotted key such as ``"translation.en"`` reaches into nested objects."""
-    value = record
+    value, reached = record, []
     for part in [key] if key in record else key.split("."):
+        if reached and not isinstance(value, dict):  # {"translation": null}: present, but no object to look in
+            kind = "null" if value is None else f"a {type(value).__name__}"
+            raise ValueError(f"{where}: {'.'.join(reached)!r} is {kind}, not an object holding {part!r}.")
         if not isinstance(value, dict) or part not in value:
             available = sorted(record) if isinstance(record, dict) else []
             raise ValueError(f"{where}: missing key {key!r} (keys present: {available}).")
         value = value[part]
+        reached.append(part)
     if not isinstance(value, str):
         raise ValueError(f"{where}: {key!r} must be a string, got {type(value).__name__}.")
+    try:  # JSON's "\ud83d" alone: half a character, which no UTF-8 file (nor Arrow) can hold
+        value.encode("utf-8")
+    except UnicodeEncodeError as error:
+        raise ValueError(
+            f"{where}: {key!r} holds a lone surrogate ({error.object[error.start]!r} at character {error.start}), "
+            "half of a character; fix or remove the line."
+        ) from None
     return value
 
 
@@ -402,9 +413,12 @@ def tokenizer_fingerprint(tokenizer) -> str:
     """What decides the token ids: the tokenizer's full definition and the settings its call uses."""
     from datasets.fingerprint import Hasher
 
-    backend = (
-        tokenizer.backend_tokenizer.to_str() if getattr(tokenizer, "is_fast", False) else _slow_definition(tokenizer)
-    )
+    if getattr(tokenizer, "is_fast", False):
+        # the definition without the truncation and padding a last call left set: the calls here set their own
+        backend = json.loads(tokenizer.backend_tokenizer.to_str())
+        backend.pop("truncation", None), backend.pop("padding", None)
+    else:
+        backend = _slow_definition(tokenizer)
     return Hasher.hash(
         [type(tokenizer).__name__, backend, tokenizer.all_special_ids, getattr(tokenizer, "split_special_tokens", None)]
     )
@@ -798,7 +812,11 @@ def load_text_datasets(args, seed: int, train: bool = True) -> dict:
             # the first N only, unless the split is sliced already (cut after reading) or --validation_size holds
             # pairs out of the whole split first, as it does out of local files
             sliced = args.max_train_samples and "[" not in args.train_split and not args.validation_size
-            train_split = args.train_split + (f"[:{args.max_train_samples}]" if sliced else "")
+            train_split = (  # each part of a sum of splits (train+test): the first N come from the first parts
+                "+".join(f"{part}[:{args.max_train_samples}]" for part in args.train_split.split("+"))
+                if sliced
+                else args.train_split
+            )
             datasets["train"] = _hub_split(args, train_split)  # read only what is asked for
             check_has_text(datasets["train"], f"--dataset_name {args.dataset_name}, split {train_split!r}")
         for role, split in (("validation", args.validation_split), ("test", args.test_split)):
