@@ -377,3 +377,60 @@ def test_predict_reports_tokenized_bleu_as_the_paper_scored_it(tiny_slice, tmp_p
     assert results["predict_tokenized_bleu"] == pytest.approx(expected)
     assert results["predict_bleu"] == pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)
     assert abs(results["predict_tokenized_bleu"] - results["predict_bleu"]) > 1
+
+
+def multi_bleu(hypotheses: list[str], references: list[str]) -> float:
+    """multi-bleu.perl's corpus BLEU over whitespace tokens, one reference: clipped n-gram precisions up to 4,
+    no smoothing (an order without a match gives 0), the brevity penalty where the hypotheses are shorter."""
+    import math
+    from collections import Counter
+
+    matches, totals, hypothesis_length, reference_length = [0] * 4, [0] * 4, 0, 0
+    for hypothesis, reference in zip(hypotheses, references, strict=True):
+        h, r = hypothesis.split(), reference.split()
+        hypothesis_length, reference_length = hypothesis_length + len(h), reference_length + len(r)
+        for n in range(1, 5):
+            grams = Counter(tuple(h[i : i + n]) for i in range(len(h) - n + 1))
+            reference_grams = Counter(tuple(r[i : i + n]) for i in range(len(r) - n + 1))
+            matches[n - 1] += sum(min(count, reference_grams[gram]) for gram, count in grams.items())
+            totals[n - 1] += max(len(h) - n + 1, 0)
+    if not all(matches):
+        return 0.0
+    penalty = math.exp(1 - reference_length / hypothesis_length) if hypothesis_length < reference_length else 1.0
+    return 100 * penalty * math.exp(sum(math.log(m / t) for m, t in zip(matches, totals, strict=True)) / 4)
+
+
+def test_tokenized_bleu_is_multi_bleu_perls_unsmoothed_corpus_bleu():
+    """The paper's number was multi-bleu.perl's, which smooths nothing: sacreBLEU's default exp smoothing gave a
+    set without a matching 4-gram 33.78 where the script prints 0. And -lc lowercases it too."""
+    from vanilla_transformer.training.metrics import score
+
+    cases = [
+        (["ein haus steht dort"], ["ein haus stand dort"]),  # no 4-gram in common
+        (
+            ["der hund läuft schnell nach hause", "die katze schläft"],
+            ["der hund läuft schnell heim", "eine katze schläft"],
+        ),
+    ]
+    for hypotheses, references in cases:
+        scored = score(hypotheses, references, compound_split_bleu=True, language="de")["tokenized_bleu"]
+        assert scored == pytest.approx(multi_bleu(hypotheses, references), abs=1e-9)
+    assert multi_bleu(*cases[0]) == 0 and multi_bleu(*cases[1]) > 0
+    upper = [hypothesis.upper() for hypothesis in cases[1][0]]
+    scored = score(upper, cases[1][1], compound_split_bleu=True, language="de", lowercase=True)["tokenized_bleu"]
+    assert scored == pytest.approx(multi_bleu(*cases[1]), abs=1e-9)
+
+
+def test_predict_scores_the_lines_it_writes(tiny_slice, tmp_path, monkeypatch):
+    """A hypothesis holding a line break is written with a space there (one line a sentence); it was scored as
+    decoded, and sacreBLEU's 13a joins "Hund-\\nrennt" into one word: the saved BLEU was not the file's."""
+    recipe = REPO / "training" / "recipes" / "wmt14-en-de-base.yaml"
+    model_args, data_args, training_args = parse(recipe, *tiny_overrides(tiny_slice, tmp_path / "run"))
+    prepared = train.build_trainer(model_args, data_args, training_args)
+    references = list(prepared.text["test"]["target"])
+    hypotheses = [reference.replace(" ", "-\n", 1) for reference in references]
+    monkeypatch.setattr(train, "translate", lambda model, tokenizer, sources, *args, **kwargs: hypotheses)
+    results = train.predict(prepared.trainer, prepared.tokenizer, prepared.text["test"], "13a", None)
+    written = (tmp_path / "run" / train.PREDICTIONS_FILE).read_text(encoding="utf-8").splitlines()
+    assert results["predict_bleu"] == pytest.approx(sacrebleu.corpus_bleu(written, [references]).score)
+    assert results["predict_bleu"] != pytest.approx(sacrebleu.corpus_bleu(hypotheses, [references]).score)

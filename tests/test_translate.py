@@ -93,6 +93,14 @@ def test_a_line_break_inside_a_hypothesis_keeps_the_output_aligned_and_is_named(
         translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(output)])
     assert output.read_text(encoding="utf-8").split("\n") == ["a b", "c", "d e f", "\u2028g", ""]
     assert f"--output {output}: 2 hypotheses held a line break" in caplog.text and "(line 1, 3)" in caplog.text
+    # scored as written: sacreBLEU's 13a joins "Hund-\nrennt" into one word, the file holds "Hund- rennt"
+    hypotheses[:] = ["Der Hund-\nrennt schnell heute", "c", "d", "g"]
+    references = tmp_path / "ref.txt"
+    references.write_text("Der Hund- rennt schnell heute\nc\nd\ng\n")
+    result = translate.main(["--model", str(model_dir), "--input", str(source), "--output", str(output),
+                             "--references", str(references)])  # fmt: skip
+    written, expected = output.read_text(encoding="utf-8").splitlines(), references.read_text().splitlines()
+    assert result["bleu"] == pytest.approx(sacrebleu.corpus_bleu(written, [expected]).score) == pytest.approx(100)
 
 
 def test_stdin_to_stdout(model_dir, loaded, monkeypatch, capsys):

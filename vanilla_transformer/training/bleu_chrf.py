@@ -12,7 +12,7 @@ References: one string per prediction, or a list of strings (several references)
 ``compound_split_bleu=True`` it also reports ``tokenized_bleu``, BLEU as the paper was scored
 (tensor2tensor's ``get_ende_bleu.sh``): hypotheses and references Moses-tokenized (sacremoses,
 ``escape=False``), hyphenated compounds split as ``a ##AT##-##AT## b``, then corpus BLEU on those
-tokens (sacreBLEU with ``tokenize="none"``, the computation of ``multi-bleu.perl``). Only that
+tokens (sacreBLEU with ``tokenize="none"`` and no smoothing, the computation of ``multi-bleu.perl``). Only that
 number is comparable with the paper's 27.3 / 28.4; report sacreBLEU for everything else.
 
 `evaluate` copies this file into its module cache and imports it there, so it imports nothing
@@ -91,7 +91,8 @@ class BleuChrf(evaluate.Metric):
             moses = MosesTokenizer(lang=language)
             split = [split_compounds(p, moses) for p in predictions]
             split_streams = [[split_compounds(r, moses) for r in stream] for stream in streams]
-            result["tokenized_bleu"] = (
-                sacrebleu.metrics.BLEU(tokenize="none", force=True).corpus_score(split, split_streams).score
-            )
+            # multi-bleu.perl smooths nothing (an n-gram order without a match gives 0; sacreBLEU's default
+            # "exp" smoothing gave small sets a positive score) and lowercases with -lc
+            paper = sacrebleu.metrics.BLEU(tokenize="none", force=True, smooth_method="none", lowercase=lowercase)
+            result["tokenized_bleu"] = paper.corpus_score(split, split_streams).score
         return result

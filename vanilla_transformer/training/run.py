@@ -978,11 +978,10 @@ def predict(
         **{name: value for name, value in settings.items() if value is not None},
     )
     output_dir.mkdir(parents=True, exist_ok=True)
-    (output_dir / PREDICTIONS_FILE).write_text(
-        as_lines(hypotheses, str(output_dir / PREDICTIONS_FILE)), encoding="utf-8"
-    )
+    written = as_lines(hypotheses, str(output_dir / PREDICTIONS_FILE))
+    (output_dir / PREDICTIONS_FILE).write_text(written, encoding="utf-8")
     scores = score(
-        hypotheses,
+        written.split("\n")[:-1],  # the lines as written: sacreBLEU's CLI on the file gives the same
         list(references),
         tokenize=sacrebleu_tokenize,
         **({"compound_split_bleu": True, "language": compound_split_language} if compound_split_language else {}),

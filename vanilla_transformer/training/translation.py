@@ -435,8 +435,8 @@ def main(argv=None, prog: str = "vanilla-transformer translate") -> dict:
         # of the lines decoded (not blank, not skipped), the share cut off by the length limit: 0 for a trained model
         result["unfinished_percent"] = 100 * counts["unfinished"] / max(counts["decoded"], 1)
         result["skipped_long"], result["truncated_long"] = counts["skipped"], counts["truncated"]
-    if references is not None:
-        result.update(score(hypotheses, references, tokenize=args.sacrebleu_tokenize))
+    if references is not None:  # the lines as written (a line break inside a hypothesis is a space there)
+        result.update(score(text.split("\n")[:-1], references, tokenize=args.sacrebleu_tokenize))
         print(f"BLEU {result['bleu']:.2f}  ({result['bleu_signature']})", file=sys.stderr)
         print(f"chrF {result['chrf']:.2f}  ({result['chrf_signature']})", file=sys.stderr)
     if args.attention_png:
