@@ -60,7 +60,8 @@ def test_cpu_seconds_count_this_process_within_the_cpus_it_may_use():
     sum(i * i for i in range(3_000_000))
     second, wall = common.cpu_seconds(), time.perf_counter() - started
     own, busy, total = (second[key] - first[key] for key in ("own", "busy", "total"))
-    assert own > 0 and 0.5 * own <= busy <= total <= 1.2 * wall * len(os.sched_getaffinity(0)) + 0.05
+    # busy equals total when every CPU was busy (two test processes on 2 cores): sums of floats, within 10 ms
+    assert own > 0 and 0.5 * own <= busy <= total + 0.01 <= 1.2 * wall * len(os.sched_getaffinity(0)) + 0.06
     assert second["steal"] >= first["steal"] >= 0
 
 
