@@ -172,14 +172,14 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         transformers' own loop ignores them, so that `BeamSearch` serves an evaluation too.
         """
         kwargs.pop("labels", None)  # Seq2SeqTrainer passes an evaluation's references along; decoding never reads them
-        self._check_length_fits(GenerationConfig(), kwargs)  # the call's own length, in its own terms
+        prompt = self._prompt_length(generation_config, kwargs)
+        self._check_length_fits(GenerationConfig(), kwargs, prompt)  # the call's own length, in its own terms
         extra = self._extra_tokens(generation_config, kwargs)  # the rule's, or None
         if extra is not None and (isinstance(extra, bool) or not isinstance(extra, numbers.Integral) or extra < 0):
             raise ValueError(
                 f"{MAX_NEW_TOKENS_BEYOND_INPUT}={extra!r}: give a whole number of new tokens beyond the source's "
                 f"length, 0 or more (§6.1 uses 50), or None to decode to max_length / max_new_tokens instead."
             )
-        prompt = self._prompt_length(generation_config, kwargs)
         mask = _source_mask(inputs, kwargs, self._setting(generation_config, "pad_token_id", kwargs))
         if mask is not None and mask.shape[0] == 0:
             raise ValueError("generate() got a batch of 0 sources: give at least one sentence.")
@@ -223,7 +223,7 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
                 ]
                 kwargs.update(generation_config.update(**{k: kwargs.pop(k) for k in settings}))
             generation_config.max_length, generation_config.max_new_tokens = limit + prompt, None
-        self._check_length_fits(generation_config or self.generation_config, kwargs)
+        self._check_length_fits(generation_config or self.generation_config, kwargs, prompt)
         formula = kwargs.pop(LENGTH_PENALTY_FORMULA, None) or self._setting(generation_config, LENGTH_PENALTY_FORMULA)
         if formula not in (None, *LENGTH_PENALTY_FORMULAS):
             raise ValueError(
@@ -308,12 +308,12 @@ class VanillaTransformerGenerationMixin(GenerationMixin):
         # A generation config saved before the field existed gets the paper's rule too.
         return getattr(self.generation_config, MAX_NEW_TOKENS_BEYOND_INPUT, MAX_EXTRA_OUTPUT_TOKENS)
 
-    def _check_length_fits(self, generation_config: GenerationConfig, kwargs: dict) -> None:
+    def _check_length_fits(self, generation_config: GenerationConfig, kwargs: dict, prompt: int) -> None:
         """Refuse, before decoding, a length the positional encoding cannot reach (the decoder's first
-        positions hold the start token, or the call's decoder prompt)."""
+        ``prompt`` positions hold the start token, or the call's decoder prompt: `_prompt_length`)."""
         new_tokens = kwargs.get("max_new_tokens", generation_config.max_new_tokens)
         total = kwargs.get("max_length", generation_config.max_length)
-        positions, prompt = self.config.max_position_embeddings, self._prompt_length(generation_config, kwargs)
+        positions = self.config.max_position_embeddings
         if (new_tokens is not None and prompt + new_tokens > positions) or (
             new_tokens is None and total and total > positions
         ):

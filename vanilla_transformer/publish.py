@@ -110,7 +110,7 @@ def card_to_publish(folder: str | Path, repo_id: str | None = None) -> bytes | N
     path = Path(folder) / "README.md"
     if not path.is_file():
         return None
-    text = path.read_text(encoding="utf-8")
+    written = text = path.read_text(encoding="utf-8")
     name = Path(folder).resolve().name
     if repo_id is not None:  # the examples a reader copies load the repository, not a placeholder
         text = text.replace(f"<user>/{name}", repo_id)
@@ -121,7 +121,7 @@ def card_to_publish(folder: str | Path, repo_id: str | None = None) -> bytes | N
             f"{path}: its metadata (the YAML between the --- lines at the top) does not parse "
             f"({_one_line(error)}); fix it, or delete the file to publish without a card."
         ) from None
-    changed = text != path.read_text(encoding="utf-8")
+    changed = text != written
     if repo_id is not None and card.data.model_name == name and name != repo_id.rsplit("/", 1)[-1]:
         card.data.model_name = repo_id.rsplit("/", 1)[-1]  # the model-index entry, as the Hub lists it
         card.text = card.text.replace(f"# {name}\n", f"# {card.data.model_name}\n", 1)
