@@ -640,7 +640,7 @@ def test_a_sigterm_to_the_process_group_ends_forked_workers_without_last_words_o
 
 
 CTRL_C_IN_THE_TOKENIZATION = textwrap.dedent("""
-    import os, runpy, signal, sys, time
+    import glob, os, runpy, signal, sys, time
     import multiprocess
     from vanilla_transformer.training import data
 
@@ -649,6 +649,12 @@ CTRL_C_IN_THE_TOKENIZATION = textwrap.dedent("""
 
     def pressed_in_a_worker(self, batch):  # the terminal's Ctrl-C reaches every process of the job
         tokenized = tokenize(self, batch)
+        # once both workers are at work: a worker still starting (unpickling its first task, before any of
+        # our code runs in it) has Python's default handler and prints a KeyboardInterrupt of its own
+        open(f"{__file__}.started.{os.getpid()}", "w").close()
+        deadline = time.monotonic() + 120
+        while len(glob.glob(glob.escape(__file__) + ".started.*")) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
         marker = __file__ + ".pressed"
         try:
             os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
