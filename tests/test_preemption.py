@@ -202,6 +202,35 @@ def test_a_signal_to_every_process_data_loader_workers_too_saves_once(data_dir, 
     check_resumable(output / f"checkpoint-{stopped_at(err, name)}")
 
 
+def signalled_in_a_worker(collate):
+    """``collate``, sending the worker that runs it a SIGTERM first, as SLURM signals every process of a job."""
+
+    def collate_after_a_sigterm(features):
+        if torch.utils.data.get_worker_info() is not None:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return collate(features)
+
+    return collate_after_a_sigterm
+
+
+@pytest.mark.parametrize("loader", ["evaluation", "prediction", "sentence batches"])
+def test_the_workers_of_every_data_loader_leave_a_sigterm_to_the_main_process(data_dir, tmp_path, loader):
+    """Token batches' workers ignored SIGTERM; those transformers makes (evaluation, prediction, training with
+    --max_tokens 0) died of it, and the main process raised "DataLoader worker ... is killed by signal" in the
+    middle of an evaluation inside training, before any checkpoint."""
+    extra = ("--max_tokens", "0", "--per_device_train_batch_size", "8") if loader == "sentence batches" else ()
+    trainer = build(data_dir, tmp_path / "run", "--dataloader_num_workers", "1", *extra).trainer
+    trainer.data_collator = signalled_in_a_worker(trainer.data_collator)
+    dataset = trainer.train_dataset = trainer.train_dataset.select(range(16))
+    make = {
+        "evaluation": lambda: trainer.get_eval_dataloader(dataset),
+        "prediction": lambda: trainer.get_test_dataloader(dataset),
+        "sentence batches": trainer.get_train_dataloader,
+    }[loader]
+    batches = list(make())  # a worker killed by the signal: RuntimeError
+    assert sum(len(batch["input_ids"]) for batch in batches) == 16
+
+
 class SignalAt(train.TrainerCallback):
     def __init__(self, step: int, number: int = signal.SIGTERM):
         self.step, self.number = step, number

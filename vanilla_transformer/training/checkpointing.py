@@ -32,6 +32,7 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -955,17 +956,33 @@ class StopOnSignal(TrainerCallback):
             raise TrainingInterrupted(self.received, step, self.saved)
 
 
-def start_worker(worker_id: int, num_workers: int, rank: int) -> None:
-    """A data loader worker's start (``worker_init_fn``): the Trainer's seeding, and the stopping signals left to
-    the main process.
+def start_worker(worker_id: int, then: Callable[[int], None] | None = None) -> None:
+    """A data loader worker's start (``worker_init_fn``): the stopping signals left to the main process, then
+    ``then``, the loader's own start (the Trainer's seeding of a training loader's workers).
 
     SLURM signals every process of a job step, the loader's workers too. torch's worker handler dies of a
     SIGTERM that its parent did not send, and the main process then raises "DataLoader worker ... is killed
-    by signal" in the middle of the update, before any checkpoint. A terminal's Ctrl-C reaches every process
-    of its group as well, and a worker forked while `StopOnSignal` was installed would say it saves. Ignored
-    here, each signal reaches the main process alone, which saves, stops and shuts its workers down as at the
-    end of any run (a worker whose parent has gone exits by itself).
+    by signal" in the middle of the update or of an evaluation, before any checkpoint. A terminal's Ctrl-C
+    reaches every process of its group as well, and a worker forked while `StopOnSignal` was installed would
+    say it saves. Ignored here, each signal reaches the main process alone, which saves, stops and shuts its
+    workers down as at the end of any run (a worker whose parent has gone exits by itself).
     """
-    seed_worker(worker_id, num_workers=num_workers, rank=rank)
     for number in StopOnSignal.SIGNALS:
         signal.signal(number, signal.SIG_IGN)
+    if then is not None:
+        then(worker_id)
+
+
+def signals_to_the_main_process(loader):
+    """``loader`` (a torch `DataLoader`, accelerate's prepared one too) with `start_worker` starting its
+    workers, around the start it had: for every loader a trainer makes, training, evaluation and prediction."""
+    base = getattr(loader, "base_dataloader", loader)  # accelerate's adapter iterates the loader it wraps
+    start = base.worker_init_fn
+    if base.num_workers and not (isinstance(start, partial) and start.func is start_worker):
+        base.worker_init_fn = partial(start_worker, then=start)
+    return loader
+
+
+def seeded_worker_start(num_workers: int, rank: int) -> Callable[[int], None]:
+    """The start of a training loader's workers: `start_worker` and the Trainer's seeding (`seed_worker`)."""
+    return partial(start_worker, then=partial(seed_worker, num_workers=num_workers, rank=rank))

@@ -63,7 +63,8 @@ from .checkpointing import (
     plain_copy,
     record_continuation,
     resolve_checkpoint,
-    start_worker,
+    seeded_worker_start,
+    signals_to_the_main_process,
 )
 from .data import example_lengths, list_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
@@ -811,11 +812,17 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             return super()._get_eval_sampler(eval_dataset)
         return LengthSortedSampler(lengths)
 
+    def get_eval_dataloader(self, eval_dataset=None) -> DataLoader:
+        return signals_to_the_main_process(super().get_eval_dataloader(eval_dataset))
+
+    def get_test_dataloader(self, test_dataset) -> DataLoader:
+        return signals_to_the_main_process(super().get_test_dataloader(test_dataset))
+
     def get_train_dataloader(self) -> DataLoader:
         """Token-count batches (§5.1) when ``max_tokens`` is set (`TokenBatchSampler`), padded to bucket shapes
         where `pads_to_buckets`; accelerate deals them out to the processes."""
         if not self.args.max_tokens:
-            return check_accumulation(super().get_train_dataloader(), self.args)
+            return check_accumulation(signals_to_the_main_process(super().get_train_dataloader()), self.args)
         import datasets
 
         dataset, collator = self.train_dataset, self.data_collator
@@ -841,9 +848,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             pin_memory=self.args.dataloader_pin_memory,
             persistent_workers=self.args.dataloader_persistent_workers,
             prefetch_factor=self.args.dataloader_prefetch_factor,
-            worker_init_fn=partial(
-                start_worker, num_workers=self.args.dataloader_num_workers, rank=self.args.process_index
-            ),
+            worker_init_fn=seeded_worker_start(self.args.dataloader_num_workers, self.args.process_index),
         )
         loader = check_accumulation(self.accelerator.prepare(loader), self.args)
         self.token_sampler, self.token_batches_per_epoch = sampler, len(loader)  # for `SamplerEpoch`
