@@ -25,6 +25,7 @@ import torch
 import transformers
 from packaging.version import Version
 from safetensors.torch import load_file
+from transformers.trainer_callback import ExportableState
 
 from vanilla_transformer import train_tokenizer
 from vanilla_transformer.training import run as train
@@ -631,29 +632,50 @@ def test_a_resumed_run_says_its_train_metrics_cover_the_updates_since_the_resume
     assert trained != pytest.approx(sum(losses.values()) / 4, abs=1e-3)
 
 
+class UpdatesSeen(train.TrainerCallback, ExportableState):
+    """A user's callback with a state that checkpoints keep (as early stopping's patience)."""
+
+    def __init__(self):
+        self.updates = 0
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"updates": self.updates}}
+
+    def on_step_end(self, args, state, control, **kwargs):
+        self.updates += 1
+        return control
+
+
 @pytest.mark.parametrize("restore", [(), ("--restore_callback_states_from_checkpoint", "true")])
 def test_the_training_budget_counts_the_minutes_trained_before_a_resume(data_dir, tmp_path, restore):
     """--max_train_minutes is the whole run's: each checkpoint's trainer_state.json holds the seconds trained
-    until it, and the run resumed from it starts its clock there (the Trainer's own resume, in process).
-    Restoring callback states, the Trainer puts a copy in place of the run's clock: that copy is the clock."""
+    until it, and the run resumed from it starts its clock there (the Trainer's own resume, in process), with
+    the budget the resumed run gives. Restoring callback states, the Trainer made a clock of the checkpoint's
+    budget and moved it last: now it restores a user's callback where it was and leaves the run's own."""
     output = tmp_path / "run"
     first = train.build_trainer(
         *train.parse_arguments(run_argv(data_dir, output, "--max_steps", "4", "--max_train_minutes", "60"))
     )
+    first.trainer.add_callback(UpdatesSeen())
     first.trainer.train()
     saved = json.loads((output / "checkpoint-4" / "trainer_state.json").read_text())["stateful_callbacks"]
     trained = saved["WallClock"]["attributes"]["trained_before"]
     assert 0 < trained < 60
     argv = run_argv(
-        data_dir, output, "--max_steps", "8", "--max_train_minutes", "60", "--resume_from_checkpoint", "last", *restore
+        data_dir, output, "--max_steps", "8", "--max_train_minutes", "90", "--resume_from_checkpoint", "last", *restore
     )
     resumed = train.build_trainer(*train.parse_arguments(argv))
+    resumed.trainer.add_callback(UpdatesSeen())
+    order = [type(c) for c in resumed.trainer.callback_handler.callbacks]
     resumed.trainer.train(resume_from_checkpoint=str(resumed.resume))
+    assert [type(c) for c in resumed.trainer.callback_handler.callbacks] == order
     clocks = [c for c in resumed.trainer.callback_handler.callbacks if isinstance(c, WallClock)]
-    assert clocks == [resumed.trainer.wall_clock]
+    assert clocks == [resumed.trainer.wall_clock] and resumed.trainer.wall_clock.max_minutes == 90
     assert resumed.trainer.wall_clock.trained_before == pytest.approx(trained)
     later = json.loads((output / "checkpoint-8" / "trainer_state.json").read_text())["stateful_callbacks"]
     assert later["WallClock"]["attributes"]["trained_before"] > trained
+    seen = next(c for c in resumed.trainer.callback_handler.callbacks if isinstance(c, UpdatesSeen))
+    assert seen.updates == (8 if restore else 4)
 
 
 def trained_and_pushed(data_dir: Path, tmp_path: Path, name: str, *flags: str) -> dict:

@@ -219,6 +219,12 @@ PRIVATE_MEMBERS: tuple[PrivateMember, ...] = (
         set_in="accelerate.Accelerator.__init__",
     ),
     PrivateMember(
+        "transformers.Trainer._load_callback_state",
+        T5,
+        "training/trainer.py: --restore_callback_states_from_checkpoint keeps the run's own callbacks and their order",
+        NO_FALLBACK,
+    ),
+    PrivateMember(
         "transformers.Trainer._build_accelerator_args",
         "transformers 5.10.1 - 5.24.0",
         "training/trainer.py: --torch_compile with token batches compiles static shapes, --cuda_graphs dynamic ones",

@@ -84,6 +84,7 @@ require(
     "transformers.Seq2SeqTrainer._gen_kwargs",
     "accelerate.Accelerator._models",
     "transformers.Trainer._build_accelerator_args",
+    "transformers.Trainer._load_callback_state",
 )
 
 # ---------------------------------------------------------------------------------------------
@@ -478,6 +479,25 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         if update == 1 and self.args.logging_first_step:
             return True
         return self.args.logging_strategy == "steps" and update % self.state.logging_steps == 0
+
+    def _load_callback_state(self) -> None:
+        """--restore_callback_states_from_checkpoint: transformers' callbacks (early stopping's patience) as the
+        checkpoint left them, each where it was in the list. Ours read the checkpoint's trainer state themselves
+        where training begins, with this run's arguments: transformers' copies would take the checkpoint's (a
+        longer --max_train_minutes lost) and move last, after the callbacks that must follow them."""
+        before = list(self.callback_handler.callbacks)
+        super()._load_callback_state()
+        restored = {}
+        for callback in self.callback_handler.callbacks:
+            if not any(callback is kept for kept in before):
+                restored.setdefault(type(callback), []).append(callback)
+        own = (WallClock, EpochBatches, ContinuedFrom)
+        self.callback_handler.callbacks = [
+            callback
+            if isinstance(callback, own) or not restored.get(type(callback))
+            else restored[type(callback)].pop(0)
+            for callback in before
+        ]
 
     def train(self, resume_from_checkpoint=None, *args, **kwargs):
         """`Trainer.train`; ``resume_from_checkpoint=True`` takes the newest *complete* checkpoint, a
