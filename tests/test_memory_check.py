@@ -164,3 +164,17 @@ def test_memory_probe_takes_auto_on_or_off(data_dir, tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:  # on the command line
         train.main(run_argv(data_dir, tmp_path / "run", "--memory_probe", "sometimes"), exit_on_bad_input=True)
     assert exit_info.value.code == 2 and "--memory_probe" in capsys.readouterr().err
+
+
+def test_skipping_batches_under_fp16s_loss_scaler_is_refused_before_anything_runs(tmp_path):
+    """An update whose only batch was skipped has no gradients (set to None), and the loss scaler of --fp16
+    (torch's GradScaler, which accelerate steps the optimizer through) refuses to step such an optimizer."""
+    model = torch.nn.Linear(2, 2)
+    optimizer, scaler = torch.optim.Adam(model.parameters()), torch.amp.GradScaler("cpu")
+    scaler.scale(model(torch.ones(1, 2)).sum()).backward()  # an update as any other
+    scaler.step(optimizer), scaler.update()
+    model.zero_grad(set_to_none=True)  # then one whose batches were all skipped
+    with pytest.raises(AssertionError, match="No inf checks"):
+        scaler.step(optimizer)
+    with pytest.raises(ValueError, match="--skip_oom_batches with --fp16.*--bf16"):
+        TransformerTrainingArguments(output_dir=str(tmp_path), use_cpu=True, fp16=True, skip_oom_batches=True)

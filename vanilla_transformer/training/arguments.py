@@ -220,6 +220,11 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     def __post_init__(self):
         check_intervals(self)  # before the Trainer's own checks, which take an eval_steps of 0 as "not set"
         check_levers(self)
+        if self.skip_oom_batches and self.fp16:
+            raise ValueError(
+                "--skip_oom_batches with --fp16: an update whose batches were all skipped has no gradients, and "
+                "fp16's loss scaler refuses to step it; use --bf16, or leave --skip_oom_batches out."
+            )
         follows = matmul_follows_global_precision()  # before transformers sets the global one
         # transformers' enable_tf32 is cached: a second run's --tf32 false after a compiled run's TF32 (a notebook,
         # table3's rows in one process) would be a call it skips
