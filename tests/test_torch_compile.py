@@ -88,13 +88,17 @@ def test_the_counter_sees_a_compilation_at_every_new_shape():
     assert compiled_frames(batches) == 3
 
 
-def test_torch_compile_flag_compiles_static_shapes(tmp_path):
+@pytest.mark.parametrize("pad_to_buckets", ["auto", "never"])
+def test_torch_compile_flag_compiles_static_shapes_of_buckets(tmp_path, pad_to_buckets):
+    """Static shapes where batches come in a few bucket shapes; without buckets, batches of hundreds of shapes
+    an epoch (WMT) would each be compiled: torch's default then, symbolic lengths after a second shape."""
     args = TransformerTrainingArguments(
-        output_dir=str(tmp_path), torch_compile=True, use_cpu=True, report_to="none", max_tokens=256
-    )
+        output_dir=str(tmp_path), torch_compile=True, use_cpu=True, report_to="none", max_tokens=256,
+        pad_to_buckets=pad_to_buckets,
+    )  # fmt: skip
     model = VanillaTransformerForConditionalGeneration._from_config(VanillaTransformerConfig.from_preset("tiny"))
     trainer = TransformerTrainer(model=model, args=args)
-    assert trainer.accelerator.state.dynamo_plugin.dynamic is False
+    assert trainer.accelerator.state.dynamo_plugin.dynamic is (False if pad_to_buckets == "auto" else None)
     allow_recompiles(100)
     assert torch._dynamo.config.recompile_limit >= 108
 

@@ -447,16 +447,16 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         return self.accelerator.unwrap_model(self.model).config.d_model
 
     def _build_accelerator_args(self, **kwargs):
-        """The Trainer's; with ``--torch_compile`` and token batches, graphs of static shapes: the batches
-        come in a few bucket shapes (`TokenBatchSampler`), so each is compiled once, not traced again with
-        symbolic lengths (torch's default after a second shape). With ``--cuda_graphs``, dynamic shapes
+        """The Trainer's; with ``--torch_compile`` and token batches padded to buckets, graphs of static shapes:
+        the batches come in a few bucket shapes (`TokenBatchSampler`), so each is compiled once, not traced again
+        with symbolic lengths (torch's default after a second shape, kept for batches of any shape). With ``--cuda_graphs``, dynamic shapes
         (`levers.CUDA_GRAPHS`): one compilation, and a CUDA graph recorded per bucket shape."""
         args = super()._build_accelerator_args(**kwargs)
         if self.args.torch_compile and "dynamo_plugin" in args:
             if self.args.cuda_graphs:  # with sentence batches too: a graph recorded per shape, not compiled
                 args["dynamo_plugin"].dynamic = CUDA_GRAPHS["dynamic"]
-            elif self.args.max_tokens:
-                args["dynamo_plugin"].dynamic = False
+            elif self.args.max_tokens and pads_to_buckets(self.args):
+                args["dynamo_plugin"].dynamic = False  # without buckets (--pad_to_buckets never): torch's default
         return args
 
     def floating_point_ops(self, inputs: dict) -> int:
@@ -855,7 +855,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         sampler = TokenBatchSampler(
             lengths, self.args.max_tokens, shuffle=True, seed=self.args.seed, pad_to_buckets=pads_to_buckets(self.args)
         )
-        if self.args.torch_compile:  # one graph per shape: room for all of them (torch keeps 8 by default)
+        if self.args.torch_compile and sampler.pad_to_buckets:  # a graph per shape: room for all (torch keeps 8)
             allow_recompiles(len(np.unique(sampler.shapes, axis=0)))
         if sampler.pad_to_buckets:
             pad_token_id = self.accelerator.unwrap_model(self.model).config.pad_token_id
