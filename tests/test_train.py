@@ -467,6 +467,33 @@ def test_trainer_batches_respect_max_tokens_and_cover_every_example_once(data_di
     assert as_tuples == sorted(tuple(e["input_ids"]) for e in examples)
 
 
+def test_token_batches_follow_data_seed_and_the_loaders_flags(data_dir, tmp_path):
+    """The Trainer's own samplers shuffle by --data_seed where given (else --seed), and its loaders take
+    --dataloader_multiprocessing_context; the token batches' loader ignored both."""
+
+    def batches(*flags: str) -> list:
+        loader = build(
+            data_dir, tmp_path / "_".join(flags), "--max_tokens", "120", *flags
+        ).trainer.get_train_dataloader()
+        return [batch["input_ids"].tolist() for batch in loader]
+
+    assert batches("--seed", "1", "--data_seed", "7") == batches("--seed", "2", "--data_seed", "7")
+    assert batches("--seed", "1", "--data_seed", "7") != batches("--seed", "1", "--data_seed", "8")
+    assert batches("--seed", "3") == batches("--seed", "5", "--data_seed", "3")
+    trainer = build(
+        data_dir, tmp_path / "spawn", "--dataloader_num_workers", "1", "--dataloader_multiprocessing_context", "spawn"
+    ).trainer
+    loader = trainer.get_train_dataloader()
+    assert loader.base_dataloader.multiprocessing_context is torch.multiprocessing.get_context("spawn")
+
+
+def test_token_batches_of_a_streamed_dataset_are_refused_naming_the_flag(data_dir, tmp_path):
+    trainer = build(data_dir, tmp_path).trainer
+    trainer.train_dataset = trainer.train_dataset.to_iterable_dataset()
+    with pytest.raises(ValueError, match="--max_tokens 4096: token batches .* streamed .* --max_tokens 0"):
+        trainer.get_train_dataloader()
+
+
 def test_two_processes_get_disjoint_batches_and_reshuffle_each_epoch(data_dir, tmp_path):
     """accelerate deals the sampler's batches out to the processes, as it does under DDP."""
     examples = features(build(data_dir, tmp_path, "--max_tokens", "120").datasets["train"])

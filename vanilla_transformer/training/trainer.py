@@ -846,14 +846,21 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         import datasets
 
         dataset, collator = self.train_dataset, self.data_collator
+        if isinstance(dataset, torch.utils.data.IterableDataset):
+            raise ValueError(
+                f"--max_tokens {self.args.max_tokens}: token batches group sentences of similar length from the "
+                "whole training set, which a streamed (iterable) dataset does not hold; give --max_tokens 0 with "
+                "--per_device_train_batch_size for sentence batches, or a map-style dataset."
+            )
         lengths = example_lengths(dataset)  # before the length columns are removed
         if isinstance(dataset, datasets.Dataset):
             dataset = self._remove_unused_columns(dataset, description="training")
         else:
             collator = self._get_collator_with_removed_columns(collator, description="training")
         # One process's view of all batches; accelerate deals them out to the processes (disjoint).
+        seed = self.args.seed if self.args.data_seed is None else self.args.data_seed  # as the Trainer's samplers
         sampler = TokenBatchSampler(
-            lengths, self.args.max_tokens, shuffle=True, seed=self.args.seed, pad_to_buckets=pads_to_buckets(self.args)
+            lengths, self.args.max_tokens, shuffle=True, seed=seed, pad_to_buckets=pads_to_buckets(self.args)
         )
         if self.args.torch_compile and sampler.pad_to_buckets:  # a graph per shape: room for all (torch keeps 8)
             allow_recompiles(len(np.unique(sampler.shapes, axis=0)))
@@ -868,6 +875,10 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             pin_memory=self.args.dataloader_pin_memory,
             persistent_workers=self.args.dataloader_persistent_workers,
             prefetch_factor=self.args.dataloader_prefetch_factor,
+            multiprocessing_context=getattr(
+                self.args, "dataloader_multiprocessing_context", None
+            ),  # flags of newer transformers
+            in_order=getattr(self.args, "dataloader_in_order", True),
             worker_init_fn=seeded_worker_start(self.args.dataloader_num_workers, self.args.process_index),
         )
         loader = check_accumulation(self.accelerator.prepare(loader), self.args)
