@@ -125,8 +125,16 @@ def launch_on_two_processes(config: Path, script: Path, arguments: list[str]) ->
     ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
-    assert completed.returncode == 0, completed.stderr[-4000:]
+    assert completed.returncode == 0, why_it_failed(completed.stderr)
     return completed
+
+
+def why_it_failed(stderr: str) -> str:
+    """A failed launch's cause: the lines that say what went wrong in each process (a C++ abort's 'terminate
+    called', an exception's last line), which the launcher's own report at the end pushes out of the tail."""
+    telling = ("terminate called", "what():", "Error", "Exception", "Traceback", "Signal ", "exitcode")
+    lines = [line for line in stderr.splitlines() if any(word in line for word in telling)]
+    return "\n".join(lines[-40:])[-3000:] + "\n--- the end ---\n" + stderr[-2000:]
 
 
 def logged_losses(output_dir: Path) -> list[float]:
