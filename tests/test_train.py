@@ -467,6 +467,18 @@ def test_trainer_batches_respect_max_tokens_and_cover_every_example_once(data_di
     assert as_tuples == sorted(tuple(e["input_ids"]) for e in examples)
 
 
+@pytest.mark.parametrize("logging", [("--logging_steps", "2"), ("--logging_strategy", "epoch")])
+def test_every_logged_loss_comes_with_the_gradients_norm(data_dir, tmp_path, logging):
+    """The gradient's norm is measured only for updates that are logged; with --logging_strategy epoch it was
+    measured for none (Seq2SeqTrainer logs it there too)."""
+    trainer = build(
+        data_dir, tmp_path, "--max_steps", "-1", "--num_train_epochs", "2", "--max_tokens", "2000", *logging
+    ).trainer
+    trainer.train()
+    logged = [entry for entry in trainer.state.log_history if "loss" in entry]
+    assert len(logged) >= 2 and all(entry.get("grad_norm", 0) > 0 for entry in logged), logged
+
+
 def test_token_batches_follow_data_seed_and_the_loaders_flags(data_dir, tmp_path):
     """The Trainer's own samplers shuffle by --data_seed where given (else --seed), and its loaders take
     --dataloader_multiprocessing_context; the token batches' loader ignored both."""

@@ -478,6 +478,8 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         update = self.state.global_step + 1
         if update == 1 and self.args.logging_first_step:
             return True
+        if self.args.logging_strategy == "epoch":  # an epoch's last update is known only to the Trainer's loop
+            return True
         return self.args.logging_strategy == "steps" and update % self.state.logging_steps == 0
 
     def _load_callback_state(self) -> None:
