@@ -126,7 +126,7 @@ import numpy as np
 import torch
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration
-from vanilla_transformer.convert import CTRANSLATE2_INSTALL_HINT
+from vanilla_transformer.command_line import install_command
 from vanilla_transformer.training.batching import PadToBucket, TokenBatchSampler, allow_recompiles
 from vanilla_transformer.training.flops import training_flops
 from vanilla_transformer.training.table3 import cuda_visible
@@ -1113,7 +1113,7 @@ def ctranslate2_decoder(model, sources: list[list[int]], args, folder: Path) -> 
     try:
         import ctranslate2
     except ImportError as error:
-        return {"skipped": f"ctranslate2 is not importable ({error}): {CTRANSLATE2_INSTALL_HINT}"}
+        return {"skipped": f"ctranslate2 is not importable ({error}): {install_command('ctranslate2')}"}
     try:
         supported = ctranslate2.get_supported_compute_types(device)
     except Exception as error:  # e.g. a wheel built without CUDA

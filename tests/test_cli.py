@@ -19,6 +19,7 @@ from test_train import reverse_pairs, tiny_args, write_pairs
 from test_translate import save_model
 from vanilla_transformer.cli import TOOLS, accelerate_config_path, recipe_path, reference
 from vanilla_transformer.cli import main as cli
+from vanilla_transformer.command_line import install_command
 
 
 @pytest.fixture(scope="module")
@@ -484,7 +485,7 @@ def test_a_tool_without_the_train_extra_names_the_pip_install_in_one_line(argv, 
     monkeypatch.setattr(command, "help_request", lambda argv: None)  # the package's answer, not a packaged screen
     message = (
         f"vanilla_transformer.training needs the 'train' extra, and {blocked} is not installed: "
-        "pip install 'vanilla-transformer[train]'"
+        f"{install_command('train')}"
     )
     with pytest.raises(SystemExit) as exit_info:
         command.main(argv)
@@ -542,3 +543,31 @@ def test_an_unknown_name_or_more_arguments_get_the_packages_error_and_exit_statu
     assert errors[0] == errors[1]
     code, out, err = errors[0]
     assert code == 2 and out == "" and re.fullmatch(rf"vanilla-transformer {argv[0]}: error: [^\n]+\n", err), err
+
+
+@pytest.mark.parametrize("extra", ["train", "plot", "liger", "ctranslate2", "fp8"])
+def test_an_extras_install_command_installs_from_where_the_package_came_from(extra, tmp_path, monkeypatch):
+    """Not on PyPI yet: in a clone, `pip install 'vanilla-transformer[plot]'` fails, and the hints said it. From
+    a source tree the hint installs from that tree; an installed copy, from the folder it was installed from
+    (pip's direct_url.json), else by name. Every extra a hint names is one of pyproject.toml's."""
+    import tomllib
+
+    from vanilla_transformer import command_line
+
+    assert extra in tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert install_command(extra) == f"pip install -e '{REPO}[{extra}]'"
+
+    class Installed:
+        def __init__(self, origin):
+            self.origin = origin
+
+        def read_text(self, name):
+            return self.origin if name == "direct_url.json" else None
+
+    monkeypatch.setattr(command_line, "__file__", str(tmp_path / "site-packages/vanilla_transformer/command_line.py"))
+    folder = tmp_path / "my clone"
+    copy = json.dumps({"url": folder.as_uri(), "dir_info": {}})
+    monkeypatch.setattr("importlib.metadata.distributions", lambda name: [Installed(None), Installed(copy)])
+    assert install_command(extra) == f"pip install '{folder}[{extra}]'"
+    monkeypatch.setattr("importlib.metadata.distributions", lambda name: [Installed(None)])
+    assert install_command(extra) == f"pip install 'vanilla-transformer[{extra}]'"

@@ -23,6 +23,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 from helpers import REPO
 from test_train import local_file_flags, reverse_pairs, write_pairs
 from vanilla_transformer import VanillaTransformerConfig, cli
+from vanilla_transformer.command_line import install_command
 from vanilla_transformer.training import checkpointing, run, table3
 from vanilla_transformer.training.checkpointing import checkpoint_folders
 from vanilla_transformer.training.options import model_config
@@ -436,7 +437,7 @@ def test_without_matplotlib_the_table_is_written_and_the_picture_skipped_with_a_
     table3.write_outputs(tmp_path, summary, ["notes"], report=said.append)
     assert (tmp_path / "table3.md").is_file() and (tmp_path / "table3.json").is_file()
     assert not (tmp_path / "table3.png").exists()
-    assert said[-1] == "no picture: matplotlib is not installed (pip install 'vanilla-transformer[plot]')"
+    assert said[-1] == f"no picture: matplotlib is not installed ({install_command('plot')})"
     assert summary["A1"]["delta_bleu"]["mean"] == -1.0 and summary["A1"]["runs"][42]["bleu"] == 19.0
 
 

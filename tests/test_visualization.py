@@ -8,6 +8,7 @@ files; the drawn objects of the returned matplotlib Figures read back.
 
 import ast
 import math
+import re
 import sys
 import xml.etree.ElementTree as ElementTree
 from pathlib import Path
@@ -17,6 +18,7 @@ import torch
 from transformers import GenerationConfig
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
+from vanilla_transformer.command_line import install_command
 from vanilla_transformer.visualization import (
     KINDS,
     MAX_LINE_WIDTH,
@@ -401,9 +403,9 @@ def test_empty_source_sentence_is_refused(model, tokenizer, source):
 
 def test_without_matplotlib_the_error_names_the_plot_extra(maps, model, tokenizer, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
-    with pytest.raises(ImportError, match=r"pip install 'vanilla-transformer\[plot\]'"):
+    with pytest.raises(ImportError, match=re.escape(install_command("plot"))):
         plot_attention_heatmap(maps, "cross_attention", layer=0, head=0)
-    with pytest.raises(ImportError, match=r"vanilla-transformer\[plot\]"):
+    with pytest.raises(ImportError, match=re.escape(install_command("plot"))):
         write_attention_pictures(model, tokenizer, SOURCE, tmp_path, target=TARGET)
 
 

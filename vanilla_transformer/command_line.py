@@ -165,6 +165,37 @@ def packaged_help(command: str) -> str | None:
     return packaged_screens.get("screens", {}).get(command)
 
 
+def install_command(extra: str) -> str:
+    """The ``pip install`` that adds the optional dependencies ``extra`` (of pyproject.toml) to this install:
+    from the source tree the package runs from (a clone, ``pip install -e .``) or was installed from, where the
+    extra is found until the package is on PyPI; else by the package's name."""
+    import json
+    import shlex
+    from importlib.metadata import distributions
+    from urllib.parse import unquote, urlparse
+
+    tree = Path(__file__).resolve().parent.parent
+    if 'name = "vanilla-transformer"' in _text_or_empty(tree / "pyproject.toml"):
+        return f"pip install -e {shlex.quote(f'{tree}[{extra}]')}"
+    for distribution in distributions(name="vanilla-transformer"):
+        try:
+            origin = json.loads(distribution.read_text("direct_url.json") or "{}")
+        except ValueError:
+            continue
+        url = origin.get("url", "") if isinstance(origin, dict) else ""
+        if url.startswith("file://") and isinstance(origin.get("dir_info"), dict):
+            editable = "-e " if origin["dir_info"].get("editable") else ""
+            return f"pip install {editable}{shlex.quote(f'{unquote(urlparse(url).path)}[{extra}]')}"
+    return f"pip install 'vanilla-transformer[{extra}]'"
+
+
+def _text_or_empty(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
+        return ""
+
+
 class MissingExtra(ImportError):
     """A part of the package whose optional dependencies (an extra of pyproject.toml) are not installed."""
 
@@ -184,7 +215,7 @@ def require_extra(extra: str, modules: tuple[str, ...], needed_by: str) -> None:
     if missing:
         raise MissingExtra(
             f"{needed_by} needs the {extra!r} extra, and {', '.join(missing)} "
-            f"{'is' if len(missing) == 1 else 'are'} not installed: pip install 'vanilla-transformer[{extra}]'"
+            f"{'is' if len(missing) == 1 else 'are'} not installed: {install_command(extra)}"
         )
 
 

@@ -70,12 +70,9 @@ from torch import nn
 from transformers import AutoConfig, AutoTokenizer, MarianMTModel
 
 from .checkpoint_files import check_has_tokenizer, check_model_folder, from_pretrained_named, has_tokenizer, is_local
-from .command_line import CommandParser
+from .command_line import CommandParser, install_command
 from .configuration_vanilla_transformer import VanillaTransformerConfig
 from .modeling_vanilla_transformer import VanillaTransformerForConditionalGeneration, sinusoidal_positions
-
-CTRANSLATE2_INSTALL_HINT = "pip install 'vanilla-transformer[ctranslate2]'"
-
 
 # ---------------------------------------------------------------------------------------------
 # From MarianMT: what we refuse
@@ -397,7 +394,9 @@ def _import_ctranslate2():
     try:
         return importlib.import_module("ctranslate2")
     except ImportError as error:
-        raise ImportError(f"Export to CTranslate2 needs the ctranslate2 package: {CTRANSLATE2_INSTALL_HINT}") from error
+        raise ImportError(
+            f"Export to CTranslate2 needs the ctranslate2 package: {install_command('ctranslate2')}"
+        ) from error
 
 
 def _activation(ctranslate2, name: str):

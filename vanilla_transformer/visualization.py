@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from .command_line import install_command
 from .private_api import require
 
 if TYPE_CHECKING:
@@ -47,7 +48,6 @@ KIND_TITLES = {
     "cross_attention": "Encoder-decoder (cross) attention",
 }
 PICTURE_FORMATS = ("png", "svg")
-PLOT_EXTRA_HINT = "pip install 'vanilla-transformer[plot]'"
 # Byte-level BPE pieces keep their spaces and line breaks; show them, or labels lose word boundaries.
 VISIBLE_WHITESPACE = str.maketrans({" ": "▁", "\n": "\\n", "\t": "\\t", "\r": "\\r"})
 MAX_LINE_WIDTH = 4.0  # points, for an attention weight of 1 in the connection view
@@ -431,7 +431,7 @@ def _require_matplotlib() -> None:
     try:
         import matplotlib  # noqa: F401
     except ImportError as error:
-        raise ImportError(f"Attention pictures need matplotlib: {PLOT_EXTRA_HINT}") from error
+        raise ImportError(f"Attention pictures need matplotlib: {install_command('plot')}") from error
 
 
 def _new_figure(width: float, height: float) -> Figure:

@@ -37,6 +37,7 @@ import torch
 from transformers import masking_utils
 
 from .. import attention_backends
+from ..command_line import install_command
 from ..private_api import require
 from ..training_kernels import check_label_smoothing, label_smoothed_cross_entropy
 
@@ -52,7 +53,6 @@ TRAINING_ATTENTION = ("default", *attention_backends.KERNELS)
 # ran past 81 s on an H100, 2026-11-27). Which pays on a GPU is not measured: gpu.py --levers has both rows.
 CUDA_GRAPHS = {"mode": "reduce-overhead", "dynamic": True}
 FP8_INSTALL_HINT = "pip install torchao (float8 training needs a CUDA GPU of compute capability 8.9 or more)"
-LIGER_INSTALL_HINT = "pip install 'vanilla-transformer[liger]' (liger-kernel, CUDA only)"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -71,7 +71,7 @@ def refusal(flag: str, device: str | torch.device) -> str | None:
         try:
             import liger_kernel  # noqa: F401
         except ImportError:
-            return f"{flag} needs liger-kernel: {LIGER_INSTALL_HINT}; or use --fused_loss chunked."
+            return f"{flag} needs liger-kernel (CUDA only): {install_command('liger')}; or use --fused_loss chunked."
         except Exception as error:  # installed but not importable here (a torch or triton it was not built for)
             return f"{flag}: liger-kernel fails to import ({type(error).__name__}: {error}); use --fused_loss chunked."
     if (

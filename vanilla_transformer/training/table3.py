@@ -56,7 +56,7 @@ import torch
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 from ..checkpoint_files import MODEL_WEIGHTS
-from ..command_line import PROG, did_you_mean, with_dashes
+from ..command_line import PROG, did_you_mean, install_command, with_dashes
 from . import run
 from .checkpointing import PARENT_PID_VARIABLE, RESUME_HINT, checkpoint_folders
 from .options import (
@@ -1090,7 +1090,7 @@ def write_outputs(output_dir: Path, summary: dict, notes: list[str], report=prin
     )
     report(f"wrote {output_dir / 'table3.md'} and {output_dir / 'table3.json'}")
     if plot(summary, output_dir / "table3.png") is None:
-        report("no picture: matplotlib is not installed (pip install 'vanilla-transformer[plot]')")
+        report(f"no picture: matplotlib is not installed ({install_command('plot')})")
     else:
         report(f"wrote {output_dir / 'table3.png'}")
 
