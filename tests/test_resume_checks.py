@@ -509,3 +509,42 @@ def test_prediction_a_recipe_turns_on_without_test_data_says_how_to_leave_it_out
         build(data_dir, tmp_path / "run", "--do_train", "--do_predict")
     message = str(refused.value)
     assert "or --do_predict false to leave prediction out" in message and "recipe" not in message
+
+
+@pytest.mark.parametrize("value", ["last", "checkpoint-4", "no-such-checkpoint"])
+def test_resume_from_checkpoint_without_training_is_refused_naming_model_name_or_path(
+    data_dir, trained, tmp_path, no_data_read, value
+):
+    """An evaluation with --resume_from_checkpoint evaluated --model_name_or_path and ignored the checkpoint, even one
+    that does not exist."""
+    checkpoint = str(trained / value) if value != "last" else value
+    flags = [*local_file_flags(data_dir, ["validation"]), "--output_dir", str(trained), "--use_cpu"]
+    flags += ["--model_name_or_path", str(trained), "--do_eval", "--resume_from_checkpoint", checkpoint]
+    folder = "CHECKPOINT" if value == "last" else checkpoint
+    with pytest.raises(ValueError) as refused:
+        train.build_trainer(*train.parse_arguments(flags))
+    assert str(refused.value) == (
+        f"--resume_from_checkpoint {checkpoint} continues training, but this run does not train: to evaluate or "
+        f"translate with a checkpoint, give it as --model_name_or_path {folder}; or add --do_train to train on."
+    )
+
+
+def test_resuming_with_the_tokenizer_of_another_model_names_the_flag_that_gave_it(data_dir, trained, tmp_path):
+    """Resuming with --model_name_or_path of another model (its tokenizer, not the checkpoint's) was told to
+    "drop --tokenizer_name_or_path", a flag it did not give. The reference: the tokenizers on disk differ."""
+    other = tmp_path / "other-model"  # the same model with two of its tokenizer's tokens swapped
+    shutil.copytree(trained / "checkpoint-4", other)
+    definition = json.loads((other / "tokenizer.json").read_text())
+    vocab = definition["model"]["vocab"]
+    first, second = [token for token in vocab if vocab[token] >= 10][:2]
+    vocab[first], vocab[second] = vocab[second], vocab[first]
+    (other / "tokenizer.json").write_text(json.dumps(definition))
+    output = copy_of(trained, tmp_path / "run", "checkpoint-4")
+    flags = ["--model_name_or_path", str(other), "--resume_from_checkpoint", str(output / "checkpoint-4")]
+    with pytest.raises(ValueError) as refused:
+        build(data_dir, output, *flags, *STEPS, *SCHEDULE)
+    message = str(refused.value)
+    assert f"than --model_name_or_path {other} brings; resume with the flags the run started with" in message
+    assert message.endswith(f"or give --tokenizer_name_or_path {output / 'checkpoint-4'} to use the checkpoint's.")
+    assert build(data_dir, output, *flags, "--tokenizer_name_or_path", str(output / "checkpoint-4"), *STEPS, *SCHEDULE)
+    assert "drop --tokenizer_name_or_path" not in message

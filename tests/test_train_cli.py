@@ -771,3 +771,189 @@ def test_an_unquoted_no_in_a_yaml_recipe_is_explained(tmp_path):
     recipe.write_text("eval_strategy: no\n")
     with pytest.raises(ValueError, match="eval_strategy: 'False' is not one of .* quote it, e.g. 'no'"):
         run.parse_arguments([str(recipe), "--output_dir", str(tmp_path / "out")])
+
+
+def test_do_flags_on_the_command_line_decide_the_steps_over_a_recipes(data_dir, trained, tmp_path, caplog):
+    """`multi30k --model_name_or_path M --do_eval` took the recipe's do_train: true and do_predict: true as given
+    on the command line: the evaluate-only command fine-tuned M. A step turned on there runs with only those turned
+    on there; steps only turned off there leave the recipe's others. The reference: the recipe file's values."""
+    import yaml
+
+    from vanilla_transformer.training.options import recipe_path
+
+    recipe = yaml.safe_load(recipe_path("multi30k").read_text())
+    assert (recipe["do_train"], recipe["do_eval"], recipe["do_predict"]) == (True, True, True)
+    local = ["multi30k", "--dataset_name", "none", *files(data_dir, "validation"), "--output_dir", str(tmp_path)]
+    local += ["--model_name_or_path", str(trained), "--use_cpu", "--report_to", "none", "--disable_tqdm", "true"]
+    with caplog.at_level(logging.WARNING):
+        _, data_args, training_args = run.parse_arguments([*local, "--do_eval"])
+    assert run.steps_to_run(training_args, data_args) == (False, True, False)
+    assert "the recipe's do_train: true, do_predict: true ignored: --do_eval decides the steps" in caplog.text
+    _, data_args, training_args = run.parse_arguments([*local, *files(data_dir, "train"), "--do_predict", "false"])
+    assert run.steps_to_run(training_args, data_args) == (True, True, False)
+    metrics = run.main([*local, "--do_eval", "--generation_num_beams", "1"])
+    assert "eval_loss" in metrics and "train_runtime" not in metrics
+    assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_a_recipes_schedule_for_training_from_scratch_gives_way_to_fine_tunings(trained, tmp_path, caplog):
+    """A recipe's peak and warm-up counted as given: `multi30k --model_name_or_path M` fine-tuned M at the recipe's
+    from-scratch peak of 2e-3, and a wmt14 recipe's 4,000 warm-up steps outlasted a short fine-tune. A file that
+    names the checkpoint itself gives a schedule for fine-tuning it, and the command line's is kept. The
+    reference: the recipe file's values, and fine-tuning's documented 1e-4 after 10% of the updates."""
+    import yaml
+
+    from vanilla_transformer.training.options import recipe_path
+
+    recipe = yaml.safe_load(recipe_path("multi30k").read_text())
+    assert recipe["learning_rate"] != 1e-4 and recipe["warmup_steps"] >= 1
+    output = ["--output_dir", str(tmp_path / "out")]
+    with caplog.at_level(logging.WARNING):
+        _, _, args = run.parse_arguments(["multi30k", "--model_name_or_path", str(trained), *output])
+    assert args.learning_rate == 1e-4 and args.warmup_steps == 0.1
+    assert (
+        f"fine-tuning --model_name_or_path {trained} at a peak of 0.0001 after 10% of the updates, not at "
+        f"learning_rate {recipe['learning_rate']:g}, warmup_steps {recipe['warmup_steps']:g} from the recipe (a "
+        "schedule for training from scratch)" in caplog.text
+    )
+    _, _, args = run.parse_arguments(
+        ["multi30k", "--model_name_or_path", str(trained), "--learning_rate", "3e-4", *output]
+    )
+    assert args.learning_rate == 3e-4 and args.warmup_steps == 0.1
+    own = tmp_path / "fine-tune.yaml"
+    own.write_text(f"model_name_or_path: {trained}\nlearning_rate: 3.0e-4\nwarmup_steps: 50\n")
+    _, _, args = run.parse_arguments([str(own), *output])
+    assert args.learning_rate == 3e-4 and args.warmup_steps == 50
+
+
+def test_evaluating_or_predicting_into_a_run_folder_keeps_its_earlier_metrics(data_dir, trained, tmp_path):
+    """transformers' save_metrics("all") rewrote all_results.json with the new metrics alone: evaluating a trained
+    run's model into its own folder lost its training metrics. The reference: the file before, and the split
+    files (predict_results.json) the same runs write."""
+    folder = tmp_path / "run"
+    shutil.copytree(trained, folder)
+    before = json.loads((folder / "all_results.json").read_text())
+    assert "train_runtime" in before
+    flags = ["--model_name_or_path", str(folder), "--output_dir", str(folder), "--use_cpu", "--report_to", "none"]
+    flags += ["--disable_tqdm", "true", "--generation_num_beams", "1"]
+    test = ["--test_source_file", str(data_dir / "test.src"), "--test_target_file", str(data_dir / "test.tgt")]
+    run.main([*flags, "--do_predict", *test])
+    predicted = json.loads((folder / "predict_results.json").read_text())
+    assert json.loads((folder / "all_results.json").read_text()) == {**before, **predicted}
+    evaluated = run.main([*flags, "--do_eval", *files(data_dir, "validation")])
+    assert json.loads((folder / "all_results.json").read_text()) == {**before, **predicted, **evaluated}
+
+
+def test_an_integration_that_is_not_installed_is_refused_before_any_data_is_read(tmp_path, monkeypatch):
+    """`--report_to wandb` without wandb failed when the Trainer was built, after the tokenizer was trained and the
+    data tokenized. The reference: transformers' own callback for it refuses to start in the same environment."""
+    import sys
+
+    from transformers.integrations import WandbCallback
+
+    monkeypatch.setitem(sys.modules, "wandb", None)  # not importable, whether installed here or not
+    with pytest.raises(RuntimeError, match="requires wandb to be installed"):
+        WandbCallback()
+    message = r"^--report_to: 'wandb' cannot report from here: install its package: pip install wandb; or leave"
+    with pytest.raises(ValueError, match=message):
+        run.parse_arguments(["--report_to", "wandb", "--output_dir", str(tmp_path)])
+    config = tmp_path / "run.yaml"
+    config.write_text("output_dir: out\nreport_to: [tensorboard, wandb]\n")
+    with pytest.raises(ValueError, match=r"^'.*run.yaml': report_to: 'wandb' cannot report from here"):
+        run.parse_arguments([str(config)])
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--metric_for_best_model", "blue"], r"^--metric_for_best_model blue: evaluation reports no eval_blue \(did "),
+        (["--metric_for_best_model", "eval_perplexity"], r"eval_perplexity is worked out from eval_loss after the"),
+        (["--metric_for_best_model", "chrf", "--predict_with_generate", "false"], r"reports no eval_chrf, only the"),
+    ],
+)
+def test_a_metric_for_best_model_that_evaluation_does_not_report_is_refused_before_reading(
+    data_dir, tmp_path, monkeypatch, flags, message
+):
+    """transformers looks --metric_for_best_model up at the first evaluation: a KeyError after the data was read and
+    the model trained until then."""
+    monkeypatch.setattr(run, "load_text_datasets", lambda *a, **k: pytest.fail("read the data first"))
+    argv = tiny_args(
+        data_dir, tmp_path, *files(data_dir, "validation"), "--eval_strategy", "steps", "--eval_steps", "1"
+    )
+    with pytest.raises(ValueError, match=message):
+        run.main([*argv, *flags])
+
+
+@pytest.mark.parametrize("generate", [True, False], ids=["scores", "loss-only"])
+def test_the_metrics_for_best_model_accepted_are_those_an_evaluation_during_training_reports(
+    data_dir, tmp_path, generate
+):
+    """The reference: the metrics the Trainer hands its callbacks at an evaluation during training."""
+    from transformers import TrainerCallback
+
+    from vanilla_transformer.training.options import EVALUATION_METRICS, GENERATION_METRICS
+
+    class Seen(TrainerCallback):
+        metrics: dict = {}
+
+        def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+            Seen.metrics = dict(metrics)
+
+    argv = [*files(data_dir, "validation"), "--eval_strategy", "steps", "--eval_steps", "1", "--max_steps", "1"]
+    argv += ["--max_tokens", "300", "--generation_num_beams", "1", "--predict_with_generate", str(generate).lower()]
+    prepared = run.build_trainer(*run.parse_arguments(tiny_args(data_dir, tmp_path, *argv)))
+    prepared.trainer.add_callback(Seen())
+    prepared.trainer.train()
+    reported = {name.removeprefix("eval_") for name in Seen.metrics if name.startswith("eval_")}
+    assert reported == set(EVALUATION_METRICS + (GENERATION_METRICS if generate else ()))
+
+
+def test_a_generation_config_asking_for_several_translations_is_refused_before_reading(
+    data_dir, trained, tmp_path, monkeypatch
+):
+    """num_return_sequences 2 (from --generation_config, or the checkpoint's generation_config.json) failed after
+    training, when evaluation scored twice as many hypotheses as references. The reference: generate() with that
+    config returns two rows a sentence."""
+    from transformers import GenerationConfig
+
+    model = tmp_path / "model"
+    shutil.copytree(trained, model)
+    several = GenerationConfig.from_pretrained(model)
+    several.num_beams, several.num_return_sequences = 2, 2
+    several.save_pretrained(model)
+    checkpoint, tokenizer = AutoModelForSeq2SeqLM.from_pretrained(model), AutoTokenizer.from_pretrained(model)
+    assert len(checkpoint.generate(**tokenizer(["a b c"], return_tensors="pt"))) == 2
+    monkeypatch.setattr(run, "load_text_datasets", lambda *a, **k: pytest.fail("read the data first"))
+    message = f"--generation_config {model} sets num_return_sequences 2: evaluation and --do_predict score one"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        run.main(
+            tiny_args(data_dir, tmp_path / "new", *files(data_dir, "validation"), "--generation_config", str(model))
+        )
+    test = ["--test_source_file", str(data_dir / "test.src"), "--test_target_file", str(data_dir / "test.tgt")]
+    message = f"the generation config of --model_name_or_path {model} sets num_return_sequences 2"
+    with pytest.raises(ValueError, match=re.escape(message)):
+        run.main(["--model_name_or_path", str(model), "--do_predict", *test, "--output_dir", str(tmp_path / "p")])
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--max_predict_samples", "5"],
+            "--max_predict_samples 5 translates the first N test pairs, but no prediction",
+        ),
+        (["--compound_split_bleu", "true"], "--compound_split_bleu also scores the test set's translations as the"),
+        (["--max_eval_samples", "5", "--do_eval", "false"], "--max_eval_samples 5 evaluates the first N validation"),
+    ],
+    ids=["max_predict_samples", "compound_split_bleu", "max_eval_samples"],
+)
+def test_a_flag_of_a_step_that_does_not_run_is_refused_before_reading(data_dir, tmp_path, monkeypatch, flags, message):
+    """They did nothing, silently, where the step they belong to did not run. A recipe's (the wmt14 en-de recipes'
+    compound_split_bleu: true) comes with its steps, and stays accepted when the command line turns one off."""
+    monkeypatch.setattr(run, "load_text_datasets", lambda *a, **k: pytest.fail("read the data first"))
+    with pytest.raises(ValueError, match=re.escape(message)):
+        run.main(tiny_args(data_dir, tmp_path, *files(data_dir, "validation"), *flags))
+    argv = ["wmt14-en-de-base", "--dataset_name", "none", *files(data_dir, "train"), "--do_predict", "false"]
+    model_args, data_args, training_args = run.parse_arguments([*argv, "--output_dir", str(tmp_path), "--use_cpu"])
+    assert data_args.compound_split_bleu and not training_args.do_predict
+    run.check_arguments(model_args, data_args, training_args)

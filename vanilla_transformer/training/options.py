@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import logging
 import math
@@ -28,6 +29,7 @@ from pathlib import Path
 import torch
 from huggingface_hub.errors import StrictDataclassError
 from transformers import HfArgumentParser
+from transformers.integrations import integration_utils
 from transformers.integrations.integration_utils import INTEGRATION_TO_CALLBACK
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
@@ -367,7 +369,8 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
 
     A first argument naming a packaged recipe (``multi30k``) or ending in .yaml/.yml/.json supplies
     defaults that later flags override. run_translation.py flags that mean something else here are
-    refused; fine-tuning gets its own learning-rate defaults unless they are given.
+    refused; fine-tuning gets its own learning-rate defaults unless they are given (on the command line, or by
+    an argument file that names the checkpoint: a recipe that names none is for training from scratch).
     """
     parser = build_parser(prog)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -413,7 +416,9 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
         model_args.config_overrides = _recipe_overrides(
             recipe["config_overrides"], model_args, on_command_line, recipe.get("preset", ModelArguments.preset)
         )
-    _resolve_steps(parser.parse_known_args(argv)[0], given, data_args, training_args)
+    _resolve_steps(
+        parser.parse_known_args(argv)[0], on_command_line, set(recipe) - on_command_line, data_args, training_args
+    )
     if "num_train_epochs" in given and training_args.max_steps > 0:  # transformers trains max_steps, says nothing
         whose = " (the recipe's)" if "max_steps" in set(recipe) - on_command_line else ""
         raise ValueError(
@@ -430,13 +435,44 @@ def parse_arguments(argv: list[str] | None = None, prog: str = "vanilla-transfor
         )
     for name in sorted(set(SENTENCE_BATCH_FLAGS) & given) if training_args.max_tokens else ():  # even at its default
         raise ValueError(sentence_batch_flag_refusal(name, training_args.max_tokens))
-    if model_args.model_name_or_path and not given & {"learning_rate", "lr_scale"}:
-        training_args.learning_rate = FINE_TUNING_LEARNING_RATE
-    if model_args.model_name_or_path and "warmup_steps" not in given:
-        training_args.warmup_steps = FINE_TUNING_WARMUP_RATIO
+    if model_args.model_name_or_path:  # a file's schedule counts where the file names the checkpoint itself
+        schedule_given = on_command_line | (set(recipe) if "model_name_or_path" in recipe else set())
+        _fine_tuning_schedule(model_args, data_args, training_args, schedule_given, set(recipe) - schedule_given)
     sources = {"command line": frozenset(on_command_line), "recipe": frozenset(set(recipe) - on_command_line)}
     setattr(training_args, FLAG_SOURCES, sources)
     return model_args, data_args, training_args
+
+
+def _fine_tuning_schedule(model_args, data_args, training_args, given: set, from_recipe: set) -> None:
+    """Fine-tuning's peak learning rate and warm-up where neither is ``given`` (on the command line, or by an
+    argument file that names the checkpoint itself). A recipe that names no checkpoint trains from scratch
+    (``from_recipe``: its flags): its peak and warm-up are for that, and give way, said in the log."""
+    replaced = []
+    if not given & {"learning_rate", "lr_scale"}:
+        replaced += [
+            f"{name} {_number(getattr(training_args, name))}"
+            for name in ("learning_rate", "lr_scale")
+            if name in from_recipe
+        ]
+        training_args.learning_rate, training_args.lr_scale = FINE_TUNING_LEARNING_RATE, 1.0
+    if "warmup_steps" not in given:
+        replaced += [f"warmup_steps {_number(training_args.warmup_steps)}"] if "warmup_steps" in from_recipe else []
+        training_args.warmup_steps = FINE_TUNING_WARMUP_RATIO
+    if replaced and training_args.should_log and steps_to_run(training_args, data_args)[0]:
+        logger.warning(
+            f"fine-tuning --model_name_or_path {model_args.model_name_or_path} at a peak of "
+            f"{training_args.learning_rate:g} after {_warmup_words(training_args.warmup_steps)}, not at "
+            f"{', '.join(replaced)} from the recipe (a schedule for training from scratch); give --learning_rate or --warmup_steps "
+            "to choose"
+        )
+
+
+def _warmup_words(warmup: float) -> str:
+    return f"{warmup:g} updates" if warmup >= 1 else f"{warmup:.0%} of the updates"
+
+
+def _number(value):
+    return f"{value:g}" if isinstance(value, float) else value
 
 
 # Where `parse_arguments` says each flag came from (the command line, the recipe or argument file), on the
@@ -483,14 +519,22 @@ def _takes_true_or_false(parser: argparse.ArgumentParser, token: str) -> bool:
 STEP_FLAGS = ("do_train", "do_eval", "do_predict")
 
 
-def _resolve_steps(flags: argparse.Namespace, given: set, data_args: DataArguments, training_args) -> None:
+def _resolve_steps(
+    flags: argparse.Namespace, on_command_line: set, from_recipe: set, data_args: DataArguments, training_args
+) -> None:
     """The --do_* flags as given (``flags``: before transformers turns do_eval on for any --eval_strategy).
 
     With none given, the steps follow the data (`steps_to_run`: train, and evaluate where validation data is
     given), so that --eval_strategy alone trains too. With only some turned off (``--do_eval false``), the
     others still follow the data: the run trains without evaluating, not the other way round.
+
+    The command line's decide over a recipe's (``from_recipe``): a step turned on there runs with only the
+    others turned on there (``multi30k --model_name_or_path M --do_eval`` evaluates M, it does not train it);
+    steps only turned off there leave the recipe's others.
     """
-    named = [name for name in STEP_FLAGS if name in given]
+    typed = [name for name in STEP_FLAGS if name in on_command_line]
+    recipes = [name for name in STEP_FLAGS if name in from_recipe]
+    named = typed if any(getattr(flags, name) for name in typed) else typed + recipes
     if not named:
         training_args.do_eval = False
         return
@@ -508,8 +552,14 @@ def _resolve_steps(flags: argparse.Namespace, given: set, data_args: DataArgumen
             f"--do_eval false and --eval_strategy {strategy}, which evaluates during training: "
             "give --eval_strategy no, or leave --do_eval out."
         )
-    if training_args.do_eval and "do_eval" not in named:  # transformers' do_eval for an --eval_strategy
+    if strategy != "no" and "do_eval" not in named:  # transformers' do_eval for an --eval_strategy
         on.add("do_eval")
+    dropped = [name for name in recipes if name not in named and getattr(flags, name) and name not in on]
+    if dropped and training_args.should_log:
+        given = " ".join(f"--{name}" for name in typed if getattr(flags, name))
+        logger.warning(
+            f"the recipe's {', '.join(f'{name}: true' for name in dropped)} ignored: {given} decides the steps"
+        )
     for name in STEP_FLAGS:
         setattr(training_args, name, name in on)
 
@@ -588,9 +638,33 @@ def _typed_file_values(parser: argparse.ArgumentParser, values: dict, path: Path
     return typed
 
 
+# What each --report_to integration needs (transformers' availability checks, which its callbacks run only when the
+# Trainer is built): the package to install, or for kubeflow where it runs.
+INTEGRATION_NEEDS = {
+    "azure_ml": ("is_azureml_available", "install its package: pip install azureml-sdk"),
+    "comet_ml": (lambda: importlib.util.find_spec("comet_ml") is not None, "install its package: pip install comet-ml"),
+    "mlflow": ("is_mlflow_available", "install its package (pip install mlflow), and unset DISABLE_MLFLOW_INTEGRATION"),
+    "neptune": ("is_neptune_available", "install its package: pip install neptune"),
+    "tensorboard": ("is_tensorboard_available", "install its package: pip install tensorboard"),
+    "trackio": ("is_trackio_available", "install its package: pip install trackio"),
+    "wandb": ("is_wandb_available", "install its package: pip install wandb"),
+    "codecarbon": ("is_codecarbon_available", "install its package: pip install codecarbon"),
+    "clearml": ("is_clearml_available", "install its package: pip install clearml"),
+    "dagshub": ("is_dagshub_available", "install its packages: pip install dagshub mlflow"),
+    "flyte": ("is_flytekit_available", "install its package: pip install flytekit"),
+    "dvclive": ("is_dvclive_available", "install its package: pip install dvclive"),
+    "swanlab": ("is_swanlab_available", "install its package: pip install swanlab"),
+    "kubeflow": (
+        "is_kubeflow_available",
+        "it reports from a Kubeflow TrainJob, which sets KUBEFLOW_TRAINER_SERVER_URL",
+    ),
+}
+
+
 def _refuse_unknown_integrations(report_to: list[str], where: str | None) -> None:
-    """--report_to's names, checked before any data is read: transformers checks them when the Trainer is built,
-    after the tokenizer is trained and the data tokenized. ``none`` and ``all`` stand alone (transformers reads
+    """--report_to's names, and that each integration can report from here (its package installed), checked before
+    any data is read: transformers checks them when the Trainer is built, after the tokenizer is trained and the
+    data tokenized. ``none`` and ``all`` stand alone (transformers reads
     ``[none, tensorboard]`` as an integration named none); ``where`` names the argument file that gave them."""
     known = set(INTEGRATION_TO_CALLBACK)
     where = where or "--report_to"
@@ -608,6 +682,10 @@ def _refuse_unknown_integrations(report_to: list[str], where: str | None) -> Non
                 f"{did_you_mean(name, sorted(known), quoted=False)}; give none, all, or any of "
                 f"{', '.join(sorted(known))}."
             )
+        check, needs = INTEGRATION_NEEDS.get(name, (None, None))
+        available = getattr(integration_utils, check, None) if isinstance(check, str) else check
+        if available is not None and not available():
+            raise ValueError(f"{where}: {name!r} cannot report from here: {needs}; or leave {name} out of --report_to.")
 
 
 def _one_value_or_a_list() -> set[str]:
@@ -824,11 +902,70 @@ def check_output_dir(training_args, resuming: bool | Path, tokenizer_only: bool 
         )
 
 
+# What an evaluation reports, as --metric_for_best_model names them (transformers puts eval_ before a name without
+# it): the loss and the Trainer's timings, and `TranslationMetrics`' scores with --predict_with_generate.
+EVALUATION_METRICS = ("loss", "runtime", "samples_per_second", "steps_per_second")
+GENERATION_METRICS = ("bleu", "chrf", "gen_len", "unfinished_percent")
+
+
+# Flags of evaluation and prediction alone: (the step's flag, what they do)
+STEP_ONLY_FLAGS = {
+    "max_eval_samples": ("do_eval", "evaluates the first N validation pairs"),
+    "max_predict_samples": ("do_predict", "translates the first N test pairs"),
+    "compound_split_bleu": ("do_predict", "also scores the test set's translations as the paper did"),
+}
+
+
+def refuse_flags_of_steps_not_run(data_args: DataArguments, training_args) -> None:
+    """A flag of evaluation or prediction where that step does not run does nothing: refused, unless the recipe
+    gave it (with its own steps, which the command line may turn off)."""
+    _, do_eval, do_predict = steps_to_run(training_args, data_args)
+    runs = {"do_eval": (do_eval, "evaluation"), "do_predict": (do_predict, "prediction")}
+    from_recipe = flags_from(training_args, "recipe") or frozenset()
+    for name, (step, what) in STEP_ONLY_FLAGS.items():
+        value, (running, step_name) = getattr(data_args, name), runs[step]
+        if value is None or value is False or running or name in from_recipe:
+            continue
+        shown = "" if value is True else f" {value}"
+        raise ValueError(
+            f"--{name}{shown} {what}, but no {step_name} runs: add --{step} (with its data), or leave --{name} out."
+        )
+
+
+def check_metric_for_best_model(training_args) -> None:
+    """--metric_for_best_model names a metric the evaluations during training report: transformers looks it up at
+    the first of them (a KeyError, the data read and the model trained until then)."""
+    name = training_args.metric_for_best_model
+    if name is None:
+        return
+    metric = name.removeprefix("eval_")
+    scores = GENERATION_METRICS if training_args.predict_with_generate else ()
+    if metric in EVALUATION_METRICS + scores:
+        return
+    reported = ", ".join(("loss", *scores, *EVALUATION_METRICS[1:]))
+    if metric in GENERATION_METRICS:
+        raise ValueError(
+            f"--metric_for_best_model {name}: with --predict_with_generate false evaluation reports no eval_{metric}, "
+            "only the loss and its timings; give loss, or leave --predict_with_generate out to score translations."
+        )
+    if metric == "perplexity":
+        raise ValueError(
+            f"--metric_for_best_model {name}: eval_perplexity is worked out from eval_loss after the final "
+            "evaluation, not at the evaluations during training; give loss, which ranks checkpoints the same way."
+        )
+    raise ValueError(
+        f"--metric_for_best_model {name}: evaluation reports no eval_{metric}"
+        f"{did_you_mean(metric, reported.split(', '))}; give one of {reported} (with or without eval_)."
+    )
+
+
 def check_arguments(model_args: ModelArguments, data_args: DataArguments, training_args) -> None:
     """Every check that needs only the flags: done before any data is read or any model is built."""
     check_training_arguments(training_args)
     check_data_arguments(data_args)
     check_model_arguments(model_args)
+    check_metric_for_best_model(training_args)
+    refuse_flags_of_steps_not_run(data_args, training_args)
     if model_args.attn_implementation == "flex_attention" and (training_args.use_cpu or not torch.cuda.is_available()):
         check_flex_attention_on_cpu("--attn_implementation flex_attention")
         if steps_to_run(training_args, data_args)[0]:  # torch: "FlexAttention does not support backward on CPU"

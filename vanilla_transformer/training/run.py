@@ -42,6 +42,7 @@ from transformers import (
     AutoTokenizer,
     DataCollatorForSeq2Seq,
     GenerationConfig,
+    Seq2SeqTrainer,
     TrainerCallback,
     TrainerState,
     set_seed,
@@ -263,7 +264,7 @@ def _train_evaluate_predict(
             )
         )
     stage.doing = "while writing the metrics and the model card"
-    trainer.save_metrics("all", metrics)
+    trainer.save_metrics("all", metrics if do_train else with_earlier_results(trainer, metrics))
     if do_train and trainer.is_world_process_zero():
         write_card(Path(training_args.output_dir), trainer, model_args, data_args, metrics)
         logger.info(f"saved the model, tokenizer and generation config to {training_args.output_dir}")
@@ -277,6 +278,23 @@ def _train_evaluate_predict(
     trainer.accelerator.wait_for_everyone()  # leave together: no process exits mid-collective
     stage.doing = "as the run ended"
     return metrics
+
+
+ALL_RESULTS = "all_results.json"  # the Trainer's save_metrics("all")
+
+
+def with_earlier_results(trainer, metrics: dict) -> dict:
+    """The metrics of a run that did not train, added to those its --output_dir's all_results.json holds (the
+    training's, an earlier evaluation's): the Trainer's save_metrics("all") would replace them."""
+    path = Path(trainer.args.output_dir) / ALL_RESULTS
+    if not trainer.is_world_process_zero() or not path.is_file():
+        return metrics
+    try:
+        earlier = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:
+        logger.warning(f"{path} is not readable JSON ({error}): replaced by this run's metrics")
+        return metrics
+    return {**earlier, **metrics} if isinstance(earlier, dict) else metrics
 
 
 def updates_in(checkpoint: Path) -> int:
@@ -294,6 +312,12 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     set_seed(training_args.seed)
     do_train, do_eval, do_predict = steps_to_run(training_args, data_args)
     from_recipe = flags_from(training_args, "recipe") or frozenset()
+    if not do_train and asks_to_resume(value := training_args.resume_from_checkpoint):
+        folder = "CHECKPOINT" if str(value).lower() in {"last", "true"} else value
+        raise ValueError(
+            f"--resume_from_checkpoint {value} continues training, but this run does not train: to evaluate or "
+            f"translate with a checkpoint, give it as --model_name_or_path {folder}; or add --do_train to train on."
+        )
     check_steps_have_data(
         model_args, data_args, do_train, do_eval, do_predict, training_args.eval_strategy, from_recipe
     )
@@ -326,7 +350,8 @@ def build_trainer(model_args, data_args, training_args) -> Run:
             resume=resume,
         )
         if resume is not None:
-            check_resume_matches(resume, model, tokenizer)
+            given = tokenizer_source["name_or_path"]
+            check_resume_matches(resume, model, tokenizer, f"{tokenizer_source['flag']} {given}" if given else None)
         elif model_args.model_name_or_path and model_args.tokenizer_name_or_path:  # a fine-tune, another tokenizer
             refuse_another_tokenizer(
                 model_args.model_name_or_path,
@@ -343,6 +368,8 @@ def build_trainer(model_args, data_args, training_args) -> Run:
         refuse_tokenizer_training_on_several_machines(training_args.world_size)
     tokenizer = prepare_tokenizer(**tokenizer_source) if loads_tokenizer else None
     model = model_for(tokenizer) if tokenizer is not None else None
+    if do_predict or (do_eval and training_args.predict_with_generate):  # (a new model's: the preset's, one)
+        check_one_translation_each(training_args.generation_config, model, model_args.model_name_or_path, resume)
     continues_elsewhere = of_another_folder(resume, training_args.output_dir)
     if continues_elsewhere and training_args.process_index == 0:  # a run continued in a new folder: its tokenizer too
         if not has_tokenizer(tokenizer_dir := Path(training_args.output_dir) / "tokenizer"):
@@ -586,6 +613,28 @@ def check_test_sources_fit(test, tokenizer, model, data_args) -> None:
     )
 
 
+def check_one_translation_each(generation_config, model=None, checkpoint: str | None = None, resume=None) -> None:
+    """Evaluation and --do_predict score one translation a sentence: a generation config that asks for several
+    (num_return_sequences) failed once they ran, after training ("16 hypotheses but 8 references"). The one they
+    decode with: ``generation_config`` (--generation_config, which replaces the model's), else the loaded
+    ``model``'s (the checkpoint's, or when resuming (``resume``) its checkpoint's)."""
+    if generation_config is not None:
+        config, source = Seq2SeqTrainer.load_generation_config(generation_config), "--generation_config"
+        source = f"{source} {generation_config}" if not isinstance(generation_config, GenerationConfig) else source
+    elif model is not None:
+        config = model.generation_config
+        source = f"--resume_from_checkpoint {resume}" if resume is not None else f"--model_name_or_path {checkpoint}"
+        source = f"the generation config of {source}"
+    else:
+        return
+    if (config.num_return_sequences or 1) > 1:
+        raise ValueError(
+            f"{source} sets num_return_sequences {config.num_return_sequences}: evaluation and --do_predict score "
+            "one translation a sentence; set it to 1 there (for several a sentence, call generate() on the model "
+            "later)."
+        )
+
+
 def keep_the_files_length(generation_config) -> None:
     """A ``--generation_config`` file that sets ``max_length`` and says nothing of the paper's length rule (a
     file written by hand, or by another model's ``save_pretrained``) decodes to that length: generate() applies
@@ -594,9 +643,10 @@ def keep_the_files_length(generation_config) -> None:
         setattr(generation_config, MAX_NEW_TOKENS_BEYOND_INPUT, None)
 
 
-def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
+def check_resume_matches(checkpoint: Path, model, tokenizer, tokenizer_flag: str | None = None) -> None:
     """Resuming continues one model with one tokenizer: flags that build another architecture, or another
-    tokenizer, would load the checkpoint's weights into a model that reads them differently."""
+    tokenizer, would load the checkpoint's weights into a model that reads them differently. ``tokenizer_flag``:
+    the flag the tokenizer came from, with its value (``--model_name_or_path M``), where one did."""
     saved = architecture(AutoConfig.from_pretrained(checkpoint).to_dict())
     current = architecture(model.config.to_dict())
     if differing := sorted(key for key in saved.keys() | current.keys() if saved.get(key) != current.get(key)):
@@ -605,11 +655,20 @@ def check_resume_matches(checkpoint: Path, model, tokenizer) -> None:
             f"--resume_from_checkpoint {checkpoint} holds another architecture than the flags build "
             f"({details}); resume with the flags the run started with."
         )
+    if tokenizer_flag is None:
+        given, fix = "the one found for it", f"give its own with --tokenizer_name_or_path {checkpoint}"
+    elif tokenizer_flag.startswith("--tokenizer_name_or_path"):
+        given, fix = f"{tokenizer_flag} gives", "leave --tokenizer_name_or_path out to use the checkpoint's"
+    else:  # the checkpoint to fine-tune brings the tokenizer
+        given = f"{tokenizer_flag} brings"
+        fix = (
+            "resume with the flags the run started with (the --model_name_or_path it fine-tuned, or none), or give "
+            f"--tokenizer_name_or_path {checkpoint} to use the checkpoint's"
+        )
     refuse_another_tokenizer(
         checkpoint,
         tokenizer,
-        f"--resume_from_checkpoint {checkpoint} was trained with another tokenizer than the one given now; drop "
-        "--tokenizer_name_or_path to use the checkpoint's.",
+        f"--resume_from_checkpoint {checkpoint} was trained with another tokenizer than {given}; {fix}.",
     )
 
 
