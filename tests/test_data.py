@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
-from transformers import DataCollatorForSeq2Seq
+from transformers import AutoTokenizer, DataCollatorForSeq2Seq
 
 from vanilla_transformer import train_tokenizer
 from vanilla_transformer.training import data
@@ -375,6 +375,34 @@ def test_tokenizer_sample_has_the_pairs_asked_for_when_the_short_last_block_is_d
     )
     sample = list(data.tokenizer_training_texts(text, 1500, seed=seed))
     assert len(sample) == 2 * 1500 and len({s for s in sample if s.startswith("s")}) == 1500
+
+
+def test_two_runs_training_the_same_tokenizer_at_once_both_go_on(tmp_path, cache, monkeypatch):
+    """Runs started together on the same data (a sweep) train the same tokenizer at the same time: each saved it
+    to one shared <key>.partial and moved that into place, so the second crashed (FileNotFoundError, or
+    "Directory not empty" where the first had already moved its own). Here the other run finishes first, while
+    this one trains; the reference is the cached tokenizer the other run left."""
+    from vanilla_transformer.training import run
+
+    text = parallel_text_dataset(
+        write(tmp_path / "s", [f"source {i} words" for i in range(300)]),
+        write(tmp_path / "t", [f"target {i} words" for i in range(300)]),
+        cache_dir=cache,
+    )
+    key = {"vocab_size": 280, "min_frequency": 2, "pairs": 300, "seed": 0, "sample": run.TOKENIZER_SAMPLE_VERSION}
+    cached = data.tokenizer_cache_dir(text, key, cache)
+    trained = run.train_tokenizer
+
+    def the_other_run_finishes_first(*args, **kwargs):
+        tokenizer = trained(*args, **kwargs)
+        tokenizer.save_pretrained(cached.with_name(cached.name + ".other.partial"))
+        cached.with_name(cached.name + ".other.partial").replace(cached)
+        return tokenizer
+
+    monkeypatch.setattr(run, "train_tokenizer", the_other_run_finishes_first)
+    tokenizer = run.prepare_tokenizer(text, vocab_size=280, train_pairs=300, seed=0, cache_dir=cache)
+    assert tokenizer.get_vocab() == AutoTokenizer.from_pretrained(cached).get_vocab()
+    assert sorted(path.name for path in cached.parent.iterdir() if path.name.startswith(cached.name)) == [cached.name]
 
 
 def test_a_tokenizer_cached_from_the_earlier_sample_is_not_reused(tmp_path, cache):

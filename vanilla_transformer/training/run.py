@@ -27,7 +27,9 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
+import socket
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -524,9 +526,17 @@ def prepare_tokenizer(
                 min_frequency=min_frequency,
             )
             logger.info(f"trained a joint BPE tokenizer of {len(tokenizer)} tokens")
-            partial = cached.with_name(cached.name + ".partial")
+            # complete or absent, never half-written; a folder of this process's own: runs started together on
+            # the same data (a sweep) train the same tokenizer at once, and the first to finish puts it in place
+            partial = cached.with_name(f"{cached.name}.{socket.gethostname()}-{os.getpid()}.partial")
             tokenizer.save_pretrained(partial)
-            partial.replace(cached)  # complete or absent, never half-written
+            try:
+                partial.replace(cached)
+            except OSError:
+                shutil.rmtree(partial, ignore_errors=True)
+                if not usable_tokenizer_cache(cached):
+                    raise
+                logger.info(f"another run cached the same tokenizer first, {cached}: this run's copy is not kept")
         else:
             tokenizer = AutoTokenizer.from_pretrained(cached)
     if process_index == 0 and tokenizer_dir is not None:
