@@ -109,6 +109,23 @@ def test_train_py_stops_at_the_first_check_naming_the_update_and_keeping_the_las
     assert is_finite(load_file(good / "model.safetensors")) and is_finite(load_file(good / "ema.safetensors"))
 
 
+def test_a_run_continued_in_a_new_folder_is_pointed_to_the_checkpoint_it_began_at(data_dir, tmp_path):
+    """A run resumed into a new --output_dir that diverges before its first save there was told that no
+    checkpoint was saved and to start again: the one it continued from, in the first folder, is still good."""
+    first, second = tmp_path / "first", tmp_path / "second"
+    train.main(argv(data_dir, first, *DIVERGING, "--max_steps", "1", "--save_steps", "1"))
+    good = first / "checkpoint-1"
+    check_resumable(good)
+    with pytest.raises(TrainingDiverged) as diverged:
+        train.main(
+            argv(data_dir, second, *DIVERGING, "--max_steps", "6", "--save_steps", "1", "--resume_from_checkpoint")
+            + [str(good)]
+        )
+    message = str(diverged.value)
+    assert diverged.value.update == 2 and not list(second.glob("checkpoint-*"))
+    assert f"The last good checkpoint, {good}, is intact" in message, message
+
+
 def test_training_train_py_exits_with_the_error_and_no_model(data_dir, tmp_path):
     output = tmp_path / "run"
     env = {**os.environ, "PYTHONPATH": str(REPO), "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}

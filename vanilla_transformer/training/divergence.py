@@ -55,14 +55,30 @@ class TrainingDiverged(FloatingPointError):
 
 
 def _last_checkpoint(output_dir) -> str:
-    """Where to continue from: the newest checkpoint of ``output_dir`` (None: a folder not known here)."""
+    """Where to continue from: the newest complete checkpoint of ``output_dir``, or, for a run continued there
+    that saved none yet, the checkpoint it began at (in another folder); "" for a folder not known here."""
     if output_dir is None:
         return ""
-    folders = checkpoint_folders(output_dir)
-    if not folders:
+    from .checkpointing import check_resumable, continued_from  # (checkpointing imports this module)
+
+    def complete(folder) -> bool:
+        try:
+            check_resumable(folder)
+        except (OSError, ValueError):
+            return False
+        return True
+
+    good = next((folder for folder in reversed(checkpoint_folders(output_dir)) if complete(folder)), None)
+    if good is None:
+        try:
+            origin = continued_from(output_dir)
+        except (OSError, ValueError):
+            origin = None
+        good = origin if origin is not None and complete(origin) else None
+    if good is None:
         return "No checkpoint was saved before it: start again once the cause is fixed."
     return (
-        f"The last good checkpoint, {folders[-1]}, is intact; --resume_from_checkpoint {folders[-1]} continues "
+        f"The last good checkpoint, {good}, is intact; --resume_from_checkpoint {good} continues "
         "from it with its own learning rate and batch order, so for a lower learning rate start a new run."
     )
 
