@@ -178,3 +178,11 @@ def test_skipping_batches_under_fp16s_loss_scaler_is_refused_before_anything_run
         scaler.step(optimizer)
     with pytest.raises(ValueError, match="--skip_oom_batches with --fp16.*--bf16"):
         TransformerTrainingArguments(output_dir=str(tmp_path), use_cpu=True, fp16=True, skip_oom_batches=True)
+
+
+def test_skipping_batches_on_several_processes_is_refused_before_any_data_is_read(data_dir, tmp_path, monkeypatch):
+    """Refused when training began, after the data was read, the tokenizer trained and the data tokenized."""
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as accelerate launch sets it for each process
+    monkeypatch.setattr(train, "load_text_datasets", lambda *a, **k: pytest.fail("the data was read first"))
+    with pytest.raises(ValueError, match="--skip_oom_batches works in one process only"):
+        train.main(run_argv(data_dir, tmp_path / "run", "--skip_oom_batches"))

@@ -220,6 +220,8 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     def __post_init__(self):
         check_intervals(self)  # before the Trainer's own checks, which take an eval_steps of 0 as "not set"
         check_levers(self)
+        if self.skip_oom_batches and int(os.environ.get("WORLD_SIZE", "1")) > 1:  # before any data is read
+            raise ValueError(SKIP_OOM_ONE_PROCESS)
         if self.skip_oom_batches and self.fp16:
             raise ValueError(
                 "--skip_oom_batches with --fp16: an update whose batches were all skipped has no gradients, and "
@@ -377,6 +379,12 @@ def preparation_group():
     if world not in _preparation_groups:
         _preparation_groups[world] = dist.new_group(backend="gloo", timeout=PREPARATION_TIMEOUT)
     return _preparation_groups[world]
+
+
+SKIP_OOM_ONE_PROCESS = (
+    "--skip_oom_batches works in one process only: a process that skips a batch would leave the others waiting "
+    "for its gradients; leave it out, or lower --max_tokens."
+)
 
 
 def pads_to_buckets(args: TransformerTrainingArguments) -> bool:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..training_kernels import label_smoothed_cross_entropy
-from .arguments import pads_to_buckets
+from .arguments import SKIP_OOM_ONE_PROCESS, pads_to_buckets
 from .batching import TokenBatchSampler, length_pairs
 from .data import example_lengths
 from .levers import training_loss
@@ -157,10 +157,7 @@ def check_largest_batches_fit(trainer) -> None:
     """Before the first update: try the largest batch shapes of the run (`largest_shapes`); `MemoryCheckError`
     naming the one that ran out of memory and a ``--max_tokens`` that fits (halved until one does)."""
     if trainer.args.skip_oom_batches and trainer.accelerator.num_processes > 1:
-        raise MemoryCheckError(
-            "--skip_oom_batches works in one process only: a process that skips a batch would leave "
-            "the others waiting for its gradients; leave it out, or lower --max_tokens."
-        )
+        raise MemoryCheckError(SKIP_OOM_ONE_PROCESS)
     if not probe_applies(trainer):
         return
     max_tokens = trainer.args.max_tokens
