@@ -9,6 +9,7 @@ import torch
 
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, attention_backends
 from vanilla_transformer.training import levers
+from vanilla_transformer.training.moving_average import ExponentialMovingAverage
 from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
 CUDA = torch.cuda.is_available()
@@ -726,7 +727,8 @@ def test_bf16_weights_train_twice_on_one_trainer_and_a_fine_tune_of_their_model_
 
 def test_the_memory_probe_reserves_the_masters_and_their_moments():
     """--memory_probe holds what the optimizer will: Adam's two moments of each weight, in the weights' dtype; with
-    --bf16_weights, float32 moments and the float32 masters (12 bytes a weight, not 2 x 2)."""
+    --bf16_weights, float32 moments and the float32 masters (12 bytes a weight, not 2 x 2); with --ema_decay, the
+    moving average too."""
     from types import SimpleNamespace
 
     from vanilla_transformer.training.memory_check import _moment_bytes
@@ -738,3 +740,12 @@ def test_the_memory_probe_reserves_the_masters_and_their_moments():
     assert _moment_bytes(plain, model) == 8 * weights
     levers.bfloat16_weights(model)
     assert _moment_bytes(plain, model) == 4 * weights and _moment_bytes(lever, model) == 12 * weights
+    # --ema_decay: the moving average as it is made at the first update, on top
+    average = ExponentialMovingAverage(0.9)
+    average.update(model)
+    for trainer in (plain, lever):
+        without = _moment_bytes(trainer, model)
+        trainer.args.ema_decay = 0.9
+        assert _moment_bytes(trainer, model) == without + sum(
+            t.numel() * t.element_size() for t in average.average.values()
+        )

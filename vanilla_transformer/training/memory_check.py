@@ -129,16 +129,17 @@ def is_out_of_memory(error: BaseException) -> bool:
 
 
 def _moment_bytes(trainer, model) -> int:
-    """Adam's first and second moments, one of each per trained weight, allocated at the first update; with
-    --bf16_weights the float32 masters too, and the moments in float32 (the masters' gradients live only within
-    the optimizer's step, after the backward pass)."""
+    """What the first update allocates beside the batch: Adam's first and second moments, one of each per
+    trained weight; with --bf16_weights the float32 masters too, and the moments in float32 (the masters'
+    gradients live only within the optimizer's step, after the backward pass); with --ema_decay the moving
+    average, a float32 copy of each trained weight on its device."""
     trained = [p for p in model.parameters() if p.requires_grad]
+    weights = sum(p.numel() for p in trained)
+    average = 4 * weights if getattr(trainer.args, "ema_decay", 0) else 0
+    adam = "adam" in str(getattr(trainer.args.optim, "value", trainer.args.optim)).lower()
     if getattr(trainer.args, "bf16_weights", False):
-        adam = "adam" in str(getattr(trainer.args.optim, "value", trainer.args.optim)).lower()
-        return (3 if adam else 1) * 4 * sum(p.numel() for p in trained)
-    if "adam" not in str(getattr(trainer.args.optim, "value", trainer.args.optim)).lower():
-        return 0
-    return 2 * sum(p.numel() * p.element_size() for p in trained)
+        return (3 if adam else 1) * 4 * weights + average
+    return (2 * sum(p.numel() * p.element_size() for p in trained) if adam else 0) + average
 
 
 def probe_applies(trainer) -> bool:
