@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors import safe_open
+from transformers import TrainerState
 
 from test_bad_input import refused_before_reading, train_argv
 from test_faults import (  # noqa: F401 - data_dir and uninterrupted are fixtures
@@ -297,6 +298,15 @@ def test_a_budget_too_small_for_the_whole_checkpoint_saves_what_resumes_says_so_
     assert_same_weights(output / last, tmp_path / "uninterrupted" / last)  # checkpoints hold the trained weights
     assert ema_updates(output / last) == MAX_STEPS - step  # the average of the updates since the resume
     assert ema_updates(tmp_path / "uninterrupted" / last) == MAX_STEPS
+    # Resuming from a later checkpoint, whose average covers fewer updates than its trainer state: it goes on
+    # (it began anew once, and says so), not "starts again"
+    caplog.clear()
+    average = ExponentialMovingAverage.from_checkpoint(output / last)
+    with caplog.at_level(logging.INFO):
+        average.on_train_begin(None, TrainerState(global_step=MAX_STEPS), None)
+    said = " ".join(record.message for record in caplog.records)
+    assert f"with the moving average of the weights of the last {MAX_STEPS - step}" in said
+    assert "starts again" not in said and average.updates == MAX_STEPS - step
 
 
 @pytest.mark.parametrize(

@@ -113,7 +113,12 @@ class ExponentialMovingAverage(TrainerCallback):
             )
 
     def on_train_begin(self, args, state, control, **kwargs):
-        if state.global_step > self.updates:
+        if state.global_step > self.updates and self.average:  # loaded: it began anew after a checkpoint without it
+            logger.info(
+                f"Training resumes at update {state.global_step} with the moving average of the weights of the "
+                f"last {self.updates} (it began anew after a checkpoint saved without it): it goes on from there."
+            )
+        elif state.global_step > self.updates:
             logger.warning(
                 f"Training resumes at update {state.global_step}, but the moving average of the weights has "
                 f"seen {self.updates}: it starts again from here. TransformerTrainer saves the average in "
