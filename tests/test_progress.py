@@ -97,3 +97,15 @@ def test_a_time_budget_replaces_the_bar_in_updates_and_a_cpu_run_pins_no_memory(
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # torch: "pin_memory ... no accelerator is found"
         next(iter(trainer.get_train_dataloader()))
+
+
+def test_one_process_counts_its_target_tokens_without_a_device_tensor():
+    """The totals of one process made a float64 tensor on the training device, which Apple's MPS does not have:
+    the end of training's log would fail there, after all the training. A device whose tensors cannot be read
+    (meta) stands in for it."""
+    from types import SimpleNamespace
+
+    counter = TargetTokens()
+    counter.add(torch.tensor([[5, 6, -100], [7, -100, -100]]))
+    counter.add(torch.tensor([[8, 9, 10]]))
+    assert counter.totals(SimpleNamespace(device=torch.device("meta"), num_processes=1)) == (6, 3)

@@ -38,9 +38,12 @@ class TargetTokens:
         return 0 if self.tokens is None else int(self.tokens.item())
 
     def totals(self, accelerator) -> tuple[int, int]:
-        """(target tokens, sentences) of every process together; a collective: every process calls it."""
-        counts = torch.tensor([self.local(), self.sentences], dtype=torch.float64, device=accelerator.device)
-        total = accelerator.reduce(counts, reduction="sum") if accelerator.num_processes > 1 else counts
+        """(target tokens, sentences) of every process together; a collective: every process calls it. Counts as
+        int64 (Apple's MPS has no float64), on the device only where processes add them up."""
+        if accelerator.num_processes == 1:
+            return self.local(), self.sentences
+        counts = torch.tensor([self.local(), self.sentences], dtype=torch.int64, device=accelerator.device)
+        total = accelerator.reduce(counts, reduction="sum")
         return int(total[0].item()), int(total[1].item())
 
 
