@@ -957,3 +957,30 @@ def test_a_flag_of_a_step_that_does_not_run_is_refused_before_reading(data_dir, 
     model_args, data_args, training_args = run.parse_arguments([*argv, "--output_dir", str(tmp_path), "--use_cpu"])
     assert data_args.compound_split_bleu and not training_args.do_predict
     run.check_arguments(model_args, data_args, training_args)
+
+
+@pytest.mark.parametrize("extra, decodes", [((), 1), (("--average_checkpoints", "2"), 2)], ids=["last", "averaged"])
+def test_the_final_model_evaluated_at_the_last_update_is_not_decoded_again(
+    data_dir, tmp_path, monkeypatch, extra, decodes
+):
+    """An evaluation during training at the last update scores the final model where it is those weights: the
+    run's evaluation decoded the whole validation set again for the same numbers. An average of checkpoints is
+    other weights: evaluated anew."""
+    from vanilla_transformer.training.trainer import TransformerTrainer
+
+    calls = []
+    evaluate = TransformerTrainer.evaluate
+
+    def counted(self, *args, **kwargs):
+        calls.append(self.state.global_step)
+        return evaluate(self, *args, **kwargs)
+
+    monkeypatch.setattr(TransformerTrainer, "evaluate", counted)
+    argv = [*files(data_dir, "validation"), "--eval_strategy", "steps", "--eval_steps", "2", "--max_steps", "2"]
+    argv += ["--save_strategy", "steps", "--save_steps", "1", "--max_tokens", "300", "--generation_num_beams", "1"]
+    metrics = run.main(tiny_args(data_dir, tmp_path, *argv, *extra))
+    assert calls == [2] * decodes
+    logged = [e for e in json.loads((tmp_path / "trainer_state.json").read_text())["log_history"] if "eval_loss" in e]
+    assert len(logged) == 1 and logged[0]["step"] == 2
+    same = all(metrics[name] == logged[0][name] for name in ("eval_loss", "eval_bleu", "eval_chrf"))
+    assert same == (decodes == 1)

@@ -251,7 +251,9 @@ def _train_evaluate_predict(
         save_final_model(trainer, tokenizer, training_args.average_checkpoints, training_args.average_weights)
     if do_eval:
         stage.doing = "while evaluating"
-        evaluation = trainer.evaluate(metric_key_prefix="eval")
+        evaluation = (do_train and evaluated_at_the_end(trainer, training_args)) or trainer.evaluate(
+            metric_key_prefix="eval"
+        )
         evaluation["eval_perplexity"] = math.exp(min(evaluation["eval_loss"], 50.0))
         metrics.update(evaluation)
     if do_predict:
@@ -280,6 +282,19 @@ def _train_evaluate_predict(
     trainer.accelerator.wait_for_everyone()  # leave together: no process exits mid-collective
     stage.doing = "as the run ended"
     return metrics
+
+
+def evaluated_at_the_end(trainer, training_args) -> dict | None:
+    """The evaluation during training at the last update (--eval_strategy steps or epoch), where the final model
+    is the weights it evaluated: no averaging of checkpoints, no moving average, no best checkpoint loaded.
+    Evaluating again would decode the whole validation set for the same scores."""
+    if training_args.average_checkpoints or training_args.ema_decay or training_args.load_best_model_at_end:
+        return None
+    last = next((entry for entry in reversed(trainer.state.log_history) if "eval_loss" in entry), None)
+    if last is None or last.get("step") != trainer.state.global_step:
+        return None
+    logger.info(f"the final model is the one evaluated at update {trainer.state.global_step}: its scores are those")
+    return {name: value for name, value in last.items() if name != "step"}
 
 
 ALL_RESULTS = "all_results.json"  # the Trainer's save_metrics("all")
