@@ -31,6 +31,7 @@ from test_faults import (  # noqa: F401
     wait_for_updates,
 )
 from vanilla_transformer.training import run as train
+from vanilla_transformer.training import run_lock
 from vanilla_transformer.training.checkpointing import check_resumable
 from vanilla_transformer.training.run_lock import LOCK_FILE, OutputDirInUse, RunLock, hold_output_dir
 
@@ -87,6 +88,41 @@ def test_a_lock_from_another_host_is_refused_naming_the_host_and_kept(tmp_path):
     message = str(refused.value)
     assert "host node-17.cluster" in message and "pid 4242" in message and str(tmp_path / LOCK_FILE) in message
     assert (tmp_path / LOCK_FILE).read_text() == written  # not taken over
+    assert f"run again in {run_lock.STALE_SECONDS / 60:.0f} minutes, when the lock goes stale" in message
+
+
+def test_a_lock_from_another_host_untouched_for_long_is_taken_over_with_a_warning(tmp_path, caplog):
+    """A run killed past its grace time, or on a node that was lost, leaves its file; the job requeued on another
+    node was refused until someone deleted it. A run holding the lock touches it (below): one untouched for
+    longer is gone."""
+    written = json.dumps({"host": "node-17.cluster", "pid": 4242, "started": "2026-11-27 10:00:00 UTC"})
+    (tmp_path / LOCK_FILE).write_text(written)
+    long_ago = time.time() - run_lock.STALE_SECONDS - 60
+    os.utime(tmp_path / LOCK_FILE, (long_ago, long_ago))
+    with caplog.at_level(logging.WARNING):
+        lock = RunLock(tmp_path).acquire()
+    try:
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["host"] == socket.gethostname()
+        assert (
+            "taking over the lock of a run on host node-17.cluster" in caplog.text and "that run is gone" in caplog.text
+        )
+    finally:
+        lock.release()
+
+
+def test_the_run_holding_the_lock_touches_it_until_it_ends(tmp_path, monkeypatch):
+    monkeypatch.setattr(run_lock, "HEARTBEAT_SECONDS", 0.05)
+    lock = RunLock(tmp_path).acquire()
+    long_ago = time.time() - 3600
+    os.utime(tmp_path / LOCK_FILE, (long_ago, long_ago))
+    deadline = time.monotonic() + 30
+    while (tmp_path / LOCK_FILE).stat().st_mtime < time.time() - 60 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert (tmp_path / LOCK_FILE).stat().st_mtime > time.time() - 60  # touched again
+    lock.release()
+    assert not (tmp_path / LOCK_FILE).exists()
+    time.sleep(0.2)
+    assert not (tmp_path / LOCK_FILE).exists()  # the beat ended with the lock: it made no file anew
 
 
 def test_a_lock_file_cut_short_that_no_process_holds_is_taken_over_with_a_warning(tmp_path, caplog):

@@ -8,10 +8,13 @@ before any data is read, with one line naming the running one (`OutputDirInUse`)
 The lock is an ``fcntl.flock`` on the file, which the kernel drops when its process dies, however it
 dies; the file's content (host, process id, start time) is for the people reading the error. A file
 left by a process that died without removing it (kill -9) is found unlocked and taken over with a
-warning. A file written on another host is not taken over: this host cannot tell whether that run is
-alive (network file systems may not pass locks between hosts), so the error names the host and the
-file to delete once that run is gone. On a file system that takes no locks (a warning says so), the
-file alone decides: a run is refused while the process it names lives.
+warning. A file written on another host is not taken over while that run may be alive: this host cannot
+check its process, and network file systems may not pass locks between hosts. So the run holding the lock
+touches the file every `HEARTBEAT_SECONDS`; a file from another host untouched for `STALE_SECONDS` is of a
+run that is gone (killed past its grace time, its node lost: a requeued job lands on another node) and is
+taken over with a warning. Before that, the error names the host, the file, and when it goes stale. On a
+file system that takes no locks (a warning says so), the file alone decides: a run is refused while the
+process it names lives.
 
 Under ``accelerate launch`` only the main process locks; the others wait for its outcome (a
 broadcast) and are refused with it, so no process starts reading data while another is refused.
@@ -24,12 +27,15 @@ import json
 import logging
 import os
 import socket
+import threading
 import time
 from pathlib import Path
 
 logger = logging.getLogger(__name__)
 
 LOCK_FILE = "_run.lock"  # "_*": what the Trainer's push_to_hub leaves out, like checkpointing's STAGING_DIR
+HEARTBEAT_SECONDS = 60.0  # how often the run holding the lock touches its file
+STALE_SECONDS = 900.0  # a lock file of another host untouched this long: its run is gone (clocks may differ)
 
 
 class OutputDirInUse(ValueError):
@@ -43,6 +49,7 @@ class RunLock:
         self.output_dir = Path(output_dir)
         self.path = self.output_dir / LOCK_FILE
         self._fd: int | None = None
+        self._stop_beating: threading.Event | None = None
         self._created: list[Path] = []  # folders made for the lock, deepest first: removed with it if left empty
 
     def acquire(self) -> RunLock:
@@ -77,8 +84,15 @@ class RunLock:
             )
             holder = {}
         if holder and holder.get("host") != socket.gethostname():
-            os.close(fd)  # unlocks
-            raise OutputDirInUse(self._held_elsewhere(holder))
+            untouched = time.time() - os.fstat(fd).st_mtime
+            if untouched < STALE_SECONDS:  # (a lock taken says nothing of another host's on a network file system)
+                os.close(fd)  # unlocks
+                raise OutputDirInUse(self._held_elsewhere(holder, untouched))
+            logger.warning(
+                f"--output_dir {self.output_dir}: taking over the lock of a run on host {holder.get('host')} "
+                f"({_describe(holder)}), untouched for {untouched / 60:.0f} minutes: that run is gone"
+            )
+            holder = {}
         if holder and not locked and _alive(holder.get("pid")):
             os.close(fd)
             raise OutputDirInUse(self._in_use(holder))
@@ -93,13 +107,25 @@ class RunLock:
         os.write(fd, json.dumps(_this_process()).encode())
         os.fsync(fd)
         self._fd = fd
+        self._stop_beating = threading.Event()
+        threading.Thread(target=self._beat, args=(self._stop_beating,), name="run lock", daemon=True).start()
         return self
+
+    def _beat(self, stop: threading.Event) -> None:
+        """Touch the file while the run holds it, so that another host can tell a live run from a gone one."""
+        while not stop.wait(HEARTBEAT_SECONDS):
+            try:
+                os.utime(self.path)
+            except OSError:  # gone or unreachable for a moment: the next beat tries again
+                pass
 
     def release(self) -> None:
         """Remove the file, then unlock: a process that opened it meanwhile finds it gone and opens it anew.
         A folder made for the lock and still empty goes too (a run refused for bad input leaves nothing)."""
         if self._fd is None:
             return
+        if self._stop_beating is not None:
+            self._stop_beating.set()
         try:
             self.path.unlink(missing_ok=True)
         finally:
@@ -123,11 +149,13 @@ class RunLock:
             "or give another --output_dir."
         )
 
-    def _held_elsewhere(self, holder: dict) -> str:
+    def _held_elsewhere(self, holder: dict, untouched: float) -> str:
+        stale = max(STALE_SECONDS - untouched, 0) / 60
         return (
             f"--output_dir {self.output_dir} is locked by a run on host {holder.get('host')} "
             f"({_describe(holder)}), which cannot be checked from {socket.gethostname()}: if that run has ended, "
-            f"delete {self.path}; otherwise give another --output_dir."
+            f"delete {self.path}, or run again in {stale:.0f} minutes, when the lock goes stale unless that run "
+            "touches it; otherwise give another --output_dir."
         )
 
 
