@@ -429,6 +429,26 @@ def test_label_smoothed_loss_matches_the_definition():
     assert label_smoothed_cross_entropy(logits, labels, 20, eps).item() == pytest.approx(total.item() / 20, rel=1e-6)
 
 
+def test_float16_logits_get_the_gradient_a_loss_scaler_keeps():
+    """Under --fp16 (and a user's float16 autocast with model(**batch).loss) the logits are float16. The gradient,
+    made in the forward pass, was kept in float16 before the backward scaled it: at WMT's vocabulary and batch
+    every entry but the label's (~1e-9) is below float16's range, and rounded to 0. The reference: autocast's
+    cross_entropy, in float32 on the float32 logits, its gradient scaled by the loss scale, then float16."""
+    torch.manual_seed(0)
+    logits = torch.randn(64, 32000).to(torch.float16)  # 64 target tokens of a batch of 25,000
+    labels = torch.randint(0, 32000, (64,))
+    scale = 65536.0  # GradScaler's first scale
+    ours = logits.clone().requires_grad_()
+    (label_smoothed_cross_entropy(ours, labels, 25_000, 0.1) * scale).backward()
+    reference = logits.float().requires_grad_()
+    total = torch.nn.functional.cross_entropy(reference, labels, reduction="sum", label_smoothing=0.1) / 25_000
+    (total * scale).backward()
+    expected = reference.grad.to(torch.float16)
+    assert ours.grad.dtype == torch.float16
+    assert (ours.grad != 0).float().mean().item() == pytest.approx((expected != 0).float().mean().item(), abs=1e-3)
+    torch.testing.assert_close(ours.grad.float(), expected.float(), rtol=2e-3, atol=1e-7)
+
+
 def test_micro_batch_losses_add_up_to_the_whole_batch_loss(data_dir, tmp_path):
     """Two micro-batches of unequal target lengths, each normalised by the tokens of both, sum to the
     loss of one batch holding all of them: every token weighs the same under accumulation."""

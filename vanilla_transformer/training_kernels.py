@@ -88,11 +88,15 @@ class ChunkedSmoothedCrossEntropy(torch.autograd.Function):
     def forward(
         ctx, logits: torch.Tensor, labels: torch.Tensor, smoothing: float, count, always_scale: bool = False
     ) -> torch.Tensor:
-        ctx.always_scale = always_scale
+        ctx.always_scale, ctx.dtype = always_scale, logits.dtype
         ignored = labels == -100
         targets = labels.masked_fill(ignored, 0)
         row_weight = (~ignored).float() / count
-        grad = torch.empty_like(logits) if ctx.needs_input_grad[0] else None
+        # float16's range ends near 6e-8, and an entry (softmax - eps / V) / count is ~1e-9 at WMT's vocabulary and
+        # batch: kept in float32 until the backward has scaled it by the loss scale (GradScaler's), as autocast's
+        # float32 cross_entropy does; bfloat16 has float32's range
+        kept = torch.float32 if logits.dtype == torch.float16 else logits.dtype
+        grad = torch.empty_like(logits, dtype=kept) if ctx.needs_input_grad[0] else None
         total = logits.new_zeros((), dtype=torch.float32)
         for rows in cache_sized_row_chunks(logits):
             x = logits[rows].float()
@@ -117,8 +121,8 @@ class ChunkedSmoothedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_total: torch.Tensor):
         (grad,) = ctx.saved_tensors
         if not ctx.always_scale and bool(grad_total == 1):  # loss.backward() passes 1: a host read, no multiply
-            return grad, None, None, None, None
-        return grad * grad_total, None, None, None, None
+            return grad.to(ctx.dtype), None, None, None, None
+        return (grad * grad_total).to(ctx.dtype), None, None, None, None
 
 
 def cache_sized_row_chunks(logits: torch.Tensor) -> list[slice]:
