@@ -332,6 +332,28 @@ def test_the_fused_loss_is_refused_with_the_whole_model_compiled():
     assert args.fused_loss == "chunked" and args.compile_layers
 
 
+def test_the_fused_loss_is_refused_under_float16s_loss_scaler():
+    """The chunked loss makes its gradient in the forward pass, before the loss scaler multiplies the loss: in
+    float16 its entries ((softmax - eps / V) / tokens, ~1e-9 at WMT's size) round to 0, where autocast's float32
+    cross_entropy keeps them (the reference: the rows of the output matrix that get a gradient each way)."""
+    from vanilla_transformer.training.trainer import TransformerTrainingArguments
+
+    torch.manual_seed(0)
+    hidden, labels = torch.randn(16, 32), torch.randint(0, 32000, (16,))
+    weight = (torch.randn(32000, 32) * 0.05).requires_grad_()
+    with torch.autocast("cpu", dtype=torch.float16):
+        (levers.chunked_linear_cross_entropy(hidden, weight, labels, 25_000, 0.1) * 65536).backward()
+    ours = (weight.grad != 0).any(dim=-1).float().mean().item()
+    weight.grad = None
+    logits = hidden @ weight.T
+    (
+        torch.nn.functional.cross_entropy(logits, labels, reduction="sum", label_smoothing=0.1) / 25_000 * 65536
+    ).backward()
+    assert (weight.grad != 0).any(dim=-1).all() and ours < 0.01  # every row learns; in float16 the labels' alone
+    with pytest.raises(ValueError, match=r"^--fused_loss chunked with --fp16: .* --bf16"):
+        TransformerTrainingArguments(output_dir="unused", use_cpu=True, fused_loss="chunked", fp16=True)
+
+
 def test_fused_projections_refuse_float8_and_a_model_without_attention():
     from vanilla_transformer.training.trainer import TransformerTrainingArguments
 

@@ -170,6 +170,12 @@ def check_levers(args) -> None:
             f"--fused_loss {args.fused_loss} runs in one process only (it calls the model past its "
             "DDP/FSDP wrapper); leave it out with several processes."
         )
+    if getattr(args, "fused_loss", "none") != "none" and getattr(args, "fp16", False):
+        raise ValueError(
+            f"--fused_loss {args.fused_loss} with --fp16: the fused loss makes its gradient in the forward pass, "
+            "before --fp16's loss scaler scales it, and in float16 most of it rounds to 0; use --bf16, or leave "
+            "--fused_loss out."
+        )
     compiled = getattr(args, "torch_compile", False) or getattr(args, "cuda_graphs", False)
     if getattr(args, "fused_loss", "none") != "none" and compiled:
         flag = "--cuda_graphs" if getattr(args, "cuda_graphs", False) else "--torch_compile"
