@@ -4,7 +4,8 @@ Read top to bottom, the file follows the paper: positional encoding (§3.5), emb
 multi-head attention (§3.2), position-wise feed-forward network (§3.3), the residual connection
 around every sub-layer (§3.1, §5.4), encoder and decoder layers and stacks (§3.1), then the
 `PreTrainedModel` classes that plug it into the library (Auto classes, `generate()`, Trainer), whose
-loss is §5.4's label-smoothed cross-entropy. Two files sit beside this one: ``training_kernels.py``
+loss is the cross-entropy per target token (§5.4's label smoothing is the trainer's, ``label_smoothing_factor``:
+``model(..., labels=...).loss`` is the plain NLL). Two files sit beside this one: ``training_kernels.py``
 computes dropout and that loss (torch's results, computed faster on the CPU), and
 ``generation_vanilla_transformer.py`` decodes (§6.1), talking to the model through its forward and the cache.
 
