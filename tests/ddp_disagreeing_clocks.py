@@ -15,6 +15,7 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
+import launched
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training import trainer as trainer_module
 
@@ -46,3 +47,4 @@ if __name__ == "__main__":
     )
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()
+    launched.leave()

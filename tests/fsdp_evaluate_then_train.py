@@ -8,11 +8,11 @@ must then shard it as usual. Writes the evaluation's metrics to ``evaluation_bef
 """
 
 import json
-import os
 import sys
 from pathlib import Path
 
 import fsdp_on_cpu  # noqa: F401  (lets accelerate run FSDP on CPU processes)
+import launched
 from vanilla_transformer.training import run as train
 
 if __name__ == "__main__":
@@ -27,8 +27,4 @@ if __name__ == "__main__":
     # gloo's threads can abort it at shutdown ("terminate called without an active exception").
     trainer.accelerator.wait_for_everyone()
     trainer.accelerator.end_training()
-    # Still, once in a CI run on 2 loaded cores (2026-11-30), rank 0 aborted (SIGABRT; the log lost its cause).
-    # The interpreter's shutdown, where gloo's threads aborted it before, is not what the test checks: leave
-    # without it, every file written and closed (an abort before here still fails the test, its cause shown).
-    sys.stdout.flush(), sys.stderr.flush()
-    os._exit(0)
+    launched.leave()  # past the interpreter's shutdown, where gloo's threads can abort a finished run

@@ -17,6 +17,8 @@ import torch
 from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
 
+import launched
+
 _initialise = AcceleratorState.__init__
 
 
@@ -39,3 +41,4 @@ if __name__ == "__main__":
     (output_dir / f"process_group_open_after_main.rank{os.environ['RANK']}").write_text(
         str(torch.distributed.is_initialized())
     )
+    launched.leave()

@@ -408,7 +408,7 @@ def test_evaluation_alone_on_two_processes_scores_every_sentence_once(launch, tm
     train.main([*common, "--output_dir", str(one)])
 
     two = tmp_path / launch
-    script = REPO / ("tests/fsdp_on_cpu.py" if launch == "fsdp" else "training/train.py")
+    script = REPO / ("tests/fsdp_on_cpu.py" if launch == "fsdp" else "tests/train_launched.py")
     config = FSDP_CONFIG if launch == "fsdp" else REPO / "training" / "accelerate" / "ddp.yaml"
     completed = launch_on_two_processes(config, script, [*common, "--output_dir", str(two)])
     assert "process 1 of 2" in completed.stderr
@@ -427,6 +427,7 @@ def test_evaluation_alone_on_two_processes_scores_every_sentence_once(launch, tm
 
 WAITS_FOR_THE_FIRST = """
 import datetime, sys, time
+import launched
 import torch.distributed as dist
 from vanilla_transformer.training import TransformerTrainingArguments
 # the training's process group with a --ddp_timeout of seconds, as transformers makes it on a GPU (on the CPU it
@@ -442,6 +443,7 @@ with args.main_process_first(desc="reading the data"):
     if args.process_index == 0:
         time.sleep(3 * args.ddp_timeout)  # a first run's preparation of a large corpus
 print(f"process {args.process_index} past the preparation", flush=True)
+launched.leave()  # tests/launched.py: past the interpreter's shutdown, where gloo's threads can abort a process
 """
 
 
@@ -455,7 +457,7 @@ def test_processes_wait_for_the_first_ones_data_preparation_past_the_ddp_timeout
             [sys.executable, "-c", WAITS_FOR_THE_FIRST, str(tmp_path), "1"],
             env={
                 **os.environ,
-                "PYTHONPATH": str(REPO),
+                "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
                 "MASTER_ADDR": "127.0.0.1",
                 "MASTER_PORT": str(port),
                 "RANK": str(rank),
