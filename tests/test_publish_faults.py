@@ -135,8 +135,9 @@ def test_the_files_a_trainers_pushes_left_and_an_earlier_card_are_deleted_in_the
 
     from hub_server import TOKEN
 
-    os.environ.update(client_environment(hub, tmp_path / "home"))  # this process's client, for the setup commit
-    try:
+    with pytest.MonkeyPatch.context() as environment:  # this process's client, for the setup commit
+        for name, value in client_environment(hub, tmp_path / "home").items():
+            environment.setenv(name, value)  # and the variables as they were after it (CI's HF_HOME, ...)
         api = HfApi(endpoint=hub.endpoint, token=TOKEN)
         api.create_repo(REPO_ID)
         leftovers = ["training_args.bin", "tokenizer/tokenizer.json", "runs/events.out.tfevents", "README.md"]
@@ -145,9 +146,6 @@ def test_the_files_a_trainers_pushes_left_and_an_earlier_card_are_deleted_in_the
             [CommitOperationAdd(name, b"pushed during training") for name in [*leftovers, "last-checkpoint/x.pt"]],
             commit_message="Training in progress",
         )
-    finally:
-        for name in client_environment(hub, tmp_path / "home"):
-            os.environ.pop(name, None)
     folder = tmp_path / "no-card"
     shutil.copytree(run_folder, folder)
     (folder / "README.md").unlink()
