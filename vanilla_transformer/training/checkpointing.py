@@ -51,7 +51,7 @@ from ..checkpoint_files import (
     left_out,
 )
 from ..private_api import require
-from .divergence import TrainingDiverged, refuse_non_finite
+from .divergence import TrainingDiverged, refuse_non_finite, resume_hint
 from .moving_average import EMA_FILE
 
 # CheckpointPolicy overrides these Trainer internals: fail at import, naming the versions, where they are gone
@@ -281,6 +281,22 @@ def last_complete_checkpoint(root: str | os.PathLike) -> Path | None:
             return folder
         logger.warning(f"not resuming from {folder}: {problem}")
     return None
+
+
+def last_good_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """Where a run that went wrong can continue from, said without logging: the newest complete checkpoint of
+    ``output_dir``, or, for a run continued there that saved none yet, the checkpoint it began at; None."""
+    good = next(
+        (folder for folder in reversed(checkpoint_folders(output_dir)) if _problem(check_resumable, folder) is None),
+        None,
+    )
+    if good is None:
+        try:
+            origin = continued_from(output_dir)
+        except ValueError:
+            return None
+        good = origin if origin is not None and _problem(check_resumable, origin) is None else None
+    return good
 
 
 def check_nothing_later(checkpoint: Path, output_dir: str | os.PathLike, what: str) -> None:
@@ -560,7 +576,7 @@ class CheckpointPolicy:
             refuse_non_finite(
                 {name: t.detach() for name, t in tensors.items() if isinstance(t, torch.Tensor)},
                 f"the model to save in {output_dir or self.args.output_dir}",
-                self.args.output_dir,
+                lambda: resume_hint(last_good_checkpoint(self.args.output_dir)),
             )
         if not (self.is_fsdp_enabled and state_dict is not None and self.args.should_save):
             return super()._save(output_dir, state_dict)

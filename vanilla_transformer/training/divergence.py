@@ -29,11 +29,11 @@ the last finite loss, the likely causes and the last good checkpoint, which is l
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from transformers import TrainerCallback
 
-from ..checkpoint_files import checkpoint_folders
 from ..private_api import require
 
 # DivergenceGuard overrides these Trainer internals (private: checked at import)
@@ -54,31 +54,13 @@ class TrainingDiverged(FloatingPointError):
         super().__init__(message)
 
 
-def _last_checkpoint(output_dir) -> str:
-    """Where to continue from: the newest complete checkpoint of ``output_dir``, or, for a run continued there
-    that saved none yet, the checkpoint it began at (in another folder); "" for a folder not known here."""
-    if output_dir is None:
-        return ""
-    from .checkpointing import check_resumable, continued_from  # (checkpointing imports this module)
-
-    def complete(folder) -> bool:
-        try:
-            check_resumable(folder)
-        except (OSError, ValueError):
-            return False
-        return True
-
-    good = next((folder for folder in reversed(checkpoint_folders(output_dir)) if complete(folder)), None)
-    if good is None:
-        try:
-            origin = continued_from(output_dir)
-        except (OSError, ValueError):
-            origin = None
-        good = origin if origin is not None and complete(origin) else None
-    if good is None:
+def resume_hint(checkpoint) -> str:
+    """The end of a divergence message: where to continue from, ``checkpoint`` (the run's last complete one, as
+    `checkpointing.last_good_checkpoint` finds it), or None where there is none."""
+    if checkpoint is None:
         return "No checkpoint was saved before it: start again once the cause is fixed."
     return (
-        f"The last good checkpoint, {good}, is intact; --resume_from_checkpoint {good} continues "
+        f"The last good checkpoint, {checkpoint}, is intact; --resume_from_checkpoint {checkpoint} continues "
         "from it with its own learning rate and batch order, so for a lower learning rate start a new run."
     )
 
@@ -101,12 +83,13 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
-def refuse_non_finite(tensors: dict[str, torch.Tensor], what: str, output_dir=None) -> None:
-    """Raise `TrainingDiverged` instead of writing ``what`` when one of ``tensors`` is not finite."""
+def refuse_non_finite(tensors: dict[str, torch.Tensor], what: str, hint: Callable[[], str] | None = None) -> None:
+    """Raise `TrainingDiverged` instead of writing ``what`` when one of ``tensors`` is not finite; ``hint``: the
+    message's end, where to continue from (`resume_hint`), asked for only then."""
     if bad := non_finite(tensors):
         raise TrainingDiverged(
             f"Training diverged: {what} holds non-finite values ({len(bad)} of {len(tensors)} tensors, e.g. {bad[0]}), "
-            f"so it was not written. {CAUSES} {_last_checkpoint(output_dir)}".rstrip()
+            f"so it was not written. {CAUSES} {hint() if hint else ''}".rstrip()
         )
 
 
@@ -226,7 +209,8 @@ class DivergenceGuard(TrainerCallback):
             )
 
     def _checkpoint(self) -> str:
-        return _last_checkpoint(self.trainer.args.output_dir)
+        last_good = getattr(self.trainer, "last_good_checkpoint", None)  # TransformerTrainer's
+        return resume_hint(last_good()) if last_good else ""
 
     @staticmethod
     def _last_finite(update: int, loss: float) -> str:

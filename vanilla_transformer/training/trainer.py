@@ -59,6 +59,7 @@ from .checkpointing import (
     ContinuedFrom,
     StopOnSignal,
     is_sharded,
+    last_good_checkpoint,
     of_another_folder,
     plain_copy,
     record_continuation,
@@ -638,6 +639,10 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         Trainer replaces it by a copy of its own when restoring callback states
         (--restore_callback_states_from_checkpoint)."""
         return next((c for c in self.callback_handler.callbacks if isinstance(c, WallClock)), None)
+
+    def last_good_checkpoint(self) -> Path | None:
+        """Where this run can continue from after it went wrong (`checkpointing.last_good_checkpoint`)."""
+        return last_good_checkpoint(self.args.output_dir)
 
     @property
     def continued_from(self) -> ContinuedFrom | None:
