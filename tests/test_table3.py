@@ -644,7 +644,9 @@ SIGNALLED_ROW = textwrap.dedent("""
     deadline = time.monotonic() + 60
     while not got and time.monotonic() < deadline:
         time.sleep(0.02)
-    time.sleep(1.5)  # saving: a second signal would be seen now
+    deadline = time.monotonic() + 30  # saving: until the second signal is seen (a fixed wait missed it under load)
+    while len(got) < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
     sys.exit(128 + got[0])
 """)
 
