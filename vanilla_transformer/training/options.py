@@ -462,8 +462,8 @@ def _fine_tuning_schedule(model_args, data_args, training_args, given: set, from
         logger.warning(
             f"fine-tuning --model_name_or_path {model_args.model_name_or_path} at a peak of "
             f"{training_args.learning_rate:g} after {_warmup_words(training_args.warmup_steps)}, not at "
-            f"{', '.join(replaced)} from the recipe (a schedule for training from scratch); give --learning_rate or --warmup_steps "
-            "to choose"
+            f"{', '.join(replaced)} from the recipe (a schedule for training from scratch); give --learning_rate "
+            "or --warmup_steps to choose"
         )
 
 

@@ -450,8 +450,9 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
     def _build_accelerator_args(self, **kwargs):
         """The Trainer's; with ``--torch_compile`` and token batches padded to buckets, graphs of static shapes:
         the batches come in a few bucket shapes (`TokenBatchSampler`), so each is compiled once, not traced again
-        with symbolic lengths (torch's default after a second shape, kept for batches of any shape). With ``--cuda_graphs``, dynamic shapes
-        (`levers.CUDA_GRAPHS`): one compilation, and a CUDA graph recorded per bucket shape."""
+        with symbolic lengths (torch's default after a second shape, kept for batches of any shape). With
+        ``--cuda_graphs``, dynamic shapes (`levers.CUDA_GRAPHS`): one compilation, and a CUDA graph recorded per
+        bucket shape."""
         args = super()._build_accelerator_args(**kwargs)
         if self.args.torch_compile and "dynamo_plugin" in args:
             if self.args.cuda_graphs:  # with sentence batches too: a graph recorded per shape, not compiled
@@ -882,9 +883,8 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             pin_memory=self.args.dataloader_pin_memory,
             persistent_workers=self.args.dataloader_persistent_workers,
             prefetch_factor=self.args.dataloader_prefetch_factor,
-            multiprocessing_context=getattr(
-                self.args, "dataloader_multiprocessing_context", None
-            ),  # flags of newer transformers
+            # flags of newer transformers releases, as the Trainer's own loaders take them
+            multiprocessing_context=getattr(self.args, "dataloader_multiprocessing_context", None),
             in_order=getattr(self.args, "dataloader_in_order", True),
             worker_init_fn=seeded_worker_start(self.args.dataloader_num_workers, self.args.process_index),
         )
