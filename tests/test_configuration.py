@@ -401,6 +401,35 @@ def test_save_pretrained_rejects_a_config_mutated_into_an_invalid_one(tmp_path, 
     assert not (tmp_path / "config.json").exists()
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("dropout", 1.5, r"dropout must be in \[0, 1\)"),
+        ("d_model", 63, r"not divisible by encoder_attention_heads"),
+        ("vocab_size", 2, r"eos_token_id"),
+        ("position_embedding_type", "rope", r"Unknown position_embedding_type 'rope'"),
+        ("linear_init", "xavier", r"Unknown linear_init 'xavier'"),
+    ],
+)
+def test_values_given_to_from_pretrained_and_a_config_edited_before_the_model_are_checked(
+    tmp_path, field, value, message
+):
+    """transformers sets from_pretrained's keyword values on the loaded config after construction, unchecked:
+    each crashed deep inside (an IndexError at the forward, a KeyError), or trained on as if valid. The
+    reference: the constructor's own refusal of the same value."""
+    with pytest.raises(StrictDataclassClassValidationError, match=message):
+        VanillaTransformerConfig.from_preset("tiny", **{field: value})
+    build_tiny().save_pretrained(tmp_path)
+    with pytest.raises(StrictDataclassClassValidationError, match=message):
+        VanillaTransformerConfig.from_pretrained(tmp_path, **{field: value})
+    with pytest.raises(StrictDataclassClassValidationError, match=message):
+        VanillaTransformerForConditionalGeneration.from_pretrained(tmp_path, **{field: value})
+    edited = build_tiny()
+    setattr(edited, field, value)
+    with pytest.raises(StrictDataclassClassValidationError, match=message):
+        VanillaTransformerForConditionalGeneration(edited)
+
+
 # ---------------------------------------------------------------------------------------------
 # JSON round trip and the library's view of the decoder
 # ---------------------------------------------------------------------------------------------

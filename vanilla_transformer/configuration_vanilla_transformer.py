@@ -189,7 +189,9 @@ class VanillaTransformerConfig(PretrainedConfig):
 
     @classmethod
     def from_dict(cls, config_dict: dict, **kwargs) -> "VanillaTransformerConfig":
-        """`PretrainedConfig.from_dict`, refusing the config of another model (transformers only warns)."""
+        """`PretrainedConfig.from_dict`, refusing the config of another model (transformers only warns), and
+        checking the values given beside the file (``from_pretrained(folder, dropout=...)``), which transformers
+        sets after construction, unchecked."""
         model_type = config_dict.get("model_type", cls.model_type)
         if model_type != cls.model_type:
             raise ValueError(
@@ -197,7 +199,9 @@ class VanillaTransformerConfig(PretrainedConfig):
                 f"repo holds another model's checkpoint. Point to a vanilla-transformer checkpoint, or load this one "
                 f"with the Auto classes (e.g. AutoModel.from_pretrained), which pick the class its model_type names."
             )
-        return super().from_dict(config_dict, **kwargs)
+        loaded = super().from_dict(config_dict, **kwargs)
+        (loaded[0] if isinstance(loaded, tuple) else loaded).validate()  # a tuple with return_unused_kwargs
+        return loaded
 
     @classmethod
     def from_preset(cls, name: str, **overrides) -> "VanillaTransformerConfig":

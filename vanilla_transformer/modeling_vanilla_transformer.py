@@ -460,6 +460,7 @@ class VanillaTransformerPreTrainedModel(PreTrainedModel):
     _can_compile_fullgraph = True
 
     def __init__(self, config: VanillaTransformerConfig, *args, **kwargs):
+        config.validate()  # a config edited after construction (config.d_model = 63) fails here, not in a layer
         super().__init__(config, *args, **kwargs)
         # transformers' mechanism for a model to name itself in the cards that push_to_hub (the model's or
         # the Trainer's) writes: the task, this package, and that the checkpoint carries its code.
