@@ -274,22 +274,21 @@ def _step(checkpoint: Path) -> int:
     return int(CHECKPOINT_NAME.fullmatch(checkpoint.name).group(1))
 
 
-def last_complete_checkpoint(root: str | os.PathLike) -> Path | None:
-    """The highest-step checkpoint of ``root`` that training can resume from; incomplete ones are skipped (logged)."""
+def last_complete_checkpoint(root: str | os.PathLike, log: bool = True) -> Path | None:
+    """The highest-step checkpoint of ``root`` that training can resume from; incomplete ones are skipped (logged,
+    where ``log``)."""
     for folder in reversed(checkpoint_folders(root)):
         if (problem := _problem(check_resumable, folder)) is None:
             return folder
-        logger.warning(f"not resuming from {folder}: {problem}")
+        if log:
+            logger.warning(f"not resuming from {folder}: {problem}")
     return None
 
 
 def last_good_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     """Where a run that went wrong can continue from, said without logging: the newest complete checkpoint of
     ``output_dir``, or, for a run continued there that saved none yet, the checkpoint it began at; None."""
-    good = next(
-        (folder for folder in reversed(checkpoint_folders(output_dir)) if _problem(check_resumable, folder) is None),
-        None,
-    )
+    good = last_complete_checkpoint(output_dir, log=False)
     if good is None:
         try:
             origin = continued_from(output_dir)
