@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from test_faults import MAX_STEPS, data_dir, run_argv  # noqa: F401 (fixture)
+from test_faults import MAX_STEPS, SAVE_STEPS, data_dir, run_argv  # noqa: F401 (fixture)
 from vanilla_transformer import VanillaTransformerForConditionalGeneration
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.batching import TokenBatchSampler
@@ -156,6 +156,49 @@ def test_skipped_batches_change_no_weight_and_are_counted_in_the_logs(data_dir, 
     assert logged[-1] == MAX_STEPS and logged[0] == 1  # logging_steps 1: one more each update
     for name, p in run.trainer.model.named_parameters():  # Adam leaves a weight without a gradient as it is
         assert torch.equal(p, before[name]), name
+
+
+def logged_skips(trainer) -> list[int]:
+    """The count each update's log gives (logging_steps 1)."""
+    return [entry["skipped_oom_batches"] for entry in trainer.state.log_history if "loss" in entry]
+
+
+@pytest.mark.parametrize("fused_loss", ["none", "chunked"])
+def test_a_skipped_batchs_target_tokens_are_not_counted_as_trained_on(data_dir, tmp_path, monkeypatch, fused_loss):
+    """A batch that runs out of memory in its backward pass (where most do) was already counted by compute_loss;
+    the throughput must not claim it. The reference: every batch skipped, so nothing was trained on."""
+    run = build(data_dir, tmp_path / "run", "--skip_oom_batches", "--save_strategy", "no", "--fused_loss", fused_loss)
+
+    def backward(loss, **kwargs):
+        raise torch.OutOfMemoryError("simulated: the backward pass ran out")
+
+    monkeypatch.setattr(run.trainer.accelerator, "backward", backward)
+    metrics = run.trainer.train().metrics
+    assert run.trainer.skipped_oom_batches == MAX_STEPS
+    assert metrics["train_target_tokens"] == 0 and metrics["train_samples_per_second"] == 0, metrics
+
+
+def test_the_count_of_skipped_batches_goes_on_across_a_resume(data_dir, tmp_path, monkeypatch):
+    """skipped_oom_batches is the whole run's: a resumed run (a requeued job) goes on from the checkpoint's count."""
+    output = tmp_path / "run"
+    first = build(data_dir, output, "--skip_oom_batches", "--max_steps", str(SAVE_STEPS))
+    SimulatedMemory(monkeypatch, 1)  # every batch runs out
+    first.trainer.train()
+    assert logged_skips(first.trainer)[-1] == SAVE_STEPS
+    checkpoint = str(output / f"checkpoint-{SAVE_STEPS}")
+    resumed = build(
+        data_dir,
+        output,
+        "--skip_oom_batches",
+        "--max_steps",
+        str(2 * SAVE_STEPS),
+        "--resume_from_checkpoint",
+        checkpoint,
+    )
+    resumed.trainer.train(resume_from_checkpoint=checkpoint)
+    after = logged_skips(resumed.trainer)[-SAVE_STEPS:]  # the log history goes on from the checkpoint's too
+    assert after == list(range(SAVE_STEPS + 1, 2 * SAVE_STEPS + 1)), after
+    assert resumed.trainer.skipped_oom_batches == 2 * SAVE_STEPS
 
 
 def test_memory_probe_takes_auto_on_or_off(data_dir, tmp_path, capsys):

@@ -15,7 +15,8 @@ less) and whole (not under FSDP, which shards it only when training starts: no p
 
 `SkipOutOfMemoryBatches` (``--skip_oom_batches``, as fairseq recovers from an out-of-memory batch)
 drops a batch that runs out of memory during training with the gradients of its update so far,
-counts it (``skipped_oom_batches`` in the logs) and goes on; one process only.
+counts it (``skipped_oom_batches`` in the logs, the whole run's: a resumed run goes on counting) and goes on;
+one process only.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ import logging
 
 import numpy as np
 import torch
+from transformers import TrainerCallback
+from transformers.trainer_callback import ExportableState
 
 from ..training_kernels import label_smoothed_cross_entropy
 from .arguments import SKIP_OOM_ONE_PROCESS, pads_to_buckets
@@ -210,17 +213,42 @@ def _advice(trainer, lengths: np.ndarray, max_tokens: int, failed: tuple[int, in
 # ---------------------------------------------------------------------------------------------
 
 
+class SkippedBatches(TrainerCallback, ExportableState):
+    """The batches ``--skip_oom_batches`` skipped in the whole run: a checkpoint's trainer state keeps the count
+    (the Trainer's ``stateful_callbacks``), and a run resumed from it goes on counting from there."""
+
+    def __init__(self, count: int = 0):
+        self.count = count
+
+    def state(self) -> dict:
+        return {"args": {}, "attributes": {"count": self.count}}
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        saved = state.stateful_callbacks.get(type(self).__name__) if state.global_step else None
+        saved = saved[0] if isinstance(saved, list) and saved else saved
+        self.count = int(((saved or {}).get("attributes") or {}).get("count") or 0)
+        state.stateful_callbacks[type(self).__name__] = self.state()  # also where a checkpoint predates it
+        return control
+
+
 class SkipOutOfMemoryBatches:
     """A Trainer mixin: with ``--skip_oom_batches``, a micro-batch that runs out of memory is dropped with
     the gradients of its update so far (gradients set to None: Adam then leaves every weight as it is,
     unless later micro-batches of the update add some), the memory freed, and counted in the logs as
-    ``skipped_oom_batches``; its loss is logged as 0. fairseq drops such a batch the same way."""
+    ``skipped_oom_batches``; its loss is logged as 0, and its target tokens are not counted as trained on.
+    fairseq drops such a batch the same way. The trainer adds a `SkippedBatches` as ``self.skipped_batches``
+    (its count lasts across a resume) and counts target tokens in ``self.target_tokens``."""
 
-    skipped_oom_batches = 0
+    skipped_batches: SkippedBatches
+
+    @property
+    def skipped_oom_batches(self) -> int:
+        return self.skipped_batches.count
 
     def training_step(self, model, inputs, num_items_in_batch=None):
         if not self.args.skip_oom_batches:
             return super().training_step(model, inputs, num_items_in_batch)
+        counted = self.target_tokens.counted()
         try:
             return super().training_step(model, inputs, num_items_in_batch)
         except (torch.OutOfMemoryError, RuntimeError) as error:
@@ -230,10 +258,11 @@ class SkipOutOfMemoryBatches:
         # here, after the except block: the traceback and the tensors it held are gone
         del inputs
         model.zero_grad(set_to_none=True)
+        self.target_tokens.restore(counted)  # the throughput counts what was trained on
         gc.collect()
         if self.args.device.type == "cuda":
             torch.cuda.empty_cache()
-        self.skipped_oom_batches += 1
+        self.skipped_batches.count += 1
         logger.warning(
             f"update {self.state.global_step + 1}: skipped a batch of {shape} (rows x source x target) "
             f"that ran out of memory, with the update's gradients so far ({self.skipped_oom_batches} "

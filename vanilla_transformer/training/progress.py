@@ -34,6 +34,13 @@ class TargetTokens:
         self.tokens = count if self.tokens is None else self.tokens + count
         self.sentences += labels.shape[0]
 
+    def counted(self) -> tuple[torch.Tensor | None, int]:
+        """The counts so far, for `restore` to go back to (a batch skipped after it was counted)."""
+        return self.tokens, self.sentences
+
+    def restore(self, counted: tuple[torch.Tensor | None, int]) -> None:
+        self.tokens, self.sentences = counted
+
     def local(self) -> int:
         return 0 if self.tokens is None else int(self.tokens.item())
 

@@ -70,7 +70,7 @@ from .checkpointing import (
 from .data import example_lengths, list_lengths
 from .divergence import DivergenceGuard, StopOnDivergence
 from .levers import CUDA_GRAPHS, apply_levers, keep_float32_masters, take_float32_masters, training_loss
-from .memory_check import SkipOutOfMemoryBatches, check_largest_batches_fit
+from .memory_check import SkipOutOfMemoryBatches, SkippedBatches, check_largest_batches_fit
 from .moving_average import EMA_FILE, ExponentialMovingAverage, check_checkpoint
 from .progress import TargetTokens, TimeBudgetProgress, add_throughput
 from .translation import STATIC_CACHE_MULTIPLE, padded_to_multiple
@@ -414,6 +414,8 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         self.token_sampler, self.token_batches_per_epoch = None, 0  # set by get_train_dataloader
         self.add_callback(SamplerEpoch(self))
         self.add_callback(EpochBatches())
+        self.skipped_batches = SkippedBatches()  # --skip_oom_batches' count, across a resume
+        self.add_callback(self.skipped_batches)
         self.resumed_from = None  # the checkpoint train() resumes from
         self.add_callback(ContinuedFrom())  # the run folders a resumed run continues, for the final averaging
         self.add_callback(RunFolders(self))
@@ -495,7 +497,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         for callback in self.callback_handler.callbacks:
             if not any(callback is kept for kept in before):
                 restored.setdefault(type(callback), []).append(callback)
-        own = (WallClock, EpochBatches, ContinuedFrom)
+        own = (WallClock, EpochBatches, ContinuedFrom, SkippedBatches)
         self.callback_handler.callbacks = [
             callback
             if isinstance(callback, own) or not restored.get(type(callback))
