@@ -188,6 +188,15 @@ def test_heads_must_divide_d_model_when_head_dim_is_not_given(field):
     assert_rejected({"d_model": 64, field: 3}, rf"d_model=64 is not divisible by {field}=3")
 
 
+@pytest.mark.parametrize("value", [0.0, -1e-6, float("nan"), float("inf")])
+@pytest.mark.parametrize("field", ["layer_norm_eps", "init_std", "linear_init_std"])
+def test_a_scale_must_be_positive_and_finite(field, value):
+    """The reference: LayerNorm(eps=inf) maps every input to its bias, and a normal of infinite std gives inf
+    and nan weights; zero, negative and nan scales are meaningless."""
+    overrides = {field: value, **({"linear_init": "normal"} if field == "linear_init_std" else {})}
+    assert_rejected(overrides, rf"{field} must be positive and finite")
+
+
 def test_head_dim_decouples_heads_from_d_model():
     # Table 3, rows B vary d_k independently of d_model: the inner width becomes h * d_k.
     config = VanillaTransformerConfig(d_model=512, encoder_attention_heads=16, decoder_attention_heads=16, head_dim=32)

@@ -161,7 +161,7 @@ def test_default_small_init_learns_a_copy_task_faster_than_xavier_and_a_fixed_0_
 
 @pytest.mark.parametrize("value", [0, -0.02])
 def test_non_positive_linear_init_std_is_an_error(value):
-    with pytest.raises(Exception, match="linear_init_std must be positive or None"):
+    with pytest.raises(Exception, match="linear_init_std must be positive and finite, or None"):
         tiny_config(linear_init_std=value)
 
 

@@ -9,6 +9,7 @@ only the paper's variants need (``head_dim``, ``position_embedding_type``, ``nor
 # No `from __future__ import annotations`: `@strict` checks the type of a field only where its annotation is a
 # type, not a string; with it, normalize_before="False" (a true string) built the pre-norm model.
 import copy
+import math
 
 from huggingface_hub.dataclasses import strict
 from transformers import GenerationConfig, PretrainedConfig
@@ -265,8 +266,8 @@ class VanillaTransformerConfig(PretrainedConfig):
             raise ValueError(
                 f"Sinusoidal positions (§3.5) pair sin and cos, so d_model must be even, got {self.d_model}."
             )
-        if not self.layer_norm_eps > 0:
-            raise ValueError(f"layer_norm_eps must be positive, got {self.layer_norm_eps!r}.")
+        if not 0 < self.layer_norm_eps < math.inf:  # inf: every LayerNorm's output its bias alone
+            raise ValueError(f"layer_norm_eps must be positive and finite, got {self.layer_norm_eps!r}.")
         if self.linear_init not in LINEAR_INITS:
             raise ValueError(f"Unknown linear_init {self.linear_init!r}; choose one of {LINEAR_INITS}.")
         if self.linear_init == "xavier_uniform" and self.linear_init_std is not None:
@@ -276,9 +277,10 @@ class VanillaTransformerConfig(PretrainedConfig):
             )
         for name in ("init_std", "linear_init_std"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
+            if value is not None and not 0 < value < math.inf:  # inf: weights of inf and nan
                 raise ValueError(
-                    f"{name} must be positive or None (see the docstring for what None means), got {value!r}."
+                    f"{name} must be positive and finite, or None (see the docstring for what None means), got "
+                    f"{value!r}."
                 )
         if self.share_encoder_decoder_embeddings and self.decoder_vocab_size != self.vocab_size:
             raise ValueError(
