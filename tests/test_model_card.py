@@ -197,7 +197,47 @@ def test_an_encoder_and_decoder_of_other_sizes_and_unset_decoding_settings_are_d
     text = write_model_card(tmp_path, model=model, languages=("en", "de")).read_text()
     assert "| d_model / d_ff | 16 / 24 (encoder) / 20 (decoder) |" in text
     assert "| attention heads (d_k) | 2 (8) (encoder) / 4 (4) (decoder) |" in text
-    assert "beam size 1, length penalty alpha 1 (" in text and "None" not in text.split("Decoding")[1].split("\n")[0]
+    decoding = text.split("Decoding")[1].split("\n")[0]
+    assert "greedy (beam size 1)" in decoding and "None" not in decoding and "penalty" not in decoding  # none applies
+
+
+def test_a_generation_config_without_any_length_states_the_one_generate_applies(tmp_path):
+    """§6.1's rule turned off and no max_length (None in transformers 5): the card said "at most None tokens".
+    The reference is generate() itself, which then decodes transformers' default of 20 new tokens."""
+    model = VanillaTransformerForConditionalGeneration(VanillaTransformerConfig.from_preset("tiny"))
+    model.generation_config.max_new_tokens_beyond_input = None
+    model.generation_config.max_length = None
+    text = write_model_card(tmp_path, model=model, languages=("en", "de")).read_text()
+    model.generation_config.eos_token_id = None  # nothing ends a hypothesis early: the limit alone stops it
+    with pytest.warns(UserWarning, match="default"):
+        new_tokens = model.generate(input_ids=torch.full((1, 5), 5), num_beams=1).shape[1] - 1
+    assert f"at most {new_tokens} new tokens (transformers' default)." in text and "None" not in text
+
+
+@pytest.mark.parametrize(
+    "shared, tied, row",
+    [
+        (True, True, "| vocabulary | 96, one matrix for both embeddings and the output projection |"),
+        (True, False, "| vocabulary | 96, one matrix for both embeddings |"),
+        (False, True, "| vocabulary | 96 (source) / 120 (target), the output projection is the target embedding |"),
+        (False, False, "| vocabulary | 96 (source) / 120 (target) |"),
+    ],
+)
+def test_the_vocabulary_row_names_each_sides_size_and_the_matrices_that_are_one(tmp_path, shared, tied, row):
+    """A converted MarianMT may have two vocabularies: the row gave the source's size alone. The reference: the
+    model's own matrices, compared by identity."""
+    config = VanillaTransformerConfig.from_preset(
+        "tiny",
+        vocab_size=96,
+        decoder_vocab_size=96 if shared else 120,
+        share_encoder_decoder_embeddings=shared,
+        tie_word_embeddings=tied,
+    )
+    model = VanillaTransformerForConditionalGeneration(config)
+    embeddings = model.get_encoder().get_input_embeddings().weight, model.get_decoder().get_input_embeddings().weight
+    assert (embeddings[0] is embeddings[1]) == shared and (model.lm_head.weight is embeddings[1]) == tied
+    assert (embeddings[0].shape[0], model.lm_head.weight.shape[0]) == (96, 96 if shared else 120)
+    assert row in write_model_card(tmp_path, model=model, languages=("en", "de")).read_text()
 
 
 @pytest.mark.parametrize(

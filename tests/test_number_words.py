@@ -43,3 +43,5 @@ def test_out_of_range_numbers_and_oversized_splits_are_errors():
         german(1_000_000)
     with pytest.raises(ValueError, match="only 99 exist"):
         make_splits(90, 10, max_number=99)
+    with pytest.raises(ValueError, match=r"max_number must be a whole number in 1..999999, got 2000000"):
+        make_splits(10, 10, max_number=2_000_000)  # the error named a random number drawn, not the argument

@@ -28,6 +28,8 @@ from .pipeline_vanilla_transformer import REMOTE_CODE_TASK, TASK
 TAGS = [*MODEL_TAGS, "transformer", "attention-is-all-you-need", "seq2seq"]
 REQUIRED_METRIC_KEYS = {"name", "type", "value", "dataset"}
 OPTIONAL_METRIC_KEYS = {"dataset_name", "dataset_config", "split", "signature"}
+# generate()'s new tokens where no length is set at all (transformers' default max_length, 20 beyond the input)
+DEFAULT_NEW_TOKENS = 20
 
 TEMPLATE = """\
 # {title}
@@ -273,14 +275,21 @@ def _architecture_rows(config: PretrainedConfig, num_parameters: int | None) -> 
         "attention heads (d_k)": _both(*(f"{count} ({size})" for count, size in zip(heads, d_k, strict=True))),
         "residual blocks": "pre-norm" if config.normalize_before else "post-norm, as in the paper",
         "positions": config.position_embedding_type,
-        "vocabulary": f"{config.vocab_size}"
-        + (", one matrix for both embeddings" if config.share_encoder_decoder_embeddings else "")
-        + (" and the output projection" if config.tie_word_embeddings else ""),
+        "vocabulary": _vocabulary(config),
         "dropout": f"{config.dropout}",
     }
     if num_parameters is not None:
         rows["parameters"] = f"{num_parameters / 1e6:.1f}M"
     return "\n".join(f"| {name} | {value} |" for name, value in rows.items())
+
+
+def _vocabulary(config: PretrainedConfig) -> str:
+    """The sizes and which matrices are one (§3.4: both embeddings and the pre-softmax projection)."""
+    if config.share_encoder_decoder_embeddings:
+        shared = "one matrix for both embeddings" + (" and the output projection" if config.tie_word_embeddings else "")
+        return f"{config.vocab_size}, {shared}"
+    tied = ", the output projection is the target embedding" if config.tie_word_embeddings else ""
+    return f"{config.vocab_size} (source) / {config.decoder_vocab_size} (target){tied}"
 
 
 def _fine_tuned_sentence(base_model: str | None, local_base_model: str | None) -> str:
@@ -313,13 +322,17 @@ def _decoding_sentence(generation_config: GenerationConfig, positions: int) -> s
         else f"at most input length + {extra} tokens (§6.1{cap})"
         if extra is not None
         else f"at most {generation_config.max_length} tokens"
+        if generation_config.max_length is not None
+        else f"at most {min(DEFAULT_NEW_TOKENS, positions - 1)} new tokens (transformers' default)"
     )
+    # what generate() does with a setting left unset (None in transformers 5's GenerationConfig)
+    beams = generation_config.num_beams or 1
+    if beams == 1:  # greedy search: no length penalty applies
+        return f"Decoding (`generation_config.json`): greedy (beam size 1), {length}."
     name = penalty_formula_of(generation_config)
     formula = {"gnmt": "GNMT's ((5 + |Y|) / 6)^alpha, as the paper", "length": "|Y|^alpha"}.get(
         name, f"formula {name!r}"
     )
-    # what generate() does with a setting left unset (None in transformers 5's GenerationConfig)
-    beams = generation_config.num_beams or 1
     alpha = 1.0 if generation_config.length_penalty is None else generation_config.length_penalty
     return (
         f"Decoding (`generation_config.json`): beam size {beams}, length penalty alpha {alpha:g} ({formula}), {length}."

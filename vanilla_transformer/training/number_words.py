@@ -100,6 +100,8 @@ def make_splits(
     train_size: int, test_size: int, max_number: int = 9999, seed: int = 0
 ) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
     """Disjoint train and test pairs (English, German) of distinct numbers drawn from 1..max_number."""
+    if not isinstance(max_number, int) or not 1 <= max_number <= MAX_NUMBER:  # before a sample names a number
+        raise ValueError(f"max_number must be a whole number in 1..{MAX_NUMBER}, got {max_number!r}.")
     if train_size + test_size > max_number:
         raise ValueError(
             f"Asked for {train_size + test_size} distinct numbers but only {max_number} exist up to "
