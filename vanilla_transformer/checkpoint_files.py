@@ -158,7 +158,7 @@ def check_model_folder(
     """
     if not is_local(folder):
         return
-    folder = Path(folder)
+    folder = Path(folder).expanduser()
     if not folder.exists():
         raise FileNotFoundError(f"{what}: the folder {folder} does not exist; check the path.")
     if not folder.is_dir():

@@ -38,7 +38,7 @@ from pathlib import Path
 import torch
 from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, rotate_checkpoints, seed_worker
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, seed_worker
 
 from ..checkpoint_files import (
     CHECKPOINT_NAME,
@@ -46,6 +46,7 @@ from ..checkpoint_files import (
     MODEL_WEIGHTS,
     check_json,
     check_model_folder,
+    check_safetensors,
     check_torch_archive,
     checkpoint_folders,
     left_out,
@@ -79,8 +80,9 @@ FSDP_MODEL_NAME = "pytorch_model_fsdp"  # transformers' prefix for FSDP's sharde
 
 
 def check_resumable(folder: str | os.PathLike, what: str = "--resume_from_checkpoint") -> Path:
-    """A checkpoint the Trainer can resume from: model, trainer state and every torch file intact."""
-    folder = Path(folder)
+    """A checkpoint the Trainer can resume from: model, trainer state, every torch file and the moving average
+    (where there is one) intact; the folder, ``~`` expanded."""
+    folder = Path(folder).expanduser()
     remedy = (
         f"Resume from an earlier checkpoint (--resume_from_checkpoint {folder.parent}/checkpoint-<step>), "
         f"or move {folder} away and use {RESUME_HINT}."
@@ -114,6 +116,8 @@ def check_resumable(folder: str | os.PathLike, what: str = "--resume_from_checkp
     for path in sorted(folder.iterdir()):  # optimizer.pt, scheduler.pt, rng_state*.pth (torch's zip archives)
         if path.suffix in {".pt", ".pth"} and path.is_file():
             check_torch_archive(path, f"{what} {folder}", remedy)
+    if (folder / EMA_FILE).is_file():  # a copy cut short: `last` takes the checkpoint before
+        check_safetensors(folder / EMA_FILE, f"{what} {folder}", remedy)
     return folder
 
 
@@ -200,7 +204,12 @@ def run_checkpoints(output_dir: str | os.PathLike, folders: list | None = None) 
             logger.warning(f"the run continued from {folder}, which is gone: its checkpoints are not averaged")
             continue
         end = following[1] if following is not None else float("inf")
-        found += [path for path in complete_checkpoints(folder) if start < _step(path) <= end]
+        found += [
+            path
+            for path in complete_checkpoints(folder)
+            # a point to resume from, saved on a signal: in one folder the next regular save removes it
+            if start < _step(path) <= end and not (path / RESUME_POINT_NAME).is_file()
+        ]
     found += complete_checkpoints(output_dir)
     return sorted(found, key=_step)
 
@@ -303,7 +312,7 @@ def check_nothing_later(checkpoint: Path, output_dir: str | os.PathLike, what: s
     abandoned run beside the new run's: ``last`` would resume from them, and averaging the last N would mix
     the two runs. Refused, naming them, before any data is read. Later folders that ``last`` skips as
     incomplete do not count (so ``last`` itself, checked again by `TransformerTrainer.train`, always passes)."""
-    match = CHECKPOINT_NAME.fullmatch(checkpoint.name)
+    match = CHECKPOINT_NAME.fullmatch(checkpoint.resolve().name)  # a link to a checkpoint is that checkpoint
     if match is None or of_another_folder(checkpoint, output_dir):
         return
     later = [
@@ -352,11 +361,13 @@ def resolve_checkpoint(
         return checkpoint
     if last is None:
         found = checkpoint_folders(output_dir)
-        raise ValueError(
-            f"{what} last: no complete checkpoint-<step> folder in {str(output_dir)!r}"
-            f"{' (the ones there are incomplete, see the log above)' if found else ''}; start the run anew "
-            "without resuming."
+        anew = (
+            f" (the ones there are incomplete, see the log above); to start the run anew, move them out of "
+            f"{str(output_dir)!r} or choose a new --output_dir"
+            if found
+            else "; start the run anew without resuming"
         )
+        raise ValueError(f"{what} last: no complete checkpoint-<step> folder in {str(output_dir)!r}{anew}.")
     logger.info(f"resuming from {last}")
     return last
 
@@ -537,12 +548,7 @@ class CheckpointPolicy:
         shutil.rmtree(staged.parent, ignore_errors=True)
         if not self.resume_point_only:
             remove_resume_points(final)
-        rotate_checkpoints(
-            output_dir=str(final.parent),
-            save_total_limit=self.args.save_total_limit,
-            best_model_checkpoint=self.state.best_model_checkpoint,
-            use_mtime=True,
-        )
+        rotate_checkpoints(final, self.args.save_total_limit, self.state.best_model_checkpoint)
 
     def _get_output_dir(self, trial) -> str:
         run_dir = super()._get_output_dir(trial)
@@ -617,6 +623,27 @@ def plain_copy(model, state_dict: dict):
     plain.load_state_dict(state_dict)
     plain.generation_config = copy.deepcopy(model.generation_config)
     return plain
+
+
+def rotate_checkpoints(final: Path, limit: int | None, best: str | None) -> None:
+    """``save_total_limit``: of the checkpoints of ``final``'s folder up to ``final`` (the one just written), by
+    step, the newest ``limit`` stay, and always ``final`` and the best (``best``). A later checkpoint left beside
+    it (an incomplete one, which resuming skipped) is neither counted nor removed. transformers' own rotation
+    orders by modification time, which a copied run folder does not keep, and counts every ``checkpoint-*``
+    (a ``checkpoint-300-keep`` of the user's) among the ones it keeps."""
+    if not limit:
+        return
+    kept = {final.resolve(), *([Path(best).resolve()] if best else [])}
+    candidates = [folder for folder in checkpoint_folders(final.parent) if _step(folder) <= _step(final)]
+    excess = len(candidates) - limit
+    for folder in candidates:
+        if excess <= 0:
+            break
+        if folder.resolve() in kept:
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
+        logger.info(f"removed {folder} (--save_total_limit {limit})")
+        excess -= 1
 
 
 def remove_resume_points(newest: Path) -> None:

@@ -890,6 +890,11 @@ def check_output_dir(training_args, resuming: bool | Path, tokenizer_only: bool 
                 f"{held}, which need the tokenizer they were trained with: choose a new --output_dir for the new "
                 "tokenizer (or delete the old one)."
             )
+        if last_complete_checkpoint(output_dir, log=False) is None:  # `last` would refuse them too
+            raise ValueError(
+                f"{held}, none of them complete (resuming from them is refused): choose a new --output_dir, or "
+                "move them out of it to start the run anew there."
+            )
         raise ValueError(
             f"{held}. Continue that run with {RESUME_HINT}, or choose a new --output_dir (or delete the old one)."
         )

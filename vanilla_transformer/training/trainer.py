@@ -203,6 +203,14 @@ class RunFolders(TrainerCallback):
     def on_train_begin(self, args, state, control, **kwargs):
         if (continued_from := self.trainer.continued_from) is not None:
             continued_from.begin(args.output_dir, state, self.trainer.resumed_from)
+        best, resumed_from = state.best_model_checkpoint, self.trainer.resumed_from
+        if best and resumed_from is not None:
+            # the best as the saving run spelled it (relative to its working directory, in a folder since moved or
+            # copied): where it lies beside the checkpoint resumed from, for save_total_limit to keep it and
+            # --load_best_model_at_end to find it
+            beside = Path(resumed_from).resolve().parent / Path(best).name
+            if beside.is_dir() and beside != Path(best).resolve():
+                state.best_model_checkpoint = str(beside)
         return control
 
 
