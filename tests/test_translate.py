@@ -260,7 +260,7 @@ def test_an_empty_translation_gets_no_pictures_and_is_named_on_stderr(loaded, tm
     assert skipped == [0, 2]
     assert sorted(p.name for p in (tmp_path / "pictures").iterdir()) == ["0001"]
     assert paths and all(Path(p).read_bytes().startswith(b"\x89PNG") for p in paths)
-    assert "input(s) 0, 2: their translation is empty" in capsys.readouterr().err
+    assert "line(s) 1, 3 of the input: their translation is empty" in capsys.readouterr().err
 
 
 def test_an_input_too_long_for_the_model_gets_no_picture_and_is_named(short_model_dir, tmp_path, capsys):
@@ -272,15 +272,48 @@ def test_an_input_too_long_for_the_model_gets_no_picture_and_is_named(short_mode
     tokenizer = AutoTokenizer.from_pretrained(short_model_dir)
     long_line = " ".join(["medium sentence"] * 10)
     args = argparse.Namespace(attention_png=str(tmp_path / "pictures"), attention_count=3)
-    paths, skipped = translate.write_pictures(model, tokenizer, [long_line, "short"], ["x y", "x"], args)
-    assert skipped == [0] and sorted(p.name for p in (tmp_path / "pictures").iterdir()) == ["0001"]
-    assert "input(s) 0: longer than the 12 tokens" in capsys.readouterr().err
+    paths, skipped = translate.write_pictures(model, tokenizer, [long_line, "short", long_line], ["x y", "x", ""], args)
+    assert skipped == [0, 2] and sorted(p.name for p in (tmp_path / "pictures").iterdir()) == ["0001"]
+    error = capsys.readouterr().err  # --skip-long left the third one untranslated: too long, not "empty"
+    assert "line(s) 1, 3 of the input: longer than the 12 tokens" in error and "empty" not in error
 
 
 def test_sources_and_references_both_from_stdin_are_refused(model_dir):
     """They once read the sources, then 0 references, and blamed the line counts."""
     with pytest.raises(ValueError, match="--input - and --references - would both read standard input"):
         translate.main(["--model", str(model_dir), "--input", "-", "--references", "-"])
+
+
+def test_a_generator_of_sentences_is_translated_as_the_list_of_them(loaded):
+    """The type check once read a generator to its end, and nothing was left to translate: []."""
+    model, tokenizer = loaded
+    expected = translate.translate(model, tokenizer, SENTENCES[:3], num_beams=1)
+    assert translate.translate(model, tokenizer, (s for s in SENTENCES[:3]), num_beams=1) == expected
+    assert len(expected) == 3
+
+
+@pytest.mark.skipif(torch.backends.mps.is_available(), reason="this machine has an MPS device")
+def test_a_device_this_machine_lacks_is_refused_naming_the_flag_before_the_model_loads(
+    model_dir, tmp_path, monkeypatch
+):
+    """--device mps on a machine without one failed with torch's traceback after the model was loaded."""
+    source = tmp_path / "in.txt"
+    source.write_text("short\n")
+    monkeypatch.setattr(translate, "read_input", lambda *a: pytest.fail("read the input before refusing"))
+    with pytest.raises(ValueError, match=r"--device mps: not available here \(.*\); use --device cpu"):
+        translate.main(["--model", str(model_dir), "--input", str(source), "--device", "mps"])
+
+
+def test_an_existing_writable_output_in_a_folder_one_cannot_write_is_accepted(tmp_path, monkeypatch):
+    """/dev/null for a timing run, a file set up for the job in a read-only folder: the folder's permission
+    was asked, not the file's. Permissions as a non-root user has them (root may write anywhere)."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    (folder / "given.txt").write_text("")
+    monkeypatch.setattr(translate.os, "access", lambda path, mode: Path(path) != folder)
+    translate._check_writable("--output", folder / "given.txt", set())
+    with pytest.raises(PermissionError, match="--output .*new.txt cannot be written"):
+        translate._check_writable("--output", folder / "new.txt", set())
 
 
 def test_a_device_torch_does_not_know_is_refused_naming_the_flag(model_dir, tmp_path):

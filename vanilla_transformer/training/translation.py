@@ -130,6 +130,7 @@ def translate(
             "translate takes a list of sentences and got one string, which it would translate character by "
             "character: give [sentence]."
         )
+    sentences = list(sentences)  # a generator or other iterator: read once, here
     if wrong := next(((i, s) for i, s in enumerate(sentences) if not isinstance(s, str)), None):
         raise TypeError(f"sentence {wrong[0] + 1} (1-based) is a {type(wrong[1]).__name__}, not a string.")
     check_tokenizer_matches_model(tokenizer, model.config, warn=False)  # else an IndexError deep in the model
@@ -350,6 +351,11 @@ def check_paths(args: argparse.Namespace) -> None:
         raise ValueError(f"--device {args.device}: not a device; give cpu, cuda, cuda:1, mps, ...") from None
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         raise ValueError(f"--device {args.device}: no CUDA device is available here; use --device cpu.")
+    try:  # mps or xpu where torch has none, cuda:3 of two GPUs: before the model is loaded
+        torch.empty(0, device=args.device)
+    except (RuntimeError, AssertionError) as error:
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"--device {args.device}: not available here ({reason}); use --device cpu.") from None
 
 
 def _check_writable(flag: str, path: Path, inputs: set[Path]) -> None:
@@ -357,7 +363,7 @@ def _check_writable(flag: str, path: Path, inputs: set[Path]) -> None:
         raise IsADirectoryError(f"{flag} {path} is a folder; give a file name.")
     if not path.parent.is_dir():
         raise FileNotFoundError(f"{flag} {path}: the folder {path.parent} does not exist; create it first.")
-    if not os.access(path.parent, os.W_OK) or path.exists() and not os.access(path, os.W_OK):
+    if not os.access(path if path.exists() else path.parent, os.W_OK):  # an existing file: its own permission
         raise PermissionError(f"{flag} {path} cannot be written; choose a writable place.")
     if path.resolve() in inputs:
         raise ValueError(f"{flag} {path} is also an input file, which writing would destroy; choose another name.")
@@ -477,8 +483,8 @@ def write_pictures(
     from ..visualization import write_attention_pictures
 
     first = list(zip(sources[: args.attention_count], hypotheses))
-    empty = [index for index, (_, hypothesis) in enumerate(first) if not hypothesis.strip()]
-    limit, _, too_long = inputs_too_long(model, tokenizer, sources, [i for i in range(len(first)) if i not in empty])
+    limit, _, too_long = inputs_too_long(model, tokenizer, sources, [i for i, (s, _) in enumerate(first) if s.strip()])
+    empty = [index for index, (_, hypothesis) in enumerate(first) if not hypothesis.strip() and index not in too_long]
     paths = []
     for index, (source, hypothesis) in enumerate(first):
         if index not in empty and index not in too_long:
@@ -486,7 +492,8 @@ def write_pictures(
             paths += write_attention_pictures(model, tokenizer, source, folder, target=hypothesis)
     for indices, reason in ((empty, "their translation is empty"), (too_long, f"longer than the {limit} tokens")):
         if indices:
-            print(f"No attention pictures for input(s) {', '.join(map(str, indices))}: {reason}.", file=sys.stderr)
+            lines = ", ".join(str(index + 1) for index in indices)  # folders count from 0000, lines from 1
+            print(f"No attention pictures for line(s) {lines} of the input: {reason}.", file=sys.stderr)
     return paths, sorted(empty + too_long)
 
 
