@@ -16,6 +16,7 @@ from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
 
 from helpers import legacy_tokenizer_file
 from vanilla_transformer import VanillaTransformerConfig, VanillaTransformerForConditionalGeneration, train_tokenizer
+from vanilla_transformer.cli import run_command
 from vanilla_transformer.training.averaging import average_checkpoints, average_tensors, last_checkpoints, main
 
 SOURCE = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
@@ -408,6 +409,17 @@ def test_refuses_folder_without_weights(checkpoints, tmp_path):
     empty.mkdir()
     with pytest.raises(ValueError, match=f"Checkpoint {empty} has no model.safetensors"):
         average_checkpoints([folders[0], empty], tmp_path / "avg")
+
+
+def test_refuses_an_output_folder_under_a_file_before_averaging(checkpoints, tmp_path, capsys):
+    """It failed after the averaging work, with Python's "[Errno 20] Not a directory" naming no flag."""
+    _, folders = checkpoints
+    (tmp_path / "a-file").write_text("")
+    output = tmp_path / "a-file" / "avg"
+    with pytest.raises(SystemExit) as exit_info:
+        run_command("average", ["--inputs", *map(str, folders[:2]), "--output-dir", str(output)])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"--output-dir {output} lies under {tmp_path / 'a-file'}, a file" in error
 
 
 def test_refuses_output_dir_among_inputs(checkpoints):

@@ -488,6 +488,27 @@ def test_cli_takes_underscores_and_refuses_a_file_as_the_output_before_training(
     assert (tmp_path / "a-file").read_text() == ""
 
 
+@pytest.mark.parametrize("where", ["under a file", "unwritable"])
+def test_cli_refuses_an_output_folder_it_cannot_create_before_training(tmp_path, capsys, monkeypatch, where):
+    """A folder to create under a file, or in a folder one cannot write, failed when the tokenizer was saved,
+    after training (hours on WMT): a traceback from the console script, the trained vocabulary lost."""
+    import vanilla_transformer.command_line as command_line
+
+    corpus = _write_lines(tmp_path / "corpus.txt", CORPUS)
+    (tmp_path / "a-file").write_text("")
+    output = tmp_path / "a-file" / "tok" if where == "under a file" else tmp_path / "locked" / "tok"
+    if where == "unwritable":  # as a non-root user has it (root may write anywhere)
+        (tmp_path / "locked").mkdir()
+        monkeypatch.setattr(command_line.os, "access", lambda path, mode: Path(path) != tmp_path / "locked")
+    monkeypatch.setattr(sys.modules[main.__module__], "train_tokenizer", lambda *a, **k: pytest.fail("trained first"))
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(corpus), "--vocab-size", str(VOCAB_SIZE), "--output-dir", str(output)])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and len(error.strip().splitlines()) == 1, error
+    reason = f"lies under {tmp_path / 'a-file'}, a file" if where == "under a file" else "cannot be written"
+    assert f"--output-dir {output}" in error and reason in error
+
+
 def test_cli_refuses_to_replace_a_tokenizer_or_a_models_without_force(tmp_path, capsys):
     """Saving a new tokenizer into a trained model's folder silently gave that model another vocabulary (its
     translations turned to noise); into a tokenizer's folder, it replaced that one."""

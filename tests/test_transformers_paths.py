@@ -506,3 +506,24 @@ def test_the_runner_makes_a_stock_script_use_and_copy_the_installed_code(saved, 
     installed = REPO / "vanilla_transformer" / "modeling_vanilla_transformer.py"
     assert installed.resolve() == (REPO / vanilla_transformer.modeling_vanilla_transformer.__file__).resolve()
     assert (tmp_path / "out" / "modeling_vanilla_transformer.py").read_text() == installed.read_text()
+
+
+@pytest.mark.parametrize("name", ["no_such_module", "no_such_package.module", "vanilla_transformer.no_such_module"])
+def test_the_runner_names_a_module_that_does_not_exist_in_one_line(name):
+    """As `python -m` says it; runpy's ImportError once came with a traceback."""
+    from vanilla_transformer.__main__ import main
+
+    with pytest.raises(SystemExit, match=rf"^No module named '{name}'\. usage: python -m vanilla_transformer"):
+        main(["-m", name])
+
+
+def test_the_runner_runs_a_module_with_its_arguments(tmp_path, monkeypatch):
+    from vanilla_transformer.__main__ import main
+
+    (tmp_path / "echo_arguments.py").write_text(
+        "import sys\nfrom pathlib import Path\nPath(sys.argv[1]).write_text(' '.join(sys.argv[2:]))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "argv", list(sys.argv))  # runpy sets it
+    main(["-m", "echo_arguments", str(tmp_path / "out.txt"), "a", "b"])
+    assert (tmp_path / "out.txt").read_text() == "a b"

@@ -15,6 +15,7 @@ code copied into the checkpoints it saves is the installed version's.
 
 from __future__ import annotations
 
+import importlib.util
 import runpy
 import sys
 from pathlib import Path
@@ -32,6 +33,12 @@ def main(argv: list[str] | None = None) -> None:
     if argv[0] == "-m":
         if len(argv) < 2:
             raise SystemExit(f"-m needs a module name. {USAGE}")
+        try:  # as `python -m` says it, not with a traceback
+            found = importlib.util.find_spec(argv[1])
+        except (ImportError, ValueError):  # a parent package missing, or an empty name
+            found = None
+        if found is None:
+            raise SystemExit(f"No module named {argv[1]!r}. {USAGE}")
         sys.argv = [argv[1], *argv[2:]]
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         return

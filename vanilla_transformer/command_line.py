@@ -12,6 +12,7 @@ found beside this one rather than through ``importlib.resources`` (which would i
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import NoReturn
@@ -26,6 +27,19 @@ HELP_COLUMNS = 80  # the width the packaged screens and docs/cli.md are rendered
 # whose versions the help screens depend on: the Trainer's flags (transformers, its defaults from accelerate,
 # huggingface_hub, torch); Python's argparse formats them
 HELP_DEPENDS_ON = ("torch", "transformers", "accelerate", "huggingface_hub")
+
+
+def unwritable_folder(folder: str | Path, flag: str) -> str | None:
+    """Why ``folder`` (to be created where missing) cannot hold a command's output, or None: asked before the
+    work (a tokenizer trained for hours, an average), not when it is saved."""
+    folder = Path(folder).expanduser()
+    existing = next(path for path in (folder.absolute(), *folder.absolute().parents) if path.exists())
+    if not existing.is_dir():
+        where = "is a file" if existing == folder.absolute() else f"lies under {existing}, a file"
+        return f"{flag} {folder} {where}; give a folder."
+    if not os.access(existing, os.W_OK):
+        return f"{flag} {folder}: {existing} cannot be written; choose a writable place."
+    return None
 
 
 def did_you_mean(word: str, choices, quoted: bool = True, most: int = 1) -> str:

@@ -433,8 +433,11 @@ def build_parser(prog: str = "vanilla-transformer tokenizer") -> argparse.Argume
 
 def _command_line_problem(args: argparse.Namespace) -> str | None:
     """What is wrong with the command line, in its own words (flags, not `train_tokenizer`'s arguments)."""
-    if args.output_dir.exists() and not args.output_dir.is_dir():
-        return f"--output-dir {args.output_dir} is a file; give a folder."
+    # (importlib: a model file imports nothing of the package's but model files, and the command runs installed)
+    if problem := importlib.import_module("vanilla_transformer.command_line").unwritable_folder(
+        args.output_dir, "--output-dir"
+    ):
+        return problem
     held = [
         name
         for name in ("config.json", "tokenizer.json", "tokenizer_config.json")

@@ -40,7 +40,7 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 from ..checkpoint_files import CHECKPOINT_NAME, TOKENIZER_FILES, check_json, check_safetensors, tokenizer_difference
-from ..command_line import CommandParser
+from ..command_line import CommandParser, unwritable_folder
 from .checkpointing import TRAINER_STATE_NAME, checkpoint_folders, recorded_run_folders, run_checkpoints
 
 logger = logging.getLogger(__name__)
@@ -421,8 +421,8 @@ def parse_args(argv=None, prog: str = "vanilla-transformer average") -> argparse
 def check_output_dir(output_dir: Path, force: bool, flags: tuple[str, str] = ("--output-dir", "--force")) -> None:
     """Never overwrite a saved model unasked: it may be the only copy of an earlier average. ``flags``: how the
     caller names the folder and the permission (the command line's, or the Python arguments)."""
-    if output_dir.exists() and not output_dir.is_dir():
-        raise NotADirectoryError(f"{flags[0]} {output_dir} is a file; give a folder.")
+    if problem := unwritable_folder(output_dir, flags[0]):
+        raise ValueError(problem)
     if (output_dir / WEIGHTS_NAME).exists() and not force:
         raise FileExistsError(
             f"{flags[0]} {output_dir} already holds a model ({WEIGHTS_NAME}); choose a new "
