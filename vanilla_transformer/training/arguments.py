@@ -71,9 +71,9 @@ class TransformerTrainingArguments(Seq2SeqTrainingArguments):
     eval_order: str = field(
         default="auto",
         metadata={
-            "help": "the order in which evaluation and prediction decode: length (shortest first, as translate "
-            "does; results in the input order) or input; auto: length on the CPU (measured there), input "
-            "on a GPU (not measured)",
+            "help": "the order in which evaluation (and trainer.predict()) decodes: length (shortest first, as "
+            "translate does; results in the input order) or input; auto: length on the CPU (measured there), "
+            "input on a GPU (not measured). --do_predict translates by length always",
             "choices": list(EVAL_ORDERS),
         },
     )
