@@ -593,3 +593,15 @@ def test_a_new_special_token_is_said_not_to_match_in_text_and_add_tokens_matches
     assert mine.convert_tokens_to_ids("<2de>") not in mine("<2de> a man")["input_ids"]  # what the warning says
     mine.add_tokens(["<2fr>"])
     assert mine("<2fr> a man")["input_ids"][0] == mine.convert_tokens_to_ids("<2fr>")
+
+
+@pytest.mark.parametrize("flag", ["--vocab-siz", "--vocab", "--vocab_siz"])
+def test_cli_refuses_an_abbreviated_or_misspelt_flag_naming_the_closest(tmp_path, capsys, flag):
+    """argparse took --vocab as --vocab-size (a new --vocab-... flag would have changed its meaning); every
+    other command refuses it with the closest flag."""
+    corpus = _write_lines(tmp_path / "corpus.txt", CORPUS)
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(corpus), flag, str(VOCAB_SIZE), "--output-dir", str(tmp_path / "out")])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2 and f"{flag} is not a flag" in error and "did you mean --vocab-size?" in error
+    assert not (tmp_path / "out").exists()

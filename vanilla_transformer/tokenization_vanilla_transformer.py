@@ -409,7 +409,9 @@ class _Prefixed(io.RawIOBase):
 
 
 def build_parser(prog: str = "vanilla-transformer tokenizer") -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    # the package's parser (run installed, never as remote code): a misspelt or abbreviated flag is refused with
+    # the closest one, as every other command's
+    parser = importlib.import_module("vanilla_transformer.command_line").CommandParser(
         prog=prog,
         description="Train the joint source-target byte-level BPE vocabulary of the Transformer (§5.1).",
         epilog="Every flag is also accepted with underscores (--vocab_size).",
