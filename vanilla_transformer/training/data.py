@@ -49,6 +49,9 @@ PathLike = str | os.PathLike
 CACHE_VERSION = "1"
 PAIR_COLUMNS = ("source", "target")
 TOKENIZED_COLUMNS = ("input_ids", "labels", "source_length", "target_length", "empty")
+# --validation_size's draw: the same held-out pairs whatever --seed (a resumed run, Table 3's seeds, an evaluation
+# later), the default --seed's as before
+HELD_OUT_SEED = 42
 ROWS_PER_WORKER = 50_000  # fewer rows than this per process: not worth starting one
 
 
@@ -787,11 +790,12 @@ def _first(dataset, count: int | None, flag: str):
     return dataset.select(range(min(count, len(dataset))))
 
 
-def load_text_datasets(args, seed: int, train: bool = True) -> dict:
+def load_text_datasets(args, seed: int | None = None, train: bool = True) -> dict:
     """``{"train": ..., "validation": ..., "test": ...}`` Arrow datasets of (source, target); None where absent.
 
     ``args`` is `options.DataArguments`: local files for each role, or a Hub dataset's splits; a validation
-    set held out of the training pairs (``validation_size``, shuffled with ``seed``); the first N of each.
+    set held out of the training pairs (``validation_size``, drawn with ``seed``, by default `HELD_OUT_SEED`
+    whatever the run's --seed); the first N of each.
     ``train=False``: the training pairs are not read (a run that only evaluates or translates, with a tokenizer
     to load), unless ``validation_size`` holds pairs out of them.
     """
@@ -832,7 +836,7 @@ def load_text_datasets(args, seed: int, train: bool = True) -> dict:
             )
         split = rebuilt_if_damaged(
             lambda: datasets["train"].train_test_split(  # a damaged cached split: rebuilt
-                test_size=args.validation_size, shuffle=True, seed=seed
+                test_size=args.validation_size, shuffle=True, seed=HELD_OUT_SEED if seed is None else seed
             ),
             dataset_cache_folder(datasets["train"]),
         )

@@ -129,7 +129,10 @@ class DataArguments:
     test_split: str | None = field(default=None, metadata={"help": "Hub split for --do_predict, e.g. test"})
     validation_size: int = field(
         default=0,
-        metadata={"help": "hold out this many training pairs for validation when no validation data is given"},
+        metadata={
+            "help": "hold out this many training pairs for validation when no validation data is given (the same pairs "
+            "whatever --seed)"
+        },
     )
     max_source_length: int | None = field(
         default=None,

@@ -394,7 +394,7 @@ def build_trainer(model_args, data_args, training_args) -> Run:
     if continues_elsewhere and training_args.should_save:  # `last` there resumes from it until a save (a crash)
         record_continuation(training_args.output_dir, resume)
     with training_args.main_process_first(desc="reading the data"):  # the training pairs only where needed
-        text = load_text_datasets(data_args, training_args.seed, train=do_train or tokenizer is None)
+        text = load_text_datasets(data_args, train=do_train or tokenizer is None)
     if tokenizer is None:  # trained on the data, then the model sized to it
         tokenizer = prepare_tokenizer(text["train"], **tokenizer_source)
         model = model_for(tokenizer)
@@ -734,7 +734,7 @@ def save_tokenizer_only(model_args, data_args, training_args) -> Path:
         model_args, data_args, True, do_eval, do_predict, from_recipe=flags_from(training_args, "recipe") or frozenset()
     )
     check_output_dir(training_args, resuming=False, tokenizer_only=True)
-    text = load_text_datasets(data_args, training_args.seed, train=True)
+    text = load_text_datasets(data_args, train=True)
     tokenizer = prepare_tokenizer(
         text["train"],
         output_dir=training_args.output_dir,

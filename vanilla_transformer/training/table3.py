@@ -417,12 +417,6 @@ def plan(
             "--validation_file, --validation_split of a Hub dataset, or --validation_size N (pairs held out of "
             "the training data)."
         )
-    if data_args.validation_size and seeds > 1:
-        raise ValueError(
-            f"--validation_size {data_args.validation_size} holds out pairs drawn with each run's --seed, so "
-            f"--seeds {seeds} would score the rows on {seeds} different validation sets: give a validation set "
-            "(--validation_source_file/--validation_target_file or --validation_file), or --seeds 1."
-        )
     check_steps_have_data(model_args, data_args, *steps_to_run(training_args, data_args))  # the training data
     if getattr(training_args.save_strategy, "value", training_args.save_strategy) == "no":
         raise ValueError(
@@ -494,8 +488,8 @@ def check_shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir
     if model_args.tokenizer_name_or_path or not (folder / TOKENIZER_RECORD).is_file():
         return  # none trained yet, or one of an earlier release (which recorded nothing)
     saved, now = read_record(folder / TOKENIZER_RECORD), tokenizer_record(model_args, data_args, training_args)
-    if not data_args.validation_size:  # rows of other seeds share it; only held-out pairs depend on the seed
-        saved["settings"].pop("seed", None), now["settings"].pop("seed")
+    # rows of other seeds share it (--validation_size's held-out pairs are the same for every seed)
+    saved["settings"].pop("seed", None), now["settings"].pop("seed")
     if (saved["settings"], saved["text"]) == (now["settings"], now["text"]) and same_data(saved["files"], now["files"]):
         return
     changes = [
@@ -522,7 +516,7 @@ def shared_tokenizer(recipe_file: Path, train_flags: list[str], output_dir: Path
     model_args, data_args, training_args = parse_arguments([str(recipe_file), *train_flags], prog)
     folder = output_dir / "tokenizer"
     if not model_args.tokenizer_name_or_path and not (folder / "tokenizer.json").is_file():
-        text = run.load_text_datasets(data_args, training_args.seed)
+        text = run.load_text_datasets(data_args)
         tokenizer = run.prepare_tokenizer(
             text["train"], **run.new_tokenizer_settings(model_args, data_args, training_args)
         )
