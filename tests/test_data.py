@@ -711,6 +711,20 @@ def test_dataloader_with_collator_stays_within_max_tokens(tmp_path, cache):
     assert sorted(shapes) == sorted(map(tuple, sampler.shapes.tolist()))
 
 
+def test_no_bucket_is_longer_than_the_models_positions():
+    """Buckets are 8, 16, ..., 96, 112, ...: a model of 100 positions kept a 99-token pair, and its batch was
+    padded to 112, which the model refused mid-training. The reference: the bucket grid, capped by hand."""
+    lengths = np.array([[99, 99], [97, 60], [30, 30], [12, 99], [5, 5]])
+    sampler = TokenBatchSampler(lengths, max_tokens=400, shuffle=False, pad_to_buckets=True, max_length=100)
+    grid = [8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 112]  # 8 apart to 80, then about 10%
+    allowed = {min(bucket, 100) for bucket in grid}
+    sides = sampler.shapes[:, 1:]
+    assert sampler.longest == 100 and sides.max() == 100 and set(sides.ravel().tolist()) <= allowed
+    collate = lambda features: {"input_ids": torch.ones(1, 99, dtype=torch.long)}  # noqa: E731
+    assert PadToBucket(collate, 0, sampler.longest)(None)["input_ids"].shape == (1, 100)
+    assert PadToBucket(collate, 0, 400)(None)["input_ids"].shape == (1, 112)  # the bucket, uncapped
+
+
 def test_pad_to_bucket_pads_each_side_to_its_bucket_and_refuses_what_it_cannot_pad():
     def collate(features):
         return {

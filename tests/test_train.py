@@ -25,6 +25,7 @@ from vanilla_transformer.training import TransformerTrainer, TransformerTraining
 from vanilla_transformer.training import run as train
 from vanilla_transformer.training.batching import TokenBatchSampler
 from vanilla_transformer.training.checkpointing import STAGING_DIR
+from vanilla_transformer.training.data import example_lengths
 from vanilla_transformer.training.translation import translate
 from vanilla_transformer.training_kernels import label_smoothed_cross_entropy
 
@@ -1523,6 +1524,26 @@ def test_validation_size_holds_out_the_same_pairs_whatever_the_seed(data_dir, tm
     assert set(held_out[0]) <= set(reverse_pairs(1500, seed=1))
 
 
+def test_bucket_padding_stays_within_the_models_positions(tmp_path):
+    """A kept pair of 99 tokens in a model of 100 positions was padded to the bucket of 112 with
+    --pad_to_buckets always, and training failed at that batch."""
+    rng = random.Random(0)
+    long_lines = [" ".join(rng.choice("abcdefghij") for _ in range(count)) for count in range(90, 110)]
+    pairs = [*reverse_pairs(40, seed=3), *((line, line) for line in long_lines)]  # some just under 100 tokens
+    source, target = write_pairs(tmp_path, "train", pairs)
+    flags = ["--train_source_file", source, "--train_target_file", target, "--output_dir", str(tmp_path / "run")]
+    flags += ["--preset", "tiny", "--tokenizer_vocab_size", "280", "--report_to", "none", "--use_cpu", "--max_steps"]
+    flags += ["2", "--save_strategy", "no", "--max_tokens", "400", "--pad_to_buckets", "always", "--do_train", "true"]
+    run = train.build_trainer(*train.parse_arguments([*flags, "--config_overrides", "max_position_embeddings=100"]))
+    longest = example_lengths(run.trainer.train_dataset).max()
+    assert 96 < longest <= 100  # kept (the limit is the positions), and past the bucket below 100
+    padded = max(
+        max(batch["input_ids"].shape[1], batch["labels"].shape[1]) for batch in run.trainer.get_train_dataloader()
+    )
+    assert padded == 100
+    run.trainer.train()
+
+
 def test_misaligned_files_are_an_error(tmp_path):
     source, target = write_pairs(tmp_path, "bad", reverse_pairs(10, seed=5))
     Path(target).write_text("".join(line + "\n" for line in Path(target).read_text().splitlines()[:9]))
@@ -1707,7 +1728,6 @@ def test_processes_whose_clocks_disagree_stop_together_and_decay_alike(data_dir,
 def test_accumulating_more_batches_than_an_epoch_holds_is_refused_before_the_first_update(data_dir, tmp_path, capsys):
     """The Trainer ends an update at the epoch's end: with fewer batches in an epoch than
     --gradient_accumulation_steps, every update would be smaller than asked."""
-    from vanilla_transformer.training.data import example_lengths
 
     tokens = ("--max_tokens", "4000", "--max_steps", "1")
     batches = TokenBatchSampler(example_lengths(build(data_dir, tmp_path / "b", *tokens).datasets["train"]), 4000)

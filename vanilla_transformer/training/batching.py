@@ -92,16 +92,22 @@ def bucket_lengths(longest: int, width: int = BUCKET_WIDTH, growth: float = BUCK
 
 
 def bucket_length(length: int, max_tokens: int, width: int = BUCKET_WIDTH, growth: float = BUCKET_GROWTH) -> int:
-    """The length a batch side whose longest sentence has ``length`` tokens is padded to."""
+    """The length a batch side whose longest sentence has ``length`` tokens is padded to, at most ``max_tokens``
+    (a `TokenBatchSampler`'s `longest`)."""
     return min(int(bucket_lengths(length, width, growth)[-1]), max_tokens)
 
 
 def pack(
-    lengths: np.ndarray, max_tokens: int, width: int = BUCKET_WIDTH, growth: float = BUCKET_GROWTH
+    lengths: np.ndarray,
+    max_tokens: int,
+    width: int = BUCKET_WIDTH,
+    growth: float = BUCKET_GROWTH,
+    max_length: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Token batches whose shapes come from a small set: ``(order, starts, shapes)``.
 
-    Each side of an example is padded to its bucket (`bucket_lengths`, at most ``max_tokens``); the
+    Each side of an example is padded to its bucket (`bucket_lengths`, at most ``max_tokens`` and
+    ``max_length``, the positions the model has: a bucket past them would not fit it); the
     pairs of one (source bucket, target bucket) cell go into batches of exactly
     ``max_tokens // max(source bucket, target bucket)`` rows, so that every batch of a cell has the
     same shape. A cell's remainder (fewer examples than a batch) waits for the next cell that is at
@@ -114,7 +120,8 @@ def pack(
     """
     _refuse_too_long(lengths, max_tokens)
     grid = bucket_lengths(int(lengths.max()), width, growth)
-    padded = np.minimum(grid[np.searchsorted(grid, lengths)], max_tokens)  # (N, 2) each side's bucket
+    longest = max_tokens if max_length is None else min(max_tokens, max_length)
+    padded = np.minimum(grid[np.searchsorted(grid, lengths)], longest)  # (N, 2) each side's bucket
     code = padded[:, 0] * (max_tokens + 1) + padded[:, 1]  # one int per (source bucket, target bucket) cell
     by_cell = np.argsort(code, kind="stable")  # stable: within a cell, dataset order
     codes, cell_begins, counts = np.unique(code[by_cell], return_index=True, return_counts=True)
@@ -244,6 +251,8 @@ class TokenBatchSampler(Sampler[list[int]]):
             otherwise each batch is padded to its own longest sentences, and carries the most of them.
         bucket_width: with ``pad_to_buckets``, the padded lengths are multiples of this (8: what tensor
             cores want).
+        max_length: with ``pad_to_buckets``, the longest a side is padded to: the model's positions
+            (``max_position_embeddings``), where a bucket would pass them; default ``max_tokens`` (`longest`).
         seed: base of the shuffling seed; must be the same on every rank.
         num_replicas, rank: number of data-parallel processes and this one's index.
         drop_last: drop batches that do not divide evenly among ranks instead of repeating some.
@@ -260,8 +269,11 @@ class TokenBatchSampler(Sampler[list[int]]):
         drop_last: bool = False,
         pad_to_buckets: bool = False,
         bucket_width: int = BUCKET_WIDTH,
+        max_length: int | None = None,
     ):
         _positive_int("max_tokens", max_tokens)
+        if max_length is not None:
+            _positive_int("max_length", max_length)
         _positive_int("num_replicas", num_replicas)
         _positive_int("bucket_width", bucket_width)
         if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < num_replicas:
@@ -272,8 +284,13 @@ class TokenBatchSampler(Sampler[list[int]]):
         self.num_replicas, self.rank, self.drop_last = num_replicas, rank, drop_last
         self.epoch = 0
         self.pad_to_buckets, self.bucket_width = pad_to_buckets, bucket_width
+        self.longest = max_tokens if max_length is None else min(max_tokens, max_length)  # what a side pads to
         pairs = length_pairs(lengths)
-        packed = pack(pairs, max_tokens, bucket_width) if pad_to_buckets else pack_sorted(pairs, max_tokens)
+        packed = (
+            pack(pairs, max_tokens, bucket_width, max_length=max_length)
+            if pad_to_buckets
+            else pack_sorted(pairs, max_tokens)
+        )
         self.order, self.starts, self.shapes = packed
         self._digest = None
         if drop_last and self.num_batches < num_replicas:
@@ -354,7 +371,7 @@ class PadToBucket:
     ``collator`` (e.g. ``DataCollatorForSeq2Seq``) pads each side to its longest sentence; this pads
     on to that length's bucket: ``input_ids``/``decoder_input_ids`` with ``pad_token_id``, the
     attention masks with 0, ``labels`` with -100 (ignored by the loss). Give it the sampler's
-    ``max_tokens`` and ``bucket_width``.
+    ``longest`` (as ``max_tokens``: the longest a side is padded to) and ``bucket_width``.
     """
 
     def __init__(self, collator, pad_token_id: int, max_tokens: int, bucket_width: int = BUCKET_WIDTH):

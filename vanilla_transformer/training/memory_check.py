@@ -176,7 +176,10 @@ def check_largest_batches_fit(trainer) -> None:
 def _first_failing(trainer, lengths: np.ndarray, max_tokens: int) -> tuple[int, int, int] | None:
     """The first of the largest shapes of ``max_tokens`` batches that runs out of memory, or None."""
     kept = lengths[lengths.max(axis=1) <= max_tokens]  # longer pairs are left out of such a run
-    shapes = TokenBatchSampler(kept, max_tokens, pad_to_buckets=pads_to_buckets(trainer.args)).shapes  # the run's
+    positions = trainer.accelerator.unwrap_model(trainer.model).config.max_position_embeddings
+    shapes = TokenBatchSampler(  # the run's
+        kept, max_tokens, pad_to_buckets=pads_to_buckets(trainer.args), max_length=positions
+    ).shapes
     for shape in largest_shapes(shapes):
         if not fits(trainer, shape):
             return shape

@@ -877,14 +877,20 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             collator = self._get_collator_with_removed_columns(collator, description="training")
         # One process's view of all batches; accelerate deals them out to the processes (disjoint).
         seed = self.args.seed if self.args.data_seed is None else self.args.data_seed  # as the Trainer's samplers
+        positions = self.accelerator.unwrap_model(self.model).config.max_position_embeddings
         sampler = TokenBatchSampler(
-            lengths, self.args.max_tokens, shuffle=True, seed=seed, pad_to_buckets=pads_to_buckets(self.args)
+            lengths,
+            self.args.max_tokens,
+            shuffle=True,
+            seed=seed,
+            pad_to_buckets=pads_to_buckets(self.args),
+            max_length=positions,  # no bucket past the model's positions
         )
         if self.args.torch_compile and sampler.pad_to_buckets:  # a graph per shape: room for all (torch keeps 8)
             allow_recompiles(len(np.unique(sampler.shapes, axis=0)))
         if sampler.pad_to_buckets:
             pad_token_id = self.accelerator.unwrap_model(self.model).config.pad_token_id
-            collator = PadToBucket(collator, pad_token_id, sampler.max_tokens, sampler.bucket_width)  # few shapes
+            collator = PadToBucket(collator, pad_token_id, sampler.longest, sampler.bucket_width)  # few shapes
         loader = DataLoader(
             dataset,
             batch_sampler=sampler,
