@@ -56,14 +56,36 @@ def test_chunked_loss_divides_by_the_count_of_the_whole_batch():
     assert loss < label_smoothed_cross_entropy(hidden @ weight.T, labels, None, 0.1)  # 4 tokens over 10
 
 
-def test_chunked_loss_under_bfloat16_autocast_is_close_to_the_float32_reference():
+def test_chunked_loss_under_bfloat16_autocast_equals_the_autocast_reference_with_its_gradients():
+    """Under autocast the chunked loss multiplies in bfloat16 and sums in float32, as the plain step does: the
+    reference is the full logits made under the same autocast, smoothed in float32. Labels the model mostly
+    predicts, so that smoothing moves the loss (by far more than the tolerance: a path that drops it fails)."""
     torch.manual_seed(2)
-    hidden, weight, labels = torch.randn(64, 32), torch.randn(300, 32) / 4, torch.randint(0, 300, (64,))
-    reference = label_smoothed_cross_entropy(hidden @ weight.T, labels, None, 0.1)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        chunked = levers.chunked_linear_cross_entropy(hidden, weight, labels, None, 0.1, chunk_rows=16)
-    assert chunked.dtype == torch.float32
-    torch.testing.assert_close(chunked, reference, rtol=2e-2, atol=2e-2)
+    hidden, weight = torch.randn(64, 32), torch.randn(300, 32) / 2
+    labels = (hidden @ weight.T).argmax(-1)
+    labels[::4] = torch.randint(0, 300, (16,))  # and some it does not
+    labels[5] = -100
+
+    def loss_and_gradients(loss_of, smoothing=0.1):
+        h, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = loss_of(h, w, smoothing)
+        (3 * loss).backward()  # a scaled loss scales the gradients
+        return loss, h.grad, w.grad
+
+    def reference(h, w, smoothing):
+        return label_smoothed_cross_entropy((h @ w.T).float(), labels, None, smoothing)
+
+    def chunked(h, w, smoothing):
+        return levers.chunked_linear_cross_entropy(h, w, labels, None, smoothing, chunk_rows=16)
+
+    loss, grad_h, grad_w = loss_and_gradients(chunked)
+    expected, expected_h, expected_w = loss_and_gradients(reference)
+    assert loss.dtype == torch.float32 and grad_h.dtype == grad_w.dtype == torch.float32
+    torch.testing.assert_close(loss, expected, rtol=1e-3, atol=0)
+    assert abs(loss_and_gradients(reference, smoothing=0.0)[0] - expected) > 20 * 1e-3 * expected
+    for gradient, reference_gradient in ((grad_h, expected_h), (grad_w, expected_w)):  # bfloat16 products
+        assert (gradient - reference_gradient).norm() <= 2e-2 * reference_gradient.norm()
 
 
 def peak_bytes(function) -> int:
