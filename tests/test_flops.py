@@ -49,6 +49,17 @@ def test_equals_torchs_flop_counter_on_a_forward_pass(overrides):
     assert forward_flops(config, [7] * 3, [5] * 3) == counter.get_total_flops()
 
 
+def test_training_flops_equal_torchs_flop_counter_on_forward_and_backward():
+    """training_flops counts a backward pass as twice the forward (the gradients of inputs and of weights);
+    torch's counter over an actual forward and backward is the reference."""
+    config = VanillaTransformerConfig.from_preset("tiny", vocab_size=300)
+    model = VanillaTransformerForConditionalGeneration._from_config(config, attn_implementation="eager").train()
+    source, target = torch.randint(4, 200, (3, 7)), torch.randint(4, 200, (3, 5))
+    with FlopCounterMode(display=False) as counter:
+        model(input_ids=source, decoder_input_ids=target).logits.sum().backward()
+    assert training_flops(config, [7] * 3, [5] * 3) == counter.get_total_flops()
+
+
 def test_big_is_about_six_times_its_parameters_per_token():
     """The usual rule of thumb (6 N per token, attention aside) as a sanity check of the scale."""
     config = VanillaTransformerConfig.from_preset("big")

@@ -69,10 +69,12 @@ def test_sinusoidal_table_equals_the_formula_of_section_3_5():
             assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
 
 
-def test_stack_input_is_token_embedding_times_sqrt_d_model_plus_position():
+@pytest.mark.parametrize("stack", ["encoder", "decoder"])
+def test_stack_input_is_token_embedding_times_sqrt_d_model_plus_position(stack):
+    """§3.4-3.5, both stacks (the decoder's was checked only through the encoder's code path)."""
     model = tiny_model()
     input_ids, _ = source_batch()
-    embedded = model.model.encoder.embedding(input_ids, None)
+    embedded = getattr(model.model, stack).embedding(input_ids, None)
     weight = model.model.shared.weight
     d = model.config.d_model
     for pos in (0, 3, 8):
@@ -279,6 +281,30 @@ def test_dropout_is_active_in_training_and_off_in_eval():
     assert torch.equal(eval_a, eval_b)
     model.train()
     assert not torch.allclose(model(**inputs).logits, model(**inputs).logits)
+
+
+def test_training_drops_out_every_sub_layers_output_and_both_embedding_sums():
+    """§5.4: dropout "to the output of each sub-layer, before it is added to the sub-layer input and normalized"
+    and "to the sums of the embeddings and the positional encodings in both the encoder and decoder stacks":
+    2 per encoder layer, 3 per decoder layer, 1 per stack. Each zeroes about p of its entries (5 standard
+    deviations of the binomial) and scales the rest by 1 / (1 - p)."""
+    p, model = 0.3, tiny_model(dropout=0.3).train()
+    seen = []
+
+    def record(module, inputs, output):
+        kept = output != 0
+        seen.append((1 - kept.float().mean().item(), output.numel()))
+        torch.testing.assert_close(output[kept], inputs[0][kept] / (1 - p))
+
+    for name, module in model.named_modules():
+        if name.endswith(".dropout"):  # the embeddings' and the residual connections' (not the FFN's own)
+            module.register_forward_hook(record)
+    input_ids, attention_mask = source_batch()
+    model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=input_ids[:, :4])
+    config = model.config
+    assert len(seen) == (1 + 2 * config.encoder_layers) + (1 + 3 * config.decoder_layers) == 15
+    for dropped, count in seen:
+        assert abs(dropped - p) <= 5 * math.sqrt(p * (1 - p) / count), (dropped, count)
 
 
 # --- §3.2.3 masking -----------------------------------------------------------------------------
@@ -1022,10 +1048,25 @@ def test_separate_vocabularies_give_target_sized_logits_and_untied_source_embedd
     assert model.lm_head.weight is model.model.decoder.embedding.token_embedding.weight
 
 
-def test_head_dim_can_differ_from_d_model_over_heads():
-    model = tiny_model(head_dim=4)  # 4 heads x 4 = 16 != d_model 32 (Table 3, rows B)
+@pytest.mark.parametrize("attn_implementation", ["eager", "sdpa"])
+def test_head_dim_can_differ_from_d_model_over_heads(attn_implementation):
+    """Table 3, rows B: d_k = 4 with 4 heads (16 wide) in a d_model of 32. The reference is Eq. (1) by hand, per
+    head softmax(Q K^T / sqrt(d_k)) V, concatenated and projected: a scale of sqrt(d_model / h) = sqrt(8) instead
+    of sqrt(d_k) = 2 gives other outputs."""
+    model = tiny_model(head_dim=4, attn_implementation=attn_implementation)
     attention = model.model.encoder.layers[0].self_attention
     assert attention.q_proj.weight.shape == (16, 32) and attention.out_proj.weight.shape == (32, 16)
+    states = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        output, _ = attention(states)
+        heads = [
+            projection(states).unflatten(-1, (4, 4)).transpose(1, 2)
+            for projection in (attention.q_proj, attention.k_proj, attention.v_proj)
+        ]  # (B, h, T, d_k) each
+        query, key, value = heads
+        weights = torch.softmax(query @ key.transpose(-1, -2) / math.sqrt(4), dim=-1)
+        expected = attention.out_proj((weights @ value).transpose(1, 2).flatten(2))
+    torch.testing.assert_close(output, expected, atol=1e-6, rtol=1e-5)
     input_ids, attention_mask = source_batch()
     model.generate(input_ids=input_ids, attention_mask=attention_mask, max_new_tokens=3)
 
