@@ -523,9 +523,10 @@ def test_bom_and_crlf_are_read_as_the_text(tmp_path):
 
 
 def test_a_run_folder_holding_checkpoints_is_not_reused_without_resuming(tmp_path):
-    (tmp_path / "run" / "checkpoint-10").mkdir(parents=True)
+    (tmp_path / "run" / "checkpoint-10").mkdir(parents=True)  # incomplete: `last` would refuse it too
     message = refused_before_reading(train_argv(output_dir=str(tmp_path / "run")))
-    assert "already holds checkpoints" in message and "--resume_from_checkpoint last" in message
+    assert "already holds checkpoints" in message and "none of them complete" in message
+    assert "--resume_from_checkpoint last" not in message
 
 
 @pytest.mark.parametrize("weights", ["model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"])
