@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from test_pipeline import TEXTS, train_copying_translator
-from vanilla_transformer.generation_vanilla_transformer import gnmt_length_penalty, paper_generation_config
+from vanilla_transformer.generation_vanilla_transformer import paper_generation_config
+
+
+def gnmt(length: int, alpha: float) -> float:
+    """GNMT's lp(Y) (Wu et al., 2016, eq. 14), written out: the reference, not the package's function."""
+    return ((5 + length) / 6) ** alpha
 
 
 @pytest.fixture(scope="module")
@@ -46,8 +51,30 @@ def test_beam_scores_are_the_log_probability_over_the_named_penalty(trained, for
         )
     for row, (sequence, score) in enumerate(zip(output.sequences, output.sequences_scores)):
         log_probability, length = sequence_log_probability(model, batch, row, sequence, tokenizer.eos_token_id)
-        penalty = gnmt_length_penalty(length, 0.6) if formula == "gnmt" else length**0.6
+        penalty = gnmt(length, 0.6) if formula == "gnmt" else length**0.6
         assert score.item() == pytest.approx(log_probability / penalty, rel=1e-4, abs=1e-5), row
+
+
+def test_the_hypothesis_returned_is_the_best_of_the_beams_finished(trained):
+    """Beam search returns the highest-scoring finished hypothesis: the reference is each of its 4 best
+    candidates rescored by teacher forcing and GNMT's penalty; the returned one scores their maximum, and the
+    n-best list comes best first."""
+    model, tokenizer = trained
+    batch = tokenizer(TEXTS, padding=True, return_tensors="pt")
+    settings = dict(num_beams=4, length_penalty=0.6, max_new_tokens=20, return_dict_in_generate=True)
+    with torch.no_grad():
+        best = model.generate(**batch, **settings).sequences
+        nbest = model.generate(**batch, **settings, num_return_sequences=4, output_scores=True)
+
+    def rescored(row: int, sequence: torch.Tensor) -> float:
+        log_probability, length = sequence_log_probability(model, batch, row, sequence, tokenizer.eos_token_id)
+        return log_probability / gnmt(length, 0.6)
+
+    for row in range(len(TEXTS)):
+        candidates = [rescored(row, sequence) for sequence in nbest.sequences[4 * row : 4 * row + 4]]
+        assert rescored(row, best[row]) == pytest.approx(max(candidates), rel=1e-4, abs=1e-5), (row, candidates)
+        assert all(better >= worse - 1e-5 for better, worse in zip(candidates, candidates[1:])), candidates
+        torch.testing.assert_close(nbest.sequences_scores[4 * row : 4 * row + 4], torch.tensor(candidates))
 
 
 def test_the_papers_penalty_is_the_default_and_saved_in_the_generation_config(trained, tmp_path):
@@ -114,7 +141,7 @@ def test_settings_given_to_generate_apply_under_the_papers_length_limit_without_
         output = model.generate(**batch, length_penalty=2.0, return_dict_in_generate=True, output_scores=True)
     for row, (sequence, score) in enumerate(zip(output.sequences, output.sequences_scores)):
         log_probability, length = sequence_log_probability(model, batch, row, sequence, tokenizer.eos_token_id)
-        assert score.item() == pytest.approx(log_probability / gnmt_length_penalty(length, 2.0), rel=1e-4, abs=1e-5)
+        assert score.item() == pytest.approx(log_probability / gnmt(length, 2.0), rel=1e-4, abs=1e-5)
     assert not [message for message in warnings if "generation_config" in message], warnings
     assert model.generation_config.length_penalty == 0.6  # the model's own config is untouched
 

@@ -466,6 +466,43 @@ def test_micro_batch_losses_add_up_to_the_whole_batch_loss(data_dir, tmp_path):
     assert (parts[0] + parts[1]).item() == pytest.approx(whole.item(), rel=1e-5)
 
 
+def test_an_update_of_two_micro_batches_follows_the_gradient_of_their_tokens_mean_loss(data_dir, tmp_path):
+    """§5.1's batch: every target token of the accumulated batch weighs the same. The reference: the gradient of
+    torch's label-smoothed cross-entropy summed over both micro-batches the Trainer trained on, over their
+    target tokens, taken on a copy of the weights; with SGD at rate 1 one update moves the weights by exactly
+    minus it. Normalising each micro-batch by its own tokens (transformers' default without
+    model_accepts_loss_kwargs) moves them otherwise, which Adam's scale-free update would hide."""
+    import copy
+
+    flags = ["--gradient_accumulation_steps", "2", "--max_steps", "1", "--optim", "sgd", "--learning_rate", "1"]
+    flags += ["--warmup_steps", "1", "--config_overrides", "dropout=0.0", "--max_tokens", "120"]
+    prepared = build(data_dir, tmp_path, *flags)
+    trainer = prepared.trainer
+    before = copy.deepcopy(trainer.model)
+    seen, compute_loss = [], trainer.compute_loss
+
+    def recording(model, inputs, *args, **kwargs):
+        seen.append({key: value.clone() for key, value in inputs.items()})
+        return compute_loss(model, inputs, *args, **kwargs)
+
+    trainer.compute_loss = recording
+    trainer.train()
+    assert len(seen) == 2
+    before.train()
+    tokens = sum((batch["labels"] != -100).sum() for batch in seen)
+    total = 0
+    for batch in seen:
+        logits = before(**{key: value for key, value in batch.items() if key != "labels"}).logits
+        total = total + torch.nn.functional.cross_entropy(
+            logits.flatten(0, 1), batch["labels"].flatten(), ignore_index=-100, label_smoothing=0.1, reduction="sum"
+        )
+    (total / tokens).backward()
+    after = dict(trainer.model.named_parameters())
+    for name, weight in before.named_parameters():
+        if weight.grad is not None:
+            torch.testing.assert_close(weight.detach() - after[name].detach(), weight.grad, rtol=1e-4, atol=1e-7)
+
+
 # ---------------------------------------------------------------------------------------------
 # Token-count batches in the Trainer, one process and two
 # ---------------------------------------------------------------------------------------------
@@ -727,6 +764,15 @@ def test_fewer_checkpoints_than_averaged_name_why_not_a_limit(data_dir, tmp_path
     assert "averaging 1 checkpoints instead of 3: the run left only 1 complete (--save_steps" in caplog.text
 
 
+# A rate that moves the weights between checkpoints by far more than assert_close's tolerance: at eq. (3)'s default
+# warm-up, steps 4 and 5 differed by 2.5e-6, and the last checkpoint alone passed for their mean.
+APART = ("--learning_rate", "0.01", "--warmup_steps", "1")
+
+
+def assert_far_apart(older: dict, newer: dict) -> None:
+    assert max((older[name] - newer[name]).abs().max() for name in older) > 1e-3
+
+
 def test_average_checkpoints_flag_saves_the_mean_of_the_last_ones(data_dir, tmp_path):
     """5 steps, a checkpoint every 2: the final step is saved too, so the mean is of steps 4 and 5."""
     output = tmp_path / "run"
@@ -744,10 +790,12 @@ def test_average_checkpoints_flag_saves_the_mean_of_the_last_ones(data_dir, tmp_
             "2",
             "--max_tokens",
             "200",
+            *APART,
         )
     )
     assert sorted(p.name for p in output.glob("checkpoint-*")) == ["checkpoint-2", "checkpoint-4", "checkpoint-5"]
     last_two = [load_file(output / f"checkpoint-{step}" / "model.safetensors") for step in (4, 5)]
+    assert_far_apart(*last_two)
     final = load_file(output / "model.safetensors")
     for name, tensor in final.items():
         torch.testing.assert_close(tensor, (last_two[0][name].double() + last_two[1][name].double()).div(2).float())
@@ -772,9 +820,11 @@ def test_average_weights_linear_weighs_the_newest_of_the_last_ones_most(data_dir
             "linear",
             "--max_tokens",
             "200",
+            *APART,
         )
     )
     older, newer = (load_file(output / f"checkpoint-{step}" / "model.safetensors") for step in (4, 5))
+    assert_far_apart(older, newer)
     final = load_file(output / "model.safetensors")
     for name, tensor in final.items():
         torch.testing.assert_close(tensor, (older[name].double() + 2 * newer[name].double()).div(3).float())
