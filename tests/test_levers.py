@@ -663,6 +663,9 @@ def test_float32_masters_travel_in_the_optimizer_state_and_refuse_a_state_withou
     without = torch.optim.AdamW(tiny_model().parameters(), lr=1e-3).state_dict()  # a float32 run's
     with pytest.raises(ValueError, match=r"^--bf16_weights: this optimizer state holds no float32 master weights"):
         resumed.load_state_dict(without)
+    misshapen = {**state, levers.MASTER_WEIGHTS_KEY: [master[..., :1] for master in saved]}  # copy_ broadcasts
+    with pytest.raises(ValueError, match=r"^--bf16_weights: this optimizer state holds no float32 master weights"):
+        resumed.load_state_dict(misshapen)
 
 
 def test_bf16_weights_in_the_trainer_resume_exactly_and_save_bfloat16_models(tmp_path):
@@ -738,6 +741,8 @@ def test_float32_masters_start_from_the_weights_at_the_first_step():
     broadcast = [parameter.detach().clone() for parameter in model.parameters()]
     for parameter in model.parameters():
         parameter.grad = torch.zeros_like(parameter)
+    saved = optimizer.state_dict()[levers.MASTER_WEIGHTS_KEY]  # a checkpoint before the first step holds them too
+    assert all(torch.equal(master, expected.float()) for master, expected in zip(saved, broadcast))
     optimizer.step()  # lr 0: the weights stay as the broadcast left them
     for (parameter, master), expected in zip(optimizer.float32_masters, broadcast):
         assert torch.equal(parameter, expected) and torch.equal(master, expected.float())

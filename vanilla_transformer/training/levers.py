@@ -501,7 +501,10 @@ def keep_float32_masters(optimizer: torch.optim.Optimizer) -> None:
         for _, master in pairs:
             master.grad = None
 
+    @torch.no_grad()
     def save_masters(optimizer, state_dict: dict) -> dict:
+        if fresh[0]:  # before the first step: the weights as they are now (a broadcast may have changed them)
+            torch._foreach_copy_([master for _, master in pairs], [parameter for parameter, _ in pairs])
         state_dict[MASTER_WEIGHTS_KEY] = [master.detach() for _, master in pairs]
         return state_dict
 
@@ -509,7 +512,11 @@ def keep_float32_masters(optimizer: torch.optim.Optimizer) -> None:
     def load_masters(optimizer, state_dict: dict) -> dict:
         state_dict = dict(state_dict)
         saved = state_dict.pop(MASTER_WEIGHTS_KEY, None)
-        if saved is None or len(saved) != len(pairs):
+        if (
+            saved is None
+            or len(saved) != len(pairs)
+            or any(master.shape != values.shape for (_, master), values in zip(pairs, saved))
+        ):
             raise ValueError(
                 "--bf16_weights: this optimizer state holds no float32 master weights for the model's "
                 f"{len(pairs)} bfloat16 parameters (it was saved by a run without --bf16_weights, or of another "
