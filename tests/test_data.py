@@ -723,6 +723,8 @@ def test_no_bucket_is_longer_than_the_models_positions():
     collate = lambda features: {"input_ids": torch.ones(1, 99, dtype=torch.long)}  # noqa: E731
     assert PadToBucket(collate, 0, sampler.longest)(None)["input_ids"].shape == (1, 100)
     assert PadToBucket(collate, 0, 400)(None)["input_ids"].shape == (1, 112)  # the bucket, uncapped
+    with pytest.raises(ValueError, match=r"Example 0 has 99 tokens, more than max_length=98 \(the model's positions"):
+        TokenBatchSampler(lengths, max_tokens=400, pad_to_buckets=True, max_length=98)  # not padded to fewer
 
 
 def test_pad_to_bucket_pads_each_side_to_its_bucket_and_refuses_what_it_cannot_pad():

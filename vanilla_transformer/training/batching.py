@@ -119,8 +119,13 @@ def pack(
     ``shapes[b] = (rows, source length, target length)``; batches are sorted by shape, shortest first.
     """
     _refuse_too_long(lengths, max_tokens)
-    grid = bucket_lengths(int(lengths.max()), width, growth)
     longest = max_tokens if max_length is None else min(max_tokens, max_length)
+    if (beyond := np.flatnonzero(lengths.max(axis=1) > longest)).size:  # a side longer than the positions
+        raise ValueError(
+            f"Example {beyond[0]} has {lengths[beyond[0]].max()} tokens, more than max_length={max_length} (the "
+            "model's positions); drop long examples with the length filter (max_source_length/max_target_length)."
+        )
+    grid = bucket_lengths(int(lengths.max()), width, growth)
     padded = np.minimum(grid[np.searchsorted(grid, lengths)], longest)  # (N, 2) each side's bucket
     code = padded[:, 0] * (max_tokens + 1) + padded[:, 1]  # one int per (source bucket, target bucket) cell
     by_cell = np.argsort(code, kind="stable")  # stable: within a cell, dataset order
