@@ -1594,6 +1594,27 @@ def test_bucket_padding_stays_within_the_models_positions(tmp_path):
     run.trainer.train()
 
 
+def test_validation_files_that_are_the_training_files_are_named_in_a_warning(data_dir, tmp_path, caplog):
+    """Scoring on the training pairs is allowed (a check that a model fits its data), but never unsaid: a link
+    or another spelling of the same file counts as the same file."""
+    (tmp_path / "link.src").symlink_to(data_dir / "train.src")
+    flags = ["--train_source_file", str(data_dir / "train.src"), "--train_target_file", str(data_dir / "train.tgt")]
+    flags += ["--validation_source_file", str(tmp_path / "link.src"), "--output_dir", str(tmp_path / "run")]
+    with caplog.at_level(logging.WARNING):
+        train.load_text_datasets(train.parse_arguments([*flags, "--validation_target_file", flags[3]])[1])
+    warned = [record.message for record in caplog.records if "is also" in record.message]
+    assert warned == [
+        f"--validation_source_file {tmp_path / 'link.src'} is also --train_source_file: the validation scores are of "
+        "pairs the model trains on, not of held-out ones.",
+        f"--validation_target_file {flags[3]} is also --train_target_file: the validation scores are of pairs the "
+        "model trains on, not of held-out ones.",
+    ]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        train.load_text_datasets(train.parse_arguments(tiny_args(data_dir, tmp_path / "other"))[1])
+    assert not [record for record in caplog.records if "is also" in record.message]
+
+
 def test_misaligned_files_are_an_error(tmp_path):
     source, target = write_pairs(tmp_path, "bad", reverse_pairs(10, seed=5))
     Path(target).write_text("".join(line + "\n" for line in Path(target).read_text().splitlines()[:9]))

@@ -696,6 +696,14 @@ def check_data_files(args) -> None:
         refuse_one_file_for_both_sides(args, role)
     if role_files(args, "train") and args.dataset_name:
         raise ValueError("Give training data as files or as --dataset_name, not both.")
+    trained = {Path(path).resolve(): flag for flag, path in role_files(args, "train").items()}
+    for role in ("validation", "test"):  # allowed (a check that a model fits its data), never unsaid
+        for flag, path in role_files(args, role).items():
+            if Path(path).resolve() in trained:
+                logger.warning(
+                    f"{flag} {path} is also {trained[Path(path).resolve()]}: the {role} scores are of pairs the "
+                    "model trains on, not of held-out ones."
+                )
 
 
 def local_dataset(args, role: str):
