@@ -141,6 +141,14 @@ def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
     return complete
 
 
+def saved_attributes(stateful_callbacks: dict, callback: type) -> dict:
+    """What a trainer state's ``stateful_callbacks`` (a checkpoint's trainer_state.json) keeps of ``callback``'s
+    attributes (transformers' `ExportableState`: one entry, or a list of them, the first taken); {} where none."""
+    saved = stateful_callbacks.get(callback.__name__)
+    saved = saved[0] if isinstance(saved, list) and saved else saved
+    return (saved or {}).get("attributes") or {}
+
+
 class ContinuedFrom(TrainerCallback, ExportableState):
     """The run folders a run trained in, oldest first, each with the update it began at there: more than one where
     it was resumed into a new --output_dir from a checkpoint of another folder (after a full disk, on another
@@ -177,9 +185,7 @@ class ContinuedFrom(TrainerCallback, ExportableState):
     def saved_in(cls, stateful_callbacks: dict, run_folder: str | os.PathLike) -> list:
         """The folders a trainer state's ``stateful_callbacks`` records (absolute, resolved), for a checkpoint of
         ``run_folder``; [] where it records none."""
-        saved = stateful_callbacks.get(cls.__name__)
-        saved = saved[0] if isinstance(saved, list) and saved else saved
-        folders = ((saved or {}).get("attributes") or {}).get("folders") or []
+        folders = saved_attributes(stateful_callbacks, cls).get("folders") or []
         return [[str((Path(run_folder) / folder).resolve()), int(start)] for folder, start in folders]
 
 

@@ -30,8 +30,9 @@ from transformers import TrainerCallback
 from transformers.trainer_callback import ExportableState
 
 from ..training_kernels import label_smoothed_cross_entropy
-from .arguments import SKIP_OOM_ONE_PROCESS, pads_to_buckets
-from .batching import TokenBatchSampler, length_pairs
+from .arguments import SKIP_OOM_ONE_PROCESS
+from .batching import length_pairs
+from .checkpointing import saved_attributes
 from .data import example_lengths
 from .levers import training_loss
 
@@ -176,10 +177,7 @@ def check_largest_batches_fit(trainer) -> None:
 def _first_failing(trainer, lengths: np.ndarray, max_tokens: int) -> tuple[int, int, int] | None:
     """The first of the largest shapes of ``max_tokens`` batches that runs out of memory, or None."""
     kept = lengths[lengths.max(axis=1) <= max_tokens]  # longer pairs are left out of such a run
-    positions = trainer.accelerator.unwrap_model(trainer.model).config.max_position_embeddings
-    shapes = TokenBatchSampler(  # the run's
-        kept, max_tokens, pad_to_buckets=pads_to_buckets(trainer.args), max_length=positions
-    ).shapes
+    shapes = trainer.token_batches(kept, max_tokens).shapes  # the run's (`TransformerTrainer.token_batches`)
     for shape in largest_shapes(shapes):
         if not fits(trainer, shape):
             return shape
@@ -227,9 +225,8 @@ class SkippedBatches(TrainerCallback, ExportableState):
         return {"args": {}, "attributes": {"count": self.count}}
 
     def on_train_begin(self, args, state, control, **kwargs):
-        saved = state.stateful_callbacks.get(type(self).__name__) if state.global_step else None
-        saved = saved[0] if isinstance(saved, list) and saved else saved
-        self.count = int(((saved or {}).get("attributes") or {}).get("count") or 0)
+        saved = saved_attributes(state.stateful_callbacks, type(self)) if state.global_step else {}
+        self.count = int(saved.get("count") or 0)
         state.stateful_callbacks[type(self).__name__] = self.state()  # also where a checkpoint predates it
         return control
 

@@ -64,6 +64,7 @@ from .checkpointing import (
     plain_copy,
     record_continuation,
     resolve_checkpoint,
+    saved_attributes,
     seeded_worker_start,
     signals_to_the_main_process,
 )
@@ -186,9 +187,7 @@ class EpochBatches(TrainerCallback, ExportableState):
     @classmethod
     def saved_in(cls, state) -> dict | None:
         """The batches a trainer state (a checkpoint's) records, or None where it holds none."""
-        saved = state.stateful_callbacks.get(cls.__name__)
-        saved = saved[0] if isinstance(saved, list) and saved else saved
-        attributes = (saved or {}).get("attributes") or {}
+        attributes = saved_attributes(state.stateful_callbacks, cls)
         return attributes if attributes.get("digest") else None
 
 
@@ -259,9 +258,7 @@ class WallClock(TrainerCallback, ExportableState):
     @classmethod
     def trained_in(cls, state) -> float | None:
         """The seconds trained that a trainer state (a checkpoint's) records, or None where it holds no clock."""
-        saved = state.stateful_callbacks.get(cls.__name__)
-        saved = saved[0] if isinstance(saved, list) and saved else saved  # one clock a run
-        return (saved or {}).get("attributes", {}).get("trained_before")
+        return saved_attributes(state.stateful_callbacks, cls).get("trained_before")  # one clock a run
 
     def on_train_begin(self, args, state, control, **kwargs):
         self.trained_before = float((self.trained_in(state) if state.global_step else None) or 0.0)
@@ -651,6 +648,14 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
         (--restore_callback_states_from_checkpoint)."""
         return next((c for c in self.callback_handler.callbacks if isinstance(c, WallClock)), None)
 
+    def token_batches(self, lengths, max_tokens: int, **kwargs) -> TokenBatchSampler:
+        """The run's token batches of ``lengths``: padded to bucket shapes where the run pads to them, none past
+        the model's positions; training's and the memory probe's (`memory_check`) alike."""
+        positions = self.accelerator.unwrap_model(self.model).config.max_position_embeddings
+        return TokenBatchSampler(
+            lengths, max_tokens, pad_to_buckets=pads_to_buckets(self.args), max_length=positions, **kwargs
+        )
+
     def last_good_checkpoint(self) -> Path | None:
         """Where this run can continue from after it went wrong (`checkpointing.last_good_checkpoint`)."""
         return last_good_checkpoint(self.args.output_dir)
@@ -877,15 +882,7 @@ class TransformerTrainer(SkipOutOfMemoryBatches, StopOnDivergence, CheckpointPol
             collator = self._get_collator_with_removed_columns(collator, description="training")
         # One process's view of all batches; accelerate deals them out to the processes (disjoint).
         seed = self.args.seed if self.args.data_seed is None else self.args.data_seed  # as the Trainer's samplers
-        positions = self.accelerator.unwrap_model(self.model).config.max_position_embeddings
-        sampler = TokenBatchSampler(
-            lengths,
-            self.args.max_tokens,
-            shuffle=True,
-            seed=seed,
-            pad_to_buckets=pads_to_buckets(self.args),
-            max_length=positions,  # no bucket past the model's positions
-        )
+        sampler = self.token_batches(lengths, self.args.max_tokens, shuffle=True, seed=seed)
         if self.args.torch_compile and sampler.pad_to_buckets:  # a graph per shape: room for all (torch keeps 8)
             allow_recompiles(len(np.unique(sampler.shapes, axis=0)))
         if sampler.pad_to_buckets:
